@@ -1,0 +1,1 @@
+"""softhca.client."""

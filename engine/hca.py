@@ -1,0 +1,182 @@
+"""The HCA and the objects it owns: PDs, MRs (host memory), DEKs, MKEYs.
+
+The daemon is both the device and the host memory it DMAs into, so an MR here
+owns its bytes: a numpy buffer at a virtual address the HCA hands out. Keys are
+looked up in one table per HCA, as the device's MKEY table would be: an lkey or
+rkey names an MR or an MKEY, and lkey == rkey for both (mlx5 gives one key).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from softhca.protocol.attrs import DEKInitAttr
+from softhca.protocol.enums import AccessFlags, CryptoKeySize, DekState, MkeyInitAttrFlags
+from softhca.protocol.errors import RDMAError, einval
+
+from .xts import xts_transform
+
+# Virtual addresses handed to MRs start here and stay page aligned, like a
+# process's heap would; a nonzero base makes an offset mistaken for an address show.
+VA_BASE = 0x7F0000000000
+PAGE = 4096
+
+# Access flags an MR may be registered with (ibv_reg_mr(3)); ZERO_BASED is not modelled.
+MR_ACCESS = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
+             | AccessFlags.REMOTE_ATOMIC)
+
+# mlx5dv_create_mkey(3): the flags an MKEY may be created with.
+MKEY_CREATE_FLAGS = (MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIGNATURE
+                     | MkeyInitAttrFlags.CRYPTO | MkeyInitAttrFlags.UPDATE_TAG
+                     | MkeyInitAttrFlags.REMOTE_INVALIDATE)
+
+DEK_KEY_BYTES = {CryptoKeySize.SIZE_128: 32, CryptoKeySize.SIZE_256: 64}
+
+
+@dataclass(eq=False)
+class PD:
+    hca: HCA
+    handle: int
+
+
+@dataclass(eq=False)
+class MR:
+    """A registered memory region: ``length`` bytes at virtual address ``addr``."""
+
+    pd: PD
+    addr: int
+    length: int
+    access: int
+    lkey: int
+    buf: np.ndarray = field(repr=False)
+    valid: bool = True
+
+    @property
+    def rkey(self) -> int:
+        return self.lkey
+
+    # The CPU touching host memory (what mr.write / mr.read are in the client).
+    def write(self, data: bytes, offset: int = 0) -> None:
+        if offset < 0 or offset + len(data) > self.length:
+            raise einval(f"write of {len(data)} bytes at offset {offset} leaves MR "
+                         f"lkey {self.lkey:#x} of {self.length} bytes")
+        self.buf[offset:offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
+
+    def read(self, length: int | None = None, offset: int = 0) -> bytes:
+        if length is None:
+            length = self.length - offset
+        if offset < 0 or length < 0 or offset + length > self.length:
+            raise einval(f"read of {length} bytes at offset {offset} leaves MR "
+                         f"lkey {self.lkey:#x} of {self.length} bytes")
+        return self.buf[offset:offset + length].tobytes()
+
+
+@dataclass(eq=False)
+class DEK:
+    """A data encryption key (mlx5dv_dek_create(3)): key1 || key2 for AES-XTS."""
+
+    pd: PD
+    handle: int
+    key_size: int
+    key: bytes = field(repr=False)
+    has_keytag: bool
+    keytag: bytes
+    state: int = DekState.READY
+
+    def transform(self, data, unit_size: int, first_unit: int, initial_tweak: int,
+                  encrypt: bool) -> bytes:
+        return xts_transform(self.key, data, unit_size, first_unit, initial_tweak, encrypt)
+
+
+class HCA:
+    """One simulated mlx5 device (``mlx5_0``) and the host memory behind it."""
+
+    def __init__(self, name: str = "mlx5_0") -> None:
+        self.name = name
+        self._handles = itertools.count(1)
+        # Key index in the upper 24 bits, an 8-bit variant in the lower, as mlx5
+        # keys look; start away from 0 so that a zero key is always unknown.
+        self._key_index = itertools.count(0x100)
+        self._next_va = VA_BASE
+        self.keys: dict[int, object] = {}
+        self.pds: dict[int, PD] = {}
+        self.deks: dict[int, DEK] = {}
+
+    # -- allocation ---------------------------------------------------------
+    def new_key(self) -> int:
+        return (next(self._key_index) << 8) | 0x42
+
+    def alloc_pd(self) -> PD:
+        pd = PD(self, next(self._handles))
+        self.pds[pd.handle] = pd
+        return pd
+
+    def reg_mr(self, pd: PD, length: int, access: int) -> MR:
+        if length <= 0:
+            raise einval(f"ibv_reg_mr length {length} must be positive")
+        if access & ~MR_ACCESS:
+            raise einval(f"ibv_reg_mr access {access:#x} has flags outside {int(MR_ACCESS):#x}")
+        # ibv_reg_mr(3): remote write needs local write.
+        if access & AccessFlags.REMOTE_WRITE and not access & AccessFlags.LOCAL_WRITE:
+            raise einval("IBV_ACCESS_REMOTE_WRITE requires IBV_ACCESS_LOCAL_WRITE")
+        addr = self._next_va
+        self._next_va += (length + PAGE - 1) // PAGE * PAGE + PAGE
+        mr = MR(pd, addr, length, access, self.new_key(), np.zeros(length, dtype=np.uint8))
+        self.keys[mr.lkey] = mr
+        return mr
+
+    def dereg_mr(self, mr: MR) -> None:
+        mr.valid = False
+        self.keys.pop(mr.lkey, None)
+
+    def create_dek(self, attr: DEKInitAttr) -> DEK:
+        pd = attr.pd
+        if not isinstance(pd, PD) or pd.hca is not self:
+            raise einval("mlx5dv_dek_create needs a PD of this device")
+        want = DEK_KEY_BYTES.get(attr.key_size)
+        if want is None:
+            raise einval(f"key_size {attr.key_size} is not MLX5DV_CRYPTO_KEY_SIZE_128 or _256")
+        key = bytes(attr.key)
+        if len(key) != want:
+            raise einval(f"an AES-XTS DEK of key_size {attr.key_size} takes {want} bytes "
+                         f"(key1 || key2), got {len(key)}")
+        # IEEE 1619-2007 5.1 / FIPS-mode devices and OpenSSL refuse key1 == key2.
+        if key[:want // 2] == key[want // 2:]:
+            raise einval("AES-XTS key halves must differ (key1 == key2 is refused)")
+        if attr.has_keytag and len(attr.keytag) != 8:
+            raise einval("a DEK keytag is 8 bytes")
+        dek = DEK(pd, next(self._handles), attr.key_size, key, bool(attr.has_keytag),
+                  bytes(attr.keytag) if attr.has_keytag else bytes(8))
+        self.deks[dek.handle] = dek
+        return dek
+
+    def destroy_dek(self, dek: DEK) -> None:
+        dek.state = DekState.ERROR
+        self.deks.pop(dek.handle, None)
+
+    def create_mkey(self, pd: PD, create_flags: int, max_entries: int):
+        from .mkey import MKey
+
+        if not create_flags & MkeyInitAttrFlags.INDIRECT:
+            raise einval("mlx5dv_create_mkey needs MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT")
+        if create_flags & ~MKEY_CREATE_FLAGS:
+            raise einval(f"create_flags {create_flags:#x} has unknown flags")
+        if max_entries <= 0:
+            raise einval(f"max_entries {max_entries} must be positive")
+        mkey = MKey(pd, self.new_key(), int(create_flags), int(max_entries))
+        self.keys[mkey.lkey] = mkey
+        return mkey
+
+    def destroy_mkey(self, mkey) -> None:
+        mkey.invalidate()
+        self.keys.pop(mkey.lkey, None)
+
+    def lookup_dek(self, dek) -> DEK:
+        handle = dek.handle if isinstance(dek, DEK) else dek
+        found = self.deks.get(handle) if isinstance(handle, int) else None
+        if found is None:
+            raise RDMAError("EINVAL", f"DEK {handle!r} is unknown on {self.name}")
+        return found

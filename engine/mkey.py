@@ -1,0 +1,108 @@
+"""The MKEY: an indirect key over a layout of MR pieces, with optional block
+signature and crypto attributes (mlx5dv_create_mkey(3), mlx5dv_wr_mkey_configure(3)).
+
+The MKEY is zero-based: an SGE's addr on it is an offset into the concatenation of
+its layout's pieces, the memory domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from softhca.protocol.enums import MkeyErrType, MkeyInitAttrFlags
+from softhca.protocol.errors import einval
+
+from .completion import Fault, TransferError
+from .hca import MR, PD
+from .signature import NO_SIG_ERROR, SigConfig, SigError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Pieces (mr, offset in the MR, length) in MKEY order; ``entries`` is what the
+    layout costs of max_entries (interleaved uses one extra for its header)."""
+
+    kind: str
+    pieces: tuple[tuple[MR, int, int], ...]
+    entries: int
+
+    def __post_init__(self) -> None:
+        lengths = np.array([p[2] for p in self.pieces], dtype=np.int64)
+        object.__setattr__(self, "_starts", np.concatenate(([0], np.cumsum(lengths))))
+
+    @property
+    def length(self) -> int:
+        return int(self._starts[-1])
+
+    def _walk(self, offset: int, length: int):
+        """(mr, mr_offset, stream_offset, n) for each piece the range touches."""
+        i = int(np.searchsorted(self._starts, offset, side="right")) - 1
+        pos = offset
+        end = offset + length
+        while pos < end:
+            mr, mr_off, plen = self.pieces[i]
+            inner = pos - int(self._starts[i])
+            n = min(plen - inner, end - pos)
+            if not mr.valid:
+                raise TransferError(Fault.ACCESS, f"MR lkey {mr.lkey:#x} in the MKEY layout "
+                                    "was deregistered")
+            yield mr, mr_off + inner, pos - offset, n
+            pos += n
+            i += 1
+
+    def gather(self, offset: int, length: int) -> np.ndarray:
+        parts = [mr.buf[o:o + n] for mr, o, _, n in self._walk(offset, length)]
+        if len(parts) == 1:
+            return parts[0].copy()
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint8)
+
+    def scatter(self, offset: int, data: np.ndarray) -> None:
+        for mr, o, s, n in self._walk(offset, len(data)):
+            mr.buf[o:o + n] = data[s:s + n]
+
+
+class MKey:
+    def __init__(self, pd: PD, lkey: int, create_flags: int, max_entries: int) -> None:
+        self.pd = pd
+        self.lkey = lkey
+        self.create_flags = create_flags
+        self.max_entries = max_entries
+        # A created MKEY is free until its first configure makes it valid.
+        self.valid = False
+        self.access = 0
+        self.layout: Layout | None = None
+        self.sig: SigConfig | None = None
+        self.crypto = None
+        self.sig_error: SigError | None = None
+
+    @property
+    def rkey(self) -> int:
+        return self.lkey
+
+    @property
+    def has_crypto_flag(self) -> bool:
+        return bool(self.create_flags & MkeyInitAttrFlags.CRYPTO)
+
+    def invalidate(self) -> None:
+        """LOCAL_INV / SEND_WITH_INV: later use fails until the MKEY is configured again."""
+        self.valid = False
+
+    def latch(self, error: SigError | None) -> None:
+        # mlx5dv_mkey_check(3): the first error is kept until it is read.
+        if error is not None and self.sig_error is None:
+            self.sig_error = error
+
+    def mkey_check(self) -> SigError:
+        """mlx5dv_mkey_check(3): the latched error, cleared by reading it."""
+        if self.sig is None:
+            raise einval(f"MKEY {self.lkey:#x} has no signature attributes to check")
+        err, self.sig_error = self.sig_error or NO_SIG_ERROR, None
+        return err
+
+    def __repr__(self) -> str:
+        err = MkeyErrType(self.sig_error.err_type).name if self.sig_error else "NO_ERR"
+        return (f"MKey(lkey={self.lkey:#x}, valid={self.valid}, access={self.access:#x}, "
+                f"length={self.layout.length if self.layout else 0}, sig={self.sig is not None}, "
+                f"crypto={self.crypto is not None}, err={err})")

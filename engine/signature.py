@@ -1,0 +1,358 @@
+"""Block signature: validating the sig setter, and checking, copying, generating
+and stripping the protection information (PI) of every block of a transfer.
+
+The rules are mlx5dv_wr_set_mkey_sig_block(3) as restated in SEMANTICS.md
+sections 2, 4, 6 and 7. All blocks of a transfer are handled at once as an
+(n, block_size + PI) numpy array: the guards come from `guards.guards_many`, and
+every comparison and PI byte is a vectorised array operation, never a loop over
+bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from softhca.protocol.attrs import SigBlockAttr, SigBlockDomain
+from softhca.protocol.enums import (
+    BLOCK_SIZE_BYTES,
+    MkeyErrType,
+    SigBlockAttrFlags,
+    SigCrcType,
+    SigT10difBgType,
+    SigT10difFlags,
+    SigType,
+)
+from softhca.protocol.errors import einval, eopnotsupp
+
+from .guards import guards_many
+
+# PI bytes per signature (SEMANTICS.md section 2).
+T10DIF_PI_SIZE = 8
+CRC_PI_SIZE = {SigCrcType.CRC32: 4, SigCrcType.CRC32C: 4, SigCrcType.CRC64_XP10: 8}
+CRC_GUARD_KIND = {SigCrcType.CRC32: "crc32", SigCrcType.CRC32C: "crc32c",
+                  SigCrcType.CRC64_XP10: "crc64_xp10"}
+# mlx5dv_wr_set_mkey_sig_block(3): "Only the following values are supported as a seed".
+CRC_SEEDS = {SigCrcType.CRC32: (0, 0xFFFFFFFF), SigCrcType.CRC32C: (0, 0xFFFFFFFF),
+             SigCrcType.CRC64_XP10: (0, 0xFFFFFFFFFFFFFFFF)}
+T10DIF_BG_SEEDS = (0, 0xFFFF)
+T10DIF_FLAGS = (SigT10difFlags.REF_REMAP | SigT10difFlags.APP_ESCAPE
+                | SigT10difFlags.APP_REF_ESCAPE)
+
+# T10DIF PI = guard (2) | app_tag (2) | ref_tag (4); check_mask / copy_mask bit 7 is byte 0.
+GUARD_COLS = (0, 1)
+APP_COLS = (2, 3)
+REF_COLS = (4, 5, 6, 7)
+APP_ESCAPE_TAG = 0xFFFF
+REF_ESCAPE_TAG = 0xFFFFFFFF
+
+
+def mask_cols(mask: int, pi_size: int) -> tuple[int, ...]:
+    """The PI byte columns a check_mask / copy_mask selects (bit 7 is PI byte 0)."""
+    return tuple(i for i in range(pi_size) if mask >> (7 - i) & 1)
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    """One domain's signature, validated and flattened for the block pipeline."""
+
+    sig_type: int
+    block_size: int
+    pi_size: int
+    guard_kind: str
+    guard_seed: int
+    crc_type: int | None = None
+    bg_type: int | None = None
+    app_tag: int = 0
+    ref_tag: int = 0
+    flags: int = 0
+
+    @property
+    def width(self) -> int:
+        """Bytes per block in this domain: data plus PI."""
+        return self.block_size + self.pi_size
+
+
+@dataclass(frozen=True)
+class SigConfig:
+    """The signature attributes an MKEY keeps between configures."""
+
+    mem: DomainSpec | None
+    wire: DomainSpec | None
+    check_mask: int
+    copy_mask: int          # effective: the explicit mask with COPY_MASK, else computed
+    attr: SigBlockAttr      # as given, for mkey queries and the trace
+
+    @property
+    def block_size(self) -> int:
+        return (self.mem or self.wire).block_size
+
+    @property
+    def mem_width(self) -> int:
+        return self.mem.width if self.mem else self.block_size
+
+    @property
+    def wire_width(self) -> int:
+        return self.wire.width if self.wire else self.block_size
+
+
+@dataclass(frozen=True)
+class SigError:
+    """What mlx5dv_mkey_check(3) reports for the first failing block."""
+
+    err_type: int
+    actual_value: int
+    expected_value: int
+    offset: int
+
+
+NO_SIG_ERROR = SigError(MkeyErrType.NO_ERR, 0, 0, 0)
+
+
+# -- the sig setter's rules (SEMANTICS.md section 4) ----------------------------
+
+def _domain_spec(name: str, d: SigBlockDomain) -> DomainSpec:
+    if d.comp_mask:
+        raise einval(f"{name} domain comp_mask {d.comp_mask:#x} must be 0")
+    if d.block_size not in BLOCK_SIZE_BYTES:
+        raise einval(f"{name} domain block_size {d.block_size} is not an mlx5dv_block_size (0..4)")
+    bs = BLOCK_SIZE_BYTES[d.block_size]
+    if d.sig_type == SigType.T10DIF:
+        dif = d.dif
+        if dif is None:
+            raise einval(f"{name} domain is MLX5DV_SIG_TYPE_T10DIF but has no dif attributes")
+        if dif.bg_type not in (SigT10difBgType.CRC, SigT10difBgType.CSUM):
+            raise einval(f"{name} domain T10DIF bg_type {dif.bg_type} is unknown")
+        if dif.bg not in T10DIF_BG_SEEDS:
+            raise einval(f"{name} domain T10DIF bg {dif.bg:#x} must be 0 or 0xFFFF")
+        if dif.flags & ~T10DIF_FLAGS:
+            raise einval(f"{name} domain T10DIF flags {dif.flags:#x} has unknown bits")
+        if not 0 <= dif.app_tag <= 0xFFFF or not 0 <= dif.ref_tag <= 0xFFFFFFFF:
+            raise einval(f"{name} domain T10DIF app_tag is 16 bits and ref_tag 32 bits")
+        kind = "t10dif_crc" if dif.bg_type == SigT10difBgType.CRC else "t10dif_csum"
+        return DomainSpec(SigType.T10DIF, bs, T10DIF_PI_SIZE, kind, dif.bg,
+                          bg_type=dif.bg_type, app_tag=dif.app_tag, ref_tag=dif.ref_tag,
+                          flags=dif.flags)
+    if d.sig_type == SigType.CRC:
+        crc = d.crc
+        if crc is None:
+            raise einval(f"{name} domain is MLX5DV_SIG_TYPE_CRC but has no crc attributes")
+        if crc.crc_type not in CRC_PI_SIZE:
+            raise einval(f"{name} domain CRC type {crc.crc_type} is unknown")
+        pi = CRC_PI_SIZE[crc.crc_type]
+        # mlx5dv_wr_set_mkey_sig_block(3): "only the 32 least significant bits are
+        # used for CRC32/CRC32C".
+        seed = crc.seed & ((1 << (8 * pi)) - 1)
+        if seed not in CRC_SEEDS[crc.crc_type]:
+            raise einval(f"{name} domain {SigCrcType(crc.crc_type).name} seed {crc.seed:#x} "
+                         f"must be 0 or all ones")
+        return DomainSpec(SigType.CRC, bs, pi, CRC_GUARD_KIND[crc.crc_type], seed,
+                          crc_type=crc.crc_type)
+    raise einval(f"{name} domain sig_type {d.sig_type} is unknown")
+
+
+def same_structure(a: DomainSpec | None, b: DomainSpec | None) -> bool:
+    """Same block size and signature type (and CRC type): what COPY_MASK needs."""
+    return (a is not None and b is not None and a.sig_type == b.sig_type
+            and a.block_size == b.block_size and a.crc_type == b.crc_type)
+
+
+def computed_copy_mask(mem: DomainSpec | None, wire: DomainSpec | None) -> int:
+    """The copy mask the device computes when COPY_MASK is not set (SEMANTICS.md 6.2):
+    the parts of the PI that both domains would generate alike are copied."""
+    if mem is None or wire is None or mem.sig_type != wire.sig_type \
+            or mem.block_size != wire.block_size:
+        return 0
+    if mem.sig_type == SigType.CRC:
+        return 0xFF if mem.crc_type == wire.crc_type else 0
+    mask = 0
+    if mem.bg_type == wire.bg_type and mem.guard_seed == wire.guard_seed:
+        mask |= 0xC0
+    if mem.app_tag == wire.app_tag:
+        mask |= 0x30
+    if mem.ref_tag == wire.ref_tag:
+        mask |= 0x0F
+    return mask
+
+
+def validate_sig_block_attr(attr: SigBlockAttr) -> SigConfig:
+    """Apply every rule of the sig setter; raise RDMAError(EINVAL) naming the broken one."""
+    if attr.comp_mask:
+        raise einval(f"sig_block_attr comp_mask {attr.comp_mask:#x} must be 0")
+    if attr.flags & ~SigBlockAttrFlags.COPY_MASK:
+        raise einval(f"sig_block_attr flags {attr.flags:#x} has unknown bits")
+    if attr.mem is None and attr.wire is None:
+        raise einval("sig_block_attr has neither a memory nor a wire domain")
+    if not 0 <= attr.check_mask <= 0xFF or not 0 <= attr.copy_mask <= 0xFF:
+        raise einval("check_mask and copy_mask are 8-bit masks")
+    mem = _domain_spec("memory", attr.mem) if attr.mem is not None else None
+    wire = _domain_spec("wire", attr.wire) if attr.wire is not None else None
+    if attr.flags & SigBlockAttrFlags.COPY_MASK:
+        if not same_structure(mem, wire):
+            raise einval("MLX5DV_SIG_BLOCK_ATTR_FLAG_COPY_MASK needs both domains with the same "
+                         "sig_type, block_size and CRC type")
+        copy_mask = attr.copy_mask
+    else:
+        copy_mask = computed_copy_mask(mem, wire)
+    if mem is not None and wire is not None and mem.block_size != wire.block_size:
+        # SEMANTICS.md section 5 maps wire block b to memory block b; domains of
+        # different block sizes would re-block the data, which is not modelled.
+        raise eopnotsupp(f"memory block size {mem.block_size} and wire block size "
+                         f"{wire.block_size} differ; softhca models equal block sizes only")
+    return SigConfig(mem, wire, attr.check_mask, copy_mask, attr)
+
+
+# -- the per-block processing (SEMANTICS.md section 6) --------------------------
+
+def _be_values(pi: np.ndarray, cols: tuple[int, ...]) -> np.ndarray:
+    """Big-endian integers from the PI byte columns ``cols`` (contiguous, in order)."""
+    out = np.zeros(pi.shape[0], dtype=np.uint64)
+    for c in cols:
+        out = (out << np.uint64(8)) | pi[:, c].astype(np.uint64)
+    return out
+
+
+def _be_bytes(values: np.ndarray, nbytes: int) -> np.ndarray:
+    """(n,) integers to (n, nbytes) big-endian bytes."""
+    be = values.astype(np.uint64).astype(">u8").view(np.uint8).reshape(-1, 8)
+    return be[:, 8 - nbytes:]
+
+
+@dataclass
+class BlockStage:
+    """What one stage did to the blocks of a transfer, for the trace."""
+
+    name: str
+    detail: dict
+
+
+class _GuardCache:
+    """Guards over the same data with the same (kind, seed) are computed once
+    (a T10DIF -> T10DIF configuration checks and generates the same guard)."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+        self._cache: dict[tuple[str, int], np.ndarray] = {}
+
+    def get(self, kind: str, seed: int) -> np.ndarray:
+        key = (kind, seed)
+        if key not in self._cache:
+            self._cache[key] = guards_many(self.data, kind, seed)
+        return self._cache[key]
+
+
+def _expected_ref(spec: DomainSpec, first_block: int, n: int) -> np.ndarray:
+    if spec.flags & SigT10difFlags.REF_REMAP:
+        idx = np.arange(first_block, first_block + n, dtype=np.uint64)
+        return (idx + np.uint64(spec.ref_tag)) & np.uint64(0xFFFFFFFF)
+    return np.full(n, spec.ref_tag, dtype=np.uint64)
+
+
+def _check(spec: DomainSpec, pi: np.ndarray, guards: _GuardCache, check_mask: int,
+           first_block: int) -> tuple[SigError | None, np.ndarray]:
+    """Check the input PI. Returns the first failing block's error and, per block,
+    the err_type found (NO_ERR where the block passed, was escaped or not checked)."""
+    n = pi.shape[0]
+    result = np.zeros(n, dtype=np.uint8)
+    cols = mask_cols(check_mask, spec.pi_size)
+    if not cols or n == 0:
+        return None, result
+    if spec.sig_type == SigType.CRC:
+        all_cols = tuple(range(spec.pi_size))
+        actual = guards.get(spec.guard_kind, spec.guard_seed)
+        stored = _be_values(pi, all_cols)
+        computed = _be_bytes(actual, spec.pi_size)
+        bad = (computed[:, cols] != pi[:, cols]).any(axis=1)
+        result[bad] = MkeyErrType.BAD_GUARD
+        fields = [(MkeyErrType.BAD_GUARD, bad, actual, stored)]
+    else:
+        stored_app = _be_values(pi, APP_COLS)
+        stored_ref = _be_values(pi, REF_COLS)
+        # SEMANTICS.md 6.1: APP_REF_ESCAPE wins when both escape flags are set.
+        if spec.flags & SigT10difFlags.APP_REF_ESCAPE:
+            escaped = (stored_app == APP_ESCAPE_TAG) & (stored_ref == REF_ESCAPE_TAG)
+        elif spec.flags & SigT10difFlags.APP_ESCAPE:
+            escaped = stored_app == APP_ESCAPE_TAG
+        else:
+            escaped = np.zeros(n, dtype=bool)
+        fields = []
+        for err_type, fcols, width in ((MkeyErrType.BAD_GUARD, GUARD_COLS, 2),
+                                       (MkeyErrType.BAD_APPTAG, APP_COLS, 2),
+                                       (MkeyErrType.BAD_REFTAG, REF_COLS, 4)):
+            checked = tuple(c for c in cols if c in fcols)
+            if not checked:
+                continue
+            if err_type == MkeyErrType.BAD_GUARD:
+                actual = guards.get(spec.guard_kind, spec.guard_seed)
+            elif err_type == MkeyErrType.BAD_APPTAG:
+                actual = np.full(n, spec.app_tag, dtype=np.uint64)
+            else:
+                actual = _expected_ref(spec, first_block, n)
+            computed = _be_bytes(actual, width)
+            rel = [c - fcols[0] for c in checked]
+            bad = (computed[:, rel] != pi[:, list(checked)]).any(axis=1) & ~escaped
+            fields.append((err_type, bad, actual, _be_values(pi, fcols)))
+        # Only the first failing field of a block counts, in the order GUARD, APPTAG, REFTAG.
+        for err_type, bad, _, _ in reversed(fields):
+            result[bad] = err_type
+    failing = np.flatnonzero(result)
+    if failing.size == 0:
+        return None, result
+    b = int(failing[0])
+    for err_type, bad, actual, stored in fields:
+        if bad[b]:
+            return SigError(int(err_type), int(actual[b]), int(stored[b]), b * spec.width), result
+    raise AssertionError("unreachable: a failing block has a failing field")
+
+
+def _generate(spec: DomainSpec, guards: _GuardCache, copy_cols: tuple[int, ...],
+              pi_in: np.ndarray | None, first_block: int, n: int) -> np.ndarray:
+    pi = np.empty((n, spec.pi_size), dtype=np.uint8)
+    generated = tuple(c for c in range(spec.pi_size) if c not in copy_cols)
+    if spec.sig_type == SigType.CRC:
+        if generated:
+            pi[:] = _be_bytes(guards.get(spec.guard_kind, spec.guard_seed), spec.pi_size)
+    else:
+        if any(c in GUARD_COLS for c in generated):
+            pi[:, 0:2] = _be_bytes(guards.get(spec.guard_kind, spec.guard_seed), 2)
+        pi[:, 2:4] = _be_bytes(np.full(n, spec.app_tag, dtype=np.uint64), 2)
+        pi[:, 4:8] = _be_bytes(_expected_ref(spec, first_block, n), 4)
+    if copy_cols and pi_in is not None:
+        cc = list(copy_cols)
+        pi[:, cc] = pi_in[:, cc]
+    return pi
+
+
+def sig_process(stream: np.ndarray, n: int, tail: int, inp: DomainSpec | None,
+                out: DomainSpec | None, block_size: int, check_mask: int, copy_mask: int,
+                first_block: int, stages: list[BlockStage] | None = None,
+                ) -> tuple[np.ndarray, SigError | None]:
+    """Turn ``n`` full blocks plus a ``tail`` of the input domain's stream into the
+    output domain's stream. The tail is plain data (SEMANTICS.md section 5)."""
+    in_w = block_size + (inp.pi_size if inp else 0)
+    out_w = block_size + (out.pi_size if out else 0)
+    blocks = stream[:n * in_w].reshape(n, in_w)
+    data = blocks[:, :block_size]
+    pi_in = blocks[:, block_size:] if inp else None
+    guards = _GuardCache(data)
+    error = None
+    if inp is not None:
+        error, per_block = _check(inp, pi_in, guards, check_mask, first_block)
+        if stages is not None:
+            stages.append(BlockStage("check", {
+                "domain_pi": inp.pi_size, "check_mask": check_mask,
+                "results": per_block.tolist(), "error": error}))
+    result = np.empty(n * out_w + tail, dtype=np.uint8)
+    out_blocks = result[:n * out_w].reshape(n, out_w)
+    out_blocks[:, :block_size] = data
+    result[n * out_w:] = stream[n * in_w:n * in_w + tail]
+    if out is not None:
+        copy_cols = mask_cols(copy_mask, out.pi_size) if same_structure(inp, out) else ()
+        out_blocks[:, block_size:] = _generate(out, guards, copy_cols, pi_in, first_block, n)
+        if stages is not None:
+            stages.append(BlockStage("generate", {"copied_cols": copy_cols,
+                                                  "pi_size": out.pi_size}))
+    elif inp is not None and stages is not None:
+        stages.append(BlockStage("strip", {"pi_size": inp.pi_size}))
+    return result, error

@@ -1,0 +1,240 @@
+"""The transfer pipeline: memory to wire (TX) and wire to memory (RX) through a key.
+
+One call is one transfer through one key (SEMANTICS.md section 5): an SGE of a
+work request, or the remote range of an RDMA_READ / RDMA_WRITE on the responder.
+On an MKEY the order of the stages is SEMANTICS.md section 8:
+
+- no signature: crypto on the one stream;
+- SIGNATURE_AFTER_CRYPTO_ON_TX: TX = gather, crypto (memory stream), signature;
+  RX = signature, crypto (memory stream), scatter;
+- SIGNATURE_BEFORE_CRYPTO_ON_TX: TX = gather, signature, crypto (wire stream);
+  RX = crypto (wire stream), signature, scatter.
+
+Everything that can fail is checked before a byte moves, so a failed RX leaves
+memory untouched. A trace callback, when given, sees every stage with the bytes
+before and after; when it is None no trace work is done at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from softhca.protocol.enums import AccessFlags, SignatureCryptoOrder
+
+from .completion import Fault, TransferError
+from .crypto import CryptoConfig, check_xts_job, xts_job
+from .hca import MR, PD
+from .mkey import MKey
+from .signature import BlockStage, SigConfig, SigError, sig_process
+
+TX, RX = "TX", "RX"
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One stage of one transfer: what a block went through on its way."""
+
+    direction: str          # TX or RX
+    stage: str              # gather, encrypt, decrypt, check, strip, generate, scatter, wire
+    key: int
+    stream: str             # memory or wire: the domain the bytes are in after the stage
+    offset: int             # where in that stream the bytes start
+    data: bytes             # the bytes after the stage
+    detail: dict = field(default_factory=dict)
+
+
+Trace = Callable[[TraceEvent], None] | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a transfer lands: the wire range and the memory range it maps to."""
+
+    wire_offset: int
+    wire_length: int
+    mem_offset: int
+    mem_length: int
+    first_block: int = 0
+    n_blocks: int = 0
+    tail: int = 0
+
+
+def _resolve(pd: PD, key: int, access: int, remote: bool) -> MR | MKey:
+    who = "rkey" if remote else "lkey"
+    obj = pd.hca.keys.get(key)
+    if obj is None:
+        raise TransferError(Fault.ACCESS, f"{who} {key:#x} is unknown")
+    if obj.pd is not pd:
+        raise TransferError(Fault.ACCESS, f"{who} {key:#x} belongs to another PD")
+    if not obj.valid:
+        raise TransferError(Fault.ACCESS, f"{who} {key:#x} is invalidated")
+    if access and not obj.access & access:
+        raise TransferError(Fault.ACCESS, f"{who} {key:#x} lacks "
+                            f"IBV_ACCESS_{AccessFlags(access).name}")
+    return obj
+
+
+def plan(mkey: MKey, offset: int, length: int) -> Plan:
+    """Map a wire range of an MKEY to its memory range (SEMANTICS.md section 5)."""
+    if mkey.layout is None:
+        raise TransferError(Fault.ACCESS, f"MKEY {mkey.lkey:#x} has no layout")
+    if offset < 0 or length < 0:
+        raise TransferError(Fault.ACCESS, f"negative offset or length on MKEY {mkey.lkey:#x}")
+    sig = mkey.sig
+    if sig is None:
+        p = Plan(offset, length, offset, length)
+    else:
+        w, m, bs = sig.wire_width, sig.mem_width, sig.block_size
+        if offset % w:
+            raise TransferError(Fault.LENGTH, f"wire offset {offset} is not on a {w}-byte "
+                                "protected block boundary")
+        n, tail = divmod(length, w)
+        if tail > bs:
+            raise TransferError(Fault.LENGTH, f"{length} wire bytes end {tail} bytes into a "
+                                f"{w}-byte block: the tail would split its PI")
+        first = offset // w
+        p = Plan(offset, length, first * m, n * m + tail, first, n, tail)
+    end = p.mem_offset + p.mem_length
+    if end > mkey.layout.length:
+        raise TransferError(Fault.ACCESS, f"[{offset}, +{length}) on MKEY {mkey.lkey:#x} ends "
+                            f"at memory byte {end}, past its {mkey.layout.length} bytes")
+    return p
+
+
+def _crypto_stream(mkey: MKey, p: Plan) -> tuple[str, int, int] | None:
+    """(stream name, offset, length) that crypto runs on, or None."""
+    cfg: CryptoConfig | None = mkey.crypto
+    if cfg is None:
+        return None
+    if mkey.sig is not None and cfg.order == SignatureCryptoOrder.SIGNATURE_BEFORE_CRYPTO_ON_TX:
+        return "wire", p.wire_offset, p.wire_length
+    return "memory", p.mem_offset, p.mem_length
+
+
+def _precheck(mkey: MKey, p: Plan) -> tuple[str, int, int] | None:
+    if mkey.has_crypto_flag and mkey.crypto is None:
+        # mlx5dv_wr_set_mkey_crypto(3): "this setter must be called before the MKey
+        # can be used or else traffic will fail, generating a CQE with error".
+        raise TransferError(Fault.CRYPTO, f"MKEY {mkey.lkey:#x} was created with CRYPTO but "
+                            "has no crypto attributes")
+    cs = _crypto_stream(mkey, p)
+    if cs is not None:
+        check_xts_job(mkey.crypto, cs[1], cs[2])
+    return cs
+
+
+def _sig(mkey: MKey, stream: np.ndarray, p: Plan, direction: str,
+         stages: list[BlockStage] | None) -> tuple[np.ndarray, SigError | None]:
+    sig: SigConfig = mkey.sig
+    inp, out = (sig.mem, sig.wire) if direction == TX else (sig.wire, sig.mem)
+    return sig_process(stream, p.n_blocks, p.tail, inp, out, sig.block_size, sig.check_mask,
+                       sig.copy_mask, p.first_block, stages)
+
+
+class _Tracer:
+    def __init__(self, trace: Trace, direction: str, key: int) -> None:
+        self.trace, self.direction, self.key = trace, direction, key
+
+    def emit(self, stage: str, stream: str, offset: int, data: np.ndarray, **detail) -> None:
+        if self.trace is not None:
+            self.trace(TraceEvent(self.direction, stage, self.key, stream, offset,
+                                  bytes(data), detail))
+
+    def stages(self) -> list[BlockStage] | None:
+        return [] if self.trace is not None else None
+
+
+def _crypt(mkey: MKey, data: np.ndarray, cs, direction: str, t: _Tracer) -> np.ndarray:
+    cfg: CryptoConfig = mkey.crypto
+    encrypt = cfg.encrypt_on_tx if direction == TX else not cfg.encrypt_on_tx
+    out = xts_job(cfg, data, cs[1], encrypt)
+    t.emit("encrypt" if encrypt else "decrypt", cs[0], cs[1], out,
+           data_unit_size=cfg.data_unit_size,
+           first_tweak=cfg.initial_tweak + cs[1] // cfg.data_unit_size)
+    return out
+
+
+def _emit_sig(t: _Tracer, stages, stream: str, offset: int, data: np.ndarray) -> None:
+    if stages is not None:
+        for st in stages:
+            t.emit(st.name, stream, offset, data, **st.detail)
+
+
+def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
+       trace: Trace = None) -> bytes:
+    """Memory to wire: the wire bytes of ``length`` at ``offset`` through ``key``.
+    ``offset`` is a virtual address for an MR and an offset for an MKEY."""
+    obj = _resolve(pd, key, AccessFlags.REMOTE_READ if remote else 0, remote)
+    t = _Tracer(trace, TX, key)
+    if isinstance(obj, MR):
+        start = _mr_range(obj, offset, length)
+        data = obj.buf[start:start + length].copy()
+        t.emit("gather", "memory", start, data)
+        return data.tobytes()
+    p = plan(obj, offset, length)
+    cs = _precheck(obj, p)
+    stream = obj.layout.gather(p.mem_offset, p.mem_length)
+    t.emit("gather", "memory", p.mem_offset, stream)
+    if cs is not None and cs[0] == "memory":
+        stream = _crypt(obj, stream, cs, TX, t)
+    if obj.sig is not None:
+        stages = t.stages()
+        stream, err = _sig(obj, stream, p, TX, stages)
+        obj.latch(err)
+        _emit_sig(t, stages, "wire", p.wire_offset, stream)
+    if cs is not None and cs[0] == "wire":
+        stream = _crypt(obj, stream, cs, TX, t)
+    t.emit("wire", "wire", p.wire_offset, stream)
+    return stream.tobytes()
+
+
+def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
+       trace: Trace = None) -> None:
+    """Wire to memory: scatter ``wire`` bytes arriving for ``offset`` through ``key``."""
+    obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
+                   remote)
+    stream = np.frombuffer(wire, dtype=np.uint8)
+    t = _Tracer(trace, RX, key)
+    t.emit("wire", "wire", offset, stream)
+    if isinstance(obj, MR):
+        start = _mr_range(obj, offset, len(stream))
+        obj.buf[start:start + len(stream)] = stream
+        t.emit("scatter", "memory", start, stream)
+        return
+    p = plan(obj, offset, len(stream))
+    cs = _precheck(obj, p)
+    if cs is not None and cs[0] == "wire":
+        stream = _crypt(obj, stream, cs, RX, t)
+    if obj.sig is not None:
+        stages = t.stages()
+        stream, err = _sig(obj, stream, p, RX, stages)
+        obj.latch(err)
+        _emit_sig(t, stages, "memory", p.mem_offset, stream)
+    if cs is not None and cs[0] == "memory":
+        stream = _crypt(obj, stream, cs, RX, t)
+    obj.layout.scatter(p.mem_offset, stream)
+    t.emit("scatter", "memory", p.mem_offset, stream)
+
+
+def _mr_range(mr: MR, addr: int, length: int) -> int:
+    start = addr - mr.addr
+    if length < 0 or start < 0 or start + length > mr.length:
+        raise TransferError(Fault.ACCESS, f"[{addr:#x}, +{length}) leaves MR {mr.lkey:#x} "
+                            f"[{mr.addr:#x}, +{mr.length})")
+    return start
+
+
+def wire_length(pd: PD, key: int) -> int:
+    """How many wire bytes an MKEY (or MR) spans: its memory length seen from the wire."""
+    obj = pd.hca.keys.get(key)
+    if isinstance(obj, MR):
+        return obj.length
+    if obj is None or obj.layout is None:
+        return 0
+    if obj.sig is None:
+        return obj.layout.length
+    n, tail = divmod(obj.layout.length, obj.sig.mem_width)
+    return n * obj.sig.wire_width + min(tail, obj.sig.block_size)

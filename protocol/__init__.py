@@ -1,0 +1,1 @@
+"""softhca.protocol."""

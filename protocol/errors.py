@@ -1,0 +1,38 @@
+"""Errors that cross the control plane: an errno name and a sentence.
+
+Every failing verbs call is reported the way rdma-core reports it: an errno
+(``wr_complete`` returns one, pyverbs raises PyverbsRDMAError carrying it). The
+sentence names the verbs rule that was broken, hyper-h2 style, so a user reading
+"rkey 0x1200 lacks IBV_ACCESS_REMOTE_WRITE" knows what to fix.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+# The errno names the daemon may answer with (ARCHITECTURE.md, control plane).
+ERRNO_NAMES = ("EINVAL", "EOPNOTSUPP", "ENOENT", "EEXIST", "ENOMEM", "EACCES", "EPROTO",
+               "EBUSY", "E2BIG", "EMSGSIZE", "EPERM", "ETIMEDOUT", "ECONNRESET")
+
+
+class RDMAError(Exception):
+    """A verbs call failed: ``errno_name`` (e.g. "EINVAL"), ``errno`` (its number), ``message``."""
+
+    def __init__(self, errno_name: str, message: str) -> None:
+        if errno_name not in ERRNO_NAMES:
+            raise ValueError(f"unknown errno name {errno_name!r}")
+        self.errno_name = errno_name
+        self.errno = getattr(_errno, errno_name)
+        self.message = message
+        super().__init__(f"{errno_name}: {message}")
+
+    def __reduce__(self):
+        return (type(self), (self.errno_name, self.message))
+
+
+def einval(message: str) -> RDMAError:
+    return RDMAError("EINVAL", message)
+
+
+def eopnotsupp(message: str) -> RDMAError:
+    return RDMAError("EOPNOTSUPP", message)

@@ -1,0 +1,86 @@
+"""Engine-level fixtures: one simulated HCA with a PD and a QP's WR builder."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from softhca.engine.hca import HCA
+from softhca.engine.mkey_configure import MkeyConfigureBuilder
+from softhca.protocol.attrs import SGE, DEKInitAttr, MkeyConfAttr
+from softhca.protocol.enums import (
+    AccessFlags,
+    CryptoKeySize,
+    MkeyInitAttrFlags,
+    Mlx5dvQpExSendOps,
+    SendFlags,
+)
+
+ALL_ACCESS = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
+              | AccessFlags.REMOTE_ATOMIC)
+SIG_CRYPTO = (MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIGNATURE
+              | MkeyInitAttrFlags.CRYPTO)
+
+
+class EngineNode:
+    """What a test does with an HCA, in the verbs calls' words."""
+
+    def __init__(self) -> None:
+        self.hca = HCA("mlx5_0")
+        self.pd = self.hca.alloc_pd()
+        self.qp = MkeyConfigureBuilder(self.pd, Mlx5dvQpExSendOps.WITH_MKEY_CONFIGURE)
+
+    def reg_mr(self, data: bytes | int, access: int = ALL_ACCESS):
+        length = data if isinstance(data, int) else len(data)
+        mr = self.hca.reg_mr(self.pd, length, access)
+        if not isinstance(data, int):
+            mr.write(data)
+        return mr
+
+    def create_mkey(self, flags: int = SIG_CRYPTO, max_entries: int = 4):
+        return self.hca.create_mkey(self.pd, flags, max_entries)
+
+    def create_dek(self, key: bytes, **kw):
+        size = CryptoKeySize.SIZE_256 if len(key) == 64 else CryptoKeySize.SIZE_128
+        return self.hca.create_dek(DEKInitAttr(pd=self.pd, key_size=size, key=key, **kw))
+
+    def configure(self, mkey, *, access=ALL_ACCESS, sges=None, interleaved=None, sig=None,
+                  crypto=None, conf_flags=0, wr_flags=SendFlags.INLINE):
+        """One MKEY configure WR with the setters for the arguments given."""
+        setters = [s for s in (access, sges or interleaved, sig, crypto) if s is not None]
+        qp = self.qp
+        qp.wr_start()
+        qp.wr_id = 1
+        qp.wr_flags = wr_flags
+        qp.wr_mkey_configure(mkey, len(setters), MkeyConfAttr(conf_flags=conf_flags))
+        if access is not None:
+            qp.wr_set_mkey_access_flags(access)
+        if sges is not None:
+            qp.wr_set_mkey_layout_list(sges)
+        if interleaved is not None:
+            qp.wr_set_mkey_layout_interleaved(*interleaved)
+        if sig is not None:
+            qp.wr_set_mkey_sig_block(sig)
+        if crypto is not None:
+            qp.wr_set_mkey_crypto(crypto)
+        return qp.wr_complete()
+
+    def mkey_over(self, data: bytes | int, **kw):
+        """An MR holding ``data`` and an MKEY whose list layout covers all of it."""
+        mr = self.reg_mr(data)
+        default = SIG_CRYPTO if kw.get("crypto") else SIG_CRYPTO & ~MkeyInitAttrFlags.CRYPTO
+        mkey = self.create_mkey(kw.pop("flags", default))
+        self.configure(mkey, sges=[SGE(mr.addr, mr.length, mr.lkey)], **kw)
+        return mr, mkey
+
+
+@pytest.fixture
+def node() -> EngineNode:
+    return EngineNode()
+
+
+@pytest.fixture
+def rng() -> random.Random:
+    return random.Random(int(os.environ.get("SOFTHCA_TEST_SEED", "1619")))
