@@ -25,11 +25,11 @@ VA_BASE = 0x7F0000000000
 PAGE = 4096
 
 # Access flags an MR may be registered with (ibv_reg_mr(3)); ZERO_BASED is not modelled.
-MR_ACCESS = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
+MR_ACCESS = int(AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
              | AccessFlags.REMOTE_ATOMIC)
 
 # mlx5dv_create_mkey(3): the flags an MKEY may be created with.
-MKEY_CREATE_FLAGS = (MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIGNATURE
+MKEY_CREATE_FLAGS = int(MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIGNATURE
                      | MkeyInitAttrFlags.CRYPTO | MkeyInitAttrFlags.UPDATE_TAG
                      | MkeyInitAttrFlags.REMOTE_INVALIDATE)
 

@@ -29,9 +29,9 @@ from .mkey import Layout, MKey
 from .signature import validate_sig_block_attr
 
 # mlx5dv_wr_set_mkey_access_flags(3): the flags an MKEY may grant.
-MKEY_ACCESS = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
+MKEY_ACCESS = int(AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
                | AccessFlags.REMOTE_ATOMIC)
-CONF_FLAGS = MkeyConfFlags.RESET_SIG_ATTR
+CONF_FLAGS = int(MkeyConfFlags.RESET_SIG_ATTR)
 
 # Setter kinds: each may be called once per configure WR, and both layout
 # setters count as the one layout ("Not more than one data layout setter").

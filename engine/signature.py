@@ -37,7 +37,7 @@ CRC_GUARD_KIND = {SigCrcType.CRC32: "crc32", SigCrcType.CRC32C: "crc32c",
 CRC_SEEDS = {SigCrcType.CRC32: (0, 0xFFFFFFFF), SigCrcType.CRC32C: (0, 0xFFFFFFFF),
              SigCrcType.CRC64_XP10: (0, 0xFFFFFFFFFFFFFFFF)}
 T10DIF_BG_SEEDS = (0, 0xFFFF)
-T10DIF_FLAGS = (SigT10difFlags.REF_REMAP | SigT10difFlags.APP_ESCAPE
+T10DIF_FLAGS = int(SigT10difFlags.REF_REMAP | SigT10difFlags.APP_ESCAPE
                 | SigT10difFlags.APP_REF_ESCAPE)
 
 # T10DIF PI = guard (2) | app_tag (2) | ref_tag (4); check_mask / copy_mask bit 7 is byte 0.
@@ -180,7 +180,7 @@ def validate_sig_block_attr(attr: SigBlockAttr) -> SigConfig:
     """Apply every rule of the sig setter; raise RDMAError(EINVAL) naming the broken one."""
     if attr.comp_mask:
         raise einval(f"sig_block_attr comp_mask {attr.comp_mask:#x} must be 0")
-    if attr.flags & ~SigBlockAttrFlags.COPY_MASK:
+    if attr.flags & ~int(SigBlockAttrFlags.COPY_MASK):
         raise einval(f"sig_block_attr flags {attr.flags:#x} has unknown bits")
     if attr.mem is None and attr.wire is None:
         raise einval("sig_block_attr has neither a memory nor a wire domain")

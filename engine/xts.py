@@ -3,11 +3,11 @@
 An mlx5 crypto MKEY encrypts a buffer as a run of XTS data units, and per
 mlx5dv_wr_set_mkey_crypto(3) "The tweak is incremented after each
 data_unit_size": unit k is processed with data unit sequence number
-``initial_tweak + first_unit + k``. A wire-speed simulator sees thousands of
-512-byte units per request, and a cryptography ``modes.XTS`` context per unit
-costs far more than the AES work itself. XTS is only ECB wrapped in
-tweak-derived masks, so this module does the whole buffer with a handful of
-AES-ECB calls and computes the masks with numpy, vectorised across units.
+``initial_tweak + first_unit + k``. A simulator sees thousands of 512-byte
+units per request, and a cryptography ``modes.XTS`` context per unit costs far
+more than the AES work itself. XTS is ECB wrapped in tweak-derived masks, so
+this module covers a whole buffer with a handful of AES-ECB calls and builds
+the masks with numpy, vectorised across units.
 
 IEEE 1619 fixes every byte order used here: the sequence number is a 128-bit
 little-endian integer, and GF(2^128) elements are 128-bit little-endian
@@ -34,10 +34,15 @@ _MASK_64 = (1 << 64) - 1
 # bit 127 back in as (bits * 0x87). With k <= 56 that fold, (bits << 7) at
 # most, still fits in the low 64-bit word, so no second reduction is needed.
 _MAX_ALPHA_SHIFT = 56
-# Data bytes per batch of units; see xts_transform. Tuned on 512-byte units.
-_BATCH_BYTES = 32 * 1024
+# Units are processed in batches of about this many bytes, through scratch
+# buffers allocated once per call. Whole-buffer temporaries are fresh pages on
+# every call, and faulting them in cost more than the AES and numpy work put
+# together; small batches instead pay numpy's per-call overhead more often.
+_BATCH_BYTES = 256 * 1024
 
 Buffer = bytes | bytearray | memoryview | npt.NDArray[np.uint8]
+U8Array = npt.NDArray[np.uint8]
+U64Array = npt.NDArray[np.uint64]
 
 
 class XtsError(ValueError):
@@ -80,24 +85,22 @@ def xts_transform(
     aes = Cipher(algorithms.AES(key[:half]), modes.ECB())
     ecb = aes.encryptor() if encrypt else aes.decryptor()
     tweak_ecb = Cipher(algorithms.AES(key[half:]), modes.ECB()).encryptor()
-    first_dusn = initial_tweak + first_unit
+    first_dusn = operator.index(initial_tweak) + operator.index(first_unit)
 
-    # Batches are bounded so that the mask and block temporaries stay in cache
-    # and get recycled by the allocator: multi-MiB temporaries are fresh
-    # pages on every call, and the page faults cost more than the AES.
-    per_batch = max(1, _BATCH_BYTES // unit_size)
-    pieces = []
-    for start in range(0, n_full, per_batch):
-        count = min(per_batch, n_full - start)
-        units = src[start * unit_size : (start + count) * unit_size].reshape(count, unit_size)
-        pieces.append(_transform_units(ecb, tweak_ecb, units, first_dusn + start, encrypt))
+    out = np.empty(src.size, dtype=_U8)
+    full = n_full * unit_size
+    if n_full:
+        units = _UnitRun(ecb, tweak_ecb, n_full, unit_size, first_dusn, encrypt)
+        units.transform(
+            src[:full].reshape(n_full, unit_size), out[:full].reshape(n_full, unit_size)
+        )
     if tail:
-        units = src[n_full * unit_size :].reshape(1, tail)
-        pieces.append(_transform_units(ecb, tweak_ecb, units, first_dusn + n_full, encrypt))
-    return b"".join(pieces)
+        last = _UnitRun(ecb, tweak_ecb, 1, tail, first_dusn + n_full, encrypt)
+        last.transform(src[full:].reshape(1, tail), out[full:].reshape(1, tail))
+    return out.tobytes()
 
 
-def _as_uint8(data: Buffer) -> npt.NDArray[np.uint8]:
+def _as_uint8(data: Buffer) -> U8Array:
     if isinstance(data, np.ndarray):
         if data.dtype != _U8 or data.ndim != 1:
             raise TypeError(f"expected a 1-D uint8 array, got {data.ndim}-D {data.dtype}")
@@ -108,98 +111,116 @@ def _as_uint8(data: Buffer) -> npt.NDArray[np.uint8]:
     return np.frombuffer(view, dtype=_U8)
 
 
-def _transform_units(
-    ecb: CipherContext,
-    tweak_ecb: CipherContext,
-    src: npt.NDArray[np.uint8],
-    first_dusn: int,
-    encrypt: bool,
-) -> npt.NDArray[np.uint8]:
-    """XTS over n equal-length data units, the rows of `src`."""
-    n, length = src.shape
-    m, r = divmod(length, _BLOCK)
-    masks = _block_masks(tweak_ecb, first_dusn, n, m + (r != 0)).view(_U8)
+class _UnitRun:
+    """Consecutive data units of one length, their masks and scratch space."""
 
-    head = src[:, : m * _BLOCK].reshape(n, m, _BLOCK)
-    x = np.bitwise_xor(head, masks[:, :m])
-    if r and not encrypt:
-        # IEEE 1619 5.4.2: decryption with stealing undoes the last full
-        # ciphertext block under T_m, the mask it was encrypted with.
-        x[:, m - 1] = head[:, m - 1] ^ masks[:, m]
-    y = _ecb(ecb, x)
-    if not r:
-        y ^= masks
-        return y.reshape(n, length)
+    def __init__(
+        self,
+        ecb: CipherContext,
+        tweak_ecb: CipherContext,
+        n_units: int,
+        length: int,
+        first_dusn: int,
+        encrypt: bool,
+    ) -> None:
+        self._ecb = ecb
+        self._encrypt = encrypt
+        self._full_blocks, self._partial = divmod(length, _BLOCK)
+        self._n_masks = self._full_blocks + (self._partial != 0)
+        # The alpha powers form a sequential chain per unit. Splitting
+        # j = q * span + i, the few anchors T_{q*span} are walked once here for
+        # all units, and each batch gets T_{q*span + i} in one broadcast pass.
+        n_anchors = -(-self._n_masks // _MAX_ALPHA_SHIFT)
+        self._span = -(-self._n_masks // n_anchors)
+        self._anchors = _first_masks(tweak_ecb, first_dusn, n_units, n_anchors, self._span)
 
-    out = np.empty((n, length), dtype=_U8)
-    out_head = out[:, : (m - 1) * _BLOCK].reshape(n, m - 1, _BLOCK)
-    np.bitwise_xor(y[:, : m - 1], masks[:, : m - 1], out=out_head)
+        batch = max(1, min(n_units, _BATCH_BYTES // length))
+        self._batch = batch
+        self._masks = np.empty((batch, n_anchors, self._span, 2), dtype=_U64)
+        self._spill = np.empty((batch, n_anchors, self._span), dtype=_U64)
+        self._masked = np.empty((batch, self._full_blocks, _BLOCK), dtype=_U8)
+        # update_into() insists on block_size - 1 spare bytes.
+        self._crypted = np.empty(self._masked.size + _BLOCK - 1, dtype=_U8)
 
-    # IEEE 1619 5.3.2 / 5.4.2: block m-1's result (CC when encrypting, PP
-    # when decrypting) gives its first r bytes to the short last block and
-    # lends the rest to pad the partial input block, which is then processed
-    # under the other of the two last masks.
-    first_mask, second_mask = (m - 1, m) if encrypt else (m, m - 1)
-    stolen_from = y[:, m - 1] ^ masks[:, first_mask]
-    padded = np.concatenate((src[:, m * _BLOCK :], stolen_from[:, r:]), axis=1)
-    padded ^= masks[:, second_mask]
-    np.bitwise_xor(
-        _ecb(ecb, padded),
-        masks[:, second_mask],
-        out=out[:, (m - 1) * _BLOCK : m * _BLOCK],
-    )
-    out[:, m * _BLOCK :] = stolen_from[:, :r]
-    return out
+    def transform(self, src: U8Array, out: U8Array) -> None:
+        """XTS over the rows of `src` (one data unit each) into `out`."""
+        for start in range(0, src.shape[0], self._batch):
+            rows = slice(start, start + self._batch)
+            self._transform_batch(src[rows], out[rows], self._anchors[rows])
+
+    def _transform_batch(self, src: U8Array, out: U8Array, anchors: U64Array) -> None:
+        n, length = src.shape
+        m, r = self._full_blocks, self._partial
+        masks64 = self._masks[:n]
+        _mul_alpha_pow(
+            anchors[:, :, np.newaxis], np.arange(self._span, dtype=_U64), masks64, self._spill[:n]
+        )
+        masks = masks64.reshape(n, -1, 2)[:, : self._n_masks].view(_U8)
+
+        head = src[:, : m * _BLOCK].reshape(n, m, _BLOCK)
+        x = np.bitwise_xor(head, masks[:, :m], out=self._masked[:n])
+        if r and not self._encrypt:
+            # IEEE 1619 5.4.2: decryption with stealing undoes the last full
+            # ciphertext block under T_m, the mask it was encrypted with.
+            np.bitwise_xor(head[:, m - 1], masks[:, m], out=x[:, m - 1])
+        written = self._ecb.update_into(x, self._crypted[: x.size + _BLOCK - 1])
+        y = self._crypted[:written].reshape(x.shape)
+        if not r:
+            np.bitwise_xor(y, masks, out=out.reshape(n, m, _BLOCK))
+            return
+
+        out_head = out[:, : (m - 1) * _BLOCK].reshape(n, m - 1, _BLOCK)
+        np.bitwise_xor(y[:, : m - 1], masks[:, : m - 1], out=out_head)
+        # IEEE 1619 5.3.2 / 5.4.2: block m-1's result (CC when encrypting, PP
+        # when decrypting) gives its first r bytes to the short last block and
+        # lends the rest to pad the partial input block, which is then
+        # processed under the other of the two last masks.
+        first_mask, second_mask = (m - 1, m) if self._encrypt else (m, m - 1)
+        stolen_from = y[:, m - 1] ^ masks[:, first_mask]
+        padded = np.concatenate((src[:, m * _BLOCK :], stolen_from[:, r:]), axis=1)
+        padded ^= masks[:, second_mask]
+        swapped = np.frombuffer(self._ecb.update(padded), dtype=_U8).reshape(n, _BLOCK)
+        np.bitwise_xor(swapped, masks[:, second_mask], out=out[:, (m - 1) * _BLOCK : m * _BLOCK])
+        out[:, m * _BLOCK :] = stolen_from[:, :r]
 
 
-def _ecb(ctx: CipherContext, blocks: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    # ECB is stateless on whole blocks, so one context serves several calls.
-    # update_into() gives a writable result to unmask in place (update()
-    # returns immutable bytes); it insists on block_size - 1 spare bytes.
-    out = np.empty(blocks.size + _BLOCK - 1, dtype=_U8)
-    written = ctx.update_into(blocks, out)
-    return out[:written].reshape(blocks.shape)
-
-
-def _block_masks(
-    tweak_ecb: CipherContext, first_dusn: int, n_units: int, n_blocks: int
-) -> npt.NDArray[np.uint64]:
-    """T_j = E_key2(dusn) * alpha^j for every unit and block j, shape (n, n_blocks, 2)."""
+def _first_masks(
+    tweak_ecb: CipherContext, first_dusn: int, n_units: int, n_anchors: int, span: int
+) -> U64Array:
+    """E_key2(dusn_k) * alpha^(q*span) for every unit k and q < n_anchors."""
     first = first_dusn % _MOD_128
     base_low = np.uint64(first & _MASK_64)
     low = base_low + np.arange(n_units, dtype=_U64)  # wraps mod 2**64
     high = np.uint64(first >> 64) + (low < base_low).astype(_U64)  # carry; wraps mod 2**128
     dusns = np.stack((low, high), axis=1).astype(_U64, copy=False)
 
-    # The alpha powers are a sequential chain per unit. Split j = q*span + i:
-    # a short loop walks the few T_{q*span} anchors, then one broadcast pass
-    # yields every T_{q*span + i} with long vectorised rows instead of one
-    # numpy pass per block.
-    n_anchors = -(-n_blocks // _MAX_ALPHA_SHIFT)
-    span = -(-n_blocks // n_anchors)
     anchors = np.empty((n_units, n_anchors, 2), dtype=_U64)
-    anchors[:, 0] = _ecb(tweak_ecb, dusns.view(_U8)).view(_U64)
+    # cryptography only takes byte-format buffers, hence the uint8 views.
+    anchors[:, 0] = np.frombuffer(tweak_ecb.update(dusns.view(_U8)), dtype=_U64).reshape(-1, 2)
+    spill = np.empty(n_units, dtype=_U64)
     for q in range(1, n_anchors):
-        _mul_alpha_pow(anchors[:, q - 1], np.uint64(span), anchors[:, q])
-
-    masks = np.empty((n_units, n_anchors, span, 2), dtype=_U64)
-    _mul_alpha_pow(anchors[:, :, np.newaxis], np.arange(span, dtype=_U64), masks)
-    return masks.reshape(n_units, n_anchors * span, 2)[:, :n_blocks]
+        _mul_alpha_pow(anchors[:, q - 1], np.uint64(span), anchors[:, q], spill)
+    return anchors
 
 
-def _mul_alpha_pow(
-    src: npt.NDArray[np.uint64], k: np.uint64 | npt.NDArray[np.uint64], out: npt.NDArray[np.uint64]
-) -> None:
-    """out = src * alpha^k in GF(2^128) for 0 <= k <= _MAX_ALPHA_SHIFT; k broadcasts."""
+def _mul_alpha_pow(src: U64Array, k: np.uint64 | U64Array, out: U64Array, spill: U64Array) -> None:
+    """out = src * alpha^k in GF(2^128), 0 <= k <= _MAX_ALPHA_SHIFT, broadcasting.
+
+    `spill` is scratch of out's shape without the last axis; `src` must not
+    overlap `out`.
+    """
+    one = np.uint64(1)
     low, high = src[..., 0], src[..., 1]
     back = np.uint64(63) - k  # shift by 64 - k in two steps so k == 0 stays defined
-    one = np.uint64(1)
-    spill = (high >> one) >> back
-    np.left_shift(high, k, out=out[..., 1])
-    out[..., 1] |= (low >> one) >> back
-    out_low = out[..., 0]
+    out_low, out_high = out[..., 0], out[..., 1]
+
+    np.left_shift(high, k, out=out_high)
+    np.right_shift(low >> one, back, out=spill)
+    out_high |= spill
+
+    np.right_shift(high >> one, back, out=spill)
     np.left_shift(low, k, out=out_low)
-    # Fold the spilled bits back in: spill * (x^7 + x^2 + x + 1), carry-less.
+    # Fold the bits shifted out of bit 127 back in: spill * (x^7 + x^2 + x + 1).
     out_low ^= spill
     for shift in (1, 1, 5):
         spill <<= np.uint64(shift)

@@ -20,8 +20,8 @@ from softhca.protocol.enums import (
 
 ALL_ACCESS = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
               | AccessFlags.REMOTE_ATOMIC)
-SIG_CRYPTO = (MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIGNATURE
-              | MkeyInitAttrFlags.CRYPTO)
+SIG_ONLY = MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIGNATURE
+SIG_CRYPTO = SIG_ONLY | MkeyInitAttrFlags.CRYPTO
 
 
 class EngineNode:
@@ -39,7 +39,7 @@ class EngineNode:
             mr.write(data)
         return mr
 
-    def create_mkey(self, flags: int = SIG_CRYPTO, max_entries: int = 4):
+    def create_mkey(self, flags: int = SIG_ONLY, max_entries: int = 4):
         return self.hca.create_mkey(self.pd, flags, max_entries)
 
     def create_dek(self, key: bytes, **kw):
@@ -70,7 +70,7 @@ class EngineNode:
     def mkey_over(self, data: bytes | int, **kw):
         """An MR holding ``data`` and an MKEY whose list layout covers all of it."""
         mr = self.reg_mr(data)
-        default = SIG_CRYPTO if kw.get("crypto") else SIG_CRYPTO & ~MkeyInitAttrFlags.CRYPTO
+        default = SIG_CRYPTO if kw.get("crypto") else SIG_ONLY
         mkey = self.create_mkey(kw.pop("flags", default))
         self.configure(mkey, sges=[SGE(mr.addr, mr.length, mr.lkey)], **kw)
         return mr, mkey

@@ -84,6 +84,23 @@ def test_matches_cryptography_xts(key_len: int, unit_size: int, n_units: int, ta
             assert got == expected, (initial_tweak, first_unit, encrypt)
 
 
+@pytest.mark.parametrize(
+    ("unit_size", "n_units", "tail"),
+    [(512, 1100, 100), (4096, 70, 0), (4160, 130, 24)],
+)
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_large_buffers_match_cryptography_xts(
+    unit_size: int, n_units: int, tail: int, encrypt: bool
+) -> None:
+    """Buffers of several hundred KiB, as the engine sees them, tweak crossing 2**64."""
+    rng = random.Random(f"large-{unit_size}-{n_units}-{tail}")
+    key = random_key(rng, 64)
+    data = rng.randbytes(n_units * unit_size + tail)
+    initial_tweak, first_unit = (1 << 64) - 500, 17
+    expected = oracle(key, data, unit_size, first_unit, initial_tweak, encrypt)
+    assert xts_transform(key, data, unit_size, first_unit, initial_tweak, encrypt) == expected
+
+
 def test_unit_tweaks_follow_data_position() -> None:
     """Units 2.. of a buffer equal a transform of the same bytes started at unit 2."""
     rng = random.Random(7)
