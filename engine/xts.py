@@ -41,8 +41,8 @@ _MAX_ALPHA_SHIFT = 56
 _BATCH_BYTES = 256 * 1024
 
 Buffer = bytes | bytearray | memoryview | npt.NDArray[np.uint8]
-U8Array = npt.NDArray[np.uint8]
-U64Array = npt.NDArray[np.uint64]
+_U8Array = npt.NDArray[np.uint8]
+_U64Array = npt.NDArray[np.uint64]
 
 
 class XtsError(ValueError):
@@ -100,7 +100,7 @@ def xts_transform(
     return out.tobytes()
 
 
-def _as_uint8(data: Buffer) -> U8Array:
+def _as_uint8(data: Buffer) -> _U8Array:
     if isinstance(data, np.ndarray):
         if data.dtype != _U8 or data.ndim != 1:
             raise TypeError(f"expected a 1-D uint8 array, got {data.ndim}-D {data.dtype}")
@@ -142,14 +142,14 @@ class _UnitRun:
         # update_into() insists on block_size - 1 spare bytes.
         self._crypted = np.empty(self._masked.size + _BLOCK - 1, dtype=_U8)
 
-    def transform(self, src: U8Array, out: U8Array) -> None:
+    def transform(self, src: _U8Array, out: _U8Array) -> None:
         """XTS over the rows of `src` (one data unit each) into `out`."""
         for start in range(0, src.shape[0], self._batch):
             rows = slice(start, start + self._batch)
             self._transform_batch(src[rows], out[rows], self._anchors[rows])
 
-    def _transform_batch(self, src: U8Array, out: U8Array, anchors: U64Array) -> None:
-        n, length = src.shape
+    def _transform_batch(self, src: _U8Array, out: _U8Array, anchors: _U64Array) -> None:
+        n = src.shape[0]
         m, r = self._full_blocks, self._partial
         masks64 = self._masks[:n]
         _mul_alpha_pow(
@@ -186,7 +186,7 @@ class _UnitRun:
 
 def _first_masks(
     tweak_ecb: CipherContext, first_dusn: int, n_units: int, n_anchors: int, span: int
-) -> U64Array:
+) -> _U64Array:
     """E_key2(dusn_k) * alpha^(q*span) for every unit k and q < n_anchors."""
     first = first_dusn % _MOD_128
     base_low = np.uint64(first & _MASK_64)
@@ -203,7 +203,9 @@ def _first_masks(
     return anchors
 
 
-def _mul_alpha_pow(src: U64Array, k: np.uint64 | U64Array, out: U64Array, spill: U64Array) -> None:
+def _mul_alpha_pow(
+    src: _U64Array, k: np.uint64 | _U64Array, out: _U64Array, spill: _U64Array
+) -> None:
     """out = src * alpha^k in GF(2^128), 0 <= k <= _MAX_ALPHA_SHIFT, broadcasting.
 
     `spill` is scratch of out's shape without the last axis; `src` must not

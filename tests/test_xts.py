@@ -101,6 +101,16 @@ def test_large_buffers_match_cryptography_xts(
     assert xts_transform(key, data, unit_size, first_unit, initial_tweak, encrypt) == expected
 
 
+@pytest.mark.parametrize("unit_size", [16, 17, 31, 32, 33, 47])
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_shortest_units_match_cryptography_xts(unit_size: int, encrypt: bool) -> None:
+    rng = random.Random(f"short-{unit_size}")
+    key = random_key(rng, 32)
+    data = rng.randbytes(9 * unit_size + 16)
+    expected = oracle(key, data, unit_size, 3, 40, encrypt)
+    assert xts_transform(key, data, unit_size, 3, 40, encrypt) == expected
+
+
 def test_unit_tweaks_follow_data_position() -> None:
     """Units 2.. of a buffer equal a transform of the same bytes started at unit 2."""
     rng = random.Random(7)
