@@ -53,9 +53,11 @@ class Layout:
             i += 1
 
     def gather(self, offset: int, length: int) -> np.ndarray:
+        """The memory bytes of [offset, +length); a view when one piece holds them all
+        (every later stage writes a new buffer, so the view is never written through)."""
         parts = [mr.buf[o:o + n] for mr, o, _, n in self._walk(offset, length)]
         if len(parts) == 1:
-            return parts[0].copy()
+            return parts[0]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint8)
 
     def scatter(self, offset: int, data: np.ndarray) -> None:

@@ -171,7 +171,7 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
     t = _Tracer(trace, TX, key)
     if isinstance(obj, MR):
         start = _mr_range(obj, offset, length)
-        data = obj.buf[start:start + length].copy()
+        data = obj.buf[start:start + length]
         t.emit("gather", "memory", start, data)
         return data.tobytes()
     p = plan(obj, offset, length)

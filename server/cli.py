@@ -1,0 +1,116 @@
+"""The ``softhca`` command line.
+
+One function per subcommand (``cmd_*``), each registered by an ``add_*`` function
+on the top-level subparsers, so a new subcommand (serve, faults, trace, ...) is
+one more pair and a line in `build_parser`. Subcommands import their module
+when they run, so ``softhca --help`` stays fast and a daemon never loads the bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+# -- softhca demo ----------------------------------------------------------------------
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="run the man pages' examples, each ending in PASS or FAIL",
+                       description="Run the examples of mlx5dv_wr_set_mkey_sig_block(3), "
+                       "mlx5dv_wr_set_mkey_crypto(3) and mlx5dv_wr_mkey_configure(3) on two "
+                       "engine nodes and judge each against what the page states.")
+    p.add_argument("--only", action="append", metavar="NAME",
+                   help="run only this example (e.g. 'sig_block 2.1', 'crypto row C'); a "
+                   "prefix such as 'crypto row' selects several; may be repeated")
+    p.add_argument("--list", action="store_true", help="list the example names and exit")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from softhca.server import demo
+
+    if args.list:
+        for entry in demo.EXAMPLES:
+            print(f"{entry.name:<28} {entry.page}, {entry.where}")
+        return EXIT_OK
+    try:
+        outcomes = demo.run(args.only)
+    except demo.UnknownExample as e:
+        print(f"softhca demo: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK if all(o.passed for o in outcomes) else EXIT_FAIL
+
+
+# -- softhca bench ...  ----------------------------------------------------------------
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure speeds (no pass/fail: numbers only)")
+    targets = p.add_subparsers(dest="target", metavar="TARGET", required=True)
+    e = targets.add_parser("engine", help="the engine's transforms beside their C primitives",
+                           description="MB/s of the engine's TX/RX pipeline for T10-DIF, CRC32C, "
+                           "CRC64_XP10, AES-XTS and crypto table row C, each beside one call of "
+                           "the primitive it uses over the same bytes.")
+    e.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+    e.add_argument("--mib", type=_positive_float, default=4.0, metavar="N",
+                   help="MiB of data per measurement (default 4)")
+    e.add_argument("--repeat", type=_positive_int, default=5, metavar="R",
+                   help="timed runs per measurement, the best is kept (default 5)")
+    e.set_defaults(func=cmd_bench_engine)
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from softhca.server import bench
+
+    report = bench.run_engine(mib=args.mib, repeat=args.repeat)
+    print(bench.to_json(report) if args.json else bench.to_table(report))
+    return EXIT_OK
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+# -- the parser and main -------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="softhca", description="softhca: a software mlx5-class RDMA HCA simulator")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (add_demo, add_bench):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        # argparse exits on --help and on usage errors; main returns the status instead,
+        # so that callers (tests, other entry points) get an int either way.
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # `softhca demo | head`: the reader left; do not print a traceback at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The ``softhca`` command line: the demo's verdicts and the bench's JSON.
+
+The demo judges the engine against its own oracle (crcmod, cryptography's XTS),
+so these tests check that every example is run and passes, and that a broken
+engine really makes it FAIL. The bench is only checked for shape: speeds are
+never compared, they depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+from softhca.engine import signature, transfer
+from softhca.engine.hca import DEK
+from softhca.server.cli import main
+
+EXAMPLE_NAMES = [
+    "sig_block 1", "sig_block 1.1", "sig_block 2", "sig_block 2.1",
+    "crypto 1", "crypto 1.1", "crypto 2", "crypto 2.1",
+    *(f"crypto row {r}" for r in "ABCDEFGHIJ"),
+    "mkey_configure list", "mkey_configure interleaved",
+]
+BENCH_ROWS = {
+    "T10-DIF generate, 512B blocks",
+    "CRC32C generate, 4096B blocks",
+    "CRC64_XP10 generate, 4096B blocks",
+    "AES-XTS-256 encrypt, 512B units",
+    "AES-XTS-256 encrypt, 4096B units",
+    "row C TX: T10-DIF gen + XTS 520B",
+    "row C RX: XTS 520B + T10-DIF check",
+}
+
+
+def verdicts(out: str) -> dict[str, str]:
+    """Example name -> PASS or FAIL, from each example's last line."""
+    found = {}
+    for m in re.finditer(r"^  (PASS|FAIL)  (.+?)(?::.*)?$", out, re.M):
+        found[m.group(2)] = m.group(1)
+    return found
+
+
+def test_demo_passes_every_example(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert verdicts(out) == dict.fromkeys(EXAMPLE_NAMES, "PASS")
+    # No FAIL verdict and no failed check anywhere (the summary's "0 FAIL" aside).
+    assert not re.search(r"^\s*FAIL", out, re.M) and " BAD " not in out
+    assert out.rstrip().endswith(f"{len(EXAMPLE_NAMES)} examples: {len(EXAMPLE_NAMES)} PASS, 0 FAIL")
+    # Captured output is not a terminal: no colour codes.
+    assert "\x1b[" not in out
+
+
+def test_demo_shows_images_and_mkey_check(capsys):
+    assert main(["demo", "--only", "sig_block 2"]) == 0
+    out = capsys.readouterr().out
+    assert "mlx5dv_wr_set_mkey_sig_block(3)" in out
+    assert re.search(r"blk 0 +@0 +data 4096B .* \| guard 0x[0-9a-f]{4} app 0x5a5a ref 0x00001000", out)
+    assert "mkey_check ok  target MKEY" in out and "NO_ERR" in out
+
+
+def test_demo_only_one_and_a_prefix(capsys):
+    assert main(["demo", "--only", "crypto row C"]) == 0
+    assert verdicts(capsys.readouterr().out) == {"crypto row C": "PASS"}
+    # Names are matched without case, spaces, dashes or underscores; a prefix picks several.
+    assert main(["demo", "--only", "SIG-BLOCK-1.1", "--only", "crypto row"]) == 0
+    out = capsys.readouterr().out
+    assert list(verdicts(out)) == ["sig_block 1.1", *(f"crypto row {r}" for r in "ABCDEFGHIJ")]
+    assert "11 examples: 11 PASS, 0 FAIL" in out
+
+
+def test_demo_unknown_name_is_a_usage_error(capsys):
+    assert main(["demo", "--only", "no such example"]) == 2
+    assert "no example named" in capsys.readouterr().err
+
+
+def test_demo_fails_when_generated_pi_is_wrong(monkeypatch, capsys):
+    """One bit of every generated guard wrong: the wire no longer matches crcmod's PI."""
+    real = signature._generate
+
+    def wrong_guard(*args, **kwargs):
+        pi = real(*args, **kwargs)
+        pi[:, 0] ^= 0x01
+        return pi
+
+    monkeypatch.setattr(signature, "_generate", wrong_guard)
+    assert main(["demo", "--only", "sig_block 2"]) == 1
+    out = capsys.readouterr().out
+    assert verdicts(out) == {"sig_block 2": "FAIL"}
+    assert re.search(r"FAIL  sig_block 2: .*blk 0 guard 0x[0-9a-f]{4}, expected 0x[0-9a-f]{4}", out)
+    assert "1 example: 0 PASS, 1 FAIL" in out
+
+
+def test_demo_fails_when_encryption_is_wrong(monkeypatch, capsys):
+    real = DEK.transform
+
+    def wrong_cipher(self, *args, **kwargs):
+        out = bytearray(real(self, *args, **kwargs))
+        out[0] ^= 0x80
+        return bytes(out)
+
+    monkeypatch.setattr(DEK, "transform", wrong_cipher)
+    assert main(["demo", "--only", "crypto row A"]) == 1
+    assert verdicts(capsys.readouterr().out) == {"crypto row A": "FAIL"}
+
+
+def test_demo_engine_error_is_a_fail_not_a_crash(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("engine exploded")
+
+    monkeypatch.setattr(transfer, "tx", broken)
+    assert main(["demo", "--only", "sig_block 1", "--only", "sig_block 2"]) == 1
+    out = capsys.readouterr().out
+    assert verdicts(out) == {"sig_block 1": "FAIL", "sig_block 2": "FAIL"}
+    assert "RuntimeError: engine exploded" in out
+
+
+def test_bench_engine_json(capsys):
+    assert main(["bench", "engine", "--json", "--mib", "1", "--repeat", "1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = doc["results"]
+    assert {r["name"] for r in rows} == BENCH_ROWS and len(rows) == len(BENCH_ROWS)
+    for r in rows:
+        assert set(r) == {"name", "engine_mb_s", "primitive", "primitive_mb_s", "ratio"}
+        assert r["primitive"]
+        for key in ("engine_mb_s", "primitive_mb_s", "ratio"):
+            assert isinstance(r[key], float) and math.isfinite(r[key]) and r[key] > 0, (r, key)
+    machine = doc["machine"]
+    assert machine["python"] and machine["platform"] and machine["cpu_count"] >= 1
+    assert set(machine["guard_backends"]) == {"t10dif_crc", "t10dif_csum", "crc32", "crc32c",
+                                              "crc64_xp10"}
+
+
+def test_bench_engine_table(capsys):
+    assert main(["bench", "engine", "--mib", "0.25", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    for name in BENCH_ROWS:
+        assert name in out
+
+
+def test_usage_errors_return_2(capsys):
+    assert main([]) == 2
+    assert main(["bench", "engine", "--mib", "0"]) == 2
+    assert main(["bench"]) == 2
+    capsys.readouterr()
+
+
+def test_python_dash_m_runs_the_cli():
+    done = subprocess.run([sys.executable, "-m", "softhca.server.cli", "demo", "--only",
+                           "mkey_configure list"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "PASS  mkey_configure list" in done.stdout
