@@ -1,0 +1,265 @@
+"""The frame codec shared by the control and wire planes (sans-I/O: no sockets, no asyncio).
+
+A frame on the TCP stream::
+
+    +----------------+----------------+--------------------+------------------+
+    | L: u32 BE      | H: u32 BE      | header: H bytes    | payload:         |
+    | (rest of frame)| (header length)| msgpack map        | L - 4 - H bytes  |
+    +----------------+----------------+--------------------+------------------+
+
+The header is a msgpack map whose ``"t"`` (a str) names the message or packet
+kind. The payload is carried raw after the header so bulk data (RDMA WRITE
+bodies, READ responses) is never msgpack-encoded or copied by the encoder.
+
+The decoder treats its input as hostile: a length prefix is checked against
+``max_frame`` before any of the body is awaited, msgpack is unpacked with
+limits no larger than the header itself, and only plain data types are
+accepted in a header. Any error poisons the decoder, because a byte stream
+whose framing is lost cannot be resynchronised: the connection must close.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from softhca.protocol.errors import RDMAError
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "Frame",
+    "FrameDecoder",
+    "FrameError",
+    "encode_frame",
+    "field",
+    "frame_bytes",
+]
+
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+
+_U32 = struct.Struct(">I")
+_U32X2 = struct.Struct(">II")
+_PREFIX = 4  # the L field
+_HLEN = 4  # the H field
+_MAX_U32 = 0xFFFFFFFF
+
+# Types a decoded header may contain (msgpack's nil, bool, int, float, str, bin,
+# array, map). Ext types, timestamps included, are refused: nothing in the
+# protocol needs them and they are a way to smuggle objects past the schema.
+_SCALARS = (type(None), bool, int, float, str, bytes)
+
+
+class FrameError(RDMAError):
+    """A frame could not be encoded or decoded.
+
+    ``errno_name`` is "EPROTO" for a malformed frame and "EMSGSIZE" for one
+    larger than the receiver accepts; ``message`` is a sentence saying which.
+    """
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded frame: its kind (``header["t"]``), the header map and the raw payload."""
+
+    kind: str
+    header: dict
+    payload: memoryview
+
+
+def _check_header(header: Any) -> str:
+    """Return ``header["t"]`` after checking the header is a map of plain data only.
+
+    Iterative rather than recursive, so a deeply nested header cannot raise
+    RecursionError instead of FrameError.
+    """
+    if not isinstance(header, dict):
+        raise FrameError("EPROTO", f"frame header must be a map, not {type(header).__name__}")
+    kind = header.get("t")
+    if not isinstance(kind, str):
+        raise FrameError("EPROTO", "frame header must have a str field 't' naming its kind")
+    stack: list[Any] = [header]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                if not isinstance(key, (str, bytes)):
+                    raise FrameError("EPROTO", f"frame header map key of type "
+                                               f"{type(key).__name__} is not allowed")
+                stack.append(value)
+        elif isinstance(obj, (list, tuple)) and not isinstance(obj, msgpack.ExtType):
+            # (ExtType is a namedtuple: without the exclusion it would pass as a list.)
+            stack.extend(obj)
+        elif not isinstance(obj, _SCALARS):
+            raise FrameError("EPROTO", f"frame header value of type {type(obj).__name__} "
+                                       f"is not allowed (only nil, bool, int, float, str, "
+                                       f"bytes, list and map)")
+    return kind
+
+
+def _payload_view(payload: bytes | bytearray | memoryview) -> memoryview:
+    view = memoryview(payload)
+    if view.ndim != 1 or view.format != "B":
+        # Counting bytes, not items: a view of u32s would otherwise understate L.
+        view = view.cast("B")
+    return view
+
+
+def encode_frame(header: dict, payload: bytes | bytearray | memoryview = b"") -> list:
+    """Encode a frame as buffers for ``transport.writelines``; the payload is not copied.
+
+    The header is checked with the same rules the decoder applies, so this end
+    never sends what the other end would refuse.
+    """
+    _check_header(header)
+    packed = msgpack.packb(header, use_bin_type=True)
+    body = _payload_view(payload)
+    length = _HLEN + len(packed) + body.nbytes
+    if length > _MAX_U32:
+        raise FrameError("EMSGSIZE", f"frame of {length} bytes does not fit a 32-bit length")
+    head = _U32X2.pack(length, len(packed)) + packed
+    return [head, body] if body.nbytes else [head]
+
+
+def frame_bytes(header: dict, payload: bytes | bytearray | memoryview = b"") -> bytes:
+    """One frame as a single bytes object (tests, small control messages)."""
+    return b"".join(encode_frame(header, payload))
+
+
+def _unpack_header(raw: memoryview) -> dict:
+    size = len(raw)
+    try:
+        # Every limit is bounded by the header's own size (an element of a
+        # container takes at least one byte, a map entry two), so a few bytes
+        # announcing a 4-billion-entry array cannot make the unpacker allocate.
+        header = msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=size,
+            max_bin_len=size,
+            max_array_len=size,
+            max_map_len=size // 2,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # any unpack failure at all means a malformed header
+        raise FrameError("EPROTO", f"frame header is not valid msgpack ({exc!s} "
+                                   f"[{type(exc).__name__}])") from None
+    return header
+
+
+class FrameDecoder:
+    """Incremental frame decoder: feed it bytes as they arrive, get whole frames back.
+
+    ``max_frame`` bounds L (everything after the 4-byte prefix). A prefix that
+    announces more raises FrameError("EMSGSIZE") as soon as the prefix itself
+    has arrived, so a peer cannot make us buffer a huge body first.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if max_frame < _HLEN:
+            raise ValueError(f"max_frame must be at least {_HLEN}")
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._error: FrameError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a whole frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Add received bytes; return the frames they complete (possibly none)."""
+        if self._error is not None:
+            raise FrameError(self._error.errno_name,
+                             f"decoder stopped after an earlier error: {self._error.message}")
+        self._buf += data
+        frames: list[Frame] = []
+        pos = 0
+        try:
+            with memoryview(self._buf) as view:
+                while True:
+                    frame, used = self._parse_one(view, pos)
+                    if frame is None:
+                        break
+                    frames.append(frame)
+                    pos += used
+        except FrameError as exc:
+            self._error = exc
+            self._buf = bytearray()  # nothing in it will ever be used
+            raise
+        # One deletion per feed, not per frame, so many small frames in one read
+        # do not make the consumption quadratic. (The view is released by now:
+        # a bytearray cannot be resized while exported.)
+        del self._buf[:pos]
+        return frames
+
+    def _parse_one(self, view: memoryview, pos: int) -> tuple[Frame | None, int]:
+        avail = len(view) - pos
+        if avail < _PREFIX:
+            return None, 0
+        (length,) = _U32.unpack_from(view, pos)
+        if length > self.max_frame:
+            raise FrameError("EMSGSIZE", f"frame of {length} bytes exceeds the "
+                                         f"{self.max_frame}-byte limit")
+        if length < _HLEN:
+            raise FrameError("EPROTO", f"frame length {length} is too short to hold "
+                                       f"the {_HLEN}-byte header length")
+        if avail < _PREFIX + length:
+            return None, 0
+        (hlen,) = _U32.unpack_from(view, pos + _PREFIX)
+        if hlen > length - _HLEN:
+            raise FrameError("EPROTO", f"header length {hlen} exceeds the {length - _HLEN} "
+                                       f"bytes the frame has after it")
+        start = pos + _PREFIX + _HLEN
+        header = _unpack_header(view[start:start + hlen])
+        kind = _check_header(header)
+        # The payload is copied out once: a view into self._buf would both pin it
+        # (blocking the del in feed) and change under the caller as data arrives.
+        payload = memoryview(bytes(view[start + hlen:pos + _PREFIX + length]))
+        return Frame(kind, header, payload), _PREFIX + length
+
+
+def field(header: dict, name: str, typ: type | tuple[type, ...], *,
+          min: int | float | None = None, max: int | float | None = None,
+          required: bool = True) -> Any:
+    """Return ``header[name]`` after checking its type and range; None if absent and optional.
+
+    ``min``/``max`` bound the value of a number, or the length of a str, bytes
+    or list. bool is never accepted as an int (msgpack keeps them apart, and a
+    ``True`` QPN is a bug). Raises FrameError("EPROTO", ...) naming the field
+    and the frame kind.
+    """
+    kind = header.get("t", "?")
+    types = typ if isinstance(typ, tuple) else (typ,)
+    if name not in header:
+        if required:
+            raise FrameError("EPROTO", f"field '{name}' of '{kind}' is missing")
+        return None
+    value = header[name]
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if ok and (min is not None or max is not None):
+        measure = len(value) if isinstance(value, _SIZED) else value
+        ok = (min is None or measure >= min) and (max is None or measure <= max)
+    if not ok:
+        wanted = " or ".join(t.__name__ for t in types)
+        if min is not None or max is not None:
+            lo = "-inf" if min is None else min
+            hi = "inf" if max is None else max
+            by_length = all(issubclass(t, _SIZED) for t in types)
+            wanted += f" of length in [{lo}, {hi}]" if by_length else f" in [{lo}, {hi}]"
+        raise FrameError("EPROTO", f"field '{name}' of '{kind}' must be {wanted}, "
+                                   f"got {_describe(value)}")
+    return value
+
+
+_SIZED = (str, bytes, list, dict)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (bytes, str, list, dict)):
+        return f"{type(value).__name__} of length {len(value)}"
+    return f"{type(value).__name__} {value!r}"[:80]

@@ -1,0 +1,124 @@
+"""The HELLO exchange that opens every connection (control or wire plane).
+
+The daemon speaks first, so a client learns the protocol version and whether
+a token is needed before it says anything::
+
+    daemon -> client  {"t": "challenge", "version": 1, "nonce": <32 bytes>, "auth": bool}
+    client -> daemon  {"t": "hello", "version": 1, "role": "control" | "wire",
+                       "proof": HMAC-SHA256(token, b"softhca-hello-v1" + nonce + role)}
+
+The proof shows knowledge of the shared token without sending it, and binds
+the role and this connection's fresh nonce: a hello recorded on another
+connection (another nonce) or replayed with another role does not verify.
+``proof`` is absent when the client has no token.
+
+These functions only build and check headers; sending them, and the error
+frame plus close on failure, is the caller's business.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from softhca.protocol.errors import RDMAError
+from softhca.protocol.frames import field
+
+__all__ = [
+    "NONCE_LEN",
+    "PROTOCOL_VERSION",
+    "ROLES",
+    "HandshakeError",
+    "compute_proof",
+    "make_challenge",
+    "make_hello",
+    "verify_hello",
+]
+
+PROTOCOL_VERSION = 1
+ROLES = ("control", "wire")
+NONCE_LEN = 32
+# Domain separation: a MAC made for this message can never be mistaken for one
+# computed with the same token for another purpose (or another protocol version).
+_PROOF_CONTEXT = b"softhca-hello-v1"
+
+
+class HandshakeError(RDMAError):
+    """The HELLO exchange failed: ``errno_name`` ("EPROTO", "EACCES", "EINVAL") and a sentence."""
+
+
+def compute_proof(token: bytes, nonce: bytes, role: str) -> bytes:
+    """HMAC-SHA256(token, b"softhca-hello-v1" + nonce + role)."""
+    return hmac.new(token, _PROOF_CONTEXT + nonce + role.encode(), hashlib.sha256).digest()
+
+
+def make_challenge(auth: bool) -> tuple[dict, bytes]:
+    """The daemon's first frame header and the nonce to keep for verify_hello."""
+    nonce = secrets.token_bytes(NONCE_LEN)
+    header = {"t": "challenge", "version": PROTOCOL_VERSION, "nonce": nonce, "auth": bool(auth)}
+    return header, nonce
+
+
+def _check_version(version: int, speaker: str) -> None:
+    if version != PROTOCOL_VERSION:
+        raise HandshakeError("EPROTO", f"protocol version {version}, this {speaker} speaks "
+                                       f"{PROTOCOL_VERSION}")
+
+
+def make_hello(challenge_header: dict, role: str, token: bytes | None) -> dict:
+    """The client's answer to a challenge header.
+
+    Raises HandshakeError: EPROTO if the challenge is malformed or of another
+    version, EINVAL for an unknown role, EACCES if the daemon wants a token
+    and the client has none (better said here than as a refused hello).
+    """
+    if challenge_header.get("t") != "challenge":
+        raise HandshakeError("EPROTO", f"expected a 'challenge' frame, got "
+                                       f"{challenge_header.get('t')!r}")
+    _check_version(_field(challenge_header, "version", int), "client")
+    nonce = _field(challenge_header, "nonce", bytes, min=NONCE_LEN, max=NONCE_LEN)
+    auth = _field(challenge_header, "auth", bool)
+    if role not in ROLES:
+        raise HandshakeError("EINVAL", f"role {role!r} is not one of {', '.join(ROLES)}")
+    hello = {"t": "hello", "version": PROTOCOL_VERSION, "role": role}
+    if token is not None:
+        # Sent even when the daemon does not ask: it costs nothing and reveals nothing.
+        hello["proof"] = compute_proof(token, nonce, role)
+    elif auth:
+        raise HandshakeError("EACCES", "the daemon requires a token and none was given")
+    return hello
+
+
+def verify_hello(header: dict, nonce: bytes, token: bytes | None) -> str:
+    """Check a client's hello against this connection's nonce; return its role.
+
+    ``token`` None means the daemon runs without authentication and any proof
+    is ignored. The version is checked first so that a client of another
+    version gets the version message, not a complaint about a field it
+    spells differently.
+    """
+    if header.get("t") != "hello":
+        raise HandshakeError("EPROTO", f"expected a 'hello' frame, got {header.get('t')!r}")
+    _check_version(_field(header, "version", int), "daemon")
+    role = _field(header, "role", str)
+    if role not in ROLES:
+        raise HandshakeError("EPROTO", f"role {role!r} is not one of {', '.join(ROLES)}")
+    if token is not None:
+        proof = header.get("proof")
+        if not isinstance(proof, bytes):
+            raise HandshakeError("EACCES", "this daemon requires a token: the hello carries "
+                                           "no proof")
+        # Constant-time: a timing difference would let a peer find the MAC byte by byte.
+        if not hmac.compare_digest(proof, compute_proof(token, nonce, role)):
+            raise HandshakeError("EACCES", "the hello's proof does not match this daemon's "
+                                           "token and this connection's nonce")
+    return role
+
+
+def _field(header: dict, name: str, typ: type, **bounds) -> object:
+    # frames.field raises FrameError; callers of this module expect HandshakeError only.
+    try:
+        return field(header, name, typ, **bounds)
+    except RDMAError as exc:
+        raise HandshakeError(exc.errno_name, exc.message) from None
