@@ -1,1 +1,10 @@
-"""softhca.engine."""
+"""softhca.engine: the device model, pure and synchronous (no sockets, no clocks).
+
+- ``hca``: the HCA and what it owns (PD, MR = host memory, DEK), the key table.
+- ``mkey``: the MKEY and its layouts; ``mkey_configure``: the configure WR builder.
+- ``signature``: the sig setter's rules and per-block check / copy / generate / strip.
+- ``guards``: T10-DIF, CRC32, CRC32C, CRC64_XP10 and IP checksum guards, many blocks a call.
+- ``crypto`` and ``xts``: the crypto setter's rules and batched AES-XTS.
+- ``transfer``: TX (memory to wire) and RX (wire to memory) through a key.
+- ``completion``: which ibv_wc_status a failed transfer gives.
+"""
