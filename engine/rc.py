@@ -1,0 +1,739 @@
+"""The RC QP as a sans-I/O state machine: work requests and packets in, packets and
+completions out. No sockets, no clock: the caller passes ``now`` (seconds) and moves
+the packets; ``next_deadline()`` says when the timers want ``poll_packets`` again.
+
+One RCQP is both a requester (its send queue) and a responder (its receive queue),
+as an IBTA RC QP is. Completions go to two CQs, as with ibv_create_qp's send_cq and
+recv_cq: ``poll_send_cq()`` and ``poll_recv_cq()``; ``poll_cq()`` returns both
+(send completions first).
+
+Modelled:
+
+- QP states RESET -> INIT -> RTR -> RTS and ERR, through ``modify_to_*``; an illegal
+  transition raises EINVAL. ERR flushes every outstanding WR with WR_FLUSH_ERR, and a
+  WR posted in ERR completes at once with WR_FLUSH_ERR.
+- SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ, segmented to the
+  path MTU with the IBTA BTH opcodes; 24-bit PSNs modulo 2^24; a READ of n response
+  packets takes n PSNs of the requester's sequence, as in the IBTA RC transport.
+- The requester gathers a WR's payload (one transfer.tx per SGE) when it first
+  transmits it and keeps those bytes for retransmission; a READ's responses are
+  reassembled and scattered (one transfer.rx per SGE) when the last one arrives.
+- A window of ``WINDOW`` unacknowledged packets; cumulative ACKs, implicit
+  acknowledgement of earlier requests by READ responses and by NAKs.
+- Go-back-N from the oldest unacknowledged PSN on timeout, on NAK(PSN sequence error),
+  and after an RNR NAK's rnr_timer; retry_cnt and rnr_retry (7 = forever) exhaustion
+  give RETRY_EXC_ERR / RNR_RETRY_EXC_ERR.
+- The responder's expected PSN: a duplicate is re-ACKed and not applied again (a
+  duplicate READ request is answered again from its own RETH); a PSN ahead gets one
+  NAK(PSN sequence error) until the gap is filled.
+- SEND and RDMA_WRITE payloads are reassembled and applied at the message's last
+  packet with one transfer per SGE (SEND) or one transfer.rx over the whole RETH range
+  (WRITE), so a signature or crypto MKEY sees whole, aligned transfers.
+- SEMANTICS.md section 9: SEND larger than the receive, rkey faults, PI-splitting
+  lengths and crypto faults on the responder's key, each NAKed with the syndrome the
+  requester maps to its completion status; the responder moves to ERR.
+- ACK coalescing: the last packet of a message, and every ``ACK_EVERY`` packets.
+
+Not modelled yet:
+
+- Atomics (CMP_AND_SWP, FETCH_AND_ADD), SEND_WITH_INV, LOCAL_INV, BIND_MW, inline
+  data, fences, solicited events: posting them raises EOPNOTSUPP.
+- SQD/SQE states, the max_rd_atomic / max_dest_rd_atomic limits on outstanding READs,
+  the responder's RNR timer value carried in the NAK (the requester's own
+  ``rnr_timer_s`` is used), the ack timeout's 4.096 us * 2^timeout encoding (seconds
+  are given directly), MSN checking by the requester, and packet integrity (ICRC).
+- The requester resends the bytes gathered at first transmission; hardware gathers
+  again from memory.
+- byte_len is reported for receive completions and RDMA_READ; it is 0 on the other
+  send-side completions (ibv_poll_cq(3) defines it for receives only).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from softhca.protocol.attrs import SGE
+from softhca.protocol.enums import (
+    Mtu,
+    QpState,
+    SendFlags,
+    WcFlags,
+    WcOpcode,
+    WcStatus,
+    WrOpcode,
+)
+from softhca.protocol.errors import RDMAError, einval, eopnotsupp
+
+from . import transfer
+from .completion import Fault, TransferError
+from .hca import PD
+
+PSN_MOD = 1 << 24
+_HALF = 1 << 23
+
+# Unacknowledged packets the requester may have on the wire.
+WINDOW = 64
+# The responder ACKs at least this often within a long message.
+ACK_EVERY = 16
+# ibv_modify_qp(3): rnr_retry 7 means retry forever.
+RNR_RETRY_FOREVER = 7
+
+ACK = "ACKNOWLEDGE"
+READ_REQUEST = "RDMA_READ_REQUEST"
+READ_RESPONSE = "RDMA_READ_RESPONSE"
+
+SUPPORTED = (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE,
+             WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ)
+WITH_IMM = (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
+
+_WC_OPCODE = {
+    WrOpcode.SEND: WcOpcode.SEND, WrOpcode.SEND_WITH_IMM: WcOpcode.SEND,
+    WrOpcode.RDMA_WRITE: WcOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM: WcOpcode.RDMA_WRITE,
+    WrOpcode.RDMA_READ: WcOpcode.RDMA_READ,
+}
+
+# The responder's NAK for a fault on its own key (SEMANTICS.md section 9): the
+# requester turns it back into TransferError.status(remote=True).
+_FAULT_NAK = {Fault.ACCESS: "NAK_REM_ACCESS", Fault.LENGTH: "NAK_INV_REQ",
+              Fault.CRYPTO: "NAK_REM_OP"}
+_NAK_STATUS = {"NAK_REM_ACCESS": WcStatus.REM_ACCESS_ERR,
+               "NAK_INV_REQ": WcStatus.REM_INV_REQ_ERR,
+               "NAK_REM_OP": WcStatus.REM_OP_ERR}
+
+
+def psn_add(psn: int, n: int) -> int:
+    return (psn + n) % PSN_MOD
+
+
+def psn_diff(a: int, b: int) -> int:
+    """a - b in the 24-bit PSN space, as a signed number in [-2^23, 2^23)."""
+    return (a - b + _HALF) % PSN_MOD - _HALF
+
+
+# -- records -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SendWR:
+    """struct ibv_send_wr (rdma.rkey / rdma.remote_addr flattened)."""
+
+    wr_id: int
+    opcode: WrOpcode
+    sg: list[SGE] = field(default_factory=list)
+    send_flags: int = 0
+    imm_data: int | None = None
+    rkey: int = 0
+    remote_addr: int = 0
+
+
+@dataclass(frozen=True)
+class RecvWR:
+    """struct ibv_recv_wr"""
+
+    wr_id: int
+    sg: list[SGE] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WC:
+    """struct ibv_wc"""
+
+    wr_id: int
+    status: WcStatus
+    opcode: WcOpcode
+    byte_len: int
+    qp_num: int
+    imm_data: int | None = None
+    wc_flags: int = 0
+
+
+@dataclass(frozen=True)
+class Packet:
+    """One packet: the BTH (dest_qp, psn, opcode), a RETH (rkey, addr, dma_len), an
+    AETH (syndrome, msn) and ImmDt where the opcode carries them."""
+
+    dest_qp: int
+    psn: int
+    opcode: str
+    payload: bytes = b""
+    reth: tuple | None = None
+    aeth: tuple | None = None
+    imm: int | None = None
+
+
+@dataclass(eq=False)
+class _Request:
+    """A posted send WR as the requester tracks it."""
+
+    wr: SendWR
+    signaled: bool
+    length: int
+    built: bool = False
+    psn: int = 0
+    npsn: int = 0
+    pkts: list[Packet] | None = None
+    # PSNs of this WR acknowledged (READ: response packets received, in order).
+    acked: int = 0
+    # Packets of this WR transmitted since the last go-back (READ: 1 once the request went).
+    sent: int = 0
+    # A local error found while gathering: completed when the WR reaches the head.
+    error: WcStatus | None = None
+    read_buf: bytearray = field(default_factory=bytearray)
+
+
+@dataclass(eq=False)
+class _Inbound:
+    """The message the responder is reassembling."""
+
+    kind: str                 # "SEND" or "RDMA_WRITE"
+    recv: RecvWR | None
+    reth: tuple | None
+    buf: bytearray = field(default_factory=bytearray)
+
+
+def _position(i: int, n: int) -> str:
+    if n == 1:
+        return "ONLY"
+    return "FIRST" if i == 0 else "LAST" if i == n - 1 else "MIDDLE"
+
+
+def _chunks(data: bytes, mtu: int) -> list[bytes]:
+    return [data[i:i + mtu] for i in range(0, len(data), mtu)] or [b""]
+
+
+def _scatter(pd: PD, sges: list[SGE], data: bytes) -> None:
+    """SEMANTICS.md section 5: the arriving bytes over the SGEs in order, one transfer each."""
+    off = 0
+    for s in sges:
+        if off >= len(data):
+            break
+        chunk = data[off:off + s.length]
+        transfer.rx(pd, s.lkey, s.addr, chunk)
+        off += len(chunk)
+
+
+class RCQP:
+    """An RC QP of ``pd``: post WRs, exchange packets, poll completions."""
+
+    def __init__(self, pd: PD, qp_num: int, sq_depth: int = 128, rq_depth: int = 128,
+                 sq_sig_all: bool = False) -> None:
+        self.pd = pd
+        self.qp_num = qp_num
+        self.sq_depth = sq_depth
+        self.rq_depth = rq_depth
+        self.sq_sig_all = sq_sig_all
+        self.state = QpState.RESET
+        self.dest_qp = 0
+        self.mtu = Mtu.MTU_1024.nbytes
+        self.timeout_s = 0.1
+        self.retry_cnt = 7
+        self.rnr_retry = 7
+        self.rnr_timer_s = 0.01
+        self._sq: deque[_Request] = deque()
+        self._rq: deque[RecvWR] = deque()
+        self._scq: list[WC] = []
+        self._rcq: list[WC] = []
+        # requester
+        self._next_psn = 0
+        self._timer: float | None = None
+        self._rnr_until: float | None = None
+        self._retries = 0
+        self._rnr_count = 0
+        # responder
+        self._epsn = 0
+        self._msn = 0
+        self._msg: _Inbound | None = None
+        self._nak_pending = False
+        self._unacked = 0
+        self._resp_out: list[Packet] = []
+
+    # -- state machine -------------------------------------------------------
+    def _require(self, verb: str, *states: QpState) -> None:
+        if self.state not in states:
+            raise einval(f"{verb} needs the QP in {'/'.join(s.name for s in states)}, "
+                         f"it is in {QpState(self.state).name}")
+
+    def modify_to_init(self) -> None:
+        self._require("modify_qp to INIT", QpState.RESET, QpState.INIT)
+        self.state = QpState.INIT
+
+    def modify_to_rtr(self, dest_qp: int, rq_psn: int, path_mtu: Mtu) -> None:
+        self._require("modify_qp to RTR", QpState.INIT)
+        if not 0 <= rq_psn < PSN_MOD:
+            raise einval(f"rq_psn {rq_psn:#x} is not a 24-bit PSN")
+        try:
+            self.mtu = Mtu(path_mtu).nbytes
+        except ValueError:
+            raise einval(f"path_mtu {path_mtu!r} is not an enum ibv_mtu value") from None
+        self.dest_qp = dest_qp
+        self._epsn = rq_psn
+        self.state = QpState.RTR
+
+    def modify_to_rts(self, sq_psn: int, timeout_s: float = 0.1, retry_cnt: int = 7,
+                      rnr_retry: int = 7, rnr_timer_s: float = 0.01) -> None:
+        self._require("modify_qp to RTS", QpState.RTR)
+        if not 0 <= sq_psn < PSN_MOD:
+            raise einval(f"sq_psn {sq_psn:#x} is not a 24-bit PSN")
+        # ibv_modify_qp(3): retry_cnt and rnr_retry are 3-bit fields.
+        if not (0 <= retry_cnt <= 7 and 0 <= rnr_retry <= 7):
+            raise einval(f"retry_cnt {retry_cnt} and rnr_retry {rnr_retry} must be 0..7")
+        if timeout_s <= 0 or rnr_timer_s < 0:
+            raise einval("timeout_s must be positive and rnr_timer_s not negative")
+        self._next_psn = sq_psn
+        self.timeout_s = timeout_s
+        self.retry_cnt = retry_cnt
+        self.rnr_retry = rnr_retry
+        self.rnr_timer_s = rnr_timer_s
+        self.state = QpState.RTS
+
+    def modify_to_err(self) -> None:
+        self._enter_err()
+
+    def _enter_err(self) -> None:
+        """Every outstanding WR completes WR_FLUSH_ERR (SEMANTICS.md section 9)."""
+        self.state = QpState.ERR
+        self._timer = self._rnr_until = None
+        self._msg = None
+        while self._sq:
+            self._complete(self._sq.popleft(), WcStatus.WR_FLUSH_ERR)
+        while self._rq:
+            self._rcq.append(WC(self._rq.popleft().wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV,
+                                0, self.qp_num))
+
+    # -- verbs ---------------------------------------------------------------
+    def post_send(self, wr: SendWR, now: float) -> None:
+        if wr.opcode not in SUPPORTED:
+            raise eopnotsupp(f"{WrOpcode(wr.opcode).name} is not modelled on this RC QP")
+        if wr.opcode in WITH_IMM and wr.imm_data is None:
+            raise einval(f"{WrOpcode(wr.opcode).name} needs imm_data")
+        signaled = self.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
+        req = _Request(wr, signaled, sum(s.length for s in wr.sg))
+        if self.state == QpState.ERR:
+            self._complete(req, WcStatus.WR_FLUSH_ERR)
+            return
+        self._require("ibv_post_send", QpState.RTS)
+        if len(self._sq) >= self.sq_depth:
+            raise RDMAError("ENOMEM", f"send queue full ({self.sq_depth} WRs outstanding)")
+        self._sq.append(req)
+
+    def post_recv(self, wr: RecvWR) -> None:
+        if self.state == QpState.ERR:
+            self._rcq.append(WC(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV, 0, self.qp_num))
+            return
+        self._require("ibv_post_recv", QpState.INIT, QpState.RTR, QpState.RTS)
+        if len(self._rq) >= self.rq_depth:
+            raise RDMAError("ENOMEM", f"receive queue full ({self.rq_depth} WRs posted)")
+        self._rq.append(wr)
+
+    def poll_send_cq(self) -> list[WC]:
+        out, self._scq = self._scq, []
+        return out
+
+    def poll_recv_cq(self) -> list[WC]:
+        out, self._rcq = self._rcq, []
+        return out
+
+    def poll_cq(self) -> list[WC]:
+        return self.poll_send_cq() + self.poll_recv_cq()
+
+    def next_deadline(self) -> float | None:
+        """When a timer (retransmission or RNR wait) wants ``poll_packets``; packets owed
+        because of a post or a receive are there as soon as ``poll_packets`` is called."""
+        times = [t for t in (self._timer, self._rnr_until) if t is not None]
+        return min(times) if times else None
+
+    # -- packets out -----------------------------------------------------------
+    def poll_packets(self, now: float) -> list[Packet]:
+        # The responder's answers go out even from ERR: the NAK that caused it is owed.
+        out, self._resp_out = self._resp_out, []
+        if self.state == QpState.RTS:
+            self._run_timers(now)
+        if self.state == QpState.RTS and self._rnr_until is None:
+            self._transmit(out, now)
+            self._retire_head_error()
+        return out
+
+    def _run_timers(self, now: float) -> None:
+        if self._rnr_until is not None:
+            if now >= self._rnr_until:
+                self._rnr_until = None
+                self._go_back()
+            return
+        if self._timer is not None and now >= self._timer:
+            self._timer = None
+            self._retries += 1
+            if self._retries > self.retry_cnt:
+                self._fail_head(WcStatus.RETRY_EXC_ERR)
+                return
+            self._go_back()
+
+    def _inflight(self) -> int:
+        n = 0
+        for r in self._sq:
+            if not r.built:
+                break
+            if r.wr.opcode == WrOpcode.RDMA_READ:
+                n += (r.npsn - r.acked) if r.sent else 0
+            else:
+                n += r.sent - r.acked
+        return n
+
+    def _transmit(self, out: list[Packet], now: float) -> None:
+        inflight = self._inflight()
+        sent_any = False
+        for r in self._sq:
+            if not r.built:
+                if inflight >= WINDOW:
+                    break
+                self._build(r)
+            if r.error is not None:
+                break
+            if r.wr.opcode == WrOpcode.RDMA_READ:
+                if not r.sent:
+                    out.append(self._read_request(r))
+                    r.sent = 1
+                    inflight += r.npsn - r.acked
+                    sent_any = True
+                continue
+            while r.sent < r.npsn and inflight < WINDOW:
+                out.append(r.pkts[r.sent])
+                r.sent += 1
+                inflight += 1
+                sent_any = True
+            if r.sent < r.npsn:
+                break
+        if sent_any and self._timer is None:
+            self._timer = now + self.timeout_s
+
+    def _build(self, r: _Request) -> None:
+        wr = r.wr
+        r.built = True
+        r.psn = self._next_psn
+        if wr.opcode == WrOpcode.RDMA_READ:
+            r.npsn = max(1, -(-r.length // self.mtu))
+        else:
+            try:
+                data = b"".join(transfer.tx(self.pd, s.lkey, s.addr, s.length) for s in wr.sg)
+            except TransferError as err:
+                r.error = err.status(remote=False)
+                return
+            r.pkts = self._segment(wr, data, r.psn)
+            r.npsn = len(r.pkts)
+        self._next_psn = psn_add(r.psn, r.npsn)
+
+    def _segment(self, wr: SendWR, data: bytes, psn: int) -> list[Packet]:
+        base = "SEND" if wr.opcode in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM) else "RDMA_WRITE"
+        imm = wr.opcode in WITH_IMM
+        chunks = _chunks(data, self.mtu)
+        pkts = []
+        for i, chunk in enumerate(chunks):
+            pos = _position(i, len(chunks))
+            last = pos in ("ONLY", "LAST")
+            name = f"{base}_{pos}" + ("_WITH_IMM" if imm and last else "")
+            # IBTA BTH opcodes: only the first packet of an RDMA WRITE carries the RETH.
+            reth = ((wr.rkey, wr.remote_addr, len(data))
+                    if base == "RDMA_WRITE" and pos in ("FIRST", "ONLY") else None)
+            pkts.append(Packet(self.dest_qp, psn_add(psn, i), name, chunk, reth, None,
+                               wr.imm_data if imm and last else None))
+        return pkts
+
+    def _read_request(self, r: _Request) -> Packet:
+        # A retried READ asks only for what has not arrived, at that response's PSN
+        # (IBTA RC read retry), so responses already scattered are not asked for again.
+        done = r.acked * self.mtu
+        return Packet(self.dest_qp, psn_add(r.psn, r.acked), READ_REQUEST,
+                      reth=(r.wr.rkey, r.wr.remote_addr + done, r.length - done))
+
+    def _go_back(self) -> None:
+        for r in self._sq:
+            if not r.built:
+                break
+            r.sent = 0 if r.wr.opcode == WrOpcode.RDMA_READ else r.acked
+
+    # -- requester: completions ------------------------------------------------
+    def _complete(self, r: _Request, status: WcStatus) -> None:
+        # An error always produces a completion, even for an unsignaled WR.
+        if status == WcStatus.SUCCESS and not r.signaled:
+            return
+        byte_len = r.length if r.wr.opcode == WrOpcode.RDMA_READ else 0
+        self._scq.append(WC(r.wr.wr_id, status, _WC_OPCODE[r.wr.opcode], byte_len,
+                            self.qp_num))
+
+    def _fail_head(self, status: WcStatus) -> None:
+        self._complete(self._sq.popleft(), status)
+        self._enter_err()
+
+    def _retire_head_error(self) -> None:
+        # A gather error completes in order, once every WR before it has completed.
+        if self.state == QpState.RTS and self._sq and self._sq[0].error is not None:
+            self._fail_head(self._sq[0].error)
+
+    def _progress(self, now: float) -> None:
+        self._retries = 0
+        self._timer = now + self.timeout_s if any(r.sent for r in self._sq) else None
+
+    def _ack(self, psn: int, now: float) -> bool:
+        """Everything up to ``psn`` is acknowledged; True when that was news."""
+        if psn_diff(psn, self._next_psn) >= 0:
+            return False        # never sent: not an answer to us
+        progress = False
+        while self._sq:
+            r = self._sq[0]
+            if not r.built or r.error is not None or psn_diff(psn, r.psn) < 0:
+                break
+            if r.wr.opcode == WrOpcode.RDMA_READ:
+                break           # only its responses complete a READ
+            if psn_diff(psn, psn_add(r.psn, r.npsn - 1)) >= 0:
+                self._sq.popleft()
+                self._complete(r, WcStatus.SUCCESS)
+                progress = True
+                continue
+            n = psn_diff(psn, r.psn) + 1
+            if n > r.acked:
+                r.acked = n
+                r.sent = max(r.sent, n)
+                progress = True
+            break
+        if progress:
+            self._progress(now)
+        self._retire_head_error()
+        return progress
+
+    def _head_holds(self, psn: int) -> _Request | None:
+        if not self._sq:
+            return None
+        r = self._sq[0]
+        if r.built and r.error is None and 0 <= psn_diff(psn, r.psn) < r.npsn:
+            return r
+        return None
+
+    # -- packets in ------------------------------------------------------------
+    def receive(self, pkt: Packet, now: float) -> None:
+        if pkt.dest_qp != self.qp_num or self.state not in (QpState.RTR, QpState.RTS):
+            return      # IBTA: a QP not in RTR/RTS silently drops what arrives
+        if pkt.opcode == ACK or pkt.opcode.startswith(READ_RESPONSE):
+            if self.state == QpState.RTS:
+                self._requester_receive(pkt, now)
+        else:
+            self._responder_receive(pkt)
+
+    def _requester_receive(self, pkt: Packet, now: float) -> None:
+        if pkt.opcode.startswith(READ_RESPONSE):
+            self._read_response(pkt, now)
+            return
+        syndrome = pkt.aeth[0]
+        if syndrome == "ACK":
+            if self._ack(pkt.psn, now):
+                self._rnr_count = 0
+            return
+        # A NAK acknowledges every PSN before the one it names (IBTA: NAKs are cumulative).
+        self._ack(psn_add(pkt.psn, -1), now)
+        if self.state != QpState.RTS or self._head_holds(pkt.psn) is None:
+            return      # stale: about a PSN already dealt with
+        if syndrome == "NAK_PSN_SEQ":
+            self._go_back()
+        elif syndrome == "RNR":
+            if self._rnr_until is not None:
+                return  # a second RNR NAK for the same wait (a duplicated request)
+            self._rnr_count += 1
+            if self.rnr_retry != RNR_RETRY_FOREVER and self._rnr_count > self.rnr_retry:
+                self._fail_head(WcStatus.RNR_RETRY_EXC_ERR)
+                return
+            self._rnr_until = now + self.rnr_timer_s
+            self._timer = None
+        else:
+            self._fail_head(_NAK_STATUS.get(syndrome, WcStatus.BAD_RESP_ERR))
+
+    def _read_response(self, pkt: Packet, now: float) -> None:
+        owner = next((r for r in self._sq if r.built and r.error is None
+                      and r.wr.opcode == WrOpcode.RDMA_READ
+                      and 0 <= psn_diff(pkt.psn, r.psn) < r.npsn), None)
+        if owner is None:
+            return
+        # A READ response acknowledges every request before the READ (IBTA implicit ACK).
+        if self._sq[0] is not owner:
+            self._ack(psn_add(owner.psn, -1), now)
+            if not self._sq or self._sq[0] is not owner:
+                return
+        if psn_diff(pkt.psn, owner.psn) != owner.acked:
+            return      # out of order: recovered by go-back-N on timeout
+        owner.read_buf += pkt.payload
+        owner.acked += 1
+        self._rnr_count = 0
+        if owner.acked < owner.npsn:
+            self._progress(now)
+            return
+        self._sq.popleft()
+        self._progress(now)
+        if len(owner.read_buf) != owner.length:
+            self._complete(owner, WcStatus.BAD_RESP_ERR)
+            self._enter_err()
+            return
+        try:
+            _scatter(self.pd, owner.wr.sg, bytes(owner.read_buf))
+        except TransferError as err:
+            self._complete(owner, err.status(remote=False))
+            self._enter_err()
+            return
+        self._complete(owner, WcStatus.SUCCESS)
+        self._retire_head_error()
+
+    # -- responder -------------------------------------------------------------
+    def _queue_ack(self, psn: int) -> None:
+        self._unacked = 0
+        pkt = Packet(self.dest_qp, psn, ACK, aeth=("ACK", self._msn))
+        # ACKs are cumulative: a newer one makes a queued older one useless.
+        if self._resp_out and self._resp_out[-1].opcode == ACK \
+                and self._resp_out[-1].aeth[0] == "ACK":
+            self._resp_out[-1] = pkt
+        else:
+            self._resp_out.append(pkt)
+
+    def _nak(self, psn: int, syndrome: str) -> None:
+        self._resp_out.append(Packet(self.dest_qp, psn, ACK, aeth=(syndrome, self._msn)))
+
+    def _nak_fatal(self, psn: int, syndrome: str) -> None:
+        self._nak(psn, syndrome)
+        self._enter_err()
+
+    def _accept(self, n: int = 1) -> None:
+        self._epsn = psn_add(self._epsn, n)
+        self._nak_pending = False
+
+    def _responder_receive(self, pkt: Packet) -> None:
+        d = psn_diff(pkt.psn, self._epsn)
+        if d < 0:
+            # IBTA duplicate request: answer again, apply nothing.
+            if pkt.opcode == READ_REQUEST:
+                self._answer_read(pkt, first_time=False)
+            else:
+                self._queue_ack(psn_add(self._epsn, -1))
+            return
+        if d > 0:
+            # One sequence-error NAK per gap; later packets of it are dropped silently.
+            if not self._nak_pending:
+                self._nak_pending = True
+                self._nak(self._epsn, "NAK_PSN_SEQ")
+            return
+        op = pkt.opcode
+        if op == READ_REQUEST:
+            if self._msg is not None:
+                self._nak_fatal(pkt.psn, "NAK_INV_REQ")
+            else:
+                self._answer_read(pkt, first_time=True)
+        elif op.startswith("SEND_"):
+            self._recv_send(pkt)
+        elif op.startswith("RDMA_WRITE_"):
+            self._recv_write(pkt)
+        else:
+            self._nak_fatal(pkt.psn, "NAK_INV_REQ")
+
+    def _rnr(self, psn: int) -> None:
+        self._nak(psn, "RNR")
+        # Packets behind the refused one are dropped, not NAKed, until it is retried.
+        self._nak_pending = True
+
+    def _after_packet(self, psn: int, last: bool) -> None:
+        self._unacked += 1
+        if last:
+            self._msn = (self._msn + 1) % PSN_MOD
+        if last or self._unacked >= ACK_EVERY:
+            self._queue_ack(psn)
+
+    def _recv_send(self, pkt: Packet) -> None:
+        op = pkt.opcode
+        first = op.startswith(("SEND_FIRST", "SEND_ONLY"))
+        last = op.startswith(("SEND_LAST", "SEND_ONLY"))
+        if first:
+            if self._msg is not None:
+                self._nak_fatal(pkt.psn, "NAK_INV_REQ")
+                return
+            if not self._rq:
+                self._rnr(pkt.psn)
+                return
+            self._msg = _Inbound("SEND", self._rq.popleft(), None)
+        elif self._msg is None or self._msg.kind != "SEND":
+            self._nak_fatal(pkt.psn, "NAK_INV_REQ")   # opcode sequence error
+            return
+        m = self._msg
+        m.buf += pkt.payload
+        if len(m.buf) > sum(s.length for s in m.recv.sg):
+            self._fail_recv(m.recv, WcStatus.LOC_LEN_ERR, pkt.psn, "NAK_INV_REQ")
+            return
+        self._accept()
+        if last:
+            self._msg = None
+            try:
+                _scatter(self.pd, m.recv.sg, bytes(m.buf))
+            except TransferError as err:
+                # The fault is on the responder's own lkey: a remote operational error
+                # for the requester, except a length fault (SEMANTICS.md section 9).
+                self._fail_recv(m.recv, err.status(remote=False), pkt.psn,
+                                "NAK_INV_REQ" if err.fault == Fault.LENGTH else "NAK_REM_OP")
+                return
+            imm = op.endswith("_WITH_IMM")
+            self._rcq.append(WC(m.recv.wr_id, WcStatus.SUCCESS, WcOpcode.RECV, len(m.buf),
+                                self.qp_num, pkt.imm if imm else None,
+                                int(WcFlags.WITH_IMM) if imm else 0))
+        self._after_packet(pkt.psn, last)
+
+    def _fail_recv(self, recv: RecvWR, status: WcStatus, psn: int, syndrome: str) -> None:
+        self._msg = None
+        self._rcq.append(WC(recv.wr_id, status, WcOpcode.RECV, 0, self.qp_num))
+        self._nak_fatal(psn, syndrome)
+
+    def _recv_write(self, pkt: Packet) -> None:
+        op = pkt.opcode
+        first = op.startswith(("RDMA_WRITE_FIRST", "RDMA_WRITE_ONLY"))
+        last = op.startswith(("RDMA_WRITE_LAST", "RDMA_WRITE_ONLY"))
+        imm = op.endswith("_WITH_IMM")
+        if first and self._msg is not None or not first and (
+                self._msg is None or self._msg.kind != "RDMA_WRITE"):
+            self._nak_fatal(pkt.psn, "NAK_INV_REQ")   # opcode sequence error
+            return
+        # WRITE_WITH_IMM consumes a receive at its last packet (IBTA): without
+        # one nothing of that packet is taken, and the requester retries it.
+        if imm and not self._rq:
+            self._rnr(pkt.psn)
+            return
+        if first:
+            self._msg = _Inbound("RDMA_WRITE", None, pkt.reth)
+        m = self._msg
+        m.buf += pkt.payload
+        rkey, addr, dma_len = m.reth
+        if len(m.buf) > dma_len or last and len(m.buf) != dma_len:
+            self._msg = None
+            self._nak_fatal(pkt.psn, "NAK_INV_REQ")
+            return
+        self._accept()
+        if last:
+            self._msg = None
+            try:
+                transfer.rx(self.pd, rkey, addr, bytes(m.buf), remote=True)
+            except TransferError as err:
+                self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
+                return
+            if imm:
+                recv = self._rq.popleft()
+                self._rcq.append(WC(recv.wr_id, WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM,
+                                    len(m.buf), self.qp_num, pkt.imm, int(WcFlags.WITH_IMM)))
+        self._after_packet(pkt.psn, last)
+
+    def _answer_read(self, pkt: Packet, first_time: bool) -> None:
+        rkey, addr, length = pkt.reth
+        try:
+            data = transfer.tx(self.pd, rkey, addr, length, remote=True)
+        except TransferError as err:
+            self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
+            return
+        chunks = _chunks(data, self.mtu)
+        if first_time:
+            self._accept(len(chunks))
+            self._msn = (self._msn + 1) % PSN_MOD
+            self._unacked = 0
+        for i, chunk in enumerate(chunks):
+            pos = _position(i, len(chunks))
+            # IBTA: FIRST, LAST and ONLY responses carry an AETH, MIDDLE not.
+            aeth = None if pos == "MIDDLE" else ("ACK", self._msn)
+            self._resp_out.append(Packet(self.dest_qp, psn_add(pkt.psn, i),
+                                         f"{READ_RESPONSE}_{pos}", chunk, aeth=aeth))
