@@ -155,6 +155,31 @@ class MkeyConfigureBuilder:
     def wr_set_mkey_crypto(self, attr: CryptoAttr) -> None:
         self._setter(CRYPTO, attr)
 
+    def post_configure(self, mkey: MKey, *, access: int | None = None, sges=None,
+                       interleaved: tuple[int, list[MrInterleaved]] | None = None,
+                       sig: SigBlockAttr | None = None, crypto: CryptoAttr | None = None,
+                       conf_flags: int = 0, wr_id: int = 0,
+                       wr_flags: int = SendFlags.INLINE) -> list[PostedConfigure]:
+        """One configure WR as mlx5dv_wr_mkey_configure(3)'s examples post it: the
+        builder, one setter per attribute given (num_setters counted from them), then
+        wr_complete. The verbs sequence itself stays available for tests of misuse."""
+        layout = sges if sges is not None else interleaved
+        given = [a for a in (access, layout, sig, crypto) if a is not None]
+        self.wr_start()
+        self.wr_id, self.wr_flags = wr_id, wr_flags
+        self.wr_mkey_configure(mkey, len(given), MkeyConfAttr(conf_flags=conf_flags))
+        if access is not None:
+            self.wr_set_mkey_access_flags(access)
+        if sges is not None:
+            self.wr_set_mkey_layout_list(sges)
+        elif interleaved is not None:
+            self.wr_set_mkey_layout_interleaved(*interleaved)
+        if sig is not None:
+            self.wr_set_mkey_sig_block(sig)
+        if crypto is not None:
+            self.wr_set_mkey_crypto(crypto)
+        return self.wr_complete()
+
     def wr_complete(self) -> list[PostedConfigure]:
         """Validate the whole batch, then apply it; raise RDMAError and apply nothing
         when any rule is broken."""

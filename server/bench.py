@@ -31,7 +31,6 @@ from softhca.protocol.attrs import (
     SGE,
     CryptoAttr,
     DEKInitAttr,
-    MkeyConfAttr,
     SigBlockAttr,
     SigBlockDomain,
     SigCrc,
@@ -43,7 +42,6 @@ from softhca.protocol.enums import (
     CryptoKeySize,
     MkeyInitAttrFlags,
     Mlx5dvQpExSendOps,
-    SendFlags,
     SigCrcType,
     SignatureCryptoOrder,
     SigT10difFlags,
@@ -124,19 +122,8 @@ class _Node:
             crypto = CryptoAttr(encrypt_on_tx=True, signature_crypto_order=order,
                                 data_unit_size=unit, initial_tweak=TWEAK, dek=dek)
         mkey = self.hca.create_mkey(self.pd, flags, 1)
-        # Access and layout, plus one setter per offload.
-        n_setters = 2 + (sig is not None) + (crypto is not None)
-        qp = self.qp
-        qp.wr_start()
-        qp.wr_flags = SendFlags.INLINE
-        qp.wr_mkey_configure(mkey, n_setters, MkeyConfAttr())
-        qp.wr_set_mkey_access_flags(ALL)
-        qp.wr_set_mkey_layout_list([SGE(mr.addr, mr.length, mr.lkey)])
-        if sig is not None:
-            qp.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            qp.wr_set_mkey_crypto(crypto)
-        qp.wr_complete()
+        self.qp.post_configure(mkey, access=ALL, sges=[SGE(mr.addr, mr.length, mr.lkey)],
+                               sig=sig, crypto=crypto)
         return mr, mkey
 
 

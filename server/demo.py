@@ -32,7 +32,6 @@ from softhca.protocol.attrs import (
     SGE,
     CryptoAttr,
     DEKInitAttr,
-    MkeyConfAttr,
     MrInterleaved,
     SigBlockAttr,
     SigBlockDomain,
@@ -47,7 +46,6 @@ from softhca.protocol.enums import (
     MkeyErrType,
     MkeyInitAttrFlags,
     Mlx5dvQpExSendOps,
-    SendFlags,
     SigCrcType,
     SigMask,
     SignatureCryptoOrder,
@@ -215,21 +213,8 @@ class Node:
         """mlx5dv_create_mkey then one configure WR, as mlx5dv_wr_mkey_configure(3)'s
         examples post it: IBV_SEND_INLINE, one setter per attribute given."""
         mkey = self.hca.create_mkey(self.pd, flags, max_entries)
-        setters = [s for s in (access, sges or interleaved, sig, crypto) if s is not None]
-        qp = self.qp
-        qp.wr_start()
-        qp.wr_flags = SendFlags.INLINE
-        qp.wr_mkey_configure(mkey, len(setters), MkeyConfAttr())
-        qp.wr_set_mkey_access_flags(access)
-        if sges is not None:
-            qp.wr_set_mkey_layout_list(sges)
-        if interleaved is not None:
-            qp.wr_set_mkey_layout_interleaved(*interleaved)
-        if sig is not None:
-            qp.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            qp.wr_set_mkey_crypto(crypto)
-        qp.wr_complete()
+        self.qp.post_configure(mkey, access=access, sges=sges, interleaved=interleaved,
+                               sig=sig, crypto=crypto)
         return mkey
 
 

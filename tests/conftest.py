@@ -9,7 +9,7 @@ import pytest
 
 from softhca.engine.hca import HCA
 from softhca.engine.mkey_configure import MkeyConfigureBuilder
-from softhca.protocol.attrs import SGE, DEKInitAttr, MkeyConfAttr
+from softhca.protocol.attrs import SGE, DEKInitAttr
 from softhca.protocol.enums import (
     AccessFlags,
     CryptoKeySize,
@@ -49,23 +49,9 @@ class EngineNode:
     def configure(self, mkey, *, access=ALL_ACCESS, sges=None, interleaved=None, sig=None,
                   crypto=None, conf_flags=0, wr_flags=SendFlags.INLINE):
         """One MKEY configure WR with the setters for the arguments given."""
-        setters = [s for s in (access, sges or interleaved, sig, crypto) if s is not None]
-        qp = self.qp
-        qp.wr_start()
-        qp.wr_id = 1
-        qp.wr_flags = wr_flags
-        qp.wr_mkey_configure(mkey, len(setters), MkeyConfAttr(conf_flags=conf_flags))
-        if access is not None:
-            qp.wr_set_mkey_access_flags(access)
-        if sges is not None:
-            qp.wr_set_mkey_layout_list(sges)
-        if interleaved is not None:
-            qp.wr_set_mkey_layout_interleaved(*interleaved)
-        if sig is not None:
-            qp.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            qp.wr_set_mkey_crypto(crypto)
-        return qp.wr_complete()
+        return self.qp.post_configure(mkey, access=access, sges=sges, interleaved=interleaved,
+                                      sig=sig, crypto=crypto, conf_flags=conf_flags,
+                                      wr_id=1, wr_flags=wr_flags)
 
     def mkey_over(self, data: bytes | int, **kw):
         """An MR holding ``data`` and an MKEY whose list layout covers all of it."""
