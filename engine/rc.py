@@ -64,6 +64,7 @@ from softhca.protocol.enums import (
     WrOpcode,
 )
 from softhca.protocol.errors import RDMAError, einval, eopnotsupp
+from softhca.protocol.packets import Packet
 
 from . import transfer
 from .completion import Fault, TransferError
@@ -145,20 +146,6 @@ class WC:
     qp_num: int
     imm_data: int | None = None
     wc_flags: int = 0
-
-
-@dataclass(frozen=True)
-class Packet:
-    """One packet: the BTH (dest_qp, psn, opcode), a RETH (rkey, addr, dma_len), an
-    AETH (syndrome, msn) and ImmDt where the opcode carries them."""
-
-    dest_qp: int
-    psn: int
-    opcode: str
-    payload: bytes = b""
-    reth: tuple | None = None
-    aeth: tuple | None = None
-    imm: int | None = None
 
 
 @dataclass(eq=False)
