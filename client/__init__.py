@@ -1,1 +1,65 @@
-"""softhca.client."""
+"""softhca.client: the application's API, pyverbs-shaped and awaited (shared/design/API.md).
+
+``import softhca.client as sh`` gives the verbs objects (``sh.connect``, ``sh.embedded``),
+the records (``sh.SendWR``, ``sh.SGE``, ``sh.QPInitAttr``, ``sh.Mlx5SigBlockAttr``, ...),
+the one exception type ``sh.RDMAError`` (``errno_name``, ``message``) and every enum
+under its C name with its C value (``sh.IBV_ACCESS_REMOTE_READ``, ``sh.IBV_WC_SUCCESS``).
+"""
+
+from softhca.protocol.attrs import (
+    SGE,
+    CryptoAttr,
+    DEKInitAttr,
+    MkeyConfAttr,
+    MrInterleaved,
+    SigBlockAttr,
+    SigBlockDomain,
+    SigCrc,
+    SigT10dif,
+)
+from softhca.protocol.enums import *  # noqa: F403 - the C names, as verbs.h / mlx5dv.h
+from softhca.protocol.enums import C_NAMES
+from softhca.protocol.errors import RDMAError
+
+from .api import (
+    CQ,
+    DEK,
+    MR,
+    PD,
+    QP,
+    WC,
+    Context,
+    MKey,
+    MkeyErr,
+    Node,
+    QPAttr,
+    QPCap,
+    QPInfo,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+    SigErr,
+    connect,
+    embedded,
+)
+
+# pyverbs' names for the mlx5dv attribute structs.
+Mlx5MkeyConfAttr = MkeyConfAttr
+Mlx5SigBlockAttr = SigBlockAttr
+Mlx5SigBlockDomain = SigBlockDomain
+Mlx5SigCrc = SigCrc
+Mlx5SigT10Dif = SigT10dif
+Mlx5SigT10dif = SigT10dif
+Mlx5MrInterleaved = MrInterleaved
+Mlx5CryptoAttr = CryptoAttr
+Mlx5DEKInitAttr = DEKInitAttr
+PyverbsRDMAError = RDMAError
+
+__all__ = [
+    "CQ", "DEK", "MR", "PD", "QP", "SGE", "WC", "Context", "CryptoAttr", "DEKInitAttr", "MKey",
+    "MkeyConfAttr", "MkeyErr", "Mlx5CryptoAttr", "Mlx5DEKInitAttr", "Mlx5MkeyConfAttr",
+    "Mlx5MrInterleaved", "Mlx5SigBlockAttr", "Mlx5SigBlockDomain", "Mlx5SigCrc", "Mlx5SigT10Dif",
+    "Mlx5SigT10dif", "MrInterleaved", "Node", "PyverbsRDMAError", "QPAttr", "QPCap", "QPInfo",
+    "QPInitAttr", "RDMAError", "RecvWR", "SendWR", "SigBlockAttr", "SigBlockDomain", "SigCrc",
+    "SigErr", "SigT10dif", "connect", "embedded", *C_NAMES,
+]

@@ -12,20 +12,43 @@ Modelled:
 - QP states RESET -> INIT -> RTR -> RTS and ERR, through ``modify_to_*``; an illegal
   transition raises EINVAL. ERR flushes every outstanding WR with WR_FLUSH_ERR, and a
   WR posted in ERR completes at once with WR_FLUSH_ERR.
-- SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ, segmented to the
-  path MTU with the IBTA BTH opcodes; 24-bit PSNs modulo 2^24; a READ of n response
-  packets takes n PSNs of the requester's sequence, as in the IBTA RC transport.
+- SEND, SEND_WITH_IMM, SEND_WITH_INV, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ,
+  segmented to the path MTU with the IBTA BTH opcodes; 24-bit PSNs modulo 2^24; a READ of
+  n response packets takes n PSNs of the requester's sequence, as in the IBTA RC transport.
+- ATOMIC_CMP_AND_SWP and ATOMIC_FETCH_AND_ADD: one request packet and one PSN; the
+  responder checks REMOTE_ATOMIC, 8-byte alignment and that the key is an MR or a plain
+  MKEY, applies the 64-bit little-endian operation and answers ATOMIC_ACKNOWLEDGE with
+  the original value, which the requester scatters into its one 8-byte SGE. A duplicate
+  atomic request is answered from the last ``ATOMIC_RESULTS`` results, never executed
+  again. READs and atomics are completed only by their own responses, in order, and
+  implicitly acknowledge the requests before them.
+- ``max_rd_atomic`` READ and atomic requests unanswered at once; WRs after one that
+  would exceed it wait (ibv_modify_qp(3) max_rd_atomic).
+- SEND_WITH_INV: after the data is placed the responder invalidates the IETH key, which
+  must be an MKEY of its PD created with MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE;
+  the receive completes with IBV_WC_WITH_INV and ``invalidated_rkey``. Any other key
+  (unknown, an MR, another PD's, an MKEY without the flag) fails the receive with
+  ``REMOTE_INV_FAILED`` and NAKs Invalid Request (requester REM_INV_REQ_ERR); both QPs
+  go to ERR.
+- Local WRs, which send nothing and run when they reach the head of the send queue
+  (every earlier WR completed): LOCAL_INV of an MKEY of the QP's PD, and ``post_local``
+  (the MKEY configure's in-order DRIVER1 completion, with an optional action). One that
+  has an effect (LOCAL_INV, or an action) holds back the transmission of later WRs,
+  which must see that effect. A LOCAL_INV of anything but an MKEY of the PD completes
+  ``LOCAL_INV_FAILED``, an action's TransferError its local status; the QP goes to ERR.
+- IBV_SEND_INLINE on SEND / SEND_WITH_IMM / SEND_WITH_INV / RDMA_WRITE(_WITH_IMM): the
+  payload is copied at post time, up to ``max_inline_data`` bytes.
 - The requester gathers a WR's payload (one transfer.tx per SGE) when it first
   transmits it and keeps those bytes for retransmission; a READ's responses are
   reassembled and scattered (one transfer.rx per SGE) when the last one arrives.
 - A window of ``WINDOW`` unacknowledged packets; cumulative ACKs, implicit
-  acknowledgement of earlier requests by READ responses and by NAKs.
+  acknowledgement of earlier requests by READ responses, atomic ACKs and NAKs.
 - Go-back-N from the oldest unacknowledged PSN on timeout, on NAK(PSN sequence error),
   and after an RNR NAK's rnr_timer; retry_cnt and rnr_retry (7 = forever) exhaustion
   give RETRY_EXC_ERR / RNR_RETRY_EXC_ERR.
 - The responder's expected PSN: a duplicate is re-ACKed and not applied again (a
-  duplicate READ request is answered again from its own RETH); a PSN ahead gets one
-  NAK(PSN sequence error) until the gap is filled.
+  duplicate READ request is answered again from its own RETH, a duplicate atomic from
+  the saved result); a PSN ahead gets one NAK(PSN sequence error) until the gap is filled.
 - SEND and RDMA_WRITE payloads are reassembled and applied at the message's last
   packet with one transfer per SGE (SEND) or one transfer.rx over the whole RETH range
   (WRITE), so a signature or crypto MKEY sees whole, aligned transfers.
@@ -36,25 +59,35 @@ Modelled:
 
 Not modelled yet:
 
-- Atomics (CMP_AND_SWP, FETCH_AND_ADD), SEND_WITH_INV, LOCAL_INV, BIND_MW, inline
-  data, fences, solicited events: posting them raises EOPNOTSUPP.
-- SQD/SQE states, the max_rd_atomic / max_dest_rd_atomic limits on outstanding READs,
-  the responder's RNR timer value carried in the NAK (the requester's own
-  ``rnr_timer_s`` is used), the ack timeout's 4.096 us * 2^timeout encoding (seconds
-  are given directly), MSN checking by the requester, and packet integrity (ICRC).
+- BIND_MW, TSO and memory windows: posting them raises EOPNOTSUPP. IBV_SEND_FENCE and
+  IBV_SEND_SOLICITED are accepted and have no effect (no fence wait, no solicited events).
+- SQD/SQE states, the responder's max_dest_rd_atomic (its atomic result cache is a
+  fixed ``ATOMIC_RESULTS``; a duplicate atomic older than that is dropped, as IBTA
+  allows for a request outside the responder's resources), the responder's RNR timer
+  value carried in the NAK (the requester's own ``rnr_timer_s`` is used), the ack
+  timeout's 4.096 us * 2^timeout encoding (seconds are given directly), MSN checking
+  by the requester, and packet integrity (ICRC).
+- Atomics are atomic with respect to this model only (one thread); the MKEY-configure
+  WR's effect is applied by its caller at post time, ``post_local`` only orders its
+  completion.
 - The requester resends the bytes gathered at first transmission; hardware gathers
   again from memory.
-- byte_len is reported for receive completions and RDMA_READ; it is 0 on the other
-  send-side completions (ibv_poll_cq(3) defines it for receives only).
+- Inline data is read through its SGE's lkey, which must name an MR of the QP's PD
+  that holds the range (verbs does not check the lkey of inline data, but memory here
+  is reachable only through an MR); anything else is EINVAL at post.
+- byte_len is reported for receive completions, RDMA_READ and atomics; it is 0 on the
+  other send-side completions (ibv_poll_cq(3) defines it for receives only).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from softhca.protocol.attrs import SGE
 from softhca.protocol.enums import (
+    MkeyInitAttrFlags,
     Mtu,
     QpState,
     SendFlags,
@@ -68,7 +101,8 @@ from softhca.protocol.packets import Packet
 
 from . import transfer
 from .completion import Fault, TransferError
-from .hca import PD
+from .hca import MR, PD
+from .mkey import MKey
 
 PSN_MOD = 1 << 24
 _HALF = 1 << 23
@@ -80,19 +114,48 @@ ACK_EVERY = 16
 # ibv_modify_qp(3): rnr_retry 7 means retry forever.
 RNR_RETRY_FOREVER = 7
 
+# Atomic results the responder keeps for answering duplicate atomic requests (IBTA:
+# a duplicate atomic is answered from the saved result, never executed again); as many
+# as the default max_rd_atomic, so a requester within that limit always finds its own.
+ATOMIC_RESULTS = 16
+_U64 = 1 << 64
+
 ACK = "ACKNOWLEDGE"
+ATOMIC_ACK = "ATOMIC_ACKNOWLEDGE"
 READ_REQUEST = "RDMA_READ_REQUEST"
 READ_RESPONSE = "RDMA_READ_RESPONSE"
 
-SUPPORTED = (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE,
-             WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ)
+SUPPORTED = (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV,
+             WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ,
+             WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.LOCAL_INV)
 WITH_IMM = (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
+SENDS = (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV)
+ATOMICS = {WrOpcode.ATOMIC_CMP_AND_SWP: "COMPARE_SWAP", WrOpcode.ATOMIC_FETCH_AND_ADD: "FETCH_ADD"}
+# Requests answered by responses of their own, which alone complete them; what
+# max_rd_atomic counts (ibv_modify_qp(3)).
+RESPONDED = (WrOpcode.RDMA_READ, *ATOMICS)
+# ibv_post_send(3): IBV_SEND_INLINE is "valid only for Send and RDMA Write".
+INLINE_OK = (*SENDS, WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
 
 _WC_OPCODE = {
     WrOpcode.SEND: WcOpcode.SEND, WrOpcode.SEND_WITH_IMM: WcOpcode.SEND,
+    WrOpcode.SEND_WITH_INV: WcOpcode.SEND,
     WrOpcode.RDMA_WRITE: WcOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM: WcOpcode.RDMA_WRITE,
     WrOpcode.RDMA_READ: WcOpcode.RDMA_READ,
+    WrOpcode.ATOMIC_CMP_AND_SWP: WcOpcode.COMP_SWAP,
+    WrOpcode.ATOMIC_FETCH_AND_ADD: WcOpcode.FETCH_ADD,
+    WrOpcode.LOCAL_INV: WcOpcode.LOCAL_INV,
 }
+
+# A LOCAL_INV whose key cannot be invalidated (unknown, an MR, another PD's): the
+# verbs pages name no status; Linux rxe (rxe_req.c, rxe_do_local_ops) completes it
+# IB_WC_LOC_QP_OP_ERR, and so do we. A choice, kept here to change in one place.
+LOCAL_INV_FAILED = WcStatus.LOC_QP_OP_ERR
+# A SEND_WITH_INV whose IETH key the responder may not invalidate: IBTA responder error
+# class J, as rxe_resp.c implements it (RESPST_ERR_INVALIDATE_RKEY): the receive
+# completes IB_WC_REM_INV_REQ_ERR and the QP goes to ERR; the requester gets NAK
+# Invalid Request, REM_INV_REQ_ERR.
+REMOTE_INV_FAILED = WcStatus.REM_INV_REQ_ERR
 
 # The responder's NAK for a fault on its own key (SEMANTICS.md section 9): the
 # requester turns it back into TransferError.status(remote=True).
@@ -125,6 +188,12 @@ class SendWR:
     imm_data: int | None = None
     rkey: int = 0
     remote_addr: int = 0
+    # wr.atomic: compare_add is the compare value of CMP_AND_SWP and the addend of
+    # FETCH_AND_ADD; swap is CMP_AND_SWP's new value. The rkey and remote_addr above.
+    compare_add: int = 0
+    swap: int = 0
+    # invalidate_rkey of SEND_WITH_INV and LOCAL_INV.
+    invalidate_rkey: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,6 +215,10 @@ class WC:
     qp_num: int
     imm_data: int | None = None
     wc_flags: int = 0
+    # The IETH key of a SEND_WITH_INV receive (IBV_WC_WITH_INV); the C struct shares
+    # the field with imm_data.
+    invalidated_rkey: int = 0
+    vendor_err: int = 0
 
 
 @dataclass(eq=False)
@@ -155,6 +228,7 @@ class _Request:
     wr: SendWR
     signaled: bool
     length: int
+    wc_opcode: WcOpcode
     built: bool = False
     psn: int = 0
     npsn: int = 0
@@ -166,6 +240,17 @@ class _Request:
     # A local error found while gathering: completed when the WR reaches the head.
     error: WcStatus | None = None
     read_buf: bytearray = field(default_factory=bytearray)
+    # IBV_SEND_INLINE: the payload copied at post time.
+    inline: bytes | None = None
+    # A local WR: sends nothing, runs ``action`` (or its LOCAL_INV) at the SQ head.
+    local: bool = False
+    action: Callable[[], None] | None = None
+
+    @property
+    def barrier(self) -> bool:
+        """A local WR with an effect, which later WRs must see before they are built."""
+        return self.local and (self.action is not None
+                               or self.wr.opcode == WrOpcode.LOCAL_INV)
 
 
 @dataclass(eq=False)
@@ -203,12 +288,20 @@ class RCQP:
     """An RC QP of ``pd``: post WRs, exchange packets, poll completions."""
 
     def __init__(self, pd: PD, qp_num: int, sq_depth: int = 128, rq_depth: int = 128,
-                 sq_sig_all: bool = False) -> None:
+                 sq_sig_all: bool = False, max_inline_data: int = 256,
+                 max_rd_atomic: int = 16) -> None:
+        if max_inline_data < 0:
+            raise einval(f"max_inline_data {max_inline_data} must not be negative")
+        # Zero would let no READ or atomic ever go: the WR would wait forever.
+        if max_rd_atomic < 1:
+            raise einval(f"max_rd_atomic {max_rd_atomic} must be at least 1")
         self.pd = pd
         self.qp_num = qp_num
         self.sq_depth = sq_depth
         self.rq_depth = rq_depth
         self.sq_sig_all = sq_sig_all
+        self.max_inline_data = max_inline_data
+        self.max_rd_atomic = max_rd_atomic
         self.state = QpState.RESET
         self.dest_qp = 0
         self.mtu = Mtu.MTU_1024.nbytes
@@ -233,6 +326,8 @@ class RCQP:
         self._nak_pending = False
         self._unacked = 0
         self._resp_out: list[Packet] = []
+        # PSN -> (original value, MSN) of the atomics executed most recently.
+        self._atomic_results: OrderedDict[int, tuple[int, int]] = OrderedDict()
 
     # -- state machine -------------------------------------------------------
     def _require(self, verb: str, *states: QpState) -> None:
@@ -291,10 +386,44 @@ class RCQP:
     def post_send(self, wr: SendWR, now: float) -> None:
         if wr.opcode not in SUPPORTED:
             raise eopnotsupp(f"{WrOpcode(wr.opcode).name} is not modelled on this RC QP")
+        name = WrOpcode(wr.opcode).name
         if wr.opcode in WITH_IMM and wr.imm_data is None:
-            raise einval(f"{WrOpcode(wr.opcode).name} needs imm_data")
+            raise einval(f"{name} needs imm_data")
+        if wr.opcode in ATOMICS:
+            # IBTA atomics operate on one 64-bit value: the original comes back into
+            # one 8-byte buffer.
+            if len(wr.sg) != 1 or wr.sg[0].length != 8:
+                raise einval(f"{name} needs exactly one SGE of 8 bytes")
+            if not (0 <= wr.compare_add < _U64 and 0 <= wr.swap < _U64):
+                raise einval(f"{name} compare_add and swap are 64-bit unsigned values")
+        if wr.opcode in (WrOpcode.SEND_WITH_INV, WrOpcode.LOCAL_INV) \
+                and not 0 <= wr.invalidate_rkey < 1 << 32:
+            raise einval(f"{name} invalidate_rkey {wr.invalidate_rkey:#x} is not a 32-bit key")
+        inline = None
+        if wr.send_flags & SendFlags.INLINE and wr.opcode != WrOpcode.LOCAL_INV:
+            if wr.opcode not in INLINE_OK:
+                raise einval(f"IBV_SEND_INLINE is valid only for SEND and RDMA_WRITE, not {name}")
+            inline = self._gather_inline(wr.sg)
         signaled = self.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
-        req = _Request(wr, signaled, sum(s.length for s in wr.sg))
+        req = _Request(wr, signaled, sum(s.length for s in wr.sg), _WC_OPCODE[wr.opcode],
+                       inline=inline)
+        if wr.opcode == WrOpcode.LOCAL_INV:
+            req.local = req.built = True
+        self._enqueue(req)
+
+    def post_local(self, wr_id: int, signaled: bool, opcode: WcOpcode,
+                   action: Callable[[], None] | None = None, now: float = 0.0) -> None:
+        """A WR that sends nothing: ``action`` (if any) runs when it reaches the head of
+        the send queue, every earlier WR completed; it then completes SUCCESS with
+        ``opcode`` (signaled or sq_sig_all), or, if the action raises TransferError,
+        with that error's local status, and the QP goes to ERR. The MKEY configure
+        (opcode DRIVER1) uses it for its in-order completion; its effect is applied at
+        post time by the caller (SEMANTICS.md section 4)."""
+        req = _Request(SendWR(wr_id, WrOpcode.DRIVER1), self.sq_sig_all or bool(signaled), 0,
+                       WcOpcode(opcode), built=True, local=True, action=action)
+        self._enqueue(req)
+
+    def _enqueue(self, req: _Request) -> None:
         if self.state == QpState.ERR:
             self._complete(req, WcStatus.WR_FLUSH_ERR)
             return
@@ -302,6 +431,31 @@ class RCQP:
         if len(self._sq) >= self.sq_depth:
             raise RDMAError("ENOMEM", f"send queue full ({self.sq_depth} WRs outstanding)")
         self._sq.append(req)
+
+    def _gather_inline(self, sges: list[SGE]) -> bytes:
+        """IBV_SEND_INLINE: the bytes are copied now, so the buffer may be reused as soon
+        as ibv_post_send returns (ibv_post_send(3)); "The L_Key will not be checked"."""
+        total = sum(s.length for s in sges)
+        # ibv_post_send(3) fails with EINVAL when the inline data exceeds the QP's
+        # max_inline_data (ibv_create_qp(3) cap).
+        if total > self.max_inline_data:
+            raise einval(f"{total} bytes of inline data exceed max_inline_data "
+                         f"{self.max_inline_data}")
+        parts = []
+        for s in sges:
+            if s.length == 0:
+                continue
+            # Verbs reads inline data from the virtual address; here memory exists only
+            # inside MRs, so the lkey is used to find it, but not checked for access or
+            # validity. An address that no MR of this PD holds is unreadable memory.
+            mr = self.pd.hca.keys.get(s.lkey)
+            if not isinstance(mr, MR) or mr.pd is not self.pd or s.length < 0 \
+                    or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length:
+                raise einval(f"inline SGE [{s.addr:#x}, +{s.length}) with lkey {s.lkey:#x} "
+                             "is not memory of an MR of this PD")
+            start = s.addr - mr.addr
+            parts.append(mr.buf[start:start + s.length].tobytes())
+        return b"".join(parts)
 
     def post_recv(self, wr: RecvWR) -> None:
         if self.state == QpState.ERR:
@@ -325,7 +479,8 @@ class RCQP:
 
     def next_deadline(self) -> float | None:
         """When a timer (retransmission or RNR wait) wants ``poll_packets``; packets owed
-        because of a post or a receive are there as soon as ``poll_packets`` is called."""
+        because of a post or a receive, and local WRs that reached the head of the send
+        queue, are dealt with as soon as ``poll_packets`` is called."""
         times = [t for t in (self._timer, self._rnr_until) if t is not None]
         return min(times) if times else None
 
@@ -336,8 +491,11 @@ class RCQP:
         if self.state == QpState.RTS:
             self._run_timers(now)
         if self.state == QpState.RTS and self._rnr_until is None:
-            self._transmit(out, now)
-            self._retire_head_error()
+            # Local WRs at the head run first, so that WRs behind them see their effect.
+            self._retire_head()
+            if self.state == QpState.RTS:
+                self._transmit(out, now)
+                self._retire_head()
         return out
 
     def _run_timers(self, now: float) -> None:
@@ -359,27 +517,41 @@ class RCQP:
         for r in self._sq:
             if not r.built:
                 break
-            if r.wr.opcode == WrOpcode.RDMA_READ:
+            if r.wr.opcode in RESPONDED:
                 n += (r.npsn - r.acked) if r.sent else 0
             else:
                 n += r.sent - r.acked
         return n
 
+    def _rd_atomic_outstanding(self) -> int:
+        return sum(1 for r in self._sq if r.sent and not r.local and r.wr.opcode in RESPONDED)
+
     def _transmit(self, out: list[Packet], now: float) -> None:
         inflight = self._inflight()
+        rd_atomic = self._rd_atomic_outstanding()
         sent_any = False
         for r in self._sq:
+            if r.local:
+                if r.barrier:
+                    break       # not at the head yet: later WRs wait for its effect
+                continue
             if not r.built:
                 if inflight >= WINDOW:
                     break
                 self._build(r)
             if r.error is not None:
                 break
-            if r.wr.opcode == WrOpcode.RDMA_READ:
+            if r.wr.opcode in RESPONDED:
                 if not r.sent:
-                    out.append(self._read_request(r))
+                    # ibv_modify_qp(3) max_rd_atomic: the READs and atomics the
+                    # requester may have outstanding; the send queue waits in order.
+                    if rd_atomic >= self.max_rd_atomic:
+                        break
+                    out.append(self._read_request(r) if r.wr.opcode == WrOpcode.RDMA_READ
+                               else r.pkts[0])
                     r.sent = 1
                     inflight += r.npsn - r.acked
+                    rd_atomic += 1
                     sent_any = True
                 continue
             while r.sent < r.npsn and inflight < WINDOW:
@@ -398,30 +570,45 @@ class RCQP:
         r.psn = self._next_psn
         if wr.opcode == WrOpcode.RDMA_READ:
             r.npsn = max(1, -(-r.length // self.mtu))
+        elif wr.opcode in ATOMICS:
+            # AtomicETH: CMP_AND_SWP carries (swap, compare), FETCH_AND_ADD (add, -).
+            cas = wr.opcode == WrOpcode.ATOMIC_CMP_AND_SWP
+            ateth = (wr.rkey, wr.remote_addr, wr.swap if cas else wr.compare_add,
+                     wr.compare_add if cas else 0)
+            r.pkts = [Packet(self.dest_qp, r.psn, ATOMICS[wr.opcode], atomic=ateth)]
+            r.npsn = 1
         else:
-            try:
-                data = b"".join(transfer.tx(self.pd, s.lkey, s.addr, s.length) for s in wr.sg)
-            except TransferError as err:
-                r.error = err.status(remote=False)
-                return
+            if r.inline is not None:
+                data = r.inline
+            else:
+                try:
+                    data = b"".join(transfer.tx(self.pd, s.lkey, s.addr, s.length)
+                                    for s in wr.sg)
+                except TransferError as err:
+                    r.error = err.status(remote=False)
+                    return
             r.pkts = self._segment(wr, data, r.psn)
             r.npsn = len(r.pkts)
         self._next_psn = psn_add(r.psn, r.npsn)
 
     def _segment(self, wr: SendWR, data: bytes, psn: int) -> list[Packet]:
-        base = "SEND" if wr.opcode in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM) else "RDMA_WRITE"
+        base = "SEND" if wr.opcode in SENDS else "RDMA_WRITE"
         imm = wr.opcode in WITH_IMM
+        inv = wr.opcode == WrOpcode.SEND_WITH_INV
         chunks = _chunks(data, self.mtu)
         pkts = []
         for i, chunk in enumerate(chunks):
             pos = _position(i, len(chunks))
             last = pos in ("ONLY", "LAST")
-            name = f"{base}_{pos}" + ("_WITH_IMM" if imm and last else "")
-            # IBTA BTH opcodes: only the first packet of an RDMA WRITE carries the RETH.
+            name = f"{base}_{pos}" + ("_WITH_IMM" if imm and last else "") \
+                + ("_WITH_INV" if inv and last else "")
+            # IBTA BTH opcodes: only the first packet of an RDMA WRITE carries the RETH,
+            # only the last of a SEND with invalidate the IETH.
             reth = ((wr.rkey, wr.remote_addr, len(data))
                     if base == "RDMA_WRITE" and pos in ("FIRST", "ONLY") else None)
             pkts.append(Packet(self.dest_qp, psn_add(psn, i), name, chunk, reth, None,
-                               wr.imm_data if imm and last else None))
+                               wr.imm_data if imm and last else None,
+                               wr.invalidate_rkey if inv and last else None))
         return pkts
 
     def _read_request(self, r: _Request) -> Packet:
@@ -435,25 +622,60 @@ class RCQP:
         for r in self._sq:
             if not r.built:
                 break
-            r.sent = 0 if r.wr.opcode == WrOpcode.RDMA_READ else r.acked
+            r.sent = 0 if r.wr.opcode in RESPONDED else r.acked
 
     # -- requester: completions ------------------------------------------------
     def _complete(self, r: _Request, status: WcStatus) -> None:
         # An error always produces a completion, even for an unsignaled WR.
         if status == WcStatus.SUCCESS and not r.signaled:
             return
-        byte_len = r.length if r.wr.opcode == WrOpcode.RDMA_READ else 0
-        self._scq.append(WC(r.wr.wr_id, status, _WC_OPCODE[r.wr.opcode], byte_len,
-                            self.qp_num))
+        byte_len = r.length if r.wr.opcode in RESPONDED and not r.local else 0
+        self._scq.append(WC(r.wr.wr_id, status, r.wc_opcode, byte_len, self.qp_num))
 
     def _fail_head(self, status: WcStatus) -> None:
         self._complete(self._sq.popleft(), status)
         self._enter_err()
 
-    def _retire_head_error(self) -> None:
-        # A gather error completes in order, once every WR before it has completed.
-        if self.state == QpState.RTS and self._sq and self._sq[0].error is not None:
-            self._fail_head(self._sq[0].error)
+    def _retire_head(self) -> None:
+        """What waits only for every WR before it to complete: a gather error, completed
+        in order, and local WRs, run in order."""
+        while self.state == QpState.RTS and self._sq:
+            r = self._sq[0]
+            if r.error is not None:
+                self._fail_head(r.error)
+                return
+            if not r.local:
+                return
+            self._run_local()
+
+    def _run_local(self) -> None:
+        r = self._sq.popleft()
+        status = WcStatus.SUCCESS
+        if r.wr.opcode == WrOpcode.LOCAL_INV:
+            if not self._invalidate(r.wr.invalidate_rkey, remote=False):
+                status = LOCAL_INV_FAILED
+        elif r.action is not None:
+            try:
+                r.action()
+            except TransferError as err:
+                status = err.status(remote=False)
+        self._complete(r, status)
+        if status != WcStatus.SUCCESS:
+            self._enter_err()
+
+    def _invalidate(self, key: int | None, remote: bool) -> bool:
+        """Invalidate MKEY ``key`` of this QP's PD; False when it may not be. Only MKEYs
+        are invalidated here: an MR is registered, not fast-registered, and rxe, too,
+        refuses to invalidate one (rxe_invalidate_mr: type != IB_MR_TYPE_MEM_REG).
+        Remotely, mlx5dv_create_mkey(3) allows it only for an MKEY created with
+        MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE. An already invalid MKEY stays so."""
+        obj = self.pd.hca.keys.get(key) if key is not None else None
+        if not isinstance(obj, MKey) or obj.pd is not self.pd:
+            return False
+        if remote and not obj.create_flags & MkeyInitAttrFlags.REMOTE_INVALIDATE:
+            return False
+        obj.invalidate()
+        return True
 
     def _progress(self, now: float) -> None:
         self._retries = 0
@@ -464,12 +686,15 @@ class RCQP:
         if psn_diff(psn, self._next_psn) >= 0:
             return False        # never sent: not an answer to us
         progress = False
-        while self._sq:
+        while self._sq and self.state == QpState.RTS:
             r = self._sq[0]
+            if r.local:
+                self._run_local()   # every WR before it has completed
+                continue
             if not r.built or r.error is not None or psn_diff(psn, r.psn) < 0:
                 break
-            if r.wr.opcode == WrOpcode.RDMA_READ:
-                break           # only its responses complete a READ
+            if r.wr.opcode in RESPONDED:
+                break           # only its own response completes a READ or an atomic
             if psn_diff(psn, psn_add(r.psn, r.npsn - 1)) >= 0:
                 self._sq.popleft()
                 self._complete(r, WcStatus.SUCCESS)
@@ -483,7 +708,7 @@ class RCQP:
             break
         if progress:
             self._progress(now)
-        self._retire_head_error()
+        self._retire_head()
         return progress
 
     def _head_holds(self, psn: int) -> _Request | None:
@@ -498,7 +723,7 @@ class RCQP:
     def receive(self, pkt: Packet, now: float) -> None:
         if pkt.dest_qp != self.qp_num or self.state not in (QpState.RTR, QpState.RTS):
             return      # IBTA: a QP not in RTR/RTS silently drops what arrives
-        if pkt.opcode == ACK or pkt.opcode.startswith(READ_RESPONSE):
+        if pkt.opcode in (ACK, ATOMIC_ACK) or pkt.opcode.startswith(READ_RESPONSE):
             if self.state == QpState.RTS:
                 self._requester_receive(pkt, now)
         else:
@@ -507,6 +732,9 @@ class RCQP:
     def _requester_receive(self, pkt: Packet, now: float) -> None:
         if pkt.opcode.startswith(READ_RESPONSE):
             self._read_response(pkt, now)
+            return
+        if pkt.opcode == ATOMIC_ACK:
+            self._atomic_ack(pkt, now)
             return
         syndrome = pkt.aeth[0]
         if syndrome == "ACK":
@@ -563,7 +791,30 @@ class RCQP:
             self._enter_err()
             return
         self._complete(owner, WcStatus.SUCCESS)
-        self._retire_head_error()
+        self._retire_head()
+
+    def _atomic_ack(self, pkt: Packet, now: float) -> None:
+        owner = next((r for r in self._sq if r.built and r.error is None and not r.local
+                      and r.wr.opcode in ATOMICS and r.psn == pkt.psn), None)
+        if owner is None or pkt.atomic_ack is None:
+            return      # a second answer to a duplicated request, already completed
+        # Like a READ response, it acknowledges every request before the atomic (IBTA).
+        if self._sq[0] is not owner:
+            self._ack(psn_add(owner.psn, -1), now)
+            if not self._sq or self._sq[0] is not owner:
+                return
+        self._sq.popleft()
+        self._rnr_count = 0
+        self._progress(now)
+        sge = owner.wr.sg[0]
+        try:
+            transfer.rx(self.pd, sge.lkey, sge.addr, pkt.atomic_ack.to_bytes(8, "little"))
+        except TransferError as err:
+            self._complete(owner, err.status(remote=False))
+            self._enter_err()
+            return
+        self._complete(owner, WcStatus.SUCCESS)
+        self._retire_head()
 
     # -- responder -------------------------------------------------------------
     def _queue_ack(self, psn: int) -> None:
@@ -593,6 +844,8 @@ class RCQP:
             # IBTA duplicate request: answer again, apply nothing.
             if pkt.opcode == READ_REQUEST:
                 self._answer_read(pkt, first_time=False)
+            elif pkt.opcode in ATOMICS.values():
+                self._replay_atomic(pkt)
             else:
                 self._queue_ack(psn_add(self._epsn, -1))
             return
@@ -603,11 +856,13 @@ class RCQP:
                 self._nak(self._epsn, "NAK_PSN_SEQ")
             return
         op = pkt.opcode
-        if op == READ_REQUEST:
+        if op == READ_REQUEST or op in ATOMICS.values():
             if self._msg is not None:
-                self._nak_fatal(pkt.psn, "NAK_INV_REQ")
-            else:
+                self._nak_fatal(pkt.psn, "NAK_INV_REQ")    # inside another message
+            elif op == READ_REQUEST:
                 self._answer_read(pkt, first_time=True)
+            else:
+                self._execute_atomic(pkt)
         elif op.startswith("SEND_"):
             self._recv_send(pkt)
         elif op.startswith("RDMA_WRITE_"):
@@ -659,9 +914,16 @@ class RCQP:
                                 "NAK_INV_REQ" if err.fault == Fault.LENGTH else "NAK_REM_OP")
                 return
             imm = op.endswith("_WITH_IMM")
+            inv = op.endswith("_WITH_INV")
+            # The data is placed first, then the key invalidated (as rxe's execute()
+            # does); a key we may not invalidate fails the receive after all.
+            if inv and not self._invalidate(pkt.ieth, remote=True):
+                self._fail_recv(m.recv, REMOTE_INV_FAILED, pkt.psn, "NAK_INV_REQ")
+                return
+            flags = (WcFlags.WITH_IMM if imm else 0) | (WcFlags.WITH_INV if inv else 0)
             self._rcq.append(WC(m.recv.wr_id, WcStatus.SUCCESS, WcOpcode.RECV, len(m.buf),
-                                self.qp_num, pkt.imm if imm else None,
-                                int(WcFlags.WITH_IMM) if imm else 0))
+                                self.qp_num, pkt.imm if imm else None, int(flags),
+                                pkt.ieth if inv else 0))
         self._after_packet(pkt.psn, last)
 
     def _fail_recv(self, recv: RecvWR, status: WcStatus, psn: int, syndrome: str) -> None:
@@ -724,3 +986,41 @@ class RCQP:
             aeth = None if pos == "MIDDLE" else ("ACK", self._msn)
             self._resp_out.append(Packet(self.dest_qp, psn_add(pkt.psn, i),
                                          f"{READ_RESPONSE}_{pos}", chunk, aeth=aeth))
+
+    def _execute_atomic(self, pkt: Packet) -> None:
+        if pkt.atomic is None:
+            self._nak_fatal(pkt.psn, "NAK_INV_REQ")     # an atomic opcode without AtomicETH
+            return
+        rkey, addr, swap_add, compare = pkt.atomic
+        if pkt.opcode == "COMPARE_SWAP":
+            def update(old: int) -> int:
+                return swap_add if old == compare else old
+        else:
+            def update(old: int) -> int:
+                return (old + swap_add) % _U64
+        try:
+            # REMOTE_ATOMIC on the rkey, then 8-byte alignment (IBTA 9.4.5; rxe checks
+            # in this order: check_rkey, then atomic_reply's alignment): Invalid Request.
+            original = transfer.atomic(self.pd, rkey, addr, update)
+        except TransferError as err:
+            self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
+            return
+        self._accept()
+        self._msn = (self._msn + 1) % PSN_MOD
+        self._unacked = 0
+        self._atomic_results[pkt.psn] = (original, self._msn)
+        while len(self._atomic_results) > ATOMIC_RESULTS:
+            self._atomic_results.popitem(last=False)
+        self._send_atomic_ack(pkt.psn, original, self._msn)
+
+    def _replay_atomic(self, pkt: Packet) -> None:
+        saved = self._atomic_results.get(pkt.psn)
+        if saved is None:
+            # Not among the saved results: IBTA leaves it to the responder; rxe drops it
+            # ("Resource not found. Class D error"), and the requester retries or fails.
+            return
+        self._send_atomic_ack(pkt.psn, *saved)
+
+    def _send_atomic_ack(self, psn: int, original: int, msn: int) -> None:
+        self._resp_out.append(Packet(self.dest_qp, psn, ATOMIC_ACK, aeth=("ACK", msn),
+                                     atomic_ack=original))

@@ -219,6 +219,36 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
     t.emit("scatter", "memory", p.mem_offset, stream)
 
 
+def atomic(pd: PD, key: int, addr: int, update: Callable[[int], int]) -> int:
+    """An IBTA atomic on the responder: the 8 bytes at ``addr`` through rkey ``key``, a
+    little-endian 64-bit value, are replaced by ``update(original)``; returns the original.
+
+    The key is checked as for any remote access, with IBV_ACCESS_REMOTE_ATOMIC; then the
+    atomic's own rules, as LENGTH faults (NAK Invalid Request): IBTA 9.4.5 requires an
+    8-byte aligned address, and an atomic cannot be given PI or encrypted, so a signature
+    or crypto MKEY is refused. Nothing is written when a check fails.
+    """
+    obj = _resolve(pd, key, AccessFlags.REMOTE_ATOMIC, True)
+    if isinstance(obj, MR):
+        start = _mr_range(obj, addr, 8)
+    else:
+        if obj.sig is not None or obj.has_crypto_flag:
+            raise TransferError(Fault.LENGTH, f"rkey {key:#x} is a signature or crypto MKEY: "
+                                "no atomics through it")
+        start = plan(obj, addr, 8).mem_offset
+    if addr % 8:
+        raise TransferError(Fault.LENGTH, f"atomic address {addr:#x} is not 8-byte aligned")
+    if isinstance(obj, MR):
+        original = int.from_bytes(obj.buf[start:start + 8].tobytes(), "little")
+        obj.buf[start:start + 8] = np.frombuffer(update(original).to_bytes(8, "little"),
+                                                 dtype=np.uint8)
+    else:
+        original = int.from_bytes(obj.layout.gather(start, 8).tobytes(), "little")
+        obj.layout.scatter(start, np.frombuffer(update(original).to_bytes(8, "little"),
+                                                dtype=np.uint8))
+    return original
+
+
 def _mr_range(mr: MR, addr: int, length: int) -> int:
     start = addr - mr.addr
     if length < 0 or start < 0 or start + length > mr.length:

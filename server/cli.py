@@ -85,13 +85,49 @@ def _positive_float(text: str) -> float:
     return value
 
 
+# -- softhca serve ----------------------------------------------------------------------
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run a daemon hosting simulated HCAs",
+                       description="Serve the control plane (verbs calls from applications) "
+                       "and the wire plane (RC packets from other daemons) on one TCP port.")
+    p.add_argument("--listen", default="127.0.0.1:4791", metavar="HOST:PORT",
+                   help="address to listen on (default 127.0.0.1:4791; port 0 picks one)")
+    p.add_argument("--hca", action="append", metavar="NAME",
+                   help="an HCA to host (default mlx5_0); may be repeated")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="file holding the shared token that control sessions and peer "
+                   "daemons must prove (HMAC over a nonce); trailing whitespace is ignored")
+    p.add_argument("--allow-no-auth", action="store_true",
+                   help="listen on a non-loopback address without a token (anyone who can "
+                   "reach the port can read and write the hosted memory)")
+    p.add_argument("--max-frame", type=_positive_int, default=16 << 20, metavar="BYTES",
+                   help="largest frame accepted (default 16 MiB)")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"], help="default info")
+    p.add_argument("--ready-file", metavar="FILE",
+                   help="write HOST:PORT here once listening (for scripts using port 0)")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from softhca.server import serve
+
+    try:
+        options = serve.options_from_args(args)
+    except ValueError as e:
+        print(f"softhca serve: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return serve.run(options)
+
+
 # -- the parser and main -------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="softhca", description="softhca: a software mlx5-class RDMA HCA simulator")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (add_demo, add_bench):
+    for add in (add_serve, add_demo, add_bench):
         add(sub)
     return parser
 

@@ -1,4 +1,5 @@
-"""Engine-level fixtures: one simulated HCA with a PD and a QP's WR builder."""
+"""Fixtures: an engine node (one simulated HCA, a PD and a QP's WR builder) and an
+end-to-end pair of daemons driven through the client."""
 
 from __future__ import annotations
 
@@ -70,3 +71,13 @@ def node() -> EngineNode:
 @pytest.fixture
 def rng() -> random.Random:
     return random.Random(int(os.environ.get("SOFTHCA_TEST_SEED", "1619")))
+
+
+@pytest.fixture
+async def pair():
+    """Two embedded daemons over TCP, a target and an initiator with a connected RC QP
+    pair, driven through softhca.client only (tests/e2e.py)."""
+    from e2e import two_nodes
+
+    async with two_nodes() as p:
+        yield p

@@ -1,0 +1,648 @@
+"""The client: pyverbs' objects and names, awaited (shared/design/API.md).
+
+Every verbs call is one control request to the daemon and one reply; an error reply
+raises RDMAError carrying the daemon's errno name and sentence, as pyverbs raises
+PyverbsRDMAError. Requests on one connection are answered in order except a
+``poll_cq`` that waits, so ``await qp.post_send(...)`` after ``await qp.wr_complete()``
+sees the configured MKEY (SEMANTICS.md: later WRs see a configure at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from softhca.protocol.attrs import (
+    SGE,
+    CryptoAttr,
+    DEKInitAttr,
+    MkeyConfAttr,
+    MrInterleaved,
+    SigBlockAttr,
+)
+from softhca.protocol.control import attr_to_wire, sge_to_wire
+from softhca.protocol.enums import (
+    AccessFlags,
+    MkeyErrType,
+    Mtu,
+    QpState,
+    QpType,
+    SendFlags,
+    WcOpcode,
+    WcStatus,
+    WrOpcode,
+)
+from softhca.protocol.errors import RDMAError
+from softhca.protocol.frames import FrameDecoder, encode_frame
+from softhca.protocol.handshake import make_hello
+
+DEFAULT_PORT = 4791
+# Replies carry mr.read data; a client accepts bigger frames than it sends.
+CLIENT_MAX_FRAME = 64 << 20
+# mr.write / mr.read move at most this much per request (below the daemon's frame limit).
+IO_CHUNK = 8 << 20
+
+
+# -- records -----------------------------------------------------------------------------
+
+class SendWR:
+    """struct ibv_send_wr, as pyverbs' SendWR (signaled by default, like pyverbs)."""
+
+    def __init__(self, wr_id: int = 0, opcode: int = WrOpcode.SEND, num_sge: int | None = None,
+                 imm_data: int | None = None, sg: list[SGE] | None = None,
+                 send_flags: int = SendFlags.SIGNALED) -> None:
+        self.wr_id = wr_id
+        self.opcode = opcode
+        self.sg = list(sg or [])
+        self.num_sge = len(self.sg) if num_sge is None else num_sge
+        self.imm_data = imm_data
+        self.send_flags = send_flags
+        self.rkey = 0
+        self.remote_addr = 0
+        self.compare_add = 0
+        self.swap = 0
+        self.invalidate_rkey = 0
+
+    def set_wr_rdma(self, rkey: int, addr: int) -> None:
+        self.rkey, self.remote_addr = rkey, addr
+
+    def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
+        self.rkey, self.remote_addr, self.compare_add, self.swap = rkey, addr, compare_add, swap
+
+    def to_wire(self) -> dict:
+        w = {"wr_id": self.wr_id, "opcode": int(self.opcode),
+             "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]],
+             "send_flags": int(self.send_flags), "rkey": self.rkey,
+             "remote_addr": self.remote_addr, "compare_add": self.compare_add,
+             "swap": self.swap, "invalidate_rkey": self.invalidate_rkey}
+        if self.imm_data is not None:
+            w["imm_data"] = self.imm_data
+        return w
+
+
+class RecvWR:
+    """struct ibv_recv_wr"""
+
+    def __init__(self, wr_id: int = 0, num_sge: int | None = None,
+                 sg: list[SGE] | None = None) -> None:
+        self.wr_id = wr_id
+        self.sg = list(sg or [])
+        self.num_sge = len(self.sg) if num_sge is None else num_sge
+
+    def to_wire(self) -> dict:
+        return {"wr_id": self.wr_id, "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]]}
+
+
+@dataclass(frozen=True)
+class WC:
+    """struct ibv_wc"""
+
+    wr_id: int
+    status: WcStatus
+    opcode: WcOpcode
+    byte_len: int = 0
+    imm_data: int | None = None
+    qp_num: int = 0
+    wc_flags: int = 0
+    vendor_err: int = 0
+    invalidated_rkey: int = 0
+
+    @classmethod
+    def from_wire(cls, w: list) -> WC:
+        return cls(w[0], WcStatus(w[1]), WcOpcode(w[2]), w[3], w[4], w[5], w[6], w[7], w[8])
+
+    def __repr__(self) -> str:
+        return (f"WC(wr_id={self.wr_id}, status=IBV_WC_{self.status.name}, "
+                f"opcode=IBV_WC_{self.opcode.name}, byte_len={self.byte_len}, "
+                f"qp_num={self.qp_num:#x}"
+                + (f", imm_data={self.imm_data:#x}" if self.imm_data is not None else "")
+                + (f", wc_flags={self.wc_flags:#x}" if self.wc_flags else "") + ")")
+
+
+@dataclass
+class QPCap:
+    """struct ibv_qp_cap"""
+
+    max_send_wr: int = 1
+    max_recv_wr: int = 10
+    max_send_sge: int = 1
+    max_recv_sge: int = 1
+    max_inline_data: int = 0
+
+
+@dataclass
+class QPInitAttr:
+    """struct ibv_qp_init_attr(_ex) with mlx5dv's send_ops_flags."""
+
+    qp_type: int = QpType.RC
+    scq: Any = None
+    rcq: Any = None
+    cap: QPCap = field(default_factory=QPCap)
+    sq_sig_all: int = 0
+    send_ops_flags: int = 0
+
+
+@dataclass
+class QPAttr:
+    """struct ibv_qp_attr (the fields an RC QP uses), plus the peer daemon's address."""
+
+    qp_state: int | None = None
+    path_mtu: int | None = None
+    dest_qp_num: int | None = None
+    rq_psn: int | None = None
+    sq_psn: int | None = None
+    timeout: int | None = None
+    retry_cnt: int | None = None
+    rnr_retry: int | None = None
+    min_rnr_timer: int | None = None
+    max_rd_atomic: int | None = None
+    max_dest_rd_atomic: int | None = None
+    qp_access_flags: int | None = None
+    dest_host: str | None = None
+    dest_port: int | None = None
+    dest_dev: str | None = None
+
+    def to_wire(self) -> dict:
+        return {k: int(v) if isinstance(v, int) else v
+                for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class QPInfo:
+    """What a peer needs to connect to a QP: its daemon, device, QP number, first PSN."""
+
+    host: str
+    port: int
+    dev: str
+    qp_num: int
+    psn: int = 0
+
+
+@dataclass(frozen=True)
+class SigErr:
+    """struct mlx5dv_sig_err"""
+
+    actual_value: int
+    expected_value: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class MkeyErr:
+    """struct mlx5dv_mkey_err"""
+
+    err_type: MkeyErrType
+    sig_err: SigErr
+
+    def __repr__(self) -> str:
+        if self.err_type == MkeyErrType.NO_ERR:
+            return "MkeyErr(MLX5DV_MKEY_NO_ERR)"
+        s = self.sig_err
+        return (f"MkeyErr(MLX5DV_MKEY_SIG_BLOCK_{self.err_type.name}, actual={s.actual_value:#x}, "
+                f"expected={s.expected_value:#x}, offset={s.offset})")
+
+
+# -- the connection -----------------------------------------------------------------------
+
+class _Connection:
+    """One control connection: requests out with ids, replies matched back to them."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 decoder: FrameDecoder, address: str) -> None:
+        self.reader, self.writer, self.decoder = reader, writer, decoder
+        self.address = address
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._closed: RDMAError | None = None
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def request(self, verb: str, payload: bytes | memoryview = b"",
+                      **fields: Any) -> tuple[dict, memoryview]:
+        if self._closed is not None:
+            raise self._closed
+        rid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        self.writer.writelines(encode_frame({"t": verb, "id": rid, **fields}, payload))
+        if self.writer.transport.get_write_buffer_size() > (1 << 20):
+            await self.writer.drain()
+        return await fut
+
+    async def _read_loop(self) -> None:
+        reason = RDMAError("ECONNRESET", f"the daemon at {self.address} closed the connection")
+        try:
+            while True:
+                data = await self.reader.read(1 << 18)
+                if not data:
+                    break
+                for fr in self.decoder.feed(data):
+                    h = fr.header
+                    fut = self._pending.pop(h.get("id"), None)
+                    if h.get("t") == "err":
+                        err = RDMAError(h.get("errno", "EPROTO"), h.get("msg", "?"))
+                        if fut is None:
+                            reason = err    # a connection-level error: the daemon closes
+                        elif not fut.done():
+                            fut.set_exception(err)
+                    elif fut is not None and not fut.done():
+                        fut.set_result((h, fr.payload))
+        except (ConnectionError, RDMAError) as e:
+            reason = e if isinstance(e, RDMAError) else RDMAError("ECONNRESET", str(e))
+        finally:
+            self._closed = reason
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(reason)
+            self._pending.clear()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+            await self.writer.wait_closed()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        return address, DEFAULT_PORT
+    return host.strip("[]"), int(port)
+
+
+async def connect(address: str, token: bytes | str | None = None, *,
+                  timeout: float = 10.0) -> Node:
+    """A control session with the daemon at ``host:port``; ``token`` when it requires one.
+
+    Every step is bounded by ``timeout``: an unreachable address raises RDMAError
+    (ETIMEDOUT or ECONNRESET) rather than hanging.
+    """
+    host, port = _split_address(address)
+    if isinstance(token, str):
+        token = token.encode()
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except asyncio.TimeoutError:
+        raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
+            from None
+    except OSError as e:
+        raise RDMAError("ECONNRESET", f"cannot connect to {host}:{port}: {e.strerror or e}") \
+            from None
+    decoder = FrameDecoder(CLIENT_MAX_FRAME)
+    try:
+        frames = await asyncio.wait_for(_frames(reader, decoder), timeout)
+        writer.writelines(encode_frame(make_hello(frames[0].header, "control", token)))
+        frames = frames[1:] or await asyncio.wait_for(_frames(reader, decoder), timeout)
+    except asyncio.TimeoutError:
+        writer.close()
+        raise RDMAError("ETIMEDOUT", f"{host}:{port} did not complete the handshake within "
+                                     f"{timeout:g} s") from None
+    except BaseException:
+        writer.close()
+        raise
+    h = frames[0].header
+    if h.get("t") == "err":
+        writer.close()
+        raise RDMAError(h.get("errno", "EPROTO"), h.get("msg", "handshake refused"))
+    if h.get("t") != "welcome":
+        writer.close()
+        raise RDMAError("EPROTO", f"expected 'welcome' from {host}:{port}, got {h.get('t')!r}")
+    conn = _Connection(reader, writer, decoder, f"{host}:{port}")
+    return Node(conn, host, port, list(h.get("devices", [])))
+
+
+async def _frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list:
+    while True:
+        data = await reader.read(1 << 16)
+        if not data:
+            raise RDMAError("ECONNRESET", "the daemon closed the connection during the handshake")
+        frames = decoder.feed(data)
+        if frames:
+            return frames
+
+
+class _Closable:
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class Node(_Closable):
+    """A control session with one daemon (``connect`` / ``embedded``)."""
+
+    def __init__(self, conn: _Connection, host: str, port: int, devices: list[str]) -> None:
+        self._conn = conn
+        self.host, self.port = host, port
+        self.devices = devices
+        self.daemon = None      # the Daemon object, for an embedded node
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def request(self, verb: str, payload: bytes | memoryview = b"", **fields: Any):
+        return await self._conn.request(verb, payload, **fields)
+
+    async def open_device(self, name: str = "mlx5_0") -> Context:
+        h, _ = await self.request("open_device", name=name)
+        return Context(self, h["ctx"], h["name"])
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
+class Context(_Closable):
+    """ibv_context of one HCA."""
+
+    def __init__(self, node: Node, handle: int, name: str) -> None:
+        self.node, self.handle, self.name = node, handle, name
+
+    async def query_device(self) -> dict:
+        h, _ = await self.node.request("query_device", ctx=self.handle)
+        return h["attr"]
+
+    async def alloc_pd(self) -> PD:
+        h, _ = await self.node.request("alloc_pd", ctx=self.handle)
+        return PD(self, h["pd"])
+
+    async def create_cq(self, cqe: int = 100) -> CQ:
+        h, _ = await self.node.request("create_cq", ctx=self.handle, cqe=cqe)
+        return CQ(self, h["cq"], cqe)
+
+    async def create_dek(self, attr: DEKInitAttr) -> DEK:
+        pd = attr.pd
+        if not isinstance(pd, PD):
+            raise RDMAError("EINVAL", "mlx5dv_dek_create needs attr.pd, a PD of this context")
+        h, _ = await self.node.request(
+            "create_dek", ctx=self.handle, pd=pd.handle, key_size=int(attr.key_size),
+            key=bytes(attr.key), has_keytag=bool(attr.has_keytag), keytag=bytes(attr.keytag),
+            key_purpose=int(attr.key_purpose))
+        return DEK(self, h["dek"])
+
+    async def close(self) -> None:
+        await self.node.request("close_device", ctx=self.handle)
+
+
+class PD(_Closable):
+    def __init__(self, ctx: Context, handle: int) -> None:
+        self.ctx, self.handle = ctx, handle
+
+    @property
+    def node(self) -> Node:
+        return self.ctx.node
+
+    async def reg_mr(self, length: int, access: int = AccessFlags.LOCAL_WRITE) -> MR:
+        h, _ = await self.node.request("reg_mr", pd=self.handle, length=length,
+                                       access=int(access))
+        return MR(self, h["mr"], h["lkey"], h["rkey"], h["addr"], h["length"])
+
+    async def create_qp(self, init_attr: QPInitAttr) -> QP:
+        a = init_attr
+        if not isinstance(a.scq, CQ) or not isinstance(a.rcq, CQ):
+            raise RDMAError("EINVAL", "QPInitAttr needs scq and rcq (CQs of this context)")
+        h, _ = await self.node.request(
+            "create_qp", pd=self.handle, scq=a.scq.handle, rcq=a.rcq.handle,
+            qp_type=int(a.qp_type), max_send_wr=a.cap.max_send_wr,
+            max_recv_wr=a.cap.max_recv_wr, max_send_sge=a.cap.max_send_sge,
+            max_recv_sge=a.cap.max_recv_sge, max_inline_data=a.cap.max_inline_data,
+            sq_sig_all=bool(a.sq_sig_all), send_ops_flags=int(a.send_ops_flags))
+        return QP(self, h["qp"], h["qp_num"], init_attr)
+
+    async def create_mkey(self, create_flags: int, max_entries: int = 1) -> MKey:
+        h, _ = await self.node.request("create_mkey", pd=self.handle,
+                                       create_flags=int(create_flags), max_entries=max_entries)
+        return MKey(self, h["mkey"], h["lkey"], h["rkey"])
+
+    async def close(self) -> None:
+        await self.node.request("dealloc_pd", pd=self.handle)
+
+
+class MR(_Closable):
+    """A registered region of the daemon's host memory; write/read are the CPU's stores."""
+
+    def __init__(self, pd: PD, handle: int, lkey: int, rkey: int, addr: int, length: int) -> None:
+        self.pd, self.handle = pd, handle
+        self.lkey, self.rkey, self.addr, self.length = lkey, rkey, addr, length
+
+    async def write(self, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
+        view = memoryview(data).cast("B")
+        for start in range(0, max(len(view), 1), IO_CHUNK):
+            await self.pd.node.request("mr_write", view[start:start + IO_CHUNK], mr=self.handle,
+                                       offset=offset + start)
+
+    async def read(self, length: int | None = None, offset: int = 0) -> bytes:
+        if length is None:
+            length = self.length - offset
+        parts = []
+        for start in range(0, max(length, 1), IO_CHUNK):
+            n = min(IO_CHUNK, length - start)
+            _, payload = await self.pd.node.request("mr_read", mr=self.handle,
+                                                    offset=offset + start, length=n)
+            parts.append(payload)
+        return b"".join(parts)
+
+    async def close(self) -> None:
+        await self.pd.node.request("dereg_mr", mr=self.handle)
+
+
+class CQ(_Closable):
+    def __init__(self, ctx: Context, handle: int, cqe: int) -> None:
+        self.ctx, self.handle, self.cqe = ctx, handle, cqe
+
+    async def poll(self, num_entries: int = 1, timeout: float = 0.0) -> list[WC]:
+        """Up to ``num_entries`` completions. With ``timeout`` > 0 and the CQ empty, the
+        daemon holds the reply until a completion arrives or the time is up (no
+        busy-polling); an empty list means none came."""
+        h, _ = await self.ctx.node.request("poll_cq", cq=self.handle, num=num_entries,
+                                           timeout=timeout)
+        return [WC.from_wire(w) for w in h["wcs"]]
+
+    async def poll_n(self, n: int, timeout: float = 10.0) -> list[WC]:
+        """Exactly ``n`` completions, waiting up to ``timeout`` in all; ETIMEDOUT otherwise,
+        with the ones that did come in the message."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        out: list[WC] = []
+        while len(out) < n:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise RDMAError("ETIMEDOUT", f"{len(out)} of {n} completions within "
+                                             f"{timeout:g} s: {out[-4:]}")
+            out += await self.poll(min(n - len(out), 4096), timeout=left)
+        return out
+
+    async def close(self) -> None:
+        await self.ctx.node.request("destroy_cq", cq=self.handle)
+
+
+class MKey(_Closable):
+    """mlx5dv_mkey"""
+
+    def __init__(self, pd: PD, handle: int, lkey: int, rkey: int) -> None:
+        self.pd, self.handle, self.lkey, self.rkey = pd, handle, lkey, rkey
+
+    async def mkey_check(self) -> MkeyErr:
+        h, _ = await self.pd.node.request("mkey_check", mkey=self.handle)
+        return MkeyErr(MkeyErrType(h["err_type"]),
+                       SigErr(h["actual_value"], h["expected_value"], h["offset"]))
+
+    async def close(self) -> None:
+        await self.pd.node.request("destroy_mkey", mkey=self.handle)
+
+
+class DEK(_Closable):
+    """mlx5dv_dek"""
+
+    def __init__(self, ctx: Context, handle: int) -> None:
+        self.ctx, self.handle = ctx, handle
+
+    async def close(self) -> None:
+        await self.ctx.node.request("destroy_dek", dek=self.handle)
+
+
+class QP(_Closable):
+    """An RC QP (ibv_qp_ex with mlx5dv's MKEY-configure WR builder)."""
+
+    def __init__(self, pd: PD, handle: int, qp_num: int, init_attr: QPInitAttr) -> None:
+        self.pd, self.handle, self.qp_num, self.init_attr = pd, handle, qp_num, init_attr
+        self.sq_sig_all = bool(init_attr.sq_sig_all)
+        self.wr_id = 0
+        self.wr_flags = 0
+        self._calls: list[list] | None = None
+
+    @property
+    def node(self) -> Node:
+        return self.pd.node
+
+    def info(self, psn: int = 0) -> QPInfo:
+        return QPInfo(self.node.host, self.node.port, self.pd.ctx.name, self.qp_num, psn)
+
+    # -- ibv_modify_qp -----------------------------------------------------------------
+    async def modify(self, attr: QPAttr, mask: int = 0) -> int:
+        h, _ = await self.node.request("modify_qp", qp=self.handle, attr=attr.to_wire(),
+                                       mask=mask)
+        return h["state"]
+
+    async def to_init(self, attr: QPAttr | None = None) -> None:
+        attr = dataclasses.replace(attr or QPAttr(), qp_state=QpState.INIT)
+        await self.modify(attr)
+
+    async def to_rtr(self, attr: QPAttr) -> None:
+        await self.modify(dataclasses.replace(attr, qp_state=QpState.RTR))
+
+    async def to_rts(self, attr: QPAttr | None = None) -> None:
+        await self.modify(dataclasses.replace(attr or QPAttr(), qp_state=QpState.RTS))
+
+    async def query(self) -> dict:
+        h, _ = await self.node.request("query_qp", qp=self.handle)
+        return h["attr"]
+
+    async def connect(self, peer: QPInfo, path_mtu: int = Mtu.MTU_1024, *, sq_psn: int = 0,
+                      timeout: int = 17, retry_cnt: int = 7, rnr_retry: int = 7,
+                      min_rnr_timer: int = 12) -> None:
+        """RESET -> INIT -> RTR -> RTS towards ``peer`` (``peer_qp.info()``). ``timeout`` is
+        ibv_qp_attr's exponent (4.096 us * 2^timeout; 17 is about half a second)."""
+        await self.to_init()
+        await self.to_rtr(QPAttr(path_mtu=path_mtu, dest_qp_num=peer.qp_num, rq_psn=peer.psn,
+                                 dest_host=peer.host, dest_port=peer.port, dest_dev=peer.dev,
+                                 min_rnr_timer=min_rnr_timer))
+        await self.to_rts(QPAttr(sq_psn=sq_psn, timeout=timeout, retry_cnt=retry_cnt,
+                                 rnr_retry=rnr_retry, min_rnr_timer=min_rnr_timer))
+
+    # -- posting ------------------------------------------------------------------------
+    async def post_send(self, wr: SendWR | Iterable[SendWR]) -> None:
+        wrs = [wr] if isinstance(wr, SendWR) else list(wr)
+        await self.node.request("post_send", qp=self.handle, wrs=[w.to_wire() for w in wrs])
+
+    async def post_recv(self, wr: RecvWR | Iterable[RecvWR]) -> None:
+        wrs = [wr] if isinstance(wr, RecvWR) else list(wr)
+        await self.node.request("post_recv", qp=self.handle, wrs=[w.to_wire() for w in wrs])
+
+    # -- the WR builder (ibv_wr_start ... ibv_wr_complete) ------------------------------
+    def wr_start(self) -> None:
+        self._calls = []
+
+    def wr_abort(self) -> None:
+        self._calls = None
+
+    def _call(self, *call: Any) -> None:
+        if self._calls is None:
+            # Recorded anyway: the daemon answers the misuse as the device would.
+            self._calls = [["outside_wr_start"]]
+        self._calls.append(list(call))
+
+    def wr_mkey_configure(self, mkey: MKey, num_setters: int,
+                          attr: MkeyConfAttr | None = None) -> None:
+        attr = attr or MkeyConfAttr()
+        self._call("configure", int(self.wr_id), int(self.wr_flags), mkey.handle,
+                   int(num_setters), int(attr.conf_flags), int(attr.comp_mask))
+
+    def wr_set_mkey_access_flags(self, access_flags: int) -> None:
+        self._call("access_flags", int(access_flags))
+
+    def wr_set_mkey_layout_list(self, sges: list[SGE]) -> None:
+        self._call("layout_list", [sge_to_wire(s) for s in sges])
+
+    def wr_set_mkey_layout_interleaved(self, repeat_count: int,
+                                       data: list[MrInterleaved]) -> None:
+        self._call("layout_interleaved", [int(repeat_count), [attr_to_wire(d) for d in data]])
+
+    def wr_set_mkey_sig_block(self, attr: SigBlockAttr) -> None:
+        self._call("sig_block", attr_to_wire(attr))
+
+    def wr_set_mkey_crypto(self, attr: CryptoAttr) -> None:
+        self._call("crypto", attr_to_wire(attr))
+
+    async def wr_complete(self) -> None:
+        calls, self._calls = self._calls, None
+        if calls is None:
+            raise RDMAError("EINVAL", "ibv_wr_complete called without ibv_wr_start")
+        if calls and calls[0] == ["outside_wr_start"]:
+            raise RDMAError("EINVAL", "a WR builder call was made outside ibv_wr_start")
+        await self.node.request("mkey_configure", qp=self.handle, calls=calls)
+
+    async def close(self) -> None:
+        await self.node.request("destroy_qp", qp=self.handle)
+
+
+# -- embedded daemons ------------------------------------------------------------------------
+
+class embedded:  # noqa: N801 - a function-like async context manager, as API.md spells it
+    """``async with embedded() as node``: a daemon in this process on a loopback port, and
+    a control session with it. Leaving the block closes both."""
+
+    def __init__(self, hcas: tuple[str, ...] = ("mlx5_0",), *, token: bytes | None = None,
+                 host: str = "127.0.0.1", **daemon_options: Any) -> None:
+        self.hcas, self.token, self.host, self.options = hcas, token, host, daemon_options
+        self.daemon = None
+        self.node: Node | None = None
+
+    async def __aenter__(self) -> Node:
+        from softhca.server.daemon import Daemon
+
+        self.daemon = Daemon(self.hcas, self.host, 0, self.token, **self.options)
+        await self.daemon.start()
+        try:
+            self.node = await connect(self.daemon.address, self.token)
+        except BaseException:
+            await self.daemon.close()
+            raise
+        self.node.daemon = self.daemon
+        return self.node
+
+    async def __aexit__(self, *exc) -> None:
+        if self.node is not None:
+            await self.node.close()
+        if self.daemon is not None:
+            await self.daemon.close()

@@ -1,0 +1,259 @@
+"""Control-plane messages: one schema per request, the reply shapes, attribute codecs.
+
+A request is one frame ``{"t": <verb>, "id": <u32>, <fields>...}`` (payload: the
+bytes of ``mr_write``). Every request gets exactly one reply with the same id:
+
+- ``{"t": "ok", "id": n, <result fields>...}`` (payload: the bytes of ``mr_read``),
+- ``{"t": "err", "id": n, "errno": "EINVAL", "msg": "<sentence>"}``.
+
+``REQUESTS`` names each verb's fields with their types and bounds; ``check_request``
+validates a header against it before the daemon looks at anything, so a handler
+only ever sees well-typed, in-range values, and an unknown verb or field is refused
+with EPROTO naming it. The attribute structs (``protocol.attrs``) travel as maps with
+their C field names, nested the way the C structs nest; ``attr_to_wire`` /
+``attr_from_wire`` convert, refusing unknown fields and wrong leaf types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .attrs import (
+    SGE,
+    CryptoAttr,
+    MkeyConfAttr,
+    MrInterleaved,
+    SigBlockAttr,
+    SigBlockDomain,
+    SigCrc,
+    SigT10dif,
+)
+from .frames import FrameError, field
+
+U8, U16, U32, U64 = (1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
+MAX_SGE = 32
+MAX_WRS_PER_POST = 4096
+
+# Field spec: (type(s), min, max, required).
+_H = (int, 1, U32, True)          # a session handle
+_U32 = (int, 0, U32, True)
+_U64 = (int, 0, U64, True)
+_BOOL = (bool, None, None, True)
+
+REQUESTS: dict[str, dict[str, tuple]] = {
+    "devices": {},
+    "open_device": {"name": (str, 1, 64, True)},
+    "query_device": {"ctx": _H},
+    "close_device": {"ctx": _H},
+    "alloc_pd": {"ctx": _H},
+    "dealloc_pd": {"pd": _H},
+    "reg_mr": {"pd": _H, "length": (int, 1, U64, True), "access": _U32},
+    "dereg_mr": {"mr": _H},
+    "mr_write": {"mr": _H, "offset": _U64},
+    "mr_read": {"mr": _H, "offset": _U64, "length": _U64},
+    "create_cq": {"ctx": _H, "cqe": (int, 1, 1 << 22, True)},
+    "destroy_cq": {"cq": _H},
+    "poll_cq": {"cq": _H, "num": (int, 1, 1 << 16, True),
+                "timeout": ((int, float), 0, 3600, True)},
+    "create_qp": {"pd": _H, "scq": _H, "rcq": _H, "qp_type": _U32,
+                  "max_send_wr": (int, 1, 1 << 16, True), "max_recv_wr": (int, 1, 1 << 16, True),
+                  "max_send_sge": (int, 0, MAX_SGE, True), "max_recv_sge": (int, 0, MAX_SGE, True),
+                  "max_inline_data": (int, 0, 1 << 16, True), "sq_sig_all": _BOOL,
+                  "send_ops_flags": _U64},
+    "destroy_qp": {"qp": _H},
+    "modify_qp": {"qp": _H, "attr": (dict, 0, 32, True), "mask": _U32},
+    "query_qp": {"qp": _H},
+    "post_send": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
+    "post_recv": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
+    "create_mkey": {"pd": _H, "create_flags": _U32, "max_entries": (int, 1, 1 << 16, True)},
+    "destroy_mkey": {"mkey": _H},
+    "mkey_configure": {"qp": _H, "calls": (list, 0, 2048, True)},
+    "mkey_check": {"mkey": _H},
+    "create_dek": {"ctx": _H, "pd": _H, "key_size": _U32, "key": (bytes, 0, 64, True),
+                   "has_keytag": _BOOL, "keytag": (bytes, 0, 8, True),
+                   "key_purpose": _U32},
+    "destroy_dek": {"dek": _H},
+}
+
+# One element of post_send's "wrs": struct ibv_send_wr, rdma/atomic unions flattened.
+SEND_WR = {"wr_id": _U64, "opcode": _U32, "sg": (list, 0, MAX_SGE, True),
+           "send_flags": _U32, "imm_data": (int, 0, U32, False), "rkey": _U32,
+           "remote_addr": _U64, "compare_add": _U64, "swap": _U64,
+           "invalidate_rkey": _U32}
+RECV_WR = {"wr_id": _U64, "sg": (list, 0, MAX_SGE, True)}
+# mkey_configure's "calls" replay the ibv_wr_* calls made between ibv_wr_start and
+# ibv_wr_complete, in order, so the daemon reports the error the same sequence gives
+# on a device: ["configure", wr_id, wr_flags, mkey handle, num_setters, conf_flags,
+# comp_mask] for mlx5dv_wr_mkey_configure, [setter, value] for each setter.
+CONFIGURE_CALL = ("configure", _U64, _U32, _H, (int, 0, 64, True), _U64, _U64)
+SETTERS = ("access_flags", "layout_list", "layout_interleaved", "sig_block", "crypto")
+
+# modify_qp's attr fields (struct ibv_qp_attr, plus the peer's address for RTR).
+QP_ATTR = {"qp_state": (int, 0, 6, False), "path_mtu": (int, 1, 5, False),
+           "dest_qp_num": (int, 0, (1 << 24) - 1, False), "rq_psn": (int, 0, (1 << 24) - 1, False),
+           "sq_psn": (int, 0, (1 << 24) - 1, False), "timeout": (int, 0, 31, False),
+           "retry_cnt": (int, 0, 7, False), "rnr_retry": (int, 0, 7, False),
+           "min_rnr_timer": (int, 0, 31, False), "max_rd_atomic": (int, 0, 255, False),
+           "max_dest_rd_atomic": (int, 0, 255, False), "qp_access_flags": (int, 0, U32, False),
+           "dest_host": (str, 1, 255, False), "dest_port": (int, 1, 65535, False),
+           "dest_dev": (str, 1, 64, False)}
+
+
+def check_fields(header: dict, schema: dict[str, tuple], what: str) -> dict:
+    """Validate ``header`` against ``schema``; unknown fields are refused."""
+    extra = set(header) - set(schema) - {"t", "id"}
+    if extra:
+        raise FrameError("EPROTO", f"{what} has unknown field(s): "
+                                   f"{', '.join(sorted(map(str, extra)))[:120]}")
+    out = {}
+    for name, (typ, lo, hi, required) in schema.items():
+        out[name] = field(header, name, typ, min=lo, max=hi, required=required)
+    return out
+
+
+def check_request(header: dict) -> tuple[str, int, dict]:
+    """(verb, id, fields) of a control request, or FrameError("EPROTO") naming the fault."""
+    rid = field(header, "id", int, min=0, max=U32)
+    verb = header["t"]
+    schema = REQUESTS.get(verb)
+    if schema is None:
+        raise FrameError("EPROTO", f"unknown control request {verb!r}"[:120])
+    return verb, rid, check_fields(header, schema, f"request '{verb}'")
+
+
+def check_list(items: list, schema: dict, what: str) -> list[dict]:
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise FrameError("EPROTO", f"{what}[{i}] must be a map")
+        out.append(check_fields({"t": what, **item}, schema, f"{what}[{i}]"))
+    return out
+
+
+def sges_from_wire(items: list, what: str) -> list[SGE]:
+    out = []
+    for i, s in enumerate(items):
+        if (not isinstance(s, list) or len(s) != 3
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in s)
+                or not (0 <= s[0] <= U64 and 0 <= s[1] <= U32 and 0 <= s[2] <= U32)):
+            raise FrameError("EPROTO", f"{what} SGE {i} must be [addr u64, length u32, "
+                                       f"lkey u32]")
+        out.append(SGE(*s))
+    return out
+
+
+def sge_to_wire(s: SGE) -> list:
+    return [int(s.addr), int(s.length), int(s.lkey)]
+
+
+# -- attribute structs -------------------------------------------------------------
+
+# Which fields hold a nested struct, per struct.
+_NESTED: dict[type, dict[str, type]] = {
+    SigBlockAttr: {"mem": SigBlockDomain, "wire": SigBlockDomain},
+    SigBlockDomain: {"dif": SigT10dif, "crc": SigCrc},
+}
+# Leaf types by default value type; ``dek`` travels as the DEK's handle.
+_HANDLE_FIELDS = {(CryptoAttr, "dek")}
+
+
+def attr_to_wire(obj: Any) -> Any:
+    """A protocol.attrs record as a msgpack-ready map (DEK objects as their handle)."""
+    if obj is None:
+        return None
+    if isinstance(obj, SGE):
+        return sge_to_wire(obj)
+    if isinstance(obj, MrInterleaved):
+        return [int(obj.addr), int(obj.bytes_count), int(obj.bytes_skip), int(obj.lkey)]
+    out = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if (type(obj), f.name) in _HANDLE_FIELDS:
+            v = getattr(v, "handle", v)
+        elif dataclasses.is_dataclass(v):
+            v = attr_to_wire(v)
+        elif isinstance(v, bool):
+            v = bool(v)
+        elif isinstance(v, int):
+            v = int(v)      # IntEnum members go as plain ints
+        out[f.name] = v
+    return out
+
+
+def attr_from_wire(cls: type, data: Any, what: str) -> Any:
+    """The inverse of attr_to_wire for ``cls``: unknown fields and wrong types are EPROTO."""
+    if not isinstance(data, dict):
+        raise FrameError("EPROTO", f"{what} must be a map of {cls.__name__} fields")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    extra = set(data) - set(fields)
+    if extra:
+        raise FrameError("EPROTO", f"{what} has unknown field(s) "
+                                   f"{', '.join(sorted(map(str, extra)))[:100]}")
+    kwargs = {}
+    nested = _NESTED.get(cls, {})
+    for name, value in data.items():
+        where = f"{what}.{name}"
+        if name in nested:
+            kwargs[name] = None if value is None else attr_from_wire(nested[name], value, where)
+            continue
+        if (cls, name) in _HANDLE_FIELDS:
+            ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+        else:
+            default = fields[name].default
+            if default is dataclasses.MISSING and fields[name].default_factory \
+                    is not dataclasses.MISSING:
+                default = fields[name].default_factory()
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, int):
+                ok = isinstance(value, int) and not isinstance(value, bool) \
+                    and 0 <= value <= U64
+            elif isinstance(default, bytes):
+                ok = isinstance(value, bytes) and len(value) <= 64
+            else:
+                ok = value is None
+        if not ok:
+            raise FrameError("EPROTO", f"{where} has the wrong type: "
+                                       f"{type(value).__name__}")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def setter_from_wire(kind: Any, value: Any, what: str) -> tuple[str, Any]:
+    """One [kind, value] setter of a configure WR, decoded to the engine's argument."""
+    if kind == "access_flags":
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= U64:
+            raise FrameError("EPROTO", f"{what}: access_flags must be an unsigned int")
+        return kind, value
+    if kind == "layout_list":
+        if not isinstance(value, list):
+            raise FrameError("EPROTO", f"{what}: layout_list must be a list of SGEs")
+        return kind, sges_from_wire(value, what)
+    if kind == "layout_interleaved":
+        if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], int)
+                or isinstance(value[0], bool) or not 0 <= value[0] <= U32
+                or not isinstance(value[1], list)):
+            raise FrameError("EPROTO", f"{what}: layout_interleaved must be "
+                                       f"[repeat_count, entries]")
+        entries = []
+        for i, e in enumerate(value[1]):
+            if (not isinstance(e, list) or len(e) != 4
+                    or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= U64
+                               for v in e)):
+                raise FrameError("EPROTO", f"{what}: interleaved entry {i} must be "
+                                           f"[addr, bytes_count, bytes_skip, lkey]")
+            entries.append(MrInterleaved(*e))
+        return kind, (value[0], entries)
+    if kind == "sig_block":
+        return kind, attr_from_wire(SigBlockAttr, value, f"{what} sig_block")
+    if kind == "crypto":
+        return kind, attr_from_wire(CryptoAttr, value, f"{what} crypto")
+    raise FrameError("EPROTO", f"{what}: unknown setter {kind!r}"[:120])
+
+
+__all__ = [
+    "CONFIGURE_CALL", "MAX_SGE", "MkeyConfAttr", "QP_ATTR", "RECV_WR", "REQUESTS", "SEND_WR",
+    "SETTERS", "attr_from_wire", "attr_to_wire", "check_fields", "check_list", "check_request",
+    "setter_from_wire", "sge_to_wire", "sges_from_wire",
+]

@@ -1,0 +1,815 @@
+"""The daemon: HCAs, control sessions and wire links on one TCP port.
+
+One asyncio task per connection. The first frame on a connection is the daemon's
+challenge and the second the peer's hello (``protocol.handshake``); the hello's role
+makes the connection a control session (verbs calls from an application) or a wire
+link (RC packets from another daemon's QPs).
+
+The engine is sans-I/O; this module is its clock and its cables. After anything that
+may make a QP want to talk (a post, a packet, a timer), ``_service`` asks the QP for
+its packets, writes them to the link towards its peer, moves its completions to the
+CQs, and arms one timer at the QP's next deadline. Packets to a daemon go on an
+outgoing link this daemon opens to it; each daemon only reads packets from the
+links others opened to it, so the two directions of a QP pair never share a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+from collections import deque
+from typing import Any
+
+from softhca.engine.hca import HCA, MR, PD
+from softhca.engine.mkey import MKey
+from softhca.engine.mkey_configure import MkeyConfigureBuilder
+from softhca.engine.rc import RCQP, WC, RecvWR, SendWR
+from softhca.protocol import control
+from softhca.protocol.attrs import DEKInitAttr, MkeyConfAttr
+from softhca.protocol.enums import (
+    Mtu,
+    QpState,
+    QpType,
+    WcOpcode,
+    WrOpcode,
+)
+from softhca.protocol.errors import RDMAError, einval
+from softhca.protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
+from softhca.protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
+from softhca.protocol.packets import IntegrityError, Packet, decode_packet, packet_header
+
+log = logging.getLogger("softhca.server")
+
+DEFAULT_PORT = 4791
+HANDSHAKE_TIMEOUT = 10.0
+READ_CHUNK = 1 << 18
+
+# ibv_modify_qp(3), min_rnr_timer: the IBTA encoding of the RNR NAK timer, in ms.
+RNR_TIMER_MS = (655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48,
+                0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72,
+                40.96, 61.44, 81.92, 122.88, 163.84, 245.76, 327.68, 491.52)
+
+
+def ack_timeout_s(timeout: int) -> float:
+    """ibv_modify_qp(3): the local ACK timeout is 4.096 us * 2^timeout; 0 means infinite."""
+    return 4.096e-6 * (1 << timeout) if timeout else 1e9
+
+
+def kv(**fields: Any) -> str:
+    """A structured log line's fields: ``key=value`` pairs, values repr'd when needed."""
+    return " ".join(f"{k}={v}" if isinstance(v, (int, float)) or (isinstance(v, str)
+                    and v and " " not in v and "=" not in v) else f"{k}={v!r}"
+                    for k, v in fields.items())
+
+
+# -- server-side objects -------------------------------------------------------------
+
+class CQHost:
+    """A completion queue: completions in, polls out; a poll may wait for the first."""
+
+    def __init__(self, handle: int, cqe: int) -> None:
+        self.handle = handle
+        self.cqe = cqe
+        self.entries: deque[WC] = deque()
+        self._waiters: list[asyncio.Future] = []
+        self.overruns = 0
+
+    def push(self, wcs: list[WC]) -> None:
+        self.entries.extend(wcs)
+        # ibv_create_cq(3): an overrun CQ is an error on the device; nothing is
+        # dropped here (tests must still see every completion), but it is counted.
+        if len(self.entries) > self.cqe:
+            self.overruns += 1
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+
+    def take(self, num: int) -> list[WC]:
+        return [self.entries.popleft() for _ in range(min(num, len(self.entries)))]
+
+    async def wait(self, timeout: float) -> None:
+        if self.entries or timeout <= 0:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(fut)
+
+
+@dataclasses.dataclass(eq=False)
+class QPHost:
+    session: ControlSession
+    handle: int
+    hca: HCA
+    pd: PD
+    rcqp: RCQP
+    scq: CQHost
+    rcq: CQHost
+    max_send_sge: int
+    max_recv_sge: int
+    send_ops_flags: int
+    builder: MkeyConfigureBuilder
+    dest: tuple[str, int, str] | None = None
+    timer: asyncio.TimerHandle | None = None
+    timer_at: float | None = None
+    attrs: dict = dataclasses.field(default_factory=dict)
+
+
+def wc_to_wire(wc: WC) -> list:
+    """[wr_id, status, opcode, byte_len, imm_data, qp_num, wc_flags, vendor_err, inv_rkey]"""
+    return [wc.wr_id, int(wc.status), int(wc.opcode), wc.byte_len, wc.imm_data, wc.qp_num,
+            int(wc.wc_flags), getattr(wc, "vendor_err", 0), getattr(wc, "invalidated_rkey", 0)]
+
+
+# -- the daemon --------------------------------------------------------------------------
+
+class Daemon:
+    """``softhca serve``: the HCAs of one node, served on ``host:port``."""
+
+    def __init__(self, hcas: tuple[str, ...] | list[str] = ("mlx5_0",), host: str = "127.0.0.1",
+                 port: int = DEFAULT_PORT, token: bytes | None = None,
+                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if not hcas:
+            raise ValueError("a daemon needs at least one HCA")
+        self.hcas = {name: HCA(name) for name in hcas}
+        self.host = host
+        self.port = port
+        self.token = token
+        self.max_frame = max_frame
+        self.qps: dict[tuple[str, int], QPHost] = {}
+        self.links: dict[tuple[str, int], WireLink] = {}
+        self.sessions: set[ControlSession] = set()
+        self.counters: dict[str, int] = {
+            "packets_sent": 0, "packets_received": 0, "packets_bad_icrc": 0,
+            "packets_unknown_qp": 0, "wire_protocol_errors": 0, "control_sessions": 0,
+            "wire_connections": 0}
+        # Wire taps: callables (direction "tx" | "rx", dev, Packet) seeing every packet
+        # this daemon sends or accepts (the demo's wire images, captures, traces).
+        # Empty, they cost one truth test per batch.
+        self.taps: list = []
+        self._qpn = itertools.count(0x11)
+        self._server: asyncio.AbstractServer | None = None
+        self._conn_tasks: set[asyncio.Task] = set()
+        self._closing = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._on_connection, self.host, self.port,
+                                                  limit=READ_CHUNK)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("listening %s", kv(event="listen", address=self.address,
+                                     hcas=",".join(self.hcas), auth=self.token is not None))
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        async with self._server:
+            await self._server.serve_forever()
+
+    async def close(self) -> None:
+        """Graceful stop: every QP to ERR (outstanding WRs flushed), every connection closed."""
+        if self._closing:
+            return
+        self._closing = True
+        log.info("stopping %s", kv(event="shutdown", sessions=len(self.sessions),
+                                    qps=len(self.qps)))
+        if self._server is not None:
+            self._server.close()
+        for session in list(self.sessions):
+            session.flush_all()
+        # A poll_cq waiting when the signal came is owed the flushed completions: let
+        # those replies go out before the connections close.
+        waits = [t for s in self.sessions for t in s._waits]
+        if waits:
+            await asyncio.wait(waits, timeout=1.0)
+        for session in list(self.sessions):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(session.writer.drain(), 1.0)
+        for link in list(self.links.values()):
+            link.close()
+        for task in list(self._conn_tasks):
+            task.cancel()
+        if self._conn_tasks:
+            await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+        for session in list(self.sessions):
+            session.destroy_all()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    # -- connections ----------------------------------------------------------------------
+    def _on_connection(self, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> asyncio.Task:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conn_tasks.add(task)
+            task.add_done_callback(self._conn_tasks.discard)
+        return self._connection(reader, writer)
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
+        decoder = FrameDecoder(self.max_frame)
+        try:
+            challenge, nonce = make_challenge(self.token is not None)
+            writer.writelines(encode_frame(challenge))
+            frames = await asyncio.wait_for(_read_frames(reader, decoder), HANDSHAKE_TIMEOUT)
+            if not frames:
+                return
+            role = verify_hello(frames[0].header, nonce, self.token)
+            writer.writelines(encode_frame({"t": "welcome", "role": role,
+                                            "devices": list(self.hcas)}))
+            rest = frames[1:]
+            if role == "control":
+                session = ControlSession(self, reader, writer, decoder, peer_s)
+                await session.run(rest)
+            else:
+                await self._wire_in(reader, writer, decoder, rest, peer_s)
+        except (HandshakeError, FrameError) as e:
+            log.warning("refused %s", kv(event="refused", peer=peer_s, errno=e.errno_name,
+                                          reason=e.message))
+            _send_error(writer, 0, e)
+        except asyncio.TimeoutError:
+            log.warning("refused %s", kv(event="refused", peer=peer_s, errno="ETIMEDOUT",
+                                          reason="no hello within the handshake timeout"))
+            _send_error(writer, 0, RDMAError("ETIMEDOUT", "no hello within "
+                                                          f"{HANDSHAKE_TIMEOUT:g} s"))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            # Daemon.close cancels connection tasks; ending normally keeps asyncio's
+            # stream callback from reporting the cancellation as an error.
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    # -- wire plane: inbound --------------------------------------------------------------
+    async def _wire_in(self, reader, writer, decoder: FrameDecoder, first: list,
+                       peer: str) -> None:
+        self.counters["wire_connections"] += 1
+        log.info("wire link up %s", kv(event="wire_in", peer=peer))
+        frames = first
+        try:
+            while True:
+                touched: dict[int, QPHost] = {}
+                now = asyncio.get_running_loop().time()
+                for fr in frames:
+                    if fr.kind != "pkt":
+                        raise FrameError("EPROTO", f"unexpected {fr.kind!r} frame on a wire "
+                                                   "link (only 'pkt' is allowed)")
+                    try:
+                        dev, pkt = decode_packet(fr.header, fr.payload)
+                    except IntegrityError:
+                        # A link error: dropped and counted; the requester's retransmission
+                        # recovers it (ARCHITECTURE.md, wire plane).
+                        self.counters["packets_bad_icrc"] += 1
+                        continue
+                    self.counters["packets_received"] += 1
+                    if self.taps:
+                        for tap in self.taps:
+                            tap("rx", dev, pkt)
+                    qph = self.qps.get((dev, pkt.dest_qp))
+                    if qph is None:
+                        self.counters["packets_unknown_qp"] += 1
+                        continue
+                    qph.rcqp.receive(pkt, now)
+                    touched[id(qph)] = qph
+                for qph in touched.values():
+                    self.service(qph)
+                frames = await _read_frames(reader, decoder)
+                if not frames:
+                    return
+        except FrameError as e:
+            self.counters["wire_protocol_errors"] += 1
+            log.warning("wire peer disconnected %s", kv(event="wire_protocol_error", peer=peer,
+                                                        errno=e.errno_name, reason=e.message))
+            _send_error(writer, 0, e)
+
+    # -- wire plane: outbound, timers and completions ------------------------------------
+    def link_to(self, host: str, port: int) -> WireLink:
+        link = self.links.get((host, port))
+        if link is None or link.closed:
+            link = WireLink(self, host, port)
+            self.links[(host, port)] = link
+        return link
+
+    def service(self, qph: QPHost) -> None:
+        """Let the QP transmit, move its completions, arm its next timer."""
+        if qph.session.gone:
+            return
+        loop = asyncio.get_running_loop()
+        pkts = qph.rcqp.poll_packets(loop.time())
+        if pkts and qph.dest is not None:
+            host, port, dev = qph.dest
+            if self.taps:
+                for p in pkts:
+                    for tap in self.taps:
+                        tap("tx", dev, p)
+            self.link_to(host, port).send(dev, pkts)
+            self.counters["packets_sent"] += len(pkts)
+        scq = qph.rcqp.poll_send_cq()
+        if scq:
+            qph.scq.push(scq)
+        rcq = qph.rcqp.poll_recv_cq()
+        if rcq:
+            qph.rcq.push(rcq)
+        deadline = qph.rcqp.next_deadline()
+        if deadline != qph.timer_at:
+            if qph.timer is not None:
+                qph.timer.cancel()
+            qph.timer = None if deadline is None else loop.call_at(deadline, self._fire, qph)
+            qph.timer_at = deadline
+
+    def _fire(self, qph: QPHost) -> None:
+        qph.timer = qph.timer_at = None
+        self.service(qph)
+
+    def new_qpn(self) -> int:
+        return next(self._qpn) & 0xFFFFFF
+
+
+async def _read_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list:
+    """The next whole frames; [] at end of stream."""
+    while True:
+        data = await reader.read(READ_CHUNK)
+        if not data:
+            return []
+        frames = decoder.feed(data)
+        if frames:
+            return frames
+
+
+def _send_error(writer: asyncio.StreamWriter, rid: int, e: RDMAError) -> None:
+    with contextlib.suppress(Exception):
+        writer.writelines(encode_frame({"t": "err", "id": rid, "errno": e.errno_name,
+                                        "msg": e.message}))
+
+
+class WireLink:
+    """An outgoing wire connection to another daemon; packets queue until it is up."""
+
+    MAX_QUEUED = 1 << 16
+
+    def __init__(self, daemon: Daemon, host: str, port: int) -> None:
+        self.daemon = daemon
+        self.host, self.port = host, port
+        self.writer: asyncio.StreamWriter | None = None
+        self.queued: list[tuple[str, Packet]] = []
+        self.closed = False
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def send(self, dev: str, pkts: list[Packet]) -> None:
+        if self.closed:
+            return      # lost on the wire; RC retransmission or its retry limit follows
+        if self.writer is None:
+            room = self.MAX_QUEUED - len(self.queued)
+            self.queued.extend((dev, p) for p in pkts[:max(room, 0)])
+            return
+        bufs = []
+        for p in pkts:
+            bufs.extend(encode_frame(packet_header(dev, p), p.payload))
+        self.writer.writelines(bufs)
+
+    def close(self) -> None:
+        self.closed = True
+        self.task.cancel()
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+
+    async def _run(self) -> None:
+        where = f"{self.host}:{self.port}"
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, limit=READ_CHUNK),
+                HANDSHAKE_TIMEOUT)
+            decoder = FrameDecoder(self.daemon.max_frame)
+            frames = await asyncio.wait_for(_read_frames(reader, decoder), HANDSHAKE_TIMEOUT)
+            if not frames:
+                raise ConnectionError("closed during the handshake")
+            writer.writelines(encode_frame(make_hello(frames[0].header, "wire",
+                                                      self.daemon.token)))
+            frames = frames[1:] or await asyncio.wait_for(_read_frames(reader, decoder),
+                                                          HANDSHAKE_TIMEOUT)
+            if not frames or frames[0].kind != "welcome":
+                reason = frames[0].header.get("msg") if frames else "closed"
+                raise ConnectionError(f"peer refused the wire link: {reason}")
+            self.writer = writer
+            queued, self.queued = self.queued, []
+            by_dev: dict[str, list[Packet]] = {}
+            for dev, p in queued:
+                by_dev.setdefault(dev, []).append(p)
+            for dev, pkts in by_dev.items():
+                self.send(dev, pkts)
+            log.info("wire link up %s", kv(event="wire_out", peer=where))
+            # Nothing is expected back on this direction; reading notices the close.
+            while await reader.read(READ_CHUNK):
+                pass
+        except asyncio.CancelledError:
+            raise
+        except (OSError, ConnectionError, asyncio.TimeoutError, RDMAError) as e:
+            log.warning("wire link failed %s", kv(event="wire_out_failed", peer=where,
+                                                   reason=str(e) or type(e).__name__))
+        finally:
+            self.closed = True
+            self.queued = []
+
+
+# -- control sessions -------------------------------------------------------------------
+
+class ControlSession:
+    """One application's connection: its verbs calls, the objects they created."""
+
+    def __init__(self, daemon: Daemon, reader, writer, decoder: FrameDecoder, peer: str) -> None:
+        self.daemon = daemon
+        self.reader, self.writer, self.decoder = reader, writer, decoder
+        self.peer = peer
+        self.objects: dict[int, tuple[str, Any]] = {}
+        self._handles = itertools.count(1)
+        self._waits: set[asyncio.Task] = set()
+        self.gone = False
+
+    async def run(self, first: list) -> None:
+        d = self.daemon
+        d.sessions.add(self)
+        d.counters["control_sessions"] += 1
+        log.info("session open %s", kv(event="session_open", peer=self.peer))
+        frames = first
+        try:
+            while True:
+                for fr in frames:
+                    self._handle(fr)
+                frames = await _read_frames(self.reader, self.decoder)
+                if not frames:
+                    return
+        except FrameError as e:
+            # Framing is lost: say why, then close (docs/protocol.md).
+            log.warning("session broke framing %s", kv(event="frame_error", peer=self.peer,
+                                                        errno=e.errno_name, reason=e.message))
+            _send_error(self.writer, 0, e)
+        finally:
+            self.destroy_all()
+            d.sessions.discard(self)
+            log.info("session closed %s", kv(event="session_close", peer=self.peer))
+
+    def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None:
+        self.writer.writelines(encode_frame({"t": "ok", "id": rid, **result}, payload))
+
+    def _handle(self, fr) -> None:
+        rid = fr.header.get("id") if isinstance(fr.header.get("id"), int) else 0
+        try:
+            verb, rid, args = control.check_request(fr.header)
+            handler = getattr(self, f"op_{verb}")
+            result = handler(args, fr.payload, rid)
+            if result is not None:
+                payload = result.pop("_payload", b"")
+                self.reply(rid, payload, **result)
+        except RDMAError as e:
+            _send_error(self.writer, rid, e)
+        except Exception as e:      # a bug must cost one request, never the daemon
+            log.exception("request failed %s", kv(event="internal_error", peer=self.peer))
+            _send_error(self.writer, rid, RDMAError("EPROTO", f"internal error: {e!r}"[:200]))
+
+    # -- object table -------------------------------------------------------------------
+    def add(self, kind: str, obj: Any) -> int:
+        handle = next(self._handles)
+        self.objects[handle] = (kind, obj)
+        return handle
+
+    def get(self, handle: int, kind: str) -> Any:
+        entry = self.objects.get(handle)
+        if entry is None or entry[0] != kind:
+            raise RDMAError("ENOENT", f"handle {handle} is not a {kind} of this session")
+        return entry[1]
+
+    def flush_all(self) -> None:
+        """SIGTERM: every QP of the session to ERR, its WRs flushed to the CQs."""
+        for kind, obj in list(self.objects.values()):
+            if kind == "qp":
+                obj.rcqp.modify_to_err()
+                self.daemon.service(obj)
+
+    def destroy_all(self) -> None:
+        """The session ended: its objects go, as when a process exits (ARCHITECTURE.md)."""
+        if self.gone:
+            return
+        self.gone = True
+        for t in self._waits:
+            t.cancel()
+        counts: dict[str, int] = {}
+        for kind, obj in list(self.objects.values()):
+            counts[kind] = counts.get(kind, 0) + 1
+            self._destroy(kind, obj)
+        self.objects.clear()
+        if counts:
+            log.info("session objects destroyed %s", kv(event="session_cleanup", peer=self.peer,
+                                                        **counts))
+
+    def _destroy(self, kind: str, obj: Any) -> None:
+        d = self.daemon
+        if kind == "qp":
+            obj.rcqp.modify_to_err()
+            if obj.timer is not None:
+                obj.timer.cancel()
+            d.qps.pop((obj.hca.name, obj.rcqp.qp_num), None)
+        elif kind == "mr":
+            obj.pd.hca.dereg_mr(obj)
+        elif kind == "mkey":
+            obj.pd.hca.destroy_mkey(obj)
+        elif kind == "dek":
+            obj.pd.hca.destroy_dek(obj)
+        elif kind == "pd":
+            obj.hca.pds.pop(obj.handle, None)
+
+    def _destroy_handle(self, handle: int, kind: str) -> dict:
+        obj = self.get(handle, kind)
+        self._destroy(kind, obj)
+        del self.objects[handle]
+        return {}
+
+    # -- verbs: device and memory -------------------------------------------------------
+    def op_devices(self, a, payload, rid):
+        return {"devices": list(self.daemon.hcas)}
+
+    def op_open_device(self, a, payload, rid):
+        hca = self.daemon.hcas.get(a["name"])
+        if hca is None:
+            raise RDMAError("ENOENT", f"no device {a['name']!r} on this daemon (it has "
+                                      f"{', '.join(self.daemon.hcas)})")
+        return {"ctx": self.add("ctx", hca), "name": hca.name}
+
+    def op_query_device(self, a, payload, rid):
+        hca = self.get(a["ctx"], "ctx")
+        return {"attr": {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
+                         "max_qp": 1 << 16, "max_qp_wr": 1 << 15, "max_sge": control.MAX_SGE,
+                         "max_cqe": 1 << 22, "max_mr_size": 1 << 40, "max_pd": 1 << 16,
+                         "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
+                         & 0xFFFFFFFFFFFF}}
+
+    def op_close_device(self, a, payload, rid):
+        return self._destroy_handle(a["ctx"], "ctx")
+
+    def op_alloc_pd(self, a, payload, rid):
+        hca = self.get(a["ctx"], "ctx")
+        pd = hca.alloc_pd()
+        return {"pd": self.add("pd", pd)}
+
+    def op_dealloc_pd(self, a, payload, rid):
+        pd = self.get(a["pd"], "pd")
+        for kind, o in self.objects.values():
+            if kind in ("mr", "mkey", "qp", "dek") and o.pd is pd:
+                raise RDMAError("EBUSY", f"ibv_dealloc_pd: PD {a['pd']} still has a {kind}")
+        return self._destroy_handle(a["pd"], "pd")
+
+    def op_reg_mr(self, a, payload, rid):
+        pd = self.get(a["pd"], "pd")
+        mr = pd.hca.reg_mr(pd, a["length"], a["access"])
+        return {"mr": self.add("mr", mr), "lkey": mr.lkey, "rkey": mr.rkey, "addr": mr.addr,
+                "length": mr.length}
+
+    def op_dereg_mr(self, a, payload, rid):
+        return self._destroy_handle(a["mr"], "mr")
+
+    def op_mr_write(self, a, payload, rid):
+        mr: MR = self.get(a["mr"], "mr")
+        mr.write(payload, a["offset"])
+        return {}
+
+    def op_mr_read(self, a, payload, rid):
+        mr: MR = self.get(a["mr"], "mr")
+        return {"_payload": mr.read(a["length"], a["offset"])}
+
+    # -- verbs: CQ and QP ---------------------------------------------------------------
+    def op_create_cq(self, a, payload, rid):
+        self.get(a["ctx"], "ctx")
+        cq = CQHost(0, a["cqe"])
+        cq.handle = self.add("cq", cq)
+        return {"cq": cq.handle, "cqe": a["cqe"]}
+
+    def op_destroy_cq(self, a, payload, rid):
+        cq = self.get(a["cq"], "cq")
+        for kind, o in self.objects.values():
+            if kind == "qp" and (o.scq is cq or o.rcq is cq):
+                raise RDMAError("EBUSY", f"ibv_destroy_cq: CQ {a['cq']} is used by QP "
+                                         f"{o.rcqp.qp_num:#x}")
+        return self._destroy_handle(a["cq"], "cq")
+
+    def op_poll_cq(self, a, payload, rid):
+        cq: CQHost = self.get(a["cq"], "cq")
+        if cq.entries or a["timeout"] <= 0:
+            return {"wcs": [wc_to_wire(w) for w in cq.take(a["num"])]}
+
+        async def wait() -> None:
+            await cq.wait(float(a["timeout"]))
+            if not self.gone:
+                self.reply(rid, wcs=[wc_to_wire(w) for w in cq.take(a["num"])])
+
+        task = asyncio.get_running_loop().create_task(wait())
+        self._waits.add(task)
+        task.add_done_callback(self._waits.discard)
+        return None
+
+    def op_create_qp(self, a, payload, rid):
+        pd: PD = self.get(a["pd"], "pd")
+        scq = self.get(a["scq"], "cq")
+        rcq = self.get(a["rcq"], "cq")
+        if a["qp_type"] != QpType.RC:
+            raise RDMAError("EOPNOTSUPP", f"qp_type {a['qp_type']}: only IBV_QPT_RC is modelled")
+        qpn = self.daemon.new_qpn()
+        rcqp = RCQP(pd, qpn, sq_depth=a["max_send_wr"], rq_depth=a["max_recv_wr"],
+                    sq_sig_all=a["sq_sig_all"])
+        if hasattr(rcqp, "max_inline_data"):
+            rcqp.max_inline_data = a["max_inline_data"]
+        builder = MkeyConfigureBuilder(pd, a["send_ops_flags"], a["sq_sig_all"])
+        qph = QPHost(self, 0, pd.hca, pd, rcqp, scq, rcq, a["max_send_sge"], a["max_recv_sge"],
+                     a["send_ops_flags"], builder)
+        qph.handle = self.add("qp", qph)
+        self.daemon.qps[(pd.hca.name, qpn)] = qph
+        return {"qp": qph.handle, "qp_num": qpn}
+
+    def op_destroy_qp(self, a, payload, rid):
+        return self._destroy_handle(a["qp"], "qp")
+
+    def op_modify_qp(self, a, payload, rid):
+        qph: QPHost = self.get(a["qp"], "qp")
+        attr = control.check_fields({"t": "modify_qp.attr", **a["attr"]}, control.QP_ATTR,
+                                    "modify_qp attr")
+        attr = {k: v for k, v in attr.items() if v is not None}
+        if "qp_state" not in attr:
+            raise einval("ibv_modify_qp: attr.qp_state is required (IBV_QP_STATE)")
+        state = attr["qp_state"]
+        q = qph.rcqp
+        if state == QpState.INIT:
+            q.modify_to_init()
+        elif state == QpState.RTR:
+            need = ("dest_qp_num", "rq_psn", "path_mtu", "dest_host", "dest_port")
+            missing = [n for n in need if n not in attr]
+            if missing:
+                raise einval(f"ibv_modify_qp to RTR needs {', '.join(missing)}")
+            q.modify_to_rtr(attr["dest_qp_num"], attr["rq_psn"], Mtu(attr["path_mtu"]))
+            qph.dest = (attr["dest_host"], attr["dest_port"], attr.get("dest_dev", qph.hca.name))
+            # Open the link now, so the first packet does not spend its ACK timeout on
+            # TCP and HELLO set-up.
+            self.daemon.link_to(attr["dest_host"], attr["dest_port"])
+        elif state == QpState.RTS:
+            timeout = attr.get("timeout", 17)
+            q.modify_to_rts(attr.get("sq_psn", 0), timeout_s=ack_timeout_s(timeout),
+                            retry_cnt=attr.get("retry_cnt", 7),
+                            rnr_retry=attr.get("rnr_retry", 7),
+                            rnr_timer_s=RNR_TIMER_MS[attr.get("min_rnr_timer", 12)] / 1000)
+        elif state == QpState.ERR:
+            q.modify_to_err()
+        elif state == QpState.RESET:
+            if q.state != QpState.ERR and q.state != QpState.RESET:
+                raise einval("ibv_modify_qp to RESET is modelled from ERR only")
+            raise RDMAError("EOPNOTSUPP", "ibv_modify_qp to RESET is not modelled: "
+                                          "destroy the QP and create another")
+        else:
+            raise RDMAError("EOPNOTSUPP", f"QP state {QpState(state).name} is not modelled")
+        qph.attrs.update(attr)
+        self.daemon.service(qph)
+        return {"state": int(q.state)}
+
+    def op_query_qp(self, a, payload, rid):
+        qph: QPHost = self.get(a["qp"], "qp")
+        q = qph.rcqp
+        return {"attr": {"qp_state": int(q.state), "qp_num": q.qp_num, "dest_qp_num": q.dest_qp,
+                         "path_mtu": qph.attrs.get("path_mtu", 0),
+                         "timeout": qph.attrs.get("timeout", 0),
+                         "retry_cnt": q.retry_cnt, "rnr_retry": q.rnr_retry,
+                         "sq_sig_all": q.sq_sig_all,
+                         "dest": list(qph.dest) if qph.dest else None}}
+
+    def op_post_send(self, a, payload, rid):
+        qph: QPHost = self.get(a["qp"], "qp")
+        wrs = control.check_list(a["wrs"], control.SEND_WR, "send_wr")
+        now = asyncio.get_running_loop().time()
+        try:
+            for i, w in enumerate(wrs):
+                try:
+                    opcode = WrOpcode(w["opcode"])
+                except ValueError:
+                    raise einval(f"opcode {w['opcode']} is not an enum ibv_wr_opcode") from None
+                sg = control.sges_from_wire(w["sg"], f"send_wr[{i}]")
+                if len(sg) > qph.max_send_sge:
+                    raise einval(f"send WR {i} has {len(sg)} SGEs, the QP's max_send_sge is "
+                                 f"{qph.max_send_sge}")
+                wr = SendWR(w["wr_id"], opcode, sg, w["send_flags"], w["imm_data"], w["rkey"],
+                            w["remote_addr"], **_extra_send_fields(w))
+                try:
+                    qph.rcqp.post_send(wr, now)
+                except RDMAError as e:
+                    raise RDMAError(e.errno_name, f"ibv_post_send: WR {i} (wr_id {w['wr_id']}): "
+                                                  f"{e.message}") from None
+        finally:
+            self.daemon.service(qph)
+        return {}
+
+    def op_post_recv(self, a, payload, rid):
+        qph: QPHost = self.get(a["qp"], "qp")
+        wrs = control.check_list(a["wrs"], control.RECV_WR, "recv_wr")
+        try:
+            for i, w in enumerate(wrs):
+                sg = control.sges_from_wire(w["sg"], f"recv_wr[{i}]")
+                if len(sg) > qph.max_recv_sge:
+                    raise einval(f"recv WR {i} has {len(sg)} SGEs, the QP's max_recv_sge is "
+                                 f"{qph.max_recv_sge}")
+                qph.rcqp.post_recv(RecvWR(w["wr_id"], sg))
+        finally:
+            self.daemon.service(qph)
+        return {}
+
+    # -- mlx5dv: MKEYs and DEKs ---------------------------------------------------------
+    def op_create_mkey(self, a, payload, rid):
+        pd: PD = self.get(a["pd"], "pd")
+        mkey = pd.hca.create_mkey(pd, a["create_flags"], a["max_entries"])
+        return {"mkey": self.add("mkey", mkey), "lkey": mkey.lkey, "rkey": mkey.rkey}
+
+    def op_destroy_mkey(self, a, payload, rid):
+        return self._destroy_handle(a["mkey"], "mkey")
+
+    def op_mkey_check(self, a, payload, rid):
+        mkey: MKey = self.get(a["mkey"], "mkey")
+        err = mkey.mkey_check()
+        return {"err_type": int(err.err_type), "actual_value": int(err.actual_value),
+                "expected_value": int(err.expected_value), "offset": int(err.offset)}
+
+    def op_mkey_configure(self, a, payload, rid):
+        """mlx5dv_wr_mkey_configure(3) and its setters, replayed between ibv_wr_start and
+        ibv_wr_complete: the batch is validated whole and applied whole, or not at all."""
+        qph: QPHost = self.get(a["qp"], "qp")
+        calls = []
+        for i, c in enumerate(a["calls"]):
+            what = f"mkey_configure call {i}"
+            if not isinstance(c, list) or not c:
+                raise FrameError("EPROTO", f"{what} must be a non-empty list")
+            if c[0] == "configure":
+                if len(c) != len(control.CONFIGURE_CALL):
+                    raise FrameError("EPROTO", f"{what}: configure takes wr_id, wr_flags, "
+                                               "mkey, num_setters, conf_flags, comp_mask")
+                names = ("wr_id", "wr_flags", "mkey", "num_setters", "conf_flags", "comp_mask")
+                v = control.check_fields({"t": what, **dict(zip(names, c[1:], strict=True))},
+                                         dict(zip(names, control.CONFIGURE_CALL[1:],
+                                                  strict=True)), what)
+                calls.append(("configure", v, self.get(v["mkey"], "mkey")))
+            elif len(c) == 2:
+                kind, value = control.setter_from_wire(c[0], c[1], what)
+                if kind == "crypto" and value.dek is not None:
+                    value = dataclasses.replace(value, dek=self.get(value.dek, "dek"))
+                calls.append((kind, value, None))
+            else:
+                raise FrameError("EPROTO", f"{what}: a setter is [kind, value]")
+        q = qph.rcqp
+        if q.state not in (QpState.RTS, QpState.ERR):
+            raise einval(f"ibv_wr_mkey_configure needs the QP in RTS, it is in "
+                         f"{QpState(q.state).name}")
+        b = qph.builder
+        b.wr_start()
+        for kind, value, mkey in calls:
+            if kind == "configure":
+                b.wr_id, b.wr_flags = value["wr_id"], value["wr_flags"]
+                b.wr_mkey_configure(mkey, value["num_setters"],
+                                    MkeyConfAttr(conf_flags=value["conf_flags"],
+                                                 comp_mask=value["comp_mask"]))
+            elif kind == "layout_interleaved":
+                b.wr_set_mkey_layout_interleaved(*value)
+            else:
+                getattr(b, f"wr_set_mkey_{kind}")(value)
+        posted = b.wr_complete()
+        now = asyncio.get_running_loop().time()
+        for p in posted:
+            q.post_local(p.wr_id, p.signaled, WcOpcode.DRIVER1, now=now)
+        self.daemon.service(qph)
+        return {"posted": len(posted)}
+
+    def op_create_dek(self, a, payload, rid):
+        hca: HCA = self.get(a["ctx"], "ctx")
+        pd: PD = self.get(a["pd"], "pd")
+        if pd.hca is not hca:
+            raise einval("mlx5dv_dek_create: the PD belongs to another device")
+        dek = hca.create_dek(DEKInitAttr(key_size=a["key_size"], key=a["key"],
+                                         has_keytag=a["has_keytag"], keytag=a["keytag"],
+                                         key_purpose=a["key_purpose"], pd=pd))
+        # The session's handle names it to the client; the engine keeps its own.
+        return {"dek": self.add("dek", dek)}
+
+    def op_destroy_dek(self, a, payload, rid):
+        return self._destroy_handle(a["dek"], "dek")
+
+
+def _extra_send_fields(w: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(SendWR)}
+    return {k: w[k] for k in ("compare_add", "swap", "invalidate_rkey") if k in names}

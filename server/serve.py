@@ -1,0 +1,104 @@
+"""``softhca serve``: one daemon in the foreground, on uvloop when it is installed.
+
+Logs are one line per event on stderr, ``time level logger message key=value...``,
+greppable and parseable. SIGTERM and SIGINT stop the daemon gracefully: every QP of
+every session goes to ERR (outstanding WRs flushed), then every connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from softhca.server.daemon import Daemon, kv
+
+log = logging.getLogger("softhca.server")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str
+    port: int
+    hcas: tuple[str, ...]
+    token: bytes | None
+    max_frame: int
+    log_level: str
+    ready_file: str | None
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {text!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def options_from_args(args) -> ServeOptions:
+    host, port = parse_listen(args.listen)
+    token = None
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_bytes().rstrip()
+        except OSError as e:
+            raise ValueError(f"cannot read --token-file {args.token_file}: {e.strerror}") from None
+        if not token:
+            raise ValueError(f"--token-file {args.token_file} is empty")
+    if token is None and not is_loopback(host) and not args.allow_no_auth:
+        raise ValueError(f"refusing to listen on {host} without a token: give --token-file, "
+                         "or --allow-no-auth to serve anyone who can reach the port")
+    return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, args.max_frame,
+                        args.log_level, args.ready_file)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+async def serve(o: ServeOptions) -> None:
+    daemon = Daemon(o.hcas, o.host, o.port, o.token, max_frame=o.max_frame)
+    await daemon.start()
+    if o.token is None:
+        log.warning("no token %s", kv(event="no_auth", address=daemon.address,
+                                       note="any local process can use this daemon"))
+    if o.ready_file:
+        Path(o.ready_file).write_text(daemon.address + "\n")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await daemon.close()
+    log.info("stopped %s", kv(event="stopped", **daemon.counters))
+
+
+def run(o: ServeOptions) -> int:
+    setup_logging(o.log_level)
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    try:
+        if uvloop is not None:
+            uvloop.run(serve(o))
+        else:
+            asyncio.run(serve(o))
+    except OSError as e:
+        log.error("cannot serve %s", kv(event="listen_failed", address=f"{o.host}:{o.port}",
+                                         reason=e.strerror or str(e)))
+        return 1
+    return 0
