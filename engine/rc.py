@@ -237,6 +237,8 @@ class _Request:
     acked: int = 0
     # Packets of this WR transmitted since the last go-back (READ: 1 once the request went).
     sent: int = 0
+    # The most packets of this WR ever transmitted: below it, a transmission is a resend.
+    high: int = 0
     # A local error found while gathering: completed when the WR reaches the head.
     error: WcStatus | None = None
     read_buf: bytearray = field(default_factory=bytearray)
@@ -326,6 +328,14 @@ class RCQP:
         self._nak_pending = False
         self._unacked = 0
         self._resp_out: list[Packet] = []
+        # What a link-level observer counts (the daemon sums them per daemon): packets
+        # sent again by go-back-N, ACK timeouts, RNR NAKs acted on, duplicate requests
+        # the responder answered without applying, sequence-error NAKs sent.
+        self.stats = {"retransmitted_packets": 0, "ack_timeouts": 0, "rnr_retries": 0,
+                      "duplicates_discarded": 0, "psn_seq_naks_sent": 0}
+        # Receives the responder refuses with an RNR NAK before looking at its receive
+        # queue (fault injection: "answer the next N messages with RNR").
+        self.refuse_rnr = 0
         # PSN -> (original value, MSN) of the atomics executed most recently.
         self._atomic_results: OrderedDict[int, tuple[int, int]] = OrderedDict()
 
@@ -507,6 +517,7 @@ class RCQP:
         if self._timer is not None and now >= self._timer:
             self._timer = None
             self._retries += 1
+            self.stats["ack_timeouts"] += 1
             if self._retries > self.retry_cnt:
                 self._fail_head(WcStatus.RETRY_EXC_ERR)
                 return
@@ -549,14 +560,19 @@ class RCQP:
                         break
                     out.append(self._read_request(r) if r.wr.opcode == WrOpcode.RDMA_READ
                                else r.pkts[0])
-                    r.sent = 1
+                    if r.high:
+                        self.stats["retransmitted_packets"] += 1
+                    r.sent = r.high = 1
                     inflight += r.npsn - r.acked
                     rd_atomic += 1
                     sent_any = True
                 continue
             while r.sent < r.npsn and inflight < WINDOW:
                 out.append(r.pkts[r.sent])
+                if r.sent < r.high:
+                    self.stats["retransmitted_packets"] += 1
                 r.sent += 1
+                r.high = max(r.high, r.sent)
                 inflight += 1
                 sent_any = True
             if r.sent < r.npsn:
@@ -751,6 +767,7 @@ class RCQP:
             if self._rnr_until is not None:
                 return  # a second RNR NAK for the same wait (a duplicated request)
             self._rnr_count += 1
+            self.stats["rnr_retries"] += 1
             if self.rnr_retry != RNR_RETRY_FOREVER and self._rnr_count > self.rnr_retry:
                 self._fail_head(WcStatus.RNR_RETRY_EXC_ERR)
                 return
@@ -842,6 +859,7 @@ class RCQP:
         d = psn_diff(pkt.psn, self._epsn)
         if d < 0:
             # IBTA duplicate request: answer again, apply nothing.
+            self.stats["duplicates_discarded"] += 1
             if pkt.opcode == READ_REQUEST:
                 self._answer_read(pkt, first_time=False)
             elif pkt.opcode in ATOMICS.values():
@@ -853,6 +871,7 @@ class RCQP:
             # One sequence-error NAK per gap; later packets of it are dropped silently.
             if not self._nak_pending:
                 self._nak_pending = True
+                self.stats["psn_seq_naks_sent"] += 1
                 self._nak(self._epsn, "NAK_PSN_SEQ")
             return
         op = pkt.opcode
@@ -890,7 +909,9 @@ class RCQP:
             if self._msg is not None:
                 self._nak_fatal(pkt.psn, "NAK_INV_REQ")
                 return
-            if not self._rq:
+            if not self._rq or self.refuse_rnr:
+                if self._rq:
+                    self.refuse_rnr -= 1
                 self._rnr(pkt.psn)
                 return
             self._msg = _Inbound("SEND", self._rq.popleft(), None)

@@ -74,6 +74,11 @@ REQUESTS: dict[str, dict[str, tuple]] = {
                    "has_keytag": _BOOL, "keytag": (bytes, 0, 8, True),
                    "key_purpose": _U32},
     "destroy_dek": {"dek": _H},
+    # Fault injection (server/faults.py validates the rule's own fields).
+    "faults_add": {"rule": (dict, 1, 32, True)},
+    "faults_list": {},
+    "faults_clear": {"rule_id": (int, 1, U32, False)},
+    "counters": {},
 }
 
 # One element of post_send's "wrs": struct ibv_send_wr, rdma/atomic unions flattened.

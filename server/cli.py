@@ -22,8 +22,9 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the man pages' examples, each ending in PASS or FAIL",
                        description="Run the examples of mlx5dv_wr_set_mkey_sig_block(3), "
-                       "mlx5dv_wr_set_mkey_crypto(3) and mlx5dv_wr_mkey_configure(3) on two "
-                       "engine nodes and judge each against what the page states.")
+                       "mlx5dv_wr_set_mkey_crypto(3) and mlx5dv_wr_mkey_configure(3) end to "
+                       "end between two embedded daemons (a target and an initiator) over TCP, "
+                       "and judge each against what the page states.")
     p.add_argument("--only", action="append", metavar="NAME",
                    help="run only this example (e.g. 'sig_block 2.1', 'crypto row C'); a "
                    "prefix such as 'crypto row' selects several; may be repeated")

@@ -39,7 +39,8 @@ from softhca.protocol.enums import (
 from softhca.protocol.errors import RDMAError, einval
 from softhca.protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from softhca.protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
-from softhca.protocol.packets import IntegrityError, Packet, decode_packet, packet_header
+from softhca.protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
+from softhca.server.faults import REORDER_FLUSH_S, Emit, Faults
 
 log = logging.getLogger("softhca.server")
 
@@ -156,6 +157,10 @@ class Daemon:
         # this daemon sends or accepts (the demo's wire images, captures, traces).
         # Empty, they cost one truth test per batch.
         self.taps: list = []
+        self.faults = Faults()
+        # RC statistics of QPs already destroyed, so daemon totals never go backwards.
+        self._gone_qp_stats: dict[str, int] = {}
+        self._reorder_timer: asyncio.TimerHandle | None = None
         self._qpn = itertools.count(0x11)
         self._server: asyncio.AbstractServer | None = None
         self._conn_tasks: set[asyncio.Task] = set()
@@ -285,8 +290,14 @@ class Daemon:
                     if qph is None:
                         self.counters["packets_unknown_qp"] += 1
                         continue
-                    qph.rcqp.receive(pkt, now)
-                    touched[id(qph)] = qph
+                    if self.faults.rules:
+                        for e in self.faults.apply("in", qph.rcqp.qp_num, qph.rcqp.mtu, [pkt],
+                                                   on_rnr=self._refuse_rnr(qph), route=qph):
+                            self._emit_in(e, now, touched)
+                        self._arm_reorder_flush()
+                    else:
+                        qph.rcqp.receive(pkt, now)
+                        touched[id(qph)] = qph
                 for qph in touched.values():
                     self.service(qph)
                 frames = await _read_frames(reader, decoder)
@@ -297,6 +308,80 @@ class Daemon:
             log.warning("wire peer disconnected %s", kv(event="wire_protocol_error", peer=peer,
                                                         errno=e.errno_name, reason=e.message))
             _send_error(writer, 0, e)
+
+    def _refuse_rnr(self, qph: QPHost):
+        def refuse(p: Packet) -> bool:
+            # Only a SEND that would take a receive now can be refused with RNR.
+            if not p.opcode.startswith(("SEND_FIRST", "SEND_ONLY")):
+                return False
+            qph.rcqp.refuse_rnr = 1
+            return True
+        return refuse
+
+    def _emit_in(self, e: Emit, now: float, touched: dict | None) -> None:
+        qph: QPHost = e.route
+        if e.stale_icrc_of is not None:
+            # A link error on the way in: the integrity check fails, the packet goes.
+            self.counters["packets_bad_icrc"] += 1
+            return
+        if e.delay:
+            asyncio.get_running_loop().call_later(e.delay, self._deliver_late, e)
+            return
+        if qph.session.gone:
+            return
+        qph.rcqp.receive(e.packet, now)
+        qph.rcqp.refuse_rnr = 0
+        if touched is None:
+            self.service(qph)
+        else:
+            touched[id(qph)] = qph
+
+    def _deliver_late(self, e: Emit) -> None:
+        e.delay = 0.0
+        self._emit_in(e, asyncio.get_running_loop().time(), None)
+
+    def _emit_out(self, e: Emit) -> None:
+        if e.delay:
+            delay, e.delay = e.delay, 0.0
+            asyncio.get_running_loop().call_later(delay, self._emit_out, e)
+            return
+        host, port, dev = e.route
+        override = icrc(dev, e.stale_icrc_of) if e.stale_icrc_of is not None else None
+        self.link_to(host, port).send(dev, [e.packet], override)
+        self.counters["packets_sent"] += 1
+
+    def _arm_reorder_flush(self) -> None:
+        if self.faults.holding and self._reorder_timer is None:
+            self._reorder_timer = asyncio.get_running_loop().call_later(
+                REORDER_FLUSH_S, self._flush_reordered)
+
+    def _flush_reordered(self) -> None:
+        self._reorder_timer = None
+        now = asyncio.get_running_loop().time()
+        for direction, e in self.faults.flush_held():
+            if direction == "out":
+                self._emit_out(e)
+            else:
+                self._emit_in(e, now, None)
+
+    def stats(self) -> dict[str, int]:
+        """The daemon's counters and the RC statistics summed over its QPs, past and present."""
+        total = dict(self.counters)
+        for k, v in self._gone_qp_stats.items():
+            total[k] = total.get(k, 0) + v
+        for qph in self.qps.values():
+            for k, v in qph.rcqp.stats.items():
+                total[k] = total.get(k, 0) + v
+        for name in ("retransmitted_packets", "ack_timeouts", "rnr_retries",
+                     "duplicates_discarded", "psn_seq_naks_sent"):
+            total.setdefault(name, 0)
+        total["fault_rules"] = len(self.faults.rules)
+        return total
+
+    def forget_qp(self, qph: QPHost) -> None:
+        for k, v in qph.rcqp.stats.items():
+            self._gone_qp_stats[k] = self._gone_qp_stats.get(k, 0) + v
+        self.qps.pop((qph.hca.name, qph.rcqp.qp_num), None)
 
     # -- wire plane: outbound, timers and completions ------------------------------------
     def link_to(self, host: str, port: int) -> WireLink:
@@ -318,8 +403,14 @@ class Daemon:
                 for p in pkts:
                     for tap in self.taps:
                         tap("tx", dev, p)
-            self.link_to(host, port).send(dev, pkts)
-            self.counters["packets_sent"] += len(pkts)
+            if self.faults.rules:
+                for e in self.faults.apply("out", qph.rcqp.qp_num, qph.rcqp.mtu, pkts,
+                                           route=qph.dest):
+                    self._emit_out(e)
+                self._arm_reorder_flush()
+            else:
+                self.link_to(host, port).send(dev, pkts)
+                self.counters["packets_sent"] += len(pkts)
         scq = qph.rcqp.poll_send_cq()
         if scq:
             qph.scq.push(scq)
@@ -367,20 +458,21 @@ class WireLink:
         self.daemon = daemon
         self.host, self.port = host, port
         self.writer: asyncio.StreamWriter | None = None
-        self.queued: list[tuple[str, Packet]] = []
+        self.queued: list[tuple[str, Packet, int | None]] = []
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(self._run())
 
-    def send(self, dev: str, pkts: list[Packet]) -> None:
+    def send(self, dev: str, pkts: list[Packet], icrc_value: int | None = None) -> None:
+        """Frame and write ``pkts``; ``icrc_value`` (one packet) overrides its check."""
         if self.closed:
             return      # lost on the wire; RC retransmission or its retry limit follows
         if self.writer is None:
             room = self.MAX_QUEUED - len(self.queued)
-            self.queued.extend((dev, p) for p in pkts[:max(room, 0)])
+            self.queued.extend((dev, p, icrc_value) for p in pkts[:max(room, 0)])
             return
         bufs = []
         for p in pkts:
-            bufs.extend(encode_frame(packet_header(dev, p), p.payload))
+            bufs.extend(encode_frame(packet_header(dev, p, icrc_value=icrc_value), p.payload))
         self.writer.writelines(bufs)
 
     def close(self) -> None:
@@ -409,11 +501,8 @@ class WireLink:
                 raise ConnectionError(f"peer refused the wire link: {reason}")
             self.writer = writer
             queued, self.queued = self.queued, []
-            by_dev: dict[str, list[Packet]] = {}
-            for dev, p in queued:
-                by_dev.setdefault(dev, []).append(p)
-            for dev, pkts in by_dev.items():
-                self.send(dev, pkts)
+            for dev, p, icrc_value in queued:
+                self.send(dev, [p], icrc_value)
             log.info("wire link up %s", kv(event="wire_out", peer=where))
             # Nothing is expected back on this direction; reading notices the close.
             while await reader.read(READ_CHUNK):
@@ -524,7 +613,7 @@ class ControlSession:
             obj.rcqp.modify_to_err()
             if obj.timer is not None:
                 obj.timer.cancel()
-            d.qps.pop((obj.hca.name, obj.rcqp.qp_num), None)
+            d.forget_qp(obj)
         elif kind == "mr":
             obj.pd.hca.dereg_mr(obj)
         elif kind == "mkey":
@@ -731,6 +820,24 @@ class ControlSession:
         finally:
             self.daemon.service(qph)
         return {}
+
+    # -- fault injection and counters (the daemon's, not the session's) ----------------
+    def op_faults_add(self, a, payload, rid):
+        rule = self.daemon.faults.add(a["rule"])
+        log.info("fault rule added %s", kv(event="fault_add", peer=self.peer, id=rule.id,
+                                            rule=rule.spec))
+        return {"rule": rule.as_dict()}
+
+    def op_faults_list(self, a, payload, rid):
+        return {"rules": self.daemon.faults.list()}
+
+    def op_faults_clear(self, a, payload, rid):
+        n = self.daemon.faults.clear(a["rule_id"])
+        log.info("fault rules cleared %s", kv(event="fault_clear", peer=self.peer, n=n))
+        return {"cleared": n}
+
+    def op_counters(self, a, payload, rid):
+        return {"counters": self.daemon.stats()}
 
     # -- mlx5dv: MKEYs and DEKs ---------------------------------------------------------
     def op_create_mkey(self, a, payload, rid):

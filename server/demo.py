@@ -1,10 +1,16 @@
-"""The manual pages' examples, run on the engine, each ending in PASS or FAIL.
+"""The manual pages' examples, end to end between two daemons, each ending in PASS or FAIL.
 
-Two engine nodes take part: a *target* that owns the MKEY and an *initiator*
-with plain MRs. Every operation moves bytes the way the example's verb would:
-TX on one node (transfer.tx) produces the wire bytes, RX on the other
-(transfer.rx) scatters them. SEND/RECV use the MKEY as a local key; RDMA_READ
-and RDMA_WRITE use it as the target's rkey (remote=True).
+Every example starts two embedded daemons (softhca.client's ``embedded``), each on
+its own loopback port and each driven through its own control session: a *target*
+that owns the MKEY and an *initiator* with plain MRs, one RC QP on each, connected
+over TCP with a 1024-byte path MTU so that messages span several packets. Every
+operation is the verb the example names, posted through the client: SEND with the
+MKEY as lkey and a RECV on the far side, RECV with the MKEY as the SGE, RDMA_READ and
+RDMA_WRITE by the initiator with the target MKEY's rkey (address 0: MKEYs are
+zero-based). The wire image shown is what crossed TCP: taps on both daemons
+(``Daemon.taps``) see every packet sent during the operation, and the payloads of
+the data packets the sending daemon put on the wire, in PSN order and once each,
+are the wire image; completions are polled and must be IBV_WC_SUCCESS.
 
 What an example must produce is computed here from the man pages alone, not by
 the engine: the PI with crcmod from the parameters of SEMANTICS.md section 3,
@@ -14,24 +20,22 @@ demo never imports the tests, so it can run where only the package is installed.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
 import crcmod
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from softhca.engine import transfer
-from softhca.engine.hca import HCA, MR
-from softhca.engine.mkey_configure import MkeyConfigureBuilder
+import softhca.client as sh
 from softhca.protocol.attrs import (
     SGE,
     CryptoAttr,
-    DEKInitAttr,
     MrInterleaved,
     SigBlockAttr,
     SigBlockDomain,
@@ -52,7 +56,11 @@ from softhca.protocol.enums import (
     SigT10difBgType,
     SigT10difFlags,
     SigType,
+    WcOpcode,
+    WcStatus,
 )
+from softhca.protocol.errors import RDMAError
+from softhca.protocol.packets import PSN_MOD, Packet
 
 SIG_PAGE = "mlx5dv_wr_set_mkey_sig_block(3)"
 CRYPTO_PAGE = "mlx5dv_wr_set_mkey_crypto(3)"
@@ -186,67 +194,169 @@ def xts(key: bytes, data: bytes, unit: int, encrypt: bool, tweak: int = TWEAK) -
     return bytes(out)
 
 
-# -- the two nodes ---------------------------------------------------------------
+# -- the two daemons -------------------------------------------------------------------
 
-class Node:
-    """One engine HCA with a PD and a QP able to post MKEY configure WRs."""
+# How long one operation's completions may take before the example FAILs.
+OP_TIMEOUT = 5.0
+# How long a whole example may take (daemons, setup, every operation).
+EXAMPLE_TIMEOUT = 60.0
+PATH_MTU = sh.IBV_MTU_1024
+PATH_MTU_BYTES = 128 << PATH_MTU     # enum ibv_mtu: 1 is 256 bytes, 3 is 1024
+# The packets that carry an operation's bytes (IBTA RC opcodes, protocol/packets.py).
+DATA_OPCODES = ("SEND_", "RDMA_WRITE_", "RDMA_READ_RESPONSE_")
 
-    def __init__(self, role: str) -> None:
-        self.role = role
-        self.hca = HCA("mlx5_0")
-        self.pd = self.hca.alloc_pd()
-        self.qp = MkeyConfigureBuilder(self.pd, Mlx5dvQpExSendOps.WITH_MKEY_CONFIGURE)
 
-    def reg_mr(self, data: bytes | int, access: int = REMOTE) -> MR:
-        mr = self.hca.reg_mr(self.pd, data if isinstance(data, int) else len(data), access)
+class Side:
+    """One daemon and the application's view of it, through softhca.client only: a
+    control session, device mlx5_0, a PD, send and receive CQs and one RC QP able to
+    post MKEY configure WRs."""
+
+    def __init__(self, role: str, node: sh.Node, ctx: sh.Context, pd: sh.PD, scq: sh.CQ,
+                 rcq: sh.CQ, qp: sh.QP) -> None:
+        self.role, self.node, self.ctx, self.pd = role, node, ctx, pd
+        self.scq, self.rcq, self.qp = scq, rcq, qp
+        # The MKEYs this side created, with whether they carry signature attributes
+        # (mlx5dv_mkey_check(3) applies to those only).
+        self.mkeys: dict[int, tuple[sh.MKey, bool]] = {}
+
+    @classmethod
+    async def open(cls, role: str, node: sh.Node) -> Side:
+        ctx = await node.open_device("mlx5_0")
+        pd = await ctx.alloc_pd()
+        scq, rcq = await ctx.create_cq(256), await ctx.create_cq(256)
+        qp = await pd.create_qp(sh.QPInitAttr(
+            qp_type=sh.IBV_QPT_RC, scq=scq, rcq=rcq,
+            cap=sh.QPCap(max_send_wr=64, max_recv_wr=64, max_send_sge=4, max_recv_sge=4),
+            send_ops_flags=Mlx5dvQpExSendOps.WITH_MKEY_CONFIGURE))
+        return cls(role, node, ctx, pd, scq, rcq, qp)
+
+    @property
+    def daemon(self):
+        return self.node.daemon
+
+    @property
+    def address(self) -> str:
+        return self.node.address
+
+    async def reg_mr(self, data: bytes | int, access: int = REMOTE) -> sh.MR:
+        mr = await self.pd.reg_mr(data if isinstance(data, int) else len(data), access)
         if not isinstance(data, int):
-            mr.write(data)
+            await mr.write(data)
         return mr
 
-    def create_dek(self, key: bytes):
+    async def create_dek(self, key: bytes) -> sh.DEK:
         size = CryptoKeySize.SIZE_256 if len(key) == 64 else CryptoKeySize.SIZE_128
-        return self.hca.create_dek(DEKInitAttr(pd=self.pd, key_size=size, key=key))
+        return await self.ctx.create_dek(sh.Mlx5DEKInitAttr(pd=self.pd, key_size=size, key=key))
 
-    def mkey(self, flags: int, *, access: int, max_entries: int = 4, sges=None,
-             interleaved=None, sig: SigBlockAttr | None = None,
-             crypto: CryptoAttr | None = None):
-        """mlx5dv_create_mkey then one configure WR, as mlx5dv_wr_mkey_configure(3)'s
-        examples post it: IBV_SEND_INLINE, one setter per attribute given."""
-        mkey = self.hca.create_mkey(self.pd, flags, max_entries)
-        self.qp.post_configure(mkey, access=access, sges=sges, interleaved=interleaved,
-                               sig=sig, crypto=crypto)
+    async def mkey(self, flags: int, *, access: int, max_entries: int = 4, sges=None,
+                   interleaved=None, sig: SigBlockAttr | None = None,
+                   crypto: CryptoAttr | None = None) -> sh.MKey:
+        """mlx5dv_create_mkey, then one configure WR on this side's QP as
+        mlx5dv_wr_mkey_configure(3)'s examples post it: IBV_SEND_INLINE, one setter per
+        attribute given, and ibv_wr_complete."""
+        mkey = await self.pd.create_mkey(flags, max_entries)
+        given = [a for a in (access, sges if sges is not None else interleaved, sig, crypto)
+                 if a is not None]
+        qp = self.qp
+        qp.wr_start()
+        qp.wr_id, qp.wr_flags = 0, sh.IBV_SEND_INLINE
+        qp.wr_mkey_configure(mkey, len(given), sh.Mlx5MkeyConfAttr())
+        qp.wr_set_mkey_access_flags(access)
+        if sges is not None:
+            qp.wr_set_mkey_layout_list(sges)
+        elif interleaved is not None:
+            qp.wr_set_mkey_layout_interleaved(*interleaved)
+        if sig is not None:
+            qp.wr_set_mkey_sig_block(sig)
+        if crypto is not None:
+            qp.wr_set_mkey_crypto(crypto)
+        await qp.wr_complete()
+        self.mkeys[mkey.handle] = (mkey, sig is not None)
         return mkey
 
 
-def whole(mr: MR) -> list[SGE]:
+async def connect_sides(a: Side, b: Side) -> None:
+    """RESET -> INIT -> RTR -> RTS on both QPs, each towards the other's daemon."""
+    await a.qp.connect(b.qp.info(), path_mtu=PATH_MTU)
+    await b.qp.connect(a.qp.info(), path_mtu=PATH_MTU)
+
+
+def whole(mr: sh.MR) -> list[SGE]:
     return [SGE(mr.addr, mr.length, mr.lkey)]
 
 
-def send(src: Node, src_key: int, src_off: int, length: int, dst: Node, dst_mr: MR) -> bytes:
-    """A SEND of one SGE and the RECV that takes it into a plain MR."""
-    wire = transfer.tx(src.pd, src_key, src_off, length)
-    transfer.rx(dst.pd, dst_mr.lkey, dst_mr.addr, wire)
-    return wire
+def on_mkey(mkey: sh.MKey, length: int) -> list[SGE]:
+    """An SGE on an MKEY: zero-based, its length counted in wire bytes (SEMANTICS.md 4, 5)."""
+    return [SGE(0, length, mkey.lkey)]
 
 
-def send_to_mkey(src: Node, src_mr: MR, length: int, dst: Node, mkey) -> bytes:
-    """A SEND from a plain MR and the RECV whose SGE is the MKEY at offset 0."""
-    wire = transfer.tx(src.pd, src_mr.lkey, src_mr.addr, length)
-    transfer.rx(dst.pd, mkey.lkey, 0, wire)
-    return wire
+class Capture:
+    """Every packet the two daemons send while one operation runs (``Daemon.taps``)."""
+
+    def __init__(self, sides: tuple[Side, ...]) -> None:
+        self.sides = sides
+        self.sent: list[tuple[str, Packet]] = []
+        self._taps: list[tuple[Side, Callable]] = []
+
+    def __enter__(self) -> Capture:
+        for side in self.sides:
+            def tap(direction: str, dev: str, pkt: Packet, role: str = side.role) -> None:
+                if direction == "tx":
+                    self.sent.append((role, pkt))
+            side.daemon.taps.append(tap)
+            self._taps.append((side, tap))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for side, tap in self._taps:
+            side.daemon.taps.remove(tap)
+        self._taps.clear()
+
+    def wire(self, sender: Side, receiver: Side) -> Wire:
+        """The data packets ``sender`` sent to ``receiver``'s QP, once each in PSN order."""
+        data = [p for role, p in self.sent if role == sender.role
+                and p.dest_qp == receiver.qp.qp_num and p.opcode.startswith(DATA_OPCODES)]
+        others = [(role, p) for role, p in self.sent if not p.opcode.startswith(DATA_OPCODES)]
+        first: dict[int, Packet] = {}
+        for p in data:
+            first.setdefault(p.psn, p)
+        base = data[0].psn if data else 0
+        packets = sorted(first.values(), key=lambda p: (p.psn - base) % PSN_MOD)
+        return Wire(b"".join(p.payload for p in packets), packets, len(data) - len(packets),
+                    others, sender.role, receiver.role, receiver.qp.qp_num)
 
 
-def rdma_read(initiator: Node, mr: MR, target: Node, mkey, length: int) -> bytes:
-    """The target answers with its MKEY as rkey; the initiator scatters into its MR."""
-    wire = transfer.tx(target.pd, mkey.rkey, 0, length, remote=True)
-    transfer.rx(initiator.pd, mr.lkey, mr.addr, wire)
-    return wire
+@dataclass(frozen=True)
+class Wire:
+    """One operation as it crossed TCP: its bytes (the data packets' payloads in PSN
+    order, duplicates removed), those packets, and the other packets either side sent."""
 
+    data: bytes
+    packets: list[Packet]
+    retransmitted: int
+    others: list[tuple[str, Packet]]
+    sender: str
+    receiver: str
+    dest_qp: int
 
-def rdma_write(initiator: Node, mr: MR, length: int, target: Node, mkey) -> bytes:
-    wire = transfer.tx(initiator.pd, mr.lkey, mr.addr, length)
-    transfer.rx(target.pd, mkey.rkey, 0, wire, remote=True)
-    return wire
+    def summary(self) -> str:
+        n = len(self.packets)
+        if not n:
+            text = f"no data packets to QP 0x{self.dest_qp:x}"
+        else:
+            a, z = self.packets[0], self.packets[-1]
+            span = (f"{a.opcode} psn 0x{a.psn:x}" if n == 1 else
+                    f"{a.opcode} psn 0x{a.psn:x} .. {z.opcode} psn 0x{z.psn:x}")
+            text = (f"{n} packet{'s' if n != 1 else ''} {span} to QP 0x{self.dest_qp:x}, "
+                    f"{len(self.data)}B, {self.sender} -> {self.receiver}")
+        if self.retransmitted:
+            text += f"; {self.retransmitted} retransmitted"
+        counts: dict[tuple[str, str], int] = {}
+        for role, p in self.others:
+            counts[(role, p.opcode)] = counts.get((role, p.opcode), 0) + 1
+        for (role, op), k in counts.items():
+            text += f"; {k} {op} from the {role}"
+        return text
 
 
 def crypto_attr(dek, encrypt_on_tx: bool, order: int, unit: int) -> CryptoAttr:
@@ -427,8 +537,8 @@ class Outcome:
 
 
 class Example:
-    """The state of one example while it runs: its two nodes, its seeded random
-    source, and what it printed and found wrong."""
+    """The state of one example while it runs: its two daemons' sides, its seeded
+    random source, and what it printed and found wrong."""
 
     def __init__(self, name: str, out: TextIO, style: Style) -> None:
         self.name = name
@@ -437,8 +547,8 @@ class Example:
         # A str seed is hashed with SHA-512 by random.seed: the same bytes on every
         # run and whether the example runs alone (--only) or with the others.
         self.rng = random.Random(f"softhca demo {name}")
-        self.target = Node("target")
-        self.initiator = Node("initiator")
+        self.target: Side
+        self.initiator: Side
         self.outcome = Outcome(name)
 
     def say(self, label: str, text: str = "") -> None:
@@ -473,9 +583,67 @@ class Example:
         ok = got == want
         return self.check(ok, what, "" if ok else first_difference(got, want, shape))
 
-    def mkey_check(self, mkey, expect: tuple[int, int, int, int] | None = None) -> None:
-        """mlx5dv_mkey_check(3) on the target's MKEY; ``expect`` is (err_type,
-        actual_value, expected_value, offset), None for NO_ERR."""
+    # -- the verbs, posted through the client and watched on the wire --------------------
+
+    async def _run(self, sender: Side, receiver: Side, post: Callable[[], Awaitable[None]],
+                   waits: list[tuple[Side, sh.CQ, WcOpcode]]) -> Wire:
+        """Post an operation with taps on both daemons, wait for its completions, print
+        its packets and completions; the bytes ``sender`` put on the wire are returned."""
+        with Capture((self.target, self.initiator)) as cap:
+            await post()
+            wcs: list[tuple[Side, WcOpcode, sh.WC | None]] = []
+            for side, cq, want in waits:
+                try:
+                    wcs.append((side, want, (await cq.poll_n(1, OP_TIMEOUT))[0]))
+                except RDMAError as e:
+                    if e.errno_name != "ETIMEDOUT":
+                        raise
+                    wcs.append((side, want, None))
+        wire = cap.wire(sender, receiver)
+        self.say("wire", wire.summary())
+        ok = all(wc is not None and wc.status == WcStatus.SUCCESS and wc.opcode == want
+                 for _, want, wc in wcs)
+
+        def shown(side: Side, wc: sh.WC | None) -> str:
+            if wc is None:
+                return f"{side.role} no completion within {OP_TIMEOUT:g} s"
+            return (f"{side.role} {WcOpcode(wc.opcode).name} {WcStatus(wc.status).name}"
+                    + (f" {wc.byte_len}B" if wc.opcode == WcOpcode.RECV else ""))
+
+        text = ", ".join(shown(side, wc) for side, _, wc in wcs)
+        want = ", ".join(f"{side.role} {w.name} SUCCESS" for side, w, _ in wcs)
+        self.check(ok, text, f"expected {want}", label="completion")
+        return wire
+
+    async def send(self, src: Side, local: list[SGE], dst: Side, recv: list[SGE]) -> Wire:
+        """A RECV posted on ``dst``, then a SEND from ``src``: both completions."""
+        await dst.qp.post_recv(sh.RecvWR(wr_id=1, sg=recv))
+        wr = sh.SendWR(wr_id=2, opcode=sh.IBV_WR_SEND, sg=local)
+        return await self._run(src, dst, lambda: src.qp.post_send(wr),
+                               [(src, src.scq, WcOpcode.SEND), (dst, dst.rcq, WcOpcode.RECV)])
+
+    async def rdma_read(self, local: list[SGE], mkey: sh.MKey) -> Wire:
+        """The initiator RDMA_READs the target's MKEY (rkey, address 0) into ``local``;
+        the target's daemon sends the READ responses."""
+        i = self.initiator
+        wr = sh.SendWR(wr_id=3, opcode=sh.IBV_WR_RDMA_READ, sg=local)
+        wr.set_wr_rdma(mkey.rkey, 0)
+        return await self._run(self.target, i, lambda: i.qp.post_send(wr),
+                               [(i, i.scq, WcOpcode.RDMA_READ)])
+
+    async def rdma_write(self, local: list[SGE], mkey: sh.MKey) -> Wire:
+        """The initiator RDMA_WRITEs ``local`` to the target's MKEY (rkey, address 0)."""
+        i = self.initiator
+        wr = sh.SendWR(wr_id=4, opcode=sh.IBV_WR_RDMA_WRITE, sg=local)
+        wr.set_wr_rdma(mkey.rkey, 0)
+        return await self._run(i, self.target, lambda: i.qp.post_send(wr),
+                               [(i, i.scq, WcOpcode.RDMA_WRITE)])
+
+    async def mkey_check(self, mkey: sh.MKey,
+                         expect: tuple[int, int, int, int] | None = None) -> None:
+        """mlx5dv_mkey_check(3) on both sides: the target's MKEY ``mkey`` against
+        ``expect`` (err_type, actual_value, expected_value, offset; None for NO_ERR),
+        and every MKEY the initiator has (none in these examples)."""
         def text(e: tuple[int, int, int, int]) -> str:
             if e[0] == MkeyErrType.NO_ERR:
                 return "NO_ERR"
@@ -485,13 +653,34 @@ class Example:
             return (f"{MkeyErrType(e[0]).name} actual 0x{e[1]:0{w}x} expected "
                     f"0x{e[2]:0{w}x} offset {e[3]}")
 
-        err = mkey.mkey_check()
-        got = (int(err.err_type), int(err.actual_value), int(err.expected_value), int(err.offset))
-        want = tuple(int(v) for v in (expect or (MkeyErrType.NO_ERR, 0, 0, 0)))
-        # With NO_ERR the other fields carry no information: only the type is compared.
-        ok = got == want if expect is not None else got[0] == MkeyErrType.NO_ERR
-        self.check(ok, f"target MKEY 0x{mkey.lkey:x}: {text(got)}", f"expected {text(want)}",
-                   label="mkey_check")
+        has_sig = self.target.mkeys.get(mkey.handle, (mkey, True))[1]
+        if not has_sig:
+            # mlx5dv_mkey_check(3) reports signature errors; an MKEY without signature
+            # attributes has none to report (EINVAL).
+            try:
+                err = await mkey.mkey_check()
+                result = "NO_ERR" if err.err_type == MkeyErrType.NO_ERR else repr(err)
+            except RDMAError as e:
+                result = e.errno_name
+            self.say("mkey_check", f"target MKEY 0x{mkey.lkey:x}: no signature attributes, "
+                     f"nothing to check ({result})")
+        else:
+            err = await mkey.mkey_check()
+            s = err.sig_err
+            got = (int(err.err_type), int(s.actual_value), int(s.expected_value), int(s.offset))
+            want = tuple(int(v) for v in (expect or (MkeyErrType.NO_ERR, 0, 0, 0)))
+            # With NO_ERR the other fields carry no information: only the type is compared.
+            ok = got == want if expect is not None else got[0] == MkeyErrType.NO_ERR
+            self.check(ok, f"target MKEY 0x{mkey.lkey:x}: {text(got)}",
+                       f"expected {text(want)}", label="mkey_check")
+        if not self.initiator.mkeys:
+            self.say("", "initiator: no MKEY (plain MRs only), nothing to check")
+        for other, sig in self.initiator.mkeys.values():
+            if sig:
+                err = await other.mkey_check()
+                self.check(err.err_type == MkeyErrType.NO_ERR,
+                           f"initiator MKEY 0x{other.lkey:x}: {MkeyErrType(err.err_type).name}",
+                           "expected NO_ERR", label="")
 
 
 @dataclass(frozen=True)
@@ -500,14 +689,14 @@ class Entry:
     page: str
     where: str
     result: str
-    fn: Callable[[Example], None]
+    fn: Callable[[Example], Awaitable[None]]
 
 
 EXAMPLES: list[Entry] = []
 
 
 def example(name: str, page: str, where: str, result: str):
-    def register(fn: Callable[[Example], None]) -> Callable[[Example], None]:
+    def register(fn: Callable[[Example], Awaitable[None]]) -> Callable[[Example], Awaitable[None]]:
         EXAMPLES.append(Entry(name, page, where, result, fn))
         return fn
     return register
@@ -518,111 +707,124 @@ def example(name: str, page: str, where: str, result: str):
 @example("sig_block 1", SIG_PAGE, "Example 1",
          "SEND with the MKEY as local key: each CRC32 validated against its 512 bytes, "
          "stripped, and only the 512 bytes of data per block sent to the wire.")
-def _sig_block_1(ex: Example) -> None:
+async def _sig_block_1(ex: Example) -> None:
     t, i = ex.target, ex.initiator
     data = ex.rng.randbytes(8 * 512)
     memory = protect(data, CRC32_512)
-    mr = t.reg_mr(memory)
-    mkey = t.mkey(SIG_FLAGS, access=LOCAL, sges=whole(mr), sig=SIG_EXAMPLE_1)
+    mr = await t.reg_mr(memory)
+    mkey = await t.mkey(SIG_FLAGS, access=LOCAL, sges=whole(mr), sig=SIG_EXAMPLE_1)
     ex.mkey_config(mkey, SIG_FLAGS, LOCAL, f"list layout: {len(memory)}B of MR 0x{mr.lkey:x}",
                    SIG_EXAMPLE_1)
     mem_shape, plain = Shape(512, CRC32_512), Shape(512)
     ex.image("target memory", memory, mem_shape)
-    dst = i.reg_mr(len(data))
+    dst = await i.reg_mr(len(data))
     # The SGE length counts wire bytes (SEMANTICS.md 5): 8 blocks of 512.
-    wire = send(t, mkey.lkey, 0, len(data), i, dst)
-    ex.image("wire (SEND)", wire, plain)
-    ex.image("initiator memory (RECV)", dst.read(), plain)
-    ex.mkey_check(mkey)
-    ex.same("wire holds the data alone, CRC32 stripped", wire, data, plain)
-    ex.same("initiator received the data", dst.read(), data, plain)
+    wire = await ex.send(t, on_mkey(mkey, len(data)), i, whole(dst))
+    ex.image("wire (SEND)", wire.data, plain)
+    got = await dst.read()
+    ex.image("initiator memory (RECV)", got, plain)
+    await ex.mkey_check(mkey)
+    ex.same("wire holds the data alone, CRC32 stripped", wire.data, data, plain)
+    ex.same("initiator received the data", got, data, plain)
     # "validate each CRC32": with one stored CRC32 wrong the data still moves and the
     # MKEY latches a BAD_GUARD for that block (mlx5dv_mkey_check(3)).
     b = 3
     bad = bytearray(memory)
     bad[b * 516 + 512] ^= 0x01
-    mr.write(bytes(bad))
+    await mr.write(bytes(bad))
+    await dst.write(bytes(len(data)))
     ex.say("tamper", f"one CRC32 byte of blk {b} flipped in target memory; SEND again")
-    wire = send(t, mkey.lkey, 0, len(data), i, dst)
-    ex.same("the data still moves (a signature error is not a transport error)", wire, data,
-            plain)
+    wire = await ex.send(t, on_mkey(mkey, len(data)), i, whole(dst))
+    ex.same("the data still moves (a signature error is not a transport error)", wire.data,
+            data, plain)
+    ex.same("initiator received the data again", await dst.read(), data, plain)
     stored = int.from_bytes(bad[b * 516 + 512:b * 516 + 516], "big")
-    ex.mkey_check(mkey, (MkeyErrType.BAD_GUARD, guard_of(CRC32_512, data[b * 512:(b + 1) * 512]),
-                         stored, b * 516))
+    await ex.mkey_check(mkey, (MkeyErrType.BAD_GUARD,
+                               guard_of(CRC32_512, data[b * 512:(b + 1) * 512]), stored, b * 516))
 
 
 @example("sig_block 1.1", SIG_PAGE, "Example 1.1",
          "RECV on the same MKEY: the wire data scattered with a CRC32 generated after every "
          "512 bytes.")
-def _sig_block_1_1(ex: Example) -> None:
+async def _sig_block_1_1(ex: Example) -> None:
     t, i = ex.target, ex.initiator
     data = ex.rng.randbytes(8 * 512)
-    mr = t.reg_mr(8 * 516)
-    mkey = t.mkey(SIG_FLAGS, access=LOCAL, sges=whole(mr), sig=SIG_EXAMPLE_1)
+    mr = await t.reg_mr(8 * 516)
+    mkey = await t.mkey(SIG_FLAGS, access=LOCAL, sges=whole(mr), sig=SIG_EXAMPLE_1)
     ex.mkey_config(mkey, SIG_FLAGS, LOCAL, f"list layout: {mr.length}B of MR 0x{mr.lkey:x}",
                    SIG_EXAMPLE_1)
-    src = i.reg_mr(data)
+    src = await i.reg_mr(data)
     plain = Shape(512)
     ex.image("initiator memory", data, plain)
-    wire = send_to_mkey(i, src, len(data), t, mkey)
-    ex.image("wire (SEND)", wire, plain)
-    ex.image("target memory (RECV)", mr.read(), Shape(512, CRC32_512))
-    ex.mkey_check(mkey)
-    ex.same("target memory is data + CRC32 every 512 bytes", mr.read(),
+    wire = await ex.send(i, whole(src), t, on_mkey(mkey, len(data)))
+    ex.image("wire (SEND)", wire.data, plain)
+    got = await mr.read()
+    ex.image("target memory (RECV)", got, Shape(512, CRC32_512))
+    await ex.mkey_check(mkey)
+    ex.same("wire is the initiator's data", wire.data, data, plain)
+    ex.same("target memory is data + CRC32 every 512 bytes", got,
             protect(data, CRC32_512), Shape(512, CRC32_512))
 
 
 @example("sig_block 2", SIG_PAGE, "Example 2",
          "A remote RDMA_READ of the MKEY: the data transmitted with a T10DIF generated "
          "every 4K of data.")
-def _sig_block_2(ex: Example) -> None:
+async def _sig_block_2(ex: Example) -> None:
     t, i = ex.target, ex.initiator
     data = ex.rng.randbytes(4 * 4096)
-    mr = t.reg_mr(data)
-    mkey = t.mkey(SIG_FLAGS, access=REMOTE, sges=whole(mr), sig=SIG_EXAMPLE_2)
+    mr = await t.reg_mr(data)
+    mkey = await t.mkey(SIG_FLAGS, access=REMOTE, sges=whole(mr), sig=SIG_EXAMPLE_2)
     ex.mkey_config(mkey, SIG_FLAGS, REMOTE, f"list layout: {mr.length}B of MR 0x{mr.lkey:x}",
                    SIG_EXAMPLE_2)
     plain, dif = Shape(4096), Shape(4096, DIF_4K)
     ex.image("target memory", data, plain)
-    dst = i.reg_mr(4 * 4104)
-    wire = rdma_read(i, dst, t, mkey, dst.length)
-    ex.image("wire (RDMA_READ response)", wire, dif)
-    ex.image("initiator memory", dst.read(), dif)
-    ex.mkey_check(mkey)
+    dst = await i.reg_mr(4 * 4104)
+    wire = await ex.rdma_read(whole(dst), mkey)
+    ex.image("wire (RDMA_READ response)", wire.data, dif)
+    got = await dst.read()
+    ex.image("initiator memory", got, dif)
+    await ex.mkey_check(mkey)
     want = protect(data, DIF_4K)
-    ex.same("wire is data + T10DIF (crcmod guard, app 0x5a5a, ref 0x1000 + blk)", wire, want, dif)
-    ex.same("initiator memory holds data + the same T10DIF", dst.read(), want, dif)
+    ex.same("wire is data + T10DIF (crcmod guard, app 0x5a5a, ref 0x1000 + blk)", wire.data,
+            want, dif)
+    ex.same("initiator memory holds data + the same T10DIF", got, want, dif)
+    ex.same("target memory is not changed by being read", await mr.read(), data, plain)
 
 
 @example("sig_block 2.1", SIG_PAGE, "Example 2.1",
          "A remote RDMA_WRITE to the MKEY: each T10DIF validated against its 4K of data, "
          "stripped, and the data alone scattered.")
-def _sig_block_2_1(ex: Example) -> None:
+async def _sig_block_2_1(ex: Example) -> None:
     t, i = ex.target, ex.initiator
     data = ex.rng.randbytes(4 * 4096)
-    mr = t.reg_mr(len(data))
-    mkey = t.mkey(SIG_FLAGS, access=REMOTE, sges=whole(mr), sig=SIG_EXAMPLE_2)
+    mr = await t.reg_mr(len(data))
+    mkey = await t.mkey(SIG_FLAGS, access=REMOTE, sges=whole(mr), sig=SIG_EXAMPLE_2)
     ex.mkey_config(mkey, SIG_FLAGS, REMOTE, f"list layout: {mr.length}B of MR 0x{mr.lkey:x}",
                    SIG_EXAMPLE_2)
     plain, dif = Shape(4096), Shape(4096, DIF_4K)
     image = protect(data, DIF_4K)
-    src = i.reg_mr(image)
+    src = await i.reg_mr(image)
     ex.image("initiator memory", image, dif)
-    wire = rdma_write(i, src, len(image), t, mkey)
-    ex.image("wire (RDMA_WRITE)", wire, dif)
-    ex.image("target memory", mr.read(), plain)
-    ex.mkey_check(mkey)
-    ex.same("target memory is the data alone, T10DIF stripped", mr.read(), data, plain)
+    wire = await ex.rdma_write(whole(src), mkey)
+    ex.image("wire (RDMA_WRITE)", wire.data, dif)
+    got = await mr.read()
+    ex.image("target memory", got, plain)
+    await ex.mkey_check(mkey)
+    ex.same("wire is the initiator's data + T10DIF", wire.data, image, dif)
+    ex.same("target memory is the data alone, T10DIF stripped", got, data, plain)
     # "validate each T10DIF field": a wrong guard in block 2 is reported at that block.
     b = 2
     bad = bytearray(image)
     bad[b * 4104 + 4096] ^= 0x01
-    src.write(bytes(bad))
+    await src.write(bytes(bad))
+    await mr.write(bytes(len(data)))
     ex.say("tamper", f"one guard byte of blk {b} flipped in initiator memory; RDMA_WRITE again")
-    rdma_write(i, src, len(image), t, mkey)
+    await ex.rdma_write(whole(src), mkey)
+    ex.same("the data is still scattered (the writer's completion says nothing)",
+            await mr.read(), data, plain)
     stored = int.from_bytes(bad[b * 4104 + 4096:b * 4104 + 4098], "big")
-    ex.mkey_check(mkey, (MkeyErrType.BAD_GUARD, guard_of(DIF_4K, data[b * 4096:(b + 1) * 4096]),
-                         stored, b * 4104))
+    await ex.mkey_check(mkey, (MkeyErrType.BAD_GUARD,
+                               guard_of(DIF_4K, data[b * 4096:(b + 1) * 4096]), stored, b * 4104))
 
 
 # -- mlx5dv_wr_set_mkey_crypto(3) --------------------------------------------------------
@@ -634,50 +836,56 @@ SIG_CRYPTO_FLAGS = SIG_FLAGS | MkeyInitAttrFlags.CRYPTO
 @example("crypto 1", CRYPTO_PAGE, "Example 1 (row F)",
          "SEND with the MKEY as local key: the encrypted memory decrypted with the DEK and "
          "the plaintext sent to the wire.")
-def _crypto_1(ex: Example) -> None:
+async def _crypto_1(ex: Example) -> None:
     t, i = ex.target, ex.initiator
     key, data = new_key(ex.rng, 64), ex.rng.randbytes(8 * 512)
     memory = xts(key, data, 512, encrypt=True)
-    mr = t.reg_mr(memory)
-    attr = crypto_attr(t.create_dek(key), False, BEFORE, 512)
-    mkey = t.mkey(CRYPTO_FLAGS, access=LOCAL, sges=whole(mr), crypto=attr)
+    mr = await t.reg_mr(memory)
+    attr = crypto_attr(await t.create_dek(key), False, BEFORE, 512)
+    mkey = await t.mkey(CRYPTO_FLAGS, access=LOCAL, sges=whole(mr), crypto=attr)
     ex.mkey_config(mkey, CRYPTO_FLAGS, LOCAL, f"list layout: {mr.length}B of MR 0x{mr.lkey:x}",
                    crypto=attr, key=key)
     ex.image("target memory", memory, Shape(512, enc="all"))
-    dst = i.reg_mr(len(data))
-    wire = send(t, mkey.lkey, 0, len(data), i, dst)
-    ex.image("wire (SEND)", wire, Shape(512))
-    ex.image("initiator memory (RECV)", dst.read(), Shape(512))
-    ex.same("wire is the plaintext whose cryptography XTS encryption is in memory", wire, data)
-    ex.same("initiator received the plaintext", dst.read(), data)
+    dst = await i.reg_mr(len(data))
+    wire = await ex.send(t, on_mkey(mkey, len(data)), i, whole(dst))
+    ex.image("wire (SEND)", wire.data, Shape(512))
+    got = await dst.read()
+    ex.image("initiator memory (RECV)", got, Shape(512))
+    await ex.mkey_check(mkey)
+    ex.same("wire is the plaintext whose cryptography XTS encryption is in memory", wire.data,
+            data)
+    ex.same("initiator received the plaintext", got, data)
 
 
 @example("crypto 1.1", CRYPTO_PAGE, "Example 1.1",
          "RECV on the same MKEY: the wire data encrypted with the DEK and scattered.")
-def _crypto_1_1(ex: Example) -> None:
+async def _crypto_1_1(ex: Example) -> None:
     t, i = ex.target, ex.initiator
     # An AES-128-XTS DEK here (32 bytes), so both key sizes are shown.
     key, data = new_key(ex.rng, 32), ex.rng.randbytes(8 * 512)
-    mr = t.reg_mr(len(data))
-    attr = crypto_attr(t.create_dek(key), False, BEFORE, 512)
-    mkey = t.mkey(CRYPTO_FLAGS, access=LOCAL, sges=whole(mr), crypto=attr)
+    mr = await t.reg_mr(len(data))
+    attr = crypto_attr(await t.create_dek(key), False, BEFORE, 512)
+    mkey = await t.mkey(CRYPTO_FLAGS, access=LOCAL, sges=whole(mr), crypto=attr)
     ex.mkey_config(mkey, CRYPTO_FLAGS, LOCAL, f"list layout: {mr.length}B of MR 0x{mr.lkey:x}",
                    crypto=attr, key=key)
-    src = i.reg_mr(data)
+    src = await i.reg_mr(data)
     ex.image("initiator memory", data, Shape(512))
-    wire = send_to_mkey(i, src, len(data), t, mkey)
-    ex.image("wire (SEND)", wire, Shape(512))
-    ex.image("target memory (RECV)", mr.read(), Shape(512, enc="all"))
-    ex.same("target memory is enc(data), tweak + k for unit k", mr.read(),
+    wire = await ex.send(i, whole(src), t, on_mkey(mkey, len(data)))
+    ex.image("wire (SEND)", wire.data, Shape(512))
+    got = await mr.read()
+    ex.image("target memory (RECV)", got, Shape(512, enc="all"))
+    await ex.mkey_check(mkey)
+    ex.same("wire is the initiator's plaintext", wire.data, data)
+    ex.same("target memory is enc(data), tweak + k for unit k", got,
             xts(key, data, 512, encrypt=True))
 
 
-def _row_c(ex: Example, key: bytes, memory: bytes | int):
+async def _row_c(ex: Example, key: bytes, memory: bytes | int):
     t = ex.target
-    mr = t.reg_mr(memory)
+    mr = await t.reg_mr(memory)
     sig = SigBlockAttr(mem=None, wire=SIG, check_mask=0xFF)
-    attr = crypto_attr(t.create_dek(key), True, BEFORE, 520)
-    mkey = t.mkey(SIG_CRYPTO_FLAGS, access=REMOTE, sges=whole(mr), sig=sig, crypto=attr)
+    attr = crypto_attr(await t.create_dek(key), True, BEFORE, 520)
+    mkey = await t.mkey(SIG_CRYPTO_FLAGS, access=REMOTE, sges=whole(mr), sig=sig, crypto=attr)
     ex.mkey_config(mkey, SIG_CRYPTO_FLAGS, REMOTE,
                    f"list layout: {mr.length}B of MR 0x{mr.lkey:x}", sig, attr, key)
     return mr, mkey
@@ -686,20 +894,22 @@ def _row_c(ex: Example, key: bytes, memory: bytes | int):
 @example("crypto 2", CRYPTO_PAGE, "Example 2 (row C)",
          "A remote RDMA_READ: a T10DIF generated every 512B of data, data and T10DIF "
          "encrypted together (520B data units) and transmitted.")
-def _crypto_2(ex: Example) -> None:
+async def _crypto_2(ex: Example) -> None:
     i = ex.initiator
     key, data = new_key(ex.rng, 64), ex.rng.randbytes(8 * 512)
-    mr, mkey = _row_c(ex, key, data)
+    mr, mkey = await _row_c(ex, key, data)
     ex.image("target memory", data, Shape(512))
-    dst = i.reg_mr(8 * 520)
-    wire = rdma_read(i, dst, ex.target, mkey, dst.length)
-    ex.image("wire (RDMA_READ response)", wire, Shape(512, SIG, "all"))
-    ex.image("initiator memory", dst.read(), Shape(512, SIG, "all"))
-    clear = xts(key, dst.read(), 520, encrypt=False)
+    dst = await i.reg_mr(8 * 520)
+    wire = await ex.rdma_read(whole(dst), mkey)
+    ex.image("wire (RDMA_READ response)", wire.data, Shape(512, SIG, "all"))
+    got = await dst.read()
+    ex.image("initiator memory", got, Shape(512, SIG, "all"))
+    clear = xts(key, got, 520, encrypt=False)
     ex.image("initiator memory decrypted by cryptography XTS", clear, Shape(512, SIG))
-    ex.mkey_check(mkey)
+    await ex.mkey_check(mkey)
     want = xts(key, protect(data, SIG), 520, encrypt=True)
-    ex.same("wire is enc(data+T10DIF) per 520B unit", wire, want, Shape(512, SIG, "all"))
+    ex.same("wire is enc(data+T10DIF) per 520B unit", wire.data, want, Shape(512, SIG, "all"))
+    ex.same("initiator memory holds the wire image", got, want, Shape(512, SIG, "all"))
     ex.same("decrypted, it is data + T10DIF (crcmod guard, app 0xbeef, ref 0x2000 + blk)",
             clear, protect(data, SIG), Shape(512, SIG))
 
@@ -707,30 +917,32 @@ def _crypto_2(ex: Example) -> None:
 @example("crypto 2.1", CRYPTO_PAGE, "Example 2.1",
          "A remote RDMA_WRITE: the data decrypted, each T10DIF validated against its 512B, "
          "stripped, and the data alone scattered.")
-def _crypto_2_1(ex: Example) -> None:
+async def _crypto_2_1(ex: Example) -> None:
     i = ex.initiator
     key, data = new_key(ex.rng, 64), ex.rng.randbytes(8 * 512)
-    mr, mkey = _row_c(ex, key, len(data))
+    mr, mkey = await _row_c(ex, key, len(data))
     image = xts(key, protect(data, SIG), 520, encrypt=True)
-    src = i.reg_mr(image)
+    src = await i.reg_mr(image)
     ex.image("initiator memory", image, Shape(512, SIG, "all"))
-    wire = rdma_write(i, src, len(image), ex.target, mkey)
-    ex.image("wire (RDMA_WRITE)", wire, Shape(512, SIG, "all"))
-    ex.image("target memory", mr.read(), Shape(512))
-    ex.mkey_check(mkey)
-    ex.same("target memory is the data alone", mr.read(), data, Shape(512))
+    wire = await ex.rdma_write(whole(src), mkey)
+    ex.image("wire (RDMA_WRITE)", wire.data, Shape(512, SIG, "all"))
+    got = await mr.read()
+    ex.image("target memory", got, Shape(512))
+    await ex.mkey_check(mkey)
+    ex.same("wire is the initiator's enc(data+T10DIF)", wire.data, image, Shape(512, SIG, "all"))
+    ex.same("target memory is the data alone", got, data, Shape(512))
     # A ciphertext byte changed on the wire decrypts to garbage in its 16-byte XTS
     # block: the T10DIF check after decryption must catch it at that 520B unit.
     u = 5
     bad = bytearray(image)
     bad[u * 520 + 17] ^= 0x80
-    src.write(bytes(bad))
+    await src.write(bytes(bad))
     ex.say("tamper", f"one ciphertext byte of unit {u} flipped in initiator memory; "
            "RDMA_WRITE again")
-    rdma_write(i, src, len(image), ex.target, mkey)
+    await ex.rdma_write(whole(src), mkey)
     clear = xts(key, bytes(bad), 520, encrypt=False)[u * 520:(u + 1) * 520]
-    ex.mkey_check(mkey, (MkeyErrType.BAD_GUARD, guard_of(SIG, clear[:512]),
-                         int.from_bytes(clear[512:514], "big"), u * 520))
+    await ex.mkey_check(mkey, (MkeyErrType.BAD_GUARD, guard_of(SIG, clear[:512]),
+                               int.from_bytes(clear[512:514], "big"), u * 520))
 
 
 # The table of mlx5dv_wr_set_mkey_crypto(3):
@@ -804,7 +1016,7 @@ def row_images(row: str, key: bytes, data: bytes) -> RowImages:
     return builders[row]()
 
 
-def _crypto_row(ex: Example, row: str) -> None:
+async def _crypto_row(ex: Example, row: str) -> None:
     t, i = ex.target, ex.initiator
     key, data = new_key(ex.rng, 64), ex.rng.randbytes(ROW_BLOCKS * 512)
     r = row_images(row, key, data)
@@ -813,30 +1025,32 @@ def _crypto_row(ex: Example, row: str) -> None:
     if r.mem_sig or r.wire_sig:
         sig = SigBlockAttr(mem=r.mem_sig, wire=r.wire_sig, check_mask=0xFF)
     flags = SIG_CRYPTO_FLAGS if sig else CRYPTO_FLAGS
-    mr = t.reg_mr(r.memory)
-    attr = crypto_attr(t.create_dek(key), eot, r.order, r.unit)
-    mkey = t.mkey(flags, access=REMOTE, sges=whole(mr), sig=sig, crypto=attr)
+    mr = await t.reg_mr(r.memory)
+    attr = crypto_attr(await t.create_dek(key), eot, r.order, r.unit)
+    mkey = await t.mkey(flags, access=REMOTE, sges=whole(mr), sig=sig, crypto=attr)
     ex.mkey_config(mkey, flags, REMOTE, f"list layout: {mr.length}B of MR 0x{mr.lkey:x}",
                    sig, attr, key)
     if SIG1 in (r.mem_sig, r.wire_sig):
         ex.say("", "SIG1 = CRC64_XP10, SIG2 = SIG = T10DIF: one signature converted into another")
     ex.image(f"target memory {CRYPTO_TABLE[row][0]}", r.memory, r.mem_shape)
-    # TX: the initiator reads the MKEY; its MR receives the wire image.
-    dst = i.reg_mr(len(r.wire))
-    wire = rdma_read(i, dst, t, mkey, len(r.wire))
-    ex.image(f"wire {CRYPTO_TABLE[row][4]} = initiator memory after RDMA_READ", wire,
-             r.wire_shape)
-    if sig is not None:
-        ex.mkey_check(mkey)
-    ex.same(f"TX gives the wire image {CRYPTO_TABLE[row][4]}", wire, r.wire, r.wire_shape)
-    ex.same("initiator memory holds the wire image", dst.read(), r.wire, r.wire_shape)
+    # TX: the initiator reads the MKEY; the target's READ responses carry the wire image.
+    dst = await i.reg_mr(len(r.wire))
+    wire = await ex.rdma_read(whole(dst), mkey)
+    ex.image(f"wire {CRYPTO_TABLE[row][4]} (RDMA_READ response)", wire.data, r.wire_shape)
+    got = await dst.read()
+    ex.image("initiator memory after RDMA_READ", got, r.wire_shape)
+    await ex.mkey_check(mkey)
+    ex.same(f"TX gives the wire image {CRYPTO_TABLE[row][4]}", wire.data, r.wire, r.wire_shape)
+    ex.same("initiator memory holds the wire image", got, r.wire, r.wire_shape)
     # RX: the same bytes written back through the MKEY over a zeroed target MR.
-    mr.write(bytes(mr.length))
-    rdma_write(i, dst, len(r.wire), t, mkey)
-    ex.image("target memory after RDMA_WRITE of the wire image", mr.read(), r.mem_shape)
-    if sig is not None:
-        ex.mkey_check(mkey)
-    ex.same(f"RX gives back the memory image {CRYPTO_TABLE[row][0]}", mr.read(), r.memory,
+    await mr.write(bytes(mr.length))
+    ex.say("back", "target MR zeroed; the initiator RDMA_WRITEs the wire image to the MKEY")
+    wire = await ex.rdma_write(whole(dst), mkey)
+    got = await mr.read()
+    ex.image("target memory after RDMA_WRITE of the wire image", got, r.mem_shape)
+    await ex.mkey_check(mkey)
+    ex.same("the RDMA_WRITE carried the wire image", wire.data, r.wire, r.wire_shape)
+    ex.same(f"RX gives back the memory image {CRYPTO_TABLE[row][0]}", got, r.memory,
             r.mem_shape)
 
 
@@ -854,60 +1068,68 @@ RW = AccessFlags.REMOTE_READ | AccessFlags.REMOTE_WRITE
 
 @example("mkey_configure list", CONF_PAGE, "List data layout configuration",
          "An RDMA_WRITE to the MKEY: the first 64 bytes go to mr1, the next 4096 bytes to mr2.")
-def _layout_list(ex: Example) -> None:
+async def _layout_list(ex: Example) -> None:
     t, i = ex.target, ex.initiator
-    mr1, mr2 = t.reg_mr(256), t.reg_mr(8192)
+    mr1, mr2 = await t.reg_mr(256), await t.reg_mr(8192)
     # The page's example: 2 setters, access REMOTE_READ | REMOTE_WRITE, list of two SGEs.
-    mkey = t.mkey(INDIRECT, access=RW, max_entries=2,
-                  sges=[SGE(mr1.addr, 64, mr1.lkey), SGE(mr2.addr, 4096, mr2.lkey)])
+    mkey = await t.mkey(INDIRECT, access=RW, max_entries=2,
+                        sges=[SGE(mr1.addr, 64, mr1.lkey), SGE(mr2.addr, 4096, mr2.lkey)])
     ex.mkey_config(mkey, INDIRECT, RW, f"list layout: 64B of mr1 0x{mr1.lkey:x}, "
                    f"4096B of mr2 0x{mr2.lkey:x}")
     data = ex.rng.randbytes(64 + 4096)
-    src = i.reg_mr(data)
+    src = await i.reg_mr(data)
     ex.say("initiator", f"memory {len(data)}B {preview(data)}")
-    wire = rdma_write(i, src, len(data), t, mkey)
-    ex.say("wire", f"RDMA_WRITE {len(wire)}B {preview(wire)}")
-    m1, m2 = mr1.read(), mr2.read()
+    wire = await ex.rdma_write(whole(src), mkey)
+    ex.say("wire bytes", f"RDMA_WRITE {len(wire.data)}B {preview(wire.data)}")
+    m1, m2 = await mr1.read(), await mr2.read()
     ex.say("target mr1", segments_line(m1, [64], ex.style))
     ex.say("target mr2", segments_line(m2, [4096], ex.style))
+    await ex.mkey_check(mkey)
+    ex.same("the wire carried the initiator's bytes", wire.data, data)
     ex.same("mr1[0,64) is the first 64 bytes", m1[:64], data[:64])
     ex.same("mr2[0,4096) is the next 4096 bytes", m2[:4096], data[64:])
     ex.same("the rest of mr1 and mr2 is untouched", m1[64:] + m2[4096:],
             bytes(256 - 64 + 8192 - 4096))
-    back = i.reg_mr(len(data))
-    ex.same("an RDMA_READ of the MKEY gathers the same bytes back",
-            rdma_read(i, back, t, mkey, len(data)), data)
+    back = await i.reg_mr(len(data))
+    ex.say("back", "the initiator RDMA_READs the MKEY")
+    wire = await ex.rdma_read(whole(back), mkey)
+    ex.same("an RDMA_READ of the MKEY gathers the same bytes back", wire.data, data)
+    ex.same("and scatters them into the initiator's MR", await back.read(), data)
 
 
 @example("mkey_configure interleaved", CONF_PAGE, "Interleaved data layout configuration",
          "An RDMA_WRITE to the MKEY: 512 bytes to mr1 @0, 8 bytes to mr2 @0, 512 bytes to "
          "mr1 @516, 8 bytes to mr2 @8.")
-def _layout_interleaved(ex: Example) -> None:
+async def _layout_interleaved(ex: Example) -> None:
     t, i = ex.target, ex.initiator
-    mr1, mr2 = t.reg_mr(2048), t.reg_mr(64)
+    mr1, mr2 = await t.reg_mr(2048), await t.reg_mr(64)
     # "one entry will be consumed for strided header": 2 entries need max_entries 3.
-    mkey = t.mkey(INDIRECT, access=RW, max_entries=3,
-                  interleaved=(2, [MrInterleaved(mr1.addr, 512, 4, mr1.lkey),
-                                   MrInterleaved(mr2.addr, 8, 0, mr2.lkey)]))
+    mkey = await t.mkey(INDIRECT, access=RW, max_entries=3,
+                        interleaved=(2, [MrInterleaved(mr1.addr, 512, 4, mr1.lkey),
+                                         MrInterleaved(mr2.addr, 8, 0, mr2.lkey)]))
     ex.mkey_config(mkey, INDIRECT, RW, f"interleaved layout x2: 512B skip 4 of mr1 0x{mr1.lkey:x}"
                    f", 8B skip 0 of mr2 0x{mr2.lkey:x}")
     data = ex.rng.randbytes(2 * 520)
-    src = i.reg_mr(data)
+    src = await i.reg_mr(data)
     ex.say("initiator", f"memory {len(data)}B {preview(data)}")
-    wire = rdma_write(i, src, len(data), t, mkey)
-    ex.say("wire", f"RDMA_WRITE {len(wire)}B {preview(wire)}")
-    m1, m2 = mr1.read(), mr2.read()
+    wire = await ex.rdma_write(whole(src), mkey)
+    ex.say("wire bytes", f"RDMA_WRITE {len(wire.data)}B {preview(wire.data)}")
+    m1, m2 = await mr1.read(), await mr2.read()
     ex.say("target mr1", segments_line(m1, [512, 516, 1028], ex.style))
     ex.say("target mr2", segments_line(m2, [8, 16], ex.style))
+    await ex.mkey_check(mkey)
+    ex.same("the wire carried the initiator's bytes", wire.data, data)
     ex.same("first 512 bytes at mr1 offset 0", m1[0:512], data[0:512])
     ex.same("next 8 bytes at mr2 offset 0", m2[0:8], data[512:520])
     ex.same("next 512 bytes at mr1 offset 516", m1[516:1028], data[520:1032])
     ex.same("next 8 bytes at mr2 offset 8", m2[8:16], data[1032:1040])
     ex.same("the skipped and unused bytes are untouched", m1[512:516] + m1[1028:] + m2[16:],
             bytes(4 + 2048 - 1028 + 48))
-    back = i.reg_mr(len(data))
-    ex.same("an RDMA_READ of the MKEY gathers the same bytes back",
-            rdma_read(i, back, t, mkey, len(data)), data)
+    back = await i.reg_mr(len(data))
+    ex.say("back", "the initiator RDMA_READs the MKEY")
+    wire = await ex.rdma_read(whole(back), mkey)
+    ex.same("an RDMA_READ of the MKEY gathers the same bytes back", wire.data, data)
+    ex.same("and scatters them into the initiator's MR", await back.read(), data)
 
 
 # -- selection and the run ---------------------------------------------------------------
@@ -942,13 +1164,27 @@ def use_color(out: TextIO) -> bool:
     return "NO_COLOR" not in os.environ and hasattr(out, "isatty") and out.isatty()
 
 
-def run_one(entry: Entry, index: int, total: int, out: TextIO, style: Style) -> Outcome:
+async def _play(entry: Entry, ex: Example) -> None:
+    """Two embedded daemons for one example: set up, connected, the example run, closed."""
+    async with sh.embedded() as tnode, sh.embedded() as inode:
+        ex.target = await Side.open("target", tnode)
+        ex.initiator = await Side.open("initiator", inode)
+        await connect_sides(ex.target, ex.initiator)
+        ex.say("daemons", f"target daemon {tnode.address} QP 0x{ex.target.qp.qp_num:x}, "
+               f"initiator daemon {inode.address} QP 0x{ex.initiator.qp.qp_num:x}; "
+               f"RC over TCP, path MTU {PATH_MTU_BYTES}")
+        await entry.fn(ex)
+
+
+async def run_one(entry: Entry, index: int, total: int, out: TextIO, style: Style) -> Outcome:
     out.write(style.bold(f"[{index}/{total}] {entry.name}: {entry.page}, {entry.where}") + "\n")
     out.write(f"  Result: {entry.result}\n")
     ex = Example(entry.name, out, style)
     try:
-        entry.fn(ex)
-    except Exception as e:  # noqa: BLE001 - any engine error fails this example, not the demo
+        await asyncio.wait_for(_play(entry, ex), EXAMPLE_TIMEOUT)
+    except asyncio.TimeoutError:
+        ex.check(False, "the example ran to its end", f"not done within {EXAMPLE_TIMEOUT:g} s")
+    except Exception as e:  # noqa: BLE001 - any daemon or verbs error fails this example only
         ex.check(False, "the example ran to its end", f"{type(e).__name__}: {e}")
     o = ex.outcome
     if o.passed:
@@ -959,13 +1195,18 @@ def run_one(entry: Entry, index: int, total: int, out: TextIO, style: Style) -> 
     return o
 
 
+async def _run_all(entries: list[Entry], out: TextIO, style: Style) -> list[Outcome]:
+    return [await run_one(e, k, len(entries), out, style) for k, e in enumerate(entries, 1)]
+
+
 def run(only: list[str] | None = None, out: TextIO | None = None,
         color: bool | None = None) -> list[Outcome]:
-    """Run the selected examples, printing each; raises UnknownExample for a bad name."""
+    """Run the selected examples, printing each; raises UnknownExample for a bad name.
+    Synchronous: the daemons and the client run on an event loop of their own."""
     out = out or sys.stdout
     style = Style(use_color(out) if color is None else color)
     entries = select(only)
-    outcomes = [run_one(e, k, len(entries), out, style) for k, e in enumerate(entries, 1)]
+    outcomes = asyncio.run(_run_all(entries, out, style))
     failed = [o for o in outcomes if not o.passed]
     n = len(outcomes)
     summary = (f"{n} example{'s' if n != 1 else ''}: {n - len(failed)} PASS, "

@@ -1,9 +1,11 @@
 """The ``softhca`` command line: the demo's verdicts and the bench's JSON.
 
-The demo judges the engine against its own oracle (crcmod, cryptography's XTS),
-so these tests check that every example is run and passes, and that a broken
-engine really makes it FAIL. The bench is only checked for shape: speeds are
-never compared, they depend on the machine.
+The demo runs every example between two embedded daemons over TCP and judges what
+crossed the wire against its own oracle (crcmod, cryptography's XTS), so these tests
+check that every example is run and passes, that the output shows the daemons and
+the packets, and that a broken engine (patched here: the daemons run in this
+process) or a disagreeing oracle really makes it FAIL. The bench is only checked
+for shape: speeds are never compared, they depend on the machine.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import math
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 from softhca.engine import signature, transfer
 from softhca.engine.hca import DEK
+from softhca.protocol.packets import Packet
+from softhca.server import demo
 from softhca.server.cli import main
 
 EXAMPLE_NAMES = [
@@ -115,7 +120,71 @@ def test_demo_engine_error_is_a_fail_not_a_crash(monkeypatch, capsys):
     assert main(["demo", "--only", "sig_block 1", "--only", "sig_block 2"]) == 1
     out = capsys.readouterr().out
     assert verdicts(out) == {"sig_block 1": "FAIL", "sig_block 2": "FAIL"}
-    assert "RuntimeError: engine exploded" in out
+    # The SEND's post fails in the target daemon, which says why ...
+    assert "engine exploded" in out
+    # ... and the READ the target cannot answer ends in a completion that is not SUCCESS.
+    assert re.search(r"FAIL  sig_block 2: initiator RDMA_READ \w+: expected initiator "
+                     r"RDMA_READ SUCCESS", out)
+    assert "2 examples: 0 PASS, 2 FAIL" in out
+
+
+def test_demo_runs_between_two_daemons(capsys):
+    assert main(["demo", "--only", "sig_block 2.1"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"^  daemons +target daemon 127\.0\.0\.1:(\d+) QP 0x[0-9a-f]+, "
+                  r"initiator daemon 127\.0\.0\.1:(\d+) QP 0x[0-9a-f]+", out, re.M)
+    assert m and m.group(1) != m.group(2), out
+    # 4 blocks of 4096 + 8 bytes of T10DIF in 1024-byte packets: 17 RDMA_WRITE packets,
+    # seen on the initiator daemon's wire, then the same again after the tamper.
+    summaries = re.findall(r"^  wire +17 packets RDMA_WRITE_FIRST psn 0x([0-9a-f]+) \.\. "
+                           r"RDMA_WRITE_LAST psn 0x([0-9a-f]+) to QP 0x[0-9a-f]+, 16416B, "
+                           r"initiator -> target", out, re.M)
+    assert [(int(a, 16), int(b, 16)) for a, b in summaries] == [(0, 16), (17, 33)], out
+    assert out.count("completion ok  initiator RDMA_WRITE SUCCESS") == 2
+    # Both sides' mkey_check: the target's MKEY, and the initiator that has none.
+    assert "mkey_check ok  target MKEY" in out and "BAD_GUARD" in out
+    assert "initiator: no MKEY" in out
+    assert "1 example: 1 PASS, 0 FAIL" in out
+
+
+def test_demo_fails_when_the_oracle_disagrees(monkeypatch, capsys):
+    """The wire the daemons produced is judged by the oracle: one byte of the expected
+    image wrong (the ref tag of block 1) is a FAIL and exit status 1."""
+    real = demo.protect
+
+    def wrong(data, d):
+        out = bytearray(real(data, d))
+        if d is demo.DIF_4K:
+            out[4104 + 4096 + 7] ^= 0x01
+        return bytes(out)
+
+    monkeypatch.setattr(demo, "protect", wrong)
+    assert main(["demo", "--only", "sig_block 2"]) == 1
+    out = capsys.readouterr().out
+    assert verdicts(out) == {"sig_block 2": "FAIL"}
+    assert re.search(r"FAIL  sig_block 2: wire is data \+ T10DIF .*: blk 1 ref 0x00001001, "
+                     r"expected 0x00001000", out), out
+    assert "1 example: 0 PASS, 1 FAIL" in out
+
+
+def test_demo_wire_is_payloads_in_psn_order_once_each():
+    """Retransmitted and reordered packets: each PSN once, in order across the 24-bit wrap."""
+    sender = SimpleNamespace(role="initiator", qp=SimpleNamespace(qp_num=0x21))
+    receiver = SimpleNamespace(role="target", qp=SimpleNamespace(qp_num=0x11))
+    psns = [0xFFFFFE, 0xFFFFFF, 0x0, 0x1]
+    ops = ["RDMA_WRITE_FIRST", "RDMA_WRITE_MIDDLE", "RDMA_WRITE_MIDDLE", "RDMA_WRITE_LAST"]
+    pkts = [Packet(0x11, psn, op, bytes([k]) * 4) for k, (psn, op) in enumerate(zip(psns, ops, strict=True))]
+    cap = demo.Capture(())
+    cap.sent = [("initiator", p) for p in (pkts[0], pkts[1], pkts[2], pkts[1], pkts[2],
+                                            pkts[3])]
+    cap.sent.append(("target", Packet(0x21, 0x1, "ACKNOWLEDGE", aeth=("ACK", 1))))
+    cap.sent.append(("initiator", Packet(0x99, 0x2, "SEND_ONLY", b"other QP")))
+    wire = cap.wire(sender, receiver)
+    assert wire.data == b"".join(bytes([k]) * 4 for k in range(4))
+    assert [p.psn for p in wire.packets] == psns and wire.retransmitted == 2
+    assert wire.summary() == ("4 packets RDMA_WRITE_FIRST psn 0xfffffe .. RDMA_WRITE_LAST "
+                              "psn 0x1 to QP 0x11, 16B, initiator -> target; 2 retransmitted; "
+                              "1 ACKNOWLEDGE from the target")
 
 
 def test_bench_engine_json(capsys):

@@ -1,0 +1,365 @@
+"""Fault injection on a daemon's wire path (ARCHITECTURE.md, "Fault injection").
+
+A rule watches the packets one daemon sends (``direction: "out"``) or accepts
+(``"in"``) and, when it matches, changes what the link does with one of them:
+
+- ``corrupt``: change bytes of wire block ``block`` of a message (a data byte, or the
+  T10-DIF guard, app tag or ref tag field; xor a mask or set a value). With
+  ``icrc: "recompute"`` the packet's integrity check is computed over the corrupted
+  bytes: the corruption happened before the link (a bad DMA, a buggy target), so only
+  a signature check can notice it. With ``icrc: "stale"`` the check is the original
+  one: a link error, which the receiver drops and the requester's retransmission
+  recovers.
+- ``drop``, ``duplicate``, ``delay`` (``seconds``), ``reorder`` (held back behind the
+  next ``window`` packets of the same QP and direction).
+- ``rnr``: the receiving QP answers a SEND with an RNR NAK, as if no receive were posted.
+
+Matching: ``qp`` (this daemon's QP number: the sender for "out", the receiver for
+"in"), ``opcode`` (an opcode name or its prefix: "RDMA_WRITE" matches
+RDMA_WRITE_FIRST ... _LAST_WITH_IMM), ``message`` (the n-th message of that QP's
+stream, from 1), ``packet`` (the n-th packet of the message, from 1), ``block``
+(only packets that carry bytes of the field in that block), ``probability`` with
+``seed`` (a rule's own random generator, so the same rules, seed and traffic give
+the same faults), ``count`` (fire at most this many times; absent: no limit).
+
+A message is counted once however often it is retransmitted: the n-th message is
+the one whose first packet is the n-th new first PSN seen. Blocks are ``block_size``
+wire bytes (data and PI: 520 for T10-DIF on 512-byte blocks) counted from the
+message's first byte; packet i of a message carries bytes [i*mtu, i*mtu+len).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from softhca.engine.rc import psn_diff
+from softhca.protocol.errors import RDMAError
+from softhca.protocol.packets import OPCODES, Packet
+
+ACTIONS = ("corrupt", "drop", "duplicate", "delay", "reorder", "rnr")
+FIELDS = ("data", "guard", "app_tag", "ref_tag")
+# Packets that begin a message on a requester's stream or a responder's stream.
+_STARTS = ("_FIRST", "_ONLY", "_ONLY_WITH_IMM", "_ONLY_WITH_INV")
+_SINGLE = ("RDMA_READ_REQUEST", "COMPARE_SWAP", "FETCH_ADD")
+# A packet held for reordering goes anyway after this long without traffic behind it.
+REORDER_FLUSH_S = 0.02
+_OPCODE_STEMS = sorted({op.rsplit("_", 1)[0] for op in OPCODES} | set(OPCODES)
+                       | {"SEND", "RDMA_WRITE", "RDMA_READ_RESPONSE", "RDMA_READ"})
+
+# Every field a rule may have: (type, check, default).
+_U = (int, lambda v: v >= 0)
+_SCHEMA: dict[str, tuple] = {
+    "action": (str, lambda v: v in ACTIONS), "direction": (str, lambda v: v in ("out", "in")),
+    "qp": _U, "opcode": (str, lambda v: v in _OPCODE_STEMS),
+    "message": (int, lambda v: v >= 1), "packet": (int, lambda v: v >= 1),
+    "block": _U, "block_size": (int, lambda v: 1 <= v <= 1 << 16),
+    "pi_size": (int, lambda v: v in (4, 8)),
+    "field": (str, lambda v: v in FIELDS), "offset": _U,
+    "xor": (int, lambda v: 0 <= v < 1 << 64), "set": (int, lambda v: 0 <= v < 1 << 64),
+    "icrc": (str, lambda v: v in ("recompute", "stale")),
+    "probability": ((int, float), lambda v: 0 <= v <= 1), "seed": (int, lambda v: True),
+    "count": (int, lambda v: v >= 1), "seconds": ((int, float), lambda v: 0 <= v <= 60),
+    "window": (int, lambda v: 1 <= v <= 1024), "name": (str, lambda v: len(v) <= 80),
+}
+
+
+def _bad(msg: str) -> RDMAError:
+    return RDMAError("EINVAL", f"fault rule: {msg}")
+
+
+@dataclass(eq=False)
+class FaultRule:
+    id: int
+    spec: dict
+    fired: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.spec[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.spec.get(name, default)
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, **self.spec, "fired": self.fired}
+
+    def field_range(self) -> tuple[int, int]:
+        """[start, end) of the corrupted field within its block."""
+        w, pi = self.spec["block_size"], self.spec.get("pi_size", 8)
+        f = self.spec.get("field", "data")
+        if f == "data":
+            off = self.spec.get("offset", 0)
+            return off, off + 1
+        if f == "guard":
+            return w - pi, w - pi + (2 if pi == 8 else pi)
+        if f == "app_tag":
+            return w - 6, w - 4
+        return w - 4, w            # ref_tag
+
+
+def validate_rule(spec: Any) -> dict:
+    """The rule as given, checked: unknown fields, wrong types, values out of range and
+    combinations that cannot match anything are EINVAL with the reason."""
+    if not isinstance(spec, dict):
+        raise _bad("a rule is a map of fields")
+    unknown = sorted(set(spec) - set(_SCHEMA))
+    if unknown:
+        raise _bad(f"unknown field(s) {', '.join(map(str, unknown))}; the fields are "
+                   f"{', '.join(_SCHEMA)}")
+    for name, value in spec.items():
+        typ, ok = _SCHEMA[name]
+        if not isinstance(value, typ) or isinstance(value, bool) or not ok(value):
+            raise _bad(f"{name}={value!r} is not valid"[:160])
+    if "action" not in spec:
+        raise _bad(f"'action' is required: one of {', '.join(ACTIONS)}")
+    out = {"direction": "out", **spec}
+    act = out["action"]
+    if act == "corrupt":
+        if "block" not in out or "block_size" not in out:
+            raise _bad("corrupt needs 'block' and 'block_size' (wire bytes per block, PI "
+                       "included: 520 for T10-DIF on 512-byte blocks)")
+        if "xor" in out and "set" in out:
+            raise _bad("give 'xor' or 'set', not both")
+        f = out.setdefault("field", "data")
+        out.setdefault("icrc", "recompute")
+        if "xor" not in out and "set" not in out:
+            out["xor"] = 1
+        pi = out.get("pi_size", 8)
+        data = out["block_size"] - pi
+        if data <= 0:
+            raise _bad(f"block_size {out['block_size']} leaves no data beside a {pi}-byte PI")
+        if f == "data" and out.get("offset", 0) >= data:
+            raise _bad(f"offset {out.get('offset', 0)} is past the {data} data bytes of a block")
+        if f in ("app_tag", "ref_tag") and pi != 8:
+            raise _bad(f"{f} exists only in an 8-byte T10-DIF PI")
+        lo, hi = FaultRule(0, out).field_range()
+        width = 8 * (hi - lo)
+        for k in ("xor", "set"):
+            if k in out and out[k] >= 1 << width:
+                raise _bad(f"{k}={out[k]:#x} does not fit the {hi - lo}-byte {f} field")
+    elif any(k in out for k in ("field", "xor", "set", "icrc", "offset", "pi_size")):
+        raise _bad("field/xor/set/icrc/offset/pi_size only go with action 'corrupt'")
+    if act == "delay" and "seconds" not in out:
+        raise _bad("delay needs 'seconds'")
+    if act == "reorder":
+        out.setdefault("window", 3)
+    if act == "rnr":
+        if out["direction"] != "in":
+            raise _bad("rnr is the receiver's answer: it needs direction 'in'")
+        out.setdefault("opcode", "SEND")
+        if not out["opcode"].startswith("SEND"):
+            raise _bad("rnr refuses SENDs (the messages that consume a receive)")
+    if "block" in out and "block_size" not in out:
+        raise _bad("'block' needs 'block_size'")
+    if "probability" in out:
+        out.setdefault("seed", 0)
+    return out
+
+
+@dataclass
+class _Msg:
+    first_psn: int
+    index: int
+
+
+class _Stream:
+    """The messages of one QP's packet stream in one direction and PSN space."""
+
+    KEEP = 512
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.by_psn: OrderedDict[int, _Msg] = OrderedDict()
+
+    def locate(self, p: Packet) -> _Msg | None:
+        op = p.opcode
+        if op.endswith(_STARTS) or op in _SINGLE or op.startswith("RDMA_READ_RESPONSE_ONLY"):
+            m = self.by_psn.get(p.psn)
+            if m is None:
+                self.count += 1
+                m = self.by_psn[p.psn] = _Msg(p.psn, self.count)
+                if len(self.by_psn) > self.KEEP:
+                    self.by_psn.popitem(last=False)
+            return m
+        # A MIDDLE or LAST packet (perhaps retransmitted alone): the newest message
+        # that started at or before its PSN.
+        best = None
+        for m in reversed(self.by_psn.values()):
+            d = psn_diff(p.psn, m.first_psn)
+            if 0 <= d and (best is None or d < psn_diff(p.psn, best.first_psn)):
+                best = m
+                if d < 1 << 16:
+                    break
+        return best
+
+
+@dataclass
+class Emit:
+    """What the link does with a packet: send it (after ``delay`` s) with this icrc."""
+
+    packet: Packet
+    stale_icrc_of: Packet | None = None
+    delay: float = 0.0
+    # Where it goes: the daemon's business (a link for "out", a QP for "in").
+    route: Any = None
+
+
+class Faults:
+    """The rules of one daemon and the per-QP message streams they match against."""
+
+    def __init__(self) -> None:
+        self.rules: list[FaultRule] = []
+        self._next = 1
+        self._streams: dict[tuple, _Stream] = {}
+        self._held: dict[tuple, list] = {}
+
+    # -- rules ----------------------------------------------------------------------------
+    def add(self, spec: Any) -> FaultRule:
+        spec = validate_rule(spec)
+        rule = FaultRule(self._next, spec, rng=random.Random(spec.get("seed", 0)))
+        self._next += 1
+        self.rules.append(rule)
+        return rule
+
+    def clear(self, rule_id: int | None = None) -> int:
+        if rule_id is None:
+            n = len(self.rules)
+            self.rules.clear()
+            return n
+        before = len(self.rules)
+        self.rules = [r for r in self.rules if r.id != rule_id]
+        if len(self.rules) == before:
+            raise RDMAError("ENOENT", f"no fault rule {rule_id} on this daemon")
+        return 1
+
+    def list(self) -> list[dict]:
+        return [r.as_dict() for r in self.rules]
+
+    # -- matching -----------------------------------------------------------------------
+    def _stream(self, direction: str, qpn: int, p: Packet) -> _Stream:
+        # Requests and responses of one QP run in two PSN spaces.
+        kind = "resp" if p.opcode.startswith(("RDMA_READ_RESPONSE", "ACK", "ATOMIC_ACK")) \
+            else "req"
+        key = (direction, qpn, kind)
+        s = self._streams.get(key)
+        if s is None:
+            s = self._streams[key] = _Stream()
+        return s
+
+    def _matches(self, r: FaultRule, direction: str, qpn: int, p: Packet, msg: _Msg | None,
+                 mtu: int) -> tuple[bool, int, int]:
+        """(matches, start, end): the corrupted bytes' range within the packet."""
+        s = r.spec
+        if s["direction"] != direction:
+            return False, 0, 0
+        if "count" in s and r.fired >= s["count"]:
+            return False, 0, 0
+        if "qp" in s and s["qp"] != qpn:
+            return False, 0, 0
+        op = s.get("opcode")
+        if op is not None and not (p.opcode == op or p.opcode.startswith(op + "_")):
+            return False, 0, 0
+        if "message" in s and (msg is None or msg.index != s["message"]):
+            return False, 0, 0
+        idx = psn_diff(p.psn, msg.first_psn) if msg is not None else 0
+        if "packet" in s and (msg is None or idx + 1 != s["packet"]):
+            return False, 0, 0
+        a = b = 0
+        if "block" in s:
+            lo, hi = r.field_range() if s["action"] == "corrupt" else (0, s["block_size"])
+            start = s["block"] * s["block_size"]
+            po = idx * mtu
+            a, b = max(start + lo, po), min(start + hi, po + len(p.payload))
+            if msg is None or a >= b:
+                return False, 0, 0
+            a, b = a - po, b - po
+        if "probability" in s and r.rng.random() >= s["probability"]:
+            return False, 0, 0
+        return True, a, b
+
+    def _corrupt(self, r: FaultRule, p: Packet, a: int, b: int, idx: int, mtu: int) -> Packet:
+        s = r.spec
+        lo, hi = r.field_range()
+        field_start = s["block"] * s["block_size"] + lo - idx * mtu   # in packet coordinates
+        width = hi - lo
+        buf = bytearray(p.payload)
+        if "set" in s:
+            pattern = s["set"].to_bytes(width, "big")
+            for i in range(a, b):
+                buf[i] = pattern[i - field_start]
+        else:
+            mask = s["xor"].to_bytes(width, "big")
+            for i in range(a, b):
+                buf[i] ^= mask[i - field_start]
+        return Packet(p.dest_qp, p.psn, p.opcode, bytes(buf), p.reth, p.aeth, p.imm, p.ieth,
+                      p.atomic, p.atomic_ack)
+
+    def apply(self, direction: str, qpn: int, mtu: int, pkts: list[Packet],
+              on_rnr=None, route: Any = None) -> list[Emit]:
+        """The emissions for ``pkts`` of QP ``qpn`` in ``direction``."""
+        out: list[Emit] = []
+        for p in pkts:
+            msg = self._stream(direction, qpn, p).locate(p)
+            idx = psn_diff(p.psn, msg.first_psn) if msg is not None else 0
+            emits = [Emit(p, route=route)]
+            for r in self.rules:
+                ok, a, b = self._matches(r, direction, qpn, p, msg, mtu)
+                if not ok:
+                    continue
+                act = r.spec["action"]
+                if act == "rnr":
+                    if on_rnr is None or not on_rnr(p):
+                        continue
+                elif act == "corrupt":
+                    for e in emits:
+                        original = e.stale_icrc_of or e.packet
+                        e.packet = self._corrupt(r, e.packet, a, b, idx, mtu)
+                        if r.spec["icrc"] == "stale":
+                            e.stale_icrc_of = original
+                elif act == "drop":
+                    emits = []
+                elif act == "duplicate":
+                    emits = emits + [Emit(e.packet, e.stale_icrc_of, e.delay, e.route)
+                                     for e in emits]
+                elif act == "delay":
+                    for e in emits:
+                        e.delay += float(r.spec["seconds"])
+                elif act == "reorder":
+                    self._held.setdefault((direction, qpn), []).append(
+                        [r.spec["window"], emits])
+                    emits = []
+                r.fired += 1
+                if not emits:
+                    break
+            out.extend(emits)
+            out.extend(self._release(direction, qpn))
+        return out
+
+    def _release(self, direction: str, qpn: int) -> list[Emit]:
+        held = self._held.get((direction, qpn))
+        if not held:
+            return []
+        ready = []
+        for h in held:
+            h[0] -= 1
+            if h[0] < 0:
+                ready.extend(h[1])
+        held[:] = [h for h in held if h[0] >= 0]
+        return ready
+
+    def flush_held(self) -> list[tuple[str, Emit]]:
+        """Everything held for reordering, to be sent now (nothing came behind it)."""
+        out = [(d, e) for (d, _q), held in self._held.items() for h in held for e in h[1]]
+        self._held.clear()
+        return out
+
+    @property
+    def holding(self) -> bool:
+        return any(self._held.values())
+
