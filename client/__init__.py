@@ -29,6 +29,7 @@ from .api import (
     QP,
     WC,
     Context,
+    Faults,
     MKey,
     MkeyErr,
     Node,
@@ -56,7 +57,7 @@ Mlx5DEKInitAttr = DEKInitAttr
 PyverbsRDMAError = RDMAError
 
 __all__ = [
-    "CQ", "DEK", "MR", "PD", "QP", "SGE", "WC", "Context", "CryptoAttr", "DEKInitAttr", "MKey",
+    "CQ", "DEK", "MR", "PD", "QP", "SGE", "WC", "Context", "CryptoAttr", "Faults", "DEKInitAttr", "MKey",
     "MkeyConfAttr", "MkeyErr", "Mlx5CryptoAttr", "Mlx5DEKInitAttr", "Mlx5MkeyConfAttr",
     "Mlx5MrInterleaved", "Mlx5SigBlockAttr", "Mlx5SigBlockDomain", "Mlx5SigCrc", "Mlx5SigT10Dif",
     "Mlx5SigT10dif", "MrInterleaved", "Node", "PyverbsRDMAError", "QPAttr", "QPCap", "QPInfo",

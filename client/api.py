@@ -338,6 +338,30 @@ class _Closable:
         await self.close()
 
 
+class Faults:
+    """Fault injection on the daemon's wire path (``node.faults``); see server/faults.py
+    for the rule fields. Rules belong to the daemon, not to this session."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    async def add(self, rule: dict | None = None, **fields: Any) -> dict:
+        """Install a rule (a dict, or keyword fields); returns it with its ``id``."""
+        h, _ = await self._node.request("faults_add", rule={**(rule or {}), **fields})
+        return h["rule"]
+
+    async def list(self) -> list[dict]:
+        """Every rule with ``fired``: how often it changed a packet."""
+        h, _ = await self._node.request("faults_list")
+        return h["rules"]
+
+    async def clear(self, rule_id: int | None = None) -> int:
+        """Remove one rule, or all; returns how many went."""
+        fields = {} if rule_id is None else {"rule_id": rule_id}
+        h, _ = await self._node.request("faults_clear", **fields)
+        return h["cleared"]
+
+
 class Node(_Closable):
     """A control session with one daemon (``connect`` / ``embedded``)."""
 
@@ -346,6 +370,13 @@ class Node(_Closable):
         self.host, self.port = host, port
         self.devices = devices
         self.daemon = None      # the Daemon object, for an embedded node
+        self.faults = Faults(self)
+
+    async def counters(self) -> dict[str, int]:
+        """The daemon's wire counters: packets sent and received, dropped for a bad
+        integrity check, retransmitted, duplicates discarded, RNR retries, ..."""
+        h, _ = await self.request("counters")
+        return h["counters"]
 
     @property
     def address(self) -> str:

@@ -328,10 +328,11 @@ class RCQP:
         self._nak_pending = False
         self._unacked = 0
         self._resp_out: list[Packet] = []
-        # What a link-level observer counts (the daemon sums them per daemon): packets
-        # sent again by go-back-N, ACK timeouts, RNR NAKs acted on, duplicate requests
+        # What a link-level observer counts (the daemon sums them per daemon): go-back-N
+        # retransmissions (after an ACK timeout or a sequence-error NAK) and the packets
+        # they sent again, ACK timeouts, RNR NAKs acted on, duplicate requests
         # the responder answered without applying, sequence-error NAKs sent.
-        self.stats = {"retransmitted_packets": 0, "ack_timeouts": 0, "rnr_retries": 0,
+        self.stats = {"retransmissions": 0, "retransmitted_packets": 0, "ack_timeouts": 0, "rnr_retries": 0,
                       "duplicates_discarded": 0, "psn_seq_naks_sent": 0}
         # Receives the responder refuses with an RNR NAK before looking at its receive
         # queue (fault injection: "answer the next N messages with RNR").
@@ -521,6 +522,7 @@ class RCQP:
             if self._retries > self.retry_cnt:
                 self._fail_head(WcStatus.RETRY_EXC_ERR)
                 return
+            self.stats["retransmissions"] += 1
             self._go_back()
 
     def _inflight(self) -> int:
@@ -762,6 +764,7 @@ class RCQP:
         if self.state != QpState.RTS or self._head_holds(pkt.psn) is None:
             return      # stale: about a PSN already dealt with
         if syndrome == "NAK_PSN_SEQ":
+            self.stats["retransmissions"] += 1
             self._go_back()
         elif syndrome == "RNR":
             if self._rnr_until is not None:

@@ -108,6 +108,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--ready-file", metavar="FILE",
                    help="write HOST:PORT here once listening (for scripts using port 0)")
+    p.add_argument("--faults", metavar="FILE",
+                   help="fault rules to install at start: a JSON list of rules (the fields of "
+                   "'softhca faults add'), refused whole if any rule is malformed")
     p.set_defaults(func=cmd_serve)
 
 
@@ -122,13 +125,116 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve.run(options)
 
 
+# -- softhca faults add|list|clear ------------------------------------------------------
+
+FAULTS_EPILOG = """\
+rule fields (key=value; numbers may be 0x...):
+  action      corrupt | drop | duplicate | delay | reorder | rnr   (required)
+  direction   out (default: packets this daemon sends) | in (packets it accepts)
+  qp          this daemon's QP number          opcode   e.g. RDMA_WRITE, SEND, RDMA_READ_RESPONSE
+  message     the n-th message (from 1)        packet   the n-th packet of the message (from 1)
+  block       wire block k (from 0)            block_size  wire bytes per block (520 for T10-DIF/512)
+  probability 0..1, with seed                  count    fire at most this many times
+  corrupt:    field=data|guard|app_tag|ref_tag, offset (data byte), xor=MASK | set=VALUE,
+              icrc=recompute (a corruption before the link) | stale (a link error: dropped)
+  delay:      seconds      reorder: window (packets)      rnr: direction=in
+example:
+  softhca faults add --target 10.200.0.1:4791 action=corrupt opcode=RDMA_WRITE block=3 \\
+      block_size=520 field=guard xor=0x1
+"""
+
+
+def add_faults(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("faults", help="install, list or clear fault rules on a running daemon",
+                       description="Fault injection on a running daemon's wire path.",
+                       epilog=FAULTS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("op", choices=["add", "list", "clear"])
+    p.add_argument("fields", nargs="*", metavar="KEY=VALUE",
+                   help="the rule (add) or id=N (clear one rule)")
+    p.add_argument("--target", required=True, metavar="HOST:PORT", help="the daemon")
+    p.add_argument("--token-file", metavar="FILE", help="the daemon's token")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_faults)
+
+
+def parse_rule_fields(items: Sequence[str]) -> dict:
+    rule: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        value: object = text
+        try:
+            value = int(text, 0)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                pass
+        rule[key] = value
+    return rule
+
+
+def cmd_faults(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    import softhca.client as sh
+
+    try:
+        fields = parse_rule_fields(args.fields)
+    except ValueError as e:
+        print(f"softhca faults: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    token = None
+    if args.token_file:
+        try:
+            with open(args.token_file, "rb") as f:
+                token = f.read().rstrip()
+        except OSError as e:
+            print(f"softhca faults: cannot read {args.token_file}: {e.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+
+    async def run() -> dict:
+        async with await sh.connect(args.target, token=token) as node:
+            if args.op == "add":
+                return {"rule": await node.faults.add(fields)}
+            if args.op == "clear":
+                return {"cleared": await node.faults.clear(fields.get("id"))}
+            return {"rules": await node.faults.list(), "counters": await node.counters()}
+
+    try:
+        result = asyncio.run(run())
+    except sh.RDMAError as e:
+        print(f"softhca faults {args.op}: {e.errno_name}: {e.message}", file=sys.stderr)
+        return EXIT_FAIL
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    elif "rule" in result:
+        print(f"rule {result['rule']['id']} installed: " + _rule_text(result["rule"]))
+    elif "cleared" in result:
+        print(f"{result['cleared']} rule(s) cleared")
+    else:
+        for r in result["rules"]:
+            print(f"rule {r['id']:<3} fired {r['fired']:<6} {_rule_text(r)}")
+        if not result["rules"]:
+            print("no fault rules")
+        print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(result["counters"].items())))
+    return EXIT_OK
+
+
+def _rule_text(rule: dict) -> str:
+    return " ".join(f"{k}={v:#x}" if k in ("xor", "set", "qp") else f"{k}={v}"
+                    for k, v in rule.items() if k not in ("id", "fired"))
+
+
 # -- the parser and main -------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="softhca", description="softhca: a software mlx5-class RDMA HCA simulator")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (add_serve, add_demo, add_bench):
+    for add in (add_serve, add_faults, add_demo, add_bench):
         add(sub)
     return parser
 

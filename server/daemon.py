@@ -372,7 +372,7 @@ class Daemon:
         for qph in self.qps.values():
             for k, v in qph.rcqp.stats.items():
                 total[k] = total.get(k, 0) + v
-        for name in ("retransmitted_packets", "ack_timeouts", "rnr_retries",
+        for name in ("retransmissions", "retransmitted_packets", "ack_timeouts", "rnr_retries",
                      "duplicates_discarded", "psn_seq_naks_sent"):
             total.setdefault(name, 0)
         total["fault_rules"] = len(self.faults.rules)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from softhca.protocol.errors import RDMAError
 from softhca.server.daemon import Daemon, kv
 
 log = logging.getLogger("softhca.server")
@@ -29,6 +31,7 @@ class ServeOptions:
     max_frame: int
     log_level: str
     ready_file: str | None
+    faults: list = field(default_factory=list)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -60,8 +63,26 @@ def options_from_args(args) -> ServeOptions:
     if token is None and not is_loopback(host) and not args.allow_no_auth:
         raise ValueError(f"refusing to listen on {host} without a token: give --token-file, "
                          "or --allow-no-auth to serve anyone who can reach the port")
+    faults = []
+    if getattr(args, "faults", None):
+        try:
+            faults = json.loads(Path(args.faults).read_text())
+        except OSError as e:
+            raise ValueError(f"cannot read --faults {args.faults}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--faults {args.faults} is not JSON: {e}") from None
+        if not isinstance(faults, list):
+            raise ValueError(f"--faults {args.faults} must hold a JSON list of rules")
+        # Refuse a bad file before listening, naming the rule.
+        from softhca.server.faults import validate_rule
+
+        for n, rule in enumerate(faults, 1):
+            try:
+                validate_rule(rule)
+            except RDMAError as e:
+                raise ValueError(f"--faults {args.faults}, rule {n}: {e.message}") from None
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, args.max_frame,
-                        args.log_level, args.ready_file)
+                        args.log_level, args.ready_file, faults)
 
 
 def setup_logging(level: str) -> None:
@@ -71,7 +92,11 @@ def setup_logging(level: str) -> None:
 
 async def serve(o: ServeOptions) -> None:
     daemon = Daemon(o.hcas, o.host, o.port, o.token, max_frame=o.max_frame)
+    for rule in o.faults:
+        daemon.faults.add(rule)
     await daemon.start()
+    if o.faults:
+        log.info("fault rules installed %s", kv(event="faults_loaded", n=len(o.faults)))
     if o.token is None:
         log.warning("no token %s", kv(event="no_auth", address=daemon.address,
                                        note="any local process can use this daemon"))

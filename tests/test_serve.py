@@ -7,6 +7,7 @@ through softhca.client only.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -97,3 +98,49 @@ def test_serve_help_lists_the_options():
     assert r.returncode == 0
     for opt in ("--listen", "--hca", "--token-file"):
         assert opt in r.stdout
+
+
+def faults_cli(address: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "softhca.server.cli", "faults", *args,
+                           "--target", address], capture_output=True, text=True, timeout=30)
+
+
+def test_faults_from_a_file_and_from_the_command_line(tmp_path):
+    rules = tmp_path / "faults.json"
+    rules.write_text('[{"action": "drop", "qp": 17, "probability": 0.5, "seed": 7}]')
+    proc, address = start(tmp_path, "--faults", str(rules))
+    try:
+        r = faults_cli(address, "list")
+        assert r.returncode == 0, r.stderr
+        assert "rule 1   fired 0" in r.stdout and "action=drop" in r.stdout
+        assert "packets_bad_icrc 0" in r.stdout and "retransmissions 0" in r.stdout
+        r = faults_cli(address, "add", "action=corrupt", "opcode=RDMA_WRITE", "block=3",
+                       "block_size=520", "field=guard", "xor=0x1")
+        assert r.returncode == 0 and r.stdout.startswith("rule 2 installed"), r.stderr
+        r = faults_cli(address, "add", "action=corrupt", "block=3", "block_size=520",
+                       "field=colour")
+        assert r.returncode == 1 and "EINVAL" in r.stderr and "field='colour'" in r.stderr
+        r = faults_cli(address, "list", "--json")
+        listed = json.loads(r.stdout)
+        assert [x["id"] for x in listed["rules"]] == [1, 2]
+        assert listed["rules"][1]["icrc"] == "recompute", "defaults are shown"
+        r = faults_cli(address, "clear", "id=1")
+        assert r.returncode == 0 and "1 rule(s) cleared" in r.stdout
+        r = faults_cli(address, "clear", "id=1")
+        assert r.returncode == 1 and "ENOENT" in r.stderr
+        r = faults_cli(address, "clear")
+        assert "1 rule(s) cleared" in r.stdout
+        assert "no fault rules" in faults_cli(address, "list").stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+
+
+def test_serve_refuses_a_malformed_faults_file(tmp_path):
+    rules = tmp_path / "faults.json"
+    rules.write_text('[{"action": "drop"}, {"action": "corrupt", "block": 2}]')
+    r = subprocess.run([sys.executable, "-m", "softhca.server.cli", "serve", "--listen",
+                        "127.0.0.1:0", "--faults", str(rules)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2
+    assert "rule 2" in r.stderr and "block_size" in r.stderr
