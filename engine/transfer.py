@@ -219,6 +219,19 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
     t.emit("scatter", "memory", p.mem_offset, stream)
 
 
+def check_rx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False) -> None:
+    """Every check ``rx`` of ``length`` bytes would make, without moving a byte: a
+    responder validates a WRITE's RETH at its first packet (IBTA 9.7.4.1: the RETH
+    is checked before the data is accepted), so it never buffers a message it could
+    not place. Raises TransferError as rx would."""
+    obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
+                   remote)
+    if isinstance(obj, MR):
+        _mr_range(obj, offset, length)
+        return
+    _precheck(obj, plan(obj, offset, length))
+
+
 def atomic(pd: PD, key: int, addr: int, update: Callable[[int], int]) -> int:
     """An IBTA atomic on the responder: the 8 bytes at ``addr`` through rkey ``key``, a
     little-endian 64-bit value, are replaced by ``update(original)``; returns the original.

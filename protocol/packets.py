@@ -73,6 +73,31 @@ class Packet:
     atomic_ack: int | None = None
 
 
+def _needs(op: str) -> tuple[set[str], bool]:
+    """The extension headers opcode ``op`` must carry, and whether it may carry a payload
+    (IBTA 9.2, the RC opcode table)."""
+    need: set[str] = set()
+    if op in ("RDMA_READ_REQUEST",) or op.startswith(("RDMA_WRITE_FIRST", "RDMA_WRITE_ONLY")):
+        need.add("reth")
+    if op in ("ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE") or (
+            op.startswith("RDMA_READ_RESPONSE") and not op.endswith("MIDDLE")):
+        need.add("aeth")
+    if op.endswith("_WITH_IMM"):
+        need.add("imm")
+    if op.endswith("_WITH_INV"):
+        need.add("ieth")
+    if op in ("COMPARE_SWAP", "FETCH_ADD"):
+        need.add("ateth")
+    if op == "ATOMIC_ACKNOWLEDGE":
+        need.add("atack")
+    payload = op not in ("RDMA_READ_REQUEST", "ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE",
+                          "COMPARE_SWAP", "FETCH_ADD")
+    return need, payload
+
+
+_NEEDS = {op: _needs(op) for op in OPCODES}
+
+
 class IntegrityError(FrameError):
     """The packet's icrc does not match: a link error, the packet is dropped."""
 
@@ -143,6 +168,14 @@ def decode_packet(header: dict, payload) -> tuple[str, Packet]:
     ateth = _tuple(header, "ateth", 4, (32, 64, 64, 64))
     atack = field(header, "atack", int, min=0, max=_U64, required=False)
     check = field(header, "icrc", int, min=0, max=_U32)
+    need, may_carry = _NEEDS[op]
+    present = {"reth": reth, "aeth": aeth, "imm": imm, "ieth": ieth, "ateth": ateth,
+               "atack": atack}
+    missing = sorted(n for n in need if present[n] is None)
+    if missing:
+        raise FrameError("EPROTO", f"packet {op} lacks its {', '.join(missing)} header")
+    if payload and len(payload) and not may_carry:
+        raise FrameError("EPROTO", f"packet {op} carries no payload, got {len(payload)} bytes")
     p = Packet(qp, psn, op, bytes(payload), reth, aeth, imm, ieth, ateth, atack)
     if icrc(dev, p) != check:
         raise IntegrityError("EPROTO", f"packet {op} psn {psn:#x} to QP {qp:#x}: icrc "

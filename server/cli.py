@@ -25,9 +25,13 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
                        "mlx5dv_wr_set_mkey_crypto(3) and mlx5dv_wr_mkey_configure(3) end to "
                        "end between two embedded daemons (a target and an initiator) over TCP, "
                        "and judge each against what the page states.")
+    p.add_argument("what", nargs="?", choices=["faults"],
+                   help="'faults': the fault injection walk-through instead (corrupted wire "
+                   "blocks caught by mkey_check, a misbehaving link recovered by RC)")
     p.add_argument("--only", action="append", metavar="NAME",
-                   help="run only this example (e.g. 'sig_block 2.1', 'crypto row C'); a "
-                   "prefix such as 'crypto row' selects several; may be repeated")
+                   help="run only this example (e.g. 'sig_block 2.1', 'crypto row C'; with "
+                   "faults: 'guard', 'lossy link'); a prefix such as 'crypto row' selects "
+                   "several; may be repeated")
     p.add_argument("--list", action="store_true", help="list the example names and exit")
     p.set_defaults(func=cmd_demo)
 
@@ -35,12 +39,16 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from softhca.server import demo
 
+    faults = getattr(args, "what", None) == "faults"
+    if faults:
+        from softhca.server import demo_faults
     if args.list:
-        for entry in demo.EXAMPLES:
-            print(f"{entry.name:<28} {entry.page}, {entry.where}")
+        for entry in demo_faults.CASES if faults else demo.EXAMPLES:
+            print(f"{entry.name:<28} " + (entry.title if faults else
+                                          f"{entry.page}, {entry.where}"))
         return EXIT_OK
     try:
-        outcomes = demo.run(args.only)
+        outcomes = (demo_faults if faults else demo).run(args.only)
     except demo.UnknownExample as e:
         print(f"softhca demo: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -104,6 +112,19 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    "reach the port can read and write the hosted memory)")
     p.add_argument("--max-frame", type=_positive_int, default=16 << 20, metavar="BYTES",
                    help="largest frame accepted (default 16 MiB)")
+    limits = p.add_argument_group("limits (each hit is a clear error; the daemon keeps serving)")
+    limits.add_argument("--max-connections", type=_positive_int, default=1024, metavar="N",
+                        help="control sessions and wire links at once (default 1024)")
+    limits.add_argument("--max-objects", type=_positive_int, default=1 << 16, metavar="N",
+                        help="verbs objects per control session (default 65536)")
+    limits.add_argument("--max-session-bytes", type=_positive_int, default=4 << 30,
+                        metavar="BYTES", help="registered MR bytes per session (default 4 GiB)")
+    limits.add_argument("--max-daemon-bytes", type=_positive_int, default=16 << 30,
+                        metavar="BYTES", help="registered MR bytes in all (default 16 GiB)")
+    limits.add_argument("--max-msg-size", type=_positive_int, default=1 << 31, metavar="BYTES",
+                        help="bytes in one message, the port's max_msg_sz (default 2 GiB)")
+    limits.add_argument("--max-qp-wr", type=_positive_int, default=1 << 14, metavar="N",
+                        help="max_send_wr / max_recv_wr of a QP (default 16384)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--ready-file", metavar="FILE",

@@ -66,6 +66,22 @@ def kv(**fields: Any) -> str:
                     for k, v in fields.items())
 
 
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one daemon accepts; each limit hit is a clear error, never a crash."""
+
+    max_connections: int = 1024             # control sessions and wire links together
+    max_objects: int = 1 << 16              # verbs objects per control session
+    max_session_bytes: int = 4 << 30        # registered MR bytes per session (ENOMEM)
+    max_daemon_bytes: int = 16 << 30        # registered MR bytes in the daemon (ENOMEM)
+    max_frame: int = DEFAULT_MAX_FRAME      # bytes in one frame (EMSGSIZE, then close)
+    max_msg_size: int = 1 << 31             # bytes in one message (ibv_port_attr max_msg_sz)
+    max_qp_wr: int = 1 << 14                # max_send_wr / max_recv_wr of a QP (EINVAL)
+    # A session's unsent replies beyond this stop its requests being read until the
+    # client reads: a client that floods and never reads cannot grow the daemon.
+    reply_high_water: int = 8 << 20
+
+
 # -- server-side objects -------------------------------------------------------------
 
 class CQHost:
@@ -125,6 +141,11 @@ class QPHost:
     attrs: dict = dataclasses.field(default_factory=dict)
 
 
+# The verbs that create an object (and so count against a session's object limit).
+_CREATORS = frozenset(["open_device", "alloc_pd", "reg_mr", "create_cq", "create_qp",
+                       "create_mkey", "create_dek"])
+
+
 def wc_to_wire(wc: WC) -> list:
     """[wr_id, status, opcode, byte_len, imm_data, qp_num, wc_flags, vendor_err, inv_rkey]"""
     return [wc.wr_id, int(wc.status), int(wc.opcode), wc.byte_len, wc.imm_data, wc.qp_num,
@@ -138,21 +159,27 @@ class Daemon:
 
     def __init__(self, hcas: tuple[str, ...] | list[str] = ("mlx5_0",), host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, token: bytes | None = None,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int | None = None, limits: Limits | None = None) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
+        limits = limits or Limits()
+        if max_frame is not None:
+            limits = dataclasses.replace(limits, max_frame=max_frame)
+        self.limits = limits
         self.hcas = {name: HCA(name) for name in hcas}
         self.host = host
         self.port = port
         self.token = token
-        self.max_frame = max_frame
+        self.max_frame = limits.max_frame
+        self.registered_bytes = 0
+        self.connections = 0
         self.qps: dict[tuple[str, int], QPHost] = {}
         self.links: dict[tuple[str, int], WireLink] = {}
         self.sessions: set[ControlSession] = set()
         self.counters: dict[str, int] = {
             "packets_sent": 0, "packets_received": 0, "packets_bad_icrc": 0,
-            "packets_unknown_qp": 0, "wire_protocol_errors": 0, "control_sessions": 0,
-            "wire_connections": 0}
+            "packets_unknown_qp": 0, "packets_over_mtu": 0, "wire_protocol_errors": 0,
+            "control_sessions": 0, "wire_connections": 0, "connections_refused": 0}
         # Wire taps: callables (direction "tx" | "rx", dev, Packet) seeing every packet
         # this daemon sends or accepts (the demo's wire images, captures, traces).
         # Empty, they cost one truth test per batch.
@@ -227,6 +254,16 @@ class Daemon:
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
         decoder = FrameDecoder(self.max_frame)
+        if self.connections >= self.limits.max_connections:
+            self.counters["connections_refused"] += 1
+            log.warning("refused %s", kv(event="refused", peer=peer_s, errno="EBUSY",
+                                          reason="connection limit"))
+            _send_error(writer, 0, RDMAError("EBUSY", f"this daemon serves at most "
+                                                      f"{self.limits.max_connections} "
+                                                      "connections"))
+            writer.close()
+            return
+        self.connections += 1
         try:
             challenge, nonce = make_challenge(self.token is not None)
             writer.writelines(encode_frame(challenge))
@@ -235,7 +272,8 @@ class Daemon:
                 return
             role = verify_hello(frames[0].header, nonce, self.token)
             writer.writelines(encode_frame({"t": "welcome", "role": role,
-                                            "devices": list(self.hcas)}))
+                                            "devices": list(self.hcas),
+                                            "max_frame": self.max_frame}))
             rest = frames[1:]
             if role == "control":
                 session = ControlSession(self, reader, writer, decoder, peer_s)
@@ -258,6 +296,7 @@ class Daemon:
             # stream callback from reporting the cancellation as an error.
             pass
         finally:
+            self.connections -= 1
             with contextlib.suppress(Exception):
                 writer.close()
 
@@ -289,6 +328,10 @@ class Daemon:
                     qph = self.qps.get((dev, pkt.dest_qp))
                     if qph is None:
                         self.counters["packets_unknown_qp"] += 1
+                        continue
+                    if len(pkt.payload) > qph.rcqp.mtu:
+                        # IBTA 9.6.3: a packet longer than the path MTU is silently dropped.
+                        self.counters["packets_over_mtu"] += 1
                         continue
                     if self.faults.rules:
                         for e in self.faults.apply("in", qph.rcqp.qp_num, qph.rcqp.mtu, [pkt],
@@ -530,6 +573,7 @@ class ControlSession:
         self._handles = itertools.count(1)
         self._waits: set[asyncio.Task] = set()
         self.gone = False
+        self.registered_bytes = 0
 
     async def run(self, first: list) -> None:
         d = self.daemon
@@ -538,9 +582,12 @@ class ControlSession:
         log.info("session open %s", kv(event="session_open", peer=self.peer))
         frames = first
         try:
+            high = d.limits.reply_high_water
             while True:
                 for fr in frames:
                     self._handle(fr)
+                if self.writer.transport.get_write_buffer_size() > high:
+                    await self.writer.drain()
                 frames = await _read_frames(self.reader, self.decoder)
                 if not frames:
                     return
@@ -561,6 +608,10 @@ class ControlSession:
         rid = fr.header.get("id") if isinstance(fr.header.get("id"), int) else 0
         try:
             verb, rid, args = control.check_request(fr.header)
+            # Checked before the engine allocates anything, so a refusal leaks nothing.
+            if verb in _CREATORS and len(self.objects) >= self.daemon.limits.max_objects:
+                raise RDMAError("ENOMEM", f"{verb}: this session holds {len(self.objects)} "
+                                          "objects, the daemon's limit per session")
             handler = getattr(self, f"op_{verb}")
             result = handler(args, fr.payload, rid)
             if result is not None:
@@ -616,6 +667,8 @@ class ControlSession:
             d.forget_qp(obj)
         elif kind == "mr":
             obj.pd.hca.dereg_mr(obj)
+            self.registered_bytes -= obj.length
+            self.daemon.registered_bytes -= obj.length
         elif kind == "mkey":
             obj.pd.hca.destroy_mkey(obj)
         elif kind == "dek":
@@ -642,8 +695,10 @@ class ControlSession:
 
     def op_query_device(self, a, payload, rid):
         hca = self.get(a["ctx"], "ctx")
+        lim = self.daemon.limits
         return {"attr": {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
-                         "max_qp": 1 << 16, "max_qp_wr": 1 << 15, "max_sge": control.MAX_SGE,
+                         "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr,
+                         "max_msg_sz": lim.max_msg_size, "max_sge": control.MAX_SGE,
                          "max_cqe": 1 << 22, "max_mr_size": 1 << 40, "max_pd": 1 << 16,
                          "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
                          & 0xFFFFFFFFFFFF}}
@@ -665,7 +720,18 @@ class ControlSession:
 
     def op_reg_mr(self, a, payload, rid):
         pd = self.get(a["pd"], "pd")
-        mr = pd.hca.reg_mr(pd, a["length"], a["access"])
+        lim, n = self.daemon.limits, a["length"]
+        if self.registered_bytes + n > lim.max_session_bytes:
+            raise RDMAError("ENOMEM", f"ibv_reg_mr of {n} bytes: this session has "
+                                      f"{self.registered_bytes} registered, its limit is "
+                                      f"{lim.max_session_bytes}")
+        if self.daemon.registered_bytes + n > lim.max_daemon_bytes:
+            raise RDMAError("ENOMEM", f"ibv_reg_mr of {n} bytes: the daemon has "
+                                      f"{self.daemon.registered_bytes} registered, its limit "
+                                      f"is {lim.max_daemon_bytes}")
+        mr = pd.hca.reg_mr(pd, n, a["access"])
+        self.registered_bytes += n
+        self.daemon.registered_bytes += n
         return {"mr": self.add("mr", mr), "lkey": mr.lkey, "rkey": mr.rkey, "addr": mr.addr,
                 "length": mr.length}
 
@@ -717,6 +783,11 @@ class ControlSession:
         rcq = self.get(a["rcq"], "cq")
         if a["qp_type"] != QpType.RC:
             raise RDMAError("EOPNOTSUPP", f"qp_type {a['qp_type']}: only IBV_QPT_RC is modelled")
+        cap = self.daemon.limits.max_qp_wr
+        for name in ("max_send_wr", "max_recv_wr"):
+            if a[name] > cap:
+                raise einval(f"ibv_create_qp: cap.{name} {a[name]} exceeds the device's "
+                             f"max_qp_wr {cap}")
         qpn = self.daemon.new_qpn()
         rcqp = RCQP(pd, qpn, sq_depth=a["max_send_wr"], rq_depth=a["max_recv_wr"],
                     sq_sig_all=a["sq_sig_all"])
@@ -796,6 +867,10 @@ class ControlSession:
                 if len(sg) > qph.max_send_sge:
                     raise einval(f"send WR {i} has {len(sg)} SGEs, the QP's max_send_sge is "
                                  f"{qph.max_send_sge}")
+                size = sum(s.length for s in sg)
+                if size > self.daemon.limits.max_msg_size:
+                    raise einval(f"send WR {i} moves {size} bytes, the port's max_msg_sz is "
+                                 f"{self.daemon.limits.max_msg_size}")
                 wr = SendWR(w["wr_id"], opcode, sg, w["send_flags"], w["imm_data"], w["rkey"],
                             w["remote_addr"], **_extra_send_fields(w))
                 try:

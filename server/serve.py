@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from softhca.protocol.errors import RDMAError
-from softhca.server.daemon import Daemon, kv
+from softhca.server.daemon import Daemon, Limits, kv
 
 log = logging.getLogger("softhca.server")
 
@@ -28,7 +28,7 @@ class ServeOptions:
     port: int
     hcas: tuple[str, ...]
     token: bytes | None
-    max_frame: int
+    limits: Limits
     log_level: str
     ready_file: str | None
     faults: list = field(default_factory=list)
@@ -81,7 +81,11 @@ def options_from_args(args) -> ServeOptions:
                 validate_rule(rule)
             except RDMAError as e:
                 raise ValueError(f"--faults {args.faults}, rule {n}: {e.message}") from None
-    return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, args.max_frame,
+    limits = Limits(max_connections=args.max_connections, max_objects=args.max_objects,
+                    max_session_bytes=args.max_session_bytes,
+                    max_daemon_bytes=args.max_daemon_bytes, max_frame=args.max_frame,
+                    max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr)
+    return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
                         args.log_level, args.ready_file, faults)
 
 
@@ -91,7 +95,7 @@ def setup_logging(level: str) -> None:
 
 
 async def serve(o: ServeOptions) -> None:
-    daemon = Daemon(o.hcas, o.host, o.port, o.token, max_frame=o.max_frame)
+    daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits)
     for rule in o.faults:
         daemon.faults.add(rule)
     await daemon.start()
