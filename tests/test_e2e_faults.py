@@ -10,6 +10,7 @@ retransmission, and nothing reaches memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 import pytest
@@ -20,6 +21,7 @@ import oracle
 from e2e import (
     SIG_CRYPTO_FLAGS,
     SIG_FLAGS,
+    Pair,
     connect_pair,
     make_side,
     rdma,
@@ -62,15 +64,42 @@ async def write_scene(p, rng, **rule):
     return data, image, mr, mkey, wc
 
 
+@contextlib.asynccontextmanager
+async def rules_cleared(p):
+    """The cases install rules on daemons that may outlive them (a remote target):
+    every rule goes when the case ends, passed or failed."""
+    try:
+        yield
+    finally:
+        for node in (p.initiator.node, p.target.node):
+            with contextlib.suppress(sh.RDMAError):
+                await node.faults.clear()
+
+
+async def fresh_pair(p, **connect_kw) -> Pair:
+    """Another QP pair between the same two daemons, connected with ``connect_kw``
+    (retry counts, timeouts) the case needs."""
+    i, t = await make_side(p.initiator.node), await make_side(p.target.node)
+    await connect_pair(i, t, **connect_kw)
+    return Pair(t, i)
+
+
 def blocks_equal_except(got: bytes, want: bytes, k: int | None) -> bool:
     return all(got[b * 512:(b + 1) * 512] == want[b * 512:(b + 1) * 512]
                for b in range(BLOCKS) if b != k)
 
 
-@pytest.mark.parametrize("field,k", [("guard", 3), ("app_tag", 5), ("ref_tag", 0),
-                                     ("data", 7)])
+DIF_FIELDS = [("guard", 3), ("app_tag", 5), ("ref_tag", 0), ("data", 7)]
+
+
+@pytest.mark.parametrize("field,k", DIF_FIELDS)
 async def test_corrupted_wire_block_caught_by_the_targets_mkey_check(rng, field, k):
     async with two_nodes() as p:
+        await case_dif_field(p, rng, field, k)
+
+
+async def case_dif_field(p, rng, field, k):
+    async with rules_cleared(p):
         rule = {"action": "corrupt", "opcode": "RDMA_WRITE", "block": k, "block_size": W,
                 "field": field, "xor": 0x10 if field != "data" else 0x80,
                 "icrc": "recompute", "count": 1}
@@ -103,6 +132,11 @@ async def test_corrupted_wire_block_caught_by_the_targets_mkey_check(rng, field,
 
 async def test_stale_integrity_check_is_a_link_error_dropped_and_retransmitted(rng):
     async with two_nodes(mtu=sh.IBV_MTU_1024) as p:
+        await case_stale_icrc(p, rng)
+
+
+async def case_stale_icrc(p, rng):
+    async with rules_cleared(p):
         # Block 2's ref tag is bytes 1036..1039: the second of five packets.
         before_t = await p.target.node.counters()
         before_i = await p.initiator.node.counters()
@@ -120,6 +154,11 @@ async def test_stale_integrity_check_is_a_link_error_dropped_and_retransmitted(r
 
 async def test_corrupted_read_response_caught_by_the_initiators_mkey(rng):
     async with two_nodes() as p:
+        await case_read_response(p, rng)
+
+
+async def case_read_response(p, rng):
+    async with rules_cleared(p):
         k = 4
         data = rng.randbytes(BLOCKS * 512)
         src = await p.target.reg_mr(wire_image(data))
@@ -143,6 +182,11 @@ async def test_corrupted_read_response_caught_by_the_initiators_mkey(rng):
 
 async def test_crypto_row_c_ciphertext_corruption_fails_the_dif_check_after_decryption(rng):
     async with two_nodes() as p:
+        await case_row_c(p, rng)
+
+
+async def case_row_c(p, rng):
+    async with rules_cleared(p):
         k = 6
         key = bytes(range(64))
         tweak = 0x0123456789ABCDEF
@@ -172,6 +216,11 @@ async def test_crypto_row_c_ciphertext_corruption_fails_the_dif_check_after_decr
 
 async def test_app_escape_hides_a_corruption_as_the_hardware_would(rng):
     async with two_nodes() as p:
+        await case_app_escape(p, rng)
+
+
+async def case_app_escape(p, rng):
+    async with rules_cleared(p):
         k = 2
         data = rng.randbytes(BLOCKS * 512)
         image = wire_image(data, app=lambda b: 0xFFFF if b == k else APP)
@@ -196,15 +245,19 @@ async def test_app_escape_hides_a_corruption_as_the_hardware_would(rng):
 
 
 async def test_2000_messages_over_a_lossy_duplicating_reordering_link():
-    rng = random.Random(2000)
-    async with two_nodes(mtu=sh.IBV_MTU_1024, connect=False) as p:
-        i, t = p.initiator, p.target
-        await connect_pair(i, t, mtu=sh.IBV_MTU_1024, timeout=10)   # 4 ms ACK timeout
+    async with two_nodes() as p:
+        await case_lossy_link(p, random.Random(2000))
+
+
+async def case_lossy_link(p, rng, n: int = 2000):
+    async with rules_cleared(p):
+        q = await fresh_pair(p, mtu=sh.IBV_MTU_1024, timeout=10)   # 4 ms ACK timeout
+        i, t = q.initiator, q.target
         for node, seed in ((i.node, 1), (t.node, 2)):
             await node.faults.add(action="drop", probability=0.05, seed=seed)
             await node.faults.add(action="duplicate", probability=0.05, seed=seed + 10)
             await node.faults.add(action="reorder", probability=0.05, seed=seed + 20, window=3)
-        n, size_max = 2000, 3000
+        size_max = 3000
         sizes = [rng.randrange(0, size_max) for _ in range(n)]
         src = await i.reg_mr(rng.randbytes(size_max))
         dst = await t.reg_mr(n * size_max)
@@ -237,10 +290,15 @@ async def test_2000_messages_over_a_lossy_duplicating_reordering_link():
 
 
 async def test_all_packets_dropped_retry_exceeded_then_flushed():
-    async with two_nodes(connect=False) as p:
-        i, t = p.initiator, p.target
-        await connect_pair(i, t, timeout=8, retry_cnt=3)        # 1 ms ACK timeout
-        await i.node.faults.add(action="drop")
+    async with two_nodes() as p:
+        await case_all_dropped(p)
+
+
+async def case_all_dropped(p, rng=None):
+    async with rules_cleared(p):
+        q = await fresh_pair(p, timeout=8, retry_cnt=3)        # 1 ms ACK timeout
+        i, t = q.initiator, q.target
+        await i.node.faults.add(action="drop", qp=i.qp.qp_num)
         src = await i.reg_mr(1024)
         dst = await t.reg_mr(1024)
         before = await i.node.counters()
@@ -255,16 +313,22 @@ async def test_all_packets_dropped_retry_exceeded_then_flushed():
 
 
 async def test_rnr_on_every_receive_exhausts_rnr_retry():
-    async with two_nodes(connect=False) as p:
-        i, t = p.initiator, p.target
-        await connect_pair(i, t, rnr_retry=2, min_rnr_timer=1)
-        await t.node.faults.add(action="rnr", direction="in")
+    async with two_nodes() as p:
+        await case_rnr_every_receive(p)
+
+
+async def case_rnr_every_receive(p, rng=None):
+    async with rules_cleared(p):
+        q = await fresh_pair(p, rnr_retry=2, min_rnr_timer=1)
+        i, t = q.initiator, q.target
+        before = (await i.node.counters())["rnr_retries"]
+        await t.node.faults.add(action="rnr", direction="in", qp=t.qp.qp_num)
         src = await i.reg_mr(100)
         await t.qp.post_recv(sh.RecvWR(wr_id=1, sg=whole(await t.reg_mr(100))))
         await i.qp.post_send(sh.SendWR(wr_id=2, opcode=sh.IBV_WR_SEND, sg=whole(src)))
         (wc,) = await i.send_wc()
         assert wc.status == sh.IBV_WC_RNR_RETRY_EXC_ERR
-        assert (await i.node.counters())["rnr_retries"] == 3
+        assert (await i.node.counters())["rnr_retries"] - before == 3
         assert (await t.node.faults.list())[0]["fired"] == 3, "first try and two retries"
         # The receive was never consumed: it is flushed with the QP, not completed.
         await t.qp.modify(sh.QPAttr(qp_state=sh.IBV_QPS_ERR))
