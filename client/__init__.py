@@ -29,6 +29,7 @@ from .api import (
     QP,
     WC,
     Context,
+    Event,
     Faults,
     MKey,
     MkeyErr,
@@ -40,6 +41,7 @@ from .api import (
     RecvWR,
     SendWR,
     SigErr,
+    Subscription,
     connect,
     embedded,
 )
@@ -57,7 +59,7 @@ Mlx5DEKInitAttr = DEKInitAttr
 PyverbsRDMAError = RDMAError
 
 __all__ = [
-    "CQ", "DEK", "MR", "PD", "QP", "SGE", "WC", "Context", "CryptoAttr", "Faults", "DEKInitAttr", "MKey",
+    "CQ", "DEK", "MR", "PD", "QP", "SGE", "WC", "Context", "CryptoAttr", "Event", "Subscription", "Faults", "DEKInitAttr", "MKey",
     "MkeyConfAttr", "MkeyErr", "Mlx5CryptoAttr", "Mlx5DEKInitAttr", "Mlx5MkeyConfAttr",
     "Mlx5MrInterleaved", "Mlx5SigBlockAttr", "Mlx5SigBlockDomain", "Mlx5SigCrc", "Mlx5SigT10Dif",
     "Mlx5SigT10dif", "MrInterleaved", "Node", "PyverbsRDMAError", "QPAttr", "QPCap", "QPInfo",

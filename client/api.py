@@ -49,7 +49,21 @@ CLIENT_MAX_FRAME = 64 << 20
 IO_CHUNK = 8 << 20
 
 
+EVENT_QUEUE = 1 << 16
+
+
 # -- records -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Event:
+    """A pushed event: ``kind`` "packet" (``header["pkt"]`` is the packet's header as on
+    the wire, ``header["dir"]`` "tx" or "rx") or "trace" (one pipeline stage: ``stage``,
+    ``direction``, ``stream``, ``offset``, ``detail``, the QP and WR it belongs to);
+    ``data`` is the packet's payload or the stage's bytes."""
+
+    kind: str
+    header: dict
+    data: bytes
 
 class SendWR:
     """struct ibv_send_wr, as pyverbs' SendWR (signaled by default, like pyverbs)."""
@@ -220,6 +234,10 @@ class _Connection:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._closed: RDMAError | None = None
+        # Pushed events (frames without an id): at most EVENT_QUEUE wait to be read;
+        # beyond that the oldest go and are counted.
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.events_dropped = 0
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     async def request(self, verb: str, payload: bytes | memoryview = b"",
@@ -243,6 +261,12 @@ class _Connection:
                     break
                 for fr in self.decoder.feed(data):
                     h = fr.header
+                    if h.get("t") == "event":
+                        if self.events.qsize() >= EVENT_QUEUE:
+                            self.events.get_nowait()
+                            self.events_dropped += 1
+                        self.events.put_nowait(Event(h.get("kind", "?"), h, bytes(fr.payload)))
+                        continue
                     fut = self._pending.pop(h.get("id"), None)
                     if h.get("t") == "err":
                         err = RDMAError(h.get("errno", "EPROTO"), h.get("msg", "?"))
@@ -256,6 +280,7 @@ class _Connection:
             reason = e if isinstance(e, RDMAError) else RDMAError("ECONNRESET", str(e))
         finally:
             self._closed = reason
+            self.events.put_nowait(None)        # ends a subscription's iteration
             for fut in self._pending.values():
                 if not fut.done():
                     fut.set_exception(reason)
@@ -371,6 +396,33 @@ class Faults:
         return h["cleared"]
 
 
+class Subscription:
+    """``async for event in await node.subscribe("trace")``: events until the connection
+    ends; ``next(timeout)`` returns None when nothing came in time."""
+
+    def __init__(self, node: Node) -> None:
+        self._q = node._conn.events
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Event:
+        ev = await self._q.get()
+        if ev is None:
+            self._q.put_nowait(None)
+            raise StopAsyncIteration
+        return ev
+
+    async def next(self, timeout: float) -> Event | None:
+        try:
+            ev = await asyncio.wait_for(self._q.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        if ev is None:
+            self._q.put_nowait(None)
+        return ev
+
+
 class Node(_Closable):
     """A control session with one daemon (``connect`` / ``embedded``)."""
 
@@ -381,6 +433,15 @@ class Node(_Closable):
         self.daemon = None      # the Daemon object, for an embedded node
         self.faults = Faults(self)
         self.io_chunk = IO_CHUNK
+
+    async def subscribe(self, *kinds: str) -> Subscription:
+        """Have the daemon push events: "packets" (every packet it sends or accepts) and/or
+        "trace" (every pipeline stage of every transfer). Iterate the result."""
+        await self.request("subscribe", events=list(kinds))
+        return Subscription(self)
+
+    async def unsubscribe(self) -> None:
+        await self.request("subscribe", events=[])
 
     async def counters(self) -> dict[str, int]:
         """The daemon's wire counters: packets sent and received, dropped for a bad

@@ -275,14 +275,14 @@ def _chunks(data: bytes, mtu: int) -> list[bytes]:
     return [data[i:i + mtu] for i in range(0, len(data), mtu)] or [b""]
 
 
-def _scatter(pd: PD, sges: list[SGE], data: bytes) -> None:
+def _scatter(pd: PD, sges: list[SGE], data: bytes, trace=None) -> None:
     """SEMANTICS.md section 5: the arriving bytes over the SGEs in order, one transfer each."""
     off = 0
     for s in sges:
         if off >= len(data):
             break
         chunk = data[off:off + s.length]
-        transfer.rx(pd, s.lkey, s.addr, chunk)
+        transfer.rx(pd, s.lkey, s.addr, chunk, trace=trace)
         off += len(chunk)
 
 
@@ -337,8 +337,17 @@ class RCQP:
         # Receives the responder refuses with an RNR NAK before looking at its receive
         # queue (fault injection: "answer the next N messages with RNR").
         self.refuse_rnr = 0
+        # A subscriber to the pipeline's trace: called with (context, TraceEvent), the
+        # context naming the QP, the WR or PSN and the operation. None: no trace work.
+        self.trace: Callable[[dict, transfer.TraceEvent], None] | None = None
         # PSN -> (original value, MSN) of the atomics executed most recently.
         self._atomic_results: OrderedDict[int, tuple[int, int]] = OrderedDict()
+
+    def _t(self, **ctx):
+        if self.trace is None:
+            return None
+        trace, ctx = self.trace, {"qp": self.qp_num, **ctx}
+        return lambda ev: trace(ctx, ev)
 
     # -- state machine -------------------------------------------------------
     def _require(self, verb: str, *states: QpState) -> None:
@@ -600,7 +609,9 @@ class RCQP:
                 data = r.inline
             else:
                 try:
-                    data = b"".join(transfer.tx(self.pd, s.lkey, s.addr, s.length)
+                    t = self._t(role="requester", wr_id=wr.wr_id,
+                                op=WrOpcode(wr.opcode).name)
+                    data = b"".join(transfer.tx(self.pd, s.lkey, s.addr, s.length, trace=t)
                                     for s in wr.sg)
                 except TransferError as err:
                     r.error = err.status(remote=False)
@@ -805,7 +816,8 @@ class RCQP:
             self._enter_err()
             return
         try:
-            _scatter(self.pd, owner.wr.sg, bytes(owner.read_buf))
+            _scatter(self.pd, owner.wr.sg, bytes(owner.read_buf),
+                     self._t(role="requester", wr_id=owner.wr.wr_id, op="RDMA_READ"))
         except TransferError as err:
             self._complete(owner, err.status(remote=False))
             self._enter_err()
@@ -930,7 +942,8 @@ class RCQP:
         if last:
             self._msg = None
             try:
-                _scatter(self.pd, m.recv.sg, bytes(m.buf))
+                _scatter(self.pd, m.recv.sg, bytes(m.buf),
+                         self._t(role="responder", wr_id=m.recv.wr_id, op="RECV"))
             except TransferError as err:
                 # The fault is on the responder's own lkey: a remote operational error
                 # for the requester, except a length fault (SEMANTICS.md section 9).
@@ -988,7 +1001,8 @@ class RCQP:
         if last:
             self._msg = None
             try:
-                transfer.rx(self.pd, rkey, addr, bytes(m.buf), remote=True)
+                transfer.rx(self.pd, rkey, addr, bytes(m.buf), remote=True,
+                            trace=self._t(role="responder", psn=pkt.psn, op="RDMA_WRITE"))
             except TransferError as err:
                 self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
                 return
@@ -1001,7 +1015,8 @@ class RCQP:
     def _answer_read(self, pkt: Packet, first_time: bool) -> None:
         rkey, addr, length = pkt.reth
         try:
-            data = transfer.tx(self.pd, rkey, addr, length, remote=True)
+            data = transfer.tx(self.pd, rkey, addr, length, remote=True,
+                               trace=self._t(role="responder", psn=pkt.psn, op="RDMA_READ"))
         except TransferError as err:
             self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
             return

@@ -79,6 +79,8 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "faults_list": {},
     "faults_clear": {"rule_id": (int, 1, U32, False)},
     "counters": {},
+    # Pushed events: {"t": "event", "kind": "packets" | "trace", ...} frames without an id.
+    "subscribe": {"events": (list, 0, 2, True)},
 }
 
 # One element of post_send's "wrs": struct ibv_send_wr, rdma/atomic unions flattened.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import itertools
 import logging
 from collections import deque
@@ -146,6 +147,26 @@ _CREATORS = frozenset(["open_device", "alloc_pd", "reg_mr", "create_cq", "create
                        "create_mkey", "create_dek"])
 
 
+def plain(v: Any) -> Any:
+    """A trace detail as msgpack can carry it: enums as names, records as maps, integers
+    past 64 bits (XTS tweaks) as hex strings."""
+    if isinstance(v, bool) or v is None or isinstance(v, (str, bytes, float)):
+        return v
+    if isinstance(v, enum.Enum):
+        return v.name
+    if isinstance(v, int):
+        return int(v) if -(1 << 63) <= v < (1 << 64) else hex(v)
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if dataclasses.is_dataclass(v):
+        return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if hasattr(v, "item"):          # numpy scalars
+        return plain(v.item())
+    return str(v)
+
+
 def wc_to_wire(wc: WC) -> list:
     """[wr_id, status, opcode, byte_len, imm_data, qp_num, wc_flags, vendor_err, inv_rkey]"""
     return [wc.wr_id, int(wc.status), int(wc.opcode), wc.byte_len, wc.imm_data, wc.qp_num,
@@ -185,6 +206,8 @@ class Daemon:
         # Empty, they cost one truth test per batch.
         self.taps: list = []
         self.faults = Faults()
+        # Sessions that asked for pushed events: session -> {"packets", "trace"}.
+        self.subscribers: dict[ControlSession, set[str]] = {}
         # RC statistics of QPs already destroyed, so daemon totals never go backwards.
         self._gone_qp_stats: dict[str, int] = {}
         self._reorder_timer: asyncio.TimerHandle | None = None
@@ -407,6 +430,48 @@ class Daemon:
             else:
                 self._emit_in(e, now, None)
 
+    # -- events pushed to subscribers (softhca trace / capture) ---------------------------
+    def subscribe(self, session: ControlSession, kinds: set[str]) -> None:
+        if kinds:
+            self.subscribers[session] = kinds
+        else:
+            self.subscribers.pop(session, None)
+        self._rewire_events()
+
+    def _wants(self, kind: str) -> list[ControlSession]:
+        return [s for s, k in self.subscribers.items() if kind in k and not s.gone]
+
+    def _rewire_events(self) -> None:
+        """Install the packet tap and the QPs' trace hooks only while someone listens,
+        so that without subscribers neither costs anything."""
+        if self._wants("packets"):
+            if self._packet_event not in self.taps:
+                self.taps.append(self._packet_event)
+        elif self._packet_event in self.taps:
+            self.taps.remove(self._packet_event)
+        hook = self._trace_event if self._wants("trace") else None
+        for qph in self.qps.values():
+            qph.rcqp.trace = hook if hook is None else self._trace_hook(qph)
+
+    def _trace_hook(self, qph: QPHost):
+        dev = qph.hca.name
+        return lambda ctx, ev: self._trace_event(dev, ctx, ev)
+
+    def _packet_event(self, direction: str, dev: str, p: Packet) -> None:
+        header = {"t": "event", "kind": "packet", "dir": direction, "dev": dev,
+                  "time": asyncio.get_running_loop().time(), "daemon": self.address,
+                  "pkt": packet_header(dev, p)}
+        for s in self._wants("packets"):
+            s.push(header, p.payload)
+
+    def _trace_event(self, dev: str, ctx: dict, ev) -> None:
+        header = {"t": "event", "kind": "trace", "dev": dev, "daemon": self.address,
+                  "time": asyncio.get_running_loop().time(), **plain(ctx),
+                  "direction": ev.direction, "stage": ev.stage, "key": ev.key,
+                  "stream": ev.stream, "offset": ev.offset, "detail": plain(ev.detail)}
+        for s in self._wants("trace"):
+            s.push(header, ev.data)
+
     def stats(self) -> dict[str, int]:
         """The daemon's counters and the RC statistics summed over its QPs, past and present."""
         total = dict(self.counters)
@@ -574,6 +639,7 @@ class ControlSession:
         self._waits: set[asyncio.Task] = set()
         self.gone = False
         self.registered_bytes = 0
+        self.events_dropped = 0
 
     async def run(self, first: list) -> None:
         d = self.daemon
@@ -600,6 +666,14 @@ class ControlSession:
             self.destroy_all()
             d.sessions.discard(self)
             log.info("session closed %s", kv(event="session_close", peer=self.peer))
+
+    def push(self, header: dict, payload: bytes = b"") -> None:
+        """An event to this subscriber. A subscriber that does not keep up loses events
+        (counted), never slows the wire: the daemon does not wait for it."""
+        if self.writer.transport.get_write_buffer_size() > self.daemon.limits.reply_high_water:
+            self.events_dropped += 1
+            return
+        self.writer.writelines(encode_frame(header, payload))
 
     def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None:
         self.writer.writelines(encode_frame({"t": "ok", "id": rid, **result}, payload))
@@ -647,6 +721,8 @@ class ControlSession:
         if self.gone:
             return
         self.gone = True
+        if self in self.daemon.subscribers:
+            self.daemon.subscribe(self, set())
         for t in self._waits:
             t.cancel()
         counts: dict[str, int] = {}
@@ -798,6 +874,8 @@ class ControlSession:
                      a["send_ops_flags"], builder)
         qph.handle = self.add("qp", qph)
         self.daemon.qps[(pd.hca.name, qpn)] = qph
+        if self.daemon._wants("trace"):
+            rcqp.trace = self.daemon._trace_hook(qph)
         return {"qp": qph.handle, "qp_num": qpn}
 
     def op_destroy_qp(self, a, payload, rid):
@@ -910,6 +988,15 @@ class ControlSession:
         n = self.daemon.faults.clear(a["rule_id"])
         log.info("fault rules cleared %s", kv(event="fault_clear", peer=self.peer, n=n))
         return {"cleared": n}
+
+    def op_subscribe(self, a, payload, rid):
+        kinds = set(a["events"])
+        unknown = kinds - {"packets", "trace"}
+        if unknown or not all(isinstance(k, str) for k in kinds):
+            raise einval(f"subscribe: unknown event kind(s) {sorted(map(str, unknown))}; "
+                         "the kinds are 'packets' and 'trace'")
+        self.daemon.subscribe(self, kinds)
+        return {"events": sorted(kinds)}
 
     def op_counters(self, a, payload, rid):
         return {"counters": self.daemon.stats()}
