@@ -41,7 +41,10 @@ lint-docker: $(LINT_STAMP)
 bench-engine: $(STAMP)
 	$(VENV)/bin/softhca bench engine
 
-bench: bench-engine
+# Two daemons end to end, each figure beside its ceilings (docs/performance.md); about a
+# minute. BENCH_ARGS passes options through, e.g. BENCH_ARGS="--json" or "--quick".
+bench: $(STAMP)
+	$(VENV)/bin/softhca bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -9,6 +9,7 @@ when they run, so ``softhca --help`` stays fast and a daemon never loads the ben
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 import sys
@@ -58,8 +59,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- softhca bench ...  ----------------------------------------------------------------
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure speeds (no pass/fail: numbers only)")
-    targets = p.add_subparsers(dest="target", metavar="TARGET", required=True)
+    p = sub.add_parser(
+        "bench", help="measure speeds (no pass/fail: numbers only)",
+        description="Without TARGET: the end-to-end bench. Two `softhca serve` processes on "
+        "loopback; goodput of RDMA_WRITE, RDMA_READ and SEND at 4 KiB, 64 KiB and 1 MiB with "
+        "plain MRs, a T10-DIF wire domain and crypto table row C, each beside its ceilings "
+        "measured in the same run (an asyncio TCP stream between two processes, the engine's "
+        "transform alone); 64-byte latency p50/p99; many QPs over many control sessions.")
+    # The defaults are bench.E2EOptions' (tests/test_bench.py holds them equal); written
+    # out here so that building the parser never imports the bench.
+    p.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+    p.add_argument("--json-out", metavar="FILE",
+                   help="also write the JSON document to FILE (the table still prints)")
+    p.add_argument("--quick", action="store_true",
+                   help="a few seconds in all, for tests: tiny runs, fewer QPs and samples "
+                   "(options given explicitly still apply)")
+    p.add_argument("--seconds", type=_positive_float, metavar="S",
+                   help="time per goodput measurement, at most (default 1)")
+    p.add_argument("--mib", type=_positive_float, metavar="N",
+                   help="MiB per goodput measurement, at most (default 256)")
+    p.add_argument("--depth", type=_positive_int, metavar="N",
+                   help="WRs in flight per QP (default 64; at most 4 MiB in flight, so "
+                   "fewer of 1 MiB)")
+    p.add_argument("--latency-samples", type=_positive_int, metavar="N",
+                   help="64-byte RDMA_WRITEs timed one by one (default 2000)")
+    p.add_argument("--sessions", type=_positive_int, metavar="N",
+                   help="control sessions of the many-QPs run, half per daemon "
+                   "(default 100)")
+    p.add_argument("--qp-pairs", type=_positive_int, metavar="N",
+                   help="connected QP pairs of the many-QPs run (default 1000)")
+    p.add_argument("--writes-per-qp", type=_positive_int, metavar="N",
+                   help="RDMA_WRITEs per QP of the many-QPs run (default 4)")
+    p.add_argument("--progress", action="store_true", help="say what runs, on stderr")
+    p.set_defaults(func=cmd_bench)
+    targets = p.add_subparsers(dest="target", metavar="[TARGET]")
     e = targets.add_parser("engine", help="the engine's transforms beside their C primitives",
                            description="MB/s of the engine's TX/RX pipeline for T10-DIF, CRC32C, "
                            "CRC64_XP10, AES-XTS and crypto table row C, each beside one call of "
@@ -70,6 +103,38 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--repeat", type=_positive_int, default=5, metavar="R",
                    help="timed runs per measurement, the best is kept (default 5)")
     e.set_defaults(func=cmd_bench_engine)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from softhca.server import bench
+
+    base = bench.QUICK if args.quick else bench.E2EOptions()
+    given = {name: getattr(args, name) for name in ("seconds", "mib", "depth",
+                                                    "latency_samples", "sessions", "qp_pairs",
+                                                    "writes_per_qp")
+             if getattr(args, name) is not None}
+    if given.get("sessions", 2) < 2:
+        print("softhca bench: --sessions needs at least 2 (one per daemon)", file=sys.stderr)
+        return EXIT_USAGE
+    opts = dataclasses.replace(base, **given)
+
+    def progress(what: str) -> None:
+        if args.progress:
+            print(f"softhca bench: {what}", file=sys.stderr, flush=True)
+
+    try:
+        doc = bench.run_e2e(opts, progress)
+    except bench.BenchError as e:
+        print(f"softhca bench: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    text = bench.e2e_to_json(doc)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
+    print(text if args.json else bench.e2e_to_table(doc))
+    return EXIT_OK
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
@@ -257,7 +322,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_serve, add_faults, add_demo, add_bench):
         add(sub)
+    # Subcommands that live in their own module, each with add_parser(sub): the
+    # observation tools of issue 7. Their module is imported only to build the parser.
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"softhca.server.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"softhca.server.{name}":
+                raise
+            continue
+        module.add_parser(sub)
     return parser
+
+
+SUBCOMMAND_MODULES = ("trace", "explain", "capture")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -213,7 +213,7 @@ def test_bench_engine_table(capsys):
 def test_usage_errors_return_2(capsys):
     assert main([]) == 2
     assert main(["bench", "engine", "--mib", "0"]) == 2
-    assert main(["bench"]) == 2
+    assert main(["bench", "--seconds", "0"]) == 2
     capsys.readouterr()
 
 
