@@ -264,13 +264,15 @@ class Daemon:
                 await self._server.wait_closed()
 
     # -- connections ----------------------------------------------------------------------
-    def _on_connection(self, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter) -> asyncio.Task:
+    async def _on_connection(self, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        # A coroutine, so that asyncio runs it as a task this daemon can find and
+        # cancel on close (a plain callback has no current task).
         task = asyncio.current_task()
         if task is not None:
             self._conn_tasks.add(task)
             task.add_done_callback(self._conn_tasks.discard)
-        return self._connection(reader, writer)
+        await self._connection(reader, writer)
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:

@@ -125,3 +125,16 @@ async def _write(side, src, rkey, addr, wr_id):
 
 async def _sleep():
     await asyncio.sleep(0.01)
+
+
+async def test_closing_a_daemon_ends_every_session():
+    async with sh.embedded() as node:
+        other = await sh.connect(node.address)
+        assert len(node.daemon._conn_tasks) == 2
+        await node.daemon.close()
+        with pytest.raises(sh.RDMAError) as e:
+            for _ in range(100):
+                await other.open_device()
+                await asyncio.sleep(0.01)
+        assert e.value.errno_name == "ECONNRESET"
+        await other.close()

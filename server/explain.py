@@ -1,0 +1,1011 @@
+"""``softhca explain``: the TX and RX pipelines an MKEY's signature and crypto imply.
+
+Given the attributes of mlx5dv_wr_set_mkey_sig_block(3) and mlx5dv_wr_set_mkey_crypto(3)
+(flags mirroring their structs, or a row letter of the crypto page's table), print
+which operation runs in which order from memory to wire (TX) and from wire to memory
+(RX), what one block looks like in memory and on the wire, and which PI bytes are
+checked, copied and generated and which bytes are encrypted. No daemon is involved.
+
+Nothing here is written per row: a row letter only selects a configuration, and
+every pipeline is derived from the configuration by the rules of SEMANTICS.md:
+
+- section 6: TX reads the memory domain and writes the wire domain, RX the reverse;
+  per block the input PI is checked (when the input domain has a signature), the
+  output PI is produced, copy_mask bytes copied and the rest generated (when the
+  output domain has one), or the input PI is stripped (when it has none); the copy
+  mask is computed when COPY_MASK is not given;
+- section 8: with no signature crypto runs on the one stream; SIGNATURE_AFTER_CRYPTO_ON_TX
+  puts crypto on the memory stream (TX: crypto then signature), SIGNATURE_BEFORE_CRYPTO_ON_TX
+  on the wire stream (TX: signature then crypto); encrypt_on_tx says which direction
+  encrypts, and the stream crypto runs on includes the PI it carries.
+
+The stage names are the engine's trace stages (gather, check, strip, generate,
+encrypt, decrypt, wire, scatter), so that ``softhca trace`` shows the same list for
+real traffic. Images are written in the crypto page's notation: ``data``,
+``data+SIG``, ``enc(data+SIG)``, ``enc(data)+SIG``; SIG1 and SIG2 name the memory
+and wire signatures when both domains have a different one, SIG the only one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+
+EXIT_OK, EXIT_USAGE = 0, 2
+TX, RX = "TX", "RX"
+MEMORY, WIRE = "memory", "wire"
+CRYPTO_PAGE = "mlx5dv_wr_set_mkey_crypto(3)"
+
+BLOCK_SIZES = (512, 520, 4048, 4096, 4160)     # enum mlx5dv_block_size, in bytes
+M16, M32, M64 = 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+
+# enum mlx5dv_sig_t10dif_flags.
+REF_REMAP, APP_ESCAPE, APP_REF_ESCAPE = 1, 2, 4
+T10DIF_FLAG_NAMES = {"ref_remap": REF_REMAP, "app_escape": APP_ESCAPE,
+                     "app_ref_escape": APP_REF_ESCAPE}
+
+# Signature kinds: (mlx5dv name, PI bytes, the guard's description).
+KINDS = {
+    "t10dif": ("T10-DIF", 8, ""),
+    "crc32": ("CRC32", 4, "CRC32 (FC-PH, poly 0x04C11DB7)"),
+    "crc32c": ("CRC32C", 4, "CRC32C (iSCSI, poly 0x1EDC6F41)"),
+    "crc64": ("CRC64_XP10", 8, "CRC64_XP10 (poly 0xAD93D23594C93659)"),
+}
+KIND_ALIASES = {"t10dif": "t10dif", "t10-dif": "t10dif", "dif": "t10dif", "crc32": "crc32",
+                "crc32c": "crc32c", "crc64": "crc64", "crc64_xp10": "crc64",
+                "crc64-xp10": "crc64"}
+CRC_SIG_TYPE = {"crc32": 0, "crc32c": 1, "crc64": 2}   # enum mlx5dv_sig_crc_type
+
+# check_mask / copy_mask names (bit 7 is PI byte 0; enum mlx5dv_sig_mask).
+MASK_NAMES = {"guard": 0xC0, "app": 0x30, "apptag": 0x30, "app_tag": 0x30, "ref": 0x0F,
+              "reftag": 0x0F, "ref_tag": 0x0F, "crc32": 0xF0, "crc32c": 0xF0, "crc": 0xF0,
+              "crc64": 0xFF, "crc64_xp10": 0xFF, "all": 0xFF, "none": 0}
+
+ORDERS = {"after": "SIGNATURE_AFTER_CRYPTO_ON_TX", "before": "SIGNATURE_BEFORE_CRYPTO_ON_TX"}
+ORDER_ALIASES = {"after": "after", "0": "after", "signature_after_crypto_on_tx": "after",
+                 "before": "before", "1": "before", "signature_before_crypto_on_tx": "before"}
+BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+         "0": False, "false": False, "no": False, "off": False}
+
+
+class ConfigError(ValueError):
+    """A configuration the setters would refuse, or flags that do not describe one."""
+
+
+# -- the configuration ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PiField:
+    name: str           # guard, app, ref; or the CRC's name
+    label: str          # for sentences: "guard", "app tag", "CRC32C"
+    first: int          # its first PI byte
+    size: int
+    byte_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One signature domain (struct mlx5dv_sig_block_domain), block size in bytes."""
+
+    kind: str                   # t10dif, crc32, crc32c, crc64
+    block: int = 512
+    bg_type: str = "crc"        # T10-DIF guard: crc (CRC16) or csum (IP checksum)
+    bg: int = 0
+    app: int = 0
+    ref: int = 0
+    flags: int = 0
+    seed: int = 0               # CRC
+
+    @property
+    def title(self) -> str:
+        return KINDS[self.kind][0]
+
+    @property
+    def pi_size(self) -> int:
+        return KINDS[self.kind][1]
+
+    @property
+    def width(self) -> int:
+        return self.block + self.pi_size
+
+    def fields(self) -> list[PiField]:
+        if self.kind == "t10dif":
+            return [PiField("guard", "guard", 0, 2, ("G1", "G0")),
+                    PiField("app", "app tag", 2, 2, ("A1", "A0")),
+                    PiField("ref", "ref tag", 4, 4, ("R3", "R2", "R1", "R0"))]
+        n = self.pi_size
+        return [PiField(self.kind, self.title, 0, n, tuple(f"C{n - 1 - i}" for i in range(n)))]
+
+    def flag_names(self) -> list[str]:
+        return [name.upper() for name, bit in T10DIF_FLAG_NAMES.items() if self.flags & bit]
+
+    def describe(self) -> str:
+        if self.kind == "t10dif":
+            flags = "|".join(self.flag_names()) or "0"
+            return (f"T10-DIF, {self.block}B blocks + 8B PI (guard 2 | app 2 | ref 4), guard "
+                    f"{self.bg_type.upper()} bg 0x{self.bg:04x}, app_tag 0x{self.app:04x}, "
+                    f"ref_tag 0x{self.ref:08x}, flags {flags}")
+        return (f"{self.title}, {self.block}B blocks + {self.pi_size}B PI, seed "
+                f"0x{self.seed:0{2 * self.pi_size}x}")
+
+    def guard_text(self) -> str:
+        """How the guard (or the CRC) of a block is computed."""
+        if self.kind == "t10dif":
+            if self.bg_type == "csum":
+                return f"IP checksum (RFC 1071, starting sum 0x{self.bg:04x}) over the data"
+            return f"CRC16 (T10-DIF, poly 0x8BB7, seed 0x{self.bg:04x}) over the data"
+        return f"{KINDS[self.kind][2]}, seed 0x{self.seed:0{2 * self.pi_size}x}, over the data"
+
+    def ref_text(self) -> str:
+        if self.flags & REF_REMAP:
+            return f"0x{self.ref:08x} + block index (REF_REMAP)"
+        return f"0x{self.ref:08x}"
+
+    def field_value_text(self, f: PiField) -> str:
+        if f.name == "app":
+            return f"app tag = 0x{self.app:04x}"
+        if f.name == "ref":
+            return f"ref tag = {self.ref_text()}"
+        if f.name == "guard":
+            return f"guard = {self.guard_text()}"
+        return self.guard_text()
+
+    def to_json(self) -> dict:
+        d: dict = {"sig_type": "T10DIF" if self.kind == "t10dif" else "CRC",
+                   "kind": self.title, "block_size": self.block, "pi_size": self.pi_size}
+        if self.kind == "t10dif":
+            d.update(bg_type=self.bg_type.upper(), bg=self.bg, app_tag=self.app,
+                     ref_tag=self.ref, flags=self.flag_names())
+        else:
+            d["seed"] = self.seed
+        return d
+
+
+@dataclass(frozen=True)
+class Crypto:
+    """struct mlx5dv_crypto_attr, as far as the pipeline depends on it (AES-XTS)."""
+
+    encrypt_on_tx: bool = False
+    order: str = "after"        # after | before: SIGNATURE_*_CRYPTO_ON_TX
+    dus: int = 512              # data_unit_size in bytes
+    tweak: int = 0              # initial_tweak as an integer (16 bytes little-endian)
+    key_bits: int = 256         # AES-XTS-128 (a 32-byte DEK) or -256 (64 bytes)
+
+    def to_json(self) -> dict:
+        return {"standard": "AES_XTS", "encrypt_on_tx": self.encrypt_on_tx,
+                "signature_crypto_order": ORDERS[self.order], "data_unit_size": self.dus,
+                "initial_tweak": f"0x{self.tweak:032x}", "key_bits": self.key_bits}
+
+
+@dataclass(frozen=True)
+class Config:
+    mem: Domain | None = None
+    wire: Domain | None = None
+    check_mask: int = 0
+    copy_mask: int | None = None        # given: MLX5DV_SIG_BLOCK_ATTR_FLAG_COPY_MASK
+    crypto: Crypto | None = None
+    row: str | None = None
+
+    @property
+    def has_sig(self) -> bool:
+        return self.mem is not None or self.wire is not None
+
+
+# The crypto table's rows as configurations (the row letter selects one; the pipelines
+# are derived like any other's). SIG is a T10-DIF on 512-byte blocks; where both domains
+# carry a signature, the memory's SIG1 is a CRC64_XP10, a different 8-byte PI, so that
+# rows E and I convert one signature into another (as the demo and the tests do). A data
+# unit of 520 bytes (one data unit per protected block) where crypto covers data and PI.
+ROW_SIG = Domain("t10dif", 512, app=0xBEEF, ref=0x2000, flags=REF_REMAP)
+ROW_SIG1 = Domain("crc64", 512, seed=M64)
+ROW_TWEAK = 0x1122334455667788_99AABBCCDDEEFF00
+# row: (memory domain, wire domain, encrypt_on_tx, signature_crypto_order, data unit)
+ROWS: dict[str, tuple[Domain | None, Domain | None, bool, str, int]] = {
+    "A": (None, None, True, "after", 512),
+    "B": (None, ROW_SIG, True, "after", 512),
+    "C": (None, ROW_SIG, True, "before", 520),
+    "D": (ROW_SIG, None, True, "before", 512),
+    "E": (ROW_SIG1, ROW_SIG, True, "before", 520),
+    "F": (None, None, False, "before", 512),
+    "G": (None, ROW_SIG, False, "after", 512),
+    "H": (ROW_SIG, None, False, "after", 520),
+    "I": (ROW_SIG1, ROW_SIG, False, "after", 520),
+    "J": (ROW_SIG, None, False, "before", 512),
+}
+
+
+def row_config(row: str, check_mask: int | None = None, copy_mask: int | None = None) -> Config:
+    mem, wire, eot, order, dus = ROWS[row.upper()]
+    if check_mask is None:
+        check_mask = 0xFF if mem or wire else 0
+    return Config(mem, wire, check_mask, copy_mask, Crypto(eot, order, dus, ROW_TWEAK),
+                  row.upper())
+
+
+# -- parsing the flags ----------------------------------------------------------------
+
+def _int(key: str, text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{key}={text!r} is not a number "
+                                         "(decimal or 0x...)") from None
+
+
+def _pairs(spec: str, what: str, keys: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip().lower().replace("-", "_")
+        if not sep or not key or not value.strip():
+            raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE (in {what})")
+        if key not in keys:
+            raise argparse.ArgumentTypeError(f"unknown key {key!r} for {what}; the keys are: "
+                                             + ", ".join(keys))
+        if key in out:
+            raise argparse.ArgumentTypeError(f"{key} given twice (in {what})")
+        out[key] = value.strip()
+    return out
+
+
+T10DIF_KEYS = ("block", "block_size", "bg_type", "bg", "seed", "app", "app_tag", "ref",
+               "ref_tag", "flags")
+CRC_KEYS = ("block", "block_size", "seed")
+CRYPTO_KEYS = ("encrypt_on_tx", "eot", "order", "signature_crypto_order", "dus",
+               "data_unit_size", "tweak", "initial_tweak", "key", "key_bits")
+
+
+def _block(key: str, text: str) -> int:
+    value = _int(key, text)
+    if value not in BLOCK_SIZES:
+        raise argparse.ArgumentTypeError(
+            f"{key}={text}: not an mlx5dv_block_size; the sizes are "
+            + ", ".join(map(str, BLOCK_SIZES)) + " bytes")
+    return value
+
+
+def parse_domain(spec: str) -> Domain | None:
+    """``none``, ``t10dif:block=512,bg=crc,app=0x1234,ref=0x10,flags=ref_remap`` or
+    ``crc32c:block=4096,seed=0xffffffff`` (also crc32, crc64)."""
+    kind_text, _, rest = spec.partition(":")
+    kind_text = kind_text.strip().lower()
+    if kind_text == "none":
+        if rest.strip():
+            raise argparse.ArgumentTypeError("'none' takes no keys")
+        return None
+    kind = KIND_ALIASES.get(kind_text)
+    if kind is None:
+        raise argparse.ArgumentTypeError(
+            f"unknown signature type {kind_text!r}; give t10dif, crc32, crc32c, crc64 or none "
+            "(e.g. t10dif:block=512,app=0x1234 or crc32c:block=4096,seed=0xffffffff)")
+    kv = _pairs(rest, kind_text, T10DIF_KEYS if kind == "t10dif" else CRC_KEYS)
+    block = kv.get("block", kv.get("block_size"))
+    if "block" in kv and "block_size" in kv:
+        raise argparse.ArgumentTypeError("block and block_size name the same field")
+    bs = _block("block", block) if block is not None else 512
+    if kind != "t10dif":
+        seed = 0
+        if "seed" in kv:
+            text = kv["seed"].lower()
+            width = KINDS[kind][1] * 8
+            seed = (1 << width) - 1 if text in ("ones", "~0", "-1", "all") \
+                else _int("seed", kv["seed"])
+        return Domain(kind, bs, seed=seed)
+    bg_type, bg = "crc", 0
+    for key in ("bg_type", "bg"):
+        if key not in kv:
+            continue
+        text = kv[key].lower()
+        if text in ("crc", "csum"):
+            if "bg_type" in kv and key == "bg":
+                raise argparse.ArgumentTypeError("bg=crc|csum and bg_type both give the guard "
+                                                 "type")
+            bg_type = text
+        elif key == "bg_type":
+            raise argparse.ArgumentTypeError(f"bg_type={kv[key]!r}: the guard types are crc "
+                                             "and csum")
+        else:
+            bg = _int("bg", kv[key])
+    if "seed" in kv:
+        if any(k == "bg" and kv[k].lower() not in ("crc", "csum") for k in kv):
+            raise argparse.ArgumentTypeError("bg=<number> and seed both give the guard seed")
+        bg = _int("seed", kv["seed"])
+    flags = 0
+    if "flags" in kv:
+        for name in kv["flags"].replace("+", "|").split("|"):
+            name = name.strip().lower()
+            name = name[len("mlx5dv_sig_t10dif_flag_"):] \
+                if name.startswith("mlx5dv_sig_t10dif_flag_") else name
+            if name in ("", "0", "none"):
+                continue
+            if name not in T10DIF_FLAG_NAMES:
+                raise argparse.ArgumentTypeError(
+                    f"unknown T10-DIF flag {name!r}; the flags are "
+                    + ", ".join(T10DIF_FLAG_NAMES) + " (join several with '|' or '+')")
+            flags |= T10DIF_FLAG_NAMES[name]
+
+    def pick(a: str, b: str) -> int:
+        if a in kv and b in kv:
+            raise argparse.ArgumentTypeError(f"{a} and {b} name the same field")
+        return _int(a, kv[a]) if a in kv else _int(b, kv[b]) if b in kv else 0
+
+    return Domain("t10dif", bs, bg_type, bg, pick("app", "app_tag"), pick("ref", "ref_tag"),
+                  flags)
+
+
+def parse_mask(text: str) -> int:
+    """A check_mask / copy_mask: a number, or names joined by ',', '|' or '+'
+    (guard, app, ref, crc32, crc32c, crc64, all, none)."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        value = 0
+        for name in text.replace("+", ",").replace("|", ",").split(","):
+            name = name.strip().lower()
+            if name not in MASK_NAMES:
+                raise argparse.ArgumentTypeError(
+                    f"{text!r} is not a mask: give a number (0x00..0xff, bit 7 is the first PI "
+                    "byte) or names joined by ',' (guard, app, ref, crc32, crc32c, crc64, all, "
+                    "none)") from None
+            value |= MASK_NAMES[name]
+    if not 0 <= value <= 0xFF:
+        raise argparse.ArgumentTypeError(f"{text}: check_mask and copy_mask are 8-bit masks")
+    return value
+
+
+def parse_crypto(spec: str) -> Crypto | None:
+    """``none`` or ``aes-xts:encrypt_on_tx=1,order=before,dus=520[,tweak=N][,key=256]``."""
+    std, _, rest = spec.partition(":")
+    std = std.strip().lower()
+    if std == "none":
+        if rest.strip():
+            raise argparse.ArgumentTypeError("'none' takes no keys")
+        return None
+    if std not in ("aes-xts", "aes_xts", "xts"):
+        raise argparse.ArgumentTypeError(f"unknown crypto standard {std!r}: the only one is "
+                                         "aes-xts (e.g. aes-xts:encrypt_on_tx=1,order=before,"
+                                         "dus=520), or none")
+    kv = _pairs(rest, "aes-xts", CRYPTO_KEYS)
+    for a, b in (("encrypt_on_tx", "eot"), ("order", "signature_crypto_order"),
+                 ("dus", "data_unit_size"), ("tweak", "initial_tweak"), ("key", "key_bits")):
+        if a in kv and b in kv:
+            raise argparse.ArgumentTypeError(f"{a} and {b} name the same field")
+        if b in kv:
+            kv[a] = kv.pop(b)
+    eot = False
+    if "encrypt_on_tx" in kv:
+        if kv["encrypt_on_tx"].lower() not in BOOLS:
+            raise argparse.ArgumentTypeError(f"encrypt_on_tx={kv['encrypt_on_tx']!r}: give 1 "
+                                             "or 0 (true/false)")
+        eot = BOOLS[kv["encrypt_on_tx"].lower()]
+    order = "after"
+    if "order" in kv:
+        order = ORDER_ALIASES.get(kv["order"].lower().replace("mlx5dv_", ""), "")
+        if not order:
+            raise argparse.ArgumentTypeError(
+                f"order={kv['order']!r}: give before (SIGNATURE_BEFORE_CRYPTO_ON_TX) or after "
+                "(SIGNATURE_AFTER_CRYPTO_ON_TX)")
+    dus = _block("dus", kv["dus"]) if "dus" in kv else 512
+    tweak = _int("tweak", kv["tweak"]) if "tweak" in kv else 0
+    if not 0 <= tweak < 1 << 128:
+        raise argparse.ArgumentTypeError("tweak: initial_tweak is 16 bytes")
+    key_bits = _int("key", kv["key"]) if "key" in kv else 256
+    if key_bits not in (128, 256):
+        raise argparse.ArgumentTypeError(f"key={key_bits}: AES-XTS keys are 128 or 256 bits")
+    return Crypto(eot, order, dus, tweak, key_bits)
+
+
+def validate(cfg: Config) -> None:
+    """The sig setter's rules (SEMANTICS.md section 4), by the engine's own validation, so
+    that explain refuses exactly what mlx5dv_wr_set_mkey_sig_block(3) would."""
+    if not cfg.has_sig:
+        if cfg.check_mask:
+            raise ConfigError("--check-mask needs a signature domain (--mem or --wire)")
+        if cfg.copy_mask is not None:
+            raise ConfigError("--copy-mask needs a signature in both domains (--mem and --wire)")
+        return
+    from softhca.engine.signature import validate_sig_block_attr
+    from softhca.protocol.errors import RDMAError
+
+    try:
+        validate_sig_block_attr(to_attr(cfg))
+    except RDMAError as e:
+        raise ConfigError(f"mlx5dv_wr_set_mkey_sig_block would fail with {e.errno_name}: "
+                          f"{e.message}") from None
+
+
+def to_attr(cfg: Config):
+    """The configuration as a struct mlx5dv_sig_block_attr (softhca.protocol.attrs)."""
+    from softhca.protocol.attrs import SigBlockAttr, SigBlockDomain, SigCrc, SigT10dif
+
+    def dom(d: Domain | None):
+        if d is None:
+            return None
+        bs = BLOCK_SIZES.index(d.block)
+        if d.kind == "t10dif":
+            return SigBlockDomain(sig_type=0, block_size=bs, dif=SigT10dif(
+                bg_type=0 if d.bg_type == "crc" else 1, bg=d.bg, app_tag=d.app, ref_tag=d.ref,
+                flags=d.flags))
+        return SigBlockDomain(sig_type=1, block_size=bs, crc=SigCrc(CRC_SIG_TYPE[d.kind],
+                                                                    d.seed))
+
+    return SigBlockAttr(mem=dom(cfg.mem), wire=dom(cfg.wire),
+                        flags=1 if cfg.copy_mask is not None else 0,
+                        check_mask=cfg.check_mask, copy_mask=cfg.copy_mask or 0)
+
+
+# -- the copy mask (SEMANTICS.md section 6, step 2) ---------------------------------------
+
+def same_structure(a: Domain | None, b: Domain | None) -> bool:
+    """Same sig_type, block size and CRC type: what copying PI bytes needs."""
+    return a is not None and b is not None and a.kind == b.kind and a.block == b.block
+
+
+def computed_copy_mask(mem: Domain | None, wire: Domain | None) -> tuple[int, str]:
+    """The mask the device computes without COPY_MASK, and why."""
+    if mem is None or wire is None:
+        return 0, "only one domain has a signature: nothing to copy"
+    if not same_structure(mem, wire):
+        return 0, "the domains differ in signature type, CRC type or block size"
+    if mem.kind != "t10dif":
+        return 0xFF, f"both domains are {mem.title}: the CRC is copied"
+    mask, why = 0, []
+    for bits, same, name, what in (
+            (0xC0, mem.bg_type == wire.bg_type and mem.bg == wire.bg, "guard", "bg_type and bg"),
+            (0x30, mem.app == wire.app, "app tag", "app_tag"),
+            (0x0F, mem.ref == wire.ref, "ref tag", "ref_tag")):
+        if same:
+            mask |= bits
+        why.append(f"{name} copied (same {what})" if same else
+                   f"{name} generated ({what} differ{'s' if ' and ' not in what else ''})")
+    return mask, "T10-DIF in both domains: " + ", ".join(why)
+
+
+def effective_copy_mask(cfg: Config) -> int:
+    return cfg.copy_mask if cfg.copy_mask is not None else computed_copy_mask(cfg.mem,
+                                                                              cfg.wire)[0]
+
+
+def mask_fields(mask: int, d: Domain) -> list[tuple[PiField, tuple[str, ...]]]:
+    """The PI fields a mask selects, each with the bytes of it selected."""
+    out = []
+    for f in d.fields():
+        picked = tuple(f.byte_names[i] for i in range(f.size)
+                       if mask >> (7 - (f.first + i)) & 1)
+        if picked:
+            out.append((f, picked))
+    return out
+
+
+# -- images in the crypto page's notation -----------------------------------------------
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a block image: ``data``, a signature's PI, ``enc(...)`` of an inner
+    image, or bytes that no longer mean anything (a misplaced check or decrypt)."""
+
+    kind: str                           # data | sig | enc | opaque
+    name: str = ""                      # the signature's name (SIG, SIG1, SIG2), or a label
+    dom: Domain | None = None
+    inner: tuple[Part, ...] = ()
+    size: int = 0
+
+
+Image = tuple[Part, ...]
+DATA = Part("data")
+
+
+def notation(img: Image) -> str:
+    def one(p: Part) -> str:
+        return {"data": "data", "sig": p.name, "opaque": p.name}.get(
+            p.kind, f"enc({notation(p.inner)})")
+    return "+".join(one(p) for p in img)
+
+
+def nbytes(img: Image, block: int | None) -> int | None:
+    total = 0
+    for p in img:
+        n = {"data": block, "sig": p.dom.pi_size if p.dom else 0, "opaque": p.size}.get(
+            p.kind, nbytes(p.inner, block) if p.kind == "enc" else 0)
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+def byte_map(img: Image, block: int | None) -> str:
+    """``| data 512 | guard 2 | app 2 | ref 4 |``; ciphertext as ``enc( ... )``."""
+    def parts(im: Image) -> list[str]:
+        out = []
+        for p in im:
+            if p.kind == "data":
+                out.append(f"data {block}" if block else "data")
+            elif p.kind == "sig":
+                out += [f"{f.name} {f.size}" for f in p.dom.fields()]
+            elif p.kind == "enc":
+                out.append("enc( " + " | ".join(parts(p.inner)) + " )")
+            else:
+                out.append(f"{p.name} {p.size}")
+        return out
+    return "| " + " | ".join(parts(img)) + " |"
+
+
+def image_json(img: Image, block: int | None) -> dict:
+    def parts(im: Image, enc: bool) -> list[dict]:
+        out = []
+        for p in im:
+            if p.kind == "data":
+                out.append({"field": "data", "bytes": block, "encrypted": enc})
+            elif p.kind == "sig":
+                out += [{"field": f.name, "bytes": f.size, "sig": p.name, "encrypted": enc}
+                        for f in p.dom.fields()]
+            elif p.kind == "enc":
+                out += parts(p.inner, True)
+            else:
+                out.append({"field": "opaque", "bytes": p.size, "label": p.name,
+                            "encrypted": enc})
+        return out
+    return {"image": notation(img), "block_bytes": nbytes(img, block), "map": byte_map(img, block),
+            "parts": parts(img, False)}
+
+
+# -- the derivation ---------------------------------------------------------------------
+
+@dataclass
+class Step:
+    stage: str                  # the engine's trace stage name
+    stream: str                 # memory | wire: where the bytes are after the step
+    text: str
+    image: Image
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
+class Pipeline:
+    direction: str
+    steps: list[Step]
+    table_ops: list[str]
+    checked: list[dict]
+    copied: list[dict]
+    generated: list[dict]
+    crypto: dict | None
+
+
+class Deriver:
+    """Derives both directions' pipelines of one configuration."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.warnings: list[str] = []
+        mem, wire = cfg.mem, cfg.wire
+        if mem is not None and wire is not None:
+            both = "SIG" if mem == wire else None
+            self.names = {MEMORY: both or "SIG1", WIRE: both or "SIG2"}
+        else:
+            self.names = {MEMORY: "SIG" if mem else "none", WIRE: "SIG" if wire else "none"}
+        self.domains = {MEMORY: mem, WIRE: wire}
+        self.copy_mask = effective_copy_mask(cfg)
+        # The unit a block image is drawn in: the signature's block, else the data unit.
+        self.block = (mem or wire).block if cfg.has_sig else \
+            cfg.crypto.dus if cfg.crypto else None
+        c = cfg.crypto
+        # SEMANTICS.md section 8: the stream crypto runs on.
+        self.crypto_stream = None if c is None else \
+            WIRE if cfg.has_sig and c.order == "before" else MEMORY
+
+    def side_image(self, side: str) -> Image:
+        d = self.domains[side]
+        return (DATA,) if d is None else (DATA, Part("sig", self.names[side], d))
+
+    def derive(self) -> tuple[Image, Image, Pipeline, Pipeline]:
+        """The memory and wire images and both pipelines. The plaintext side is where the
+        encrypting direction starts (memory when TX encrypts or there is no crypto, the
+        wire when TX decrypts): its image is data plus its own signature, and the other
+        side's image is what that direction's pipeline makes of it."""
+        c = self.cfg.crypto
+        if c is None or c.encrypt_on_tx:
+            mem_img = self.side_image(MEMORY)
+            tx = self.pipeline(TX, mem_img)
+            wire_img = tx.steps[-1].image
+            rx = self.pipeline(RX, wire_img)
+            back, start = rx.steps[-1].image, mem_img
+        else:
+            wire_img = self.side_image(WIRE)
+            rx = self.pipeline(RX, wire_img)
+            mem_img = rx.steps[-1].image
+            tx = self.pipeline(TX, mem_img)
+            back, start = tx.steps[-1].image, wire_img
+        if back != start:
+            self.warnings.append(f"the round trip does not give back {notation(start)}: it "
+                                 f"gives {notation(back)}")
+        return mem_img, wire_img, tx, rx
+
+    def _crypt_op(self, direction: str) -> str:
+        return "encrypt" if self.cfg.crypto.encrypt_on_tx == (direction == TX) else "decrypt"
+
+    def pipeline(self, direction: str, start: Image) -> Pipeline:
+        src, dst = (MEMORY, WIRE) if direction == TX else (WIRE, MEMORY)
+        ind, outd = self.domains[src], self.domains[dst]
+        steps: list[Step] = []
+        img = start
+        if direction == TX:
+            steps.append(Step("gather", MEMORY, f"gather memory: {self._img_text(img)}", img))
+        else:
+            steps.append(Step("wire", WIRE, f"receive wire: {self._img_text(img)}", img))
+        crypto = None
+        if self.crypto_stream == src:
+            img, crypto = self._crypt(direction, src, img, steps)
+        checked, copied, generated = [], [], []
+        if ind is not None:
+            checked = self._check(src, ind, img, steps)
+        if outd is not None:
+            img, copied, generated = self._generate(src, dst, ind, outd, img, steps)
+        elif ind is not None:
+            img = self._strip(src, dst, ind, img, steps)
+        if self.crypto_stream == dst:
+            img, crypto = self._crypt(direction, dst, img, steps)
+        if direction == TX:
+            steps.append(Step("wire", WIRE, f"wire: {self._img_text(img)}", img))
+        else:
+            steps.append(Step("scatter", MEMORY, f"scatter memory: {self._img_text(img)}", img))
+        # The same order in the crypto page's table vocabulary: SIG.<input side> and
+        # SIG.<output side> where the signature runs, the crypto op before or after them.
+        sig_ops = [f"SIG.{'mem' if s == MEMORY else 'wire'} = {self.names[s]}"
+                   for s in (src, dst)]
+        table = sig_ops
+        if self.crypto_stream is not None:
+            op = f"{self._crypt_op(direction).capitalize()} on {direction}"
+            table = [op, *sig_ops] if self.crypto_stream == src else [*sig_ops, op]
+        return Pipeline(direction, steps, table, checked, copied, generated, crypto)
+
+    def _img_text(self, img: Image) -> str:
+        n = nbytes(img, self.block)
+        if not self.cfg.has_sig:
+            unit = f" ({n}B per data unit)" if n else ""
+            return notation(img) + unit
+        return f"{notation(img)} ({n}B per block)"
+
+    def _crypt(self, direction: str, stream: str, img: Image,
+               steps: list[Step]) -> tuple[Image, dict]:
+        c = self.cfg.crypto
+        op = self._crypt_op(direction)
+        covers = notation(img)
+        if op == "encrypt":
+            out: Image = (Part("enc", inner=img),)
+        elif len(img) == 1 and img[0].kind == "enc":
+            out = img[0].inner
+        else:
+            size = nbytes(img, self.block) or 0
+            out = (Part("opaque", f"[dec({covers})]", size=size),)
+            self.warnings.append(f"{direction} decrypts {covers}, which is not ciphertext: the "
+                                 "result is garbage")
+        width = nbytes(img, self.block)
+        notes = []
+        if self.cfg.has_sig and width:
+            if c.dus == width:
+                notes.append(f"one data unit per {width}B block")
+            else:
+                notes.append(f"data units of {c.dus}B do not line up with the {width}B blocks "
+                             f"of the {stream} stream")
+        if c.dus % 16:
+            notes.append(f"{c.dus} is not a multiple of 16: XTS ciphertext stealing covers the "
+                         f"last {c.dus % 16} bytes of each unit")
+        text = (f"{op} {covers} with AES-XTS-{c.key_bits} on the {stream} stream, data units of "
+                f"{c.dus}B, tweak = initial_tweak + unit (units counted from MKEY offset 0 of "
+                f"that stream)")
+        if notes:
+            text += "; " + "; ".join(notes)
+        detail = {"data_unit_size": c.dus, "initial_tweak": f"0x{c.tweak:032x}",
+                  "covers": covers, "bytes_per_block": width}
+        steps.append(Step(op, stream, text, out, detail))
+        return out, {"op": op, "stream": stream, "covers": covers, "data_unit_size": c.dus,
+                     "bytes_per_block": width, "position": len(steps)}
+
+    def _check(self, src: str, d: Domain, img: Image, steps: list[Step]) -> list[dict]:
+        name, mask = self.names[src], self.cfg.check_mask
+        picked = mask_fields(mask, d)
+        if not img or img[-1].kind != "sig":
+            self.warnings.append(f"the {src} PI is checked where it is not in the clear "
+                                 f"({notation(img)}): checking it would fail")
+        if not picked:
+            what = (f"check_mask 0x{mask:02x} selects none of its bytes: nothing is compared, "
+                    "every block is NO_ERR")
+        else:
+            parts = []
+            for f, bytes_ in picked:
+                part = d.field_value_text(f)
+                if len(bytes_) != f.size:
+                    part += f" (byte{'s' if len(bytes_) > 1 else ''} {' '.join(bytes_)} only)"
+                parts.append(part)
+            what = (f"check_mask 0x{mask:02x}: against the stored PI, " + "; ".join(parts)
+                    + "; the first failing block is latched for mlx5dv_mkey_check, the data "
+                    "moves anyway")
+            if d.kind == "t10dif" and d.flags & APP_REF_ESCAPE:
+                what += ("; a block with app tag 0xffff and ref tag 0xffffffff is not checked "
+                         "(APP_REF_ESCAPE)")
+            elif d.kind == "t10dif" and d.flags & APP_ESCAPE:
+                what += "; a block with app tag 0xffff is not checked (APP_ESCAPE)"
+        steps.append(Step("check", src, f"check {name} ({d.title}), {what}", img,
+                          {"check_mask": mask, "domain": src}))
+        return [{"domain": src, "sig": name, "field": f.name, "bytes": list(b)}
+                for f, b in picked]
+
+    def _strip(self, src: str, dst: str, d: Domain, img: Image, steps: list[Step]) -> Image:
+        name = self.names[src]
+        out = self._drop_pi(img, src)
+        steps.append(Step("strip", dst, f"strip {name}: its {d.pi_size}B of PI per block are "
+                          f"dropped, {notation(out)} remains", out, {"pi_size": d.pi_size}))
+        return out
+
+    def _drop_pi(self, img: Image, side: str) -> Image:
+        if img and img[-1].kind == "sig":
+            return img[:-1]
+        d = self.domains[side]
+        size = (nbytes(img, self.block) or 0) - d.pi_size
+        self.warnings.append(f"the {side} PI is removed from {notation(img)}, where it is not "
+                             "in the clear")
+        return (Part("opaque", f"[{notation(img)} less {d.pi_size}B]", size=size),)
+
+    def _generate(self, src: str, dst: str, ind: Domain | None, outd: Domain, img: Image,
+                  steps: list[Step]) -> tuple[Image, list[dict], list[dict]]:
+        name, in_name = self.names[dst], self.names[src]
+        copy = self.copy_mask if same_structure(ind, outd) else 0
+        copied_sel = mask_fields(copy, outd)
+        copied_names = {f.name: b for f, b in copied_sel}
+        texts, copied, generated = [], [], []
+        for f in outd.fields():
+            got = copied_names.get(f.name, ())
+            if got:
+                copied.append({"domain": dst, "sig": name, "field": f.name, "from": in_name,
+                               "bytes": list(got)})
+                part = f"{f.label} copied from {in_name}"
+                if len(got) != f.size:
+                    part += f" (bytes {' '.join(got)}; the rest generated)"
+                texts.append(part)
+            if len(got) != f.size:
+                generated.append({"domain": dst, "sig": name, "field": f.name,
+                                  "bytes": [b for b in f.byte_names if b not in got]})
+                if not got:
+                    texts.append(outd.field_value_text(f))
+        base = self._drop_pi(img, src) if ind is not None else img
+        out = (*base, Part("sig", name, outd))
+        head = f"generate {name}" + (f" in place of {in_name}" if ind is not None else "")
+        steps.append(Step("generate", dst, f"{head} ({outd.title}: " + "; ".join(texts) + ")",
+                          out, {"pi_size": outd.pi_size, "copy_mask": copy}))
+        return out, copied, generated
+
+
+def explain(cfg: Config) -> dict:
+    """The JSON document of a configuration's pipelines; the text is rendered from it."""
+    validate(cfg)
+    d = Deriver(cfg)
+    mem_img, wire_img, tx, rx = d.derive()
+    copy_given = cfg.copy_mask is not None
+    copy_mask, copy_why = (cfg.copy_mask, "given (MLX5DV_SIG_BLOCK_ATTR_FLAG_COPY_MASK)") \
+        if copy_given else computed_copy_mask(cfg.mem, cfg.wire)
+    notes = []
+    if cfg.crypto is not None and not cfg.has_sig:
+        notes.append("no signature: crypto runs on the one stream and signature_crypto_order "
+                     "does not matter")
+    if cfg.has_sig and cfg.check_mask == 0:
+        notes.append("check_mask 0x00: no PI byte is compared (--check-mask 0xff checks them "
+                     "all)")
+
+    def pipe(p: Pipeline) -> dict:
+        src, dst = (MEMORY, WIRE) if p.direction == TX else (WIRE, MEMORY)
+        return {"direction": p.direction, "from": src, "to": dst, "table_ops": p.table_ops,
+                "stages": [s.stage for s in p.steps],
+                "steps": [{"step": k, "stage": s.stage, "stream": s.stream, "text": s.text,
+                           "image": notation(s.image), "bytes_per_block": nbytes(s.image,
+                                                                                 d.block),
+                           **({"detail": s.detail} if s.detail else {})}
+                          for k, s in enumerate(p.steps, 1)],
+                "checked": p.checked, "copied": p.copied, "generated": p.generated,
+                "crypto": p.crypto}
+
+    return {
+        "config": {
+            "row": cfg.row,
+            "memory": cfg.mem.to_json() if cfg.mem else None,
+            "wire": cfg.wire.to_json() if cfg.wire else None,
+            "check_mask": cfg.check_mask if cfg.has_sig else None,
+            "copy_mask": copy_mask if cfg.has_sig else None,
+            "copy_mask_given": copy_given,
+            "copy_mask_why": copy_why if cfg.has_sig else None,
+            "crypto": cfg.crypto.to_json() if cfg.crypto else None,
+            "crypto_stream": d.crypto_stream,
+        },
+        "names": d.names,
+        "layout": {MEMORY: image_json(mem_img, d.block), WIRE: image_json(wire_img, d.block)},
+        "tx": pipe(tx),
+        "rx": pipe(rx),
+        "notes": notes,
+        "warnings": d.warnings,
+    }
+
+
+# -- the text ---------------------------------------------------------------------------
+
+def _fields_text(items: list[dict], with_from: bool = False) -> str:
+    """``wire SIG: guard (G1 G0), app (A1 A0)``, one group per domain."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for it in items:
+        text = f"{it['field']} ({' '.join(it['bytes'])})"
+        if with_from:
+            text += f" from {it['from']}"
+        groups.setdefault((it["domain"], it["sig"]), []).append(text)
+    return "; ".join(f"{dom} {sig}: " + ", ".join(t) for (dom, sig), t in groups.items())
+
+
+def render_text(doc: dict) -> str:
+    c = doc["config"]
+    lines = []
+    if c["row"]:
+        lines.append(f"crypto table row {c['row']} of {CRYPTO_PAGE}, as a configuration:")
+    else:
+        lines.append("configuration:")
+    names = doc["names"]
+
+    def dom(side: str) -> str:
+        d = c[side]
+        if d is None:
+            return "none"
+        return f"{names[side]} = " + _domain_line(d)
+
+    lines.append(f"  memory domain  {dom(MEMORY)}")
+    lines.append(f"  wire domain    {dom(WIRE)}")
+    if c["check_mask"] is not None:
+        lines.append(f"  check_mask     0x{c['check_mask']:02x}")
+        lines.append(f"  copy_mask      0x{c['copy_mask']:02x} ({c['copy_mask_why']})")
+    cr = c["crypto"]
+    if cr:
+        lines.append(f"  crypto         AES-XTS-{cr['key_bits']}, encrypt_on_tx "
+                     f"{int(cr['encrypt_on_tx'])}, {cr['signature_crypto_order']}, "
+                     f"data_unit_size {cr['data_unit_size']}B, initial_tweak "
+                     f"{cr['initial_tweak']}")
+        lines.append(f"                 crypto runs on the {c['crypto_stream']} stream")
+    else:
+        lines.append("  crypto         none")
+    lines.append("  as a row of the crypto table (Memory | operations on TX | Wire):")
+    lines.append(f"                 {doc['layout'][MEMORY]['image']} | "
+                 + " | ".join(doc["tx"]["table_ops"]) + f" | {doc['layout'][WIRE]['image']}")
+    lines.append("")
+    lines.append("one block:")
+    width = max(len(doc["layout"][s]["image"]) for s in (MEMORY, WIRE))
+    for side in (MEMORY, WIRE):
+        lay = doc["layout"][side]
+        size = f"{lay['block_bytes']}B" if lay["block_bytes"] else "any length"
+        lines.append(f"  {side:<7} {lay['image']:<{width}}  {lay['map']}  {size}")
+    for key in ("tx", "rx"):
+        p = doc[key]
+        lines.append("")
+        lines.append(f"{p['direction']} ({p['from']} -> {p['to']}), in the table's terms: "
+                     + ", ".join(p["table_ops"]))
+        for s in p["steps"]:
+            lines.append(f"  {s['step']}. {s['text']}")
+    lines.append("")
+    lines.append("bytes:")
+    for key in ("tx", "rx"):
+        p = doc[key]
+        d = p["direction"]
+        lines.append(f"  {d} checked    " + (_fields_text(p["checked"]) or "nothing"))
+        lines.append(f"  {d} copied     " + (_fields_text(p["copied"], True) or "nothing"))
+        lines.append(f"  {d} generated  " + (_fields_text(p["generated"]) or "nothing"))
+        k = p["crypto"]
+        if k:
+            per = f", {k['bytes_per_block']}B per block" if k["bytes_per_block"] and \
+                (c[MEMORY] or c[WIRE]) else ""
+            lines.append(f"  {d} {k['op']}ed  {k['covers']} on the {k['stream']} stream "
+                         f"(step {k['position']}){per}, {k['data_unit_size']}B data units")
+        else:
+            lines.append(f"  {d} crypto     none")
+    for n in doc["notes"]:
+        lines.append(f"note: {n}")
+    for w in doc["warnings"]:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def _domain_line(d: dict) -> str:
+    if d["sig_type"] == "T10DIF":
+        return (f"T10-DIF, {d['block_size']}B blocks + 8B PI, guard {d['bg_type']} bg "
+                f"0x{d['bg']:04x}, app_tag 0x{d['app_tag']:04x}, ref_tag 0x{d['ref_tag']:08x}, "
+                f"flags {'|'.join(d['flags']) or '0'}")
+    return (f"{d['kind']}, {d['block_size']}B blocks + {d['pi_size']}B PI, seed "
+            f"0x{d['seed']:0{2 * d['pi_size']}x}")
+
+
+# -- the subcommand ---------------------------------------------------------------------
+
+EPILOG = """\
+domains (--mem, --wire), as struct mlx5dv_sig_block_domain:
+  none
+  t10dif:block=512,bg=crc|csum,seed=0|0xffff,app=0x1234,ref=0x10,flags=ref_remap|app_escape
+  crc32:block=512,seed=0|0xffffffff    crc32c:...    crc64:block=4096,seed=0|ones
+  block sizes: 512, 520, 4048, 4096, 4160 bytes (the default is 512)
+masks (--check-mask, --copy-mask): 0x00..0xff (bit 7 is the first PI byte) or names:
+  guard (0xc0), app (0x30), ref (0x0f), crc32/crc32c (0xf0), crc64 (0xff), all, none
+crypto (--crypto), as struct mlx5dv_crypto_attr:
+  none | aes-xts:encrypt_on_tx=0|1,order=after|before,dus=512|520|4048|4096|4160,
+                 tweak=N,key=128|256
+examples:
+  softhca explain --row C
+  softhca explain --wire t10dif:block=4096,bg=0xffff,app=0x5a5a,ref=0x1000,flags=ref_remap \\
+      --check-mask 0xff
+  softhca explain --mem crc32:block=512,seed=0xffffffff --check-mask crc32 --json
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "explain", help="print the TX and RX pipelines a signature/crypto configuration implies",
+        description="Given the attributes of mlx5dv_wr_set_mkey_sig_block(3) and\n"
+        "mlx5dv_wr_set_mkey_crypto(3), or a row A..J of the crypto page's table, print\n"
+        "which operation runs in which order from memory to wire (TX) and from wire to\n"
+        "memory (RX), what a block looks like in memory and on the wire, and which bytes\n"
+        "are checked, copied, generated and encrypted. No daemon is needed.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--row", type=_row, metavar="A..J",
+                   help="a row of the table of mlx5dv_wr_set_mkey_crypto(3): SIG is a T10-DIF "
+                   "on 512B blocks (SIG1 a CRC64_XP10 where both domains have one), check_mask "
+                   "0xff; not with --mem, --wire or --crypto")
+    p.add_argument("--mem", type=parse_domain, metavar="SPEC",
+                   help="the memory domain (default none)")
+    p.add_argument("--wire", type=parse_domain, metavar="SPEC",
+                   help="the wire domain (default none)")
+    p.add_argument("--check-mask", type=parse_mask, metavar="MASK",
+                   help="the PI bytes checked in the input domain (default 0, as the struct)")
+    p.add_argument("--copy-mask", type=parse_mask, metavar="MASK",
+                   help="sets MLX5DV_SIG_BLOCK_ATTR_FLAG_COPY_MASK with this mask (default: "
+                   "the mask the device computes)")
+    p.add_argument("--crypto", type=parse_crypto, metavar="SPEC",
+                   help="the crypto attributes (default none)")
+    p.add_argument("--json", action="store_true", help="print a JSON document")
+    p.set_defaults(func=cmd_explain, mem=_UNSET, wire=_UNSET, crypto=_UNSET)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()
+
+
+def _row(text: str) -> str:
+    row = text.strip().upper()
+    if row not in ROWS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a row of the crypto table: give "
+                                         "A, B, C, D, E, F, G, H, I or J")
+    return row
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    given = [f"--{n}" for n in ("mem", "wire", "crypto") if getattr(args, n) is not _UNSET]
+    if args.row:
+        if given:
+            raise ConfigError(f"--row selects a whole configuration: it cannot be combined with "
+                              f"{', '.join(given)} (only --check-mask and --copy-mask)")
+        return row_config(args.row, args.check_mask, args.copy_mask)
+    if not given:
+        raise ConfigError("nothing to explain: give --row A..J, or --mem, --wire and/or "
+                          "--crypto (see softhca explain --help)")
+
+    def value(name: str):
+        v = getattr(args, name)
+        return None if v is _UNSET else v
+
+    return Config(value("mem"), value("wire"), args.check_mask or 0, args.copy_mask,
+                  value("crypto"))
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    try:
+        doc = explain(config_from_args(args))
+    except ConfigError as e:
+        print(f"softhca explain: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(doc, indent=2) if args.json else render_text(doc))
+    return EXIT_OK
