@@ -34,6 +34,10 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
                    "faults: 'guard', 'lossy link'); a prefix such as 'crypto row' selects "
                    "several; may be repeated")
     p.add_argument("--list", action="store_true", help="list the example names and exit")
+    p.add_argument("--html", metavar="FILE",
+                   help="also write a self-contained HTML report to FILE: every example's "
+                   "configuration, pipeline stages, memory and wire images as block diagrams "
+                   "and mkey_check results (the printed text is unchanged)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -48,11 +52,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"{entry.name:<28} " + (entry.title if faults else
                                           f"{entry.page}, {entry.where}"))
         return EXIT_OK
+    html = getattr(args, "html", None)
     try:
-        outcomes = (demo_faults if faults else demo).run(args.only)
-    except demo.UnknownExample as e:
+        if html:
+            from softhca.server import report
+
+            outcomes = report.run(args.only, html, faults=faults)
+        else:
+            outcomes = (demo_faults if faults else demo).run(args.only)
+    except (demo.UnknownExample, OSError) as e:
+        # OSError: the report's file cannot be written (tried before anything runs).
         print(f"softhca demo: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if html:
+        report.main_note(html)
     return EXIT_OK if all(o.passed for o in outcomes) else EXIT_FAIL
 
 
@@ -197,6 +210,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faults", metavar="FILE",
                    help="fault rules to install at start: a JSON list of rules (the fields of "
                    "'softhca faults add'), refused whole if any rule is malformed")
+    p.add_argument("--capture", metavar="FILE",
+                   help="write every packet this daemon sends and accepts to FILE, a pcap of "
+                   "RoCEv2 frames that Wireshark and tshark decode (see 'softhca capture')")
     p.set_defaults(func=cmd_serve)
 
 
@@ -341,7 +357,14 @@ SUBCOMMAND_MODULES = ("trace", "explain", "capture")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # `softhca faults add --target H:P key=value ...`: argparse ends a positional
+        # list at the first option, so the rule's fields after it come back as extras.
+        if extra and getattr(args, "func", None) is cmd_faults \
+                and all("=" in x and not x.startswith("-") for x in extra):
+            args.fields = list(args.fields) + extra
+        elif extra:
+            parser.parse_args(argv)     # reports the unrecognized arguments and exits
     except SystemExit as e:
         # argparse exits on --help and on usage errors; main returns the status instead,
         # so that callers (tests, other entry points) get an int either way.

@@ -21,11 +21,13 @@ demo never imports the tests, so it can run where only the package is installed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import os
 import random
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -536,6 +538,82 @@ class Outcome:
         return not self.reasons
 
 
+# -- what an example showed, as data (softhca demo --html) ------------------------------
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage of one transfer, as a daemon's "trace" event reported it."""
+
+    side: str               # target or initiator: whose daemon ran it
+    role: str               # requester or responder
+    op: str                 # the operation (SEND, RDMA_READ, ...)
+    direction: str          # TX (memory to wire) or RX (wire to memory)
+    stage: str              # gather, encrypt, decrypt, check, strip, generate, scatter, wire
+    stream: str             # memory or wire: where the bytes are after the stage
+    offset: int
+    length: int
+    detail: dict
+    preview: str
+    time: float = 0.0       # the daemons' loop clock (one loop for both embedded daemons)
+
+
+@dataclass
+class Step:
+    """One thing an example showed, in order: a ``note`` (a labelled line), the MKEY
+    ``config``, an ``image`` cut in blocks by ``shape``, MR ``segments``, an ``op``
+    (the wire summary and the pipeline stages both daemons traced), a ``check`` or an
+    ``mkey_check`` (``ok`` None: nothing to judge), or a ``raw`` line printed as is."""
+
+    kind: str
+    label: str = ""
+    text: str = ""
+    ok: bool | None = None
+    why: str = ""
+    data: bytes = b""
+    shape: Shape | None = None
+    cuts: tuple[int, ...] = ()
+    stages: tuple[Stage, ...] = ()
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Record:
+    """Everything one example showed, kept beside its printed text for the HTML report."""
+
+    name: str
+    outcome: Outcome
+    steps: list[Step] = field(default_factory=list)
+    traced: bool = False
+
+
+# While set (server/report.py), every Example created appends its Record here.
+RECORDING: contextvars.ContextVar[list[Record] | None] = contextvars.ContextVar(
+    "softhca_demo_recording", default=None)
+
+
+class _Tee:
+    """An example's output while it is recorded: everything still goes to the real
+    output; lines written to it directly (not through say, image, check ...) are kept
+    as raw steps."""
+
+    def __init__(self, out: TextIO, ex: Example) -> None:
+        self._out, self._ex = out, ex
+
+    def write(self, text: str) -> int:
+        n = self._out.write(text)
+        if self._ex._depth == 0 and self._ex.record is not None:
+            for line in text.splitlines():
+                if line.strip():
+                    self._ex.record.steps.append(Step("raw", text=line.rstrip()))
+        return n
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def isatty(self) -> bool:
+        return hasattr(self._out, "isatty") and self._out.isatty()
+
+
 class Example:
     """The state of one example while it runs: its two daemons' sides, its seeded
     random source, and what it printed and found wrong."""
@@ -550,34 +628,95 @@ class Example:
         self.target: Side
         self.initiator: Side
         self.outcome = Outcome(name)
+        # The structured record of what is shown, when a report is being made: the
+        # printed text is the same either way.
+        self.record: Record | None = None
+        self.subs: list[tuple[Side, sh.Subscription]] = []
+        self._depth = 0
+        sink = RECORDING.get()
+        if sink is not None:
+            self.record = Record(name, self.outcome)
+            sink.append(self.record)
+            self.out = _Tee(out, self)
+
+    def _add(self, step: Step) -> None:
+        if self.record is not None:
+            self.record.steps.append(step)
+
+    @contextlib.contextmanager
+    def _recording(self, step: Step | None) -> Iterator[None]:
+        """Record ``step`` (unless an outer step records this output already), and not
+        the lines printed meanwhile."""
+        if self._depth == 0 and step is not None:
+            self._add(step)
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
 
     def say(self, label: str, text: str = "") -> None:
-        self.out.write(f"  {label:<10} {text}".rstrip() + "\n")
+        kind = "mkey_check" if label == "mkey_check" else "note"
+        with self._recording(Step(kind, label, text)):
+            self.out.write(f"  {label:<10} {text}".rstrip() + "\n")
 
     def lines(self, label: str, lines: list[str]) -> None:
-        self.say(label)
-        for line in lines:
-            self.out.write(f"      {line}\n")
+        with self._recording(Step("note", label, "\n".join(lines))):
+            self.say(label)
+            for line in lines:
+                self.out.write(f"      {line}\n")
 
     def image(self, label: str, buf: bytes, shape: Shape) -> None:
-        self.lines(f"{label}, {len(buf)}B", image_lines(buf, shape, self.style))
+        with self._recording(Step("image", label, data=bytes(buf), shape=shape)):
+            self.lines(f"{label}, {len(buf)}B", image_lines(buf, shape, self.style))
+
+    def segments(self, label: str, buf: bytes, cuts: list[int], text: str | None = None) -> None:
+        """An MR as the ranges between ``cuts`` (the layout examples)."""
+        with self._recording(Step("segments", label, data=bytes(buf), cuts=tuple(cuts))):
+            self.say(label, segments_line(buf, cuts, self.style) if text is None else text)
 
     def mkey_config(self, mkey, flags: int, access: int, layout: str,
                     sig: SigBlockAttr | None = None, crypto: CryptoAttr | None = None,
                     key: bytes = b"") -> None:
-        self.say("config", f"target MKEY 0x{mkey.lkey:x}: {flag_names(flags, MkeyInitAttrFlags)}"
-                 f", access {flag_names(access, AccessFlags)}, {layout}")
-        if sig is not None:
-            self.say("", sig_text(sig))
-        if crypto is not None:
-            self.say("", crypto_text(crypto, key))
+        info = {"mkey": mkey.lkey, "flags": flag_names(flags, MkeyInitAttrFlags),
+                "access": flag_names(access, AccessFlags), "layout": layout, "sig": sig,
+                "crypto": crypto, "key_bytes": len(key)}
+        with self._recording(Step("config", "config", info=info)):
+            self.say("config", f"target MKEY 0x{mkey.lkey:x}: "
+                     f"{flag_names(flags, MkeyInitAttrFlags)}"
+                     f", access {flag_names(access, AccessFlags)}, {layout}")
+            if sig is not None:
+                self.say("", sig_text(sig))
+            if crypto is not None:
+                self.say("", crypto_text(crypto, key))
 
     def check(self, ok: bool, what: str, why: str = "", label: str = "check") -> bool:
-        mark = self.style.ok("ok ") if ok else self.style.bad("BAD")
-        self.say(label, f"{mark} {what}" + ("" if ok else f": {why}"))
+        kind = "mkey_check" if label == "mkey_check" else "check"
+        with self._recording(Step(kind, label, what, ok=ok, why="" if ok else why)):
+            mark = self.style.ok("ok ") if ok else self.style.bad("BAD")
+            self.say(label, f"{mark} {what}" + ("" if ok else f": {why}"))
         if not ok:
             self.outcome.reasons.append(f"{what}: {why}")
         return ok
+
+    async def traced(self) -> tuple[Stage, ...]:
+        """The pipeline stages both daemons traced since the last call. A request on
+        each control session first: the daemon writes its events before the reply, so
+        every event of the operation just completed has arrived when it returns."""
+        stages: list[Stage] = []
+        for side, sub in self.subs:
+            await side.node.counters()
+            while (ev := await sub.next(0.001)) is not None:
+                if ev.kind != "trace":
+                    continue
+                h = ev.header
+                stages.append(Stage(side.role, str(h.get("role", "")), str(h.get("op", "")),
+                                    str(h.get("direction", "")), str(h.get("stage", "")),
+                                    str(h.get("stream", "")), int(h.get("offset", 0)),
+                                    len(ev.data), dict(h.get("detail") or {}),
+                                    preview(ev.data), float(h.get("time", 0.0))))
+        # In the order they ran: the sender's TX before the receiver's RX.
+        return tuple(sorted(stages, key=lambda st: st.time))
 
     def same(self, what: str, got: bytes, want: bytes, shape: Shape | None = None) -> bool:
         ok = got == want
@@ -600,7 +739,11 @@ class Example:
                         raise
                     wcs.append((side, want, None))
         wire = cap.wire(sender, receiver)
-        self.say("wire", wire.summary())
+        stages = await self.traced() if self.subs else ()
+        with self._recording(Step("op", "wire", wire.summary(), stages=stages,
+                                  info={"packets": len(wire.packets), "bytes": len(wire.data),
+                                        "sender": wire.sender, "receiver": wire.receiver})):
+            self.say("wire", wire.summary())
         ok = all(wc is not None and wc.status == WcStatus.SUCCESS and wc.opcode == want
                  for _, want, wc in wcs)
 
@@ -674,13 +817,17 @@ class Example:
             self.check(ok, f"target MKEY 0x{mkey.lkey:x}: {text(got)}",
                        f"expected {text(want)}", label="mkey_check")
         if not self.initiator.mkeys:
-            self.say("", "initiator: no MKEY (plain MRs only), nothing to check")
+            none = "initiator: no MKEY (plain MRs only), nothing to check"
+            with self._recording(Step("mkey_check", "mkey_check", none)):
+                self.say("", none)
         for other, sig in self.initiator.mkeys.values():
             if sig:
                 err = await other.mkey_check()
-                self.check(err.err_type == MkeyErrType.NO_ERR,
-                           f"initiator MKEY 0x{other.lkey:x}: {MkeyErrType(err.err_type).name}",
-                           "expected NO_ERR", label="")
+                ok = err.err_type == MkeyErrType.NO_ERR
+                what = f"initiator MKEY 0x{other.lkey:x}: {MkeyErrType(err.err_type).name}"
+                with self._recording(Step("mkey_check", "mkey_check", what, ok=ok,
+                                          why="" if ok else "expected NO_ERR")):
+                    self.check(ok, what, "expected NO_ERR", label="")
 
 
 @dataclass(frozen=True)
@@ -1078,12 +1225,13 @@ async def _layout_list(ex: Example) -> None:
                    f"4096B of mr2 0x{mr2.lkey:x}")
     data = ex.rng.randbytes(64 + 4096)
     src = await i.reg_mr(data)
-    ex.say("initiator", f"memory {len(data)}B {preview(data)}")
+    ex.segments("initiator", data, [64], f"memory {len(data)}B {preview(data)}")
     wire = await ex.rdma_write(whole(src), mkey)
-    ex.say("wire bytes", f"RDMA_WRITE {len(wire.data)}B {preview(wire.data)}")
+    ex.segments("wire bytes", wire.data, [64],
+                f"RDMA_WRITE {len(wire.data)}B {preview(wire.data)}")
     m1, m2 = await mr1.read(), await mr2.read()
-    ex.say("target mr1", segments_line(m1, [64], ex.style))
-    ex.say("target mr2", segments_line(m2, [4096], ex.style))
+    ex.segments("target mr1", m1, [64])
+    ex.segments("target mr2", m2, [4096])
     await ex.mkey_check(mkey)
     ex.same("the wire carried the initiator's bytes", wire.data, data)
     ex.same("mr1[0,64) is the first 64 bytes", m1[:64], data[:64])
@@ -1111,12 +1259,13 @@ async def _layout_interleaved(ex: Example) -> None:
                    f", 8B skip 0 of mr2 0x{mr2.lkey:x}")
     data = ex.rng.randbytes(2 * 520)
     src = await i.reg_mr(data)
-    ex.say("initiator", f"memory {len(data)}B {preview(data)}")
+    ex.segments("initiator", data, [512, 520, 1032], f"memory {len(data)}B {preview(data)}")
     wire = await ex.rdma_write(whole(src), mkey)
-    ex.say("wire bytes", f"RDMA_WRITE {len(wire.data)}B {preview(wire.data)}")
+    ex.segments("wire bytes", wire.data, [512, 520, 1032],
+                f"RDMA_WRITE {len(wire.data)}B {preview(wire.data)}")
     m1, m2 = await mr1.read(), await mr2.read()
-    ex.say("target mr1", segments_line(m1, [512, 516, 1028], ex.style))
-    ex.say("target mr2", segments_line(m2, [8, 16], ex.style))
+    ex.segments("target mr1", m1, [512, 516, 1028])
+    ex.segments("target mr2", m2, [8, 16])
     await ex.mkey_check(mkey)
     ex.same("the wire carried the initiator's bytes", wire.data, data)
     ex.same("first 512 bytes at mr1 offset 0", m1[0:512], data[0:512])
@@ -1170,6 +1319,12 @@ async def _play(entry: Entry, ex: Example) -> None:
         ex.target = await Side.open("target", tnode)
         ex.initiator = await Side.open("initiator", inode)
         await connect_sides(ex.target, ex.initiator)
+        if ex.record is not None:
+            # The report draws the pipeline stages each daemon traced (softhca trace's
+            # events); without a subscriber the daemons do no trace work at all.
+            ex.subs = [(side, await side.node.subscribe("trace"))
+                       for side in (ex.target, ex.initiator)]
+            ex.record.traced = True
         ex.say("daemons", f"target daemon {tnode.address} QP 0x{ex.target.qp.qp_num:x}, "
                f"initiator daemon {inode.address} QP 0x{ex.initiator.qp.qp_num:x}; "
                f"RC over TCP, path MTU {PATH_MTU_BYTES}")

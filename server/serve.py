@@ -3,6 +3,8 @@
 Logs are one line per event on stderr, ``time level logger message key=value...``,
 greppable and parseable. SIGTERM and SIGINT stop the daemon gracefully: every QP of
 every session goes to ERR (outstanding WRs flushed), then every connection closes.
+With ``--capture FILE`` the daemon writes every packet it sends and accepts to FILE as
+a pcap of RoCEv2 frames (``server/capture.py``), closed whole at the stop.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class ServeOptions:
     log_level: str
     ready_file: str | None
     faults: list = field(default_factory=list)
+    capture: str | None = None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -81,12 +84,20 @@ def options_from_args(args) -> ServeOptions:
                 validate_rule(rule)
             except RDMAError as e:
                 raise ValueError(f"--faults {args.faults}, rule {n}: {e.message}") from None
+    capture = getattr(args, "capture", None)
+    if capture:
+        # Refuse an unwritable file before listening (serve truncates it when it starts).
+        try:
+            with open(capture, "ab"):
+                pass
+        except OSError as e:
+            raise ValueError(f"cannot write --capture {capture}: {e.strerror}") from None
     limits = Limits(max_connections=args.max_connections, max_objects=args.max_objects,
                     max_session_bytes=args.max_session_bytes,
                     max_daemon_bytes=args.max_daemon_bytes, max_frame=args.max_frame,
                     max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr)
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
-                        args.log_level, args.ready_file, faults)
+                        args.log_level, args.ready_file, faults, capture or None)
 
 
 def setup_logging(level: str) -> None:
@@ -99,6 +110,12 @@ async def serve(o: ServeOptions) -> None:
     for rule in o.faults:
         daemon.faults.add(rule)
     await daemon.start()
+    tap = None
+    if o.capture:
+        from softhca.server.capture import CaptureTap
+
+        tap = CaptureTap(daemon, o.capture)
+        log.info("capturing %s", kv(event="capture", file=o.capture))
     if o.faults:
         log.info("fault rules installed %s", kv(event="faults_loaded", n=len(o.faults)))
     if o.token is None:
@@ -110,8 +127,14 @@ async def serve(o: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await daemon.close()
+    try:
+        await stop.wait()
+        await daemon.close()
+    finally:
+        if tap is not None:
+            tap.close()
+            log.info("capture closed %s", kv(event="capture_closed", file=o.capture,
+                                              packets=tap.count))
     log.info("stopped %s", kv(event="stopped", **daemon.counters))
 
 

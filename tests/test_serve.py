@@ -144,3 +144,20 @@ def test_serve_refuses_a_malformed_faults_file(tmp_path):
                        timeout=30)
     assert r.returncode == 2
     assert "rule 2" in r.stderr and "block_size" in r.stderr
+
+
+async def test_faults_fields_may_follow_the_target():
+    async with sh.embedded() as node:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "softhca.server.cli", "faults", "add", "--target",
+            node.address, "action=drop", "probability=0.5", "seed=3",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, err
+        (rule,) = await node.faults.list()
+        assert (rule["action"], rule["probability"], rule["seed"]) == ("drop", 0.5, 3)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "softhca.server.cli", "faults", "list", "--target",
+            node.address, "--bogus", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 2 and b"unrecognized arguments: --bogus" in err

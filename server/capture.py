@@ -1,0 +1,569 @@
+"""Wire capture: the daemons' RC packets as RoCEv2 frames in a pcap file.
+
+Wireshark and tshark decode a softhca capture as InfiniBand traffic: each packet the
+daemon sends ("tx") or accepts ("rx") becomes the frame a RoCEv2 NIC would put on
+the wire for it (IBTA Annex A17):
+
+==========  ===========================================================================
+Ethernet    made-up locally administered MACs, ``02:o2:o3:o4:pp:pp`` from the daemon's
+            IPv4 address (its last three octets) and TCP port
+IPv4        the daemons' addresses (for "tx" the capturing daemon is the source and its
+            peer the destination, for "rx" the other way round); an address that is not
+            known (the peer of a ``softhca capture``, a wildcard listen address) becomes
+            127.0.0.x; DF set, TTL 64, a valid header checksum
+UDP         destination port 4791; source port ``0xC000 | (DestQP & 0x3FFF)`` (the flow
+            entropy a NIC would hash from the QPs); checksum 0 (not used, as RoCEv2 allows)
+BTH         opcode per the IBTA RC opcode table, SE 0, MigReq 1, pad count, TVer 0,
+            P_Key 0xFFFF, DestQP, AckReq on the last packet of a request, PSN
+RETH ...    RETH, AETH, ImmDt, IETH, AtomicETH and AtomicAckETH where the opcode carries
+            them, in the IBTA order; then the payload, padded to 4 bytes
+ICRC        CRC32 over the masked pseudo header (8 bytes of 0xFF for the LRH, the IPv4
+            header with TOS, TTL and checksum all ones, the UDP header with its checksum
+            all ones, the BTH with its reserved byte resv8a all ones) and the rest of the
+            packet, stored least significant byte first, as rxe and the NICs do
+==========  ===========================================================================
+
+Two ways to capture:
+
+* ``softhca capture --target HOST:PORT --out FILE``: a client subscribing to a running
+  daemon's "packets" events (``Daemon.subscribe``); the events name the daemon but not
+  its peers, so the peer side of each frame is 127.0.0.x unless ``--peer`` says.
+* ``softhca serve --capture FILE`` (``CaptureTap``): the daemon itself, from its wire
+  taps; it knows every QP's peer daemon, so both addresses are the real ones.
+
+Both see the packets as the RC engine sends and accepts them: a packet a fault rule
+drops on the way out is in a "tx" capture, one dropped for a bad integrity check on the
+way in is not in an "rx" capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import signal
+import struct
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from softhca.protocol.frames import FrameError
+from softhca.protocol.packets import Packet, decode_packet
+
+ROCE_V2_PORT = 4791
+LINKTYPE_ETHERNET = 1
+PCAP_MAGIC_US = 0xA1B2C3D4          # classic libpcap, microsecond timestamps
+SNAPLEN = 262144
+ETHERTYPE_IPV4 = 0x0800
+IPPROTO_UDP = 17
+DEFAULT_PKEY = 0xFFFF
+DEFAULT_TTL = 64
+
+# IBTA 9.2, table 38: the RC opcodes (transport bits 000).
+OPCODE_NUMBERS = {
+    "SEND_FIRST": 0x00, "SEND_MIDDLE": 0x01, "SEND_LAST": 0x02, "SEND_LAST_WITH_IMM": 0x03,
+    "SEND_ONLY": 0x04, "SEND_ONLY_WITH_IMM": 0x05,
+    "RDMA_WRITE_FIRST": 0x06, "RDMA_WRITE_MIDDLE": 0x07, "RDMA_WRITE_LAST": 0x08,
+    "RDMA_WRITE_LAST_WITH_IMM": 0x09, "RDMA_WRITE_ONLY": 0x0A,
+    "RDMA_WRITE_ONLY_WITH_IMM": 0x0B,
+    "RDMA_READ_REQUEST": 0x0C,
+    "RDMA_READ_RESPONSE_FIRST": 0x0D, "RDMA_READ_RESPONSE_MIDDLE": 0x0E,
+    "RDMA_READ_RESPONSE_LAST": 0x0F, "RDMA_READ_RESPONSE_ONLY": 0x10,
+    "ACKNOWLEDGE": 0x11, "ATOMIC_ACKNOWLEDGE": 0x12, "COMPARE_SWAP": 0x13, "FETCH_ADD": 0x14,
+    "SEND_LAST_WITH_INV": 0x16, "SEND_ONLY_WITH_INV": 0x17,
+}
+
+# The RNR NAK timer a softhca packet does not carry: the client's min_rnr_timer default.
+RNR_TIMER_CODE = 12
+# IBTA 9.3.5, table 44: AETH syndrome = reserved bit 7, type in bits 6:5 (00 ACK, 01 RNR
+# NAK, 11 NAK), value in bits 4:0 (credit count, 0x1F "invalid" for an ACK without
+# end-to-end credits; RNR timer; NAK code).
+AETH_SYNDROMES = {
+    "ACK": 0x1F,
+    "RNR": 0x20 | RNR_TIMER_CODE,
+    "NAK_PSN_SEQ": 0x60,
+    "NAK_INV_REQ": 0x61,
+    "NAK_REM_ACCESS": 0x62,
+    "NAK_REM_OP": 0x63,
+}
+
+# The opcodes whose packet ends a request message: the requester asks for an ACK there.
+_ACK_REQUESTED = frozenset(op for op in OPCODE_NUMBERS
+                           if op.startswith(("SEND_LAST", "SEND_ONLY", "RDMA_WRITE_LAST",
+                                             "RDMA_WRITE_ONLY"))
+                           or op in ("RDMA_READ_REQUEST", "COMPARE_SWAP", "FETCH_ADD"))
+
+
+# -- the encoder ------------------------------------------------------------------------
+
+def bth(p: Packet, pad: int = 0, *, solicited: bool = False, migreq: bool = True,
+        pkey: int = DEFAULT_PKEY) -> bytes:
+    """The 12-byte Base Transport Header of ``p`` (IBTA 9.2)."""
+    ack_req = p.opcode in _ACK_REQUESTED
+    return struct.pack(">BBHII", OPCODE_NUMBERS[p.opcode],
+                       (solicited << 7) | (migreq << 6) | ((pad & 3) << 4) | 0,   # TVer 0
+                       pkey, p.dest_qp & 0xFFFFFF,                  # resv8a 0, DestQP
+                       (ack_req << 31) | (p.psn & 0xFFFFFF))         # A, resv7, PSN
+
+
+def extension_headers(p: Packet) -> bytes:
+    """RETH, AETH, ImmDt, IETH, AtomicETH, AtomicAckETH of ``p``, as its opcode orders
+    them (IBTA 9.3): RETH before ImmDt; AETH before AtomicAckETH."""
+    out = []
+    if p.reth is not None:
+        rkey, va, dma_len = p.reth
+        out.append(struct.pack(">QII", va, rkey, dma_len))
+    if p.atomic is not None:
+        rkey, va, swap_add, compare = p.atomic
+        out.append(struct.pack(">QIQQ", va, rkey, swap_add, compare))
+    if p.aeth is not None:
+        syndrome, msn = p.aeth
+        out.append(struct.pack(">I", (AETH_SYNDROMES[syndrome] << 24) | (msn & 0xFFFFFF)))
+    if p.atomic_ack is not None:
+        out.append(struct.pack(">Q", p.atomic_ack))
+    if p.imm is not None:
+        out.append(struct.pack(">I", p.imm))
+    if p.ieth is not None:
+        out.append(struct.pack(">I", p.ieth))
+    return b"".join(out)
+
+
+def ipv4_checksum(header: bytes) -> int:
+    """RFC 791: the ones' complement of the ones' complement sum of the 16-bit words
+    (with the checksum field zero when computing, the sum over a valid header is 0)."""
+    if len(header) % 2:
+        header += b"\0"
+    total = sum(struct.unpack(f">{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def ipv4_header(src: str, dst: str, payload_len: int, *, ident: int = 0,
+                ttl: int = DEFAULT_TTL, tos: int = 0) -> bytes:
+    h = struct.pack(">BBHHHBBH4s4s", 0x45, tos, 20 + payload_len, ident & 0xFFFF,
+                    0x4000, ttl, IPPROTO_UDP, 0, ipaddress.IPv4Address(src).packed,
+                    ipaddress.IPv4Address(dst).packed)
+    return h[:10] + struct.pack(">H", ipv4_checksum(h)) + h[12:]
+
+
+def icrc(ip_packet: bytes) -> bytes:
+    """The RoCEv2 ICRC of an IPv4 packet (IPv4 header, UDP header, BTH, the rest; without
+    its ICRC): the 4 bytes that end it on the wire (IBTA Annex A17.3.3)."""
+    ihl = (ip_packet[0] & 0x0F) * 4
+    ip = bytearray(ip_packet[:ihl])
+    ip[1] = 0xFF                    # Type of Service (DSCP, ECN)
+    ip[8] = 0xFF                    # TTL
+    ip[10:12] = b"\xff\xff"         # header checksum
+    udp = bytearray(ip_packet[ihl:ihl + 8])
+    udp[6:8] = b"\xff\xff"          # UDP checksum
+    ib = bytearray(ip_packet[ihl + 8:])
+    ib[4] = 0xFF                    # BTH resv8a (FECN, BECN, reserved)
+    crc = zlib.crc32(b"\xff" * 8)   # the LRH a RoCEv2 packet does not have
+    crc = zlib.crc32(bytes(ip), crc)
+    crc = zlib.crc32(bytes(udp), crc)
+    crc = zlib.crc32(bytes(ib), crc)
+    return struct.pack("<I", crc)
+
+
+def udp_source_port(dest_qp: int) -> int:
+    return 0xC000 | (dest_qp & 0x3FFF)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One end of a frame: a daemon's IPv4 address and TCP port (the port only makes the
+    MAC address of two daemons on one host differ)."""
+
+    ip: str
+    port: int = 0
+
+    @property
+    def mac(self) -> bytes:
+        o = ipaddress.IPv4Address(self.ip).packed
+        return bytes([0x02, o[1], o[2], o[3]]) + struct.pack(">H", self.port & 0xFFFF)
+
+
+def roce_frame(p: Packet, src: Endpoint, dst: Endpoint, *, ident: int = 0) -> bytes:
+    """``p`` as an Ethernet II / IPv4 / UDP / RoCEv2 frame from ``src`` to ``dst``."""
+    pad = -len(p.payload) % 4
+    ib = bth(p, pad) + extension_headers(p) + p.payload + b"\0" * pad
+    udp_len = 8 + len(ib) + 4
+    udp = struct.pack(">HHHH", udp_source_port(p.dest_qp), ROCE_V2_PORT, udp_len, 0)
+    ip = ipv4_header(src.ip, dst.ip, udp_len, ident=ident)
+    packet = ip + udp + ib
+    return dst.mac + src.mac + struct.pack(">H", ETHERTYPE_IPV4) + packet + icrc(packet)
+
+
+# -- addresses ------------------------------------------------------------------------------
+
+def split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        return address.strip("[]"), 0
+    return host.strip("[]"), int(port) if port.isdigit() else 0
+
+
+def ipv4_of(host: str | None) -> str | None:
+    """``host`` as a unicast IPv4 address, or None when it is not one (a name other than
+    localhost, a wildcard, IPv6)."""
+    if host is None:
+        return None
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if addr.version != 4 or addr.is_unspecified or addr.is_multicast:
+        return None
+    return str(addr)
+
+
+def stand_in(avoid: str, key: str = "") -> str:
+    """A 127.0.0.x address for a host whose IPv4 address is not known: x from ``key``
+    (so two unknown peers differ), never ``avoid``."""
+    x = 2 + zlib.crc32(key.encode()) % 250 if key else 2
+    while f"127.0.0.{x}" == avoid:
+        x = 2 + (x - 1) % 250
+    return f"127.0.0.{x}"
+
+
+def endpoint(address: str | Endpoint | None, *, fallback: str | None = None,
+             unknown: str | None = None, avoid: str = "127.0.0.1") -> Endpoint | None:
+    """``HOST:PORT`` (or an Endpoint) as an Endpoint: the host's IPv4 address, else
+    ``fallback``'s, else ``unknown``, else a 127.0.0.x stand-in other than ``avoid``;
+    None for None."""
+    if address is None or isinstance(address, Endpoint):
+        return address
+    host, port = split_address(address)
+    ip = ipv4_of(host) or ipv4_of(fallback) or unknown or stand_in(avoid, address)
+    return Endpoint(ip, port)
+
+
+def _unpack(item: Any) -> tuple[str, Packet, str | None]:
+    """(dev, Packet, capturing daemon's address) of a Packet, a (dev, Packet) pair, a
+    client Event or a packet event's header dict with its payload as ``data``."""
+    if isinstance(item, Packet):
+        return "mlx5_0", item, None
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Packet):
+        return item[0], item[1], None
+    header = getattr(item, "header", item)
+    data = getattr(item, "data", header.get("data", b"") if isinstance(header, dict) else b"")
+    if not isinstance(header, dict) or "pkt" not in header:
+        raise TypeError(f"not a packet or packet event: {item!r}"[:120])
+    dev, p = decode_packet(header["pkt"], data)
+    return dev, p, header.get("daemon")
+
+
+def packet_record(direction: str, item: Any, *, local: str | Endpoint | None = None,
+                  peer: str | Endpoint | None = None, ident: int = 0) -> bytes:
+    """The Ethernet frame of one captured packet.
+
+    ``item`` is a Packet, a (dev, Packet) pair or a "packet" event (client Event, or its
+    header). ``local`` is the capturing daemon (default: the event's ``daemon``), ``peer``
+    the other end; either unknown becomes a 127.0.0.x stand-in. ``direction`` "tx" makes
+    ``local`` the source, "rx" the destination.
+    """
+    if direction not in ("tx", "rx"):
+        raise ValueError(f"direction must be 'tx' or 'rx', not {direction!r}")
+    _, p, daemon = _unpack(item)
+    here = (endpoint(local if local is not None else daemon, unknown="127.0.0.1")
+            or Endpoint("127.0.0.1"))
+    there = endpoint(peer, avoid=here.ip) or Endpoint(stand_in(here.ip))
+    src, dst = (here, there) if direction == "tx" else (there, here)
+    return roce_frame(p, src, dst, ident=ident)
+
+
+# -- the pcap file ----------------------------------------------------------------------------
+
+class PcapWriter:
+    """A classic libpcap file (LINKTYPE_ETHERNET, microsecond timestamps); ``autoflush``
+    makes each record reach the file at once (readable while capturing, whole after a
+    kill)."""
+
+    def __init__(self, path, *, snaplen: int = SNAPLEN, autoflush: bool = False) -> None:
+        self.path = path
+        self.snaplen = snaplen
+        self.autoflush = autoflush
+        self.count = 0
+        self._f = open(path, "wb")
+        self._f.write(struct.pack("<IHHiIII", PCAP_MAGIC_US, 2, 4, 0, 0, snaplen,
+                                  LINKTYPE_ETHERNET))
+        self.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def write(self, ts: float, frame: bytes) -> None:
+        sec = int(ts)
+        usec = int(round((ts - sec) * 1e6))
+        if usec >= 1_000_000:
+            sec, usec = sec + 1, usec - 1_000_000
+        cap = frame[:self.snaplen]
+        self._f.write(struct.pack("<IIII", sec, usec, len(cap), len(frame)))
+        self._f.write(cap)
+        self.count += 1
+        if self.autoflush:
+            self._f.flush()
+
+    def flush(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self) -> PcapWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_pcap(path) -> list[tuple[float, bytes]]:
+    """The (timestamp, frame) records of a classic pcap file (for tests and tools)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, _, _, _, _, _, linktype = struct.unpack("<IHHiIII", data[:24])
+    if magic != PCAP_MAGIC_US or linktype != LINKTYPE_ETHERNET:
+        raise ValueError(f"{path}: not a microsecond Ethernet pcap")
+    out, at = [], 24
+    while at < len(data):
+        sec, usec, caplen, _ = struct.unpack("<IIII", data[at:at + 16])
+        out.append((sec + usec / 1e6, data[at + 16:at + 16 + caplen]))
+        at += 16 + caplen
+    return out
+
+
+# -- the daemon's own capture (softhca serve --capture) ---------------------------------------
+
+class CaptureTap:
+    """A wire tap of ``daemon`` writing every packet it sends ("tx") and accepts ("rx") to
+    a pcap at ``path`` (or an open PcapWriter); ``close()`` removes it and closes the file.
+
+    The daemon's QPs name the peer daemon of each packet: a "tx" packet goes to the peer
+    of the local QP connected to its DestQP, an "rx" packet comes from the peer of the
+    local QP it is addressed to.
+    """
+
+    def __init__(self, daemon, path) -> None:
+        self.daemon = daemon
+        self.writer = path if isinstance(path, PcapWriter) else PcapWriter(path, autoflush=True)
+        self._peers: dict[tuple[str, str, int], Endpoint | None] = {}
+        daemon.taps.append(self)
+
+    @property
+    def count(self) -> int:
+        return self.writer.count
+
+    def local(self) -> Endpoint:
+        d = self.daemon
+        return Endpoint(ipv4_of(d.host) or "127.0.0.1", d.port)
+
+    def _peer(self, direction: str, dev: str, p: Packet, here: Endpoint) -> Endpoint | None:
+        key = (direction, dev, p.dest_qp)
+        if key in self._peers:
+            return self._peers[key]
+        dest = None
+        if direction == "rx":
+            qph = self.daemon.qps.get((dev, p.dest_qp))
+            dest = qph.dest if qph is not None else None
+        else:
+            for qph in self.daemon.qps.values():
+                if (qph.dest is not None and qph.dest[2] == dev
+                        and qph.rcqp.dest_qp == p.dest_qp):
+                    dest = qph.dest
+                    break
+        found = None
+        if dest is not None:
+            host, port = dest[0], dest[1]
+            found = Endpoint(ipv4_of(host) or stand_in(here.ip, f"{host}:{port}"), port)
+            self._peers[key] = found     # a QP's peer does not change once connected
+        return found
+
+    def __call__(self, direction: str, dev: str, p: Packet) -> None:
+        if self.writer.closed:
+            return
+        here = self.local()
+        there = self._peer(direction, dev, p, here)
+        frame = packet_record(direction, (dev, p), local=here, peer=there,
+                              ident=self.writer.count)
+        self.writer.write(time.time(), frame)
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.daemon.taps.remove(self)
+        self.writer.close()
+
+
+# -- softhca capture -------------------------------------------------------------------------
+
+def summary(direction: str, dev: str, p: Packet) -> str:
+    """One line per packet: direction, opcode, QP, PSN and what the headers say."""
+    parts = [f"{direction} {p.opcode:<26} qp {p.dest_qp:#08x} psn {p.psn:#08x}"]
+    if p.reth is not None:
+        parts.append(f"rkey {p.reth[0]:#x} va {p.reth[1]:#x} len {p.reth[2]}")
+    if p.aeth is not None:
+        parts.append(f"{p.aeth[0]} msn {p.aeth[1]}")
+    if p.imm is not None:
+        parts.append(f"imm {p.imm:#x}")
+    if p.atomic is not None:
+        parts.append(f"rkey {p.atomic[0]:#x} va {p.atomic[1]:#x}")
+    if p.payload:
+        parts.append(f"{len(p.payload)} bytes")
+    return "  ".join(parts) + (f"  ({dev})" if dev != "mlx5_0" else "")
+
+
+class Capture:
+    """``softhca capture``: subscribe to ``target``'s packets, write them to ``out``.
+
+    ``run()`` returns when ``count`` packets are written, ``seconds`` have passed, the
+    daemon closes the connection, or the task is cancelled (Ctrl-C); the file is whole in
+    every case. ``ready`` is set once the subscription is in place.
+    """
+
+    def __init__(self, target: str, out, *, token: bytes | None = None,
+                 count: int | None = None, seconds: float | None = None,
+                 peer: str | None = None, quiet: bool = False, stream=None) -> None:
+        self.target, self.out, self.token = target, out, token
+        self.max_count, self.seconds = count, seconds
+        self.peer, self.quiet = peer, quiet
+        self.stream = stream if stream is not None else sys.stdout
+        self.ready = asyncio.Event()
+        self.count = 0
+        self.dropped = 0
+
+    async def run(self) -> int:
+        import softhca.client as sh
+
+        loop = asyncio.get_running_loop()
+        deadline = None if self.seconds is None else loop.time() + self.seconds
+        target_host, _ = split_address(self.target)
+        offset = None       # event time (the daemon's loop clock) to wall clock
+        with PcapWriter(self.out, autoflush=True) as writer:
+            async with await sh.connect(self.target, token=self.token) as node:
+                sub = await node.subscribe("packets")
+                self.ready.set()
+                while self.max_count is None or self.count < self.max_count:
+                    wait = 1.0 if deadline is None else deadline - loop.time()
+                    if wait <= 0:
+                        break
+                    ev = await sub.next(min(wait, 1.0))
+                    if ev is None:
+                        if node._conn._closed is not None:
+                            break       # the daemon went away
+                        continue
+                    if ev.kind != "packet":
+                        continue
+                    h = ev.header
+                    try:
+                        dev, p = decode_packet(h["pkt"], ev.data)
+                    except FrameError:
+                        self.dropped += 1
+                        continue
+                    now = time.time()
+                    t = h.get("time")
+                    if isinstance(t, (int, float)):
+                        if offset is None:
+                            offset = now - t
+                        now = t + offset
+                    daemon = h.get("daemon") or self.target
+                    here = endpoint(daemon, fallback=target_host, unknown="127.0.0.1")
+                    there = endpoint(self.peer, avoid=here.ip) if self.peer else None
+                    writer.write(now, packet_record(h.get("dir", "tx"), (dev, p), local=here,
+                                                    peer=there, ident=self.count))
+                    self.count += 1
+                    if not self.quiet:
+                        print(summary(h.get("dir", "?"), dev, p), file=self.stream,
+                              flush=True)
+        return self.count
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "capture", help="write a running daemon's wire traffic to a pcap (Wireshark, tshark)",
+        description="Subscribe to a running daemon's packets and write each one, sent or "
+        "accepted, as a RoCEv2 frame (Ethernet, IPv4, UDP 4791, BTH and its extension "
+        "headers, payload, ICRC) to a pcap file that Wireshark and tshark decode as "
+        "InfiniBand. Stops after --count packets, --seconds, or Ctrl-C. The daemon's own "
+        "`softhca serve --capture FILE` does the same from inside, with both daemons' real "
+        "addresses.")
+    p.add_argument("--target", required=True, metavar="HOST:PORT", help="the daemon")
+    p.add_argument("--token-file", metavar="FILE", help="the daemon's token")
+    p.add_argument("--out", required=True, metavar="FILE", help="the pcap file to write")
+    p.add_argument("--count", type=_positive_int, metavar="N", help="stop after N packets")
+    p.add_argument("--seconds", type=_positive_float, metavar="S", help="stop after S seconds")
+    p.add_argument("--peer", metavar="IP", help="the IPv4 address to show for the peer "
+                   "daemons (default: a 127.0.0.x stand-in; the events do not name them)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no line per packet, only the final count")
+    p.set_defaults(func=cmd_capture)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    import softhca.client as sh
+
+    token = None
+    if args.token_file:
+        try:
+            with open(args.token_file, "rb") as f:
+                token = f.read().rstrip()
+        except OSError as e:
+            print(f"softhca capture: cannot read {args.token_file}: {e.strerror}",
+                  file=sys.stderr)
+            return 2
+    if args.peer is not None and ipv4_of(args.peer) is None:
+        print(f"softhca capture: --peer {args.peer!r} is not an IPv4 address", file=sys.stderr)
+        return 2
+    cap = Capture(args.target, args.out, token=token, count=args.count, seconds=args.seconds,
+                  peer=args.peer, quiet=args.quiet)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(cap.run())
+        # SIGTERM ends the capture as Ctrl-C does (a script's background job ignores
+        # SIGINT): the file is closed whole and the count printed.
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        ready = asyncio.ensure_future(cap.ready.wait())
+        await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+        if cap.ready.is_set():
+            print(f"softhca capture: capturing {args.target} to {args.out}", file=sys.stderr,
+                  flush=True)
+        ready.cancel()
+        await task
+
+    status = 0
+    try:
+        asyncio.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        pass
+    except OSError as e:
+        print(f"softhca capture: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except sh.RDMAError as e:
+        print(f"softhca capture: {e.errno_name}: {e.message}", file=sys.stderr)
+        status = 1
+    print(f"{cap.count} packet(s) written to {args.out}"
+          + (f" ({cap.dropped} undecodable event(s) skipped)" if cap.dropped else ""),
+          flush=True)
+    return status
