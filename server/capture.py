@@ -52,6 +52,12 @@ from typing import Any
 
 from softhca.protocol.frames import FrameError
 from softhca.protocol.packets import Packet, decode_packet
+from softhca.server.cliargs import (
+    TokenFileError,
+    positive_float,
+    positive_int,
+    read_token,
+)
 
 ROCE_V2_PORT = 4791
 LINKTYPE_ETHERNET = 1
@@ -497,8 +503,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, metavar="HOST:PORT", help="the daemon")
     p.add_argument("--token-file", metavar="FILE", help="the daemon's token")
     p.add_argument("--out", required=True, metavar="FILE", help="the pcap file to write")
-    p.add_argument("--count", type=_positive_int, metavar="N", help="stop after N packets")
-    p.add_argument("--seconds", type=_positive_float, metavar="S", help="stop after S seconds")
+    p.add_argument("--count", type=positive_int, metavar="N", help="stop after N packets")
+    p.add_argument("--seconds", type=positive_float, metavar="S", help="stop after S seconds")
     p.add_argument("--peer", metavar="IP", help="the IPv4 address to show for the peer "
                    "daemons (default: a 127.0.0.x stand-in; the events do not name them)")
     p.add_argument("--quiet", "-q", action="store_true",
@@ -506,32 +512,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_capture)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
-    return value
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
     import softhca.client as sh
 
-    token = None
-    if args.token_file:
-        try:
-            with open(args.token_file, "rb") as f:
-                token = f.read().rstrip()
-        except OSError as e:
-            print(f"softhca capture: cannot read {args.token_file}: {e.strerror}",
-                  file=sys.stderr)
-            return 2
+    try:
+        token = read_token(args.token_file)
+    except TokenFileError as e:
+        print(f"softhca capture: {e}", file=sys.stderr)
+        return 2
     if args.peer is not None and ipv4_of(args.peer) is None:
         print(f"softhca capture: --peer {args.peer!r} is not an IPv4 address", file=sys.stderr)
         return 2

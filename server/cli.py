@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import os
 import sys
 from collections.abc import Sequence
+
+from softhca.server.cliargs import (
+    TokenFileError,
+    positive_float,
+    positive_int,
+    read_token,
+)
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -87,21 +93,21 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a few seconds in all, for tests: tiny runs, fewer QPs and samples "
                    "(options given explicitly still apply)")
-    p.add_argument("--seconds", type=_positive_float, metavar="S",
+    p.add_argument("--seconds", type=positive_float, metavar="S",
                    help="time per goodput measurement, at most (default 1)")
-    p.add_argument("--mib", type=_positive_float, metavar="N",
+    p.add_argument("--mib", type=positive_float, metavar="N",
                    help="MiB per goodput measurement, at most (default 256)")
-    p.add_argument("--depth", type=_positive_int, metavar="N",
+    p.add_argument("--depth", type=positive_int, metavar="N",
                    help="WRs in flight per QP (default 64; at most 4 MiB in flight, so "
                    "fewer of 1 MiB)")
-    p.add_argument("--latency-samples", type=_positive_int, metavar="N",
+    p.add_argument("--latency-samples", type=positive_int, metavar="N",
                    help="64-byte RDMA_WRITEs timed one by one (default 2000)")
-    p.add_argument("--sessions", type=_positive_int, metavar="N",
+    p.add_argument("--sessions", type=positive_int, metavar="N",
                    help="control sessions of the many-QPs run, half per daemon "
                    "(default 100)")
-    p.add_argument("--qp-pairs", type=_positive_int, metavar="N",
+    p.add_argument("--qp-pairs", type=positive_int, metavar="N",
                    help="connected QP pairs of the many-QPs run (default 1000)")
-    p.add_argument("--writes-per-qp", type=_positive_int, metavar="N",
+    p.add_argument("--writes-per-qp", type=positive_int, metavar="N",
                    help="RDMA_WRITEs per QP of the many-QPs run (default 4)")
     p.add_argument("--progress", action="store_true", help="say what runs, on stderr")
     p.set_defaults(func=cmd_bench)
@@ -111,9 +117,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                            "CRC64_XP10, AES-XTS and crypto table row C, each beside one call of "
                            "the primitive it uses over the same bytes.")
     e.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
-    e.add_argument("--mib", type=_positive_float, default=4.0, metavar="N",
+    e.add_argument("--mib", type=positive_float, default=4.0, metavar="N",
                    help="MiB of data per measurement (default 4)")
-    e.add_argument("--repeat", type=_positive_int, default=5, metavar="R",
+    e.add_argument("--repeat", type=positive_int, default=5, metavar="R",
                    help="timed runs per measurement, the best is kept (default 5)")
     e.set_defaults(func=cmd_bench_engine)
 
@@ -158,18 +164,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
-    return value
 
 
 # -- softhca serve ----------------------------------------------------------------------
@@ -188,20 +184,20 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-no-auth", action="store_true",
                    help="listen on a non-loopback address without a token (anyone who can "
                    "reach the port can read and write the hosted memory)")
-    p.add_argument("--max-frame", type=_positive_int, default=16 << 20, metavar="BYTES",
+    p.add_argument("--max-frame", type=positive_int, default=16 << 20, metavar="BYTES",
                    help="largest frame accepted (default 16 MiB)")
     limits = p.add_argument_group("limits (each hit is a clear error; the daemon keeps serving)")
-    limits.add_argument("--max-connections", type=_positive_int, default=1024, metavar="N",
+    limits.add_argument("--max-connections", type=positive_int, default=1024, metavar="N",
                         help="control sessions and wire links at once (default 1024)")
-    limits.add_argument("--max-objects", type=_positive_int, default=1 << 16, metavar="N",
+    limits.add_argument("--max-objects", type=positive_int, default=1 << 16, metavar="N",
                         help="verbs objects per control session (default 65536)")
-    limits.add_argument("--max-session-bytes", type=_positive_int, default=4 << 30,
+    limits.add_argument("--max-session-bytes", type=positive_int, default=4 << 30,
                         metavar="BYTES", help="registered MR bytes per session (default 4 GiB)")
-    limits.add_argument("--max-daemon-bytes", type=_positive_int, default=16 << 30,
+    limits.add_argument("--max-daemon-bytes", type=positive_int, default=16 << 30,
                         metavar="BYTES", help="registered MR bytes in all (default 16 GiB)")
-    limits.add_argument("--max-msg-size", type=_positive_int, default=1 << 31, metavar="BYTES",
+    limits.add_argument("--max-msg-size", type=positive_int, default=1 << 31, metavar="BYTES",
                         help="bytes in one message, the port's max_msg_sz (default 2 GiB)")
-    limits.add_argument("--max-qp-wr", type=_positive_int, default=1 << 14, metavar="N",
+    limits.add_argument("--max-qp-wr", type=positive_int, default=1 << 14, metavar="N",
                         help="max_send_wr / max_recv_wr of a QP (default 16384)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"], help="default info")
@@ -288,14 +284,11 @@ def cmd_faults(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"softhca faults: {e}", file=sys.stderr)
         return EXIT_USAGE
-    token = None
-    if args.token_file:
-        try:
-            with open(args.token_file, "rb") as f:
-                token = f.read().rstrip()
-        except OSError as e:
-            print(f"softhca faults: cannot read {args.token_file}: {e.strerror}", file=sys.stderr)
-            return EXIT_USAGE
+    try:
+        token = read_token(args.token_file)
+    except TokenFileError as e:
+        print(f"softhca faults: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
     async def run() -> dict:
         async with await sh.connect(args.target, token=token) as node:

@@ -28,6 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from softhca.server.cliargs import (
+    TokenFileError,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    read_token,
+)
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 TX, RX = "TX", "RX"
 SIG_STAGES = ("check", "strip", "generate")
@@ -459,11 +467,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token-file", metavar="FILE", help="the daemon's token")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per event per line (bytes in hex)")
-    p.add_argument("--count", type=_positive_int, metavar="N", help="stop after N events")
-    p.add_argument("--seconds", type=_positive_float, metavar="S", help="stop after S seconds")
-    p.add_argument("--max-bytes", type=_nonneg_int, default=64, metavar="N",
+    p.add_argument("--count", type=positive_int, metavar="N", help="stop after N events")
+    p.add_argument("--seconds", type=positive_float, metavar="S", help="stop after S seconds")
+    p.add_argument("--max-bytes", type=nonneg_int, default=64, metavar="N",
                    help="--json: hex of the first N bytes of each event (default 64; 0: all)")
-    p.add_argument("--blocks", type=_positive_int, default=3, metavar="N",
+    p.add_argument("--blocks", type=positive_int, default=3, metavar="N",
                    help="block lines per stage: the first N-1 and the last (default 3)")
     color = p.add_mutually_exclusive_group()
     color.add_argument("--no-color", action="store_true", help="never colour the output")
@@ -472,34 +480,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_trace)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative")
-    return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
-    return value
 
 
 class Printer:
@@ -580,14 +564,11 @@ async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    token = None
-    if args.token_file:
-        try:
-            with open(args.token_file, "rb") as f:
-                token = f.read().rstrip()
-        except OSError as e:
-            print(f"softhca trace: cannot read {args.token_file}: {e.strerror}", file=sys.stderr)
-            return EXIT_USAGE
+    try:
+        token = read_token(args.token_file)
+    except TokenFileError as e:
+        print(f"softhca trace: {e}", file=sys.stderr)
+        return EXIT_USAGE
     style = Style(use_color(sys.stdout, args.color, args.no_color))
     printer = Printer(sys.stdout, args.json, style, args.max_bytes, args.blocks)
     try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_serve import start as start_serve
 
 import softhca.client as sh
 from softhca.protocol.packets import OPCODES, Packet, decode_packet, packet_header
@@ -464,20 +465,6 @@ async def test_captured_traffic_decodes_in_tshark(tshark, tmp_path):
 
 
 # -- softhca serve --capture ----------------------------------------------------------------------
-
-def start_serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "softhca.server.cli", "serve", "--listen",
-                             "127.0.0.1:0", "--ready-file", str(ready), *args],
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while not ready.exists() or not ready.read_text().strip():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"softhca serve did not start: {proc.stderr.read()}")
-        time.sleep(0.05)
-    return proc, ready.read_text().strip()
-
 
 def ib_fields(frame: bytes) -> tuple[int, int, int]:
     """(opcode, DestQP, PSN) read back from a frame's BTH."""

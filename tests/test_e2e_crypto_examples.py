@@ -15,65 +15,21 @@ import pytest
 import softhca.client as sh
 
 import oracle
+from crypto_table import (
+    DUS,
+    TWEAK,
+    dec,
+    enc,
+    prot,
+    row_images,
+    sig_pi,
+)
 from e2e import SIG_CRYPTO_FLAGS, two_nodes, whole
 
-AFTER = sh.MLX5DV_SIGNATURE_CRYPTO_ORDER_SIGNATURE_AFTER_CRYPTO_ON_TX
-BEFORE = sh.MLX5DV_SIGNATURE_CRYPTO_ORDER_SIGNATURE_BEFORE_CRYPTO_ON_TX
 CRYPTO_FLAGS = sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT | sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_CRYPTO
 LOCAL = sh.IBV_ACCESS_LOCAL_WRITE
 REMOTE = sh.IBV_ACCESS_LOCAL_WRITE | sh.IBV_ACCESS_REMOTE_READ | sh.IBV_ACCESS_REMOTE_WRITE
 N_BLOCKS = 6
-# "normally the LBA of the first block": any 16 bytes do; all bytes distinct show order bugs.
-TWEAK = 0x1122334455667788_99AABBCCDDEEFF00
-DUS = {512: sh.MLX5DV_BLOCK_SIZE_512, 520: sh.MLX5DV_BLOCK_SIZE_520}
-
-# SIG (and SIG2): T10DIF on 512-byte blocks; SIG1: CRC64_XP10, a different 8-byte PI,
-# so that rows E and I really convert one signature into another.
-SIG = sh.Mlx5SigBlockDomain(
-    sig_type=sh.MLX5DV_SIG_TYPE_T10DIF, block_size=sh.MLX5DV_BLOCK_SIZE_512,
-    dif=sh.Mlx5SigT10Dif(bg=0, app_tag=0xBEEF, ref_tag=0x2000,
-                         flags=sh.MLX5DV_SIG_T10DIF_FLAG_REF_REMAP))
-SIG1 = sh.Mlx5SigBlockDomain(
-    sig_type=sh.MLX5DV_SIG_TYPE_CRC, block_size=sh.MLX5DV_BLOCK_SIZE_512,
-    crc=sh.Mlx5SigCrc(crc_type=sh.MLX5DV_SIG_CRC_TYPE_CRC64_XP10, seed=0xFFFFFFFFFFFFFFFF))
-
-
-def sig_pi(block: bytes, b: int) -> bytes:
-    return oracle.t10dif_pi(block, app=0xBEEF, ref=0x2000 + b)
-
-
-def sig1_pi(block: bytes, _b: int) -> bytes:
-    return oracle.crc_pi(block, sh.MLX5DV_SIG_CRC_TYPE_CRC64_XP10, 0xFFFFFFFFFFFFFFFF)
-
-
-def enc(key: bytes, data: bytes, unit: int) -> bytes:
-    return oracle.xts(key, data, unit, TWEAK, encrypt=True)
-
-
-def dec(key: bytes, data: bytes, unit: int) -> bytes:
-    return oracle.xts(key, data, unit, TWEAK, encrypt=False)
-
-
-def prot(data: bytes, pi) -> bytes:
-    return oracle.protect(data, 512, pi)
-
-
-# row: (memory image, wire image, mem sig, wire sig, encrypt_on_tx, order, data unit)
-def row_images(row: str, key: bytes, data: bytes):
-    return {
-        "A": (data, enc(key, data, 512), None, None, True, AFTER, 512),
-        "B": (data, prot(enc(key, data, 512), sig_pi), None, SIG, True, AFTER, 512),
-        "C": (data, enc(key, prot(data, sig_pi), 520), None, SIG, True, BEFORE, 520),
-        "D": (prot(data, sig_pi), enc(key, data, 512), SIG, None, True, BEFORE, 512),
-        "E": (prot(data, sig1_pi), enc(key, prot(data, sig_pi), 520), SIG1, SIG, True, BEFORE,
-              520),
-        "F": (enc(key, data, 512), data, None, None, False, BEFORE, 512),
-        "G": (enc(key, data, 512), prot(data, sig_pi), None, SIG, False, AFTER, 512),
-        "H": (enc(key, prot(data, sig_pi), 520), data, SIG, None, False, AFTER, 520),
-        "I": (enc(key, prot(data, sig1_pi), 520), prot(data, sig_pi), SIG1, SIG, False, AFTER,
-              520),
-        "J": (prot(enc(key, data, 512), sig_pi), data, SIG, None, False, BEFORE, 512),
-    }[row]
 
 
 def new_key(rng: random.Random, size: int) -> bytes:

@@ -1,0 +1,57 @@
+"""What every ``softhca`` subcommand parses the same way: counts, durations, tokens.
+
+Standard library only, so that building the parser (``softhca --help``) stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    """A count: decimal or 0x..., above zero."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A duration or a size: finite, above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+class TokenFileError(ValueError):
+    """The token file named on the command line cannot be read."""
+
+
+def read_token(path: str | None) -> bytes | None:
+    """The shared token in ``path`` (trailing whitespace ignored, as ``serve --token-file``),
+    None without a path."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read().rstrip()
+    except OSError as e:
+        raise TokenFileError(f"cannot read {path}: {e.strerror}") from None
