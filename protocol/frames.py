@@ -50,6 +50,8 @@ _MAX_U32 = 0xFFFFFFFF
 # array, map). Ext types, timestamps included, are refused: nothing in the
 # protocol needs them and they are a way to smuggle objects past the schema.
 _SCALARS = (type(None), bool, int, float, str, bytes)
+_SCALAR_TYPES = frozenset(_SCALARS)
+_KEY_TYPES = frozenset((str, bytes))
 
 
 class FrameError(RDMAError):
@@ -73,7 +75,9 @@ def _check_header(header: Any) -> str:
     """Return ``header["t"]`` after checking the header is a map of plain data only.
 
     Iterative rather than recursive, so a deeply nested header cannot raise
-    RecursionError instead of FrameError.
+    RecursionError instead of FrameError. Every frame of the wire path goes through
+    here twice (encode and decode), so the common case, a flat map of scalars, is
+    decided by exact type lookups; only containers and subclasses take the slow path.
     """
     if not isinstance(header, dict):
         raise FrameError("EPROTO", f"frame header must be a map, not {type(header).__name__}")
@@ -85,13 +89,14 @@ def _check_header(header: Any) -> str:
         obj = stack.pop()
         if isinstance(obj, dict):
             for key, value in obj.items():
-                if not isinstance(key, (str, bytes)):
+                if type(key) not in _KEY_TYPES and not isinstance(key, (str, bytes)):
                     raise FrameError("EPROTO", f"frame header map key of type "
                                                f"{type(key).__name__} is not allowed")
-                stack.append(value)
+                if type(value) not in _SCALAR_TYPES:
+                    stack.append(value)
         elif isinstance(obj, (list, tuple)) and not isinstance(obj, msgpack.ExtType):
             # (ExtType is a namedtuple: without the exclusion it would pass as a list.)
-            stack.extend(obj)
+            stack.extend(v for v in obj if type(v) not in _SCALAR_TYPES)
         elif not isinstance(obj, _SCALARS):
             raise FrameError("EPROTO", f"frame header value of type {type(obj).__name__} "
                                        f"is not allowed (only nil, bool, int, float, str, "

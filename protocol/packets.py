@@ -155,19 +155,27 @@ def decode_packet(header: dict, payload) -> tuple[str, Packet]:
     Raises FrameError("EPROTO") naming the bad field, or IntegrityError when every
     field is well formed but the icrc does not match.
     """
-    dev = field(header, "dev", str, min=1, max=64)
-    qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
-    psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
-    op = field(header, "op", str, max=40)
-    if op not in OPCODES:
-        raise FrameError("EPROTO", f"op of 'pkt' is not an RC opcode: {op!r}"[:120])
-    reth = _tuple(header, "reth", 3, (32, 64, 32))
-    aeth = _tuple(header, "aeth", 2, ("syndrome", 24))
-    imm = field(header, "imm", int, min=0, max=_U32, required=False)
-    ieth = field(header, "ieth", int, min=0, max=_U32, required=False)
-    ateth = _tuple(header, "ateth", 4, (32, 64, 64, 64))
-    atack = field(header, "atack", int, min=0, max=_U64, required=False)
-    check = field(header, "icrc", int, min=0, max=_U32)
+    get = header.get
+    dev, qp, psn, op, check = get("dev"), get("qp"), get("psn"), get("op"), get("icrc")
+    # Every packet of the wire path comes here: the well-formed BTH is decided by exact
+    # type and range tests; anything else takes field()'s path, which names the fault.
+    if not (type(dev) is str and 0 < len(dev) <= 64 and type(qp) is int
+            and 0 <= qp < PSN_MOD and type(psn) is int and 0 <= psn < PSN_MOD
+            and type(op) is str and op in OPCODES and type(check) is int
+            and 0 <= check <= _U32):
+        dev = field(header, "dev", str, min=1, max=64)
+        qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
+        psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
+        op = field(header, "op", str, max=40)
+        if op not in OPCODES:
+            raise FrameError("EPROTO", f"op of 'pkt' is not an RC opcode: {op!r}"[:120])
+        check = field(header, "icrc", int, min=0, max=_U32)
+    reth = _tuple(header, "reth", 3, (32, 64, 32)) if "reth" in header else None
+    aeth = _tuple(header, "aeth", 2, ("syndrome", 24)) if "aeth" in header else None
+    imm = field(header, "imm", int, min=0, max=_U32) if "imm" in header else None
+    ieth = field(header, "ieth", int, min=0, max=_U32) if "ieth" in header else None
+    ateth = _tuple(header, "ateth", 4, (32, 64, 64, 64)) if "ateth" in header else None
+    atack = field(header, "atack", int, min=0, max=_U64) if "atack" in header else None
     need, may_carry = _NEEDS[op]
     present = {"reth": reth, "aeth": aeth, "imm": imm, "ieth": ieth, "ateth": ateth,
                "atack": atack}
