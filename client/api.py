@@ -624,6 +624,7 @@ class QP(_Closable):
         self.wr_id = 0
         self.wr_flags = 0
         self._calls: list[list] | None = None
+        self._outside = False
 
     @property
     def node(self) -> Node:
@@ -676,14 +677,15 @@ class QP(_Closable):
     # -- the WR builder (ibv_wr_start ... ibv_wr_complete) ------------------------------
     def wr_start(self) -> None:
         self._calls = []
+        self._outside = False
 
     def wr_abort(self) -> None:
         self._calls = None
 
     def _call(self, *call: Any) -> None:
         if self._calls is None:
-            # Recorded anyway: the daemon answers the misuse as the device would.
-            self._calls = [["outside_wr_start"]]
+            # A builder call before ibv_wr_start: ibv_wr_complete reports it.
+            self._calls, self._outside = [], True
         self._calls.append(list(call))
 
     def wr_mkey_configure(self, mkey: MKey, num_setters: int,
@@ -712,9 +714,37 @@ class QP(_Closable):
         calls, self._calls = self._calls, None
         if calls is None:
             raise RDMAError("EINVAL", "ibv_wr_complete called without ibv_wr_start")
-        if calls and calls[0] == ["outside_wr_start"]:
+        if self._outside:
+            self._outside = False
             raise RDMAError("EINVAL", "a WR builder call was made outside ibv_wr_start")
         await self.node.request("mkey_configure", qp=self.handle, calls=calls)
+
+    async def post_mkey_configure(self, mkey: MKey, *, access: int | None = None,
+                                  sges: list[SGE] | None = None,
+                                  interleaved: tuple[int, list[MrInterleaved]] | None = None,
+                                  sig: SigBlockAttr | None = None,
+                                  crypto: CryptoAttr | None = None, conf_flags: int = 0,
+                                  wr_id: int = 0,
+                                  wr_flags: int = SendFlags.INLINE) -> None:
+        """One configure WR as mlx5dv_wr_mkey_configure(3)'s examples post it: ibv_wr_start,
+        mlx5dv_wr_mkey_configure announcing one setter per attribute given, those setters,
+        ibv_wr_complete. The engine's MkeyConfigureBuilder.post_configure, over the wire."""
+        layout = sges if sges is not None else interleaved
+        given = [a for a in (access, layout, sig, crypto) if a is not None]
+        self.wr_start()
+        self.wr_id, self.wr_flags = wr_id, wr_flags
+        self.wr_mkey_configure(mkey, len(given), MkeyConfAttr(conf_flags=conf_flags))
+        if access is not None:
+            self.wr_set_mkey_access_flags(access)
+        if sges is not None:
+            self.wr_set_mkey_layout_list(sges)
+        elif interleaved is not None:
+            self.wr_set_mkey_layout_interleaved(*interleaved)
+        if sig is not None:
+            self.wr_set_mkey_sig_block(sig)
+        if crypto is not None:
+            self.wr_set_mkey_crypto(crypto)
+        await self.wr_complete()
 
     async def close(self) -> None:
         await self.node.request("destroy_qp", qp=self.handle)

@@ -170,7 +170,7 @@ def plain(v: Any) -> Any:
 def wc_to_wire(wc: WC) -> list:
     """[wr_id, status, opcode, byte_len, imm_data, qp_num, wc_flags, vendor_err, inv_rkey]"""
     return [wc.wr_id, int(wc.status), int(wc.opcode), wc.byte_len, wc.imm_data, wc.qp_num,
-            int(wc.wc_flags), getattr(wc, "vendor_err", 0), getattr(wc, "invalidated_rkey", 0)]
+            int(wc.wc_flags), wc.vendor_err, wc.invalidated_rkey]
 
 
 # -- the daemon --------------------------------------------------------------------------
@@ -868,9 +868,7 @@ class ControlSession:
                              f"max_qp_wr {cap}")
         qpn = self.daemon.new_qpn()
         rcqp = RCQP(pd, qpn, sq_depth=a["max_send_wr"], rq_depth=a["max_recv_wr"],
-                    sq_sig_all=a["sq_sig_all"])
-        if hasattr(rcqp, "max_inline_data"):
-            rcqp.max_inline_data = a["max_inline_data"]
+                    sq_sig_all=a["sq_sig_all"], max_inline_data=a["max_inline_data"])
         builder = MkeyConfigureBuilder(pd, a["send_ops_flags"], a["sq_sig_all"])
         qph = QPHost(self, 0, pd.hca, pd, rcqp, scq, rcq, a["max_send_sge"], a["max_recv_sge"],
                      a["send_ops_flags"], builder)
@@ -952,7 +950,8 @@ class ControlSession:
                     raise einval(f"send WR {i} moves {size} bytes, the port's max_msg_sz is "
                                  f"{self.daemon.limits.max_msg_size}")
                 wr = SendWR(w["wr_id"], opcode, sg, w["send_flags"], w["imm_data"], w["rkey"],
-                            w["remote_addr"], **_extra_send_fields(w))
+                            w["remote_addr"], w["compare_add"], w["swap"],
+                            w["invalidate_rkey"])
                 try:
                     qph.rcqp.post_send(wr, now)
                 except RDMAError as e:
@@ -1080,7 +1079,3 @@ class ControlSession:
     def op_destroy_dek(self, a, payload, rid):
         return self._destroy_handle(a["dek"], "dek")
 
-
-def _extra_send_fields(w: dict) -> dict:
-    names = {f.name for f in dataclasses.fields(SendWR)}
-    return {k: w[k] for k in ("compare_add", "swap", "invalidate_rkey") if k in names}

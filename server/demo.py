@@ -257,22 +257,8 @@ class Side:
         mlx5dv_wr_mkey_configure(3)'s examples post it: IBV_SEND_INLINE, one setter per
         attribute given, and ibv_wr_complete."""
         mkey = await self.pd.create_mkey(flags, max_entries)
-        given = [a for a in (access, sges if sges is not None else interleaved, sig, crypto)
-                 if a is not None]
-        qp = self.qp
-        qp.wr_start()
-        qp.wr_id, qp.wr_flags = 0, sh.IBV_SEND_INLINE
-        qp.wr_mkey_configure(mkey, len(given), sh.Mlx5MkeyConfAttr())
-        qp.wr_set_mkey_access_flags(access)
-        if sges is not None:
-            qp.wr_set_mkey_layout_list(sges)
-        elif interleaved is not None:
-            qp.wr_set_mkey_layout_interleaved(*interleaved)
-        if sig is not None:
-            qp.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            qp.wr_set_mkey_crypto(crypto)
-        await qp.wr_complete()
+        await self.qp.post_mkey_configure(mkey, access=access, sges=sges,
+                                          interleaved=interleaved, sig=sig, crypto=crypto)
         self.mkeys[mkey.handle] = (mkey, sig is not None)
         return mkey
 
@@ -1335,18 +1321,24 @@ async def run_one(entry: Entry, index: int, total: int, out: TextIO, style: Styl
     out.write(style.bold(f"[{index}/{total}] {entry.name}: {entry.page}, {entry.where}") + "\n")
     out.write(f"  Result: {entry.result}\n")
     ex = Example(entry.name, out, style)
+    return await judge(ex, _play(entry, ex), EXAMPLE_TIMEOUT, "example", out, style)
+
+
+async def judge(ex, play, timeout: float, noun: str, out: TextIO, style: Style) -> Outcome:
+    """Run ``play`` for ``ex`` (an example or a fault case) within ``timeout``, then print
+    PASS or FAIL with the first reason. Any daemon or verbs error fails this one only."""
     try:
-        await asyncio.wait_for(_play(entry, ex), EXAMPLE_TIMEOUT)
+        await asyncio.wait_for(play, timeout)
     except asyncio.TimeoutError:
-        ex.check(False, "the example ran to its end", f"not done within {EXAMPLE_TIMEOUT:g} s")
-    except Exception as e:  # noqa: BLE001 - any daemon or verbs error fails this example only
-        ex.check(False, "the example ran to its end", f"{type(e).__name__}: {e}")
+        ex.check(False, f"the {noun} ran to its end", f"not done within {timeout:g} s")
+    except Exception as e:  # noqa: BLE001 - reported as this one's FAIL, the run goes on
+        ex.check(False, f"the {noun} ran to its end", f"{type(e).__name__}: {e}")
     o = ex.outcome
     if o.passed:
-        out.write(f"  {style.ok('PASS')}  {entry.name}\n\n")
+        out.write(f"  {style.ok('PASS')}  {o.name}\n\n")
     else:
         more = f" (and {len(o.reasons) - 1} more)" if len(o.reasons) > 1 else ""
-        out.write(f"  {style.bad('FAIL')}  {entry.name}: {o.reasons[0]}{more}\n\n")
+        out.write(f"  {style.bad('FAIL')}  {o.name}: {o.reasons[0]}{more}\n\n")
     return o
 
 

@@ -57,6 +57,7 @@ from softhca.server.demo import (
     block_text,
     crypto_attr,
     guard_of,
+    judge,
     new_key,
     on_mkey,
     pi_fields,
@@ -743,19 +744,7 @@ async def run_one(c: Case, index: int, total: int, out: TextIO, style: Style) ->
     for k, line in enumerate(_wrap(c.why)):
         out.write(f"  {'Why:' if k == 0 else '':<10} {line}\n")
     ex = FaultExample(c.name, out, style)
-    try:
-        await asyncio.wait_for(_play(c, ex), CASE_TIMEOUT)
-    except asyncio.TimeoutError:
-        ex.check(False, "the case ran to its end", f"not done within {CASE_TIMEOUT:g} s")
-    except Exception as e:  # noqa: BLE001 - any daemon or verbs error fails this case only
-        ex.check(False, "the case ran to its end", f"{type(e).__name__}: {e}")
-    o = ex.outcome
-    if o.passed:
-        out.write(f"  {style.ok('PASS')}  {c.name}\n\n")
-    else:
-        more = f" (and {len(o.reasons) - 1} more)" if len(o.reasons) > 1 else ""
-        out.write(f"  {style.bad('FAIL')}  {c.name}: {o.reasons[0]}{more}\n\n")
-    return o
+    return await judge(ex, _play(c, ex), CASE_TIMEOUT, "case", out, style)
 
 
 async def _run_all(cases: list[Case], out: TextIO, style: Style) -> list[Outcome]:

@@ -53,23 +53,9 @@ class Side:
 
     async def configure(self, mkey, *, access=None, sges=None, interleaved=None, sig=None,
                         crypto=None, conf_flags=0, wr_flags=sh.IBV_SEND_INLINE, wr_id=0):
-        qp = self.qp
-        given = [a for a in (access, sges if sges is not None else interleaved, sig, crypto)
-                 if a is not None]
-        qp.wr_start()
-        qp.wr_id, qp.wr_flags = wr_id, wr_flags
-        qp.wr_mkey_configure(mkey, len(given), sh.Mlx5MkeyConfAttr(conf_flags=conf_flags))
-        if access is not None:
-            qp.wr_set_mkey_access_flags(access)
-        if sges is not None:
-            qp.wr_set_mkey_layout_list(sges)
-        elif interleaved is not None:
-            qp.wr_set_mkey_layout_interleaved(*interleaved)
-        if sig is not None:
-            qp.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            qp.wr_set_mkey_crypto(crypto)
-        await qp.wr_complete()
+        await self.qp.post_mkey_configure(mkey, access=access, sges=sges,
+                                          interleaved=interleaved, sig=sig, crypto=crypto,
+                                          conf_flags=conf_flags, wr_id=wr_id, wr_flags=wr_flags)
 
     async def send_wc(self, n: int = 1) -> list[sh.WC]:
         return await self.scq.poll_n(n, TIMEOUT)
