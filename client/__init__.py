@@ -1,4 +1,4 @@
-"""softhca.client: the application's API, pyverbs-shaped and awaited (shared/design/API.md).
+"""softhca.client: the application's API, pyverbs-shaped and awaited (docs/api.md).
 
 ``import softhca.client as sh`` gives the verbs objects (``sh.connect``, ``sh.embedded``),
 the records (``sh.SendWR``, ``sh.SGE``, ``sh.QPInitAttr``, ``sh.Mlx5SigBlockAttr``, ...),
@@ -6,7 +6,7 @@ the one exception type ``sh.RDMAError`` (``errno_name``, ``message``) and every 
 under its C name with its C value (``sh.IBV_ACCESS_REMOTE_READ``, ``sh.IBV_WC_SUCCESS``).
 """
 
-from softhca.protocol.attrs import (
+from ..protocol.attrs import (
     SGE,
     CryptoAttr,
     DEKInitAttr,
@@ -17,10 +17,9 @@ from softhca.protocol.attrs import (
     SigCrc,
     SigT10dif,
 )
-from softhca.protocol.enums import *  # noqa: F403 - the C names, as verbs.h / mlx5dv.h
-from softhca.protocol.enums import C_NAMES
-from softhca.protocol.errors import RDMAError
-
+from ..protocol.enums import *  # noqa: F403 - the C names, as verbs.h / mlx5dv.h
+from ..protocol.enums import C_NAMES
+from ..protocol.errors import RDMAError
 from .api import (
     CQ,
     DEK,

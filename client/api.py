@@ -1,10 +1,10 @@
-"""The client: pyverbs' objects and names, awaited (shared/design/API.md).
+"""The client: pyverbs' objects and names, awaited (docs/api.md).
 
 Every verbs call is one control request to the daemon and one reply; an error reply
 raises RDMAError carrying the daemon's errno name and sentence, as pyverbs raises
 PyverbsRDMAError. Requests on one connection are answered in order except a
 ``poll_cq`` that waits, so ``await qp.post_send(...)`` after ``await qp.wr_complete()``
-sees the configured MKEY (SEMANTICS.md: later WRs see a configure at once).
+sees the configured MKEY (docs/semantics.md: later WRs see a configure at once).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from softhca.protocol.attrs import (
+from ..protocol.attrs import (
     SGE,
     CryptoAttr,
     DEKInitAttr,
@@ -26,8 +26,8 @@ from softhca.protocol.attrs import (
     MrInterleaved,
     SigBlockAttr,
 )
-from softhca.protocol.control import attr_to_wire, sge_to_wire
-from softhca.protocol.enums import (
+from ..protocol.control import attr_to_wire, sge_to_wire
+from ..protocol.enums import (
     AccessFlags,
     MkeyErrType,
     Mtu,
@@ -38,9 +38,9 @@ from softhca.protocol.enums import (
     WcStatus,
     WrOpcode,
 )
-from softhca.protocol.errors import RDMAError
-from softhca.protocol.frames import FrameDecoder, encode_frame
-from softhca.protocol.handshake import make_hello
+from ..protocol.errors import RDMAError
+from ..protocol.frames import FrameDecoder, encode_frame
+from ..protocol.handshake import make_hello
 
 DEFAULT_PORT = 4791
 # Replies carry mr.read data; a client accepts bigger frames than it sends.
@@ -752,7 +752,7 @@ class QP(_Closable):
 
 # -- embedded daemons ------------------------------------------------------------------------
 
-class embedded:  # noqa: N801 - a function-like async context manager, as API.md spells it
+class embedded:  # noqa: N801 - a function-like async context manager, as docs/api.md spells it
     """``async with embedded() as node``: a daemon in this process on a loopback port, and
     a control session with it. Leaving the block closes both."""
 
@@ -763,7 +763,7 @@ class embedded:  # noqa: N801 - a function-like async context manager, as API.md
         self.node: Node | None = None
 
     async def __aenter__(self) -> Node:
-        from softhca.server.daemon import Daemon
+        from ..server.daemon import Daemon
 
         self.daemon = Daemon(self.hcas, self.host, 0, self.token, **self.options)
         await self.daemon.start()

@@ -1,4 +1,4 @@
-"""Which completion a failed transfer gives (SEMANTICS.md section 9).
+"""Which completion a failed transfer gives (docs/semantics.md section 9).
 
 The pipeline raises a TransferError naming the class of failure; the QP layer
 turns it into the requester's or the responder's ibv_wc_status with
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from softhca.protocol.enums import WcStatus
+from ..protocol.enums import WcStatus
 
 
 class Fault(Enum):

@@ -1,6 +1,6 @@
 """AES-XTS crypto on an MKEY: the crypto setter's rules and the XTS job of a transfer.
 
-mlx5dv_wr_set_mkey_crypto(3) and SEMANTICS.md section 8: data units of
+mlx5dv_wr_set_mkey_crypto(3) and docs/semantics.md section 8: data units of
 ``data_unit_size`` bytes counted from the MKEY's offset 0 in the stream crypto
 runs on, unit k using the tweak initial_tweak + k ("The tweak is incremented
 after each data_unit_size"). Which stream that is (memory or wire) is decided by
@@ -13,15 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softhca.protocol.attrs import CryptoAttr
-from softhca.protocol.enums import (
+from ..protocol.attrs import CryptoAttr
+from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
     CryptoStandard,
     DekState,
     SignatureCryptoOrder,
 )
-from softhca.protocol.errors import einval
-
+from ..protocol.errors import einval
 from .completion import Fault, TransferError
 from .hca import DEK, PD
 
@@ -68,7 +67,7 @@ def validate_crypto_attr(attr: CryptoAttr, pd: PD) -> CryptoConfig:
 
 
 def check_xts_job(cfg: CryptoConfig, stream_offset: int, length: int) -> None:
-    """Refuse, before any byte moves, a job the device would fail (SEMANTICS.md 8, 9)."""
+    """Refuse, before any byte moves, a job the device would fail (docs/semantics.md 8, 9)."""
     if cfg.dek.state != DekState.READY:
         raise TransferError(Fault.CRYPTO, f"DEK {cfg.dek.handle} is no longer ready")
     if cfg.dek.has_keytag and cfg.keytag != cfg.dek.keytag:
@@ -83,7 +82,7 @@ def check_xts_job(cfg: CryptoConfig, stream_offset: int, length: int) -> None:
                             "units: the length must be a multiple of the data unit, or of 16 "
                             "with a last unit at most data_unit_size - 16")
     if 0 < partial < XTS_BLOCK:
-        # IEEE 1619 needs at least one 16-byte block per data unit; SEMANTICS.md's
+        # IEEE 1619 needs at least one 16-byte block per data unit; docs/semantics.md's
         # length rule alone would admit an 8-byte last unit with 520-byte units.
         raise TransferError(Fault.CRYPTO, f"XTS job of {length} bytes leaves a last data unit "
                             f"of {partial} bytes; XTS needs at least 16")

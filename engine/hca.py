@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from softhca.protocol.attrs import DEKInitAttr
-from softhca.protocol.enums import AccessFlags, CryptoKeySize, DekState, MkeyInitAttrFlags
-from softhca.protocol.errors import RDMAError, einval
-
+from ..protocol.attrs import DEKInitAttr
+from ..protocol.enums import AccessFlags, CryptoKeySize, DekState, MkeyInitAttrFlags
+from ..protocol.errors import RDMAError, einval
 from .xts import xts_transform
 
 # Virtual addresses handed to MRs start here and stay page aligned, like a

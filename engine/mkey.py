@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softhca.protocol.enums import MkeyErrType, MkeyInitAttrFlags
-from softhca.protocol.errors import einval
-
+from ..protocol.enums import MkeyErrType, MkeyInitAttrFlags
+from ..protocol.errors import einval
 from .completion import Fault, TransferError
 from .hca import MR, PD
 from .signature import NO_SIG_ERROR, SigConfig, SigError

@@ -3,7 +3,7 @@ its setters, ibv_wr_complete (mlx5dv_wr_mkey_configure(3)).
 
 As in rdma-core, the builder and setters return nothing: what is wrong is found
 and reported by `wr_complete` as one errno, and then nothing of the batch is
-applied. The rules are SEMANTICS.md section 4, checked in the order the calls
+applied. The rules are docs/semantics.md section 4, checked in the order the calls
 were made so that the first broken rule is the one reported.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from softhca.protocol.attrs import CryptoAttr, MkeyConfAttr, MrInterleaved, SigBlockAttr
-from softhca.protocol.enums import (
+from ..protocol.attrs import CryptoAttr, MkeyConfAttr, MrInterleaved, SigBlockAttr
+from ..protocol.enums import (
     AccessFlags,
     MkeyConfFlags,
     MkeyInitAttrFlags,
@@ -21,8 +21,7 @@ from softhca.protocol.enums import (
     SendFlags,
     WcOpcode,
 )
-from softhca.protocol.errors import RDMAError, einval, eopnotsupp
-
+from ..protocol.errors import RDMAError, einval, eopnotsupp
 from .crypto import validate_crypto_attr
 from .hca import MR, PD
 from .mkey import Layout, MKey

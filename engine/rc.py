@@ -52,7 +52,7 @@ Modelled:
 - SEND and RDMA_WRITE payloads are reassembled and applied at the message's last
   packet with one transfer per SGE (SEND) or one transfer.rx over the whole RETH range
   (WRITE), so a signature or crypto MKEY sees whole, aligned transfers.
-- SEMANTICS.md section 9: SEND larger than the receive, rkey faults, PI-splitting
+- docs/semantics.md section 9: SEND larger than the receive, rkey faults, PI-splitting
   lengths and crypto faults on the responder's key, each NAKed with the syndrome the
   requester maps to its completion status; the responder moves to ERR.
 - ACK coalescing: the last packet of a message, and every ``ACK_EVERY`` packets.
@@ -85,8 +85,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from softhca.protocol.attrs import SGE
-from softhca.protocol.enums import (
+from ..protocol.attrs import SGE
+from ..protocol.enums import (
     MkeyInitAttrFlags,
     Mtu,
     QpState,
@@ -96,9 +96,8 @@ from softhca.protocol.enums import (
     WcStatus,
     WrOpcode,
 )
-from softhca.protocol.errors import RDMAError, einval, eopnotsupp
-from softhca.protocol.packets import Packet
-
+from ..protocol.errors import RDMAError, einval, eopnotsupp
+from ..protocol.packets import Packet
 from . import transfer
 from .completion import Fault, TransferError
 from .hca import MR, PD
@@ -157,7 +156,7 @@ LOCAL_INV_FAILED = WcStatus.LOC_QP_OP_ERR
 # Invalid Request, REM_INV_REQ_ERR.
 REMOTE_INV_FAILED = WcStatus.REM_INV_REQ_ERR
 
-# The responder's NAK for a fault on its own key (SEMANTICS.md section 9): the
+# The responder's NAK for a fault on its own key (docs/semantics.md section 9): the
 # requester turns it back into TransferError.status(remote=True).
 _FAULT_NAK = {Fault.ACCESS: "NAK_REM_ACCESS", Fault.LENGTH: "NAK_INV_REQ",
               Fault.CRYPTO: "NAK_REM_OP"}
@@ -276,7 +275,7 @@ def _chunks(data: bytes, mtu: int) -> list[bytes]:
 
 
 def _scatter(pd: PD, sges: list[SGE], data: bytes, trace=None) -> None:
-    """SEMANTICS.md section 5: the arriving bytes over the SGEs in order, one transfer each."""
+    """docs/semantics.md section 5: the arriving bytes over the SGEs in order, one transfer each."""
     off = 0
     for s in sges:
         if off >= len(data):
@@ -392,7 +391,7 @@ class RCQP:
         self._enter_err()
 
     def _enter_err(self) -> None:
-        """Every outstanding WR completes WR_FLUSH_ERR (SEMANTICS.md section 9)."""
+        """Every outstanding WR completes WR_FLUSH_ERR (docs/semantics.md section 9)."""
         self.state = QpState.ERR
         self._timer = self._rnr_until = None
         self._msg = None
@@ -438,7 +437,7 @@ class RCQP:
         ``opcode`` (signaled or sq_sig_all), or, if the action raises TransferError,
         with that error's local status, and the QP goes to ERR. The MKEY configure
         (opcode DRIVER1) uses it for its in-order completion; its effect is applied at
-        post time by the caller (SEMANTICS.md section 4)."""
+        post time by the caller (docs/semantics.md section 4)."""
         req = _Request(SendWR(wr_id, WrOpcode.DRIVER1), self.sq_sig_all or bool(signaled), 0,
                        WcOpcode(opcode), built=True, local=True, action=action)
         self._enqueue(req)
@@ -946,7 +945,7 @@ class RCQP:
                          self._t(role="responder", wr_id=m.recv.wr_id, op="RECV"))
             except TransferError as err:
                 # The fault is on the responder's own lkey: a remote operational error
-                # for the requester, except a length fault (SEMANTICS.md section 9).
+                # for the requester, except a length fault (docs/semantics.md section 9).
                 self._fail_recv(m.recv, err.status(remote=False), pkt.psn,
                                 "NAK_INV_REQ" if err.fault == Fault.LENGTH else "NAK_REM_OP")
                 return

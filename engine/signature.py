@@ -1,7 +1,7 @@
 """Block signature: validating the sig setter, and checking, copying, generating
 and stripping the protection information (PI) of every block of a transfer.
 
-The rules are mlx5dv_wr_set_mkey_sig_block(3) as restated in SEMANTICS.md
+The rules are mlx5dv_wr_set_mkey_sig_block(3) as restated in docs/semantics.md
 sections 2, 4, 6 and 7. All blocks of a transfer are handled at once as an
 (n, block_size + PI) numpy array: the guards come from `guards.guards_many`, and
 every comparison and PI byte is a vectorised array operation, never a loop over
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softhca.protocol.attrs import SigBlockAttr, SigBlockDomain
-from softhca.protocol.enums import (
+from ..protocol.attrs import SigBlockAttr, SigBlockDomain
+from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
     MkeyErrType,
     SigBlockAttrFlags,
@@ -24,11 +24,10 @@ from softhca.protocol.enums import (
     SigT10difFlags,
     SigType,
 )
-from softhca.protocol.errors import einval, eopnotsupp
-
+from ..protocol.errors import einval, eopnotsupp
 from .guards import guards_many
 
-# PI bytes per signature (SEMANTICS.md section 2).
+# PI bytes per signature (docs/semantics.md section 2).
 T10DIF_PI_SIZE = 8
 CRC_PI_SIZE = {SigCrcType.CRC32: 4, SigCrcType.CRC32C: 4, SigCrcType.CRC64_XP10: 8}
 CRC_GUARD_KIND = {SigCrcType.CRC32: "crc32", SigCrcType.CRC32C: "crc32c",
@@ -110,7 +109,7 @@ class SigError:
 NO_SIG_ERROR = SigError(MkeyErrType.NO_ERR, 0, 0, 0)
 
 
-# -- the sig setter's rules (SEMANTICS.md section 4) ----------------------------
+# -- the sig setter's rules (docs/semantics.md section 4) ----------------------------
 
 def _domain_spec(name: str, d: SigBlockDomain) -> DomainSpec:
     if d.comp_mask:
@@ -159,7 +158,7 @@ def same_structure(a: DomainSpec | None, b: DomainSpec | None) -> bool:
 
 
 def computed_copy_mask(mem: DomainSpec | None, wire: DomainSpec | None) -> int:
-    """The copy mask the device computes when COPY_MASK is not set (SEMANTICS.md 6.2):
+    """The copy mask the device computes when COPY_MASK is not set (docs/semantics.md 6.2):
     the parts of the PI that both domains would generate alike are copied."""
     if mem is None or wire is None or mem.sig_type != wire.sig_type \
             or mem.block_size != wire.block_size:
@@ -196,14 +195,14 @@ def validate_sig_block_attr(attr: SigBlockAttr) -> SigConfig:
     else:
         copy_mask = computed_copy_mask(mem, wire)
     if mem is not None and wire is not None and mem.block_size != wire.block_size:
-        # SEMANTICS.md section 5 maps wire block b to memory block b; domains of
+        # docs/semantics.md section 5 maps wire block b to memory block b; domains of
         # different block sizes would re-block the data, which is not modelled.
         raise eopnotsupp(f"memory block size {mem.block_size} and wire block size "
                          f"{wire.block_size} differ; softhca models equal block sizes only")
     return SigConfig(mem, wire, attr.check_mask, copy_mask, attr)
 
 
-# -- the per-block processing (SEMANTICS.md section 6) --------------------------
+# -- the per-block processing (docs/semantics.md section 6) --------------------------
 
 def _be_values(pi: np.ndarray, cols: tuple[int, ...]) -> np.ndarray:
     """Big-endian integers from the PI byte columns ``cols`` (contiguous, in order)."""
@@ -269,7 +268,7 @@ def _check(spec: DomainSpec, pi: np.ndarray, guards: _GuardCache, check_mask: in
     else:
         stored_app = _be_values(pi, APP_COLS)
         stored_ref = _be_values(pi, REF_COLS)
-        # SEMANTICS.md 6.1: APP_REF_ESCAPE wins when both escape flags are set.
+        # docs/semantics.md 6.1: APP_REF_ESCAPE wins when both escape flags are set.
         if spec.flags & SigT10difFlags.APP_REF_ESCAPE:
             escaped = (stored_app == APP_ESCAPE_TAG) & (stored_ref == REF_ESCAPE_TAG)
         elif spec.flags & SigT10difFlags.APP_ESCAPE:
@@ -329,7 +328,7 @@ def sig_process(stream: np.ndarray, n: int, tail: int, inp: DomainSpec | None,
                 first_block: int, stages: list[BlockStage] | None = None,
                 ) -> tuple[np.ndarray, SigError | None]:
     """Turn ``n`` full blocks plus a ``tail`` of the input domain's stream into the
-    output domain's stream. The tail is plain data (SEMANTICS.md section 5)."""
+    output domain's stream. The tail is plain data (docs/semantics.md section 5)."""
     in_w = block_size + (inp.pi_size if inp else 0)
     out_w = block_size + (out.pi_size if out else 0)
     blocks = stream[:n * in_w].reshape(n, in_w)

@@ -1,8 +1,8 @@
 """The transfer pipeline: memory to wire (TX) and wire to memory (RX) through a key.
 
-One call is one transfer through one key (SEMANTICS.md section 5): an SGE of a
+One call is one transfer through one key (docs/semantics.md section 5): an SGE of a
 work request, or the remote range of an RDMA_READ / RDMA_WRITE on the responder.
-On an MKEY the order of the stages is SEMANTICS.md section 8:
+On an MKEY the order of the stages is docs/semantics.md section 8:
 
 - no signature: crypto on the one stream;
 - SIGNATURE_AFTER_CRYPTO_ON_TX: TX = gather, crypto (memory stream), signature;
@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from softhca.protocol.enums import AccessFlags, SignatureCryptoOrder
-
+from ..protocol.enums import AccessFlags, SignatureCryptoOrder
 from .completion import Fault, TransferError
 from .crypto import CryptoConfig, check_xts_job, xts_job
 from .hca import MR, PD
@@ -78,7 +77,7 @@ def _resolve(pd: PD, key: int, access: int, remote: bool) -> MR | MKey:
 
 
 def plan(mkey: MKey, offset: int, length: int) -> Plan:
-    """Map a wire range of an MKEY to its memory range (SEMANTICS.md section 5)."""
+    """Map a wire range of an MKEY to its memory range (docs/semantics.md section 5)."""
     if mkey.layout is None:
         raise TransferError(Fault.ACCESS, f"MKEY {mkey.lkey:#x} has no layout")
     if offset < 0 or length < 0:

@@ -1,7 +1,7 @@
 """The enums of verbs.h and mlx5dv.h, with their C names and values.
 
 Users port C and pyverbs code to softhca, so every name and number here is the
-one in rdma-core's headers (SEMANTICS.md section 1). Each enum is an IntEnum
+one in rdma-core's headers (docs/semantics.md section 1). Each enum is an IntEnum
 whose member names drop the common C prefix; `C_NAMES` maps every full C name
 (``IBV_ACCESS_REMOTE_READ``, ``MLX5DV_SIG_TYPE_T10DIF``, ...) to its value so
 that ``from softhca.protocol.enums import *`` gives code that reads like C.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno as _errno
 
-# The errno names the daemon may answer with (ARCHITECTURE.md, control plane).
+# The errno names the daemon may answer with (docs/architecture.md, control plane).
 ERRNO_NAMES = ("EINVAL", "EOPNOTSUPP", "ENOENT", "EEXIST", "ENOMEM", "EACCES", "EPROTO",
                "EBUSY", "E2BIG", "EMSGSIZE", "EPERM", "ETIMEDOUT", "ECONNRESET")
 

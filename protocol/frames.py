@@ -26,7 +26,7 @@ from typing import Any
 
 import msgpack
 
-from softhca.protocol.errors import RDMAError
+from .errors import RDMAError
 
 __all__ = [
     "DEFAULT_MAX_FRAME",

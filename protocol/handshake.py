@@ -22,8 +22,8 @@ import hashlib
 import hmac
 import secrets
 
-from softhca.protocol.errors import RDMAError
-from softhca.protocol.frames import field
+from .errors import RDMAError
+from .frames import field
 
 __all__ = [
     "NONCE_LEN",

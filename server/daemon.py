@@ -24,24 +24,24 @@ import logging
 from collections import deque
 from typing import Any
 
-from softhca.engine.hca import HCA, MR, PD
-from softhca.engine.mkey import MKey
-from softhca.engine.mkey_configure import MkeyConfigureBuilder
-from softhca.engine.rc import RCQP, WC, RecvWR, SendWR
-from softhca.protocol import control
-from softhca.protocol.attrs import DEKInitAttr, MkeyConfAttr
-from softhca.protocol.enums import (
+from ..engine.hca import HCA, MR, PD
+from ..engine.mkey import MKey
+from ..engine.mkey_configure import MkeyConfigureBuilder
+from ..engine.rc import RCQP, WC, RecvWR, SendWR
+from ..protocol import control
+from ..protocol.attrs import DEKInitAttr, MkeyConfAttr
+from ..protocol.enums import (
     Mtu,
     QpState,
     QpType,
     WcOpcode,
     WrOpcode,
 )
-from softhca.protocol.errors import RDMAError, einval
-from softhca.protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
-from softhca.protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
-from softhca.protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
-from softhca.server.faults import REORDER_FLUSH_S, Emit, Faults
+from ..protocol.errors import RDMAError, einval
+from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
+from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
+from ..protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
+from .faults import REORDER_FLUSH_S, Emit, Faults
 
 log = logging.getLogger("softhca.server")
 
@@ -343,7 +343,7 @@ class Daemon:
                         dev, pkt = decode_packet(fr.header, fr.payload)
                     except IntegrityError:
                         # A link error: dropped and counted; the requester's retransmission
-                        # recovers it (ARCHITECTURE.md, wire plane).
+                        # recovers it (docs/architecture.md, wire plane).
                         self.counters["packets_bad_icrc"] += 1
                         continue
                     self.counters["packets_received"] += 1
@@ -719,7 +719,7 @@ class ControlSession:
                 self.daemon.service(obj)
 
     def destroy_all(self) -> None:
-        """The session ended: its objects go, as when a process exits (ARCHITECTURE.md)."""
+        """The session ended: its objects go, as when a process exits (docs/architecture.md)."""
         if self.gone:
             return
         self.gone = True

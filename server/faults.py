@@ -1,4 +1,4 @@
-"""Fault injection on a daemon's wire path (ARCHITECTURE.md, "Fault injection").
+"""Fault injection on a daemon's wire path (docs/architecture.md, "Fault injection").
 
 A rule watches the packets one daemon sends (``direction: "out"``) or accepts
 (``"in"``) and, when it matches, changes what the link does with one of them:
@@ -35,9 +35,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from softhca.engine.rc import psn_diff
-from softhca.protocol.errors import RDMAError
-from softhca.protocol.packets import OPCODES, Packet
+from ..engine.rc import psn_diff
+from ..protocol.errors import RDMAError
+from ..protocol.packets import OPCODES, Packet
 
 ACTIONS = ("corrupt", "drop", "duplicate", "delay", "reorder", "rnr")
 FIELDS = ("data", "guard", "app_tag", "ref_tag")

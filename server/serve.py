@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from softhca.protocol.errors import RDMAError
-from softhca.server.daemon import Daemon, Limits, kv
+from ..protocol.errors import RDMAError
+from .daemon import Daemon, Limits, kv
 
 log = logging.getLogger("softhca.server")
 
@@ -77,7 +77,7 @@ def options_from_args(args) -> ServeOptions:
         if not isinstance(faults, list):
             raise ValueError(f"--faults {args.faults} must hold a JSON list of rules")
         # Refuse a bad file before listening, naming the rule.
-        from softhca.server.faults import validate_rule
+        from .faults import validate_rule
 
         for n, rule in enumerate(faults, 1):
             try:
@@ -112,7 +112,7 @@ async def serve(o: ServeOptions) -> None:
     await daemon.start()
     tap = None
     if o.capture:
-        from softhca.server.capture import CaptureTap
+        from .capture import CaptureTap
 
         tap = CaptureTap(daemon, o.capture)
         log.info("capturing %s", kv(event="capture", file=o.capture))

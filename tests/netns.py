@@ -208,7 +208,7 @@ def _start_daemon(t: Topology) -> None:
     ready = t.workdir / "ready"
     t.daemon_log = t.workdir / "daemon.log"
     argv = t.exec_argv(t.target_ns, [
-        sys.executable, "-m", "softhca.server.cli", "serve", "--listen", t.target,
+        sys.executable, "-m", "softhca.tools.cli", "serve", "--listen", t.target,
         "--token-file", str(t.token_file), "--ready-file", str(ready)])
     with open(t.daemon_log, "wb") as log:
         # `ip netns exec` execs the command in place: this pid is the daemon's.

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from softhca.server import bench
-from softhca.server.cli import main
+from softhca.tools import bench
+from softhca.tools.cli import main
 
 OPS = {"RDMA_WRITE", "RDMA_READ", "SEND"}
 CONFIGS = {"plain", "t10dif", "row_c"}
@@ -51,7 +51,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     out_file = tmp / "bench.json"
     env = {**os.environ, "TMPDIR": str(tmp)}
-    done = subprocess.run([sys.executable, "-m", "softhca.server.cli", "bench", "--quick",
+    done = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "bench", "--quick",
                            "--json", "--json-out", str(out_file)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr
@@ -171,8 +171,8 @@ def test_help_states_the_defaults(capsys):
 
 
 def test_building_the_parser_does_not_load_the_bench():
-    code = ("import sys; from softhca.server.cli import build_parser; build_parser(); "
-            "print('softhca.server.bench' in sys.modules)")
+    code = ("import sys; from softhca.tools.cli import build_parser; build_parser(); "
+            "print('softhca.tools.bench' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.strip() == "False", done.stderr

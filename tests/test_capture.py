@@ -44,6 +44,7 @@ from softhca.server.capture import (
     read_pcap,
     roce_frame,
 )
+from softhca.tools import capture as tool_capture
 
 from e2e import Pair, make_side, rdma, sge, whole
 
@@ -372,7 +373,7 @@ def decoded(rows: list[Row]) -> list[tuple[int, int, int, int | None]]:
 
 async def start_cli_capture(address: str, out: Path) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "softhca.server.cli", "capture", "--target", address,
+        sys.executable, "-m", "softhca.tools.cli", "capture", "--target", address,
         "--out", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     line = await asyncio.wait_for(proc.stderr.readline(), 30)
     assert b"capturing" in line, line + await proc.stderr.read()
@@ -406,7 +407,7 @@ async def test_captured_traffic_decodes_in_tshark(tshark, tmp_path):
                 CaptureTap(tnode.daemon, files["tap_target"])]
         truth = await inode.subscribe("packets")     # what the initiator's daemon saw
         cli = await start_cli_capture(inode.address, files["cli_initiator"])
-        coro = cap.Capture(tnode.address, files["coro_target"], quiet=True)
+        coro = tool_capture.Capture(tnode.address, files["coro_target"], quiet=True)
         coro_task = asyncio.ensure_future(coro.run())
         await asyncio.wait_for(coro.ready.wait(), TIMEOUT)
 
@@ -478,7 +479,7 @@ async def test_serve_capture_option_writes_the_daemons_traffic(tmp_path):
     try:
         cli_pcap = tmp_path / "cli.pcap"
         cli = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "softhca.server.cli", "capture", "--target", address,
+            sys.executable, "-m", "softhca.tools.cli", "capture", "--target", address,
             "--out", str(cli_pcap), "--count", "2", "--quiet",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         assert b"capturing" in await asyncio.wait_for(cli.stderr.readline(), 30)
@@ -516,7 +517,8 @@ async def test_serve_capture_option_writes_the_daemons_traffic(tmp_path):
 
 
 def test_serve_options_capture_default_and_unwritable(tmp_path):
-    from softhca.server import cli, serve
+    from softhca.server import serve
+    from softhca.tools import cli
 
     args = cli.build_parser().parse_args(["serve"])
     assert serve.options_from_args(args).capture is None
@@ -526,7 +528,7 @@ def test_serve_options_capture_default_and_unwritable(tmp_path):
 
 
 def test_capture_cli_usage():
-    from softhca.server import cli
+    from softhca.tools import cli
 
     assert cli.main(["capture", "--target", "127.0.0.1:1"]) == 2       # --out missing
     assert cli.main(["capture", "--target", "127.0.0.1:1", "--out", "x", "--peer",

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 from softhca.engine import signature, transfer
 from softhca.engine.hca import DEK
 from softhca.protocol.packets import Packet
-from softhca.server import demo
-from softhca.server.cli import main
+from softhca.tools import demo
+from softhca.tools.cli import main
 
 EXAMPLE_NAMES = [
     "sig_block 1", "sig_block 1.1", "sig_block 2", "sig_block 2.1",
@@ -218,7 +218,7 @@ def test_usage_errors_return_2(capsys):
 
 
 def test_python_dash_m_runs_the_cli():
-    done = subprocess.run([sys.executable, "-m", "softhca.server.cli", "demo", "--only",
+    done = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "demo", "--only",
                            "mkey_configure list"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "PASS  mkey_configure list" in done.stdout

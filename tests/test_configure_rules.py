@@ -1,4 +1,4 @@
-"""Every rule of SEMANTICS.md section 4: the MKEY configure WR is refused by
+"""Every rule of docs/semantics.md section 4: the MKEY configure WR is refused by
 wr_complete with the errno the rule names, and nothing of it is applied."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""AES-XTS on an MKEY (SEMANTICS.md section 8): data units counted from the MKEY's
+"""AES-XTS on an MKEY (docs/semantics.md section 8): data units counted from the MKEY's
 offset 0, job sizes, keytags, and the completions their failures give."""
 
 from __future__ import annotations

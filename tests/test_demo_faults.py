@@ -1,7 +1,7 @@
 """``softhca demo faults``: the fault injection walk-through of issue 4, and its verdicts.
 
 The walk-through runs every case between two embedded daemons and judges it against
-its own oracle (crcmod T10-DIF, cryptography XTS, SEMANTICS.md's check order), so
+its own oracle (crcmod T10-DIF, cryptography XTS, docs/semantics.md's check order), so
 these tests check that every case is run and passes with the facts the issue asks
 to see, that ``--list`` and ``--only`` work for it, and that a disagreeing oracle or
 a fault the engine does not inject really makes a case FAIL with exit status 1.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 
-from softhca.server import demo_faults
-from softhca.server.cli import main
 from softhca.server.faults import Faults
+from softhca.tools import demo_faults
+from softhca.tools.cli import main
 
 CASE_NAMES = ["guard", "app tag", "ref tag", "data byte", "link error", "read response",
               "crypto row C", "app escape", "lossy link", "retry exceeded", "rnr exceeded"]

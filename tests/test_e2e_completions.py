@@ -1,4 +1,4 @@
-"""SEMANTICS.md section 9, row by row, between two daemons over TCP.
+"""docs/semantics.md section 9, row by row, between two daemons over TCP.
 
 Each test provokes one failure through the client API and checks the exact
 completion status on each side, the QP states afterwards (an error completion
@@ -24,7 +24,7 @@ DIF_512 = sh.Mlx5SigBlockDomain(sig_type=sh.MLX5DV_SIG_TYPE_T10DIF,
                                 dif=sh.Mlx5SigT10Dif(bg=0xFFFF, app_tag=0x1234, ref_tag=7),
                                 block_size=sh.MLX5DV_BLOCK_SIZE_512)
 WIRE_DIF = sh.Mlx5SigBlockAttr(wire=DIF_512, check_mask=0xFF)
-# SEMANTICS.md section 5: W = 512 + 8 wire bytes a block; 1035 = one block and a
+# docs/semantics.md section 5: W = 512 + 8 wire bytes a block; 1035 = one block and a
 # 515-byte tail, longer than block_size: it would split the second block's PI.
 SPLITTING = 520 + 515
 CRYPTO_ONLY = sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT | sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_CRYPTO

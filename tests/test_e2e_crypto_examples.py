@@ -33,7 +33,7 @@ N_BLOCKS = 6
 
 
 def new_key(rng: random.Random, size: int) -> bytes:
-    # mlx5dv_dek_create refuses equal key halves (SEMANTICS.md 8).
+    # mlx5dv_dek_create refuses equal key halves (docs/semantics.md 8).
     while True:
         key = rng.randbytes(size)
         if key[:size // 2] != key[size // 2:]:
@@ -168,7 +168,7 @@ async def test_e2e_crypto_example_2_1(pair, rng):
     wc = await pair.write(whole(src), mkey.rkey, 0)
     assert wc.status == sh.IBV_WC_SUCCESS, wc
     clear = dec(key, bytes(bad), 520)
-    # Only unit u decrypts differently; the data moves regardless (SEMANTICS.md 6).
+    # Only unit u decrypts differently; the data moves regardless (docs/semantics.md 6).
     assert await mr.read() == b"".join(clear[k * 520:k * 520 + 512] for k in range(8))
     unit = clear[u * 520:(u + 1) * 520]
     err = await mkey.mkey_check()

@@ -1,4 +1,4 @@
-"""Sessions own their objects (ARCHITECTURE.md, control plane).
+"""Sessions own their objects (docs/architecture.md, control plane).
 
 A second session on the same daemon cannot name the first one's objects, cannot
 use its lkeys, and reaches its memory only as a remote peer with a valid rkey

@@ -3,7 +3,7 @@
 The target owns the MKEY, the initiator has plain MRs; every byte moves over the
 daemons' TCP wire as the example's verb would move it, and every call goes through
 softhca.client (tests/e2e.py). Expected images and PI values come from the oracle
-(crcmod), the error report's fields from mlx5dv_mkey_check(3) and SEMANTICS.md 7.
+(crcmod), the error report's fields from mlx5dv_mkey_check(3) and docs/semantics.md 7.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def dif_pi(block: bytes, b: int) -> bytes:
 
 
 def mkey_sge(mkey: sh.MKey, length: int) -> list[sh.SGE]:
-    """An SGE on the MKEY: zero-based, its length in wire bytes (SEMANTICS.md 4, 5)."""
+    """An SGE on the MKEY: zero-based, its length in wire bytes (docs/semantics.md 4, 5)."""
     return [sh.SGE(0, length, mkey.lkey)]
 
 
@@ -144,7 +144,7 @@ async def test_e2e_sig_block_example_2_1(pair, rng):
     await src.write(bytes(bad))
     await mr.write(bytes(len(data)))
     wc = await pair.write([sge(src)], mkey.rkey, 0)
-    # The peer that wrote learns nothing from its completion (SEMANTICS.md 7).
+    # The peer that wrote learns nothing from its completion (docs/semantics.md 7).
     assert wc.status == sh.IBV_WC_SUCCESS, wc
     assert await mr.read() == data
     err = await mkey.mkey_check()

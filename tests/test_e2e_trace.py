@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 
 import softhca.client as sh
-from softhca.server import demo, explain
+from softhca.tools import demo, explain
 
 from e2e import SIG_FLAGS, sge, two_nodes, whole
 

@@ -17,8 +17,8 @@ import re
 import pytest
 
 from softhca.engine.signature import computed_copy_mask, validate_sig_block_attr
-from softhca.server import explain
-from softhca.server.cli import main
+from softhca.tools import explain
+from softhca.tools.cli import main
 
 # mlx5dv_wr_set_mkey_crypto(3), the table (capitalisation as printed: "Encrypt On TX" in B).
 MAN_PAGE_TABLE = {

@@ -344,7 +344,7 @@ def test_rnr_then_receive_posted_delivers_once(rng):
     assert status_of(p.wcs["b_recv"]) == [(5, WcStatus.SUCCESS)] and dst.read() == data
 
 
-# -- SEMANTICS.md section 9 ---------------------------------------------------------
+# -- docs/semantics.md section 9 ---------------------------------------------------------
 
 def test_send_larger_than_receive(rng):
     p = Pair(Mtu.MTU_256)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from softhca.server import demo, report
-from softhca.server.cli import main
+from softhca.tools import demo, report
+from softhca.tools.cli import main
 
 BROWSER_TIMEOUT = 120
 INSTALL_TIMEOUT = 600

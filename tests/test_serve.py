@@ -24,7 +24,7 @@ from e2e import make_side, whole
 
 def start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "softhca.server.cli", "serve", "--listen",
+    proc = subprocess.Popen([sys.executable, "-m", "softhca.tools.cli", "serve", "--listen",
                              "127.0.0.1:0", "--ready-file", str(ready), *args],
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
@@ -67,7 +67,7 @@ async def test_serve_sigterm_flushes_outstanding_wrs_and_closes(tmp_path):
 
 
 def test_serve_refuses_a_public_address_without_a_token():
-    r = subprocess.run([sys.executable, "-m", "softhca.server.cli", "serve", "--listen",
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "serve", "--listen",
                         "0.0.0.0:0"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert "without a token" in r.stderr
@@ -93,7 +93,7 @@ async def test_serve_with_a_token(tmp_path):
 
 
 def test_serve_help_lists_the_options():
-    r = subprocess.run([sys.executable, "-m", "softhca.server.cli", "serve", "--help"],
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "serve", "--help"],
                        capture_output=True, text=True, timeout=30, env={**os.environ})
     assert r.returncode == 0
     for opt in ("--listen", "--hca", "--token-file"):
@@ -101,7 +101,7 @@ def test_serve_help_lists_the_options():
 
 
 def faults_cli(address: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "softhca.server.cli", "faults", *args,
+    return subprocess.run([sys.executable, "-m", "softhca.tools.cli", "faults", *args,
                            "--target", address], capture_output=True, text=True, timeout=30)
 
 
@@ -139,7 +139,7 @@ def test_faults_from_a_file_and_from_the_command_line(tmp_path):
 def test_serve_refuses_a_malformed_faults_file(tmp_path):
     rules = tmp_path / "faults.json"
     rules.write_text('[{"action": "drop"}, {"action": "corrupt", "block": 2}]')
-    r = subprocess.run([sys.executable, "-m", "softhca.server.cli", "serve", "--listen",
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "serve", "--listen",
                         "127.0.0.1:0", "--faults", str(rules)], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 2
@@ -149,7 +149,7 @@ def test_serve_refuses_a_malformed_faults_file(tmp_path):
 async def test_faults_fields_may_follow_the_target():
     async with sh.embedded() as node:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "softhca.server.cli", "faults", "add", "--target",
+            sys.executable, "-m", "softhca.tools.cli", "faults", "add", "--target",
             node.address, "action=drop", "probability=0.5", "seed=3",
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 30)
@@ -157,7 +157,7 @@ async def test_faults_fields_may_follow_the_target():
         (rule,) = await node.faults.list()
         assert (rule["action"], rule["probability"], rule["seed"]) == ("drop", 0.5, 3)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "softhca.server.cli", "faults", "list", "--target",
+            sys.executable, "-m", "softhca.tools.cli", "faults", "list", "--target",
             node.address, "--bogus", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         _, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 2 and b"unrecognized arguments: --bogus" in err

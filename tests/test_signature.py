@@ -1,4 +1,4 @@
-"""Signature processing per block (SEMANTICS.md sections 5-7), with expected PI
+"""Signature processing per block (docs/semantics.md sections 5-7), with expected PI
 computed by the oracle: masks, escapes, REF_REMAP, seeds, CSUM, block sizes,
 tails, offsets, and the errors mkey_check reports."""
 
@@ -213,7 +213,7 @@ def test_crc_to_crc_copy_of_matching_types(node, rng):
     assert transfer.tx(node.pd, mkey.lkey, 0, 2 * 516) == bytes(memory)
 
 
-# -- lengths and offsets (SEMANTICS.md section 5) ------------------------------------------
+# -- lengths and offsets (docs/semantics.md section 5) ------------------------------------------
 
 def test_trailing_partial_block_is_plain_data(node, rng):
     """rdma-core's own tests move 512 bytes through a 520-byte protected block."""
@@ -272,7 +272,7 @@ def test_access_beyond_the_mkey(node):
     assert info.value.status(remote=True).name == "REM_ACCESS_ERR"
 
 
-# -- signature errors (SEMANTICS.md section 7) -----------------------------------------------
+# -- signature errors (docs/semantics.md section 7) -----------------------------------------------
 
 N = 8
 

@@ -18,8 +18,8 @@ import sys
 import pytest
 
 import softhca.client as sh
-from softhca.server import demo, trace
-from softhca.server.cli import main
+from softhca.tools import demo, trace
+from softhca.tools.cli import main
 
 import oracle
 from e2e import SIG_CRYPTO_FLAGS, SIG_FLAGS, two_nodes, whole
@@ -42,7 +42,7 @@ class TraceProcess:
     is attached (its subscription is in place before the test moves traffic)."""
 
     def __init__(self, address: str, *args: str) -> None:
-        self.argv = [sys.executable, "-m", "softhca.server.cli", "trace", "--target", address,
+        self.argv = [sys.executable, "-m", "softhca.tools.cli", "trace", "--target", address,
                      *args]
         self.proc: asyncio.subprocess.Process | None = None
         self.first_err = ""
@@ -194,7 +194,7 @@ async def test_the_daemon_closing_ends_the_trace(tmp_path):
     """A `softhca serve` process stopped under the trace: the trace says so and ends."""
     ready = tmp_path / "ready"
     serve = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "softhca.server.cli", "serve", "--listen", "127.0.0.1:0",
+        sys.executable, "-m", "softhca.tools.cli", "serve", "--listen", "127.0.0.1:0",
         "--ready-file", str(ready), "--log-level", "error",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:

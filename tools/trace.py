@@ -14,7 +14,7 @@ another session), so the block geometry is worked out from the transfer itself: 
 PI sizes from the check / strip / generate details, the number of blocks from the
 check results (or the length difference between the memory and wire streams), the
 block size from the lengths and offsets. Which bytes are ciphertext follows from where
-the encrypt or decrypt stage sits (SEMANTICS.md section 8).
+the encrypt or decrypt stage sits (docs/semantics.md section 8).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from softhca.server.cliargs import (
+from ..server.cliargs import (
     TokenFileError,
     nonneg_int,
     positive_float,
@@ -249,7 +249,7 @@ def _kind(t: Transfer, side: str, bs: int, pi: int) -> str:
             continue
         block, stored = s.data[:bs], int.from_bytes(s.data[bs:bs + 8], "big")
         try:
-            from softhca.engine.guards import guard
+            from ..engine.guards import guard
         except ImportError:         # pragma: no cover - the engine ships with the client
             return "t10dif"
         if stored in (guard("crc64_xp10", block, 0), guard("crc64_xp10", block, M64)):
@@ -259,7 +259,7 @@ def _kind(t: Transfer, side: str, bs: int, pi: int) -> str:
 
 
 def cipher_states(t: Transfer) -> list[tuple[bool, bool]]:
-    """Per stage, whether its bytes' data and PI are ciphertext (SEMANTICS.md 8): what an
+    """Per stage, whether its bytes' data and PI are ciphertext (docs/semantics.md 8): what an
     encrypt stage outputs is; a signature generated afterwards is in the clear; what
     enters a decrypt stage is, and so is the data (not the PI) of the stream before
     the signature stages that feed it."""
@@ -513,7 +513,7 @@ class Printer:
 
 async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
               err: TextIO) -> int:
-    import softhca.client as sh
+    from .. import client as sh
 
     try:
         node = await sh.connect(args.target, token=token)

@@ -21,10 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TextIO
 
-from softhca.protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain
-from softhca.protocol.enums import BLOCK_SIZE_BYTES, MkeyErrType, SignatureCryptoOrder, SigType
-from softhca.server import demo
-from softhca.server.demo import Record, Shape, Stage, Step
+from ..protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain
+from ..protocol.enums import BLOCK_SIZE_BYTES, MkeyErrType, SignatureCryptoOrder, SigType
+from . import demo
+from .demo import Record, Shape, Stage, Step
 
 # -- colours: one per kind of byte (the legend draws the same table) ---------------------
 
@@ -539,7 +539,7 @@ def _demo_metas() -> dict[str, Meta]:
 
 
 def _faults_metas() -> dict[str, Meta]:
-    from softhca.server import demo_faults
+    from . import demo_faults
     return {c.name: Meta(c.title, c.why, "Why") for c in demo_faults.CASES}
 
 
@@ -549,7 +549,7 @@ def run(only: list[str] | None, path: str, *, faults: bool = False,
     text, and write the HTML report to ``path``. Raises UnknownExample for a bad name
     before anything runs."""
     if faults:
-        from softhca.server import demo_faults
+        from . import demo_faults
         module, metas, title, intro = (demo_faults, _faults_metas(),
                                        "softhca demo faults: fault injection walk-through",
                                        FAULTS_INTRO)

@@ -7,7 +7,7 @@ which operation runs in which order from memory to wire (TX) and from wire to me
 checked, copied and generated and which bytes are encrypted. No daemon is involved.
 
 Nothing here is written per row: a row letter only selects a configuration, and
-every pipeline is derived from the configuration by the rules of SEMANTICS.md:
+every pipeline is derived from the configuration by the rules of docs/semantics.md:
 
 - section 6: TX reads the memory domain and writes the wire domain, RX the reverse;
   per block the input PI is checked (when the input domain has a signature), the
@@ -398,7 +398,7 @@ def parse_crypto(spec: str) -> Crypto | None:
 
 
 def validate(cfg: Config) -> None:
-    """The sig setter's rules (SEMANTICS.md section 4), by the engine's own validation, so
+    """The sig setter's rules (docs/semantics.md section 4), by the engine's own validation, so
     that explain refuses exactly what mlx5dv_wr_set_mkey_sig_block(3) would."""
     if not cfg.has_sig:
         if cfg.check_mask:
@@ -406,8 +406,8 @@ def validate(cfg: Config) -> None:
         if cfg.copy_mask is not None:
             raise ConfigError("--copy-mask needs a signature in both domains (--mem and --wire)")
         return
-    from softhca.engine.signature import validate_sig_block_attr
-    from softhca.protocol.errors import RDMAError
+    from ..engine.signature import validate_sig_block_attr
+    from ..protocol.errors import RDMAError
 
     try:
         validate_sig_block_attr(to_attr(cfg))
@@ -418,7 +418,7 @@ def validate(cfg: Config) -> None:
 
 def to_attr(cfg: Config):
     """The configuration as a struct mlx5dv_sig_block_attr (softhca.protocol.attrs)."""
-    from softhca.protocol.attrs import SigBlockAttr, SigBlockDomain, SigCrc, SigT10dif
+    from ..protocol.attrs import SigBlockAttr, SigBlockDomain, SigCrc, SigT10dif
 
     def dom(d: Domain | None):
         if d is None:
@@ -436,7 +436,7 @@ def to_attr(cfg: Config):
                         check_mask=cfg.check_mask, copy_mask=cfg.copy_mask or 0)
 
 
-# -- the copy mask (SEMANTICS.md section 6, step 2) ---------------------------------------
+# -- the copy mask (docs/semantics.md section 6, step 2) ---------------------------------------
 
 def same_structure(a: Domain | None, b: Domain | None) -> bool:
     """Same sig_type, block size and CRC type: what copying PI bytes needs."""
@@ -591,7 +591,7 @@ class Deriver:
         self.block = (mem or wire).block if cfg.has_sig else \
             cfg.crypto.dus if cfg.crypto else None
         c = cfg.crypto
-        # SEMANTICS.md section 8: the stream crypto runs on.
+        # docs/semantics.md section 8: the stream crypto runs on.
         self.crypto_stream = None if c is None else \
             WIRE if cfg.has_sig and c.order == "before" else MEMORY
 

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from softhca.server.cliargs import (
+from ..server.cliargs import (
     TokenFileError,
     positive_float,
     positive_int,
@@ -48,11 +48,11 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from softhca.server import demo
+    from . import demo
 
     faults = getattr(args, "what", None) == "faults"
     if faults:
-        from softhca.server import demo_faults
+        from . import demo_faults
     if args.list:
         for entry in demo_faults.CASES if faults else demo.EXAMPLES:
             print(f"{entry.name:<28} " + (entry.title if faults else
@@ -61,7 +61,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     html = getattr(args, "html", None)
     try:
         if html:
-            from softhca.server import report
+            from . import report
 
             outcomes = report.run(args.only, html, faults=faults)
         else:
@@ -127,7 +127,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from softhca.server import bench
+    from . import bench
 
     base = bench.QUICK if args.quick else bench.E2EOptions()
     given = {name: getattr(args, name) for name in ("seconds", "mib", "depth",
@@ -157,7 +157,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
-    from softhca.server import bench
+    from . import bench
 
     report = bench.run_engine(mib=args.mib, repeat=args.repeat)
     print(bench.to_json(report) if args.json else bench.to_table(report))
@@ -213,7 +213,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from softhca.server import serve
+    from ..server import serve
 
     try:
         options = serve.options_from_args(args)
@@ -277,7 +277,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    import softhca.client as sh
+    from .. import client as sh
 
     try:
         fields = parse_rule_fields(args.fields)
@@ -335,9 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     # observation tools of issue 7. Their module is imported only to build the parser.
     for name in SUBCOMMAND_MODULES:
         try:
-            module = importlib.import_module(f"softhca.server.{name}")
+            module = importlib.import_module(f"softhca.tools.{name}")
         except ModuleNotFoundError as e:
-            if e.name != f"softhca.server.{name}":
+            if e.name != f"softhca.tools.{name}":
                 raise
             continue
         module.add_parser(sub)

@@ -35,11 +35,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-import softhca.client as sh
-from softhca.engine import guards, transfer
-from softhca.engine.hca import HCA
-from softhca.engine.mkey_configure import MkeyConfigureBuilder
-from softhca.protocol.attrs import (
+from .. import client as sh
+from ..engine import guards, transfer
+from ..engine.hca import HCA
+from ..engine.mkey_configure import MkeyConfigureBuilder
+from ..protocol.attrs import (
     SGE,
     CryptoAttr,
     DEKInitAttr,
@@ -48,7 +48,7 @@ from softhca.protocol.attrs import (
     SigCrc,
     SigT10dif,
 )
-from softhca.protocol.enums import (
+from ..protocol.enums import (
     AccessFlags,
     BlockSize,
     CryptoKeySize,
@@ -528,7 +528,7 @@ def tcp_round_trip(samples: int, workdir: str, size: int = LATENCY_BYTES) -> dic
     ready = os.path.join(workdir, f"echo-{next(_RUNS)}.port")
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(subprocess.Popen([sys.executable, "-m", "softhca.server.bench", "tcp-echo",
+        procs.append(subprocess.Popen([sys.executable, "-m", "softhca.tools.bench", "tcp-echo",
                                        ready, str(300)]))
         port = int(_wait_file(ready, procs, "the TCP echo process"))
         us = sorted(t * 1e6 for t in _run_loop(_tcp_ping(port, samples, size)))
@@ -576,7 +576,7 @@ def tcp_stream(size: int, seconds: float, budget: int, workdir: str) -> dict:
     """One TCP ceiling: a sender process writes ``size``-byte messages, one write each, to
     a receiver process, for ``seconds`` or ``budget`` bytes; MB/s as the receiver saw it."""
     ready = os.path.join(workdir, f"tcp-{size}-{next(_RUNS)}.port")
-    py = [sys.executable, "-m", "softhca.server.bench"]
+    py = [sys.executable, "-m", "softhca.tools.bench"]
     procs: list[subprocess.Popen] = []
     try:
         sink = subprocess.Popen([*py, "tcp-sink", ready, str(seconds + 60)],
@@ -632,7 +632,7 @@ class Daemons:
                 self.logs.append(log_path)
                 with open(log_path, "wb") as log_file:
                     self.procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "softhca.server.cli", "serve",
+                        [sys.executable, "-m", "softhca.tools.cli", "serve",
                          "--listen", "127.0.0.1:0", "--ready-file", ready,
                          "--log-level", "warning"],
                         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file))
@@ -1164,7 +1164,7 @@ def e2e_to_table(doc: dict) -> str:
     return "\n".join(out)
 
 
-# -- helper processes: python -m softhca.server.bench tcp-sink|tcp-source ------------------
+# -- helper processes: python -m softhca.tools.bench tcp-sink|tcp-source ------------------
 
 def _helper_main(argv: list[str]) -> int:
     role, *rest = argv

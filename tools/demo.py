@@ -13,7 +13,7 @@ the data packets the sending daemon put on the wire, in PSN order and once each,
 are the wire image; completions are polled and must be IBV_WC_SUCCESS.
 
 What an example must produce is computed here from the man pages alone, not by
-the engine: the PI with crcmod from the parameters of SEMANTICS.md section 3,
+the engine: the PI with crcmod from the parameters of docs/semantics.md section 3,
 and AES-XTS with cryptography's own XTS mode, one context per data unit. The
 demo never imports the tests, so it can run where only the package is installed.
 """
@@ -34,8 +34,8 @@ from typing import TextIO
 import crcmod
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-import softhca.client as sh
-from softhca.protocol.attrs import (
+from .. import client as sh
+from ..protocol.attrs import (
     SGE,
     CryptoAttr,
     MrInterleaved,
@@ -44,7 +44,7 @@ from softhca.protocol.attrs import (
     SigCrc,
     SigT10dif,
 )
-from softhca.protocol.enums import (
+from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
     AccessFlags,
     BlockSize,
@@ -61,8 +61,8 @@ from softhca.protocol.enums import (
     WcOpcode,
     WcStatus,
 )
-from softhca.protocol.errors import RDMAError
-from softhca.protocol.packets import PSN_MOD, Packet
+from ..protocol.errors import RDMAError
+from ..protocol.packets import PSN_MOD, Packet
 
 SIG_PAGE = "mlx5dv_wr_set_mkey_sig_block(3)"
 CRYPTO_PAGE = "mlx5dv_wr_set_mkey_crypto(3)"
@@ -101,7 +101,7 @@ SIG1 = SigBlockDomain(sig_type=SigType.CRC, block_size=BlockSize.SIZE_512,
 
 # -- the oracle: what the man pages say the bytes are ---------------------------
 
-# SEMANTICS.md section 3: (crcmod polynomial with its x^width term, reflected, final xor).
+# docs/semantics.md section 3: (crcmod polynomial with its x^width term, reflected, final xor).
 _CRC_PARAMS = {
     "t10dif": (0x18BB7, False, 0),
     "crc32": (0x104C11DB7, False, M32),
@@ -127,12 +127,12 @@ def crc(kind: str, seed: int) -> Callable[[bytes], int]:
     # crcmod's initCrc is the register value after the final xor, so undo it.
     fn = crcmod.mkCrcFun(poly, initCrc=seed ^ xorout, rev=rev, xorOut=xorout)
     if fn(b"123456789") != _CRC_CHECK[(kind, seed)]:
-        raise RuntimeError(f"demo oracle {kind} seed {seed:#x} disagrees with SEMANTICS.md")
+        raise RuntimeError(f"demo oracle {kind} seed {seed:#x} disagrees with docs/semantics.md")
     return fn
 
 
 def ip_csum(data: bytes, bg: int) -> int:
-    """RFC 1071 over big-endian words, bg as the starting sum (SEMANTICS.md section 3)."""
+    """RFC 1071 over big-endian words, bg as the starting sum (docs/semantics.md section 3)."""
     if len(data) % 2:
         data += b"\0"
     s = bg + sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
@@ -166,7 +166,7 @@ def ref_of(d: SigBlockDomain, b: int) -> int:
 
 
 def pi_of(d: SigBlockDomain, block: bytes, b: int) -> bytes:
-    """Block b's PI: T10DIF guard|app|ref or the CRC, each big-endian (SEMANTICS.md 2)."""
+    """Block b's PI: T10DIF guard|app|ref or the CRC, each big-endian (docs/semantics.md 2)."""
     if d.sig_type == SigType.T10DIF:
         return (guard_of(d, block).to_bytes(2, "big") + d.dif.app_tag.to_bytes(2, "big")
                 + ref_of(d, b).to_bytes(4, "big"))
@@ -274,7 +274,7 @@ def whole(mr: sh.MR) -> list[SGE]:
 
 
 def on_mkey(mkey: sh.MKey, length: int) -> list[SGE]:
-    """An SGE on an MKEY: zero-based, its length counted in wire bytes (SEMANTICS.md 4, 5)."""
+    """An SGE on an MKEY: zero-based, its length counted in wire bytes (docs/semantics.md 4, 5)."""
     return [SGE(0, length, mkey.lkey)]
 
 
@@ -354,7 +354,7 @@ def crypto_attr(dek, encrypt_on_tx: bool, order: int, unit: int) -> CryptoAttr:
 
 
 def new_key(rng: random.Random, size: int) -> bytes:
-    # mlx5dv_dek_create refuses equal key halves (SEMANTICS.md 8): draw until they differ.
+    # mlx5dv_dek_create refuses equal key halves (docs/semantics.md 8): draw until they differ.
     while True:
         key = rng.randbytes(size)
         if key[:size // 2] != key[size // 2:]:
@@ -572,7 +572,7 @@ class Record:
     traced: bool = False
 
 
-# While set (server/report.py), every Example created appends its Record here.
+# While set (tools/report.py), every Example created appends its Record here.
 RECORDING: contextvars.ContextVar[list[Record] | None] = contextvars.ContextVar(
     "softhca_demo_recording", default=None)
 
@@ -776,7 +776,7 @@ class Example:
         def text(e: tuple[int, int, int, int]) -> str:
             if e[0] == MkeyErrType.NO_ERR:
                 return "NO_ERR"
-            # Values are 16, 32 or 64 bits wide (SEMANTICS.md 7): pad to the width that holds both.
+            # Values are 16, 32 or 64 bits wide (docs/semantics.md 7): pad to the width that holds both.
             digits = len(f"{max(e[1], e[2]):x}")
             w = 4 if digits <= 4 else 8 if digits <= 8 else 16
             return (f"{MkeyErrType(e[0]).name} actual 0x{e[1]:0{w}x} expected "
@@ -851,7 +851,7 @@ async def _sig_block_1(ex: Example) -> None:
     mem_shape, plain = Shape(512, CRC32_512), Shape(512)
     ex.image("target memory", memory, mem_shape)
     dst = await i.reg_mr(len(data))
-    # The SGE length counts wire bytes (SEMANTICS.md 5): 8 blocks of 512.
+    # The SGE length counts wire bytes (docs/semantics.md 5): 8 blocks of 512.
     wire = await ex.send(t, on_mkey(mkey, len(data)), i, whole(dst))
     ex.image("wire (SEND)", wire.data, plain)
     got = await dst.read()

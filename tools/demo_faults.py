@@ -12,8 +12,8 @@ the daemons' recovery counters (``node.counters()``) before and after.
 
 What each case must produce is computed here independently of the engine: the wire
 image with crcmod's T10-DIF and cryptography's XTS (the helpers of
-softhca.server.demo), the corrupted image by applying the rule's change to it, and
-the mkey_check a device must report by checking that image as SEMANTICS.md sections
+softhca.tools.demo), the corrupted image by applying the rule's change to it, and
+the mkey_check a device must report by checking that image as docs/semantics.md sections
 6 and 7 say (escapes, GUARD then APPTAG then REFTAG, the first failing block).
 """
 
@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-import softhca.client as sh
-from softhca.protocol.attrs import SGE, SigBlockAttr, SigBlockDomain, SigT10dif
-from softhca.protocol.enums import (
+from .. import client as sh
+from ..protocol.attrs import SGE, SigBlockAttr, SigBlockDomain, SigT10dif
+from ..protocol.enums import (
     BlockSize,
     MkeyErrType,
     SigT10difFlags,
@@ -35,9 +35,9 @@ from softhca.protocol.enums import (
     WcOpcode,
     WcStatus,
 )
-from softhca.protocol.errors import RDMAError
-from softhca.protocol.packets import PSN_MOD, Packet
-from softhca.server.demo import (
+from ..protocol.errors import RDMAError
+from ..protocol.packets import PSN_MOD, Packet
+from .demo import (
     BEFORE,
     DATA_OPCODES,
     PATH_MTU,
@@ -89,7 +89,7 @@ CIPHER = Shape(512, SIG, "all")
 
 # -- the oracle: the rule's change, and the check a device must make ---------------------
 
-# SEMANTICS.md 2: a T10-DIF PI is guard (2 bytes), app tag (2), ref tag (4), big-endian,
+# docs/semantics.md 2: a T10-DIF PI is guard (2 bytes), app tag (2), ref tag (4), big-endian,
 # after the block's data.
 FIELD_AT = {"guard": (512, 514), "app_tag": (514, 516), "ref_tag": (516, 520)}
 
@@ -116,7 +116,7 @@ NO_ERR: Check = (MkeyErrType.NO_ERR, 0, 0, 0)
 
 def dif_check(image: bytes, d: SigBlockDomain) -> Check:
     """What mlx5dv_mkey_check(3) reports after ``image`` arrives through a wire domain
-    ``d`` (check_mask 0xFF): SEMANTICS.md 6.1 and 7."""
+    ``d`` (check_mask 0xFF): docs/semantics.md 6.1 and 7."""
     for b in range(len(image) // W):
         blk, pi = image[b * W:b * W + 512], image[b * W + 512:(b + 1) * W]
         guard, app, ref = (int.from_bytes(pi[0:2], "big"), int.from_bytes(pi[2:4], "big"),
@@ -508,7 +508,7 @@ async def _crypto_c(ex: FaultExample) -> None:
 
 @case("app escape", "APP_ESCAPE: a corrupted guard in a block whose app tag is 0xffff",
       "T10-DIF's escape: with APP_ESCAPE a block whose stored app tag is 0xffff is not "
-      "checked at all (SEMANTICS.md 6.1), so a corrupted guard there is not reported, as "
+      "checked at all (docs/semantics.md 6.1), so a corrupted guard there is not reported, as "
       "the hardware would not report it. The same corruption one block further is caught.")
 async def _app_escape(ex: FaultExample) -> None:
     t, i = ex.target, ex.initiator
