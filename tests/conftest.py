@@ -81,3 +81,14 @@ async def pair():
 
     async with two_nodes() as p:
         yield p
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the container tests measured (tests/compose.py), once, after the run."""
+    import sys
+
+    compose = sys.modules.get("compose")
+    if compose is not None and compose.REPORT:
+        terminalreporter.section("containers")
+        for line in compose.REPORT:
+            terminalreporter.write_line(line)
