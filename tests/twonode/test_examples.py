@@ -16,6 +16,7 @@ import test_e2e_layouts as layouts
 import test_e2e_sig_block_examples as sig_block
 
 import softhca.client as sh
+
 from twonode.remote import remote_two_nodes, within
 
 # mlx5dv_wr_set_mkey_sig_block(3): examples 1, 1.1, 2, 2.1.
