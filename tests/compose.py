@@ -10,11 +10,14 @@ the end, instead of in the middle of the dots.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,6 +70,19 @@ def unavailable() -> str | None:
     if os.geteuid() != 0 and shutil.which("debootstrap") is None:
         return "building the base image offline needs debootstrap, and root to install it"
     return None
+
+
+@contextlib.contextmanager
+def machine_lock():
+    """One compose topology per machine: the project name and the 10.200.0.0/24 subnet are
+    fixed, so a second test run on the same engine (another checkout) waits its turn."""
+    path = Path(tempfile.gettempdir()) / "softhca-compose.lock"
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def compose(*args: str, timeout: float = 300, check: bool = True,

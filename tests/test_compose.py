@@ -56,12 +56,13 @@ def stack():
     reason = dc.unavailable()
     if reason:
         pytest.skip(reason)
-    dc.build_images()
-    dc.compose("--profile", "scale", "down", "-v", "--remove-orphans", check=False)
-    try:
-        yield
-    finally:
+    with dc.machine_lock():
+        dc.build_images()
         dc.compose("--profile", "scale", "down", "-v", "--remove-orphans", check=False)
+        try:
+            yield
+        finally:
+            dc.compose("--profile", "scale", "down", "-v", "--remove-orphans", check=False)
 
 
 @pytest.fixture
