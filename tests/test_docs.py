@@ -7,7 +7,8 @@
   their ``#anchors``, backticked repository paths) and every ``docs/<name>.md`` mentioned
   anywhere points to something the repository has.
 - Nothing refers to files outside the repository.
-- The runnable example of ``docs/api.md`` runs as printed.
+- ``docs/api.md`` names every public function, class, method and property of
+  ``softhca.client``, and its runnable example runs as printed.
 
 The checkers are plain functions over text, so the second half feeds them small broken
 inputs and checks that they report exactly the break.
@@ -199,6 +200,59 @@ def test_nothing_refers_outside_the_repository():
             for name, text in _read(project_files(".py", ".md", ".toml", ".yaml"))
             for m in outside.finditer(text)]
     assert hits == []
+
+
+# -- docs/api.md covers the client ------------------------------------------------------
+
+def undocumented(module, doc: str) -> list[str]:
+    """Public names of ``module`` (its ``__all__`` without the C enum names and enum
+    classes) and the public methods and properties of its classes that ``doc`` does not
+    mention: a class or function by its name, a method as ``.name(``, a property as
+    ``.name`` or `` `name` ``."""
+    import enum
+    import inspect
+
+    from softhca.protocol.enums import C_NAMES
+
+    missing = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if name in C_NAMES or inspect.isclass(obj) and issubclass(obj, enum.Enum):
+            continue
+        if not re.search(rf"\b{name}\b", doc):
+            missing.append(name)
+        if not inspect.isclass(obj):
+            continue
+        for attr, value in vars(obj).items():
+            if attr.startswith("_"):
+                continue
+            if isinstance(value, property):
+                if not re.search(rf"`{attr}`|\.{attr}\b", doc):
+                    missing.append(f"{name}.{attr}")
+            elif callable(value) or isinstance(value, (classmethod, staticmethod)):
+                if not re.search(rf"\.{attr}\(", doc):
+                    missing.append(f"{name}.{attr}()")
+    return missing
+
+
+def test_api_md_names_every_public_function_class_and_method():
+    import softhca.client
+
+    assert undocumented(softhca.client, (DOCS / "api.md").read_text()) == []
+
+
+def test_an_undocumented_method_is_reported():
+    import types
+
+    class Thing:
+        def shown(self):
+            pass
+
+        def hidden(self):
+            pass
+
+    module = types.SimpleNamespace(__all__=["Thing"], Thing=Thing)
+    assert undocumented(module, "`Thing`: `t.shown()`") == ["Thing.hidden()"]
 
 
 # -- the api.md example ---------------------------------------------------------------
