@@ -195,7 +195,7 @@ def test_every_mentioned_doc_exists():
 
 
 def test_nothing_refers_outside_the_repository():
-    outside = re.compile(r"\.\./shared|shared/design|/work/")
+    outside = re.compile(r"\.\.[/]shared|shared[/]design|[/]work[/]")
     hits = [f"{name}:{text.count(chr(10), 0, m.start()) + 1}"
             for name, text in _read(project_files(".py", ".md", ".toml", ".yaml"))
             for m in outside.finditer(text)]
