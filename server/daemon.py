@@ -24,13 +24,15 @@ import logging
 from collections import deque
 from typing import Any
 
-from ..engine.hca import HCA, MR, PD
+from ..engine.crypto_login import DEK_INIT_ATTR_CRYPTO_LOGIN, CryptoLogin, DeviceCrypto, login
+from ..engine.hca import DEK, HCA, MR, PD
 from ..engine.mkey import MKey
 from ..engine.mkey_configure import MkeyConfigureBuilder
 from ..engine.rc import RCQP, WC, RecvWR, SendWR
 from ..protocol import control
 from ..protocol.attrs import DEKInitAttr, MkeyConfAttr
 from ..protocol.enums import (
+    CryptoLoginState,
     Mtu,
     QpState,
     QpType,
@@ -44,6 +46,9 @@ from ..protocol.packets import IntegrityError, Packet, decode_packet, icrc, pack
 from .faults import REORDER_FLUSH_S, Emit, Faults
 
 log = logging.getLogger("softhca.server")
+
+# mlx5dv.h enum mlx5dv_context_comp_mask: crypto_caps is filled.
+MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD = 1 << 13
 
 DEFAULT_PORT = 4791
 HANDSHAKE_TIMEOUT = 10.0
@@ -144,7 +149,7 @@ class QPHost:
 
 # The verbs that create an object (and so count against a session's object limit).
 _CREATORS = frozenset(["open_device", "alloc_pd", "reg_mr", "create_cq", "create_qp",
-                       "create_mkey", "create_dek"])
+                       "create_mkey", "create_dek", "crypto_login", "create_crypto_login"])
 
 
 def plain(v: Any) -> Any:
@@ -180,14 +185,18 @@ class Daemon:
 
     def __init__(self, hcas: tuple[str, ...] | list[str] = ("mlx5_0",), host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, token: bytes | None = None,
-                 max_frame: int | None = None, limits: Limits | None = None) -> None:
+                 max_frame: int | None = None, limits: Limits | None = None,
+                 crypto: DeviceCrypto | None = None) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
         limits = limits or Limits()
         if max_frame is not None:
             limits = dataclasses.replace(limits, max_frame=max_frame)
         self.limits = limits
-        self.hcas = {name: HCA(name) for name in hcas}
+        # Every HCA of the daemon starts with the same crypto configuration
+        # (docs/crypto-import.md): import method, import KEK and credential.
+        self.crypto = crypto or DeviceCrypto()
+        self.hcas = {name: HCA(name, self.crypto) for name in hcas}
         self.host = host
         self.port = port
         self.token = token
@@ -628,6 +637,16 @@ class WireLink:
 
 
 # -- control sessions -------------------------------------------------------------------
+
+@dataclasses.dataclass(eq=False)
+class _LoginEntry:
+    """A crypto login of one context: its session (mlx5dv_crypto_login, ``api``
+    "session") or its object (mlx5dv_crypto_login_create, "object")."""
+
+    ctx: int
+    api: str
+    login: CryptoLogin
+
 
 class ControlSession:
     """One application's connection: its verbs calls, the objects they created."""
@@ -1070,11 +1089,90 @@ class ControlSession:
         pd: PD = self.get(a["pd"], "pd")
         if pd.hca is not hca:
             raise einval("mlx5dv_dek_create: the PD belongs to another device")
+        lg = None
+        comp_mask = a["comp_mask"] or 0
+        if a["crypto_login"]:
+            entry: _LoginEntry = self.get(a["crypto_login"], "crypto_login")
+            if entry.api != "object" or entry.ctx != a["ctx"]:
+                raise einval("mlx5dv_dek_create: crypto_login is not a crypto login object of "
+                             "this context (mlx5dv_crypto_login_create)")
+            lg = entry.login
+        elif not comp_mask & DEK_INIT_ATTR_CRYPTO_LOGIN:
+            session = self._login_entry(a["ctx"], "session")
+            lg = session.login if session else None
         dek = hca.create_dek(DEKInitAttr(key_size=a["key_size"], key=a["key"],
                                          has_keytag=a["has_keytag"], keytag=a["keytag"],
-                                         key_purpose=a["key_purpose"], pd=pd))
+                                         key_purpose=a["key_purpose"], pd=pd,
+                                         opaque=a["opaque"] or b"", comp_mask=comp_mask,
+                                         crypto_login=lg if a["crypto_login"] else None),
+                             session_login=lg)
         # The session's handle names it to the client; the engine keeps its own.
         return {"dek": self.add("dek", dek)}
+
+    def op_query_dek(self, a, payload, rid):
+        """mlx5dv_dek_query(3): a wrapped DEK is queried only inside a valid crypto login
+        (a session or an object of this session on the DEK's device)."""
+        dek: DEK = self.get(a["dek"], "dek")
+        if dek.wrapped and not any(
+                kind == "crypto_login" and o.login.state == CryptoLoginState.VALID
+                and self.get(o.ctx, "ctx") is dek.pd.hca for kind, o in self.objects.values()):
+            raise einval("mlx5dv_dek_query: a wrapped DEK is queried only in a valid crypto "
+                         "login session or with a valid crypto login object")
+        return {"state": int(dek.state), "opaque": dek.opaque}
+
+    # -- mlx5dv: device caps and crypto login (mlx5dv_query_device(3),
+    # mlx5dv_crypto_login(3), mlx5dv_crypto_login_create(3)) ---------------------------
+    def op_query_mlx5_device(self, a, payload, rid):
+        hca: HCA = self.get(a["ctx"], "ctx")
+        return {"attr": {"version": 1, "flags": 0,
+                         "comp_mask": MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD,
+                         "crypto_caps": hca.crypto.caps()}}
+
+    def _login_entry(self, ctx: int, api: str) -> _LoginEntry | None:
+        for kind, o in self.objects.values():
+            if kind == "crypto_login" and o.ctx == ctx and o.api == api:
+                return o
+        return None
+
+    def _new_login(self, a, api: str, verb: str) -> int:
+        hca: HCA = self.get(a["ctx"], "ctx")
+        if self._login_entry(a["ctx"], api) is not None:
+            raise RDMAError("EEXIST", f"{verb}: this context already has a crypto login "
+                                      f"{'session' if api == 'session' else 'object'}")
+        lg = login(hca.crypto, a["credential"], a["import_kek_id"], a["credential_id"] or 0,
+                   a["comp_mask"] or 0, verb)
+        return self.add("crypto_login", _LoginEntry(a["ctx"], api, lg))
+
+    def op_crypto_login(self, a, payload, rid):
+        self._new_login(a, "session", "mlx5dv_crypto_login")
+        return {}
+
+    def op_crypto_login_query_state(self, a, payload, rid):
+        self.get(a["ctx"], "ctx")
+        entry = self._login_entry(a["ctx"], "session")
+        return {"state": int(entry.login.state if entry else CryptoLoginState.NO_LOGIN)}
+
+    def op_crypto_logout(self, a, payload, rid):
+        self.get(a["ctx"], "ctx")
+        for handle, (kind, o) in list(self.objects.items()):
+            if kind == "crypto_login" and o.ctx == a["ctx"] and o.api == "session":
+                return self._destroy_handle(handle, "crypto_login")
+        raise RDMAError("ENOENT", "mlx5dv_crypto_logout: no crypto login session exists on "
+                                  "this context")
+
+    def op_create_crypto_login(self, a, payload, rid):
+        return {"login": self._new_login(a, "object", "mlx5dv_crypto_login_create")}
+
+    def op_crypto_login_query(self, a, payload, rid):
+        entry: _LoginEntry = self.get(a["login"], "crypto_login")
+        return {"state": int(entry.login.state)}
+
+    def op_destroy_crypto_login(self, a, payload, rid):
+        entry: _LoginEntry = self.get(a["login"], "crypto_login")
+        if entry.api != "object":
+            raise einval("mlx5dv_crypto_login_destroy: that is a login session; end it with "
+                         "mlx5dv_crypto_logout")
+        return self._destroy_handle(a["login"], "crypto_login")
 
     def op_destroy_dek(self, a, payload, rid):
         return self._destroy_handle(a["dek"], "dek")
