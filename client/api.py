@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from ..protocol.enums import (
     AccessFlags,
     CryptoLoginState,
     DekState,
+    EventType,
     MkeyErrType,
     Mtu,
     QpState,
@@ -471,6 +473,22 @@ class Context(_Closable):
 
     def __init__(self, node: Node, handle: int, name: str) -> None:
         self.node, self.handle, self.name = node, handle, name
+        # QPs of this context by handle, so that an async event names the QP object.
+        self._qps: weakref.WeakValueDictionary[int, QP] = weakref.WeakValueDictionary()
+
+    async def get_async_event(self, timeout: float | None = None) -> AsyncEvent | None:
+        """ibv_get_async_event(3): the context's oldest async event (e.g.
+        IBV_EVENT_SQ_DRAINED with ``qp``), waiting up to ``timeout`` s (None: until one
+        comes); None when the time ran out. Acknowledge it with ``await event.ack()``."""
+        while True:
+            wait = 3600.0 if timeout is None else min(float(timeout), 3600.0)
+            h, _ = await self.node.request("get_async_event", ctx=self.handle, timeout=wait)
+            ev = h["event"]
+            if ev is not None:
+                return AsyncEvent(self, ev["event"], EventType(ev["event_type"]),
+                                  self._qps.get(ev.get("qp")), ev.get("qp_num"))
+            if timeout is not None:
+                return None
 
     async def query_device(self) -> dict:
         h, _ = await self.node.request("query_device", ctx=self.handle)
@@ -652,6 +670,22 @@ class MKey(_Closable):
         await self.pd.node.request("destroy_mkey", mkey=self.handle)
 
 
+@dataclass
+class AsyncEvent:
+    """struct ibv_async_event: ``event_type`` and the QP it is about (``qp``, the QP
+    object of this context, and ``qp_num``)."""
+
+    ctx: Context
+    id: int
+    event_type: EventType
+    qp: QP | None = None
+    qp_num: int | None = None
+
+    async def ack(self) -> None:
+        """ibv_ack_async_event(3); EINVAL when already acknowledged."""
+        await self.ctx.node.request("ack_async_event", event=self.id)
+
+
 class CryptoLogin(_Closable):
     """mlx5dv_crypto_login_obj"""
 
@@ -687,6 +721,7 @@ class QP(_Closable):
 
     def __init__(self, pd: PD, handle: int, qp_num: int, init_attr: QPInitAttr) -> None:
         self.pd, self.handle, self.qp_num, self.init_attr = pd, handle, qp_num, init_attr
+        pd.ctx._qps[handle] = self
         self.sq_sig_all = bool(init_attr.sq_sig_all)
         self.wr_id = 0
         self.wr_flags = 0

@@ -30,7 +30,14 @@ from cryptography.hazmat.primitives.keywrap import (
     aes_key_wrap,
 )
 
-from ..protocol.enums import CryptoKeySize, CryptoLoginState
+from ..protocol.enums import (
+    CryptoCapsFlags,
+    CryptoEnginesCaps,
+    CryptoKeySize,
+    CryptoLoginState,
+    CryptoWrappedImportMethodCaps,
+    DekInitAttrMask,
+)
 from ..protocol.errors import RDMAError, einval
 
 # struct mlx5dv_crypto_login_attr: char credential[48], the wrap of 40 bytes.
@@ -42,16 +49,13 @@ KEYTAG_BYTES = 8
 WRAP_OVERHEAD = 8
 XTS_KEY_BYTES = {CryptoKeySize.SIZE_128: 32, CryptoKeySize.SIZE_256: 64}
 
-# mlx5dv.h: enum mlx5dv_crypto_engines_caps, mlx5dv_crypto_wrapped_import_method_caps,
-# mlx5dv_crypto_caps_flags, mlx5dv_dek_init_attr_mask.
-CRYPTO_ENGINES_CAP_AES_XTS = 1 << 0
-CRYPTO_ENGINES_CAP_AES_XTS_SINGLE_BLOCK = 1 << 1
-CRYPTO_ENGINES_CAP_AES_XTS_MULTI_BLOCK = 1 << 2
-CRYPTO_WRAPPED_IMPORT_METHOD_CAP_AES_XTS = 1 << 0
-CRYPTO_CAPS_CRYPTO = 1 << 0
-CRYPTO_CAPS_WRAPPED_CRYPTO_OPERATIONAL = 1 << 1
-CRYPTO_CAPS_WRAPPED_CRYPTO_GOING_TO_COMMISSIONING = 1 << 2
-DEK_INIT_ATTR_CRYPTO_LOGIN = 1 << 0
+CRYPTO_ENGINES_CAP_AES_XTS = int(CryptoEnginesCaps.AES_XTS)
+CRYPTO_ENGINES_CAP_AES_XTS_SINGLE_BLOCK = int(CryptoEnginesCaps.AES_XTS_SINGLE_BLOCK)
+CRYPTO_ENGINES_CAP_AES_XTS_MULTI_BLOCK = int(CryptoEnginesCaps.AES_XTS_MULTI_BLOCK)
+CRYPTO_WRAPPED_IMPORT_METHOD_CAP_AES_XTS = int(CryptoWrappedImportMethodCaps.AES_XTS)
+CRYPTO_CAPS_CRYPTO = int(CryptoCapsFlags.CRYPTO)
+CRYPTO_CAPS_WRAPPED_CRYPTO_OPERATIONAL = int(CryptoCapsFlags.WRAPPED_CRYPTO_OPERATIONAL)
+DEK_INIT_ATTR_CRYPTO_LOGIN = int(DekInitAttrMask.CRYPTO_LOGIN)
 
 # The DEKs one device holds: reported as log_max_num_deks and enforced (ENOMEM).
 LOG_MAX_NUM_DEKS = 16
@@ -127,13 +131,13 @@ class DeviceCrypto:
             flags |= CRYPTO_CAPS_WRAPPED_CRYPTO_OPERATIONAL
         return {"failed_selftests": 0,
                 # The engine runs any number of data units per WR (multi block) as well as one.
-                "crypto_engines": (CRYPTO_ENGINES_CAP_AES_XTS
-                                   | CRYPTO_ENGINES_CAP_AES_XTS_SINGLE_BLOCK
-                                   | CRYPTO_ENGINES_CAP_AES_XTS_MULTI_BLOCK),
-                "wrapped_import_method": (CRYPTO_WRAPPED_IMPORT_METHOD_CAP_AES_XTS
-                                          if self.wrapped else 0),
+                "crypto_engines": int(CRYPTO_ENGINES_CAP_AES_XTS
+                                      | CRYPTO_ENGINES_CAP_AES_XTS_SINGLE_BLOCK
+                                      | CRYPTO_ENGINES_CAP_AES_XTS_MULTI_BLOCK),
+                "wrapped_import_method": int(CRYPTO_WRAPPED_IMPORT_METHOD_CAP_AES_XTS
+                                             if self.wrapped else 0),
                 "log_max_num_deks": LOG_MAX_NUM_DEKS,
-                "flags": flags}
+                "flags": int(flags)}
 
     # -- what a client or a test tool computes with the device's secrets -------------
     def wrap(self, plaintext: bytes) -> bytes:

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..protocol.attrs import DEKInitAttr
-from ..protocol.enums import AccessFlags, CryptoKeySize, DekState, MkeyInitAttrFlags
+from ..protocol.enums import (
+    AccessFlags,
+    CryptoKeyPurpose,
+    CryptoKeySize,
+    DekState,
+    MkeyInitAttrFlags,
+)
 from ..protocol.errors import RDMAError, einval
 from .crypto_login import (
     DEK_INIT_ATTR_CRYPTO_LOGIN,
@@ -156,6 +162,9 @@ class HCA:
         want = DEK_KEY_BYTES.get(attr.key_size)
         if want is None:
             raise einval(f"key_size {attr.key_size} is not MLX5DV_CRYPTO_KEY_SIZE_128 or _256")
+        if attr.key_purpose != CryptoKeyPurpose.AES_XTS:
+            raise einval(f"key_purpose {attr.key_purpose} is not "
+                         "MLX5DV_CRYPTO_KEY_PURPOSE_AES_XTS")
         if attr.comp_mask & ~DEK_INIT_ATTR_CRYPTO_LOGIN:
             raise einval(f"comp_mask {attr.comp_mask:#x} has bits other than "
                          "MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN")

@@ -89,6 +89,10 @@ REQUESTS: dict[str, dict[str, tuple]] = {
                             "import_kek_id": _U32, "credential_id": (int, 0, U32, False),
                             "comp_mask": (int, 0, U64, False)},
     "crypto_login_query": {"login": _H},
+    # ibv_get_async_event(3): the oldest event of the context, waiting up to timeout s
+    # (reply event: null when none came); ibv_ack_async_event(3) by the event's id.
+    "get_async_event": {"ctx": _H, "timeout": ((int, float), 0, 3600, True)},
+    "ack_async_event": {"event": _H},
     "destroy_crypto_login": {"login": _H},
     # Fault injection (server/faults.py validates the rule's own fields).
     "faults_add": {"rule": (dict, 1, 32, True)},

@@ -43,6 +43,7 @@ from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
 from ..protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
+from .async_events import AsyncEvents
 from .faults import REORDER_FLUSH_S, Emit, Faults
 
 log = logging.getLogger("softhca.server")
@@ -145,6 +146,8 @@ class QPHost:
     timer: asyncio.TimerHandle | None = None
     timer_at: float | None = None
     attrs: dict = dataclasses.field(default_factory=dict)
+    # The session's handle of the context the QP was created on: its async events go there.
+    ctx: int = 0
 
 
 # The verbs that create an object (and so count against a session's object limit).
@@ -661,6 +664,9 @@ class ControlSession:
         self.gone = False
         self.registered_bytes = 0
         self.events_dropped = 0
+        # ibv_get_async_event(3): per context; a PD's context names a QP's.
+        self.async_events = AsyncEvents()
+        self.ctx_of_pd: dict[int, int] = {}
 
     async def run(self, first: list) -> None:
         d = self.daemon
@@ -806,7 +812,9 @@ class ControlSession:
     def op_alloc_pd(self, a, payload, rid):
         hca = self.get(a["ctx"], "ctx")
         pd = hca.alloc_pd()
-        return {"pd": self.add("pd", pd)}
+        handle = self.add("pd", pd)
+        self.ctx_of_pd[handle] = a["ctx"]
+        return {"pd": handle}
 
     def op_dealloc_pd(self, a, payload, rid):
         pd = self.get(a["pd"], "pd")
@@ -892,6 +900,7 @@ class ControlSession:
         qph = QPHost(self, 0, pd.hca, pd, rcqp, scq, rcq, a["max_send_sge"], a["max_recv_sge"],
                      a["send_ops_flags"], builder)
         qph.handle = self.add("qp", qph)
+        qph.ctx = self.ctx_of_pd.get(a["pd"], 0)
         self.daemon.qps[(pd.hca.name, qpn)] = qph
         if self.daemon._wants("trace"):
             rcqp.trace = self.daemon._trace_hook(qph)
@@ -1173,6 +1182,27 @@ class ControlSession:
             raise einval("mlx5dv_crypto_login_destroy: that is a login session; end it with "
                          "mlx5dv_crypto_logout")
         return self._destroy_handle(a["login"], "crypto_login")
+
+    # -- async events (ibv_get_async_event(3), ibv_ack_async_event(3)) ------------------
+    def op_get_async_event(self, a, payload, rid):
+        self.get(a["ctx"], "ctx")
+        ev = self.async_events.take(a["ctx"])
+        if ev is not None or a["timeout"] <= 0:
+            return {"event": ev}
+
+        async def wait() -> None:
+            found = await self.async_events.get(a["ctx"], float(a["timeout"]))
+            if not self.gone:
+                self.reply(rid, event=found)
+
+        task = asyncio.get_running_loop().create_task(wait())
+        self._waits.add(task)
+        task.add_done_callback(self._waits.discard)
+        return None
+
+    def op_ack_async_event(self, a, payload, rid):
+        self.async_events.ack(a["event"])
+        return {}
 
     def op_destroy_dek(self, a, payload, rid):
         return self._destroy_handle(a["dek"], "dek")

@@ -131,6 +131,7 @@ def test_wrapped_dek_with_keytag():
     ("crypto_login without the comp_mask bit", {"crypto_login": "login"}, True),
     ("unknown comp_mask bit", {"comp_mask": 2}, True),
     ("opaque longer than char[8]", {"opaque": b"123456789"}, True),
+    ("key_purpose other than AES_XTS", {"key_purpose": 1}, True),
 ])
 def test_wrapped_dek_refusals(why, attr, session):
     hca, pd, lg = wrapped_hca()
