@@ -97,6 +97,7 @@ from ..protocol.enums import (
     WrOpcode,
 )
 from ..protocol.errors import RDMAError, einval, eopnotsupp
+from ..protocol.opcodes import FLAGS, Op, opcode_for, with_any, with_flags
 from ..protocol.packets import Packet
 from . import transfer
 from .completion import Fault, TransferError
@@ -122,7 +123,13 @@ _U64 = 1 << 64
 ACK = "ACKNOWLEDGE"
 ATOMIC_ACK = "ATOMIC_ACKNOWLEDGE"
 READ_REQUEST = "RDMA_READ_REQUEST"
-READ_RESPONSE = "RDMA_READ_RESPONSE"
+# By the IBTA opcode table (protocol/opcodes.py): what goes to the requester, and what
+# the responder dispatches on.
+_RESPONSES = with_any(Op.RESPONSE)
+_READ_RESPONSES = with_flags(Op.READ_RESPONSE)
+_SEND_PACKETS = with_flags(Op.SEND)
+_WRITE_PACKETS = with_flags(Op.WRITE)
+_ATOMIC_REQUESTS = with_flags(Op.ATOMIC)
 
 SUPPORTED = (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV,
              WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ,
@@ -262,12 +269,6 @@ class _Inbound:
     recv: RecvWR | None
     reth: tuple | None
     buf: bytearray = field(default_factory=bytearray)
-
-
-def _position(i: int, n: int) -> str:
-    if n == 1:
-        return "ONLY"
-    return "FIRST" if i == 0 else "LAST" if i == n - 1 else "MIDDLE"
 
 
 def _chunks(data: bytes, mtu: int) -> list[bytes]:
@@ -620,23 +621,22 @@ class RCQP:
         self._next_psn = psn_add(r.psn, r.npsn)
 
     def _segment(self, wr: SendWR, data: bytes, psn: int) -> list[Packet]:
-        base = "SEND" if wr.opcode in SENDS else "RDMA_WRITE"
+        kind = Op.SEND if wr.opcode in SENDS else Op.WRITE
         imm = wr.opcode in WITH_IMM
         inv = wr.opcode == WrOpcode.SEND_WITH_INV
         chunks = _chunks(data, self.mtu)
+        n = len(chunks)
         pkts = []
         for i, chunk in enumerate(chunks):
-            pos = _position(i, len(chunks))
-            last = pos in ("ONLY", "LAST")
-            name = f"{base}_{pos}" + ("_WITH_IMM" if imm and last else "") \
-                + ("_WITH_INV" if inv and last else "")
-            # IBTA BTH opcodes: only the first packet of an RDMA WRITE carries the RETH,
-            # only the last of a SEND with invalidate the IETH.
-            reth = ((wr.rkey, wr.remote_addr, len(data))
-                    if base == "RDMA_WRITE" and pos in ("FIRST", "ONLY") else None)
-            pkts.append(Packet(self.dest_qp, psn_add(psn, i), name, chunk, reth, None,
-                               wr.imm_data if imm and last else None,
-                               wr.invalidate_rkey if inv and last else None))
+            name = opcode_for(kind, i == 0, i == n - 1, imm, inv)
+            # Each header where the opcode carries it (IBTA 9.2): the RETH on an RDMA
+            # WRITE's first packet, ImmDt and IETH on the last.
+            flags = FLAGS[name]
+            pkts.append(Packet(self.dest_qp, psn_add(psn, i), name, chunk,
+                               (wr.rkey, wr.remote_addr, len(data)) if flags & Op.RETH
+                               else None, None,
+                               wr.imm_data if flags & Op.IMMDT else None,
+                               wr.invalidate_rkey if flags & Op.IETH else None))
         return pkts
 
     def _read_request(self, r: _Request) -> Packet:
@@ -751,14 +751,14 @@ class RCQP:
     def receive(self, pkt: Packet, now: float) -> None:
         if pkt.dest_qp != self.qp_num or self.state not in (QpState.RTR, QpState.RTS):
             return      # IBTA: a QP not in RTR/RTS silently drops what arrives
-        if pkt.opcode in (ACK, ATOMIC_ACK) or pkt.opcode.startswith(READ_RESPONSE):
+        if pkt.opcode in _RESPONSES:
             if self.state == QpState.RTS:
                 self._requester_receive(pkt, now)
         else:
             self._responder_receive(pkt)
 
     def _requester_receive(self, pkt: Packet, now: float) -> None:
-        if pkt.opcode.startswith(READ_RESPONSE):
+        if pkt.opcode in _READ_RESPONSES:
             self._read_response(pkt, now)
             return
         if pkt.opcode == ATOMIC_ACK:
@@ -876,7 +876,7 @@ class RCQP:
             self.stats["duplicates_discarded"] += 1
             if pkt.opcode == READ_REQUEST:
                 self._answer_read(pkt, first_time=False)
-            elif pkt.opcode in ATOMICS.values():
+            elif pkt.opcode in _ATOMIC_REQUESTS:
                 self._replay_atomic(pkt)
             else:
                 self._queue_ack(psn_add(self._epsn, -1))
@@ -889,16 +889,16 @@ class RCQP:
                 self._nak(self._epsn, "NAK_PSN_SEQ")
             return
         op = pkt.opcode
-        if op == READ_REQUEST or op in ATOMICS.values():
+        if op == READ_REQUEST or op in _ATOMIC_REQUESTS:
             if self._msg is not None:
                 self._nak_fatal(pkt.psn, "NAK_INV_REQ")    # inside another message
             elif op == READ_REQUEST:
                 self._answer_read(pkt, first_time=True)
             else:
                 self._execute_atomic(pkt)
-        elif op.startswith("SEND_"):
+        elif op in _SEND_PACKETS:
             self._recv_send(pkt)
-        elif op.startswith("RDMA_WRITE_"):
+        elif op in _WRITE_PACKETS:
             self._recv_write(pkt)
         else:
             self._nak_fatal(pkt.psn, "NAK_INV_REQ")
@@ -916,9 +916,8 @@ class RCQP:
             self._queue_ack(psn)
 
     def _recv_send(self, pkt: Packet) -> None:
-        op = pkt.opcode
-        first = op.startswith(("SEND_FIRST", "SEND_ONLY"))
-        last = op.startswith(("SEND_LAST", "SEND_ONLY"))
+        kind = FLAGS[pkt.opcode]
+        first, last = kind & Op.FIRST, kind & Op.LAST
         if first:
             if self._msg is not None:
                 self._nak_fatal(pkt.psn, "NAK_INV_REQ")
@@ -949,8 +948,8 @@ class RCQP:
                 self._fail_recv(m.recv, err.status(remote=False), pkt.psn,
                                 "NAK_INV_REQ" if err.fault == Fault.LENGTH else "NAK_REM_OP")
                 return
-            imm = op.endswith("_WITH_IMM")
-            inv = op.endswith("_WITH_INV")
+            imm = kind & Op.WITH_IMM
+            inv = kind & Op.WITH_INV
             # The data is placed first, then the key invalidated (as rxe's execute()
             # does); a key we may not invalidate fails the receive after all.
             if inv and not self._invalidate(pkt.ieth, remote=True):
@@ -968,10 +967,8 @@ class RCQP:
         self._nak_fatal(psn, syndrome)
 
     def _recv_write(self, pkt: Packet) -> None:
-        op = pkt.opcode
-        first = op.startswith(("RDMA_WRITE_FIRST", "RDMA_WRITE_ONLY"))
-        last = op.startswith(("RDMA_WRITE_LAST", "RDMA_WRITE_ONLY"))
-        imm = op.endswith("_WITH_IMM")
+        flags = FLAGS[pkt.opcode]
+        first, last, imm = flags & Op.FIRST, flags & Op.LAST, flags & Op.WITH_IMM
         if first and self._msg is not None or not first and (
                 self._msg is None or self._msg.kind != "RDMA_WRITE"):
             self._nak_fatal(pkt.psn, "NAK_INV_REQ")   # opcode sequence error
@@ -1024,12 +1021,12 @@ class RCQP:
             self._accept(len(chunks))
             self._msn = (self._msn + 1) % PSN_MOD
             self._unacked = 0
+        n = len(chunks)
         for i, chunk in enumerate(chunks):
-            pos = _position(i, len(chunks))
-            # IBTA: FIRST, LAST and ONLY responses carry an AETH, MIDDLE not.
-            aeth = None if pos == "MIDDLE" else ("ACK", self._msn)
-            self._resp_out.append(Packet(self.dest_qp, psn_add(pkt.psn, i),
-                                         f"{READ_RESPONSE}_{pos}", chunk, aeth=aeth))
+            op = opcode_for(Op.READ_RESPONSE, i == 0, i == n - 1)
+            aeth = ("ACK", self._msn) if FLAGS[op] & Op.AETH else None
+            self._resp_out.append(Packet(self.dest_qp, psn_add(pkt.psn, i), op, chunk,
+                                         aeth=aeth))
 
     def _execute_atomic(self, pkt: Packet) -> None:
         if pkt.atomic is None:

@@ -46,6 +46,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol.opcodes import AETH_SYNDROMES, OPCODE_NUMBERS, Op, with_flags
 from ..protocol.packets import Packet, decode_packet
 
 ROCE_V2_PORT = 4791
@@ -57,39 +58,8 @@ IPPROTO_UDP = 17
 DEFAULT_PKEY = 0xFFFF
 DEFAULT_TTL = 64
 
-# IBTA 9.2, table 38: the RC opcodes (transport bits 000).
-OPCODE_NUMBERS = {
-    "SEND_FIRST": 0x00, "SEND_MIDDLE": 0x01, "SEND_LAST": 0x02, "SEND_LAST_WITH_IMM": 0x03,
-    "SEND_ONLY": 0x04, "SEND_ONLY_WITH_IMM": 0x05,
-    "RDMA_WRITE_FIRST": 0x06, "RDMA_WRITE_MIDDLE": 0x07, "RDMA_WRITE_LAST": 0x08,
-    "RDMA_WRITE_LAST_WITH_IMM": 0x09, "RDMA_WRITE_ONLY": 0x0A,
-    "RDMA_WRITE_ONLY_WITH_IMM": 0x0B,
-    "RDMA_READ_REQUEST": 0x0C,
-    "RDMA_READ_RESPONSE_FIRST": 0x0D, "RDMA_READ_RESPONSE_MIDDLE": 0x0E,
-    "RDMA_READ_RESPONSE_LAST": 0x0F, "RDMA_READ_RESPONSE_ONLY": 0x10,
-    "ACKNOWLEDGE": 0x11, "ATOMIC_ACKNOWLEDGE": 0x12, "COMPARE_SWAP": 0x13, "FETCH_ADD": 0x14,
-    "SEND_LAST_WITH_INV": 0x16, "SEND_ONLY_WITH_INV": 0x17,
-}
-
-# The RNR NAK timer a softhca packet does not carry: the client's min_rnr_timer default.
-RNR_TIMER_CODE = 12
-# IBTA 9.3.5, table 44: AETH syndrome = reserved bit 7, type in bits 6:5 (00 ACK, 01 RNR
-# NAK, 11 NAK), value in bits 4:0 (credit count, 0x1F "invalid" for an ACK without
-# end-to-end credits; RNR timer; NAK code).
-AETH_SYNDROMES = {
-    "ACK": 0x1F,
-    "RNR": 0x20 | RNR_TIMER_CODE,
-    "NAK_PSN_SEQ": 0x60,
-    "NAK_INV_REQ": 0x61,
-    "NAK_REM_ACCESS": 0x62,
-    "NAK_REM_OP": 0x63,
-}
-
 # The opcodes whose packet ends a request message: the requester asks for an ACK there.
-_ACK_REQUESTED = frozenset(op for op in OPCODE_NUMBERS
-                           if op.startswith(("SEND_LAST", "SEND_ONLY", "RDMA_WRITE_LAST",
-                                             "RDMA_WRITE_ONLY"))
-                           or op in ("RDMA_READ_REQUEST", "COMPARE_SWAP", "FETCH_ADD"))
+_ACK_REQUESTED = with_flags(Op.LAST, none_of=Op.RESPONSE)
 
 
 # -- the encoder ------------------------------------------------------------------------

@@ -40,8 +40,12 @@ from ..protocol.enums import (
 from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
+from ..protocol.opcodes import Op, with_flags
 from ..protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
 from .faults import REORDER_FLUSH_S, Emit, Faults
+
+# The packets that begin a SEND: the ones that would take a receive.
+_SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST)
 
 log = logging.getLogger("softhca.server")
 
@@ -380,7 +384,7 @@ class Daemon:
     def _refuse_rnr(self, qph: QPHost):
         def refuse(p: Packet) -> bool:
             # Only a SEND that would take a receive now can be refused with RNR.
-            if not p.opcode.startswith(("SEND_FIRST", "SEND_ONLY")):
+            if p.opcode not in _SEND_FIRSTS:
                 return False
             qph.rcqp.refuse_rnr = 1
             return True
