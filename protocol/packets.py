@@ -2,7 +2,7 @@
 
 A packet is one frame on a wire connection between two daemons (``docs/protocol.md``).
 The header carries what RoCE's BTH and extension headers carry; the payload is the
-frame's raw payload. ``icrc`` plays the RoCE ICRC: a CRC32 over the invariant header
+frame's raw payload. ``packet_check`` (the ``icrc`` field) plays the RoCE ICRC: a CRC32 over the invariant header
 fields and the payload. A receiver that finds it wrong drops the packet, counts it,
 and leaves recovery to the requester's retransmission, as on a real link.
 
@@ -84,8 +84,9 @@ def _listify(t):
     return list(t) if t is not None else None
 
 
-def icrc(dev: str, p: Packet) -> int:
-    """The integrity check of ``p`` addressed to HCA ``dev``."""
+def packet_check(dev: str, p: Packet) -> int:
+    """The integrity check of ``p`` addressed to HCA ``dev`` (the header's ``icrc``; the
+    RoCEv2 ICRC of a captured frame is protocol/roce.py's ``roce_icrc``)."""
     head = msgpack.packb([dev, p.dest_qp, p.psn, p.opcode, _listify(p.reth),
                           _listify(p.aeth), p.imm, p.ieth, _listify(p.atomic),
                           p.atomic_ack], use_bin_type=True)
@@ -100,7 +101,7 @@ def packet_header(dev: str, p: Packet, *, icrc_value: int | None = None) -> dict
                         ("ieth", p.ieth), ("ateth", p.atomic), ("atack", p.atomic_ack)):
         if value is not None:
             h[name] = _listify(value) if isinstance(value, tuple) else value
-    h["icrc"] = icrc(dev, p) if icrc_value is None else icrc_value
+    h["icrc"] = packet_check(dev, p) if icrc_value is None else icrc_value
     return h
 
 
@@ -163,7 +164,7 @@ def decode_packet(header: dict, payload) -> tuple[str, Packet]:
     if payload and len(payload) and not may_carry:
         raise FrameError("EPROTO", f"packet {op} carries no payload, got {len(payload)} bytes")
     p = Packet(qp, psn, op, bytes(payload), reth, aeth, imm, ieth, ateth, atack)
-    if icrc(dev, p) != check:
+    if packet_check(dev, p) != check:
         raise IntegrityError("EPROTO", f"packet {op} psn {psn:#x} to QP {qp:#x}: icrc "
                                        f"mismatch, dropped")
     return dev, p

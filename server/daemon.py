@@ -41,7 +41,7 @@ from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
 from ..protocol.opcodes import Op, with_flags
-from ..protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
+from ..protocol.packets import IntegrityError, Packet, decode_packet, packet_check, packet_header
 from .faults import REORDER_FLUSH_S, Emit, Faults
 
 # The packets that begin a SEND: the ones that would take a receive.
@@ -418,7 +418,7 @@ class Daemon:
             asyncio.get_running_loop().call_later(delay, self._emit_out, e)
             return
         host, port, dev = e.route
-        override = icrc(dev, e.stale_icrc_of) if e.stale_icrc_of is not None else None
+        override = packet_check(dev, e.stale_icrc_of) if e.stale_icrc_of is not None else None
         self.link_to(host, port).send(dev, [e.packet], override)
         self.counters["packets_sent"] += 1
 
