@@ -296,6 +296,32 @@ class QpState(IntEnum):
     ERR = 6
 
 
+class QpAttrMask(IntFlag):
+    """enum ibv_qp_attr_mask: which fields of struct ibv_qp_attr ibv_modify_qp applies"""
+
+    STATE = 1 << 0
+    CUR_STATE = 1 << 1
+    EN_SQD_ASYNC_NOTIFY = 1 << 2
+    ACCESS_FLAGS = 1 << 3
+    PKEY_INDEX = 1 << 4
+    PORT = 1 << 5
+    QKEY = 1 << 6
+    AV = 1 << 7
+    PATH_MTU = 1 << 8
+    TIMEOUT = 1 << 9
+    RETRY_CNT = 1 << 10
+    RNR_RETRY = 1 << 11
+    RQ_PSN = 1 << 12
+    MAX_QP_RD_ATOMIC = 1 << 13
+    ALT_PATH = 1 << 14
+    MIN_RNR_TIMER = 1 << 15
+    SQ_PSN = 1 << 16
+    MAX_DEST_RD_ATOMIC = 1 << 17
+    PATH_MIG_STATE = 1 << 18
+    CAP = 1 << 19
+    DEST_QPN = 1 << 20
+
+
 class QpType(IntEnum):
     """enum ibv_qp_type"""
 
@@ -375,6 +401,7 @@ _C_PREFIXES: list[tuple[type, str]] = [
     (WcOpcode, "IBV_WC_"),
     (AccessFlags, "IBV_ACCESS_"),
     (QpState, "IBV_QPS_"),
+    (QpAttrMask, "IBV_QP_"),
     (QpType, "IBV_QPT_"),
     (SendFlags, "IBV_SEND_"),
     (WcFlags, "IBV_WC_"),

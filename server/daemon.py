@@ -24,6 +24,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from ..engine import qp_state
 from ..engine.crypto_login import DEK_INIT_ATTR_CRYPTO_LOGIN, CryptoLogin, DeviceCrypto, login
 from ..engine.hca import DEK, HCA, MR, PD
 from ..engine.mkey import MKey
@@ -33,7 +34,7 @@ from ..protocol import control
 from ..protocol.attrs import DEKInitAttr, MkeyConfAttr
 from ..protocol.enums import (
     CryptoLoginState,
-    Mtu,
+    QpAttrMask,
     QpState,
     QpType,
     WcOpcode,
@@ -42,9 +43,13 @@ from ..protocol.enums import (
 from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
-from ..protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
+from ..protocol.opcodes import Op, with_flags
+from ..protocol.packets import IntegrityError, Packet, decode_packet, packet_check, packet_header
 from .async_events import AsyncEvents
 from .faults import REORDER_FLUSH_S, Emit, Faults
+
+# The packets that begin a SEND: the ones that would take a receive.
+_SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST)
 
 log = logging.getLogger("softhca.server")
 
@@ -54,17 +59,6 @@ MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD = 1 << 13
 DEFAULT_PORT = 4791
 HANDSHAKE_TIMEOUT = 10.0
 READ_CHUNK = 1 << 18
-
-# ibv_modify_qp(3), min_rnr_timer: the IBTA encoding of the RNR NAK timer, in ms.
-RNR_TIMER_MS = (655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48,
-                0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72,
-                40.96, 61.44, 81.92, 122.88, 163.84, 245.76, 327.68, 491.52)
-
-
-def ack_timeout_s(timeout: int) -> float:
-    """ibv_modify_qp(3): the local ACK timeout is 4.096 us * 2^timeout; 0 means infinite."""
-    return 4.096e-6 * (1 << timeout) if timeout else 1e9
-
 
 def kv(**fields: Any) -> str:
     """A structured log line's fields: ``key=value`` pairs, values repr'd when needed."""
@@ -392,7 +386,7 @@ class Daemon:
     def _refuse_rnr(self, qph: QPHost):
         def refuse(p: Packet) -> bool:
             # Only a SEND that would take a receive now can be refused with RNR.
-            if not p.opcode.startswith(("SEND_FIRST", "SEND_ONLY")):
+            if p.opcode not in _SEND_FIRSTS:
                 return False
             qph.rcqp.refuse_rnr = 1
             return True
@@ -426,7 +420,7 @@ class Daemon:
             asyncio.get_running_loop().call_later(delay, self._emit_out, e)
             return
         host, port, dev = e.route
-        override = icrc(dev, e.stale_icrc_of) if e.stale_icrc_of is not None else None
+        override = packet_check(dev, e.stale_icrc_of) if e.stale_icrc_of is not None else None
         self.link_to(host, port).send(dev, [e.packet], override)
         self.counters["packets_sent"] += 1
 
@@ -916,38 +910,21 @@ class ControlSession:
         attr = {k: v for k, v in attr.items() if v is not None}
         if "qp_state" not in attr:
             raise einval("ibv_modify_qp: attr.qp_state is required (IBV_QP_STATE)")
-        state = attr["qp_state"]
-        q = qph.rcqp
-        if state == QpState.INIT:
-            q.modify_to_init()
-        elif state == QpState.RTR:
-            need = ("dest_qp_num", "rq_psn", "path_mtu", "dest_host", "dest_port")
-            missing = [n for n in need if n not in attr]
-            if missing:
-                raise einval(f"ibv_modify_qp to RTR needs {', '.join(missing)}")
-            q.modify_to_rtr(attr["dest_qp_num"], attr["rq_psn"], Mtu(attr["path_mtu"]))
+        if ("dest_host" in attr) != ("dest_port" in attr):
+            raise einval("ibv_modify_qp: the peer's address (IBV_QP_AV) is dest_host and "
+                         "dest_port together")
+        # The mask's bits beside the fields sent (those that carry no value here); AV is
+        # the peer's address, so only the address sets it.
+        mask = a["mask"] & ~QpAttrMask.AV | qp_state.mask_of(attr)
+        qph.rcqp.modify(attr, mask)
+        if mask & QpAttrMask.AV:
             qph.dest = (attr["dest_host"], attr["dest_port"], attr.get("dest_dev", qph.hca.name))
             # Open the link now, so the first packet does not spend its ACK timeout on
             # TCP and HELLO set-up.
             self.daemon.link_to(attr["dest_host"], attr["dest_port"])
-        elif state == QpState.RTS:
-            timeout = attr.get("timeout", 17)
-            q.modify_to_rts(attr.get("sq_psn", 0), timeout_s=ack_timeout_s(timeout),
-                            retry_cnt=attr.get("retry_cnt", 7),
-                            rnr_retry=attr.get("rnr_retry", 7),
-                            rnr_timer_s=RNR_TIMER_MS[attr.get("min_rnr_timer", 12)] / 1000)
-        elif state == QpState.ERR:
-            q.modify_to_err()
-        elif state == QpState.RESET:
-            if q.state != QpState.ERR and q.state != QpState.RESET:
-                raise einval("ibv_modify_qp to RESET is modelled from ERR only")
-            raise RDMAError("EOPNOTSUPP", "ibv_modify_qp to RESET is not modelled: "
-                                          "destroy the QP and create another")
-        else:
-            raise RDMAError("EOPNOTSUPP", f"QP state {QpState(state).name} is not modelled")
         qph.attrs.update(attr)
         self.daemon.service(qph)
-        return {"state": int(q.state)}
+        return {"state": int(qph.rcqp.state)}
 
     def op_query_qp(self, a, payload, rid):
         qph: QPHost = self.get(a["qp"], "qp")
