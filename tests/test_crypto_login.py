@@ -208,6 +208,15 @@ async def test_login_session_as_test_mlx5_dek_management_uses_it():
         other = await node.open_device()
         await other.crypto_login(cred(), 7, credential_id=3)
         assert await ctx.query_login_state() == CryptoLoginState.NO_LOGIN
+        # Closing a context ends its login: a wrapped DEK is no longer queryable.
+        dek = await other.create_dek(sh.Mlx5DEKInitAttr(pd=await other.alloc_pd(),
+                                                        key_size=0,
+                                                        key=aes_key_wrap(KEK, KEY128)))
+        assert (await dek.query())[0] == DekState.READY
+        await node.request("close_device", ctx=other.handle)
+        with pytest.raises(sh.RDMAError) as e:
+            await dek.query()
+        assert errno_of(e) == "EINVAL"
 
 
 async def test_login_object_as_test_mlx5_crypto_wrapped_dek_uses_it():
@@ -296,6 +305,30 @@ def test_serve_refuses_a_bad_crypto_config(tmp_path, config, words):
                        text=True, timeout=30)
     assert r.returncode == 2
     assert words in r.stderr
+
+
+def test_serve_process_in_wrapped_mode(tmp_path):
+    from test_serve import start
+
+    path = tmp_path / "crypto.json"
+    path.write_text(json.dumps(WRAPPED))
+    proc, address = start(tmp_path, "--crypto-config", str(path))
+    try:
+        async def session():
+            async with await sh.connect(address) as node:
+                ctx = await node.open_device()
+                caps = (await ctx.query_mlx5_device())["crypto_caps"]
+                assert caps["flags"] & CAPS_WRAPPED_CRYPTO_OPERATIONAL
+                await ctx.crypto_login(cred(), 7, credential_id=3)
+                assert await ctx.query_login_state() == CryptoLoginState.VALID
+
+        import asyncio
+
+        asyncio.run(session())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert "mode=wrapped" in proc.stderr.read()
 
 
 def test_serve_options_carry_the_crypto_config(tmp_path):
