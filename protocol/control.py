@@ -60,7 +60,7 @@ REQUESTS: dict[str, dict[str, tuple]] = {
                   "max_send_wr": (int, 1, 1 << 16, True), "max_recv_wr": (int, 1, 1 << 16, True),
                   "max_send_sge": (int, 0, MAX_SGE, True), "max_recv_sge": (int, 0, MAX_SGE, True),
                   "max_inline_data": (int, 0, 1 << 16, True), "sq_sig_all": _BOOL,
-                  "send_ops_flags": _U64},
+                  "send_ops_flags": _U64, "create_flags": (int, 0, U32, False)},
     "destroy_qp": {"qp": _H},
     "modify_qp": {"qp": _H, "attr": (dict, 0, 32, True), "mask": _U32},
     "query_qp": {"qp": _H},
@@ -70,10 +70,31 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "destroy_mkey": {"mkey": _H},
     "mkey_configure": {"qp": _H, "calls": (list, 0, 2048, True)},
     "mkey_check": {"mkey": _H},
-    "create_dek": {"ctx": _H, "pd": _H, "key_size": _U32, "key": (bytes, 0, 64, True),
+    # key is char key[128] (wrapped 256-bit with keytag: 80); crypto_login is a
+    # create_crypto_login handle, 0 for NULL.
+    "create_dek": {"ctx": _H, "pd": _H, "key_size": _U32, "key": (bytes, 0, 128, True),
                    "has_keytag": _BOOL, "keytag": (bytes, 0, 8, True),
-                   "key_purpose": _U32},
+                   "key_purpose": _U32, "opaque": (bytes, 0, 8, False),
+                   "comp_mask": (int, 0, U64, False), "crypto_login": (int, 0, U32, False)},
     "destroy_dek": {"dek": _H},
+    "query_dek": {"dek": _H},
+    "query_mlx5_device": {"ctx": _H},
+    # mlx5dv_crypto_login(3) (a session of the context) and mlx5dv_crypto_login_create(3)
+    # (an object): the credential as given, wrapped (48 bytes for this device).
+    "crypto_login": {"ctx": _H, "credential": (bytes, 0, 4096, True), "import_kek_id": _U32,
+                     "credential_id": (int, 0, U32, False), "comp_mask": (int, 0, U64, False)},
+    "crypto_login_query_state": {"ctx": _H},
+    "crypto_logout": {"ctx": _H},
+    "create_crypto_login": {"ctx": _H, "credential": (bytes, 0, 4096, True),
+                            "import_kek_id": _U32, "credential_id": (int, 0, U32, False),
+                            "comp_mask": (int, 0, U64, False)},
+    "crypto_login_query": {"login": _H},
+    # ibv_get_async_event(3): the oldest event of the context, waiting up to timeout s
+    # (reply event: null when none came); ibv_ack_async_event(3) by the event's id.
+    "get_async_event": {"ctx": _H, "timeout": ((int, float), 0, 3600, True)},
+    "ack_async_event": {"event": _H},
+    "cancel_posted_send_wrs": {"qp": _H, "wr_id": _U64},
+    "destroy_crypto_login": {"login": _H},
     # Fault injection (server/faults.py validates the rule's own fields).
     "faults_add": {"rule": (dict, 1, 32, True)},
     "faults_list": {},
@@ -104,7 +125,8 @@ QP_ATTR = {"qp_state": (int, 0, 6, False), "path_mtu": (int, 1, 5, False),
            "min_rnr_timer": (int, 0, 31, False), "max_rd_atomic": (int, 0, 255, False),
            "max_dest_rd_atomic": (int, 0, 255, False), "qp_access_flags": (int, 0, U32, False),
            "dest_host": (str, 1, 255, False), "dest_port": (int, 1, 65535, False),
-           "dest_dev": (str, 1, 64, False)}
+           "dest_dev": (str, 1, 64, False), "cur_qp_state": (int, 0, 6, False),
+           "en_sqd_async_notify": (int, 0, 1, False)}
 
 
 def check_fields(header: dict, schema: dict[str, tuple], what: str) -> dict:
