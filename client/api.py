@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol import records
 from ..protocol.attrs import (
     SGE,
     CryptoAttr,
@@ -34,13 +35,12 @@ from ..protocol.enums import (
     QpState,
     QpType,
     SendFlags,
-    WcOpcode,
-    WcStatus,
     WrOpcode,
 )
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameDecoder, encode_frame
 from ..protocol.handshake import make_hello
+from ..protocol.records import WC
 
 DEFAULT_PORT = 4791
 # Replies carry mr.read data; a client accepts bigger frames than it sends.
@@ -65,78 +65,24 @@ class Event:
     header: dict
     data: bytes
 
-class SendWR:
-    """struct ibv_send_wr, as pyverbs' SendWR (signaled by default, like pyverbs)."""
+
+class SendWR(records.SendWR):
+    """struct ibv_send_wr with pyverbs' SendWR constructor: its argument order, and
+    signaled by default, as pyverbs is. The fields and their wire form are
+    protocol.records.SendWR's."""
 
     def __init__(self, wr_id: int = 0, opcode: int = WrOpcode.SEND, num_sge: int | None = None,
                  imm_data: int | None = None, sg: list[SGE] | None = None,
                  send_flags: int = SendFlags.SIGNALED) -> None:
-        self.wr_id = wr_id
-        self.opcode = opcode
-        self.sg = list(sg or [])
-        self.num_sge = len(self.sg) if num_sge is None else num_sge
-        self.imm_data = imm_data
-        self.send_flags = send_flags
-        self.rkey = 0
-        self.remote_addr = 0
-        self.compare_add = 0
-        self.swap = 0
-        self.invalidate_rkey = 0
-
-    def set_wr_rdma(self, rkey: int, addr: int) -> None:
-        self.rkey, self.remote_addr = rkey, addr
-
-    def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
-        self.rkey, self.remote_addr, self.compare_add, self.swap = rkey, addr, compare_add, swap
-
-    def to_wire(self) -> dict:
-        w = {"wr_id": self.wr_id, "opcode": int(self.opcode),
-             "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]],
-             "send_flags": int(self.send_flags), "rkey": self.rkey,
-             "remote_addr": self.remote_addr, "compare_add": self.compare_add,
-             "swap": self.swap, "invalidate_rkey": self.invalidate_rkey}
-        if self.imm_data is not None:
-            w["imm_data"] = self.imm_data
-        return w
+        super().__init__(wr_id, opcode, list(sg or []), send_flags, imm_data, num_sge=num_sge)
 
 
-class RecvWR:
-    """struct ibv_recv_wr"""
+class RecvWR(records.RecvWR):
+    """struct ibv_recv_wr with pyverbs' RecvWR constructor (its argument order)."""
 
     def __init__(self, wr_id: int = 0, num_sge: int | None = None,
                  sg: list[SGE] | None = None) -> None:
-        self.wr_id = wr_id
-        self.sg = list(sg or [])
-        self.num_sge = len(self.sg) if num_sge is None else num_sge
-
-    def to_wire(self) -> dict:
-        return {"wr_id": self.wr_id, "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]]}
-
-
-@dataclass(frozen=True)
-class WC:
-    """struct ibv_wc"""
-
-    wr_id: int
-    status: WcStatus
-    opcode: WcOpcode
-    byte_len: int = 0
-    imm_data: int | None = None
-    qp_num: int = 0
-    wc_flags: int = 0
-    vendor_err: int = 0
-    invalidated_rkey: int = 0
-
-    @classmethod
-    def from_wire(cls, w: list) -> WC:
-        return cls(w[0], WcStatus(w[1]), WcOpcode(w[2]), w[3], w[4], w[5], w[6], w[7], w[8])
-
-    def __repr__(self) -> str:
-        return (f"WC(wr_id={self.wr_id}, status=IBV_WC_{self.status.name}, "
-                f"opcode=IBV_WC_{self.opcode.name}, byte_len={self.byte_len}, "
-                f"qp_num={self.qp_num:#x}"
-                + (f", imm_data={self.imm_data:#x}" if self.imm_data is not None else "")
-                + (f", wc_flags={self.wc_flags:#x}" if self.wc_flags else "") + ")")
+        super().__init__(wr_id, list(sg or []), num_sge)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any
 from ..engine.hca import HCA, MR, PD
 from ..engine.mkey import MKey
 from ..engine.mkey_configure import MkeyConfigureBuilder
-from ..engine.rc import RCQP, WC, RecvWR, SendWR
+from ..engine.rc import RCQP
 from ..protocol import control
 from ..protocol.attrs import DEKInitAttr, MkeyConfAttr
 from ..protocol.enums import (
@@ -35,12 +35,12 @@ from ..protocol.enums import (
     QpState,
     QpType,
     WcOpcode,
-    WrOpcode,
 )
 from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
 from ..protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
+from ..protocol.records import WC, RecvWR, SendWR
 from .faults import REORDER_FLUSH_S, Emit, Faults
 
 log = logging.getLogger("softhca.server")
@@ -165,12 +165,6 @@ def plain(v: Any) -> Any:
     if hasattr(v, "item"):          # numpy scalars
         return plain(v.item())
     return str(v)
-
-
-def wc_to_wire(wc: WC) -> list:
-    """[wr_id, status, opcode, byte_len, imm_data, qp_num, wc_flags, vendor_err, inv_rkey]"""
-    return [wc.wr_id, int(wc.status), int(wc.opcode), wc.byte_len, wc.imm_data, wc.qp_num,
-            int(wc.wc_flags), wc.vendor_err, wc.invalidated_rkey]
 
 
 # -- the daemon --------------------------------------------------------------------------
@@ -843,12 +837,12 @@ class ControlSession:
     def op_poll_cq(self, a, payload, rid):
         cq: CQHost = self.get(a["cq"], "cq")
         if cq.entries or a["timeout"] <= 0:
-            return {"wcs": [wc_to_wire(w) for w in cq.take(a["num"])]}
+            return {"wcs": [w.to_wire() for w in cq.take(a["num"])]}
 
         async def wait() -> None:
             await cq.wait(float(a["timeout"]))
             if not self.gone:
-                self.reply(rid, wcs=[wc_to_wire(w) for w in cq.take(a["num"])])
+                self.reply(rid, wcs=[w.to_wire() for w in cq.take(a["num"])])
 
         task = asyncio.get_running_loop().create_task(wait())
         self._waits.add(task)
@@ -933,29 +927,22 @@ class ControlSession:
 
     def op_post_send(self, a, payload, rid):
         qph: QPHost = self.get(a["qp"], "qp")
-        wrs = control.check_list(a["wrs"], control.SEND_WR, "send_wr")
+        # Decoded whole first: a malformed WR refuses the request and posts nothing.
+        wrs = [SendWR.from_wire(w, f"send_wr[{i}]") for i, w in enumerate(a["wrs"])]
         now = asyncio.get_running_loop().time()
         try:
-            for i, w in enumerate(wrs):
-                try:
-                    opcode = WrOpcode(w["opcode"])
-                except ValueError:
-                    raise einval(f"opcode {w['opcode']} is not an enum ibv_wr_opcode") from None
-                sg = control.sges_from_wire(w["sg"], f"send_wr[{i}]")
-                if len(sg) > qph.max_send_sge:
-                    raise einval(f"send WR {i} has {len(sg)} SGEs, the QP's max_send_sge is "
-                                 f"{qph.max_send_sge}")
-                size = sum(s.length for s in sg)
+            for i, wr in enumerate(wrs):
+                if len(wr.sg) > qph.max_send_sge:
+                    raise einval(f"send WR {i} has {len(wr.sg)} SGEs, the QP's max_send_sge "
+                                 f"is {qph.max_send_sge}")
+                size = sum(s.length for s in wr.sg)
                 if size > self.daemon.limits.max_msg_size:
                     raise einval(f"send WR {i} moves {size} bytes, the port's max_msg_sz is "
                                  f"{self.daemon.limits.max_msg_size}")
-                wr = SendWR(w["wr_id"], opcode, sg, w["send_flags"], w["imm_data"], w["rkey"],
-                            w["remote_addr"], w["compare_add"], w["swap"],
-                            w["invalidate_rkey"])
                 try:
                     qph.rcqp.post_send(wr, now)
                 except RDMAError as e:
-                    raise RDMAError(e.errno_name, f"ibv_post_send: WR {i} (wr_id {w['wr_id']}): "
+                    raise RDMAError(e.errno_name, f"ibv_post_send: WR {i} (wr_id {wr.wr_id}): "
                                                   f"{e.message}") from None
         finally:
             self.daemon.service(qph)
@@ -963,14 +950,13 @@ class ControlSession:
 
     def op_post_recv(self, a, payload, rid):
         qph: QPHost = self.get(a["qp"], "qp")
-        wrs = control.check_list(a["wrs"], control.RECV_WR, "recv_wr")
+        wrs = [RecvWR.from_wire(w, f"recv_wr[{i}]") for i, w in enumerate(a["wrs"])]
         try:
-            for i, w in enumerate(wrs):
-                sg = control.sges_from_wire(w["sg"], f"recv_wr[{i}]")
-                if len(sg) > qph.max_recv_sge:
-                    raise einval(f"recv WR {i} has {len(sg)} SGEs, the QP's max_recv_sge is "
-                                 f"{qph.max_recv_sge}")
-                qph.rcqp.post_recv(RecvWR(w["wr_id"], sg))
+            for i, wr in enumerate(wrs):
+                if len(wr.sg) > qph.max_recv_sge:
+                    raise einval(f"recv WR {i} has {len(wr.sg)} SGEs, the QP's max_recv_sge "
+                                 f"is {qph.max_recv_sge}")
+                qph.rcqp.post_recv(wr)
         finally:
             self.daemon.service(qph)
         return {}
