@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +37,8 @@ from ..protocol.enums import (
     WrOpcode,
 )
 from ..protocol.errors import RDMAError
-from ..protocol.frames import FrameDecoder, encode_frame
-from ..protocol.handshake import make_hello
+from ..protocol.frames import encode_frame
+from ..protocol.link import Link, open_link, read_frames
 from ..protocol.records import WC
 
 DEFAULT_PORT = 4791
@@ -173,9 +172,8 @@ class MkeyErr:
 class _Connection:
     """One control connection: requests out with ids, replies matched back to them."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 decoder: FrameDecoder, address: str) -> None:
-        self.reader, self.writer, self.decoder = reader, writer, decoder
+    def __init__(self, link: Link, address: str) -> None:
+        self.reader, self.writer, self.decoder = link.reader, link.writer, link.decoder
         self.address = address
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
@@ -184,7 +182,7 @@ class _Connection:
         # beyond that the oldest go and are counted.
         self.events: asyncio.Queue = asyncio.Queue()
         self.events_dropped = 0
-        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._task = asyncio.get_running_loop().create_task(self._read_loop(link.rest))
 
     async def request(self, verb: str, payload: bytes | memoryview = b"",
                       **fields: Any) -> tuple[dict, memoryview]:
@@ -198,14 +196,11 @@ class _Connection:
             await self.writer.drain()
         return await fut
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, frames: list) -> None:
         reason = RDMAError("ECONNRESET", f"the daemon at {self.address} closed the connection")
         try:
             while True:
-                data = await self.reader.read(1 << 18)
-                if not data:
-                    break
-                for fr in self.decoder.feed(data):
+                for fr in frames:
                     h = fr.header
                     if h.get("t") == "event":
                         if self.events.qsize() >= EVENT_QUEUE:
@@ -222,6 +217,9 @@ class _Connection:
                             fut.set_exception(err)
                     elif fut is not None and not fut.done():
                         fut.set_result((h, fr.payload))
+                frames = await read_frames(self.reader, self.decoder)
+                if not frames:
+                    break
         except (ConnectionError, RDMAError) as e:
             reason = e if isinstance(e, RDMAError) else RDMAError("ECONNRESET", str(e))
         finally:
@@ -258,53 +256,16 @@ async def connect(address: str, token: bytes | str | None = None, *,
     host, port = _split_address(address)
     if isinstance(token, str):
         token = token.encode()
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except asyncio.TimeoutError:
-        raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
-            from None
-    except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        raise RDMAError("ECONNRESET", f"cannot connect to {host}:{port}: {reason}") from None
-    decoder = FrameDecoder(CLIENT_MAX_FRAME)
-    try:
-        frames = await asyncio.wait_for(_frames(reader, decoder), timeout)
-        first = frames[0].header
-        if first.get("t") == "err":     # refused before the HELLO (e.g. connection limit)
-            raise RDMAError(first.get("errno", "EPROTO"), first.get("msg", "refused"))
-        writer.writelines(encode_frame(make_hello(first, "control", token)))
-        frames = frames[1:] or await asyncio.wait_for(_frames(reader, decoder), timeout)
-    except asyncio.TimeoutError:
-        writer.close()
-        raise RDMAError("ETIMEDOUT", f"{host}:{port} did not complete the handshake within "
-                                     f"{timeout:g} s") from None
-    except BaseException:
-        writer.close()
-        raise
-    h = frames[0].header
-    if h.get("t") == "err":
-        writer.close()
-        raise RDMAError(h.get("errno", "EPROTO"), h.get("msg", "handshake refused"))
-    if h.get("t") != "welcome":
-        writer.close()
-        raise RDMAError("EPROTO", f"expected 'welcome' from {host}:{port}, got {h.get('t')!r}")
-    conn = _Connection(reader, writer, decoder, f"{host}:{port}")
+    link = await open_link(host, port, "control", token, timeout=timeout,
+                           max_frame=CLIENT_MAX_FRAME)
+    conn = _Connection(link, f"{host}:{port}")
+    h = link.welcome
     node = Node(conn, host, port, list(h.get("devices", [])))
     # mr.write / mr.read chunks must fit the daemon's frame limit with room for the header.
     max_frame = h.get("max_frame")
     if isinstance(max_frame, int) and max_frame > 8192:
         node.io_chunk = min(IO_CHUNK, max_frame - 4096)
     return node
-
-
-async def _frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list:
-    while True:
-        data = await reader.read(1 << 16)
-        if not data:
-            raise RDMAError("ECONNRESET", "the daemon closed the connection during the handshake")
-        frames = decoder.feed(data)
-        if frames:
-            return frames
 
 
 class _Closable:

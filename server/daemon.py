@@ -38,7 +38,8 @@ from ..protocol.enums import (
 )
 from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
-from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
+from ..protocol.handshake import HandshakeError, make_challenge, verify_hello
+from ..protocol.link import READ_CHUNK, open_link, read_frames
 from ..protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
 from ..protocol.records import WC, RecvWR, SendWR
 from .faults import REORDER_FLUSH_S, Emit, Faults
@@ -47,7 +48,6 @@ log = logging.getLogger("softhca.server")
 
 DEFAULT_PORT = 4791
 HANDSHAKE_TIMEOUT = 10.0
-READ_CHUNK = 1 << 18
 
 # ibv_modify_qp(3), min_rnr_timer: the IBTA encoding of the RNR NAK timer, in ms.
 RNR_TIMER_MS = (655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48,
@@ -286,7 +286,7 @@ class Daemon:
         try:
             challenge, nonce = make_challenge(self.token is not None)
             writer.writelines(encode_frame(challenge))
-            frames = await asyncio.wait_for(_read_frames(reader, decoder), HANDSHAKE_TIMEOUT)
+            frames = await asyncio.wait_for(read_frames(reader, decoder), HANDSHAKE_TIMEOUT)
             if not frames:
                 return
             role = verify_hello(frames[0].header, nonce, self.token)
@@ -362,7 +362,7 @@ class Daemon:
                         touched[id(qph)] = qph
                 for qph in touched.values():
                     self.service(qph)
-                frames = await _read_frames(reader, decoder)
+                frames = await read_frames(reader, decoder)
                 if not frames:
                     return
         except FrameError as e:
@@ -536,17 +536,6 @@ class Daemon:
         return next(self._qpn) & 0xFFFFFF
 
 
-async def _read_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list:
-    """The next whole frames; [] at end of stream."""
-    while True:
-        data = await reader.read(READ_CHUNK)
-        if not data:
-            return []
-        frames = decoder.feed(data)
-        if frames:
-            return frames
-
-
 def _send_error(writer: asyncio.StreamWriter, rid: int, e: RDMAError) -> None:
     with contextlib.suppress(Exception):
         writer.writelines(encode_frame({"t": "err", "id": rid, "errno": e.errno_name,
@@ -589,20 +578,9 @@ class WireLink:
     async def _run(self) -> None:
         where = f"{self.host}:{self.port}"
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=READ_CHUNK),
-                HANDSHAKE_TIMEOUT)
-            decoder = FrameDecoder(self.daemon.max_frame)
-            frames = await asyncio.wait_for(_read_frames(reader, decoder), HANDSHAKE_TIMEOUT)
-            if not frames:
-                raise ConnectionError("closed during the handshake")
-            writer.writelines(encode_frame(make_hello(frames[0].header, "wire",
-                                                      self.daemon.token)))
-            frames = frames[1:] or await asyncio.wait_for(_read_frames(reader, decoder),
-                                                          HANDSHAKE_TIMEOUT)
-            if not frames or frames[0].kind != "welcome":
-                reason = frames[0].header.get("msg") if frames else "closed"
-                raise ConnectionError(f"peer refused the wire link: {reason}")
+            link = await open_link(self.host, self.port, "wire", self.daemon.token,
+                                   timeout=HANDSHAKE_TIMEOUT, max_frame=self.daemon.max_frame)
+            reader, writer = link.reader, link.writer
             self.writer = writer
             queued, self.queued = self.queued, []
             for dev, p, icrc_value in queued:
@@ -650,7 +628,7 @@ class ControlSession:
                     self._handle(fr)
                 if self.writer.transport.get_write_buffer_size() > high:
                     await self.writer.drain()
-                frames = await _read_frames(self.reader, self.decoder)
+                frames = await read_frames(self.reader, self.decoder)
                 if not frames:
                     return
         except FrameError as e:
