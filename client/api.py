@@ -636,21 +636,9 @@ class QP(_Closable):
         """One configure WR as mlx5dv_wr_mkey_configure(3)'s examples post it: ibv_wr_start,
         mlx5dv_wr_mkey_configure announcing one setter per attribute given, those setters,
         ibv_wr_complete. The engine's MkeyConfigureBuilder.post_configure, over the wire."""
-        layout = sges if sges is not None else interleaved
-        given = [a for a in (access, layout, sig, crypto) if a is not None]
-        self.wr_start()
-        self.wr_id, self.wr_flags = wr_id, wr_flags
-        self.wr_mkey_configure(mkey, len(given), MkeyConfAttr(conf_flags=conf_flags))
-        if access is not None:
-            self.wr_set_mkey_access_flags(access)
-        if sges is not None:
-            self.wr_set_mkey_layout_list(sges)
-        elif interleaved is not None:
-            self.wr_set_mkey_layout_interleaved(*interleaved)
-        if sig is not None:
-            self.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            self.wr_set_mkey_crypto(crypto)
+        records.build_configure_wr(self, mkey, access=access, sges=sges,
+                                   interleaved=interleaved, sig=sig, crypto=crypto,
+                                   conf_flags=conf_flags, wr_id=wr_id, wr_flags=wr_flags)
         await self.wr_complete()
 
     async def close(self) -> None:

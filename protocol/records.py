@@ -10,6 +10,10 @@ as ``[addr, length, lkey]``; a WC travels as a list in the order of its fields h
 since a poll may carry thousands of them. ``from_wire`` refuses a malformed record
 with EPROTO (the frame is not what the protocol says) and an opcode outside enum
 ibv_wr_opcode with EINVAL, as ibv_post_send(3) would.
+
+The MKEY configure WR is built by calls rather than as a record (ibv_wr_start,
+mlx5dv_wr_mkey_configure, its setters, ibv_wr_complete); ``build_configure_wr`` makes
+those calls from keywords for the engine's builder and the client's QP alike.
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .attrs import SGE
+from .attrs import SGE, CryptoAttr, MkeyConfAttr, MrInterleaved, SigBlockAttr
 from .control import MAX_SGE, U32, U64, check_fields, sge_to_wire, sges_from_wire
-from .enums import WcOpcode, WcStatus, WrOpcode
+from .enums import SendFlags, WcOpcode, WcStatus, WrOpcode
 from .errors import einval
 from .frames import FrameError
 
-__all__ = ["RECV_WR", "SEND_WR", "WC", "RecvWR", "SendWR"]
+__all__ = ["RECV_WR", "SEND_WR", "WC", "RecvWR", "SendWR", "build_configure_wr"]
 
 _U32 = (int, 0, U32, True)
 _U64 = (int, 0, U64, True)
@@ -153,3 +157,31 @@ class WC:
                 f"qp_num={self.qp_num:#x}"
                 + (f", imm_data={self.imm_data:#x}" if self.imm_data is not None else "")
                 + (f", wc_flags={self.wc_flags:#x}" if self.wc_flags else "") + ")")
+
+
+def build_configure_wr(qp: Any, mkey: Any, *, access: int | None = None,
+                       sges: list[SGE] | None = None,
+                       interleaved: tuple[int, list[MrInterleaved]] | None = None,
+                       sig: SigBlockAttr | None = None, crypto: CryptoAttr | None = None,
+                       conf_flags: int = 0, wr_id: int = 0,
+                       wr_flags: int = SendFlags.INLINE) -> None:
+    """One configure WR as mlx5dv_wr_mkey_configure(3)'s examples post it, up to (not
+    including) ibv_wr_complete: ibv_wr_start, mlx5dv_wr_mkey_configure announcing one
+    setter per attribute given, those setters. ``qp`` is anything with the WR-builder
+    calls (the engine's MkeyConfigureBuilder, the client's QP); the caller completes it,
+    since ibv_wr_complete is synchronous in the one and awaited in the other."""
+    layout = sges if sges is not None else interleaved
+    given = [a for a in (access, layout, sig, crypto) if a is not None]
+    qp.wr_start()
+    qp.wr_id, qp.wr_flags = wr_id, wr_flags
+    qp.wr_mkey_configure(mkey, len(given), MkeyConfAttr(conf_flags=conf_flags))
+    if access is not None:
+        qp.wr_set_mkey_access_flags(access)
+    if sges is not None:
+        qp.wr_set_mkey_layout_list(sges)
+    elif interleaved is not None:
+        qp.wr_set_mkey_layout_interleaved(*interleaved)
+    if sig is not None:
+        qp.wr_set_mkey_sig_block(sig)
+    if crypto is not None:
+        qp.wr_set_mkey_crypto(crypto)

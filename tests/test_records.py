@@ -89,3 +89,39 @@ def test_wc_decoder_refuses(w):
     with pytest.raises(RDMAError) as e:
         WC.from_wire(w)
     assert e.value.errno_name == "EPROTO"
+
+
+class _Recorder:
+    """A WR builder that writes down the calls made on it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if not name.startswith("wr_"):
+            raise AttributeError(name)
+        return lambda *args: self.calls.append((name, *args))
+
+    def __setattr__(self, name, value):
+        if name != "calls":
+            self.calls.append(("set", name, value))
+        object.__setattr__(self, name, value)
+
+
+def test_configure_wr_from_keywords_makes_the_man_page_calls():
+    from softhca.protocol.attrs import MkeyConfAttr, SigBlockAttr
+    from softhca.protocol.records import build_configure_wr
+
+    qp, sig, sges = _Recorder(), SigBlockAttr(), [SGE(0, 512, 7)]
+    build_configure_wr(qp, "mkey", sges=sges, sig=sig, access=1, wr_id=5, wr_flags=8,
+                       conf_flags=1)
+    # mlx5dv_wr_mkey_configure(3): wr_start, wr_id/wr_flags, configure announcing the
+    # setters that follow (access, layout, signature: 3), then the setters.
+    assert qp.calls == [("wr_start",), ("set", "wr_id", 5), ("set", "wr_flags", 8),
+                        ("wr_mkey_configure", "mkey", 3, MkeyConfAttr(conf_flags=1)),
+                        ("wr_set_mkey_access_flags", 1), ("wr_set_mkey_layout_list", sges),
+                        ("wr_set_mkey_sig_block", sig)]
+    qp = _Recorder()
+    build_configure_wr(qp, "mkey", interleaved=(2, []))
+    assert qp.calls[3:] == [("wr_mkey_configure", "mkey", 1, MkeyConfAttr()),
+                            ("wr_set_mkey_layout_interleaved", 2, [])]
