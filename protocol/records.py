@@ -7,7 +7,7 @@ field added here is carried end to end or nowhere.
 On the control plane a send WR and a receive WR travel as maps with the C field names
 (the ``rdma``, ``atomic`` and ``imm_data``/``invalidate_rkey`` unions flattened), SGEs
 as ``[addr, length, lkey]``; a WC travels as a list in the order of its fields here,
-since a poll may carry thousands of them. ``from_wire`` refuses a malformed record
+in docs/protocol.md's order, since a poll may carry thousands of them. ``from_wire`` refuses a malformed record
 with EPROTO (the frame is not what the protocol says) and an opcode outside enum
 ibv_wr_opcode with EINVAL, as ibv_post_send(3) would.
 
@@ -133,23 +133,26 @@ class WC:
     vendor_err: int = 0
 
     def to_wire(self) -> list:
-        return [self.wr_id, int(self.status), int(self.opcode), self.byte_len, self.qp_num,
-                self.imm_data, int(self.wc_flags), self.invalidated_rkey, self.vendor_err]
+        """[wr_id, status, opcode, byte_len, imm_data, qp_num, wc_flags, vendor_err,
+        invalidated_rkey], docs/protocol.md's poll_cq reply."""
+        return [self.wr_id, int(self.status), int(self.opcode), self.byte_len, self.imm_data,
+                self.qp_num, int(self.wc_flags), self.vendor_err, self.invalidated_rkey]
 
     @classmethod
     def from_wire(cls, w: Any) -> WC:
         if (not isinstance(w, list) or len(w) != 9
                 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= U64
-                           for i, x in enumerate(w) if i != 5 or x is not None)):
+                           for i, x in enumerate(w) if i != 4 or x is not None)):
             raise FrameError("EPROTO", f"a WC must be [wr_id, status, opcode, byte_len, "
-                                       f"qp_num, imm_data, wc_flags, invalidated_rkey, "
-                                       f"vendor_err] of unsigned ints, got {w!r}"[:200])
+                                       f"imm_data, qp_num, wc_flags, vendor_err, "
+                                       f"invalidated_rkey] of unsigned ints, got {w!r}"[:200])
         try:
             status, opcode = WcStatus(w[1]), WcOpcode(w[2])
         except ValueError:
             raise FrameError("EPROTO", f"WC status {w[1]} or opcode {w[2]} is not an enum "
                                        "ibv_wc_status / ibv_wc_opcode") from None
-        return cls(w[0], status, opcode, *w[3:])
+        return cls(w[0], status, opcode, byte_len=w[3], imm_data=w[4], qp_num=w[5],
+                   wc_flags=w[6], vendor_err=w[7], invalidated_rkey=w[8])
 
     def __repr__(self) -> str:
         return (f"WC(wr_id={self.wr_id}, status=IBV_WC_{self.status.name}, "

@@ -52,9 +52,11 @@ def test_wc_round_trips_every_field():
     wc = WC(11, WcStatus.REM_ACCESS_ERR, WcOpcode.RECV_RDMA_WITH_IMM, 4096, 0x12, 0xAB, 8,
             0x55, 3)
     w = wc.to_wire()
-    assert w == [11, 10, 129, 4096, 0x12, 0xAB, 8, 0x55, 3]   # verbs.h enum values
+    # docs/protocol.md, poll_cq: [wr_id, status, opcode, byte_len, imm_data, qp_num,
+    # wc_flags, vendor_err, invalidated_rkey]; verbs.h's enum values.
+    assert w == [11, 10, 129, 4096, 0xAB, 0x12, 8, 3, 0x55]
     assert WC.from_wire(w) == wc
-    assert WC.from_wire([1, 0, 0, 0, 0, None, 0, 0, 0]).imm_data is None
+    assert WC.from_wire([1, 0, 0, 0, None, 0, 0, 0, 0]).imm_data is None
 
 
 def test_client_constructors_are_pyverbs_ones():
@@ -82,9 +84,9 @@ def test_send_wr_decoder_refuses(w, errno, words):
     assert e.value.errno_name == errno and words in e.value.message
 
 
-@pytest.mark.parametrize("w", [[1, 0, 0, 0, 0, None, 0, 0], [1, 0, 0, 0, 0, None, 0, 0, True],
-                               [1, 99, 0, 0, 0, None, 0, 0, 0], {"wr_id": 1},
-                               [-1, 0, 0, 0, 0, None, 0, 0, 0]])
+@pytest.mark.parametrize("w", [[1, 0, 0, 0, None, 0, 0, 0], [1, 0, 0, 0, None, 0, 0, 0, True],
+                               [1, 99, 0, 0, None, 0, 0, 0, 0], {"wr_id": 1},
+                               [-1, 0, 0, 0, None, 0, 0, 0, 0], [1, 0, 0, 0, 0, None, 0, 0, 0]])
 def test_wc_decoder_refuses(w):
     with pytest.raises(RDMAError) as e:
         WC.from_wire(w)
