@@ -6,9 +6,9 @@ field added here is carried end to end or nowhere.
 
 On the control plane a send WR and a receive WR travel as maps with the C field names
 (the ``rdma``, ``atomic`` and ``imm_data``/``invalidate_rkey`` unions flattened), SGEs
-as ``[addr, length, lkey]``; a WC travels as a list in the order of its fields here,
-in docs/protocol.md's order, since a poll may carry thousands of them. ``from_wire`` refuses a malformed record
-with EPROTO (the frame is not what the protocol says) and an opcode outside enum
+as ``[addr, length, lkey]``; a WC travels as a list in docs/protocol.md's order, since
+a poll may carry thousands of them. ``from_wire`` refuses a malformed record with
+EPROTO (the frame is not what the protocol says) and an opcode outside enum
 ibv_wr_opcode with EINVAL, as ibv_post_send(3) would.
 
 The MKEY configure WR is built by calls rather than as a record (ibv_wr_start,
@@ -51,8 +51,8 @@ def _wire_map(w: Any, schema: dict, what: str) -> dict:
 class SendWR:
     """struct ibv_send_wr (wr.rdma and wr.atomic flattened).
 
-    ``num_sge`` None means every SGE of ``sg``; a number sends only the first ones, as
-    the C struct's num_sge does.
+    ``num_sge`` None means every SGE of ``sg``; a number makes ``to_wire`` send only the
+    first ones, as the C struct's num_sge does (a decoded WR's ``sg`` is just those).
     """
 
     wr_id: int = 0

@@ -300,8 +300,8 @@ class Verbs:
         rcqp = RCQP(pd, qpn, sq_depth=a["max_send_wr"], rq_depth=a["max_recv_wr"],
                     sq_sig_all=a["sq_sig_all"], max_inline_data=a["max_inline_data"])
         builder = MkeyConfigureBuilder(pd, a["send_ops_flags"], a["sq_sig_all"])
-        qph = QPHost(self.session, 0, pd.hca, pd, rcqp, scq, rcq, a["max_send_sge"], a["max_recv_sge"],
-                     a["send_ops_flags"], builder)
+        qph = QPHost(self.session, 0, pd.hca, pd, rcqp, scq, rcq, a["max_send_sge"],
+                     a["max_recv_sge"], a["send_ops_flags"], builder)
         qph.handle = self.add("qp", qph)
         self.daemon.qps[(pd.hca.name, qpn)] = qph
         if self.daemon._wants("trace"):
