@@ -13,12 +13,12 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import os
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol import records
 from ..protocol.attrs import (
     SGE,
     CryptoAttr,
@@ -38,13 +38,12 @@ from ..protocol.enums import (
     QpState,
     QpType,
     SendFlags,
-    WcOpcode,
-    WcStatus,
     WrOpcode,
 )
 from ..protocol.errors import RDMAError
-from ..protocol.frames import FrameDecoder, encode_frame
-from ..protocol.handshake import make_hello
+from ..protocol.frames import encode_frame
+from ..protocol.link import Link, open_link, read_frames
+from ..protocol.records import WC
 
 DEFAULT_PORT = 4791
 # Replies carry mr.read data; a client accepts bigger frames than it sends.
@@ -69,78 +68,24 @@ class Event:
     header: dict
     data: bytes
 
-class SendWR:
-    """struct ibv_send_wr, as pyverbs' SendWR (signaled by default, like pyverbs)."""
+
+class SendWR(records.SendWR):
+    """struct ibv_send_wr with pyverbs' SendWR constructor: its argument order, and
+    signaled by default, as pyverbs is. The fields and their wire form are
+    protocol.records.SendWR's."""
 
     def __init__(self, wr_id: int = 0, opcode: int = WrOpcode.SEND, num_sge: int | None = None,
                  imm_data: int | None = None, sg: list[SGE] | None = None,
                  send_flags: int = SendFlags.SIGNALED) -> None:
-        self.wr_id = wr_id
-        self.opcode = opcode
-        self.sg = list(sg or [])
-        self.num_sge = len(self.sg) if num_sge is None else num_sge
-        self.imm_data = imm_data
-        self.send_flags = send_flags
-        self.rkey = 0
-        self.remote_addr = 0
-        self.compare_add = 0
-        self.swap = 0
-        self.invalidate_rkey = 0
-
-    def set_wr_rdma(self, rkey: int, addr: int) -> None:
-        self.rkey, self.remote_addr = rkey, addr
-
-    def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
-        self.rkey, self.remote_addr, self.compare_add, self.swap = rkey, addr, compare_add, swap
-
-    def to_wire(self) -> dict:
-        w = {"wr_id": self.wr_id, "opcode": int(self.opcode),
-             "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]],
-             "send_flags": int(self.send_flags), "rkey": self.rkey,
-             "remote_addr": self.remote_addr, "compare_add": self.compare_add,
-             "swap": self.swap, "invalidate_rkey": self.invalidate_rkey}
-        if self.imm_data is not None:
-            w["imm_data"] = self.imm_data
-        return w
+        super().__init__(wr_id, opcode, list(sg or []), send_flags, imm_data, num_sge=num_sge)
 
 
-class RecvWR:
-    """struct ibv_recv_wr"""
+class RecvWR(records.RecvWR):
+    """struct ibv_recv_wr with pyverbs' RecvWR constructor (its argument order)."""
 
     def __init__(self, wr_id: int = 0, num_sge: int | None = None,
                  sg: list[SGE] | None = None) -> None:
-        self.wr_id = wr_id
-        self.sg = list(sg or [])
-        self.num_sge = len(self.sg) if num_sge is None else num_sge
-
-    def to_wire(self) -> dict:
-        return {"wr_id": self.wr_id, "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]]}
-
-
-@dataclass(frozen=True)
-class WC:
-    """struct ibv_wc"""
-
-    wr_id: int
-    status: WcStatus
-    opcode: WcOpcode
-    byte_len: int = 0
-    imm_data: int | None = None
-    qp_num: int = 0
-    wc_flags: int = 0
-    vendor_err: int = 0
-    invalidated_rkey: int = 0
-
-    @classmethod
-    def from_wire(cls, w: list) -> WC:
-        return cls(w[0], WcStatus(w[1]), WcOpcode(w[2]), w[3], w[4], w[5], w[6], w[7], w[8])
-
-    def __repr__(self) -> str:
-        return (f"WC(wr_id={self.wr_id}, status=IBV_WC_{self.status.name}, "
-                f"opcode=IBV_WC_{self.opcode.name}, byte_len={self.byte_len}, "
-                f"qp_num={self.qp_num:#x}"
-                + (f", imm_data={self.imm_data:#x}" if self.imm_data is not None else "")
-                + (f", wc_flags={self.wc_flags:#x}" if self.wc_flags else "") + ")")
+        super().__init__(wr_id, list(sg or []), num_sge)
 
 
 @dataclass
@@ -235,9 +180,8 @@ class MkeyErr:
 class _Connection:
     """One control connection: requests out with ids, replies matched back to them."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 decoder: FrameDecoder, address: str) -> None:
-        self.reader, self.writer, self.decoder = reader, writer, decoder
+    def __init__(self, link: Link, address: str) -> None:
+        self.reader, self.writer, self.decoder = link.reader, link.writer, link.decoder
         self.address = address
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
@@ -246,7 +190,7 @@ class _Connection:
         # beyond that the oldest go and are counted.
         self.events: asyncio.Queue = asyncio.Queue()
         self.events_dropped = 0
-        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._task = asyncio.get_running_loop().create_task(self._read_loop(link.rest))
 
     async def request(self, verb: str, payload: bytes | memoryview = b"",
                       **fields: Any) -> tuple[dict, memoryview]:
@@ -260,14 +204,11 @@ class _Connection:
             await self.writer.drain()
         return await fut
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, frames: list) -> None:
         reason = RDMAError("ECONNRESET", f"the daemon at {self.address} closed the connection")
         try:
             while True:
-                data = await self.reader.read(1 << 18)
-                if not data:
-                    break
-                for fr in self.decoder.feed(data):
+                for fr in frames:
                     h = fr.header
                     if h.get("t") == "event":
                         if self.events.qsize() >= EVENT_QUEUE:
@@ -284,6 +225,9 @@ class _Connection:
                             fut.set_exception(err)
                     elif fut is not None and not fut.done():
                         fut.set_result((h, fr.payload))
+                frames = await read_frames(self.reader, self.decoder)
+                if not frames:
+                    break
         except (ConnectionError, RDMAError) as e:
             reason = e if isinstance(e, RDMAError) else RDMAError("ECONNRESET", str(e))
         finally:
@@ -320,53 +264,16 @@ async def connect(address: str, token: bytes | str | None = None, *,
     host, port = _split_address(address)
     if isinstance(token, str):
         token = token.encode()
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except asyncio.TimeoutError:
-        raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
-            from None
-    except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        raise RDMAError("ECONNRESET", f"cannot connect to {host}:{port}: {reason}") from None
-    decoder = FrameDecoder(CLIENT_MAX_FRAME)
-    try:
-        frames = await asyncio.wait_for(_frames(reader, decoder), timeout)
-        first = frames[0].header
-        if first.get("t") == "err":     # refused before the HELLO (e.g. connection limit)
-            raise RDMAError(first.get("errno", "EPROTO"), first.get("msg", "refused"))
-        writer.writelines(encode_frame(make_hello(first, "control", token)))
-        frames = frames[1:] or await asyncio.wait_for(_frames(reader, decoder), timeout)
-    except asyncio.TimeoutError:
-        writer.close()
-        raise RDMAError("ETIMEDOUT", f"{host}:{port} did not complete the handshake within "
-                                     f"{timeout:g} s") from None
-    except BaseException:
-        writer.close()
-        raise
-    h = frames[0].header
-    if h.get("t") == "err":
-        writer.close()
-        raise RDMAError(h.get("errno", "EPROTO"), h.get("msg", "handshake refused"))
-    if h.get("t") != "welcome":
-        writer.close()
-        raise RDMAError("EPROTO", f"expected 'welcome' from {host}:{port}, got {h.get('t')!r}")
-    conn = _Connection(reader, writer, decoder, f"{host}:{port}")
+    link = await open_link(host, port, "control", token, timeout=timeout,
+                           max_frame=CLIENT_MAX_FRAME)
+    conn = _Connection(link, f"{host}:{port}")
+    h = link.welcome
     node = Node(conn, host, port, list(h.get("devices", [])))
     # mr.write / mr.read chunks must fit the daemon's frame limit with room for the header.
     max_frame = h.get("max_frame")
     if isinstance(max_frame, int) and max_frame > 8192:
         node.io_chunk = min(IO_CHUNK, max_frame - 4096)
     return node
-
-
-async def _frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list:
-    while True:
-        data = await reader.read(1 << 16)
-        if not data:
-            raise RDMAError("ECONNRESET", "the daemon closed the connection during the handshake")
-        frames = decoder.feed(data)
-        if frames:
-            return frames
 
 
 class _Closable:
@@ -843,21 +750,9 @@ class QP(_Closable):
         """One configure WR as mlx5dv_wr_mkey_configure(3)'s examples post it: ibv_wr_start,
         mlx5dv_wr_mkey_configure announcing one setter per attribute given, those setters,
         ibv_wr_complete. The engine's MkeyConfigureBuilder.post_configure, over the wire."""
-        layout = sges if sges is not None else interleaved
-        given = [a for a in (access, layout, sig, crypto) if a is not None]
-        self.wr_start()
-        self.wr_id, self.wr_flags = wr_id, wr_flags
-        self.wr_mkey_configure(mkey, len(given), MkeyConfAttr(conf_flags=conf_flags))
-        if access is not None:
-            self.wr_set_mkey_access_flags(access)
-        if sges is not None:
-            self.wr_set_mkey_layout_list(sges)
-        elif interleaved is not None:
-            self.wr_set_mkey_layout_interleaved(*interleaved)
-        if sig is not None:
-            self.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            self.wr_set_mkey_crypto(crypto)
+        records.build_configure_wr(self, mkey, access=access, sges=sges,
+                                   interleaved=interleaved, sig=sig, crypto=crypto,
+                                   conf_flags=conf_flags, wr_id=wr_id, wr_flags=wr_flags)
         await self.wr_complete()
 
     async def close(self) -> None:

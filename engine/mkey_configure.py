@@ -22,6 +22,7 @@ from ..protocol.enums import (
     WcOpcode,
 )
 from ..protocol.errors import RDMAError, einval, eopnotsupp
+from ..protocol.records import build_configure_wr
 from .crypto import validate_crypto_attr
 from .hca import MR, PD
 from .mkey import Layout, MKey
@@ -162,21 +163,9 @@ class MkeyConfigureBuilder:
         """One configure WR as mlx5dv_wr_mkey_configure(3)'s examples post it: the
         builder, one setter per attribute given (num_setters counted from them), then
         wr_complete. The verbs sequence itself stays available for tests of misuse."""
-        layout = sges if sges is not None else interleaved
-        given = [a for a in (access, layout, sig, crypto) if a is not None]
-        self.wr_start()
-        self.wr_id, self.wr_flags = wr_id, wr_flags
-        self.wr_mkey_configure(mkey, len(given), MkeyConfAttr(conf_flags=conf_flags))
-        if access is not None:
-            self.wr_set_mkey_access_flags(access)
-        if sges is not None:
-            self.wr_set_mkey_layout_list(sges)
-        elif interleaved is not None:
-            self.wr_set_mkey_layout_interleaved(*interleaved)
-        if sig is not None:
-            self.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            self.wr_set_mkey_crypto(crypto)
+        build_configure_wr(self, mkey, access=access, sges=sges, interleaved=interleaved,
+                           sig=sig, crypto=crypto, conf_flags=conf_flags, wr_id=wr_id,
+                           wr_flags=wr_flags)
         return self.wr_complete()
 
     def wr_complete(self) -> list[PostedConfigure]:

@@ -117,6 +117,7 @@ from ..protocol.enums import (
 from ..protocol.errors import RDMAError, einval, eopnotsupp
 from ..protocol.opcodes import FLAGS, Op, opcode_for, with_any, with_flags
 from ..protocol.packets import Packet
+from ..protocol.records import WC, RecvWR, SendWR
 from . import qp_state, transfer
 from .completion import Fault, TransferError
 from .hca import MR, PD
@@ -265,52 +266,6 @@ def psn_add(psn: int, n: int) -> int:
 def psn_diff(a: int, b: int) -> int:
     """a - b in the 24-bit PSN space, as a signed number in [-2^23, 2^23)."""
     return (a - b + _HALF) % PSN_MOD - _HALF
-
-
-# -- records -----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SendWR:
-    """struct ibv_send_wr (rdma.rkey / rdma.remote_addr flattened)."""
-
-    wr_id: int
-    opcode: WrOpcode
-    sg: list[SGE] = field(default_factory=list)
-    send_flags: int = 0
-    imm_data: int | None = None
-    rkey: int = 0
-    remote_addr: int = 0
-    # wr.atomic: compare_add is the compare value of CMP_AND_SWP and the addend of
-    # FETCH_AND_ADD; swap is CMP_AND_SWP's new value. The rkey and remote_addr above.
-    compare_add: int = 0
-    swap: int = 0
-    # invalidate_rkey of SEND_WITH_INV and LOCAL_INV.
-    invalidate_rkey: int = 0
-
-
-@dataclass(frozen=True)
-class RecvWR:
-    """struct ibv_recv_wr"""
-
-    wr_id: int
-    sg: list[SGE] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class WC:
-    """struct ibv_wc"""
-
-    wr_id: int
-    status: WcStatus
-    opcode: WcOpcode
-    byte_len: int
-    qp_num: int
-    imm_data: int | None = None
-    wc_flags: int = 0
-    # The IETH key of a SEND_WITH_INV receive (IBV_WC_WITH_INV); the C struct shares
-    # the field with imm_data.
-    invalidated_rkey: int = 0
-    vendor_err: int = 0
 
 
 @dataclass(eq=False)

@@ -22,6 +22,9 @@ from .enums import (
     SigType,
 )
 
+__all__ = ["SGE", "CryptoAttr", "DEKInitAttr", "MkeyConfAttr", "MrInterleaved", "SigBlockAttr",
+           "SigBlockDomain", "SigCrc", "SigT10dif"]
+
 
 @dataclass(frozen=True)
 class SGE:

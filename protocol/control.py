@@ -64,6 +64,7 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "destroy_qp": {"qp": _H},
     "modify_qp": {"qp": _H, "attr": (dict, 0, 32, True), "mask": _U32},
     "query_qp": {"qp": _H},
+    # Each of "wrs" is a protocol.records.SEND_WR / RECV_WR.
     "post_send": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
     "post_recv": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
     "create_mkey": {"pd": _H, "create_flags": _U32, "max_entries": (int, 1, 1 << 16, True)},
@@ -104,12 +105,6 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "subscribe": {"events": (list, 0, 2, True)},
 }
 
-# One element of post_send's "wrs": struct ibv_send_wr, rdma/atomic unions flattened.
-SEND_WR = {"wr_id": _U64, "opcode": _U32, "sg": (list, 0, MAX_SGE, True),
-           "send_flags": _U32, "imm_data": (int, 0, U32, False), "rkey": _U32,
-           "remote_addr": _U64, "compare_add": _U64, "swap": _U64,
-           "invalidate_rkey": _U32}
-RECV_WR = {"wr_id": _U64, "sg": (list, 0, MAX_SGE, True)}
 # mkey_configure's "calls" replay the ibv_wr_* calls made between ibv_wr_start and
 # ibv_wr_complete, in order, so the daemon reports the error the same sequence gives
 # on a device: ["configure", wr_id, wr_flags, mkey handle, num_setters, conf_flags,
@@ -149,15 +144,6 @@ def check_request(header: dict) -> tuple[str, int, dict]:
     if schema is None:
         raise FrameError("EPROTO", f"unknown control request {verb!r}"[:120])
     return verb, rid, check_fields(header, schema, f"request '{verb}'")
-
-
-def check_list(items: list, schema: dict, what: str) -> list[dict]:
-    out = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise FrameError("EPROTO", f"{what}[{i}] must be a map")
-        out.append(check_fields({"t": what, **item}, schema, f"{what}[{i}]"))
-    return out
 
 
 def sges_from_wire(items: list, what: str) -> list[SGE]:
@@ -282,7 +268,7 @@ def setter_from_wire(kind: Any, value: Any, what: str) -> tuple[str, Any]:
 
 
 __all__ = [
-    "CONFIGURE_CALL", "MAX_SGE", "MkeyConfAttr", "QP_ATTR", "RECV_WR", "REQUESTS", "SEND_WR",
-    "SETTERS", "attr_from_wire", "attr_to_wire", "check_fields", "check_list", "check_request",
+    "CONFIGURE_CALL", "MAX_SGE", "MkeyConfAttr", "QP_ATTR", "REQUESTS", "SETTERS",
+    "attr_from_wire", "attr_to_wire", "check_fields", "check_request",
     "setter_from_wire", "sge_to_wire", "sges_from_wire",
 ]

@@ -465,7 +465,7 @@ async def test_remaining_refusals():
         # A login session is ended by crypto_logout, not destroyed as an object.
         await ctx.crypto_login(cred(), 7, credential_id=3)
         session = next(iter(node.daemon.sessions))
-        handle = next(h for h, (kind, _) in session.objects.items() if kind == "crypto_login")
+        handle = next(h for h, (kind, _) in session.verbs.objects.items() if kind == "crypto_login")
         with pytest.raises(sh.RDMAError) as e:
             await node.request("destroy_crypto_login", login=handle)
         assert errno_of(e) == "EINVAL"
