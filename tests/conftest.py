@@ -7,6 +7,7 @@ import os
 import random
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from softhca.engine.hca import HCA
 from softhca.engine.mkey_configure import MkeyConfigureBuilder
@@ -18,6 +19,13 @@ from softhca.protocol.enums import (
     Mlx5dvQpExSendOps,
     SendFlags,
 )
+
+# The property tests judge behaviour, not speed. On a loaded machine generating examples can
+# be slow, and hypothesis' too_slow health check (or a per-example deadline) would fail a
+# correct run; tests that set their own settings inherit this.
+settings.register_profile("softhca", suppress_health_check=[HealthCheck.too_slow],
+                          deadline=None)
+settings.load_profile("softhca")
 
 ALL_ACCESS = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
               | AccessFlags.REMOTE_ATOMIC)
