@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from softhca.engine import signature, transfer
 from softhca.engine.hca import DEK
 from softhca.protocol.packets import Packet
-from softhca.tools import demo
+from softhca.tools import demo, harness
 from softhca.tools.cli import main
 
 EXAMPLE_NAMES = [
@@ -174,7 +174,7 @@ def test_demo_wire_is_payloads_in_psn_order_once_each():
     psns = [0xFFFFFE, 0xFFFFFF, 0x0, 0x1]
     ops = ["RDMA_WRITE_FIRST", "RDMA_WRITE_MIDDLE", "RDMA_WRITE_MIDDLE", "RDMA_WRITE_LAST"]
     pkts = [Packet(0x11, psn, op, bytes([k]) * 4) for k, (psn, op) in enumerate(zip(psns, ops, strict=True))]
-    cap = demo.Capture(())
+    cap = harness.Capture(())
     cap.sent = [("initiator", p) for p in (pkts[0], pkts[1], pkts[2], pkts[1], pkts[2],
                                             pkts[3])]
     cap.sent.append(("target", Packet(0x21, 0x1, "ACKNOWLEDGE", aeth=("ACK", 1))))

@@ -21,6 +21,9 @@ from softhca.tools import explain
 from softhca.tools.cli import main
 
 # mlx5dv_wr_set_mkey_crypto(3), the table (capitalisation as printed: "Encrypt On TX" in B).
+# Deliberately literals, not softhca.tools.crypto_table.TABLE: explain's row
+# configurations come from that module, and a test that read the table from it too
+# could not catch a wrong row there.
 MAN_PAGE_TABLE = {
     # row: (Memory, Op1, Op2, Op3, Wire, encrypt_on_tx, signature_crypto_order)
     "A": ("data", "Encrypt on TX", "SIG.mem = none", "SIG.wire = none", "enc(data)", True,

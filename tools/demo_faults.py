@@ -11,9 +11,8 @@ receiver's "rx" tap), the completion, ``mkey_check``, the rule's ``fired`` count
 the daemons' recovery counters (``node.counters()``) before and after.
 
 What each case must produce is computed here independently of the engine: the wire
-image with crcmod's T10-DIF and cryptography's XTS (the helpers of
-softhca.tools.demo), the corrupted image by applying the rule's change to it, and
-the mkey_check a device must report by checking that image as docs/semantics.md sections
+image with crcmod's T10-DIF and cryptography's XTS (softhca.tools.oracle), the corrupted
+image by applying the rule's change to it, and the mkey_check a device must report by checking that image as docs/semantics.md sections
 6 and 7 say (escapes, GUARD then APPTAG then REFTAG, the first failing block).
 """
 
@@ -37,36 +36,25 @@ from ..protocol.enums import (
 )
 from ..protocol.errors import RDMAError
 from ..protocol.packets import PSN_MOD, Packet
-from .demo import (
-    BEFORE,
+from .crypto_table import BEFORE, SIG, crypto_attr, dec, enc, new_key
+from .demo import UnknownExample, _norm
+from .harness import (
     DATA_OPCODES,
     PATH_MTU,
     PATH_MTU_BYTES,
     REMOTE,
-    SIG,
     SIG_CRYPTO_FLAGS,
     SIG_FLAGS,
     Capture,
     Example,
     Outcome,
-    Shape,
     Side,
-    Style,
-    UnknownExample,
-    _norm,
-    block_text,
-    crypto_attr,
-    guard_of,
     judge,
-    new_key,
     on_mkey,
-    pi_fields,
-    protect,
-    ref_of,
-    use_color,
     whole,
-    xts,
 )
+from .oracle import guard_of, protect, ref_of
+from .render import Shape, Style, block_text, pi_fields, use_color
 
 BLOCKS = 8
 W = 520                       # wire bytes per block: 512 of data and an 8-byte T10-DIF
@@ -206,7 +194,7 @@ class FaultExample(Example):
                  "rule):")
         self.out.write(f"      {line(after)}\n")
         marks = changes(before[k * W:(k + 1) * W], after[k * W:(k + 1) * W], shape)
-        self.out.write("      " + self.style.bad("^ " + (marks or "unchanged")) + "\n")
+        self.out.write("      " + self.style("bad", "^ " + (marks or "unchanged")) + "\n")
 
     async def complete(self, side: Side, cq: sh.CQ, want: list[tuple[int, WcStatus]],
                        timeout: float = OP_TIMEOUT) -> list[sh.WC]:
@@ -473,9 +461,9 @@ async def _crypto_c(ex: FaultExample) -> None:
     t, i = ex.target, ex.initiator
     k, off = 6, 33
     key, data = new_key(ex.rng, 64), ex.rng.randbytes(BLOCKS * 512)
-    image = xts(key, protect(data, SIG), W, encrypt=True)
+    image = enc(key, protect(data, SIG), W)
     bad = corrupt(image, k, "data", xor=0x01, offset=off)
-    clear = xts(key, bad, W, encrypt=False)
+    clear = dec(key, bad, W)
     attr = crypto_attr(await t.create_dek(key), True, BEFORE, W)
     mr, mkey = await _dif_target(ex, SIG_CRYPTO_FLAGS, crypto=attr)
     ex.mkey_config(mkey, SIG_CRYPTO_FLAGS, REMOTE,
@@ -740,7 +728,7 @@ def _wrap(text: str, width: int = 88) -> list[str]:
 
 
 async def run_one(c: Case, index: int, total: int, out: TextIO, style: Style) -> Outcome:
-    out.write(style.bold(f"[{index}/{total}] {c.name}: {c.title}") + "\n")
+    out.write(style("head", f"[{index}/{total}] {c.name}: {c.title}") + "\n")
     for k, line in enumerate(_wrap(c.why)):
         out.write(f"  {'Why:' if k == 0 else '':<10} {line}\n")
     ex = FaultExample(c.name, out, style)
@@ -761,7 +749,7 @@ def run(only: list[str] | None = None, out: TextIO | None = None,
     failed = [o for o in outcomes if not o.passed]
     n = len(outcomes)
     summary = f"{n} case{'s' if n != 1 else ''}: {n - len(failed)} PASS, {len(failed)} FAIL"
-    out.write((style.bad(summary) if failed else style.ok(summary)) + "\n")
+    out.write((style("bad", summary) if failed else style("pass", summary)) + "\n")
     if failed:
         out.write("failed: " + ", ".join(o.name for o in failed) + "\n")
     return outcomes

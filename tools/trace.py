@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from ..server.cliargs import (
     positive_int,
     read_token,
 )
+from .render import Style, preview, use_color
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 TX, RX = "TX", "RX"
@@ -50,31 +50,6 @@ M64 = 0xFFFFFFFFFFFFFFFF
 IDLE = 0.2
 # Header fields that name the transfer an event belongs to.
 GROUP_FIELDS = ("daemon", "dev", "qp", "role", "wr_id", "psn", "op", "direction", "key")
-
-
-# -- colours ------------------------------------------------------------------------
-
-class Style:
-    """ANSI colours by field; plain text when disabled."""
-
-    CODES = {"data": "37", "guard": "33", "app": "32", "ref": "34", "crc": "33", "enc": "35",
-             "bad": "1;31", "ok": "32", "head": "1", "dim": "2", "stage": "36"}
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def __call__(self, what: str, text: str) -> str:
-        if not self.enabled:
-            return text
-        return f"\x1b[{self.CODES[what]}m{text}\x1b[0m"
-
-
-def use_color(out: TextIO, force: bool, never: bool) -> bool:
-    if never:
-        return False
-    if force:
-        return True
-    return "NO_COLOR" not in os.environ and hasattr(out, "isatty") and out.isatty()
 
 
 # -- grouping events into transfers -------------------------------------------------------
@@ -288,12 +263,6 @@ def cipher_states(t: Transfer) -> list[tuple[bool, bool]]:
 
 
 # -- rendering ----------------------------------------------------------------------------
-
-def preview(buf: bytes) -> str:
-    if len(buf) <= 6:
-        return " ".join(f"{x:02x}" for x in buf)
-    return " ".join(f"{x:02x}" for x in buf[:4]) + " .. " + " ".join(f"{x:02x}" for x in buf[-2:])
-
 
 def pi_text(pi: bytes, kind: str, style: Style) -> str:
     if kind == "t10dif" and len(pi) == 8:
