@@ -157,21 +157,28 @@ def same_structure(a: DomainSpec | None, b: DomainSpec | None) -> bool:
             and a.block_size == b.block_size and a.crc_type == b.crc_type)
 
 
-def computed_copy_mask(mem: DomainSpec | None, wire: DomainSpec | None) -> int:
-    """The copy mask the device computes when COPY_MASK is not set (docs/semantics.md 6.2):
-    the parts of the PI that both domains would generate alike are copied."""
-    if mem is None or wire is None or mem.sig_type != wire.sig_type \
-            or mem.block_size != wire.block_size:
-        return 0
+def copy_mask_fields(mem: DomainSpec | None, wire: DomainSpec | None,
+                     ) -> tuple[tuple[str, int, bool], ...]:
+    """The rule of the computed copy mask (docs/semantics.md 6.2), field by field: for
+    each PI field a copy could take, (field, its check_mask / copy_mask bits, whether
+    the device copies it when COPY_MASK is not set). A field is copied when both
+    domains would generate it alike; nothing is copied between domains of different
+    structure, and a CRC is copied whole."""
+    if not same_structure(mem, wire):
+        return ()
     if mem.sig_type == SigType.CRC:
-        return 0xFF if mem.crc_type == wire.crc_type else 0
+        return (("crc", 0xFF, True),)
+    return (("guard", 0xC0, mem.bg_type == wire.bg_type and mem.guard_seed == wire.guard_seed),
+            ("app_tag", 0x30, mem.app_tag == wire.app_tag),
+            ("ref_tag", 0x0F, mem.ref_tag == wire.ref_tag))
+
+
+def computed_copy_mask(mem: DomainSpec | None, wire: DomainSpec | None) -> int:
+    """The copy mask the device computes when COPY_MASK is not set."""
     mask = 0
-    if mem.bg_type == wire.bg_type and mem.guard_seed == wire.guard_seed:
-        mask |= 0xC0
-    if mem.app_tag == wire.app_tag:
-        mask |= 0x30
-    if mem.ref_tag == wire.ref_tag:
-        mask |= 0x0F
+    for _, bits, copied in copy_mask_fields(mem, wire):
+        if copied:
+            mask |= bits
     return mask
 
 
