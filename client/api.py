@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol.address import split_address
 from ..protocol.attrs import (
     SGE,
     CryptoAttr,
@@ -295,13 +296,6 @@ class _Connection:
             await self._task
 
 
-def _split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        return address, DEFAULT_PORT
-    return host.strip("[]"), int(port)
-
-
 async def connect(address: str, token: bytes | str | None = None, *,
                   timeout: float = 10.0) -> Node:
     """A control session with the daemon at ``host:port``; ``token`` when it requires one.
@@ -309,7 +303,7 @@ async def connect(address: str, token: bytes | str | None = None, *,
     Every step is bounded by ``timeout``: an unreachable address raises RDMAError
     (ETIMEDOUT or ECONNRESET) rather than hanging.
     """
-    host, port = _split_address(address)
+    host, port = split_address(address, DEFAULT_PORT)
     if isinstance(token, str):
         token = token.encode()
     try:

@@ -46,6 +46,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol.address import split_address
 from ..protocol.packets import Packet, decode_packet
 
 ROCE_V2_PORT = 4791
@@ -194,13 +195,6 @@ def roce_frame(p: Packet, src: Endpoint, dst: Endpoint, *, ident: int = 0) -> by
 
 
 # -- addresses ------------------------------------------------------------------------------
-
-def split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        return address.strip("[]"), 0
-    return host.strip("[]"), int(port) if port.isdigit() else 0
-
 
 def ipv4_of(host: str | None) -> str | None:
     """``host`` as a unicast IPv4 address, or None when it is not one (a name other than

@@ -17,8 +17,11 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from softhca.engine import signature, transfer
 from softhca.engine.hca import DEK
+from softhca.protocol.address import split_address
 from softhca.protocol.packets import Packet
 from softhca.tools import demo, harness
 from softhca.tools.cli import main
@@ -222,3 +225,26 @@ def test_python_dash_m_runs_the_cli():
                            "mkey_configure list"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "PASS  mkey_configure list" in done.stdout
+
+
+@pytest.mark.parametrize("argv", [["faults", "list", "--target", "127.0.0.1:1"],
+                                  ["trace", "--target", "127.0.0.1:1"],
+                                  ["capture", "--target", "127.0.0.1:1", "--out", "x.pcap"]])
+def test_an_unreadable_token_file_is_a_usage_error(argv, tmp_path, capsys):
+    """Every client command reads --token-file before it connects (nothing listens on
+    port 1) and names itself in the error."""
+    missing = tmp_path / "no-token"
+    argv = [str(tmp_path / a) if a == "x.pcap" else a for a in argv]
+    assert main([*argv, "--token-file", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"softhca {argv[0]}: cannot read {missing}: No such file"), err
+    assert not (tmp_path / "x.pcap").exists()
+
+
+def test_split_address():
+    assert split_address("127.0.0.1:4791") == ("127.0.0.1", 4791)
+    assert split_address("[::1]:18515") == ("::1", 18515)
+    assert split_address("node-b", 4791) == ("node-b", 4791)
+    assert split_address("10.0.0.2") == ("10.0.0.2", 0)
+    with pytest.raises(ValueError, match="is not HOST:PORT"):
+        split_address("node-b:rdma")

@@ -123,3 +123,34 @@ def test_the_oracle_does_not_import_the_engine(module):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
             assert not any(m.startswith("softhca") for m in mods), ast.dump(node)
     assert imported <= INDEPENDENT[module], imported
+
+
+def engine_imports(path: Path) -> set[str]:
+    """The engine modules ``path`` imports at run time (inside functions too; not the
+    ``if TYPE_CHECKING:`` imports, which only annotations see)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", None) == "TYPE_CHECKING"
+                   for stmt in node.body for n in ast.walk(stmt)}
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in typing_only:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            out.update(n.split(".")[0] for n in names)
+    return out
+
+
+def test_the_engine_modules_import_each_other_without_a_cycle():
+    graph = {p.stem: engine_imports(p) for p in (ROOT / "engine").glob("*.py")}
+    done: set[str] = set()
+
+    def visit(mod: str, path: tuple[str, ...]) -> None:
+        assert mod not in path, "import cycle: " + " -> ".join((*path, mod))
+        if mod in done or mod not in graph:
+            return
+        for dep in sorted(graph[mod]):
+            visit(dep, (*path, mod))
+        done.add(mod)
+
+    for mod in sorted(graph):
+        visit(mod, ())

@@ -284,11 +284,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"softhca faults: {e}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        token = read_token(args.token_file)
-    except TokenFileError as e:
-        print(f"softhca faults: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    token = read_token(args.token_file)
 
     async def run() -> dict:
         async with await sh.connect(args.target, token=token) as node:
@@ -334,13 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Subcommands that live in their own module, each with add_parser(sub): the
     # observation tools of issue 7. Their module is imported only to build the parser.
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"softhca.tools.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"softhca.tools.{name}":
-                raise
-            continue
-        module.add_parser(sub)
+        importlib.import_module(f".{name}", __package__).add_parser(sub)
     return parser
 
 
@@ -364,6 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         return args.func(args)
+    except TokenFileError as e:
+        # Every client command's --token-file (faults, trace, capture), read before it
+        # connects: a usage error, printed once here.
+        print(f"softhca {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:
         # `softhca demo | head`: the reader left; do not print a traceback at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from ..server.cliargs import (
-    TokenFileError,
     nonneg_int,
     positive_float,
     positive_int,
@@ -223,10 +222,10 @@ def _kind(t: Transfer, side: str, bs: int, pi: int) -> str:
         if len(s.data) < bs + 8:
             continue
         block, stored = s.data[:bs], int.from_bytes(s.data[bs:bs + 8], "big")
-        try:
-            from ..engine.guards import guard
-        except ImportError:         # pragma: no cover - the engine ships with the client
-            return "t10dif"
+        # Here, not at the top: building `softhca`'s parser imports this module, and
+        # --help should not load the engine.
+        from ..engine.guards import guard
+
         if stored in (guard("crc64_xp10", block, 0), guard("crc64_xp10", block, M64)):
             return "crc64"
         return "t10dif"
@@ -533,11 +532,7 @@ async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    try:
-        token = read_token(args.token_file)
-    except TokenFileError as e:
-        print(f"softhca trace: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    token = read_token(args.token_file)
     style = Style(use_color(sys.stdout, args.color, args.no_color))
     printer = Printer(sys.stdout, args.json, style, args.max_bytes, args.blocks)
     try:
