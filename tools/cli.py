@@ -49,6 +49,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
+    from .harness import UnknownExample
 
     faults = getattr(args, "what", None) == "faults"
     if faults:
@@ -66,7 +67,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             outcomes = report.run(args.only, html, faults=faults)
         else:
             outcomes = (demo_faults if faults else demo).run(args.only)
-    except (demo.UnknownExample, OSError) as e:
+    except (UnknownExample, OSError) as e:
         # OSError: the report's file cannot be written (tried before anything runs).
         print(f"softhca demo: {e}", file=sys.stderr)
         return EXIT_USAGE

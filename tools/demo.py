@@ -12,14 +12,11 @@ The demo never imports the tests, so it can run where only the package is instal
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from .. import client as sh
 from ..protocol.attrs import (
     SGE,
     MrInterleaved,
@@ -53,20 +50,20 @@ from .harness import (
     EXAMPLE_TIMEOUT,
     INDIRECT,
     LOCAL,
-    PATH_MTU_BYTES,
     REMOTE,
     SIG_CRYPTO_FLAGS,
     SIG_FLAGS,
     Example,
     Outcome,
-    Side,
-    connect_sides,
     judge,
     on_mkey,
+    run_all,
+    select_entries,
+    two_daemons,
     whole,
 )
 from .oracle import guard_of, protect
-from .render import Shape, Style, preview, use_color
+from .render import Shape, Style, preview
 
 SIG_PAGE = "mlx5dv_wr_set_mkey_sig_block(3)"
 CRYPTO_PAGE = "mlx5dv_wr_set_mkey_crypto(3)"
@@ -476,47 +473,14 @@ async def _layout_interleaved(ex: Example) -> None:
 
 # -- selection and the run ---------------------------------------------------------------
 
-class UnknownExample(ValueError):
-    pass
-
-
-def _norm(name: str) -> str:
-    # "sig_block 1.1", "sig-block-1.1" and "SIG_BLOCK_1.1" name the same example.
-    return "".join(ch for ch in name.lower() if ch not in " _-")
-
-
 def select(only: list[str] | None) -> list[Entry]:
     """The examples named by ``only``: an exact name, else every example whose name
     starts with it ("crypto row" runs the ten rows)."""
-    if not only:
-        return list(EXAMPLES)
-    chosen: list[Entry] = []
-    for want in only:
-        key = _norm(want)
-        exact = [e for e in EXAMPLES if _norm(e.name) == key]
-        found = exact or [e for e in EXAMPLES if _norm(e.name).startswith(key)]
-        if not found:
-            names = ", ".join(e.name for e in EXAMPLES)
-            raise UnknownExample(f"no example named {want!r}; the examples are: {names}")
-        chosen += [e for e in found if e not in chosen]
-    return chosen
+    return select_entries(EXAMPLES, only, "example", "examples")
 
 
 async def _play(entry: Entry, ex: Example) -> None:
-    """Two embedded daemons for one example: set up, connected, the example run, closed."""
-    async with sh.embedded() as tnode, sh.embedded() as inode:
-        ex.target = await Side.open("target", tnode)
-        ex.initiator = await Side.open("initiator", inode)
-        await connect_sides(ex.target, ex.initiator)
-        if ex.record is not None:
-            # The report draws the pipeline stages each daemon traced (softhca trace's
-            # events); without a subscriber the daemons do no trace work at all.
-            ex.subs = [(side, await side.node.subscribe("trace"))
-                       for side in (ex.target, ex.initiator)]
-            ex.record.traced = True
-        ex.say("daemons", f"target daemon {tnode.address} QP 0x{ex.target.qp.qp_num:x}, "
-               f"initiator daemon {inode.address} QP 0x{ex.initiator.qp.qp_num:x}; "
-               f"RC over TCP, path MTU {PATH_MTU_BYTES}")
+    async with two_daemons(ex, trace=True):
         await entry.fn(ex)
 
 
@@ -527,23 +491,7 @@ async def run_one(entry: Entry, index: int, total: int, out: TextIO, style: Styl
     return await judge(ex, _play(entry, ex), EXAMPLE_TIMEOUT, "example", out, style)
 
 
-async def _run_all(entries: list[Entry], out: TextIO, style: Style) -> list[Outcome]:
-    return [await run_one(e, k, len(entries), out, style) for k, e in enumerate(entries, 1)]
-
-
 def run(only: list[str] | None = None, out: TextIO | None = None,
         color: bool | None = None) -> list[Outcome]:
-    """Run the selected examples, printing each; raises UnknownExample for a bad name.
-    Synchronous: the daemons and the client run on an event loop of their own."""
-    out = out or sys.stdout
-    style = Style(use_color(out) if color is None else color)
-    entries = select(only)
-    outcomes = asyncio.run(_run_all(entries, out, style))
-    failed = [o for o in outcomes if not o.passed]
-    n = len(outcomes)
-    summary = (f"{n} example{'s' if n != 1 else ''}: {n - len(failed)} PASS, "
-               f"{len(failed)} FAIL")
-    out.write((style("bad", summary) if failed else style("pass", summary)) + "\n")
-    if failed:
-        out.write("failed: " + ", ".join(o.name for o in failed) + "\n")
-    return outcomes
+    """Run the selected examples, printing each; raises UnknownExample for a bad name."""
+    return run_all(select(only), run_one, "example", out, color)

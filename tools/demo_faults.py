@@ -18,8 +18,6 @@ image by applying the rule's change to it, and the mkey_check a device must repo
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TextIO
@@ -37,11 +35,8 @@ from ..protocol.enums import (
 from ..protocol.errors import RDMAError
 from ..protocol.packets import PSN_MOD, Packet
 from .crypto_table import BEFORE, SIG, crypto_attr, dec, enc, new_key
-from .demo import UnknownExample, _norm
 from .harness import (
     DATA_OPCODES,
-    PATH_MTU,
-    PATH_MTU_BYTES,
     REMOTE,
     SIG_CRYPTO_FLAGS,
     SIG_FLAGS,
@@ -51,10 +46,13 @@ from .harness import (
     Side,
     judge,
     on_mkey,
+    run_all,
+    select_entries,
+    two_daemons,
     whole,
 )
 from .oracle import guard_of, protect, ref_of
-from .render import Shape, Style, block_text, pi_fields, use_color
+from .render import Shape, Style, block_text, pi_fields
 
 BLOCKS = 8
 W = 520                       # wire bytes per block: 512 of data and an 8-byte T10-DIF
@@ -688,31 +686,12 @@ async def _rnr(ex: FaultExample) -> None:
 
 def select(only: list[str] | None) -> list[Case]:
     """The cases named by ``only`` (exact name, else prefix; case, spaces, dashes and
-    underscores ignored), as demo.select does for the examples."""
-    if not only:
-        return list(CASES)
-    chosen: list[Case] = []
-    for want in only:
-        key = _norm(want)
-        found = [c for c in CASES if _norm(c.name) == key] or \
-            [c for c in CASES if _norm(c.name).startswith(key)]
-        if not found:
-            names = ", ".join(c.name for c in CASES)
-            raise UnknownExample(f"no fault case named {want!r}; the cases are: {names}")
-        chosen += [c for c in found if c not in chosen]
-    return chosen
+    underscores ignored), as the examples are chosen."""
+    return select_entries(CASES, only, "fault case", "cases")
 
 
 async def _play(c: Case, ex: FaultExample) -> None:
-    async with sh.embedded() as tnode, sh.embedded() as inode:
-        ex.target = await Side.open("target", tnode)
-        ex.initiator = await Side.open("initiator", inode)
-        kw = dict(c.connect)
-        await ex.target.qp.connect(ex.initiator.qp.info(), path_mtu=PATH_MTU, **kw)
-        await ex.initiator.qp.connect(ex.target.qp.info(), path_mtu=PATH_MTU, **kw)
-        ex.say("daemons", f"target daemon {tnode.address} QP 0x{ex.target.qp.qp_num:x}, "
-               f"initiator daemon {inode.address} QP 0x{ex.initiator.qp.qp_num:x}; "
-               f"RC over TCP, path MTU {PATH_MTU_BYTES}")
+    async with two_daemons(ex, **dict(c.connect)):
         await c.fn(ex)
 
 
@@ -735,21 +714,7 @@ async def run_one(c: Case, index: int, total: int, out: TextIO, style: Style) ->
     return await judge(ex, _play(c, ex), CASE_TIMEOUT, "case", out, style)
 
 
-async def _run_all(cases: list[Case], out: TextIO, style: Style) -> list[Outcome]:
-    return [await run_one(c, k, len(cases), out, style) for k, c in enumerate(cases, 1)]
-
-
 def run(only: list[str] | None = None, out: TextIO | None = None,
         color: bool | None = None) -> list[Outcome]:
     """Run the selected cases, printing each; raises UnknownExample for a bad name."""
-    out = out or sys.stdout
-    style = Style(use_color(out) if color is None else color)
-    cases = select(only)
-    outcomes = asyncio.run(_run_all(cases, out, style))
-    failed = [o for o in outcomes if not o.passed]
-    n = len(outcomes)
-    summary = f"{n} case{'s' if n != 1 else ''}: {n - len(failed)} PASS, {len(failed)} FAIL"
-    out.write((style("bad", summary) if failed else style("pass", summary)) + "\n")
-    if failed:
-        out.write("failed: " + ", ".join(o.name for o in failed) + "\n")
-    return outcomes
+    return run_all(select(only), run_one, "case", out, color)

@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import contextvars
 import random
-from collections.abc import Awaitable, Callable, Iterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -46,6 +47,7 @@ from .render import (
     preview,
     segments_line,
     sig_text,
+    use_color,
 )
 
 LOCAL = AccessFlags.LOCAL_WRITE
@@ -120,10 +122,26 @@ class Side:
         return mkey
 
 
-async def connect_sides(a: Side, b: Side) -> None:
-    """RESET -> INIT -> RTR -> RTS on both QPs, each towards the other's daemon."""
-    await a.qp.connect(b.qp.info(), path_mtu=PATH_MTU)
-    await b.qp.connect(a.qp.info(), path_mtu=PATH_MTU)
+@contextlib.asynccontextmanager
+async def two_daemons(ex: Example, *, trace: bool = False, **connect) -> AsyncIterator[None]:
+    """Two embedded daemons for one example or case: ``ex.target`` and ``ex.initiator``
+    opened, their QPs taken RESET -> INIT -> RTR -> RTS towards each other (``connect``:
+    more attributes for both), and closed at the end."""
+    async with sh.embedded() as tnode, sh.embedded() as inode:
+        ex.target = await Side.open("target", tnode)
+        ex.initiator = await Side.open("initiator", inode)
+        await ex.target.qp.connect(ex.initiator.qp.info(), path_mtu=PATH_MTU, **connect)
+        await ex.initiator.qp.connect(ex.target.qp.info(), path_mtu=PATH_MTU, **connect)
+        if trace and ex.record is not None:
+            # The report draws the pipeline stages each daemon traced (softhca trace's
+            # events); without a subscriber the daemons do no trace work at all.
+            ex.subs = [(side, await side.node.subscribe("trace"))
+                       for side in (ex.target, ex.initiator)]
+            ex.record.traced = True
+        ex.say("daemons", f"target daemon {tnode.address} QP 0x{ex.target.qp.qp_num:x}, "
+               f"initiator daemon {inode.address} QP 0x{ex.initiator.qp.qp_num:x}; "
+               f"RC over TCP, path MTU {PATH_MTU_BYTES}")
+        yield
 
 
 def whole(mr: sh.MR) -> list[SGE]:
@@ -524,3 +542,51 @@ async def judge(ex, play, timeout: float, noun: str, out: TextIO, style: Style) 
         out.write(f"  {style('bad', 'FAIL')}  {o.name}: {o.reasons[0]}{more}\n\n")
     return o
 
+
+# -- choosing and running a catalogue (the examples, the fault cases) --------------------
+
+class UnknownExample(ValueError):
+    """A name given to --only that names no example (or fault case)."""
+
+
+def _norm(name: str) -> str:
+    # "sig_block 1.1", "sig-block-1.1" and "SIG_BLOCK_1.1" name the same example.
+    return "".join(ch for ch in name.lower() if ch not in " _-")
+
+
+def select_entries(catalogue: Sequence, only: list[str] | None, noun: str, plural: str) -> list:
+    """The entries named by ``only``: an exact name, else every entry whose name starts
+    with it ("crypto row" runs the ten rows); all of them without ``only``."""
+    if not only:
+        return list(catalogue)
+    chosen: list = []
+    for want in only:
+        key = _norm(want)
+        found = [e for e in catalogue if _norm(e.name) == key] or \
+            [e for e in catalogue if _norm(e.name).startswith(key)]
+        if not found:
+            names = ", ".join(e.name for e in catalogue)
+            raise UnknownExample(f"no {noun} named {want!r}; the {plural} are: {names}")
+        chosen += [e for e in found if e not in chosen]
+    return chosen
+
+
+def run_all(entries: list, run_one: Callable[..., Awaitable[Outcome]], noun: str,
+            out: TextIO | None, color: bool | None) -> list[Outcome]:
+    """Run ``entries`` one after the other, each printed by ``run_one``, then the count of
+    PASS and FAIL. Synchronous: the daemons and the client run on an event loop of their
+    own."""
+    out = out or sys.stdout
+    style = Style(use_color(out) if color is None else color)
+
+    async def play() -> list[Outcome]:
+        return [await run_one(e, k, len(entries), out, style) for k, e in enumerate(entries, 1)]
+
+    outcomes = asyncio.run(play())
+    failed = [o for o in outcomes if not o.passed]
+    n = len(outcomes)
+    summary = f"{n} {noun}{'s' if n != 1 else ''}: {n - len(failed)} PASS, {len(failed)} FAIL"
+    out.write((style("bad", summary) if failed else style("pass", summary)) + "\n")
+    if failed:
+        out.write("failed: " + ", ".join(o.name for o in failed) + "\n")
+    return outcomes
