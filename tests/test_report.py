@@ -166,17 +166,8 @@ def test_report_of_a_few_examples(tmp_path, capsys):
     assert "The man page states:" in body
 
 
-def test_report_shows_a_fail(tmp_path, monkeypatch, capsys):
+def test_report_shows_a_fail(tmp_path, wrong_demo_oracle, capsys):
     """An oracle that disagrees: the section says FAIL and why, the summary counts it."""
-    real = demo.protect
-
-    def wrong(data, d):
-        out = bytearray(real(data, d))
-        if d is demo.DIF_4K:
-            out[4104 + 4096 + 7] ^= 0x01
-        return bytes(out)
-
-    monkeypatch.setattr(demo, "protect", wrong)
     path = tmp_path / "fail.html"
     assert main(["demo", "--only", "sig_block 2", "--html", str(path)]) == 1
     capsys.readouterr()

@@ -33,10 +33,8 @@ from ..protocol.enums import (
     WcStatus,
 )
 from ..protocol.errors import RDMAError
-from ..protocol.packets import PSN_MOD, Packet
 from .crypto_table import BEFORE, SIG, crypto_attr, dec, enc, new_key
 from .harness import (
-    DATA_OPCODES,
     REMOTE,
     SIG_CRYPTO_FLAGS,
     SIG_FLAGS,
@@ -125,39 +123,6 @@ def check_text(e: Check) -> str:
     w = 4 if max(e[1], e[2]) <= 0xFFFF else 8
     return (f"{MkeyErrType(e[0]).name} actual 0x{e[1]:0{w}x} expected 0x{e[2]:0{w}x} "
             f"offset {e[3]}")
-
-
-# -- the wire as both daemons' taps saw it ----------------------------------------------
-
-class Taps(Capture):
-    """demo.Capture (every packet each daemon sent, before its "out" rules) plus every
-    packet each daemon accepted (after the sender's rules, before its own "in" rules;
-    a packet failing its integrity check is dropped before the tap)."""
-
-    def __init__(self, sides: tuple[Side, ...]) -> None:
-        super().__init__(sides)
-        self.accepted: list[tuple[str, Packet]] = []
-
-    def __enter__(self) -> Taps:
-        super().__enter__()
-        for side in self.sides:
-            def tap(direction: str, dev: str, pkt: Packet, role: str = side.role) -> None:
-                if direction == "rx":
-                    self.accepted.append((role, pkt))
-            side.daemon.taps.append(tap)
-            self._taps.append((side, tap))
-        return self
-
-    def image_in(self, receiver: Side) -> bytes:
-        """The data ``receiver`` accepted on its QP, each PSN's first copy, in PSN order."""
-        pkts = [p for role, p in self.accepted if role == receiver.role
-                and p.dest_qp == receiver.qp.qp_num and p.opcode.startswith(DATA_OPCODES)]
-        first: dict[int, Packet] = {}
-        for p in pkts:
-            first.setdefault(p.psn, p)
-        base = pkts[0].psn if pkts else 0
-        return b"".join(p.payload for p in sorted(first.values(),
-                                                  key=lambda p: (p.psn - base) % PSN_MOD))
 
 
 # -- one case while it runs ---------------------------------------------------------------
@@ -298,7 +263,7 @@ async def _dif_target(ex: FaultExample, flags=SIG_FLAGS, sig: SigBlockAttr = WIR
     return mr, mkey
 
 
-async def _write(ex: FaultExample, src: sh.MR, mkey: sh.MKey, taps: Taps) -> None:
+async def _write(ex: FaultExample, src: sh.MR, mkey: sh.MKey, taps: Capture) -> None:
     """The initiator RDMA_WRITEs ``src`` to the target MKEY (rkey, address 0)."""
     i = ex.initiator
     wr = sh.SendWR(wr_id=4, opcode=sh.IBV_WR_RDMA_WRITE, sg=whole(src))
@@ -334,7 +299,7 @@ async def _corrupted_write(ex: FaultExample, k: int, field: str, xor: int, offse
         rule["offset"] = offset
     rule = await ex.add_rule(i, **rule)
     before = await ex.counters()
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     await _write(ex, src, mkey, taps)
     sent = taps.wire(i, t).data
     got = taps.image_in(t)
@@ -433,7 +398,7 @@ async def _read_response(ex: FaultExample) -> None:
     before = await ex.counters()
     wr = sh.SendWR(wr_id=3, opcode=sh.IBV_WR_RDMA_READ, sg=on_mkey(mkey, BLOCKS * W))
     wr.set_wr_rdma(src.rkey, src.addr)
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     with taps:
         await i.qp.post_send(wr)
         await ex.complete(i, i.scq, [(3, WcStatus.SUCCESS)])
@@ -473,7 +438,7 @@ async def _crypto_c(ex: FaultExample) -> None:
     rule = await ex.add_rule(i, action="corrupt", opcode="RDMA_WRITE", block=k, block_size=W,
                              field="data", offset=off, xor=0x01)
     before = await ex.counters()
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     await _write(ex, src, mkey, taps)
     sent, got = taps.wire(i, t).data, taps.image_in(t)
     ex.hit(k, sent, got, CIPHER, i, t)
@@ -513,7 +478,7 @@ async def _app_escape(ex: FaultExample) -> None:
     rule = await ex.add_rule(i, action="corrupt", opcode="RDMA_WRITE", block=k, block_size=W,
                              field="guard", xor=0xFF)
     before = await ex.counters()
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     await _write(ex, src, mkey, taps)
     sent, got = taps.wire(i, t).data, taps.image_in(t)
     ex.hit(k, sent, got, DIF, i, t)
@@ -531,7 +496,7 @@ async def _app_escape(ex: FaultExample) -> None:
     ex.say("expect", f"oracle: {check_text(want2)}")
     rule2 = await ex.add_rule(i, action="corrupt", opcode="RDMA_WRITE", block=k + 1,
                               block_size=W, field="guard", xor=0xFF)
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     await _write(ex, src, mkey, taps)
     ex.same("the target accepted the oracle's corrupted image", taps.image_in(t), bad2, DIF)
     await ex.check_mkey(t, mkey, want2)
@@ -583,7 +548,7 @@ async def _lossy(ex: FaultExample) -> None:
            f"{len(recvs)} receives with their sizes, every slot holding its bytes")
     before = await ex.counters()
     swcs, rwcs = [], []
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     with taps:
         for start in range(0, LOSSY_N, LOSSY_BATCH):
             await t.qp.post_recv([r for r in recvs if start <= r.wr_id < start + LOSSY_BATCH])
@@ -635,7 +600,7 @@ async def _retry(ex: FaultExample) -> None:
         wr.set_wr_rdma(dst.rkey, dst.addr)
         wrs.append(wr)
     ex.say("post", "3 RDMA_WRITEs of 1024B from the initiator")
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     with taps:
         await i.qp.post_send(wrs)
         await ex.complete(i, i.scq, want)
@@ -668,7 +633,7 @@ async def _rnr(ex: FaultExample) -> None:
     await t.qp.post_recv(sh.RecvWR(wr_id=1, sg=whole(rbuf)))
     before = await ex.counters()
     ex.say("post", "a RECV of 100B on the target, then a SEND of 100B from the initiator")
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     with taps:
         await i.qp.post_send(sh.SendWR(wr_id=2, opcode=sh.IBV_WR_SEND, sg=whole(src)))
         await ex.complete(i, i.scq, [(2, WcStatus.RNR_RETRY_EXC_ERR)])

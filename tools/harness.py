@@ -81,13 +81,15 @@ class Side:
         self.mkeys: dict[int, tuple[sh.MKey, bool]] = {}
 
     @classmethod
-    async def open(cls, role: str, node: sh.Node) -> Side:
+    async def open(cls, role: str, node: sh.Node, *, cqe: int = 256, max_send_wr: int = 64,
+                   max_recv_wr: int = 64, max_sge: int = 4) -> Side:
         ctx = await node.open_device("mlx5_0")
         pd = await ctx.alloc_pd()
-        scq, rcq = await ctx.create_cq(256), await ctx.create_cq(256)
+        scq, rcq = await ctx.create_cq(cqe), await ctx.create_cq(cqe)
         qp = await pd.create_qp(sh.QPInitAttr(
             qp_type=sh.IBV_QPT_RC, scq=scq, rcq=rcq,
-            cap=sh.QPCap(max_send_wr=64, max_recv_wr=64, max_send_sge=4, max_recv_sge=4),
+            cap=sh.QPCap(max_send_wr=max_send_wr, max_recv_wr=max_recv_wr,
+                         max_send_sge=max_sge, max_recv_sge=max_sge),
             send_ops_flags=Mlx5dvQpExSendOps.WITH_MKEY_CONFIGURE))
         return cls(role, node, ctx, pd, scq, rcq, qp)
 
@@ -153,19 +155,32 @@ def on_mkey(mkey: sh.MKey, length: int) -> list[SGE]:
     return [SGE(0, length, mkey.lkey)]
 
 
+def in_psn_order(packets: list[Packet]) -> list[Packet]:
+    """The first copy of each PSN, in PSN order from the first packet's (across the
+    24-bit wrap): a retransmitted packet counts once."""
+    first: dict[int, Packet] = {}
+    for p in packets:
+        first.setdefault(p.psn, p)
+    base = packets[0].psn if packets else 0
+    return sorted(first.values(), key=lambda p: (p.psn - base) % PSN_MOD)
+
+
 class Capture:
-    """Every packet the two daemons send while one operation runs (``Daemon.taps``)."""
+    """Every packet the two daemons send and accept while one operation runs
+    (``Daemon.taps``): sent before the sender's "out" fault rules, accepted after them and
+    before the receiver's "in" rules (a packet failing its integrity check is dropped
+    before the tap)."""
 
     def __init__(self, sides: tuple[Side, ...]) -> None:
         self.sides = sides
         self.sent: list[tuple[str, Packet]] = []
+        self.accepted: list[tuple[str, Packet]] = []
         self._taps: list[tuple[Side, Callable]] = []
 
     def __enter__(self) -> Capture:
         for side in self.sides:
             def tap(direction: str, dev: str, pkt: Packet, role: str = side.role) -> None:
-                if direction == "tx":
-                    self.sent.append((role, pkt))
+                (self.sent if direction == "tx" else self.accepted).append((role, pkt))
             side.daemon.taps.append(tap)
             self._taps.append((side, tap))
         return self
@@ -175,18 +190,23 @@ class Capture:
             side.daemon.taps.remove(tap)
         self._taps.clear()
 
+    @staticmethod
+    def _data(seen: list[tuple[str, Packet]], role: str, qp: int) -> list[Packet]:
+        return [p for r, p in seen if r == role and p.dest_qp == qp
+                and p.opcode.startswith(DATA_OPCODES)]
+
     def wire(self, sender: Side, receiver: Side) -> Wire:
         """The data packets ``sender`` sent to ``receiver``'s QP, once each in PSN order."""
-        data = [p for role, p in self.sent if role == sender.role
-                and p.dest_qp == receiver.qp.qp_num and p.opcode.startswith(DATA_OPCODES)]
+        data = self._data(self.sent, sender.role, receiver.qp.qp_num)
         others = [(role, p) for role, p in self.sent if not p.opcode.startswith(DATA_OPCODES)]
-        first: dict[int, Packet] = {}
-        for p in data:
-            first.setdefault(p.psn, p)
-        base = data[0].psn if data else 0
-        packets = sorted(first.values(), key=lambda p: (p.psn - base) % PSN_MOD)
+        packets = in_psn_order(data)
         return Wire(b"".join(p.payload for p in packets), packets, len(data) - len(packets),
                     others, sender.role, receiver.role, receiver.qp.qp_num)
+
+    def image_in(self, receiver: Side) -> bytes:
+        """The data ``receiver`` accepted on its QP, each PSN's first copy, in PSN order."""
+        pkts = self._data(self.accepted, receiver.role, receiver.qp.qp_num)
+        return b"".join(p.payload for p in in_psn_order(pkts))
 
 
 @dataclass(frozen=True)
