@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .enums import (
+    CRC_PI_BYTES,
+    T10DIF_PI_BYTES,
     BlockSize,
     CryptoKeySize,
     CryptoStandard,
@@ -78,6 +80,13 @@ class SigBlockDomain:
     crc: SigCrc | None = None
     block_size: int = BlockSize.SIZE_512
     comp_mask: int = 0
+
+    @property
+    def pi_size(self) -> int:
+        """The PI bytes after each block (the struct's fields only say which signature)."""
+        if self.sig_type == SigType.T10DIF:
+            return T10DIF_PI_BYTES
+        return CRC_PI_BYTES[self.crc.crc_type]
 
 
 @dataclass(frozen=True)

@@ -239,3 +239,15 @@ def test_split_address():
     assert split_address("10.0.0.2") == ("10.0.0.2", 0)
     with pytest.raises(ValueError, match="is not HOST:PORT"):
         split_address("node-b:rdma")
+
+
+def test_building_the_parser_loads_no_engine_and_no_crypto():
+    """softhca --help builds every subcommand's parser (explain and trace included):
+    the engine, numpy, crcmod and cryptography load only when a command runs."""
+    heavy = ("softhca.engine.signature", "softhca.engine.hca", "numpy", "crcmod",
+             "cryptography")
+    code = ("import sys; from softhca.tools.cli import build_parser; build_parser(); "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

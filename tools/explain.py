@@ -32,14 +32,8 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..engine.signature import (
-    DomainSpec,
-    SigConfig,
-    copy_mask_fields,
-    same_structure,
-    validate_sig_block_attr,
-)
 from ..protocol.attrs import SigBlockAttr, SigBlockDomain, SigCrc, SigT10dif
 from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
@@ -52,6 +46,17 @@ from ..protocol.enums import (
 )
 from ..protocol.errors import RDMAError
 from . import crypto_table
+
+if TYPE_CHECKING:
+    from ..engine.signature import DomainSpec, SigConfig
+
+
+def _signature():
+    """engine/signature.py, the device's rules, when a configuration is explained: not
+    when softhca's parser is built (`softhca --help` does not load the engine)."""
+    from ..engine import signature
+
+    return signature
 
 EXIT_OK, EXIT_USAGE = 0, 2
 TX, RX = "TX", "RX"
@@ -390,7 +395,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError("--copy-mask needs a signature in both domains (--mem and --wire)")
         return None
     try:
-        return validate_sig_block_attr(to_attr(cfg))
+        return _signature().validate_sig_block_attr(to_attr(cfg))
     except RDMAError as e:
         raise ConfigError(f"mlx5dv_wr_set_mkey_sig_block would fail with {e.errno_name}: "
                           f"{e.message}") from None
@@ -414,12 +419,13 @@ def copy_mask_why(mem: DomainSpec | None, wire: DomainSpec | None) -> str:
     """Why the device computes the copy mask it does (the rule is the engine's)."""
     if mem is None or wire is None:
         return "only one domain has a signature: nothing to copy"
-    if not same_structure(mem, wire):
+    fields = _signature().copy_mask_fields(mem, wire)
+    if not fields:
         return "the domains differ in signature type, CRC type or block size"
     if not is_t10dif(mem):
         return f"both domains are {title(mem)}: the CRC is copied"
     why = []
-    for name, _, copied in copy_mask_fields(mem, wire):
+    for name, _, copied in fields:
         label, what = COPY_FIELD_WORDS[name]
         why.append(f"{label} copied (same {what})" if copied else
                    f"{label} generated ({what} differ{'s' if ' and ' not in what else ''})")
@@ -545,6 +551,8 @@ class Deriver:
             self.names = {MEMORY: "SIG" if mem else "none", WIRE: "SIG" if wire else "none"}
         self.domains = {MEMORY: mem, WIRE: wire}
         self.copy_mask = sig.copy_mask if sig else 0
+        # PI bytes are copied only between domains of the same structure.
+        self.copyable = bool(_signature().copy_mask_fields(mem, wire))
         # The unit a block image is drawn in: the signature's block, else the data unit.
         self.block = sig.block_size if sig else \
             cfg.crypto.dus if cfg.crypto else None
@@ -709,7 +717,7 @@ class Deriver:
     def _generate(self, src: str, dst: str, ind: DomainSpec | None, outd: DomainSpec, img: Image,
                   steps: list[Step]) -> tuple[Image, list[dict], list[dict]]:
         name, in_name = self.names[dst], self.names[src]
-        copy = self.copy_mask if same_structure(ind, outd) else 0
+        copy = self.copy_mask if self.copyable else 0
         copied_sel = mask_fields(copy, outd)
         copied_names = {f.name: b for f, b in copied_sel}
         texts, copied, generated = [], [], []

@@ -13,11 +13,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-import crcmod
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
 from ..protocol.attrs import SigBlockDomain
-from ..protocol.enums import BLOCK_SIZE_BYTES, SigCrcType, SigT10difBgType, SigT10difFlags, SigType
+from ..protocol.enums import (
+    BLOCK_SIZE_BYTES,
+    CRC_PI_BYTES,
+    SigCrcType,
+    SigT10difBgType,
+    SigT10difFlags,
+    SigType,
+)
 
 M16, M32, M64 = 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
 
@@ -36,14 +40,15 @@ _CRC_CHECK = {
     ("crc32c", M32): 0xE3069283, ("crc32c", 0): 0xA71C05DF,
     ("crc64", M64): 0xAE8B14860A799888, ("crc64", 0): 0x87FF3F9B2B57C87B,
 }
-# enum mlx5dv_sig_crc_type: the CRC and its PI bytes.
-_CRC_KIND = {SigCrcType.CRC32: ("crc32", 4), SigCrcType.CRC32C: ("crc32c", 4),
-             SigCrcType.CRC64_XP10: ("crc64", 8)}
 
 
 @functools.cache
 def crc(kind: str, seed: int) -> Callable[[bytes], int]:
     """The CRC whose register starts at ``seed``, with the algorithm's final xor."""
+    # crcmod and cryptography load when the oracle computes, not when softhca's parser
+    # is built (explain's --row configurations come from the crypto table, beside it).
+    import crcmod
+
     poly, rev, xorout = _CRC_PARAMS[kind]
     # crcmod's initCrc is the register value after the final xor, so undo it.
     fn = crcmod.mkCrcFun(poly, initCrc=seed ^ xorout, rev=rev, xorOut=xorout)
@@ -69,7 +74,10 @@ def crc64_xp10(data: bytes, seed: int) -> int:
     return crc("crc64", seed)(data)
 
 
-CRC_FUNCS = {0: (crc32_fcph, 4), 1: (crc32c, 4), 2: (crc64_xp10, 8)}  # by mlx5dv_sig_crc_type
+# by enum mlx5dv_sig_crc_type: the CRC and its PI bytes.
+CRC_FUNCS = {SigCrcType.CRC32: (crc32_fcph, CRC_PI_BYTES[SigCrcType.CRC32]),
+             SigCrcType.CRC32C: (crc32c, CRC_PI_BYTES[SigCrcType.CRC32C]),
+             SigCrcType.CRC64_XP10: (crc64_xp10, CRC_PI_BYTES[SigCrcType.CRC64_XP10])}
 
 
 def ip_csum(data: bytes, bg: int = 0) -> int:
@@ -110,12 +118,6 @@ def protect_blocks(data: bytes, block_size: int, pi: Callable[[bytes, int], byte
 
 # -- the same, for a struct mlx5dv_sig_block_domain -------------------------------------
 
-def pi_size(d: SigBlockDomain | None) -> int:
-    if d is None:
-        return 0
-    return 8 if d.sig_type == SigType.T10DIF else _CRC_KIND[d.crc.crc_type][1]
-
-
 def guard_of(d: SigBlockDomain, block: bytes) -> int:
     """The T10-DIF guard or the CRC of one block in domain ``d``."""
     if d.sig_type == SigType.T10DIF:
@@ -137,7 +139,7 @@ def pi_of(d: SigBlockDomain, block: bytes, b: int) -> bytes:
     if d.sig_type == SigType.T10DIF:
         return (guard_of(d, block).to_bytes(2, "big") + d.dif.app_tag.to_bytes(2, "big")
                 + ref_of(d, b).to_bytes(4, "big"))
-    return guard_of(d, block).to_bytes(pi_size(d), "big")
+    return guard_of(d, block).to_bytes(d.pi_size, "big")
 
 
 def protect(data: bytes, d: SigBlockDomain) -> bytes:
@@ -149,6 +151,8 @@ def protect(data: bytes, d: SigBlockDomain) -> bytes:
 def xts(key: bytes, data: bytes, unit: int, tweak: int, encrypt: bool) -> bytes:
     """IEEE 1619 XTS-AES: unit k with tweak ``tweak + k`` as 16 little-endian bytes
     (mlx5dv_wr_set_mkey_crypto(3): "The tweak is incremented after each data_unit_size")."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     out = bytearray()
     for k, start in enumerate(range(0, len(data), unit)):
         t = ((tweak + k) % (1 << 128)).to_bytes(16, "little")

@@ -21,7 +21,6 @@ from ..protocol.enums import (
     SigT10difFlags,
     SigType,
 )
-from .oracle import pi_size
 
 
 class Style:
@@ -58,6 +57,10 @@ def preview(buf: bytes) -> str:
 
 
 # -- images cut in blocks ----------------------------------------------------------------
+
+def pi_size(d: SigBlockDomain | None) -> int:
+    return d.pi_size if d is not None else 0
+
 
 @dataclass(frozen=True)
 class Shape:

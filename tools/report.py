@@ -25,8 +25,7 @@ from ..protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain
 from ..protocol.enums import BLOCK_SIZE_BYTES, MkeyErrType, SignatureCryptoOrder, SigType
 from . import demo, harness
 from .harness import Record, Stage, Step
-from .oracle import pi_size
-from .render import Shape, domain_text, pi_fields, preview
+from .render import Shape, domain_text, pi_fields, pi_size, preview
 
 # -- colours: one per kind of byte (the legend draws the same table) ---------------------
 
