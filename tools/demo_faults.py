@@ -128,7 +128,7 @@ def check_text(e: Check) -> str:
 # -- one case while it runs ---------------------------------------------------------------
 
 class FaultExample(Example):
-    """demo.Example's printing and checks, plus what a fault case shows."""
+    """harness.Example's printing and checks, plus what a fault case shows."""
 
     def __init__(self, name: str, out: TextIO, style: Style) -> None:
         super().__init__(name, out, style)

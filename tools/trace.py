@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from ..protocol.enums import BLOCK_SIZE_BYTES, MkeyErrType
 from ..server.cliargs import (
     nonneg_int,
     positive_float,
@@ -39,9 +40,9 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 TX, RX = "TX", "RX"
 SIG_STAGES = ("check", "strip", "generate")
 CRYPTO_STAGES = ("encrypt", "decrypt")
-BLOCK_SIZES = (512, 520, 4048, 4096, 4160)
+BLOCK_SIZES = tuple(BLOCK_SIZE_BYTES.values())
 # enum mlx5dv_mkey_err_type (REFTAG is numerically before APPTAG).
-ERR_NAMES = {0: "NO_ERR", 1: "BAD_GUARD", 2: "BAD_REFTAG", 3: "BAD_APPTAG"}
+ERR_NAMES = {int(e): e.name for e in MkeyErrType}
 M64 = 0xFFFFFFFFFFFFFFFF
 # How long the stream may be quiet before a transfer still open is printed: the stages
 # of one transfer are pushed together, so a pause means it is complete (an MR's TX
