@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from ..protocol.attrs import SigBlockDomain
+from ..protocol.attrs import SigBlockDomain, pi_size
 from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
     CRC_PI_BYTES,
@@ -139,7 +139,7 @@ def pi_of(d: SigBlockDomain, block: bytes, b: int) -> bytes:
     if d.sig_type == SigType.T10DIF:
         return (guard_of(d, block).to_bytes(2, "big") + d.dif.app_tag.to_bytes(2, "big")
                 + ref_of(d, b).to_bytes(4, "big"))
-    return guard_of(d, block).to_bytes(d.pi_size, "big")
+    return guard_of(d, block).to_bytes(pi_size(d), "big")
 
 
 def protect(data: bytes, d: SigBlockDomain) -> bytes:

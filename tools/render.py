@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain
+from ..protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain, pi_size
 from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
     SigCrcType,
@@ -57,9 +57,6 @@ def preview(buf: bytes) -> str:
 
 
 # -- images cut in blocks ----------------------------------------------------------------
-
-def pi_size(d: SigBlockDomain | None) -> int:
-    return d.pi_size if d is not None else 0
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain
+from ..protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain, pi_size
 from ..protocol.enums import BLOCK_SIZE_BYTES, MkeyErrType, SignatureCryptoOrder, SigType
 from . import demo, harness
 from .harness import Record, Stage, Step
-from .render import Shape, domain_text, pi_fields, pi_size, preview
+from .render import Shape, domain_text, pi_fields, preview
 
 # -- colours: one per kind of byte (the legend draws the same table) ---------------------
 
