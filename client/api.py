@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol import records
+from ..protocol.address import split_address
 from ..protocol.attrs import (
     SGE,
     CryptoAttr,
@@ -247,13 +248,6 @@ class _Connection:
             await self._task
 
 
-def _split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        return address, DEFAULT_PORT
-    return host.strip("[]"), int(port)
-
-
 async def connect(address: str, token: bytes | str | None = None, *,
                   timeout: float = 10.0) -> Node:
     """A control session with the daemon at ``host:port``; ``token`` when it requires one.
@@ -261,7 +255,7 @@ async def connect(address: str, token: bytes | str | None = None, *,
     Every step is bounded by ``timeout``: an unreachable address raises RDMAError
     (ETIMEDOUT or ECONNRESET) rather than hanging.
     """
-    host, port = _split_address(address)
+    host, port = split_address(address, DEFAULT_PORT)
     if isinstance(token, str):
         token = token.encode()
     link = await open_link(host, port, "control", token, timeout=timeout,

@@ -30,6 +30,7 @@ from .crypto_login import (
     DeviceCrypto,
     unwrap_dek,
 )
+from .mkey import MKey
 from .xts import xts_transform
 
 # Virtual addresses handed to MRs start here and stay page aligned, like a
@@ -218,9 +219,7 @@ class HCA:
         dek.state = DekState.ERROR
         self.deks.pop(dek.handle, None)
 
-    def create_mkey(self, pd: PD, create_flags: int, max_entries: int):
-        from .mkey import MKey
-
+    def create_mkey(self, pd: PD, create_flags: int, max_entries: int) -> MKey:
         if not create_flags & MkeyInitAttrFlags.INDIRECT:
             raise einval("mlx5dv_create_mkey needs MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT")
         if create_flags & ~MKEY_CREATE_FLAGS:
@@ -231,13 +230,6 @@ class HCA:
         self.keys[mkey.lkey] = mkey
         return mkey
 
-    def destroy_mkey(self, mkey) -> None:
+    def destroy_mkey(self, mkey: MKey) -> None:
         mkey.invalidate()
         self.keys.pop(mkey.lkey, None)
-
-    def lookup_dek(self, dek) -> DEK:
-        handle = dek.handle if isinstance(dek, DEK) else dek
-        found = self.deks.get(handle) if isinstance(handle, int) else None
-        if found is None:
-            raise RDMAError("EINVAL", f"DEK {handle!r} is unknown on {self.name}")
-        return found

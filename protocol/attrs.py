@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .enums import (
+    CRC_PI_BYTES,
+    T10DIF_PI_BYTES,
     BlockSize,
     CryptoKeySize,
     CryptoStandard,
@@ -81,6 +83,16 @@ class SigBlockDomain:
     crc: SigCrc | None = None
     block_size: int = BlockSize.SIZE_512
     comp_mask: int = 0
+
+
+def pi_size(d: SigBlockDomain | None) -> int:
+    """The PI bytes after each block of domain ``d`` (0 without a signature): the
+    struct's fields say which signature, mlx5dv_wr_set_mkey_sig_block(3) its size."""
+    if d is None:
+        return 0
+    if d.sig_type == SigType.T10DIF:
+        return T10DIF_PI_BYTES
+    return CRC_PI_BYTES[d.crc.crc_type]
 
 
 @dataclass(frozen=True)

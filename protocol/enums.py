@@ -34,6 +34,12 @@ class SigCrcType(IntEnum):
     CRC64_XP10 = 2
 
 
+# PI bytes per block (mlx5dv_wr_set_mkey_sig_block(3)): a T10DIF's guard, app tag and
+# ref tag, or the CRC.
+T10DIF_PI_BYTES = 8
+CRC_PI_BYTES = {SigCrcType.CRC32: 4, SigCrcType.CRC32C: 4, SigCrcType.CRC64_XP10: 8}
+
+
 class BlockSize(IntEnum):
     """enum mlx5dv_block_size: the values are indexes, not byte counts."""
 

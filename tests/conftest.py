@@ -100,3 +100,21 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("containers")
         for line in compose.REPORT:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def wrong_demo_oracle(monkeypatch):
+    """softhca demo's oracle one bit off: the T10DIF images of DIF_4K (sig_block 2) get
+    block 1's ref tag 0x00001001 where the page says 0x00001000, so a demo judged by it
+    must FAIL there."""
+    from softhca.tools import demo
+
+    real = demo.protect
+
+    def wrong(data, d):
+        out = bytearray(real(data, d))
+        if d is demo.DIF_4K:
+            out[4104 + 4096 + 7] ^= 0x01
+        return bytes(out)
+
+    monkeypatch.setattr(demo, "protect", wrong)

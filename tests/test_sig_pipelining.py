@@ -34,8 +34,7 @@ from softhca.protocol.enums import (
     WrOpcode,
 )
 from softhca.protocol.errors import RDMAError
-
-import oracle
+from softhca.tools import oracle
 
 SIG_FENCE = int(SendFlags.SIGNALED | SendFlags.FENCE)
 PIPELINING = {"sig_pipelining": True}

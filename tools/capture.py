@@ -14,11 +14,11 @@ import signal
 import sys
 import time
 
+from ..protocol.address import split_address
 from ..protocol.frames import FrameError
 from ..protocol.packets import Packet, decode_packet
-from ..protocol.roce import PcapWriter, endpoint, ipv4_of, packet_record, split_address
+from ..protocol.roce import PcapWriter, endpoint, ipv4_of, packet_record
 from ..server.cliargs import (
-    TokenFileError,
     positive_float,
     positive_int,
     read_token,
@@ -130,11 +130,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_capture(args: argparse.Namespace) -> int:
     from .. import client as sh
 
-    try:
-        token = read_token(args.token_file)
-    except TokenFileError as e:
-        print(f"softhca capture: {e}", file=sys.stderr)
-        return 2
+    token = read_token(args.token_file)
     if args.peer is not None and ipv4_of(args.peer) is None:
         print(f"softhca capture: --peer {args.peer!r} is not an IPv4 address", file=sys.stderr)
         return 2

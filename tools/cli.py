@@ -49,6 +49,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
+    from .harness import UnknownExample
 
     faults = getattr(args, "what", None) == "faults"
     if faults:
@@ -66,7 +67,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             outcomes = report.run(args.only, html, faults=faults)
         else:
             outcomes = (demo_faults if faults else demo).run(args.only)
-    except (demo.UnknownExample, OSError) as e:
+    except (UnknownExample, OSError) as e:
         # OSError: the report's file cannot be written (tried before anything runs).
         print(f"softhca demo: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -289,11 +290,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"softhca faults: {e}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        token = read_token(args.token_file)
-    except TokenFileError as e:
-        print(f"softhca faults: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    token = read_token(args.token_file)
 
     async def run() -> dict:
         async with await sh.connect(args.target, token=token) as node:
@@ -339,13 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Subcommands that live in their own module, each with add_parser(sub): the
     # observation tools of issue 7. Their module is imported only to build the parser.
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"softhca.tools.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"softhca.tools.{name}":
-                raise
-            continue
-        module.add_parser(sub)
+        importlib.import_module(f".{name}", __package__).add_parser(sub)
     return parser
 
 
@@ -369,6 +360,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         return args.func(args)
+    except TokenFileError as e:
+        # Every client command's --token-file (faults, trace, capture), read before it
+        # connects: a usage error, printed once here.
+        print(f"softhca {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:
         # `softhca demo | head`: the reader left; do not print a traceback at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -3,7 +3,7 @@ SOFTHCA_TARGET, the initiator a daemon on this host.
 
 Each test runs the very example function of the single-host end-to-end suite
 (tests/test_e2e_*.py) on a pair whose two sides live on different hosts, so the two
-suites cannot drift apart; the expected images come from tests/oracle.py there. Every
+suites cannot drift apart; the expected images come from softhca.tools.oracle there. Every
 test is bounded by SOFTHCA_TWONODE_TIMEOUT on top of the examples' own completion
 timeouts (tests/e2e.py: cq.poll_n with a timeout).
 """
