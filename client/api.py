@@ -764,7 +764,9 @@ class embedded:  # noqa: N801 - a function-like async context manager, as docs/a
 
     async def __aenter__(self) -> Node:
         from ..server.daemon import Daemon
+        from ..server.logs import default_handler
 
+        default_handler()
         self.daemon = Daemon(self.hcas, self.host, 0, self.token, **self.options)
         await self.daemon.start()
         try:

@@ -14,12 +14,12 @@ import ipaddress
 import json
 import logging
 import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..protocol.errors import RDMAError
 from .daemon import Daemon, Limits, kv
+from .logs import setup_logging
 
 log = logging.getLogger("softhca.server")
 
@@ -98,11 +98,6 @@ def options_from_args(args) -> ServeOptions:
                     max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr)
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
                         args.log_level, args.ready_file, faults, capture or None)
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
 async def serve(o: ServeOptions) -> None:

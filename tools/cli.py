@@ -328,6 +328,7 @@ def _rule_text(rule: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="softhca", description="softhca: a software mlx5-class RDMA HCA simulator")
+    parser.add_argument("--version", action="version", version=f"softhca {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_serve, add_faults, add_demo, add_bench):
         add(sub)
@@ -345,6 +346,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 SUBCOMMAND_MODULES = ("trace", "explain", "capture")
+
+
+def installed_version() -> str:
+    """The version pip installed (pyproject.toml's), from the package's metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("softhca")
+    except PackageNotFoundError:    # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
