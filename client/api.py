@@ -445,7 +445,9 @@ class Node(_Closable):
 
     async def counters(self) -> dict[str, int]:
         """The daemon's wire counters: packets sent and received, dropped for a bad
-        integrity check, retransmitted, duplicates discarded, RNR retries, ..."""
+        integrity check, retransmitted, duplicates discarded, RNR retries, ...; and the
+        transfers and layouts of signature MKEYs that were not whole protection blocks
+        (``partial_block_*``, in all and per MKEY: docs/blocks.md)."""
         h, _ = await self.request("counters")
         return h["counters"]
 

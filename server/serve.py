@@ -35,6 +35,7 @@ class ServeOptions:
     ready_file: str | None
     faults: list = field(default_factory=list)
     capture: str | None = None
+    strict_blocks: bool = False
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -97,11 +98,13 @@ def options_from_args(args) -> ServeOptions:
                     max_daemon_bytes=args.max_daemon_bytes, max_frame=args.max_frame,
                     max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr)
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
-                        args.log_level, args.ready_file, faults, capture or None)
+                        args.log_level, args.ready_file, faults, capture or None,
+                        bool(getattr(args, "strict_blocks", False)))
 
 
 async def serve(o: ServeOptions) -> None:
-    daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits)
+    daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits,
+                    strict_blocks=o.strict_blocks)
     for rule in o.faults:
         daemon.faults.add(rule)
     await daemon.start()

@@ -206,6 +206,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faults", metavar="FILE",
                    help="fault rules to install at start: a JSON list of rules (the fields of "
                    "'softhca faults add'), refused whole if any rule is malformed")
+    p.add_argument("--strict-blocks", action="store_true",
+                   help="refuse what is not whole protection blocks: a signature MKEY's "
+                   "layout at configure (EINVAL), a transfer through it as a misaligned one "
+                   "is (docs/blocks.md); without it a trailing partial block passes as plain "
+                   "data and is counted (partial_block_* counters)")
     p.add_argument("--capture", metavar="FILE",
                    help="write every packet this daemon sends and accepts to FILE, a pcap of "
                    "RoCEv2 frames that Wireshark and tshark decode (see 'softhca capture')")
