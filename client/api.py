@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,7 @@ from ..protocol.enums import (
     WcStatus,
     WrOpcode,
 )
-from ..protocol.errors import RDMAError
+from ..protocol.errors import RDMAError, connect_error
 from ..protocol.frames import FrameDecoder, encode_frame
 from ..protocol.handshake import make_hello
 
@@ -307,7 +306,8 @@ async def connect(address: str, token: bytes | str | None = None, *,
     """A control session with the daemon at ``host:port``; ``token`` when it requires one.
 
     Every step is bounded by ``timeout``: an unreachable address raises RDMAError
-    (ETIMEDOUT or ECONNRESET) rather than hanging.
+    rather than hanging, with the errno that happened (ECONNREFUSED, EHOSTUNREACH,
+    ENETUNREACH, ETIMEDOUT; EHOSTUNREACH "cannot resolve host" for a failed lookup).
     """
     host, port = _split_address(address)
     if isinstance(token, str):
@@ -318,8 +318,7 @@ async def connect(address: str, token: bytes | str | None = None, *,
         raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
             from None
     except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        raise RDMAError("ECONNRESET", f"cannot connect to {host}:{port}: {reason}") from None
+        raise connect_error(host, port, e) from None
     decoder = FrameDecoder(CLIENT_MAX_FRAME)
     try:
         frames = await asyncio.wait_for(_frames(reader, decoder), timeout)
