@@ -48,6 +48,8 @@ log = logging.getLogger("softhca.server")
 DEFAULT_PORT = 4791
 HANDSHAKE_TIMEOUT = 10.0
 READ_CHUNK = 1 << 18
+# ibv_query_device(3) max_cqe: the most entries a CQ may be created with.
+MAX_CQE = 1 << 22
 
 # ibv_modify_qp(3), min_rnr_timer: the IBTA encoding of the RNR NAK timer, in ms.
 RNR_TIMER_MS = (655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48,
@@ -793,7 +795,7 @@ class ControlSession:
         return {"attr": {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
                          "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr,
                          "max_msg_sz": lim.max_msg_size, "max_sge": control.MAX_SGE,
-                         "max_cqe": 1 << 22, "max_mr_size": 1 << 40, "max_pd": 1 << 16,
+                         "max_cqe": MAX_CQE, "max_mr_size": 1 << 40, "max_pd": 1 << 16,
                          "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
                          & 0xFFFFFFFFFFFF}}
 
@@ -844,6 +846,8 @@ class ControlSession:
     # -- verbs: CQ and QP ---------------------------------------------------------------
     def op_create_cq(self, a, payload, rid):
         self.get(a["ctx"], "ctx")
+        if not 1 <= a["cqe"] <= MAX_CQE:
+            raise einval(f"ibv_create_cq cqe {a['cqe']} is outside [1, max_cqe {MAX_CQE}]")
         cq = CQHost(0, a["cqe"])
         cq.handle = self.add("cq", cq)
         return {"cq": cq.handle, "cqe": a["cqe"]}
