@@ -29,7 +29,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP) lint-docker
-	$(PY) -m ruff check engine protocol server client tools tests
+	$(PY) -m ruff check engine protocol server client tools tests examples
 
 # Offline: the compose file against the compose specification schema check-jsonschema
 # carries, the Dockerfile with hadolint at warning level.

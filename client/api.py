@@ -253,7 +253,8 @@ async def connect(address: str, token: bytes | str | None = None, *,
     """A control session with the daemon at ``host:port``; ``token`` when it requires one.
 
     Every step is bounded by ``timeout``: an unreachable address raises RDMAError
-    (ETIMEDOUT or ECONNRESET) rather than hanging.
+    rather than hanging, with the errno that happened (ECONNREFUSED, EHOSTUNREACH,
+    ENETUNREACH, ETIMEDOUT; EHOSTUNREACH "cannot resolve host" for a failed lookup).
     """
     host, port = split_address(address, DEFAULT_PORT)
     if isinstance(token, str):
@@ -354,7 +355,9 @@ class Node(_Closable):
 
     async def counters(self) -> dict[str, int]:
         """The daemon's wire counters: packets sent and received, dropped for a bad
-        integrity check, retransmitted, duplicates discarded, RNR retries, ..."""
+        integrity check, retransmitted, duplicates discarded, RNR retries, ...; and the
+        transfers and layouts of signature MKEYs that were not whole protection blocks
+        (``partial_block_*``, in all and per MKEY: docs/blocks.md)."""
         h, _ = await self.request("counters")
         return h["counters"]
 
@@ -775,7 +778,9 @@ class embedded:  # noqa: N801 - a function-like async context manager, as docs/a
     async def __aenter__(self) -> Node:
         from ..server.crypto_config import crypto_config_from_env, load_crypto_config
         from ..server.daemon import Daemon
+        from ..server.logs import default_handler
 
+        default_handler()
         try:
             crypto = (crypto_config_from_env() if self.crypto_config is None
                       else load_crypto_config(self.crypto_config))

@@ -112,10 +112,16 @@ class DEK:
 class HCA:
     """One simulated mlx5 device (``mlx5_0``) and the host memory behind it."""
 
-    def __init__(self, name: str = "mlx5_0", crypto: DeviceCrypto | None = None) -> None:
+    def __init__(self, name: str = "mlx5_0", crypto: DeviceCrypto | None = None, *,
+                 strict_blocks: bool = False) -> None:
         self.name = name
         # The crypto import method, KEK and credential, fixed for the device's life.
         self.crypto = crypto or DeviceCrypto()
+        # docs/blocks.md: with strict_blocks a signature MKEY's layout and every
+        # transfer through it must be whole protection blocks; without, a trailing
+        # partial block passes as plain data and is only counted.
+        self.strict_blocks = strict_blocks
+        self.partial_blocks = {"partial_block_transfers": 0, "partial_block_layouts": 0}
         self._handles = itertools.count(1)
         # Key index in the upper 24 bits, an 8-bit variant in the lower, as mlx5
         # keys look; start away from 0 so that a zero key is always unknown.

@@ -82,6 +82,19 @@ class MKey:
         self.sig: SigConfig | None = None
         self.crypto = None
         self.sig_error: SigError | None = None
+        # Not whole protection blocks (docs/blocks.md): configures that left a layout
+        # of a partial block, transfers whose length ended in one.
+        self.partial_block_layouts = 0
+        self.partial_block_transfers = 0
+
+    def count_partial(self, what: str) -> int:
+        """One more partial-block ``what`` ("layouts" or "transfers") on this MKEY and
+        its device; returns this MKEY's count."""
+        name = f"partial_block_{what}"
+        n = getattr(self, name) + 1
+        setattr(self, name, n)
+        self.pd.hca.partial_blocks[name] += 1
+        return n
 
     @property
     def rkey(self) -> int:

@@ -67,6 +67,7 @@ class _Applied:
     reset_sig: bool
     sig: Any
     crypto: Any
+    partial_layout: bool = False
 
 
 class MkeyConfigureBuilder:
@@ -207,7 +208,22 @@ class MkeyConfigureBuilder:
                              "MLX5DV_MKEY_INIT_ATTR_FLAGS_CRYPTO")
             crypto = validate_crypto_attr(s[CRYPTO], self.pd)
         reset = bool(wr.conf_attr.conf_flags & MkeyConfFlags.RESET_SIG_ATTR)
-        return _Applied(mkey, access, layout, reset, sig, crypto)
+        partial = _partial_layout(self.pd, mkey, layout or mkey.layout,
+                                  sig if sig is not None or reset else mkey.sig)
+        return _Applied(mkey, access, layout, reset, sig, crypto, partial)
+
+
+def _partial_layout(pd: PD, mkey: MKey, layout: Layout | None, sig) -> bool:
+    """Whether the layout the MKEY will have ends in a partial protection block of the
+    signature it will have; refused (EINVAL) on a strict_blocks device (docs/blocks.md)."""
+    if layout is None or sig is None:
+        return False
+    tail = layout.length % sig.mem_width
+    if tail and pd.hca.strict_blocks:
+        raise einval(f"layout of {layout.length} bytes is not a whole number of "
+                     f"{sig.mem_width}-byte protection blocks in the memory domain "
+                     f"({tail} bytes over); this device runs with strict blocks")
+    return bool(tail)
 
 
 def _layout_mr(pd: PD, lkey: int, addr: int, length: int, what: str) -> tuple[MR, int]:
@@ -269,4 +285,6 @@ def _apply(a: _Applied) -> None:
         mkey.sig_error = None
     if a.crypto is not None:
         mkey.crypto = a.crypto
+    if a.partial_layout:
+        mkey.count_partial("layouts")
     mkey.valid = True

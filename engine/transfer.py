@@ -91,6 +91,11 @@ def plan(mkey: MKey, offset: int, length: int) -> Plan:
             raise TransferError(Fault.LENGTH, f"wire offset {offset} is not on a {w}-byte "
                                 "protected block boundary")
         n, tail = divmod(length, w)
+        if tail and mkey.pd.hca.strict_blocks:
+            # docs/blocks.md: refused as a misaligned start is, by the MKEY's owner.
+            raise TransferError(Fault.LENGTH, f"{length} wire bytes are not a whole number "
+                                f"of {w}-byte protection blocks ({tail} bytes over); this "
+                                "device runs with strict blocks")
         if tail > bs:
             raise TransferError(Fault.LENGTH, f"{length} wire bytes end {tail} bytes into a "
                                 f"{w}-byte block: the tail would split its PI")
@@ -101,6 +106,14 @@ def plan(mkey: MKey, offset: int, length: int) -> Plan:
         raise TransferError(Fault.ACCESS, f"[{offset}, +{length}) on MKEY {mkey.lkey:#x} ends "
                             f"at memory byte {end}, past its {mkey.layout.length} bytes")
     return p
+
+
+def _partial(mkey: MKey, p: Plan) -> dict:
+    """A transfer ending in a partial protection block is counted on its MKEY, and the
+    trace's last stage says so (docs/blocks.md)."""
+    if not p.tail or mkey.sig is None:
+        return {}
+    return {"partial_block": p.tail, "partial_block_transfers": mkey.count_partial("transfers")}
 
 
 def _crypto_stream(mkey: MKey, p: Plan) -> tuple[str, int, int] | None:
@@ -190,7 +203,7 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
         _emit_sig(t, stages, "wire", p.wire_offset, stream)
     if cs is not None and cs[0] == "wire":
         stream = _crypt(obj, stream, cs, TX, t)
-    t.emit("wire", "wire", p.wire_offset, stream)
+    t.emit("wire", "wire", p.wire_offset, stream, **_partial(obj, p))
     return stream.tobytes()
 
 
@@ -222,7 +235,7 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
     if cs is not None and cs[0] == "memory":
         stream = _crypt(obj, stream, cs, RX, t)
     obj.layout.scatter(p.mem_offset, stream)
-    t.emit("scatter", "memory", p.mem_offset, stream)
+    t.emit("scatter", "memory", p.mem_offset, stream, **_partial(obj, p))
 
 
 def check_rx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False) -> None:

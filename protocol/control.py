@@ -32,6 +32,7 @@ from .attrs import (
 from .frames import FrameError, field
 
 U8, U16, U32, U64 = (1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
+I32 = (1 << 31) - 1
 MAX_SGE = 32
 MAX_WRS_PER_POST = 4096
 
@@ -48,11 +49,15 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "close_device": {"ctx": _H},
     "alloc_pd": {"ctx": _H},
     "dealloc_pd": {"pd": _H},
-    "reg_mr": {"pd": _H, "length": (int, 1, U64, True), "access": _U32},
+    # The bounds here are what the call's C types hold (a size_t length, an int cqe):
+    # beyond them a request is malformed (EPROTO). What the verbs themselves refuse
+    # inside those types (ibv_reg_mr of 0 bytes, a cqe over max_cqe) is the handler's
+    # and the engine's, EINVAL in the verbs' words.
+    "reg_mr": {"pd": _H, "length": _U64, "access": _U32},
     "dereg_mr": {"mr": _H},
     "mr_write": {"mr": _H, "offset": _U64},
     "mr_read": {"mr": _H, "offset": _U64, "length": _U64},
-    "create_cq": {"ctx": _H, "cqe": (int, 1, 1 << 22, True)},
+    "create_cq": {"ctx": _H, "cqe": (int, 0, I32, True)},
     "destroy_cq": {"cq": _H},
     "poll_cq": {"cq": _H, "num": (int, 1, 1 << 16, True),
                 "timeout": ((int, float), 0, 3600, True)},
@@ -67,7 +72,7 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     # Each of "wrs" is a protocol.records.SEND_WR / RECV_WR.
     "post_send": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
     "post_recv": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
-    "create_mkey": {"pd": _H, "create_flags": _U32, "max_entries": (int, 1, 1 << 16, True)},
+    "create_mkey": {"pd": _H, "create_flags": _U32, "max_entries": (int, 0, 1 << 16, True)},
     "destroy_mkey": {"mkey": _H},
     "mkey_configure": {"qp": _H, "calls": (list, 0, 2048, True)},
     "mkey_check": {"mkey": _H},

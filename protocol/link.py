@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from dataclasses import dataclass
 
-from .errors import RDMAError
+from .errors import RDMAError, connect_error
 from .frames import Frame, FrameDecoder, encode_frame
 from .handshake import make_hello
 
@@ -52,7 +51,8 @@ async def open_link(host: str, port: int, role: str, token: bytes | None, *,
 
     Each of the two steps (TCP connect; challenge, hello, welcome) is bounded by
     ``timeout``. Failures raise RDMAError and close the connection: ETIMEDOUT for no
-    answer in time, ECONNRESET for a refused or closed connection, the daemon's own
+    answer in time, the connect's own errno (ECONNREFUSED, EHOSTUNREACH, ENETUNREACH,
+    ETIMEDOUT; connect_error) or ECONNRESET for a connection closed in the handshake, the daemon's own
     errno for an error frame (EBUSY at its connection limit, EACCES for a wrong token),
     HandshakeError from make_hello, EPROTO for anything but a welcome.
     """
@@ -63,8 +63,9 @@ async def open_link(host: str, port: int, role: str, token: bytes | None, *,
         raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
             from None
     except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        raise RDMAError("ECONNRESET", f"cannot connect to {host}:{port}: {reason}") from None
+        # The errno that happened (ECONNREFUSED, EHOSTUNREACH, ...), or "cannot resolve
+        # host" for a failed name lookup (protocol/errors.py connect_error).
+        raise connect_error(host, port, e) from None
     decoder = FrameDecoder(max_frame)
     try:
         frames = await asyncio.wait_for(_handshake_frames(reader, decoder), timeout)

@@ -88,7 +88,7 @@ class Daemon:
     def __init__(self, hcas: tuple[str, ...] | list[str] = ("mlx5_0",), host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, token: bytes | None = None,
                  max_frame: int | None = None, limits: Limits | None = None,
-                 crypto: DeviceCrypto | None = None) -> None:
+                 crypto: DeviceCrypto | None = None, strict_blocks: bool = False) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
         limits = limits or Limits()
@@ -98,7 +98,7 @@ class Daemon:
         # Every HCA of the daemon starts with the same crypto configuration
         # (docs/crypto-import.md): import method, import KEK and credential.
         self.crypto = crypto or DeviceCrypto()
-        self.hcas = {name: HCA(name, self.crypto) for name in hcas}
+        self.hcas = {name: HCA(name, self.crypto, strict_blocks=strict_blocks) for name in hcas}
         self.host = host
         self.port = port
         self.token = token
@@ -397,7 +397,22 @@ class Daemon:
                      "duplicates_discarded", "psn_seq_naks_sent"):
             total.setdefault(name, 0)
         total["fault_rules"] = len(self.faults.rules)
+        total.update(self.partial_block_counts())
         return total
+
+    def partial_block_counts(self) -> dict[str, int]:
+        """Layouts and transfers that were not whole protection blocks (docs/blocks.md):
+        the totals, and "NAME[dev:mkey]" for each MKEY that had any, while it exists."""
+        out = {"partial_block_layouts": 0, "partial_block_transfers": 0}
+        for hca in self.hcas.values():
+            for name, n in hca.partial_blocks.items():
+                out[name] += n
+            for key, obj in hca.keys.items():
+                for name in ("partial_block_layouts", "partial_block_transfers"):
+                    n = getattr(obj, name, 0)
+                    if n:
+                        out[f"{name}[{hca.name}:{key:#x}]"] = n
+        return out
 
     def forget_qp(self, qph: QPHost) -> None:
         for k, v in qph.rcqp.stats.items():

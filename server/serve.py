@@ -14,7 +14,6 @@ import ipaddress
 import json
 import logging
 import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from ..engine.crypto_login import DeviceCrypto
 from ..protocol.errors import RDMAError
 from .crypto_config import load_crypto_config
 from .daemon import Daemon, Limits, kv
+from .logs import setup_logging
 
 log = logging.getLogger("softhca.server")
 
@@ -38,6 +38,7 @@ class ServeOptions:
     faults: list = field(default_factory=list)
     capture: str | None = None
     crypto: DeviceCrypto | None = None
+    strict_blocks: bool = False
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -104,16 +105,13 @@ def options_from_args(args) -> ServeOptions:
                     max_daemon_bytes=args.max_daemon_bytes, max_frame=args.max_frame,
                     max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr)
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
-                        args.log_level, args.ready_file, faults, capture or None, crypto)
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+                        args.log_level, args.ready_file, faults, capture or None, crypto,
+                        bool(getattr(args, "strict_blocks", False)))
 
 
 async def serve(o: ServeOptions) -> None:
-    daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits, crypto=o.crypto)
+    daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits, crypto=o.crypto,
+                    strict_blocks=o.strict_blocks)
     for rule in o.faults:
         daemon.faults.add(rule)
     await daemon.start()

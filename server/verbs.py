@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from .daemon import Daemon
     from .session import ControlSession
 
+# ibv_query_device(3) max_cqe: the most entries a CQ may be created with.
+MAX_CQE = 1 << 22
+
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
 # scatter to CQE (softhca never scatters into a CQE, so there is nothing to disable).
 QP_CREATE_FLAGS = int(Mlx5dvQpCreateFlags.SIG_PIPELINING
@@ -218,7 +221,7 @@ class Verbs:
         return {"attr": {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
                          "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr,
                          "max_msg_sz": lim.max_msg_size, "max_sge": control.MAX_SGE,
-                         "max_cqe": 1 << 22, "max_mr_size": 1 << 40, "max_pd": 1 << 16,
+                         "max_cqe": MAX_CQE, "max_mr_size": 1 << 40, "max_pd": 1 << 16,
                          "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
                          & 0xFFFFFFFFFFFF}}
 
@@ -276,6 +279,8 @@ class Verbs:
     # -- verbs: CQ and QP ---------------------------------------------------------------
     def op_create_cq(self, a, payload, rid):
         self.get(a["ctx"], "ctx")
+        if not 1 <= a["cqe"] <= MAX_CQE:
+            raise einval(f"ibv_create_cq cqe {a['cqe']} is outside [1, max_cqe {MAX_CQE}]")
         cq = CQHost(0, a["cqe"])
         cq.handle = self.add("cq", cq)
         return {"cq": cq.handle, "cqe": a["cqe"]}

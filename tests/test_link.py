@@ -37,13 +37,14 @@ async def test_both_roles_are_welcomed(role):
         await d.close()
 
 
-async def test_nothing_listening_is_econnreset():
+async def test_nothing_listening_is_econnrefused():
+    # The errno that happened names the cause (a refused connect is ECONNREFUSED).
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(RDMAError) as e:
         await open_link("127.0.0.1", port, "wire", None, timeout=5, max_frame=MAX)
-    assert e.value.errno_name == "ECONNRESET" and f"cannot connect to 127.0.0.1:{port}" \
+    assert e.value.errno_name == "ECONNREFUSED" and f"cannot connect to 127.0.0.1:{port}" \
         in e.value.message
 
 

@@ -317,8 +317,8 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path, capsys):
     done = browser(chromium, f"--screenshot={shot}", "--window-size=1400,3000",
                    "--hide-scrollbars", path.as_uri(), cwd=tmp_path)
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
-    with capsys.disabled():
-        print(f"\nreport screenshot: {shot} ({shot.stat().st_size} bytes)")
+    # Into pytest's capture: shown with the report of a failing assertion below.
+    print(f"report screenshot: {shot} ({shot.stat().st_size} bytes)")
     assert shot.stat().st_size > 20_000
     width, height, rows = png_pixels(shot)
     assert (width, height) == (1400, 3000)

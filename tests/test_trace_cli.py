@@ -234,7 +234,7 @@ async def test_nothing_listening_is_a_clear_failure():
     async with TraceProcess(f"127.0.0.1:{port}", "--seconds", "1") as tr:
         rc, out, err = await tr.finish()
     assert rc == 1 and out == ""
-    assert f"softhca trace: cannot attach to 127.0.0.1:{port}: ECONNRESET" in err
+    assert f"softhca trace: cannot attach to 127.0.0.1:{port}: ECONNREFUSED" in err
 
 
 def test_usage_errors_return_2(tmp_path, capsys):

@@ -207,6 +207,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faults", metavar="FILE",
                    help="fault rules to install at start: a JSON list of rules (the fields of "
                    "'softhca faults add'), refused whole if any rule is malformed")
+    p.add_argument("--strict-blocks", action="store_true",
+                   help="refuse what is not whole protection blocks: a signature MKEY's "
+                   "layout at configure (EINVAL), a transfer through it as a misaligned one "
+                   "is (docs/blocks.md); without it a trailing partial block passes as plain "
+                   "data and is counted (partial_block_* counters)")
     p.add_argument("--capture", metavar="FILE",
                    help="write every packet this daemon sends and accepts to FILE, a pcap of "
                    "RoCEv2 frames that Wireshark and tshark decode (see 'softhca capture')")
@@ -330,6 +335,7 @@ def _rule_text(rule: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="softhca", description="softhca: a software mlx5-class RDMA HCA simulator")
+    parser.add_argument("--version", action="version", version=f"softhca {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_serve, add_faults, add_demo, add_bench):
         add(sub)
@@ -341,6 +347,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 SUBCOMMAND_MODULES = ("trace", "explain", "capture", "crypto_test_info")
+
+
+def installed_version() -> str:
+    """The version pip installed (pyproject.toml's), from the package's metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("softhca")
+    except PackageNotFoundError:    # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

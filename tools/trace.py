@@ -398,6 +398,11 @@ def render_transfer(t: Transfer, style: Style, max_blocks: int = 3) -> list[str]
                                     int(d.get("pi_size", 0))))
         elif s.name == "strip":
             extra = f"PI {d.get('pi_size')}B per block removed"
+        if d.get("partial_block"):
+            # docs/blocks.md: the tail moved as plain data, neither given nor checked PI.
+            extra += style("bad", f"  not whole blocks: the last {d['partial_block']}B are a "
+                                  "partial block, plain data (partial-block transfer "
+                                  f"#{d.get('partial_block_transfers')} on this MKEY)")
         lines.append(f"  {name}{stream:<7}@{h.get('offset', 0):<8}{len(s.data):>8}B  {extra}"
                      .rstrip())
         for bl in block_lines(s.data, geo, stream, state, style, max_blocks):
