@@ -344,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SUBCOMMAND_MODULES = ("trace", "explain", "capture")
+SUBCOMMAND_MODULES = ("trace", "explain", "capture", "pyverbs")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,126 @@
+"""softhca's pyverbs (softhca.client.pyverbs) without the upstream package: the sync
+bridge, pyverbs' shapes and errors, RC traffic between two contexts of one device, and
+EOPNOTSUPP for what is not modelled."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+
+import pytest
+
+import softhca.client.pyverbs.enums as e
+import softhca.client.pyverbs.providers.mlx5.mlx5_enums as dve
+from softhca.client.pyverbs import _route
+from softhca.client.pyverbs.addr import AHAttr, GlobalRoute
+from softhca.client.pyverbs.cq import CQ
+from softhca.client.pyverbs.device import Context, get_device_list
+from softhca.client.pyverbs.mr import MR
+from softhca.client.pyverbs.pd import PD
+from softhca.client.pyverbs.pyverbs_error import PyverbsRDMAError
+from softhca.client.pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from softhca.client.pyverbs.srq import SRQ, SrqInitAttr
+from softhca.client.pyverbs.wr import SGE, RecvWR, SendWR
+from softhca.protocol import enums as pe
+from softhca.tools.pyverbs import path as pyverbs_path
+
+
+@pytest.mark.parametrize("ours, c_prefix, theirs", [
+    (e.ibv_wr_opcode, "IBV_WR_", pe.WrOpcode), (e.ibv_wc_status, "IBV_WC_", pe.WcStatus),
+    (e.ibv_qp_state, "IBV_QPS_", pe.QpState), (e.ibv_access_flags, "IBV_ACCESS_", None),
+    (dve.mlx5dv_qp_create_send_ops_flags, "MLX5DV_QP_EX_", pe.Mlx5dvQpExSendOps),
+])
+def test_enums_agree_with_the_protocol(ours, c_prefix, theirs):
+    """The pyverbs enum tables and softhca's own enums are written separately; every
+    name both have must carry one value."""
+    if theirs is None:
+        theirs = pe.AccessFlags
+    common = 0
+    for m in theirs:
+        name = c_prefix + m.name
+        if name in ours.__members__:
+            assert int(ours.__members__[name]) == int(m), name
+            common += 1
+    assert common >= 3
+
+
+def test_error_shape():
+    ex = PyverbsRDMAError("Failed to post send", errno.EINVAL)
+    assert ex.error_code == errno.EINVAL
+    assert str(ex) == "Failed to post send. Errno: 22, Invalid argument"
+
+
+def test_gid_routes_back_to_the_daemon():
+    raw = _route.gid_raw("127.0.0.1", 4791, 3)
+    assert _route.route(raw) == ("127.0.0.1", 4791, 3)
+    with pytest.raises(PyverbsRDMAError) as ex:
+        _route.route(bytes(16))
+    assert ex.value.error_code == errno.EINVAL
+
+
+def _rc_player(ctx):
+    pd = PD(ctx)
+    cq = CQ(ctx, 16, None, None, 0)
+    mr = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(4, 4)),
+            QPAttr(port_num=1))
+    return pd, cq, mr, qp
+
+
+def _to_rts(ctx, qp, remote):
+    attr = QPAttr(port_num=1)
+    attr.ah_attr = AHAttr(is_global=1, port_num=1,
+                          gr=GlobalRoute(dgid=ctx.query_gid(1, 0), sgid_index=0))
+    attr.dest_qp_num, attr.rq_psn, attr.sq_psn = remote.qp_num, 0, 0
+    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 14, 7, 7, 12
+    qp.to_rts(attr)
+    assert qp.qp_state == e.IBV_QPS_RTS
+
+
+def test_rc_send_between_two_contexts_of_one_device():
+    assert [d.name for d in get_device_list()] == [b"mlx5_0"]
+    a, b = Context(name="mlx5_0"), Context(name="mlx5_0")
+    try:
+        _, acq, amr, aqp = _rc_player(a)
+        _, bcq, bmr, bqp = _rc_player(b)
+        assert aqp.qp_state == e.IBV_QPS_INIT
+        _to_rts(a, aqp, bqp)
+        _to_rts(b, bqp, aqp)
+        bqp.post_recv(RecvWR(wr_id=7, num_sge=1, sg=[SGE(bmr.buf, 64, bmr.lkey)]))
+        amr.write("softhca" * 9, 63)
+        wr = SendWR(wr_id=5, num_sge=1, sg=[SGE(amr.buf, 63, amr.lkey)],
+                    opcode=e.IBV_WR_SEND_WITH_IMM, imm_data=0x04030201)
+        aqp.post_send(wr)
+        for cq, wr_id in ((acq, 5), (bcq, 7)):
+            for _ in range(200):
+                n, wcs = cq.poll()
+                if n:
+                    break
+            assert n == 1 and wcs[0].wr_id == wr_id and wcs[0].status == e.IBV_WC_SUCCESS
+        assert wcs[0].byte_len == 63 and wcs[0].wc_flags & e.IBV_WC_WITH_IMM
+        # imm_data is the __be32 field's bits both ways (pyverbs' convention).
+        assert wcs[0].imm_data == 0x04030201
+        assert bmr.read(63, 0) == (b"softhca" * 9)[:63]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_unmodelled_features_raise_eopnotsupp():
+    with Context(name="mlx5_0") as ctx:
+        pd = PD(ctx)
+        cq = CQ(ctx, 4, None, None, 0)
+        for make in (lambda: QP(pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq)),
+                     lambda: SRQ(pd, SrqInitAttr()),
+                     lambda: MR(pd, 64, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE)):
+            with pytest.raises(PyverbsRDMAError) as ex:
+                make()
+            assert ex.value.error_code == errno.EOPNOTSUPP
+
+
+def test_pyverbs_path_gives_softhcas_pyverbs():
+    r = subprocess.run([sys.executable, "-c", "import pyverbs.device as d; print(d.__name__)"],
+                       env={"PYTHONPATH": str(pyverbs_path()), "PATH": "/usr/bin:/bin"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "softhca.client.pyverbs.device", r.stderr

@@ -1,0 +1,179 @@
+"""rdma-core's own pyverbs tests, unmodified, on softhca's pyverbs (issue 12).
+
+The tests come from Debian's ``python3-pyverbs`` (``apt-get download`` + ``dpkg -x`` into
+a temporary directory; nothing of rdma-core is kept in this repository). They run in a
+subprocess with ``softhca pyverbs path`` first on PYTHONPATH and the package's own
+compiled pyverbs off the path; each run prints unittest's summary line. Without the
+package (no apt, no network) the tests skip, saying why.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from softhca.client import api
+from softhca.tools.pyverbs import path as pyverbs_path
+
+PACKAGE = "python3-pyverbs"
+TESTS = Path("usr/share/doc/rdma-core/tests")
+EXAMPLES = Path("usr/share/doc/python3-pyverbs/examples")
+REAL_PYVERBS = Path("usr/lib/python3/dist-packages")
+
+# Upstream tests that end in a failure or error on softhca, each with the reason. The
+# run checks that exactly these do, so fixing one (or breaking another) shows up here.
+KNOWN = {
+    "tests.test_atomic.AtomicTest.test_atomic_invalid_qp_access":
+        "softhca's responder checks the rkey's MR access, not the QP's qp_access_flags",
+    "tests.test_mlx5_huge_page.ResourcesOnHugePageTest.test_prefer_obj_on_huge":
+        "creates a UD QP and an SRQ, which softhca does not model, without skipping on "
+        "EOPNOTSUPP",
+}
+
+# Runs unittest over the upstream package the way its run_tests.py loads it, and prints
+# one JSON line of outcomes per test after unittest's own summary.
+DRIVER = r"""
+import json, os, sys, unittest
+from importlib.machinery import SourceFileLoader
+here = sys.argv[1]
+sys.path.insert(0, here)
+from args_parser import parser
+sys.argv = [sys.argv[0]] + sys.argv[2:]
+tests = SourceFileLoader("tests", os.path.join(here, "__init__.py")).load_module()
+parser.parse_args()
+outcomes = {}
+class Result(unittest.TextTestResult):
+    def addSuccess(self, t): super().addSuccess(t); outcomes[t.id()] = "ok"
+    def addSkip(self, t, r): super().addSkip(t, r); outcomes[t.id()] = "skip: " + str(r)
+    def addError(self, t, e): super().addError(t, e); outcomes[t.id()] = "error"
+    def addFailure(self, t, e): super().addFailure(t, e); outcomes[t.id()] = "fail"
+    def addExpectedFailure(self, t, e): super().addExpectedFailure(t, e); outcomes[t.id()] = "fail"
+    def addUnexpectedSuccess(self, t): super().addUnexpectedSuccess(t); outcomes[t.id()] = "fail"
+names = sys.argv[1:] or ["tests"]
+loader = unittest.defaultTestLoader
+suite = unittest.TestSuite(loader.loadTestsFromName(n, tests) if n != "tests"
+                           else loader.loadTestsFromModule(tests) for n in names)
+unittest.TextTestRunner(resultclass=Result, stream=sys.stderr, verbosity=1).run(suite)
+print("OUTCOMES " + json.dumps(outcomes))
+"""
+
+
+def _fetch(tmp: Path) -> Path | str:
+    """The extracted package, or the reason it cannot be had."""
+    if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
+        return "apt-get and dpkg are needed to fetch python3-pyverbs"
+
+    def download() -> subprocess.CompletedProcess:
+        return subprocess.run(["apt-get", "download", PACKAGE], cwd=tmp, capture_output=True,
+                              text=True, timeout=180)
+
+    r = download()
+    if r.returncode != 0 and os.geteuid() == 0:
+        subprocess.run(["apt-get", "update"], capture_output=True, timeout=300)
+        r = download()
+    debs = sorted(tmp.glob(f"{PACKAGE}_*.deb"))
+    if r.returncode != 0 or not debs:
+        return f"apt-get download {PACKAGE} failed: {(r.stderr or r.stdout).strip()[:300]}"
+    root = tmp / "x"
+    subprocess.run(["dpkg", "-x", str(debs[0]), str(root)], check=True, timeout=120)
+    for gz in (root / TESTS).glob("*.gz"):
+        gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+        gz.unlink()
+    return root
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory):
+    got = _fetch(tmp_path_factory.mktemp("pyverbs-deb"))
+    if isinstance(got, str):
+        pytest.skip(got)
+    return got
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SOFTHCA_TARGET", "SOFTHCA_TOKEN_FILE", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(pyverbs_path())
+    env.update(extra or {})
+    return env
+
+
+def run_upstream(root: Path, names: list[str], capsys, extra_env: dict | None = None,
+                 label: str = "") -> dict[str, str]:
+    r = subprocess.run([sys.executable, "-c", DRIVER, str(root / TESTS), *names],
+                       cwd=root / TESTS, env=_env(extra_env), capture_output=True, text=True,
+                       timeout=900)
+    summary = [ln for ln in r.stderr.splitlines()
+               if ln.startswith(("Ran ", "OK", "FAILED"))]
+    with capsys.disabled():
+        print(f"\nupstream {label or ' '.join(names) or 'all'}: {' | '.join(summary)}")
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("OUTCOMES ")), None)
+    assert line is not None, r.stderr[-3000:]
+    return json.loads(line[len("OUTCOMES "):])
+
+
+def test_the_real_pyverbs_is_not_importable(upstream):
+    """softhca's pyverbs is the one imported; the package's compiled one is not on the
+    path (it is present in the extracted tree, so the check means something)."""
+    assert (upstream / REAL_PYVERBS / "pyverbs").is_dir()
+    probe = ("import sys, pyverbs, pyverbs.device, pyverbs.providers.mlx5.mlx5dv as m; "
+             "print(pyverbs.__name__, m.__name__, "
+             f"any({str(upstream / REAL_PYVERBS)!r} in p for p in sys.path))")
+    r = subprocess.run([sys.executable, "-c", probe], env=_env(), capture_output=True,
+                       text=True, timeout=60, cwd=upstream / TESTS)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["softhca.client.pyverbs",
+                                "softhca.client.pyverbs.providers.mlx5.mlx5dv", "False"]
+
+
+def test_mlx5_mkey(upstream, capsys):
+    outcomes = run_upstream(upstream, ["test_mlx5_mkey"], capsys)
+    assert len(outcomes) == 11
+    not_ok = {t: o for t, o in outcomes.items() if o != "ok"}
+    pipelining = {t for t in outcomes if "sig_pipelining" in t}
+    if "create_flags" in api.PD.create_qp.__code__.co_varnames:
+        assert not_ok == {}
+    else:
+        # Until the device's signature pipelining (MLX5DV_QP_CREATE_SIG_PIPELINING) is in
+        # the client, its two tests skip on EOPNOTSUPP and nothing else may.
+        assert set(not_ok) == pipelining, not_ok
+        assert all("not supported" in o for o in not_ok.values()), not_ok
+
+
+@pytest.mark.skipif(not hasattr(api.Context, "crypto_login"),
+                    reason="the client has no crypto login (device helper's wrapped DEKs)")
+def test_mlx5_crypto(upstream, capsys):  # pragma: no cover - wired when crypto lands
+    raise AssertionError("crypto login is in the client: wire the crypto runs here")
+
+
+def test_every_other_upstream_module(upstream, capsys):
+    """Everything else passes or skips; the few known divergences are KNOWN."""
+    outcomes = run_upstream(upstream, [], capsys, label="all modules")
+    bad = {t: o for t, o in outcomes.items() if o in ("error", "fail")}
+    assert bad.keys() == KNOWN.keys(), bad
+    per_module: dict[str, list[int]] = {}
+    for t, o in outcomes.items():
+        mod = t.split(".")[1]
+        c = per_module.setdefault(mod, [0, 0, 0])
+        c[0 if o == "ok" else 1 if o.startswith("skip") else 2] += 1
+    with capsys.disabled():
+        print("module: passed / skipped / failed")
+        for mod, (ok, skip, fail) in sorted(per_module.items()):
+            print(f"  {mod}: {ok} / {skip} / {fail}")
+    passed = sum(c[0] for c in per_module.values())
+    assert passed >= 50, per_module
+
+
+def test_ib_devices_example_lists_softhca(upstream):
+    r = subprocess.run([sys.executable, str(upstream / EXAMPLES / "ib_devices.py")],
+                       env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split() for ln in r.stdout.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["mlx5_0"], r.stdout
