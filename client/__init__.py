@@ -27,7 +27,9 @@ from .api import (
     PD,
     QP,
     WC,
+    AsyncEvent,
     Context,
+    CryptoLogin,
     Event,
     Faults,
     MKey,
@@ -58,7 +60,7 @@ Mlx5DEKInitAttr = DEKInitAttr
 PyverbsRDMAError = RDMAError
 
 __all__ = [
-    "CQ", "DEK", "MR", "PD", "QP", "SGE", "WC", "Context", "CryptoAttr", "Event", "Subscription", "Faults", "DEKInitAttr", "MKey",
+    "AsyncEvent", "CQ", "CryptoLogin", "DEK", "MR", "PD", "QP", "SGE", "WC", "Context", "CryptoAttr", "Event", "Subscription", "Faults", "DEKInitAttr", "MKey",
     "MkeyConfAttr", "MkeyErr", "Mlx5CryptoAttr", "Mlx5DEKInitAttr", "Mlx5MkeyConfAttr",
     "Mlx5MrInterleaved", "Mlx5SigBlockAttr", "Mlx5SigBlockDomain", "Mlx5SigCrc", "Mlx5SigT10Dif",
     "Mlx5SigT10dif", "MrInterleaved", "Node", "PyverbsRDMAError", "QPAttr", "QPCap", "QPInfo",

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,9 @@ from ..protocol.attrs import (
 from ..protocol.control import attr_to_wire, sge_to_wire
 from ..protocol.enums import (
     AccessFlags,
+    CryptoLoginState,
+    DekState,
+    EventType,
     MkeyErrType,
     Mtu,
     QpState,
@@ -469,6 +473,22 @@ class Context(_Closable):
 
     def __init__(self, node: Node, handle: int, name: str) -> None:
         self.node, self.handle, self.name = node, handle, name
+        # QPs of this context by handle, so that an async event names the QP object.
+        self._qps: weakref.WeakValueDictionary[int, QP] = weakref.WeakValueDictionary()
+
+    async def get_async_event(self, timeout: float | None = None) -> AsyncEvent | None:
+        """ibv_get_async_event(3): the context's oldest async event (e.g.
+        IBV_EVENT_SQ_DRAINED with ``qp``), waiting up to ``timeout`` s (None: until one
+        comes); None when the time ran out. Acknowledge it with ``await event.ack()``."""
+        while True:
+            wait = 3600.0 if timeout is None else min(float(timeout), 3600.0)
+            h, _ = await self.node.request("get_async_event", ctx=self.handle, timeout=wait)
+            ev = h["event"]
+            if ev is not None:
+                return AsyncEvent(self, ev["event"], EventType(ev["event_type"]),
+                                  self._qps.get(ev.get("qp")), ev.get("qp_num"))
+            if timeout is not None:
+                return None
 
     async def query_device(self) -> dict:
         h, _ = await self.node.request("query_device", ctx=self.handle)
@@ -482,15 +502,60 @@ class Context(_Closable):
         h, _ = await self.node.request("create_cq", ctx=self.handle, cqe=cqe)
         return CQ(self, h["cq"], cqe)
 
-    async def create_dek(self, attr: DEKInitAttr) -> DEK:
+    async def create_dek(self, attr: DEKInitAttr, **fields: Any) -> DEK:
+        """mlx5dv_dek_create(3). ``fields`` (e.g. ``crypto_login=login_obj,
+        comp_mask=MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN``) override attr's fields. The key
+        is plaintext or wrapped as the device's import method and the login say
+        (docs/crypto-import.md)."""
+        if fields:
+            attr = dataclasses.replace(attr, **fields)
         pd = attr.pd
         if not isinstance(pd, PD):
             raise RDMAError("EINVAL", "mlx5dv_dek_create needs attr.pd, a PD of this context")
+        login = attr.crypto_login
+        if login is not None and not isinstance(login, CryptoLogin):
+            raise RDMAError("EINVAL", "crypto_login must be a CryptoLogin from "
+                                      "ctx.create_crypto_login() or None")
         h, _ = await self.node.request(
             "create_dek", ctx=self.handle, pd=pd.handle, key_size=int(attr.key_size),
             key=bytes(attr.key), has_keytag=bool(attr.has_keytag), keytag=bytes(attr.keytag),
-            key_purpose=int(attr.key_purpose))
+            key_purpose=int(attr.key_purpose), opaque=bytes(attr.opaque),
+            comp_mask=int(attr.comp_mask), crypto_login=login.handle if login else 0)
         return DEK(self, h["dek"])
+
+    async def query_mlx5_device(self) -> dict:
+        """mlx5dv_query_device(3): ``crypto_caps`` (failed_selftests, crypto_engines,
+        wrapped_import_method, log_max_num_deks, flags) as struct mlx5dv_crypto_caps."""
+        h, _ = await self.node.request("query_mlx5_device", ctx=self.handle)
+        return h["attr"]
+
+    async def crypto_login(self, credential: bytes, import_kek_id: int, *,
+                           credential_id: int = 0, comp_mask: int = 0) -> None:
+        """mlx5dv_crypto_login(3): a crypto login session on this context. EEXIST when one
+        exists; EINVAL for a credential, credential_id or import_kek_id the device does not
+        accept; EOPNOTSUPP on a device in plaintext import method."""
+        await self.node.request("crypto_login", ctx=self.handle, credential=bytes(credential),
+                                import_kek_id=int(import_kek_id),
+                                credential_id=int(credential_id), comp_mask=int(comp_mask))
+
+    async def query_login_state(self) -> CryptoLoginState:
+        """mlx5dv_crypto_login_query_state(3): MLX5DV_CRYPTO_LOGIN_STATE_*."""
+        h, _ = await self.node.request("crypto_login_query_state", ctx=self.handle)
+        return CryptoLoginState(h["state"])
+
+    async def crypto_logout(self) -> None:
+        """mlx5dv_crypto_logout(3); ENOENT without a session."""
+        await self.node.request("crypto_logout", ctx=self.handle)
+
+    async def create_crypto_login(self, credential: bytes, import_kek_id: int, *,
+                                  credential_id: int = 0, comp_mask: int = 0) -> CryptoLogin:
+        """mlx5dv_crypto_login_create(3): one crypto login object per context (EEXIST)."""
+        h, _ = await self.node.request("create_crypto_login", ctx=self.handle,
+                                       credential=bytes(credential),
+                                       import_kek_id=int(import_kek_id),
+                                       credential_id=int(credential_id),
+                                       comp_mask=int(comp_mask))
+        return CryptoLogin(self, h["login"])
 
     async def close(self) -> None:
         await self.node.request("close_device", ctx=self.handle)
@@ -605,11 +670,47 @@ class MKey(_Closable):
         await self.pd.node.request("destroy_mkey", mkey=self.handle)
 
 
+@dataclass
+class AsyncEvent:
+    """struct ibv_async_event: ``event_type`` and the QP it is about (``qp``, the QP
+    object of this context, and ``qp_num``)."""
+
+    ctx: Context
+    id: int
+    event_type: EventType
+    qp: QP | None = None
+    qp_num: int | None = None
+
+    async def ack(self) -> None:
+        """ibv_ack_async_event(3); EINVAL when already acknowledged."""
+        await self.ctx.node.request("ack_async_event", event=self.id)
+
+
+class CryptoLogin(_Closable):
+    """mlx5dv_crypto_login_obj"""
+
+    def __init__(self, ctx: Context, handle: int) -> None:
+        self.ctx, self.handle = ctx, handle
+
+    async def query_state(self) -> CryptoLoginState:
+        """mlx5dv_crypto_login_query(3)'s state."""
+        h, _ = await self.ctx.node.request("crypto_login_query", login=self.handle)
+        return CryptoLoginState(h["state"])
+
+    async def close(self) -> None:
+        await self.ctx.node.request("destroy_crypto_login", login=self.handle)
+
+
 class DEK(_Closable):
     """mlx5dv_dek"""
 
     def __init__(self, ctx: Context, handle: int) -> None:
         self.ctx, self.handle = ctx, handle
+
+    async def query(self) -> tuple[DekState, bytes]:
+        """mlx5dv_dek_query(3): (state, opaque). A wrapped DEK needs a valid crypto login."""
+        h, _ = await self.ctx.node.request("query_dek", dek=self.handle)
+        return DekState(h["state"]), bytes(h["opaque"])
 
     async def close(self) -> None:
         await self.ctx.node.request("destroy_dek", dek=self.handle)
@@ -620,6 +721,7 @@ class QP(_Closable):
 
     def __init__(self, pd: PD, handle: int, qp_num: int, init_attr: QPInitAttr) -> None:
         self.pd, self.handle, self.qp_num, self.init_attr = pd, handle, qp_num, init_attr
+        pd.ctx._qps[handle] = self
         self.sq_sig_all = bool(init_attr.sq_sig_all)
         self.wr_id = 0
         self.wr_flags = 0
@@ -754,18 +856,32 @@ class QP(_Closable):
 
 class embedded:  # noqa: N801 - a function-like async context manager, as docs/api.md spells it
     """``async with embedded() as node``: a daemon in this process on a loopback port, and
-    a control session with it. Leaving the block closes both."""
+    a control session with it. Leaving the block closes both.
+
+    ``crypto_config`` fixes the devices' crypto import method, KEK and credential
+    (docs/crypto-import.md): a dict such as ``{"mode": "wrapped"}``, a JSON file's path
+    or JSON text; without it, the environment variable SOFTHCA_CRYPTO_CONFIG (the
+    same forms), else plaintext import."""
 
     def __init__(self, hcas: tuple[str, ...] = ("mlx5_0",), *, token: bytes | None = None,
-                 host: str = "127.0.0.1", **daemon_options: Any) -> None:
+                 host: str = "127.0.0.1", crypto_config: Any = None,
+                 **daemon_options: Any) -> None:
         self.hcas, self.token, self.host, self.options = hcas, token, host, daemon_options
+        self.crypto_config = crypto_config
         self.daemon = None
         self.node: Node | None = None
 
     async def __aenter__(self) -> Node:
+        from ..server.crypto_config import crypto_config_from_env, load_crypto_config
         from ..server.daemon import Daemon
 
-        self.daemon = Daemon(self.hcas, self.host, 0, self.token, **self.options)
+        try:
+            crypto = (crypto_config_from_env() if self.crypto_config is None
+                      else load_crypto_config(self.crypto_config))
+        except ValueError as e:
+            raise RDMAError("EINVAL", str(e)) from None
+        self.daemon = Daemon(self.hcas, self.host, 0, self.token, crypto=crypto,
+                             **self.options)
         await self.daemon.start()
         try:
             self.node = await connect(self.daemon.address, self.token)

@@ -9,9 +9,14 @@ recv_cq: ``poll_send_cq()`` and ``poll_recv_cq()``; ``poll_cq()`` returns both
 
 Modelled:
 
-- QP states RESET -> INIT -> RTR -> RTS and ERR, through ``modify_to_*``; an illegal
-  transition raises EINVAL. ERR flushes every outstanding WR with WR_FLUSH_ERR, and a
-  WR posted in ERR completes at once with WR_FLUSH_ERR.
+- ibv_modify_qp as ``modify(attr, attr_mask)``, by the transition table of
+  engine/qp_state.py: RESET, INIT, RTR, RTS, SQD and ERR, the attributes each
+  transition requires and allows, timeout and min_rnr_timer as IBTA codes. An illegal
+  transition, attribute or value raises EINVAL and changes nothing. In SQD the
+  requester finishes the messages it has started and starts no new WR (local ones
+  included) until SQD -> RTS. RESET empties both queues without completions. ERR
+  flushes every outstanding WR with WR_FLUSH_ERR, and a WR posted in ERR completes at
+  once with WR_FLUSH_ERR.
 - SEND, SEND_WITH_IMM, SEND_WITH_INV, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ,
   segmented to the path MTU with the IBTA BTH opcodes; 24-bit PSNs modulo 2^24; a READ of
   n response packets takes n PSNs of the requester's sequence, as in the IBTA RC transport.
@@ -61,12 +66,15 @@ Not modelled yet:
 
 - BIND_MW, TSO and memory windows: posting them raises EOPNOTSUPP. IBV_SEND_FENCE and
   IBV_SEND_SOLICITED are accepted and have no effect (no fence wait, no solicited events).
-- SQD/SQE states, the responder's max_dest_rd_atomic (its atomic result cache is a
-  fixed ``ATOMIC_RESULTS``; a duplicate atomic older than that is dropped, as IBTA
-  allows for a request outside the responder's resources), the responder's RNR timer
-  value carried in the NAK (the requester's own ``rnr_timer_s`` is used), the ack
-  timeout's 4.096 us * 2^timeout encoding (seconds are given directly), MSN checking
-  by the requester, and packet integrity (ICRC).
+- The SQ-drained asynchronous event of SQD (EN_SQD_ASYNC_NOTIFY is EOPNOTSUPP),
+  alternate paths and path migration (EOPNOTSUPP), the responder's max_dest_rd_atomic
+  (kept, but its atomic result cache is a fixed ``ATOMIC_RESULTS``; a duplicate atomic
+  older than that is dropped, as IBTA allows for a request outside the responder's
+  resources), qp_access_flags (kept and reported, not checked: a memory key's access
+  decides), the responder's RNR timer value carried in the NAK (the requester waits
+  its own min_rnr_timer), and MSN checking by the requester.
+- Packet integrity is the daemon's: it checks each packet's ICRC stand-in
+  (protocol/packets.py ``packet_check``) and drops a bad one before it reaches the QP.
 - Atomics are atomic with respect to this model only (one thread); the MKEY-configure
   WR's effect is applied by its caller at post time, ``post_local`` only orders its
   completion.
@@ -89,6 +97,7 @@ from ..protocol.attrs import SGE
 from ..protocol.enums import (
     MkeyInitAttrFlags,
     Mtu,
+    QpAttrMask,
     QpState,
     SendFlags,
     WcFlags,
@@ -97,8 +106,9 @@ from ..protocol.enums import (
     WrOpcode,
 )
 from ..protocol.errors import RDMAError, einval, eopnotsupp
+from ..protocol.opcodes import FLAGS, Op, opcode_for, with_any, with_flags
 from ..protocol.packets import Packet
-from . import transfer
+from . import qp_state, transfer
 from .completion import Fault, TransferError
 from .hca import MR, PD
 from .mkey import MKey
@@ -122,7 +132,13 @@ _U64 = 1 << 64
 ACK = "ACKNOWLEDGE"
 ATOMIC_ACK = "ATOMIC_ACKNOWLEDGE"
 READ_REQUEST = "RDMA_READ_REQUEST"
-READ_RESPONSE = "RDMA_READ_RESPONSE"
+# By the IBTA opcode table (protocol/opcodes.py): what goes to the requester, and what
+# the responder dispatches on.
+_RESPONSES = with_any(Op.RESPONSE)
+_READ_RESPONSES = with_flags(Op.READ_RESPONSE)
+_SEND_PACKETS = with_flags(Op.SEND)
+_WRITE_PACKETS = with_flags(Op.WRITE)
+_ATOMIC_REQUESTS = with_flags(Op.ATOMIC)
 
 SUPPORTED = (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV,
              WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ,
@@ -163,6 +179,72 @@ _FAULT_NAK = {Fault.ACCESS: "NAK_REM_ACCESS", Fault.LENGTH: "NAK_INV_REQ",
 _NAK_STATUS = {"NAK_REM_ACCESS": WcStatus.REM_ACCESS_ERR,
                "NAK_INV_REQ": WcStatus.REM_INV_REQ_ERR,
                "NAK_REM_OP": WcStatus.REM_OP_ERR}
+
+
+# The attributes RCQP.modify applies (the others it checks and refuses or ignores: AV is
+# the daemon's, P_Key index and port have one value each).
+_APPLIED = (QpAttrMask.STATE | QpAttrMask.CUR_STATE | QpAttrMask.PATH_MTU
+            | QpAttrMask.DEST_QPN | QpAttrMask.RQ_PSN | QpAttrMask.SQ_PSN
+            | QpAttrMask.TIMEOUT | QpAttrMask.RETRY_CNT | QpAttrMask.RNR_RETRY
+            | QpAttrMask.MIN_RNR_TIMER | QpAttrMask.MAX_QP_RD_ATOMIC
+            | QpAttrMask.MAX_DEST_RD_ATOMIC | QpAttrMask.ACCESS_FLAGS
+            | QpAttrMask.PKEY_INDEX | QpAttrMask.PORT)
+
+
+def _uint(bits: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << bits
+
+
+def _is_mtu(v) -> bool:
+    try:
+        Mtu(v)
+    except ValueError:
+        return False
+    return True
+
+
+# Each attribute's value rule (ibv_modify_qp(3); IBTA field widths) and its words.
+_CHECKS = {
+    QpAttrMask.PATH_MTU: _is_mtu, QpAttrMask.DEST_QPN: _uint(24),
+    QpAttrMask.RQ_PSN: _uint(24), QpAttrMask.SQ_PSN: _uint(24),
+    QpAttrMask.TIMEOUT: _uint(5), QpAttrMask.MIN_RNR_TIMER: _uint(5),
+    QpAttrMask.RETRY_CNT: _uint(3), QpAttrMask.RNR_RETRY: _uint(3),
+    # Zero would let no READ or atomic ever go: the WR would wait forever.
+    QpAttrMask.MAX_QP_RD_ATOMIC: lambda v: _uint(8)(v) and v >= 1,
+    QpAttrMask.MAX_DEST_RD_ATOMIC: _uint(8), QpAttrMask.ACCESS_FLAGS: _uint(32),
+    # One port, one P_Key.
+    QpAttrMask.PKEY_INDEX: lambda v: v == 0, QpAttrMask.PORT: lambda v: v == 1,
+}
+_RULES = {
+    QpAttrMask.PATH_MTU: "is not an enum ibv_mtu value", QpAttrMask.DEST_QPN: "is not a QP number",
+    QpAttrMask.RQ_PSN: "is not a 24-bit PSN", QpAttrMask.SQ_PSN: "is not a 24-bit PSN",
+    QpAttrMask.TIMEOUT: "is not a 5-bit code", QpAttrMask.MIN_RNR_TIMER: "is not a 5-bit code",
+    QpAttrMask.RETRY_CNT: "must be 0..7", QpAttrMask.RNR_RETRY: "must be 0..7",
+    QpAttrMask.MAX_QP_RD_ATOMIC: "must be 1..255", QpAttrMask.MAX_DEST_RD_ATOMIC: "must be 0..255",
+    QpAttrMask.ACCESS_FLAGS: "is not an access flags word",
+    QpAttrMask.PKEY_INDEX: "must be 0 (one P_Key)", QpAttrMask.PORT: "must be 1 (one port)",
+}
+
+
+# Where RCQP.modify keeps each attribute, in the model's units (IBTA codes to seconds).
+_SETTERS = {
+    QpAttrMask.PATH_MTU: ("mtu", lambda v: Mtu(v).nbytes),
+    QpAttrMask.DEST_QPN: ("dest_qp", None),
+    QpAttrMask.RQ_PSN: ("_epsn", None),
+    QpAttrMask.SQ_PSN: ("_next_psn", None),
+    QpAttrMask.TIMEOUT: ("timeout_s", qp_state.ack_timeout_s),
+    QpAttrMask.RETRY_CNT: ("retry_cnt", None),
+    QpAttrMask.RNR_RETRY: ("rnr_retry", None),
+    QpAttrMask.MIN_RNR_TIMER: ("rnr_timer_s", qp_state.rnr_timer_s),
+    QpAttrMask.MAX_QP_RD_ATOMIC: ("max_rd_atomic", None),
+    QpAttrMask.MAX_DEST_RD_ATOMIC: ("max_dest_rd_atomic", None),
+    QpAttrMask.ACCESS_FLAGS: ("qp_access_flags", None),
+}
+
+# The states in which the requester works (SQD: it finishes what it started), and in
+# which packets are accepted at all.
+_SENDING = (QpState.RTS, QpState.SQD)
+_RECEIVING = (QpState.RTR, QpState.RTS, QpState.SQD)
 
 
 def psn_add(psn: int, n: int) -> int:
@@ -264,12 +346,6 @@ class _Inbound:
     buf: bytearray = field(default_factory=bytearray)
 
 
-def _position(i: int, n: int) -> str:
-    if n == 1:
-        return "ONLY"
-    return "FIRST" if i == 0 else "LAST" if i == n - 1 else "MIDDLE"
-
-
 def _chunks(data: bytes, mtu: int) -> list[bytes]:
     return [data[i:i + mtu] for i in range(0, len(data), mtu)] or [b""]
 
@@ -306,10 +382,12 @@ class RCQP:
         self.state = QpState.RESET
         self.dest_qp = 0
         self.mtu = Mtu.MTU_1024.nbytes
-        self.timeout_s = 0.1
+        self.timeout_s = qp_state.ack_timeout_s(qp_state.DEFAULT_TIMEOUT)
         self.retry_cnt = 7
         self.rnr_retry = 7
-        self.rnr_timer_s = 0.01
+        self.rnr_timer_s = qp_state.rnr_timer_s(qp_state.DEFAULT_MIN_RNR_TIMER)
+        self.max_dest_rd_atomic = max_rd_atomic
+        self.qp_access_flags = 0
         self._sq: deque[_Request] = deque()
         self._rq: deque[RecvWR] = deque()
         self._scq: list[WC] = []
@@ -354,41 +432,101 @@ class RCQP:
             raise einval(f"{verb} needs the QP in {'/'.join(s.name for s in states)}, "
                          f"it is in {QpState(self.state).name}")
 
+    def modify(self, attr: dict, attr_mask: int) -> None:
+        """ibv_modify_qp: apply the fields of ``attr`` (struct ibv_qp_attr field names,
+        IBTA codes for timeout and min_rnr_timer) that ``attr_mask`` names, and move to
+        ``attr["qp_state"]`` if it names IBV_QP_STATE, by the transition table of
+        engine/qp_state.py. ibv_modify_qp(3): "If any of the modify attributes or the
+        modify mask are invalid, none of the attributes will be modified (including the
+        QP state)": everything is checked before anything changes."""
+        mask = QpAttrMask(attr_mask)
+        cur = QpState(self.state)
+        values = {bit: attr[name] for bit, name in qp_state.FIELDS.items()
+                  if mask & bit and name in attr}
+        lacking = [qp_state.FIELDS[bit] for bit in _APPLIED if mask & bit and bit not in values]
+        if lacking:
+            raise einval(f"ibv_modify_qp: attr_mask names {', '.join(lacking)} but attr has "
+                         "no value for it")
+        if mask & QpAttrMask.CUR_STATE and values[QpAttrMask.CUR_STATE] != cur:
+            raise einval(f"ibv_modify_qp: cur_qp_state {values[QpAttrMask.CUR_STATE]} is not "
+                         f"the QP's state {cur.name}")
+        try:
+            nxt = QpState(values[QpAttrMask.STATE]) if mask & QpAttrMask.STATE else cur
+        except ValueError:
+            raise einval(f"ibv_modify_qp: qp_state {values[QpAttrMask.STATE]!r} is not an "
+                         "enum ibv_qp_state value") from None
+        step = f"ibv_modify_qp {cur.name} -> {nxt.name}"
+        t = qp_state.TRANSITIONS.get((cur, nxt))
+        if t is None:
+            raise einval(f"{step} is not a transition of an RC QP (ibv_modify_qp(3))")
+        given = mask & ~QpAttrMask.STATE
+        missing = t.required & ~given & ~qp_state.KEPT_IF_ABSENT
+        if missing:
+            raise einval(f"{step} needs {qp_state.names(missing)}")
+        extra = given & ~(t.required | t.optional)
+        if extra:
+            raise einval(f"{step} does not take {qp_state.names(extra)}")
+        if given & qp_state.NOT_MODELLED:
+            raise eopnotsupp(f"{step}: {qp_state.names(given & qp_state.NOT_MODELLED)} "
+                             "not modelled")
+        for bit, value in values.items():
+            check = _CHECKS.get(bit)
+            if check is not None and not check(value):
+                raise einval(f"{step}: {qp_state.FIELDS[bit]} {value!r} {_RULES[bit]}")
+        self._apply(values)
+        if nxt == QpState.ERR:
+            self._enter_err()
+        elif nxt == QpState.RESET:
+            self._reset()
+        else:
+            self.state = nxt
+
+    def _apply(self, values: dict) -> None:
+        for bit, value in values.items():
+            setter = _SETTERS.get(bit)
+            if setter is not None:
+                name, convert = setter
+                setattr(self, name, value if convert is None else convert(value))
+
+    # Engine-side conveniences for a fake clock: seconds, not IBTA codes, for the timers.
     def modify_to_init(self) -> None:
-        self._require("modify_qp to INIT", QpState.RESET, QpState.INIT)
-        self.state = QpState.INIT
+        self.modify({"qp_state": QpState.INIT}, QpAttrMask.STATE)
 
     def modify_to_rtr(self, dest_qp: int, rq_psn: int, path_mtu: Mtu) -> None:
-        self._require("modify_qp to RTR", QpState.INIT)
-        if not 0 <= rq_psn < PSN_MOD:
-            raise einval(f"rq_psn {rq_psn:#x} is not a 24-bit PSN")
-        try:
-            self.mtu = Mtu(path_mtu).nbytes
-        except ValueError:
-            raise einval(f"path_mtu {path_mtu!r} is not an enum ibv_mtu value") from None
-        self.dest_qp = dest_qp
-        self._epsn = rq_psn
-        self.state = QpState.RTR
+        self.modify({"qp_state": QpState.RTR, "dest_qp_num": dest_qp, "rq_psn": rq_psn,
+                     "path_mtu": path_mtu},
+                    QpAttrMask.STATE | QpAttrMask.AV | QpAttrMask.DEST_QPN
+                    | QpAttrMask.RQ_PSN | QpAttrMask.PATH_MTU)
 
     def modify_to_rts(self, sq_psn: int, timeout_s: float = 0.1, retry_cnt: int = 7,
                       rnr_retry: int = 7, rnr_timer_s: float = 0.01) -> None:
-        self._require("modify_qp to RTS", QpState.RTR)
-        if not 0 <= sq_psn < PSN_MOD:
-            raise einval(f"sq_psn {sq_psn:#x} is not a 24-bit PSN")
-        # ibv_modify_qp(3): retry_cnt and rnr_retry are 3-bit fields.
-        if not (0 <= retry_cnt <= 7 and 0 <= rnr_retry <= 7):
-            raise einval(f"retry_cnt {retry_cnt} and rnr_retry {rnr_retry} must be 0..7")
         if timeout_s <= 0 or rnr_timer_s < 0:
             raise einval("timeout_s must be positive and rnr_timer_s not negative")
-        self._next_psn = sq_psn
+        self.modify({"qp_state": QpState.RTS, "sq_psn": sq_psn, "retry_cnt": retry_cnt,
+                     "rnr_retry": rnr_retry},
+                    QpAttrMask.STATE | QpAttrMask.SQ_PSN | QpAttrMask.RETRY_CNT
+                    | QpAttrMask.RNR_RETRY)
         self.timeout_s = timeout_s
-        self.retry_cnt = retry_cnt
-        self.rnr_retry = rnr_retry
         self.rnr_timer_s = rnr_timer_s
-        self.state = QpState.RTS
 
     def modify_to_err(self) -> None:
-        self._enter_err()
+        self.modify({"qp_state": QpState.ERR}, QpAttrMask.STATE)
+
+    def _reset(self) -> None:
+        """ibv_modify_qp to RESET: the queues are emptied without completions and the
+        QP's PSNs and connection forgotten, as after ibv_create_qp."""
+        self.state = QpState.RESET
+        self._sq.clear()
+        self._rq.clear()
+        self._scq.clear()
+        self._rcq.clear()
+        self._resp_out.clear()
+        self._atomic_results.clear()
+        self.dest_qp = self._next_psn = self._epsn = self._msn = 0
+        self._timer = self._rnr_until = None
+        self._retries = self._rnr_count = self._unacked = 0
+        self._msg = None
+        self._nak_pending = False
 
     def _enter_err(self) -> None:
         """Every outstanding WR completes WR_FLUSH_ERR (docs/semantics.md section 9)."""
@@ -446,7 +584,7 @@ class RCQP:
         if self.state == QpState.ERR:
             self._complete(req, WcStatus.WR_FLUSH_ERR)
             return
-        self._require("ibv_post_send", QpState.RTS)
+        self._require("ibv_post_send", QpState.RTS, QpState.SQD)
         if len(self._sq) >= self.sq_depth:
             raise RDMAError("ENOMEM", f"send queue full ({self.sq_depth} WRs outstanding)")
         self._sq.append(req)
@@ -480,7 +618,7 @@ class RCQP:
         if self.state == QpState.ERR:
             self._rcq.append(WC(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV, 0, self.qp_num))
             return
-        self._require("ibv_post_recv", QpState.INIT, QpState.RTR, QpState.RTS)
+        self._require("ibv_post_recv", QpState.INIT, QpState.RTR, QpState.RTS, QpState.SQD)
         if len(self._rq) >= self.rq_depth:
             raise RDMAError("ENOMEM", f"receive queue full ({self.rq_depth} WRs posted)")
         self._rq.append(wr)
@@ -507,12 +645,12 @@ class RCQP:
     def poll_packets(self, now: float) -> list[Packet]:
         # The responder's answers go out even from ERR: the NAK that caused it is owed.
         out, self._resp_out = self._resp_out, []
-        if self.state == QpState.RTS:
+        if self.state in _SENDING:
             self._run_timers(now)
-        if self.state == QpState.RTS and self._rnr_until is None:
+        if self.state in _SENDING and self._rnr_until is None:
             # Local WRs at the head run first, so that WRs behind them see their effect.
             self._retire_head()
-            if self.state == QpState.RTS:
+            if self.state in _SENDING:
                 self._transmit(out, now)
                 self._retire_head()
         return out
@@ -557,8 +695,8 @@ class RCQP:
                     break       # not at the head yet: later WRs wait for its effect
                 continue
             if not r.built:
-                if inflight >= WINDOW:
-                    break
+                if inflight >= WINDOW or self.state != QpState.RTS:
+                    break       # the window is full, or SQD: no new WR starts
                 self._build(r)
             if r.error is not None:
                 break
@@ -620,23 +758,22 @@ class RCQP:
         self._next_psn = psn_add(r.psn, r.npsn)
 
     def _segment(self, wr: SendWR, data: bytes, psn: int) -> list[Packet]:
-        base = "SEND" if wr.opcode in SENDS else "RDMA_WRITE"
+        kind = Op.SEND if wr.opcode in SENDS else Op.WRITE
         imm = wr.opcode in WITH_IMM
         inv = wr.opcode == WrOpcode.SEND_WITH_INV
         chunks = _chunks(data, self.mtu)
+        n = len(chunks)
         pkts = []
         for i, chunk in enumerate(chunks):
-            pos = _position(i, len(chunks))
-            last = pos in ("ONLY", "LAST")
-            name = f"{base}_{pos}" + ("_WITH_IMM" if imm and last else "") \
-                + ("_WITH_INV" if inv and last else "")
-            # IBTA BTH opcodes: only the first packet of an RDMA WRITE carries the RETH,
-            # only the last of a SEND with invalidate the IETH.
-            reth = ((wr.rkey, wr.remote_addr, len(data))
-                    if base == "RDMA_WRITE" and pos in ("FIRST", "ONLY") else None)
-            pkts.append(Packet(self.dest_qp, psn_add(psn, i), name, chunk, reth, None,
-                               wr.imm_data if imm and last else None,
-                               wr.invalidate_rkey if inv and last else None))
+            name = opcode_for(kind, i == 0, i == n - 1, imm, inv)
+            # Each header where the opcode carries it (IBTA 9.2): the RETH on an RDMA
+            # WRITE's first packet, ImmDt and IETH on the last.
+            flags = FLAGS[name]
+            pkts.append(Packet(self.dest_qp, psn_add(psn, i), name, chunk,
+                               (wr.rkey, wr.remote_addr, len(data)) if flags & Op.RETH
+                               else None, None,
+                               wr.imm_data if flags & Op.IMMDT else None,
+                               wr.invalidate_rkey if flags & Op.IETH else None))
         return pkts
 
     def _read_request(self, r: _Request) -> Packet:
@@ -667,13 +804,13 @@ class RCQP:
     def _retire_head(self) -> None:
         """What waits only for every WR before it to complete: a gather error, completed
         in order, and local WRs, run in order."""
-        while self.state == QpState.RTS and self._sq:
+        while self.state in _SENDING and self._sq:
             r = self._sq[0]
             if r.error is not None:
                 self._fail_head(r.error)
                 return
-            if not r.local:
-                return
+            if not r.local or self.state != QpState.RTS:
+                return      # SQD starts no WR, local ones included
             self._run_local()
 
     def _run_local(self) -> None:
@@ -714,9 +851,11 @@ class RCQP:
         if psn_diff(psn, self._next_psn) >= 0:
             return False        # never sent: not an answer to us
         progress = False
-        while self._sq and self.state == QpState.RTS:
+        while self._sq and self.state in _SENDING:
             r = self._sq[0]
             if r.local:
+                if self.state != QpState.RTS:
+                    break       # SQD starts no WR, local ones included
                 self._run_local()   # every WR before it has completed
                 continue
             if not r.built or r.error is not None or psn_diff(psn, r.psn) < 0:
@@ -749,16 +888,16 @@ class RCQP:
 
     # -- packets in ------------------------------------------------------------
     def receive(self, pkt: Packet, now: float) -> None:
-        if pkt.dest_qp != self.qp_num or self.state not in (QpState.RTR, QpState.RTS):
-            return      # IBTA: a QP not in RTR/RTS silently drops what arrives
-        if pkt.opcode in (ACK, ATOMIC_ACK) or pkt.opcode.startswith(READ_RESPONSE):
-            if self.state == QpState.RTS:
+        if pkt.dest_qp != self.qp_num or self.state not in _RECEIVING:
+            return      # IBTA: a QP not in RTR/RTS/SQD silently drops what arrives
+        if pkt.opcode in _RESPONSES:
+            if self.state in _SENDING:
                 self._requester_receive(pkt, now)
         else:
             self._responder_receive(pkt)
 
     def _requester_receive(self, pkt: Packet, now: float) -> None:
-        if pkt.opcode.startswith(READ_RESPONSE):
+        if pkt.opcode in _READ_RESPONSES:
             self._read_response(pkt, now)
             return
         if pkt.opcode == ATOMIC_ACK:
@@ -771,7 +910,7 @@ class RCQP:
             return
         # A NAK acknowledges every PSN before the one it names (IBTA: NAKs are cumulative).
         self._ack(psn_add(pkt.psn, -1), now)
-        if self.state != QpState.RTS or self._head_holds(pkt.psn) is None:
+        if self.state not in _SENDING or self._head_holds(pkt.psn) is None:
             return      # stale: about a PSN already dealt with
         if syndrome == "NAK_PSN_SEQ":
             self.stats["retransmissions"] += 1
@@ -876,7 +1015,7 @@ class RCQP:
             self.stats["duplicates_discarded"] += 1
             if pkt.opcode == READ_REQUEST:
                 self._answer_read(pkt, first_time=False)
-            elif pkt.opcode in ATOMICS.values():
+            elif pkt.opcode in _ATOMIC_REQUESTS:
                 self._replay_atomic(pkt)
             else:
                 self._queue_ack(psn_add(self._epsn, -1))
@@ -889,16 +1028,16 @@ class RCQP:
                 self._nak(self._epsn, "NAK_PSN_SEQ")
             return
         op = pkt.opcode
-        if op == READ_REQUEST or op in ATOMICS.values():
+        if op == READ_REQUEST or op in _ATOMIC_REQUESTS:
             if self._msg is not None:
                 self._nak_fatal(pkt.psn, "NAK_INV_REQ")    # inside another message
             elif op == READ_REQUEST:
                 self._answer_read(pkt, first_time=True)
             else:
                 self._execute_atomic(pkt)
-        elif op.startswith("SEND_"):
+        elif op in _SEND_PACKETS:
             self._recv_send(pkt)
-        elif op.startswith("RDMA_WRITE_"):
+        elif op in _WRITE_PACKETS:
             self._recv_write(pkt)
         else:
             self._nak_fatal(pkt.psn, "NAK_INV_REQ")
@@ -916,9 +1055,8 @@ class RCQP:
             self._queue_ack(psn)
 
     def _recv_send(self, pkt: Packet) -> None:
-        op = pkt.opcode
-        first = op.startswith(("SEND_FIRST", "SEND_ONLY"))
-        last = op.startswith(("SEND_LAST", "SEND_ONLY"))
+        kind = FLAGS[pkt.opcode]
+        first, last = kind & Op.FIRST, kind & Op.LAST
         if first:
             if self._msg is not None:
                 self._nak_fatal(pkt.psn, "NAK_INV_REQ")
@@ -949,8 +1087,8 @@ class RCQP:
                 self._fail_recv(m.recv, err.status(remote=False), pkt.psn,
                                 "NAK_INV_REQ" if err.fault == Fault.LENGTH else "NAK_REM_OP")
                 return
-            imm = op.endswith("_WITH_IMM")
-            inv = op.endswith("_WITH_INV")
+            imm = kind & Op.WITH_IMM
+            inv = kind & Op.WITH_INV
             # The data is placed first, then the key invalidated (as rxe's execute()
             # does); a key we may not invalidate fails the receive after all.
             if inv and not self._invalidate(pkt.ieth, remote=True):
@@ -968,10 +1106,8 @@ class RCQP:
         self._nak_fatal(psn, syndrome)
 
     def _recv_write(self, pkt: Packet) -> None:
-        op = pkt.opcode
-        first = op.startswith(("RDMA_WRITE_FIRST", "RDMA_WRITE_ONLY"))
-        last = op.startswith(("RDMA_WRITE_LAST", "RDMA_WRITE_ONLY"))
-        imm = op.endswith("_WITH_IMM")
+        flags = FLAGS[pkt.opcode]
+        first, last, imm = flags & Op.FIRST, flags & Op.LAST, flags & Op.WITH_IMM
         if first and self._msg is not None or not first and (
                 self._msg is None or self._msg.kind != "RDMA_WRITE"):
             self._nak_fatal(pkt.psn, "NAK_INV_REQ")   # opcode sequence error
@@ -1024,12 +1160,12 @@ class RCQP:
             self._accept(len(chunks))
             self._msn = (self._msn + 1) % PSN_MOD
             self._unacked = 0
+        n = len(chunks)
         for i, chunk in enumerate(chunks):
-            pos = _position(i, len(chunks))
-            # IBTA: FIRST, LAST and ONLY responses carry an AETH, MIDDLE not.
-            aeth = None if pos == "MIDDLE" else ("ACK", self._msn)
-            self._resp_out.append(Packet(self.dest_qp, psn_add(pkt.psn, i),
-                                         f"{READ_RESPONSE}_{pos}", chunk, aeth=aeth))
+            op = opcode_for(Op.READ_RESPONSE, i == 0, i == n - 1)
+            aeth = ("ACK", self._msn) if FLAGS[op] & Op.AETH else None
+            self._resp_out.append(Packet(self.dest_qp, psn_add(pkt.psn, i), op, chunk,
+                                         aeth=aeth))
 
     def _execute_atomic(self, pkt: Packet) -> None:
         if pkt.atomic is None:

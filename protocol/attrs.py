@@ -118,3 +118,6 @@ class DEKInitAttr:
     pd: Any = None
     opaque: bytes = field(default=bytes(8))
     comp_mask: int = 0
+    # With MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN in comp_mask: the crypto login object the
+    # DEK is imported wrapped under, or None for a plaintext DEK (mlx5dv_dek_create(3)).
+    crypto_login: Any = None

@@ -70,10 +70,30 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "destroy_mkey": {"mkey": _H},
     "mkey_configure": {"qp": _H, "calls": (list, 0, 2048, True)},
     "mkey_check": {"mkey": _H},
-    "create_dek": {"ctx": _H, "pd": _H, "key_size": _U32, "key": (bytes, 0, 64, True),
+    # key is char key[128] (wrapped 256-bit with keytag: 80); crypto_login is a
+    # create_crypto_login handle, 0 for NULL.
+    "create_dek": {"ctx": _H, "pd": _H, "key_size": _U32, "key": (bytes, 0, 128, True),
                    "has_keytag": _BOOL, "keytag": (bytes, 0, 8, True),
-                   "key_purpose": _U32},
+                   "key_purpose": _U32, "opaque": (bytes, 0, 8, False),
+                   "comp_mask": (int, 0, U64, False), "crypto_login": (int, 0, U32, False)},
     "destroy_dek": {"dek": _H},
+    "query_dek": {"dek": _H},
+    "query_mlx5_device": {"ctx": _H},
+    # mlx5dv_crypto_login(3) (a session of the context) and mlx5dv_crypto_login_create(3)
+    # (an object): the credential as given, wrapped (48 bytes for this device).
+    "crypto_login": {"ctx": _H, "credential": (bytes, 0, 4096, True), "import_kek_id": _U32,
+                     "credential_id": (int, 0, U32, False), "comp_mask": (int, 0, U64, False)},
+    "crypto_login_query_state": {"ctx": _H},
+    "crypto_logout": {"ctx": _H},
+    "create_crypto_login": {"ctx": _H, "credential": (bytes, 0, 4096, True),
+                            "import_kek_id": _U32, "credential_id": (int, 0, U32, False),
+                            "comp_mask": (int, 0, U64, False)},
+    "crypto_login_query": {"login": _H},
+    # ibv_get_async_event(3): the oldest event of the context, waiting up to timeout s
+    # (reply event: null when none came); ibv_ack_async_event(3) by the event's id.
+    "get_async_event": {"ctx": _H, "timeout": ((int, float), 0, 3600, True)},
+    "ack_async_event": {"event": _H},
+    "destroy_crypto_login": {"login": _H},
     # Fault injection (server/faults.py validates the rule's own fields).
     "faults_add": {"rule": (dict, 1, 32, True)},
     "faults_list": {},

@@ -2,7 +2,7 @@
 
 A packet is one frame on a wire connection between two daemons (``docs/protocol.md``).
 The header carries what RoCE's BTH and extension headers carry; the payload is the
-frame's raw payload. ``icrc`` plays the RoCE ICRC: a CRC32 over the invariant header
+frame's raw payload. ``packet_check`` (the ``icrc`` field) plays the RoCE ICRC: a CRC32 over the invariant header
 fields and the payload. A receiver that finds it wrong drops the packet, counts it,
 and leaves recovery to the requester's retransmission, as on a real link.
 
@@ -33,26 +33,14 @@ from dataclasses import dataclass
 import msgpack
 
 from .frames import FrameError, field
+from .opcodes import FLAGS, NAMES, SYNDROMES, Op
 
 PSN_MOD = 1 << 24
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
 
-# Every opcode name a packet may carry, as in the IBTA RC opcode table.
-OPCODES = frozenset(
-    [f"SEND_{p}" for p in ("FIRST", "MIDDLE", "LAST", "ONLY")]
-    + ["SEND_LAST_WITH_IMM", "SEND_ONLY_WITH_IMM",
-       "SEND_LAST_WITH_INV", "SEND_ONLY_WITH_INV"]
-    + [f"RDMA_WRITE_{p}" for p in ("FIRST", "MIDDLE", "LAST", "ONLY")]
-    + ["RDMA_WRITE_LAST_WITH_IMM", "RDMA_WRITE_ONLY_WITH_IMM"]
-    + ["RDMA_READ_REQUEST"]
-    + [f"RDMA_READ_RESPONSE_{p}" for p in ("FIRST", "MIDDLE", "LAST", "ONLY")]
-    + ["ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE", "COMPARE_SWAP", "FETCH_ADD"]
-)
-
-# AETH syndromes, by name: ACK, RNR NAK and the four NAK codes of the IBTA.
-SYNDROMES = frozenset(["ACK", "RNR", "NAK_PSN_SEQ", "NAK_INV_REQ", "NAK_REM_ACCESS",
-                       "NAK_REM_OP"])
+# Every opcode name a packet may carry: the IBTA RC opcode table's (protocol/opcodes.py).
+OPCODES = NAMES
 
 
 @dataclass(frozen=True)
@@ -73,26 +61,16 @@ class Packet:
     atomic_ack: int | None = None
 
 
+# The packet fields that carry each extension header.
+_HEADER_FIELDS = ((Op.RETH, "reth"), (Op.AETH, "aeth"), (Op.IMMDT, "imm"), (Op.IETH, "ieth"),
+                  (Op.ATOMICETH, "ateth"), (Op.ATOMICACKETH, "atack"))
+
+
 def _needs(op: str) -> tuple[set[str], bool]:
     """The extension headers opcode ``op`` must carry, and whether it may carry a payload
     (IBTA 9.2, the RC opcode table)."""
-    need: set[str] = set()
-    if op in ("RDMA_READ_REQUEST",) or op.startswith(("RDMA_WRITE_FIRST", "RDMA_WRITE_ONLY")):
-        need.add("reth")
-    if op in ("ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE") or (
-            op.startswith("RDMA_READ_RESPONSE") and not op.endswith("MIDDLE")):
-        need.add("aeth")
-    if op.endswith("_WITH_IMM"):
-        need.add("imm")
-    if op.endswith("_WITH_INV"):
-        need.add("ieth")
-    if op in ("COMPARE_SWAP", "FETCH_ADD"):
-        need.add("ateth")
-    if op == "ATOMIC_ACKNOWLEDGE":
-        need.add("atack")
-    payload = op not in ("RDMA_READ_REQUEST", "ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE",
-                          "COMPARE_SWAP", "FETCH_ADD")
-    return need, payload
+    flags = FLAGS[op]
+    return {name for bit, name in _HEADER_FIELDS if flags & bit}, bool(flags & Op.PAYLOAD)
 
 
 _NEEDS = {op: _needs(op) for op in OPCODES}
@@ -106,8 +84,9 @@ def _listify(t):
     return list(t) if t is not None else None
 
 
-def icrc(dev: str, p: Packet) -> int:
-    """The integrity check of ``p`` addressed to HCA ``dev``."""
+def packet_check(dev: str, p: Packet) -> int:
+    """The integrity check of ``p`` addressed to HCA ``dev`` (the header's ``icrc``; the
+    RoCEv2 ICRC of a captured frame is protocol/roce.py's ``roce_icrc``)."""
     head = msgpack.packb([dev, p.dest_qp, p.psn, p.opcode, _listify(p.reth),
                           _listify(p.aeth), p.imm, p.ieth, _listify(p.atomic),
                           p.atomic_ack], use_bin_type=True)
@@ -122,7 +101,7 @@ def packet_header(dev: str, p: Packet, *, icrc_value: int | None = None) -> dict
                         ("ieth", p.ieth), ("ateth", p.atomic), ("atack", p.atomic_ack)):
         if value is not None:
             h[name] = _listify(value) if isinstance(value, tuple) else value
-    h["icrc"] = icrc(dev, p) if icrc_value is None else icrc_value
+    h["icrc"] = packet_check(dev, p) if icrc_value is None else icrc_value
     return h
 
 
@@ -185,7 +164,7 @@ def decode_packet(header: dict, payload) -> tuple[str, Packet]:
     if payload and len(payload) and not may_carry:
         raise FrameError("EPROTO", f"packet {op} carries no payload, got {len(payload)} bytes")
     p = Packet(qp, psn, op, bytes(payload), reth, aeth, imm, ieth, ateth, atack)
-    if icrc(dev, p) != check:
+    if packet_check(dev, p) != check:
         raise IntegrityError("EPROTO", f"packet {op} psn {psn:#x} to QP {qp:#x}: icrc "
                                        f"mismatch, dropped")
     return dev, p

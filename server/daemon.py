@@ -24,14 +24,17 @@ import logging
 from collections import deque
 from typing import Any
 
-from ..engine.hca import HCA, MR, PD
+from ..engine import qp_state
+from ..engine.crypto_login import DEK_INIT_ATTR_CRYPTO_LOGIN, CryptoLogin, DeviceCrypto, login
+from ..engine.hca import DEK, HCA, MR, PD
 from ..engine.mkey import MKey
 from ..engine.mkey_configure import MkeyConfigureBuilder
 from ..engine.rc import RCQP, WC, RecvWR, SendWR
 from ..protocol import control
 from ..protocol.attrs import DEKInitAttr, MkeyConfAttr
 from ..protocol.enums import (
-    Mtu,
+    CryptoLoginState,
+    QpAttrMask,
     QpState,
     QpType,
     WcOpcode,
@@ -40,25 +43,22 @@ from ..protocol.enums import (
 from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
-from ..protocol.packets import IntegrityError, Packet, decode_packet, icrc, packet_header
+from ..protocol.opcodes import Op, with_flags
+from ..protocol.packets import IntegrityError, Packet, decode_packet, packet_check, packet_header
+from .async_events import AsyncEvents
 from .faults import REORDER_FLUSH_S, Emit, Faults
 
+# The packets that begin a SEND: the ones that would take a receive.
+_SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST)
+
 log = logging.getLogger("softhca.server")
+
+# mlx5dv.h enum mlx5dv_context_comp_mask: crypto_caps is filled.
+MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD = 1 << 13
 
 DEFAULT_PORT = 4791
 HANDSHAKE_TIMEOUT = 10.0
 READ_CHUNK = 1 << 18
-
-# ibv_modify_qp(3), min_rnr_timer: the IBTA encoding of the RNR NAK timer, in ms.
-RNR_TIMER_MS = (655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48,
-                0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72,
-                40.96, 61.44, 81.92, 122.88, 163.84, 245.76, 327.68, 491.52)
-
-
-def ack_timeout_s(timeout: int) -> float:
-    """ibv_modify_qp(3): the local ACK timeout is 4.096 us * 2^timeout; 0 means infinite."""
-    return 4.096e-6 * (1 << timeout) if timeout else 1e9
-
 
 def kv(**fields: Any) -> str:
     """A structured log line's fields: ``key=value`` pairs, values repr'd when needed."""
@@ -140,11 +140,13 @@ class QPHost:
     timer: asyncio.TimerHandle | None = None
     timer_at: float | None = None
     attrs: dict = dataclasses.field(default_factory=dict)
+    # The session's handle of the context the QP was created on: its async events go there.
+    ctx: int = 0
 
 
 # The verbs that create an object (and so count against a session's object limit).
 _CREATORS = frozenset(["open_device", "alloc_pd", "reg_mr", "create_cq", "create_qp",
-                       "create_mkey", "create_dek"])
+                       "create_mkey", "create_dek", "crypto_login", "create_crypto_login"])
 
 
 def plain(v: Any) -> Any:
@@ -180,14 +182,18 @@ class Daemon:
 
     def __init__(self, hcas: tuple[str, ...] | list[str] = ("mlx5_0",), host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, token: bytes | None = None,
-                 max_frame: int | None = None, limits: Limits | None = None) -> None:
+                 max_frame: int | None = None, limits: Limits | None = None,
+                 crypto: DeviceCrypto | None = None) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
         limits = limits or Limits()
         if max_frame is not None:
             limits = dataclasses.replace(limits, max_frame=max_frame)
         self.limits = limits
-        self.hcas = {name: HCA(name) for name in hcas}
+        # Every HCA of the daemon starts with the same crypto configuration
+        # (docs/crypto-import.md): import method, import KEK and credential.
+        self.crypto = crypto or DeviceCrypto()
+        self.hcas = {name: HCA(name, self.crypto) for name in hcas}
         self.host = host
         self.port = port
         self.token = token
@@ -380,7 +386,7 @@ class Daemon:
     def _refuse_rnr(self, qph: QPHost):
         def refuse(p: Packet) -> bool:
             # Only a SEND that would take a receive now can be refused with RNR.
-            if not p.opcode.startswith(("SEND_FIRST", "SEND_ONLY")):
+            if p.opcode not in _SEND_FIRSTS:
                 return False
             qph.rcqp.refuse_rnr = 1
             return True
@@ -414,7 +420,7 @@ class Daemon:
             asyncio.get_running_loop().call_later(delay, self._emit_out, e)
             return
         host, port, dev = e.route
-        override = icrc(dev, e.stale_icrc_of) if e.stale_icrc_of is not None else None
+        override = packet_check(dev, e.stale_icrc_of) if e.stale_icrc_of is not None else None
         self.link_to(host, port).send(dev, [e.packet], override)
         self.counters["packets_sent"] += 1
 
@@ -629,6 +635,16 @@ class WireLink:
 
 # -- control sessions -------------------------------------------------------------------
 
+@dataclasses.dataclass(eq=False)
+class _LoginEntry:
+    """A crypto login of one context: its session (mlx5dv_crypto_login, ``api``
+    "session") or its object (mlx5dv_crypto_login_create, "object")."""
+
+    ctx: int
+    api: str
+    login: CryptoLogin
+
+
 class ControlSession:
     """One application's connection: its verbs calls, the objects they created."""
 
@@ -642,6 +658,9 @@ class ControlSession:
         self.gone = False
         self.registered_bytes = 0
         self.events_dropped = 0
+        # ibv_get_async_event(3): per context; a PD's context names a QP's.
+        self.async_events = AsyncEvents()
+        self.ctx_of_pd: dict[int, int] = {}
 
     async def run(self, first: list) -> None:
         d = self.daemon
@@ -787,7 +806,9 @@ class ControlSession:
     def op_alloc_pd(self, a, payload, rid):
         hca = self.get(a["ctx"], "ctx")
         pd = hca.alloc_pd()
-        return {"pd": self.add("pd", pd)}
+        handle = self.add("pd", pd)
+        self.ctx_of_pd[handle] = a["ctx"]
+        return {"pd": handle}
 
     def op_dealloc_pd(self, a, payload, rid):
         pd = self.get(a["pd"], "pd")
@@ -873,6 +894,7 @@ class ControlSession:
         qph = QPHost(self, 0, pd.hca, pd, rcqp, scq, rcq, a["max_send_sge"], a["max_recv_sge"],
                      a["send_ops_flags"], builder)
         qph.handle = self.add("qp", qph)
+        qph.ctx = self.ctx_of_pd.get(a["pd"], 0)
         self.daemon.qps[(pd.hca.name, qpn)] = qph
         if self.daemon._wants("trace"):
             rcqp.trace = self.daemon._trace_hook(qph)
@@ -888,38 +910,21 @@ class ControlSession:
         attr = {k: v for k, v in attr.items() if v is not None}
         if "qp_state" not in attr:
             raise einval("ibv_modify_qp: attr.qp_state is required (IBV_QP_STATE)")
-        state = attr["qp_state"]
-        q = qph.rcqp
-        if state == QpState.INIT:
-            q.modify_to_init()
-        elif state == QpState.RTR:
-            need = ("dest_qp_num", "rq_psn", "path_mtu", "dest_host", "dest_port")
-            missing = [n for n in need if n not in attr]
-            if missing:
-                raise einval(f"ibv_modify_qp to RTR needs {', '.join(missing)}")
-            q.modify_to_rtr(attr["dest_qp_num"], attr["rq_psn"], Mtu(attr["path_mtu"]))
+        if ("dest_host" in attr) != ("dest_port" in attr):
+            raise einval("ibv_modify_qp: the peer's address (IBV_QP_AV) is dest_host and "
+                         "dest_port together")
+        # The mask's bits beside the fields sent (those that carry no value here); AV is
+        # the peer's address, so only the address sets it.
+        mask = a["mask"] & ~QpAttrMask.AV | qp_state.mask_of(attr)
+        qph.rcqp.modify(attr, mask)
+        if mask & QpAttrMask.AV:
             qph.dest = (attr["dest_host"], attr["dest_port"], attr.get("dest_dev", qph.hca.name))
             # Open the link now, so the first packet does not spend its ACK timeout on
             # TCP and HELLO set-up.
             self.daemon.link_to(attr["dest_host"], attr["dest_port"])
-        elif state == QpState.RTS:
-            timeout = attr.get("timeout", 17)
-            q.modify_to_rts(attr.get("sq_psn", 0), timeout_s=ack_timeout_s(timeout),
-                            retry_cnt=attr.get("retry_cnt", 7),
-                            rnr_retry=attr.get("rnr_retry", 7),
-                            rnr_timer_s=RNR_TIMER_MS[attr.get("min_rnr_timer", 12)] / 1000)
-        elif state == QpState.ERR:
-            q.modify_to_err()
-        elif state == QpState.RESET:
-            if q.state != QpState.ERR and q.state != QpState.RESET:
-                raise einval("ibv_modify_qp to RESET is modelled from ERR only")
-            raise RDMAError("EOPNOTSUPP", "ibv_modify_qp to RESET is not modelled: "
-                                          "destroy the QP and create another")
-        else:
-            raise RDMAError("EOPNOTSUPP", f"QP state {QpState(state).name} is not modelled")
         qph.attrs.update(attr)
         self.daemon.service(qph)
-        return {"state": int(q.state)}
+        return {"state": int(qph.rcqp.state)}
 
     def op_query_qp(self, a, payload, rid):
         qph: QPHost = self.get(a["qp"], "qp")
@@ -1070,11 +1075,111 @@ class ControlSession:
         pd: PD = self.get(a["pd"], "pd")
         if pd.hca is not hca:
             raise einval("mlx5dv_dek_create: the PD belongs to another device")
+        lg = None
+        comp_mask = a["comp_mask"] or 0
+        if a["crypto_login"]:
+            entry: _LoginEntry = self.get(a["crypto_login"], "crypto_login")
+            if entry.api != "object" or entry.ctx != a["ctx"]:
+                raise einval("mlx5dv_dek_create: crypto_login is not a crypto login object of "
+                             "this context (mlx5dv_crypto_login_create)")
+            lg = entry.login
+        elif not comp_mask & DEK_INIT_ATTR_CRYPTO_LOGIN:
+            session = self._login_entry(a["ctx"], "session")
+            lg = session.login if session else None
         dek = hca.create_dek(DEKInitAttr(key_size=a["key_size"], key=a["key"],
                                          has_keytag=a["has_keytag"], keytag=a["keytag"],
-                                         key_purpose=a["key_purpose"], pd=pd))
+                                         key_purpose=a["key_purpose"], pd=pd,
+                                         opaque=a["opaque"] or b"", comp_mask=comp_mask,
+                                         crypto_login=lg if a["crypto_login"] else None),
+                             session_login=lg)
         # The session's handle names it to the client; the engine keeps its own.
         return {"dek": self.add("dek", dek)}
+
+    def op_query_dek(self, a, payload, rid):
+        """mlx5dv_dek_query(3): a wrapped DEK is queried only inside a valid crypto login
+        (a session or an object of this session on the DEK's device)."""
+        dek: DEK = self.get(a["dek"], "dek")
+        if dek.wrapped and not any(
+                kind == "crypto_login" and o.login.state == CryptoLoginState.VALID
+                and self.get(o.ctx, "ctx") is dek.pd.hca for kind, o in self.objects.values()):
+            raise einval("mlx5dv_dek_query: a wrapped DEK is queried only in a valid crypto "
+                         "login session or with a valid crypto login object")
+        return {"state": int(dek.state), "opaque": dek.opaque}
+
+    # -- mlx5dv: device caps and crypto login (mlx5dv_query_device(3),
+    # mlx5dv_crypto_login(3), mlx5dv_crypto_login_create(3)) ---------------------------
+    def op_query_mlx5_device(self, a, payload, rid):
+        hca: HCA = self.get(a["ctx"], "ctx")
+        return {"attr": {"version": 1, "flags": 0,
+                         "comp_mask": MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD,
+                         "crypto_caps": hca.crypto.caps()}}
+
+    def _login_entry(self, ctx: int, api: str) -> _LoginEntry | None:
+        for kind, o in self.objects.values():
+            if kind == "crypto_login" and o.ctx == ctx and o.api == api:
+                return o
+        return None
+
+    def _new_login(self, a, api: str, verb: str) -> int:
+        hca: HCA = self.get(a["ctx"], "ctx")
+        if self._login_entry(a["ctx"], api) is not None:
+            raise RDMAError("EEXIST", f"{verb}: this context already has a crypto login "
+                                      f"{'session' if api == 'session' else 'object'}")
+        lg = login(hca.crypto, a["credential"], a["import_kek_id"], a["credential_id"] or 0,
+                   a["comp_mask"] or 0, verb)
+        return self.add("crypto_login", _LoginEntry(a["ctx"], api, lg))
+
+    def op_crypto_login(self, a, payload, rid):
+        self._new_login(a, "session", "mlx5dv_crypto_login")
+        return {}
+
+    def op_crypto_login_query_state(self, a, payload, rid):
+        self.get(a["ctx"], "ctx")
+        entry = self._login_entry(a["ctx"], "session")
+        return {"state": int(entry.login.state if entry else CryptoLoginState.NO_LOGIN)}
+
+    def op_crypto_logout(self, a, payload, rid):
+        self.get(a["ctx"], "ctx")
+        for handle, (kind, o) in list(self.objects.items()):
+            if kind == "crypto_login" and o.ctx == a["ctx"] and o.api == "session":
+                return self._destroy_handle(handle, "crypto_login")
+        raise RDMAError("ENOENT", "mlx5dv_crypto_logout: no crypto login session exists on "
+                                  "this context")
+
+    def op_create_crypto_login(self, a, payload, rid):
+        return {"login": self._new_login(a, "object", "mlx5dv_crypto_login_create")}
+
+    def op_crypto_login_query(self, a, payload, rid):
+        entry: _LoginEntry = self.get(a["login"], "crypto_login")
+        return {"state": int(entry.login.state)}
+
+    def op_destroy_crypto_login(self, a, payload, rid):
+        entry: _LoginEntry = self.get(a["login"], "crypto_login")
+        if entry.api != "object":
+            raise einval("mlx5dv_crypto_login_destroy: that is a login session; end it with "
+                         "mlx5dv_crypto_logout")
+        return self._destroy_handle(a["login"], "crypto_login")
+
+    # -- async events (ibv_get_async_event(3), ibv_ack_async_event(3)) ------------------
+    def op_get_async_event(self, a, payload, rid):
+        self.get(a["ctx"], "ctx")
+        ev = self.async_events.take(a["ctx"])
+        if ev is not None or a["timeout"] <= 0:
+            return {"event": ev}
+
+        async def wait() -> None:
+            found = await self.async_events.get(a["ctx"], float(a["timeout"]))
+            if not self.gone:
+                self.reply(rid, event=found)
+
+        task = asyncio.get_running_loop().create_task(wait())
+        self._waits.add(task)
+        task.add_done_callback(self._waits.discard)
+        return None
+
+    def op_ack_async_event(self, a, payload, rid):
+        self.async_events.ack(a["event"])
+        return {}
 
     def op_destroy_dek(self, a, payload, rid):
         return self._destroy_handle(a["dek"], "dek")

@@ -37,17 +37,24 @@ from typing import Any
 
 from ..engine.rc import psn_diff
 from ..protocol.errors import RDMAError
-from ..protocol.packets import OPCODES, Packet
+from ..protocol.opcodes import NAMES, Op, with_any, with_flags
+from ..protocol.packets import Packet
 
 ACTIONS = ("corrupt", "drop", "duplicate", "delay", "reorder", "rnr")
 FIELDS = ("data", "guard", "app_tag", "ref_tag")
-# Packets that begin a message on a requester's stream or a responder's stream.
-_STARTS = ("_FIRST", "_ONLY", "_ONLY_WITH_IMM", "_ONLY_WITH_INV")
-_SINGLE = ("RDMA_READ_REQUEST", "COMPARE_SWAP", "FETCH_ADD")
+# Packets that begin a message on a requester's stream or a responder's stream: the
+# first packet of a request or of a READ's responses; an ACK begins nothing.
+_STARTS = with_flags(Op.FIRST, none_of=Op.ACK)
+# Requests and responses of one QP run in two PSN spaces.
+_RESPONSES = with_any(Op.RESPONSE)
 # A packet held for reordering goes anyway after this long without traffic behind it.
 REORDER_FLUSH_S = 0.02
-_OPCODE_STEMS = sorted({op.rsplit("_", 1)[0] for op in OPCODES} | set(OPCODES)
+# A rule's ``opcode`` names an opcode or a prefix of names ending at a "_": each one
+# allowed, with the opcodes it matches, decided here once.
+_OPCODE_STEMS = sorted({op.rsplit("_", 1)[0] for op in NAMES} | set(NAMES)
                        | {"SEND", "RDMA_WRITE", "RDMA_READ_RESPONSE", "RDMA_READ"})
+_MATCHING = {stem: frozenset(op for op in NAMES if op == stem or op.startswith(stem + "_"))
+             for stem in _OPCODE_STEMS}
 
 # Every field a rule may have: (type, check, default).
 _U = (int, lambda v: v >= 0)
@@ -153,7 +160,7 @@ def validate_rule(spec: Any) -> dict:
         if out["direction"] != "in":
             raise _bad("rnr is the receiver's answer: it needs direction 'in'")
         out.setdefault("opcode", "SEND")
-        if not out["opcode"].startswith("SEND"):
+        if not _MATCHING[out["opcode"]] <= with_flags(Op.SEND):
             raise _bad("rnr refuses SENDs (the messages that consume a receive)")
     if "block" in out and "block_size" not in out:
         raise _bad("'block' needs 'block_size'")
@@ -178,8 +185,7 @@ class _Stream:
         self.by_psn: OrderedDict[int, _Msg] = OrderedDict()
 
     def locate(self, p: Packet) -> _Msg | None:
-        op = p.opcode
-        if op.endswith(_STARTS) or op in _SINGLE or op.startswith("RDMA_READ_RESPONSE_ONLY"):
+        if p.opcode in _STARTS:
             m = self.by_psn.get(p.psn)
             if m is None:
                 self.count += 1
@@ -243,9 +249,7 @@ class Faults:
 
     # -- matching -----------------------------------------------------------------------
     def _stream(self, direction: str, qpn: int, p: Packet) -> _Stream:
-        # Requests and responses of one QP run in two PSN spaces.
-        kind = "resp" if p.opcode.startswith(("RDMA_READ_RESPONSE", "ACK", "ATOMIC_ACK")) \
-            else "req"
+        kind = "resp" if p.opcode in _RESPONSES else "req"
         key = (direction, qpn, kind)
         s = self._streams.get(key)
         if s is None:
@@ -263,7 +267,7 @@ class Faults:
         if "qp" in s and s["qp"] != qpn:
             return False, 0, 0
         op = s.get("opcode")
-        if op is not None and not (p.opcode == op or p.opcode.startswith(op + "_")):
+        if op is not None and p.opcode not in _MATCHING[op]:
             return False, 0, 0
         if "message" in s and (msg is None or msg.index != s["message"]):
             return False, 0, 0

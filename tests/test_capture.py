@@ -30,20 +30,20 @@ import pytest
 from test_serve import start as start_serve
 
 import softhca.client as sh
+from softhca.protocol import roce as cap
 from softhca.protocol.packets import OPCODES, Packet, decode_packet, packet_header
-from softhca.server import capture as cap
-from softhca.server.capture import (
-    CaptureTap,
+from softhca.protocol.roce import (
     Endpoint,
     PcapWriter,
     bth,
     extension_headers,
-    icrc,
     ipv4_checksum,
     packet_record,
     read_pcap,
     roce_frame,
 )
+from softhca.protocol.roce import roce_icrc as icrc
+from softhca.server.capture import CaptureTap
 from softhca.tools import capture as tool_capture
 
 from e2e import Pair, make_side, rdma, sge, whole

@@ -74,6 +74,7 @@ def _to_rts(ctx, qp, remote):
                           gr=GlobalRoute(dgid=ctx.query_gid(1, 0), sgid_index=0))
     attr.dest_qp_num, attr.rq_psn, attr.sq_psn = remote.qp_num, 0, 0
     attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 14, 7, 7, 12
+    attr.max_rd_atomic = attr.max_dest_rd_atomic = 1
     qp.to_rts(attr)
     assert qp.qp_state == e.IBV_QPS_RTS
 

@@ -147,10 +147,27 @@ def test_mlx5_mkey(upstream, capsys):
         assert all("not supported" in o for o in not_ok.values()), not_ok
 
 
-@pytest.mark.skipif(not hasattr(api.Context, "crypto_login"),
-                    reason="the client has no crypto login (device helper's wrapped DEKs)")
-def test_mlx5_crypto(upstream, capsys):  # pragma: no cover - wired when crypto lands
-    raise AssertionError("crypto login is in the client: wire the crypto runs here")
+@pytest.mark.parametrize("mode, passing", [
+    ("wrapped", {"test_mlx5_dek_management", "test_mlx5_crypto_mkey_old_api",
+                 "test_mlx5_crypto_wrapped_dek", "test_mlx5_crypto_signature_mkey",
+                 "test_mlx5_wrapped_dek_multi_block"}),
+    ("plaintext", {"test_mlx5_crypto_plaintext_dek", "test_mlx5_plaintext_dek_multi_block"}),
+])
+def test_mlx5_crypto(upstream, capsys, tmp_path, mode, passing):
+    """The daemon in one crypto import mode; MLX5_CRYPTO_TEST_INFO written by softhca
+    crypto-test-info, with the expected ciphertexts, so data validation is on."""
+    info = tmp_path / "crypto.json"
+    subprocess.run([sys.executable, "-c", "from softhca.tools.cli import main; "
+                    f"raise SystemExit(main(['crypto-test-info', '--out', {str(info)!r}]))"],
+                   check=True, capture_output=True, timeout=120)
+    assert "encrypted_data_for_512_c" in json.loads(info.read_text())[0]
+    outcomes = run_upstream(upstream, ["test_mlx5_crypto"], capsys, label=f"crypto {mode}",
+                            extra_env={"SOFTHCA_CRYPTO_CONFIG": json.dumps({"mode": mode}),
+                                       "MLX5_CRYPTO_TEST_INFO": str(info)})
+    ok = {t.rsplit(".", 1)[1] for t, o in outcomes.items() if o == "ok"}
+    assert ok == passing, outcomes
+    assert all(o.startswith("skip") for t, o in outcomes.items()
+               if t.rsplit(".", 1)[1] not in passing), outcomes
 
 
 def test_every_other_upstream_module(upstream, capsys):

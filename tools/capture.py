@@ -1,7 +1,7 @@
 """``softhca capture``: a client that writes a running daemon's wire traffic to a pcap.
 
 It subscribes to the daemon's "packets" events and writes each packet as the RoCEv2
-frame :mod:`softhca.server.capture` describes. The events name the daemon but not its
+frame :mod:`softhca.protocol.roce` encodes. The events name the daemon but not its
 peers, so the peer side of each frame is 127.0.0.x unless ``--peer`` says.
 """
 
@@ -15,14 +15,30 @@ import sys
 import time
 
 from ..protocol.frames import FrameError
-from ..protocol.packets import decode_packet
-from ..server.capture import PcapWriter, endpoint, ipv4_of, packet_record, split_address, summary
+from ..protocol.packets import Packet, decode_packet
+from ..protocol.roce import PcapWriter, endpoint, ipv4_of, packet_record, split_address
 from ..server.cliargs import (
     TokenFileError,
     positive_float,
     positive_int,
     read_token,
 )
+
+
+def summary(direction: str, dev: str, p: Packet) -> str:
+    """One line per packet: direction, opcode, QP, PSN and what the headers say."""
+    parts = [f"{direction} {p.opcode:<26} qp {p.dest_qp:#08x} psn {p.psn:#08x}"]
+    if p.reth is not None:
+        parts.append(f"rkey {p.reth[0]:#x} va {p.reth[1]:#x} len {p.reth[2]}")
+    if p.aeth is not None:
+        parts.append(f"{p.aeth[0]} msn {p.aeth[1]}")
+    if p.imm is not None:
+        parts.append(f"imm {p.imm:#x}")
+    if p.atomic is not None:
+        parts.append(f"rkey {p.atomic[0]:#x} va {p.atomic[1]:#x}")
+    if p.payload:
+        parts.append(f"{len(p.payload)} bytes")
+    return "  ".join(parts) + (f"  ({dev})" if dev != "mlx5_0" else "")
 
 
 class Capture:

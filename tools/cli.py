@@ -209,6 +209,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capture", metavar="FILE",
                    help="write every packet this daemon sends and accepts to FILE, a pcap of "
                    "RoCEv2 frames that Wireshark and tshark decode (see 'softhca capture')")
+    p.add_argument("--crypto-config", metavar="FILE",
+                   help="the devices' crypto configuration, fixed for the daemon's life: a "
+                   'JSON object {"mode": "plaintext" | "wrapped", "import_kek": hex, '
+                   '"credential": hex, "import_kek_id": N, "credential_id": N}, every field '
+                   "optional (default: plaintext DEK import; see docs/crypto-import.md)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -344,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SUBCOMMAND_MODULES = ("trace", "explain", "capture", "pyverbs")
+SUBCOMMAND_MODULES = ("trace", "explain", "capture", "crypto_test_info", "pyverbs")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

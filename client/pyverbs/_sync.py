@@ -25,7 +25,6 @@ from .pyverbs_error import PyverbsRDMAError
 
 TARGET_ENV = "SOFTHCA_TARGET"
 TOKEN_ENV = "SOFTHCA_TOKEN_FILE"
-CRYPTO_ENV = "SOFTHCA_CRYPTO_CONFIG"
 EMBEDDED_DEVICES = ("mlx5_0",)
 
 _lock = threading.Lock()
@@ -86,17 +85,14 @@ def target() -> tuple[str, bytes | None]:
 
 
 async def _start_embedded():
+    from ...server.crypto_config import crypto_config_from_env
     from ...server.daemon import Daemon
 
-    options: dict[str, Any] = {}
-    config = os.environ.get(CRYPTO_ENV)
-    if config:
-        options["crypto_config"] = config
     try:
-        daemon = Daemon(EMBEDDED_DEVICES, "127.0.0.1", 0, None, **options)
-    except TypeError:
-        raise RDMAError("EOPNOTSUPP", f"{CRYPTO_ENV} is set but this daemon takes no crypto "
-                                      "configuration") from None
+        crypto = crypto_config_from_env()       # SOFTHCA_CRYPTO_CONFIG, else plaintext
+    except ValueError as e:
+        raise RDMAError("EINVAL", str(e)) from None
+    daemon = Daemon(EMBEDDED_DEVICES, "127.0.0.1", 0, None, crypto=crypto)
     await daemon.start()
     return daemon
 

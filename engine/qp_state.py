@@ -1,0 +1,113 @@
+"""The RC QP state machine as one table: which ibv_modify_qp transitions exist and which
+attributes each requires and allows, and the IBTA encodings of the attributes' timers.
+
+Required attributes are ibv_modify_qp(3)'s table for IBV_QPT_RC (RESET -> INIT -> RTR
+-> RTS); the optional ones and the other transitions (RTS -> RTS, RTS -> SQD, SQD ->
+RTS, SQD -> SQD, to RESET and ERR from anywhere) are the kernel's ``qp_state_table``
+that ``ib_modify_qp_is_ok`` checks every modify against. RC never enters SQE (only UD
+and UC send queues fail into it), so no transition leads there.
+
+Leniency, kept from softhca's client (``QP.connect`` sends no P_Key index, port or
+access flags, and older clients no rd_atomic limits): a required attribute in
+``KEPT_IF_ABSENT`` may be left out; the QP keeps the value it has (from ibv_create_qp,
+an earlier modify, or the defaults here). The ones the QP cannot do without (the
+peer's address vector, path MTU, destination QP number and both PSNs but sq_psn,
+which is 0 unless given) are required as the man page says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..protocol.enums import QpAttrMask as M
+from ..protocol.enums import QpState as S
+from ..protocol.opcodes import RNR_TIMER_MS
+
+
+@dataclass(frozen=True)
+class Transition:
+    required: M
+    optional: M = M(0)
+
+
+_NONE = M(0)
+_RTS_OPTIONAL = M.CUR_STATE | M.ACCESS_FLAGS | M.ALT_PATH | M.PATH_MIG_STATE | M.MIN_RNR_TIMER
+
+# (current state, next state) -> the attributes besides IBV_QP_STATE.
+TRANSITIONS: dict[tuple[S, S], Transition] = {
+    (S.RESET, S.INIT): Transition(M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS),
+    (S.INIT, S.INIT): Transition(_NONE, M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS),
+    (S.INIT, S.RTR): Transition(
+        M.AV | M.PATH_MTU | M.DEST_QPN | M.RQ_PSN | M.MAX_DEST_RD_ATOMIC | M.MIN_RNR_TIMER,
+        M.ALT_PATH | M.ACCESS_FLAGS | M.PKEY_INDEX),
+    (S.RTR, S.RTS): Transition(
+        M.SQ_PSN | M.MAX_QP_RD_ATOMIC | M.RETRY_CNT | M.RNR_RETRY | M.TIMEOUT,
+        _RTS_OPTIONAL),
+    (S.RTS, S.RTS): Transition(_NONE, _RTS_OPTIONAL),
+    # The send queue drains: WRs already started finish, no new one starts.
+    (S.RTS, S.SQD): Transition(_NONE, M.EN_SQD_ASYNC_NOTIFY),
+    (S.SQD, S.RTS): Transition(_NONE, _RTS_OPTIONAL),
+    (S.SQD, S.SQD): Transition(_NONE, M.PKEY_INDEX | M.PORT | M.AV | M.ALT_PATH
+                               | M.ACCESS_FLAGS | M.MIN_RNR_TIMER | M.PATH_MIG_STATE
+                               | M.TIMEOUT | M.RETRY_CNT | M.RNR_RETRY
+                               | M.MAX_QP_RD_ATOMIC | M.MAX_DEST_RD_ATOMIC),
+    **{(s, S.RESET): Transition(_NONE) for s in S if s != S.SQE},
+    **{(s, S.ERR): Transition(_NONE) for s in S if s != S.SQE},
+}
+
+# Required attributes softhca lets a client leave out (see the module docstring).
+KEPT_IF_ABSENT = (M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS | M.MAX_DEST_RD_ATOMIC
+                  | M.MIN_RNR_TIMER | M.SQ_PSN | M.MAX_QP_RD_ATOMIC | M.RETRY_CNT
+                  | M.RNR_RETRY | M.TIMEOUT)
+
+# Attributes of struct ibv_qp_attr that name no modelled feature: automatic path
+# migration (alternate path, migration state), resizing the queues, and the SQD
+# drained event.
+NOT_MODELLED = M.ALT_PATH | M.PATH_MIG_STATE | M.CAP | M.EN_SQD_ASYNC_NOTIFY
+
+# The struct ibv_qp_attr field each mask bit applies. AV is the peer's address: on this
+# wire, a daemon's dest_host and dest_port (and optionally dest_dev).
+FIELDS: dict[M, str] = {
+    M.STATE: "qp_state", M.CUR_STATE: "cur_qp_state",
+    M.EN_SQD_ASYNC_NOTIFY: "en_sqd_async_notify", M.ACCESS_FLAGS: "qp_access_flags",
+    M.PKEY_INDEX: "pkey_index", M.PORT: "port_num", M.QKEY: "qkey",
+    M.AV: "dest_host/dest_port",
+    M.PATH_MTU: "path_mtu", M.TIMEOUT: "timeout", M.RETRY_CNT: "retry_cnt",
+    M.RNR_RETRY: "rnr_retry", M.RQ_PSN: "rq_psn", M.MAX_QP_RD_ATOMIC: "max_rd_atomic",
+    M.ALT_PATH: "alt_ah_attr", M.MIN_RNR_TIMER: "min_rnr_timer", M.SQ_PSN: "sq_psn",
+    M.MAX_DEST_RD_ATOMIC: "max_dest_rd_atomic", M.PATH_MIG_STATE: "path_mig_state",
+    M.CAP: "cap", M.DEST_QPN: "dest_qp_num",
+}
+AV_FIELDS = ("dest_host", "dest_port")
+# What a QP has before a modify gives them: the client's defaults (QP.connect).
+DEFAULT_TIMEOUT = 17          # 4.096 us * 2^17, about half a second
+DEFAULT_MIN_RNR_TIMER = 12    # 0.64 ms
+# "Infinite" as a deadline a timer can still be armed with.
+INFINITE_S = 1e9
+
+
+def mask_of(attr: dict) -> M:
+    """The attr_mask of the ibv_qp_attr fields present in ``attr`` (AV: both of the
+    peer's dest_host and dest_port)."""
+    mask = M(0)
+    for bit, name in FIELDS.items():
+        if name in attr:
+            mask |= bit
+    if all(name in attr for name in AV_FIELDS):
+        mask |= M.AV
+    return mask
+
+
+def names(mask: int) -> str:
+    """``mask`` as its fields and IBV_QP_* names, for an error message."""
+    return ", ".join(f"{FIELDS[bit]} (IBV_QP_{bit.name})" for bit in FIELDS if mask & bit)
+
+
+def ack_timeout_s(timeout: int) -> float:
+    """ibv_modify_qp(3): the local ACK timeout is 4.096 us * 2^timeout; 0 means infinite."""
+    return 4.096e-6 * (1 << timeout) if timeout else INFINITE_S
+
+
+def rnr_timer_s(code: int) -> float:
+    """The RNR NAK timer of min_rnr_timer code ``code`` (IBTA 9.7.5.2.8), in seconds."""
+    return RNR_TIMER_MS[code] / 1000
