@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from ...protocol.errors import RDMAError
+from ...server.cliargs import TokenFileError, read_token
 from .. import api
 from .pyverbs_error import PyverbsRDMAError
 
@@ -70,11 +71,10 @@ def target() -> tuple[str, bytes | None]:
             return _address, _token
     env = os.environ.get(TARGET_ENV)
     if env:
-        token = None
-        path = os.environ.get(TOKEN_ENV)
-        if path:
-            with open(path, "rb") as f:
-                token = f.read().strip()
+        try:
+            token = read_token(os.environ.get(TOKEN_ENV))
+        except TokenFileError as e:
+            raise PyverbsRDMAError(f"{TOKEN_ENV}: {e}", _errno.EACCES) from None
         with _lock:
             _address, _token = env, token
         return env, token

@@ -122,11 +122,6 @@ _FIELDS = {
     e.IBV_QP_SQ_PSN: "sq_psn", e.IBV_QP_MAX_DEST_RD_ATOMIC: "max_dest_rd_atomic",
     e.IBV_QP_DEST_QPN: "dest_qp_num",
 }
-_UNMODELLED_MASK = {
-    e.IBV_QP_QKEY: "Q_Keys (UD)", e.IBV_QP_ALT_PATH: "Alternate paths (APM)",
-    e.IBV_QP_PATH_MIG_STATE: "Path migration (APM)", e.IBV_QP_CAP: "Resizing a QP",
-    e.IBV_QP_RATE_LIMIT: "QP rate limits",
-}
 
 # ibv_wr_opcode -> its ibv_qp_create_send_ops_flags bit. The mlx5 provider installs every
 # builder an RC QP supports whatever send_ops_flags said (rdma-core's test_mlx5_mkey
@@ -275,16 +270,13 @@ class QP(Resource):
         return host, port, names[index]
 
     # -- ibv_modify_qp -----------------------------------------------------------------
-    def modify(self, qp_attr, comp_mask):
+    def modify(self, qp_attr, comp_mask, what="Failed to modify QP"):
         self._ctx._check()
-        for bit, what in _UNMODELLED_MASK.items():
-            if comp_mask & bit:
-                raise unsupported(f"ibv_modify_qp with {what}")
         if comp_mask & e.IBV_QP_PORT and qp_attr.port_num != 1:
-            raise PyverbsRDMAError(f"Failed to modify QP: port {qp_attr.port_num} does not "
+            raise PyverbsRDMAError(f"{what}: port {qp_attr.port_num} does not "
                                    "exist (the device has port 1)", errno.EINVAL)
         if comp_mask & e.IBV_QP_PKEY_INDEX and qp_attr.pkey_index != 0:
-            raise PyverbsRDMAError(f"Failed to modify QP: P_Key index {qp_attr.pkey_index} "
+            raise PyverbsRDMAError(f"{what}: P_Key index {qp_attr.pkey_index} "
                                    "is outside the one-entry P_Key table", errno.EINVAL)
         fields = {name: int(getattr(qp_attr, name)) for bit, name in _FIELDS.items()
                   if comp_mask & bit}
@@ -293,7 +285,12 @@ class QP(Resource):
         if comp_mask & e.IBV_QP_AV:
             fields["dest_host"], fields["dest_port"], fields["dest_dev"] = \
                 self._dest(qp_attr.ah_attr)
-        state = _sync.run(self._obj.modify(api.QPAttr(**fields)), "Failed to modify QP")
+        # The mask goes along: the engine's transition table (engine/qp_state.py) decides
+        # which attributes a transition requires, allows or does not model.
+        # Port and P_Key index were checked above, and the current state is a hint; the
+        # control plane carries no values for them, so their bits stay here.
+        sent = int(comp_mask) & ~(e.IBV_QP_PORT | e.IBV_QP_PKEY_INDEX | e.IBV_QP_CUR_STATE)
+        state = _sync.run(self._obj.modify(api.QPAttr(**fields), sent), what)
         self._state = state
         for bit, name in _FIELDS.items():
             if comp_mask & bit:
@@ -303,11 +300,8 @@ class QP(Resource):
 
     def _to(self, qp_attr, dst, state):
         qp_attr.qp_state = state
-        try:
-            self.modify(qp_attr, self._get_comp_mask(dst))
-        except PyverbsRDMAError as ex:
-            raise PyverbsRDMAError(f"Failed to modify QP state to {dst.lower()}: {ex}",
-                                   ex.error_code) from None
+        self.modify(qp_attr, self._get_comp_mask(dst), f"Failed to modify QP state to "
+                                                       f"{dst.lower()}")
 
     def to_init(self, qp_attr):
         self._to(qp_attr, "INIT", e.IBV_QPS_INIT)
