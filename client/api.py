@@ -164,6 +164,8 @@ class QPInitAttr:
     cap: QPCap = field(default_factory=QPCap)
     sq_sig_all: int = 0
     send_ops_flags: int = 0
+    # mlx5dv_qp_init_attr.create_flags (MLX5DV_QP_CREATE_SIG_PIPELINING, ...).
+    create_flags: int = 0
 
 
 @dataclass
@@ -185,6 +187,8 @@ class QPAttr:
     dest_host: str | None = None
     dest_port: int | None = None
     dest_dev: str | None = None
+    cur_qp_state: int | None = None
+    en_sqd_async_notify: int | None = None
 
     def to_wire(self) -> dict:
         return {k: int(v) if isinstance(v, int) else v
@@ -583,7 +587,8 @@ class PD(_Closable):
             qp_type=int(a.qp_type), max_send_wr=a.cap.max_send_wr,
             max_recv_wr=a.cap.max_recv_wr, max_send_sge=a.cap.max_send_sge,
             max_recv_sge=a.cap.max_recv_sge, max_inline_data=a.cap.max_inline_data,
-            sq_sig_all=bool(a.sq_sig_all), send_ops_flags=int(a.send_ops_flags))
+            sq_sig_all=bool(a.sq_sig_all), send_ops_flags=int(a.send_ops_flags),
+            create_flags=int(a.create_flags))
         return QP(self, h["qp"], h["qp_num"], init_attr)
 
     async def create_mkey(self, create_flags: int, max_entries: int = 1) -> MKey:
@@ -766,6 +771,13 @@ class QP(_Closable):
                                  min_rnr_timer=min_rnr_timer))
         await self.to_rts(QPAttr(sq_psn=sq_psn, timeout=timeout, retry_cnt=retry_cnt,
                                  rnr_retry=rnr_retry, min_rnr_timer=min_rnr_timer))
+
+    async def cancel_posted_send_wrs(self, wr_id: int) -> int:
+        """mlx5dv_qp_cancel_posted_send_wrs(3): in SQD, the not yet started WRs with
+        ``wr_id`` become NOPs; returns how many. EINVAL outside SQD."""
+        h, _ = await self.node.request("cancel_posted_send_wrs", qp=self.handle,
+                                       wr_id=int(wr_id))
+        return h["canceled"]
 
     # -- posting ------------------------------------------------------------------------
     async def post_send(self, wr: SendWR | Iterable[SendWR]) -> None:

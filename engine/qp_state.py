@@ -61,9 +61,8 @@ KEPT_IF_ABSENT = (M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS | M.MAX_DEST_RD_ATOMIC
                   | M.RNR_RETRY | M.TIMEOUT)
 
 # Attributes of struct ibv_qp_attr that name no modelled feature: automatic path
-# migration (alternate path, migration state), resizing the queues, and the SQD
-# drained event.
-NOT_MODELLED = M.ALT_PATH | M.PATH_MIG_STATE | M.CAP | M.EN_SQD_ASYNC_NOTIFY
+# migration (alternate path, migration state) and resizing the queues.
+NOT_MODELLED = M.ALT_PATH | M.PATH_MIG_STATE | M.CAP
 
 # The struct ibv_qp_attr field each mask bit applies. AV is the peer's address: on this
 # wire, a daemon's dest_host and dest_port (and optionally dest_dev).

@@ -14,7 +14,9 @@ Modelled:
   transition requires and allows, timeout and min_rnr_timer as IBTA codes. An illegal
   transition, attribute or value raises EINVAL and changes nothing. In SQD the
   requester finishes the messages it has started and starts no new WR (local ones
-  included) until SQD -> RTS. RESET empties both queues without completions. ERR
+  included) until SQD -> RTS; with en_sqd_async_notify, IBV_EVENT_SQ_DRAINED is raised
+  (``take_events``) once nothing it started is outstanding. RESET empties both queues
+  without completions. ERR
   flushes every outstanding WR with WR_FLUSH_ERR, and a WR posted in ERR completes at
   once with WR_FLUSH_ERR.
 - SEND, SEND_WITH_IMM, SEND_WITH_INV, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ,
@@ -61,13 +63,19 @@ Modelled:
   lengths and crypto faults on the responder's key, each NAKed with the syndrome the
   requester maps to its completion status; the responder moves to ERR.
 - ACK coalescing: the last packet of a message, and every ``ACK_EVERY`` packets.
+- Signature pipelining (mlx5dv_create_qp(3) MLX5DV_QP_CREATE_SIG_PIPELINING,
+  mlx5dv_qp_cancel_posted_send_wrs(3)): a signature error in a transfer of the
+  requester (its gather, or a READ response's scatter) makes the QP stop in SQD before
+  the next WR with IBV_SEND_FENCE starts; IBV_EVENT_SQ_DRAINED follows once nothing it
+  started is outstanding. ``cancel_posted_send_wrs`` turns the unstarted WRs with a
+  wr_id into NOPs; SQD -> RTS resumes.
 
 Not modelled yet:
 
-- BIND_MW, TSO and memory windows: posting them raises EOPNOTSUPP. IBV_SEND_FENCE and
-  IBV_SEND_SOLICITED are accepted and have no effect (no fence wait, no solicited events).
-- The SQ-drained asynchronous event of SQD (EN_SQD_ASYNC_NOTIFY is EOPNOTSUPP),
-  alternate paths and path migration (EOPNOTSUPP), the responder's max_dest_rd_atomic
+- BIND_MW, TSO and memory windows: posting them raises EOPNOTSUPP. IBV_SEND_SOLICITED
+  is accepted and has no effect (no solicited events); IBV_SEND_FENCE only where
+  signature pipelining gives it one (above), no fence wait otherwise.
+- Alternate paths and path migration (EOPNOTSUPP), the responder's max_dest_rd_atomic
   (kept, but its atomic result cache is a fixed ``ATOMIC_RESULTS``; a duplicate atomic
   older than that is dropped, as IBTA allows for a request outside the responder's
   resources), qp_access_flags (kept and reported, not checked: a memory key's access
@@ -95,6 +103,7 @@ from dataclasses import dataclass, field
 
 from ..protocol.attrs import SGE
 from ..protocol.enums import (
+    EventType,
     MkeyInitAttrFlags,
     Mtu,
     QpAttrMask,
@@ -214,6 +223,7 @@ _CHECKS = {
     QpAttrMask.MAX_DEST_RD_ATOMIC: _uint(8), QpAttrMask.ACCESS_FLAGS: _uint(32),
     # One port, one P_Key.
     QpAttrMask.PKEY_INDEX: lambda v: v == 0, QpAttrMask.PORT: lambda v: v == 1,
+    QpAttrMask.EN_SQD_ASYNC_NOTIFY: _uint(1),
 }
 _RULES = {
     QpAttrMask.PATH_MTU: "is not an enum ibv_mtu value", QpAttrMask.DEST_QPN: "is not a QP number",
@@ -223,6 +233,7 @@ _RULES = {
     QpAttrMask.MAX_QP_RD_ATOMIC: "must be 1..255", QpAttrMask.MAX_DEST_RD_ATOMIC: "must be 0..255",
     QpAttrMask.ACCESS_FLAGS: "is not an access flags word",
     QpAttrMask.PKEY_INDEX: "must be 0 (one P_Key)", QpAttrMask.PORT: "must be 1 (one port)",
+    QpAttrMask.EN_SQD_ASYNC_NOTIFY: "must be 0 or 1",
 }
 
 
@@ -328,6 +339,8 @@ class _Request:
     # A local WR: sends nothing, runs ``action`` (or its LOCAL_INV) at the SQ head.
     local: bool = False
     action: Callable[[], None] | None = None
+    # mlx5dv_qp_cancel_posted_send_wrs(3): replaced by a NOP (local, no effect).
+    canceled: bool = False
 
     @property
     def barrier(self) -> bool:
@@ -350,14 +363,15 @@ def _chunks(data: bytes, mtu: int) -> list[bytes]:
     return [data[i:i + mtu] for i in range(0, len(data), mtu)] or [b""]
 
 
-def _scatter(pd: PD, sges: list[SGE], data: bytes, trace=None) -> None:
+def _scatter(pd: PD, sges: list[SGE], data: bytes, trace=None,
+             sig_errors: list | None = None) -> None:
     """docs/semantics.md section 5: the arriving bytes over the SGEs in order, one transfer each."""
     off = 0
     for s in sges:
         if off >= len(data):
             break
         chunk = data[off:off + s.length]
-        transfer.rx(pd, s.lkey, s.addr, chunk, trace=trace)
+        transfer.rx(pd, s.lkey, s.addr, chunk, trace=trace, sig_errors=sig_errors)
         off += len(chunk)
 
 
@@ -366,7 +380,7 @@ class RCQP:
 
     def __init__(self, pd: PD, qp_num: int, sq_depth: int = 128, rq_depth: int = 128,
                  sq_sig_all: bool = False, max_inline_data: int = 256,
-                 max_rd_atomic: int = 16) -> None:
+                 max_rd_atomic: int = 16, sig_pipelining: bool = False) -> None:
         if max_inline_data < 0:
             raise einval(f"max_inline_data {max_inline_data} must not be negative")
         # Zero would let no READ or atomic ever go: the WR would wait forever.
@@ -380,6 +394,16 @@ class RCQP:
         self.max_inline_data = max_inline_data
         self.max_rd_atomic = max_rd_atomic
         self.state = QpState.RESET
+        # mlx5dv_create_qp(3) MLX5DV_QP_CREATE_SIG_PIPELINING: a signature error stops
+        # the send queue in SQD before the next WR with IBV_SEND_FENCE.
+        self.sig_pipelining = sig_pipelining
+        self._sig_stop = False
+        # SQD: whether IBV_EVENT_SQ_DRAINED is owed (en_sqd_async_notify, or a pipelining
+        # stop) and whether it was raised.
+        self._sqd_notify = False
+        self._drained_raised = False
+        # Asynchronous events (enum ibv_event_type) for the QP's context, oldest first.
+        self.events: list[EventType] = []
         self.dest_qp = 0
         self.mtu = Mtu.MTU_1024.nbytes
         self.timeout_s = qp_state.ack_timeout_s(qp_state.DEFAULT_TIMEOUT)
@@ -479,7 +503,49 @@ class RCQP:
         elif nxt == QpState.RESET:
             self._reset()
         else:
+            if nxt == QpState.SQD and cur != QpState.SQD:
+                self._enter_sqd(bool(values.get(QpAttrMask.EN_SQD_ASYNC_NOTIFY, 0)))
+            elif cur == QpState.SQD and nxt == QpState.RTS:
+                # mlx5dv_qp_cancel_posted_send_wrs(3) step 4: back to RTS, the send
+                # queue resumes (canceled WRs complete as NOPs).
+                self._sig_stop = False
             self.state = nxt
+
+    def _enter_sqd(self, notify: bool) -> None:
+        """The send queue drains: started WRs finish, none starts; IBV_EVENT_SQ_DRAINED
+        is raised once nothing started is outstanding, if ``notify``."""
+        self.state = QpState.SQD
+        self._sqd_notify = notify
+        self._drained_raised = False
+
+    def _raise_drained(self) -> None:
+        if (self.state == QpState.SQD and self._sqd_notify and not self._drained_raised
+                and not any(r.built and not r.local for r in self._sq)):
+            self._drained_raised = True
+            self.events.append(EventType.SQ_DRAINED)
+
+    def take_events(self) -> list[EventType]:
+        out, self.events = self.events, []
+        return out
+
+    def cancel_posted_send_wrs(self, wr_id: int) -> int:
+        """mlx5dv_qp_cancel_posted_send_wrs(3): in SQD, every WR with ``wr_id`` that has
+        not started becomes a NOP that completes as it was signaled, with its own opcode
+        (or is flushed if the QP goes to ERR); the number canceled. libmlx5 counts a WR
+        canceled twice twice, and so does this."""
+        if self.state != QpState.SQD:
+            raise einval(f"mlx5dv_qp_cancel_posted_send_wrs needs the QP in SQD, it is in "
+                         f"{QpState(self.state).name}")
+        # Not started: never built, or a local WR (those run, and leave, at the head).
+        pending = [r for r in self._sq if r.wr.wr_id == wr_id and (not r.built or r.local)]
+        if any(r.local and not r.canceled for r in pending):
+            # An MKEY configure or LOCAL_INV here takes effect at post, not at execution:
+            # replacing it with a NOP cannot undo it.
+            raise eopnotsupp(f"wr_id {wr_id} names a pending local WR (MKEY configure or "
+                             "LOCAL_INV); canceling one is not modelled")
+        for r in pending:
+            r.canceled = r.local = r.built = True
+        return len(pending)
 
     def _apply(self, values: dict) -> None:
         for bit, value in values.items():
@@ -527,6 +593,7 @@ class RCQP:
         self._retries = self._rnr_count = self._unacked = 0
         self._msg = None
         self._nak_pending = False
+        self._sig_stop = self._sqd_notify = self._drained_raised = False
 
     def _enter_err(self) -> None:
         """Every outstanding WR completes WR_FLUSH_ERR (docs/semantics.md section 9)."""
@@ -653,6 +720,7 @@ class RCQP:
             if self.state in _SENDING:
                 self._transmit(out, now)
                 self._retire_head()
+        self._raise_drained()
         return out
 
     def _run_timers(self, now: float) -> None:
@@ -697,6 +765,12 @@ class RCQP:
             if not r.built:
                 if inflight >= WINDOW or self.state != QpState.RTS:
                     break       # the window is full, or SQD: no new WR starts
+                if self._sig_stop and r.wr.send_flags & SendFlags.FENCE:
+                    # mlx5dv_qp_cancel_posted_send_wrs(3): a pipelining QP "will stop
+                    # after a transfer operation that failed signature validation in
+                    # SQD state", at the latest before the next fenced WR.
+                    self._enter_sqd(notify=True)
+                    break
                 self._build(r)
             if r.error is not None:
                 break
@@ -748,8 +822,11 @@ class RCQP:
                 try:
                     t = self._t(role="requester", wr_id=wr.wr_id,
                                 op=WrOpcode(wr.opcode).name)
-                    data = b"".join(transfer.tx(self.pd, s.lkey, s.addr, s.length, trace=t)
-                                    for s in wr.sg)
+                    errs: list | None = [] if self.sig_pipelining else None
+                    data = b"".join(transfer.tx(self.pd, s.lkey, s.addr, s.length, trace=t,
+                                                sig_errors=errs) for s in wr.sg)
+                    if errs:
+                        self._sig_stop = True
                 except TransferError as err:
                     r.error = err.status(remote=False)
                     return
@@ -816,7 +893,9 @@ class RCQP:
     def _run_local(self) -> None:
         r = self._sq.popleft()
         status = WcStatus.SUCCESS
-        if r.wr.opcode == WrOpcode.LOCAL_INV:
+        if r.canceled:
+            pass        # a NOP: completes as the WR was signaled, with its opcode
+        elif r.wr.opcode == WrOpcode.LOCAL_INV:
             if not self._invalidate(r.wr.invalidate_rkey, remote=False):
                 status = LOCAL_INV_FAILED
         elif r.action is not None:
@@ -953,9 +1032,12 @@ class RCQP:
             self._complete(owner, WcStatus.BAD_RESP_ERR)
             self._enter_err()
             return
+        errs: list | None = [] if self.sig_pipelining else None
         try:
             _scatter(self.pd, owner.wr.sg, bytes(owner.read_buf),
-                     self._t(role="requester", wr_id=owner.wr.wr_id, op="RDMA_READ"))
+                     self._t(role="requester", wr_id=owner.wr.wr_id, op="RDMA_READ"), errs)
+            if errs:
+                self._sig_stop = True
         except TransferError as err:
             self._complete(owner, err.status(remote=False))
             self._enter_err()

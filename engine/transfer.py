@@ -163,9 +163,11 @@ def _emit_sig(t: _Tracer, stages, stream: str, offset: int, data: np.ndarray) ->
 
 
 def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
-       trace: Trace = None) -> bytes:
+       trace: Trace = None, sig_errors: list | None = None) -> bytes:
     """Memory to wire: the wire bytes of ``length`` at ``offset`` through ``key``.
-    ``offset`` is a virtual address for an MR and an offset for an MKEY."""
+    ``offset`` is a virtual address for an MR and an offset for an MKEY. A signature
+    error is latched on the MKEY and, given ``sig_errors``, appended to it too (signature
+    pipelining stops the send queue on an error of this transfer, whatever is latched)."""
     obj = _resolve(pd, key, AccessFlags.REMOTE_READ if remote else 0, remote)
     t = _Tracer(trace, TX, key)
     if isinstance(obj, MR):
@@ -183,6 +185,8 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
         stages = t.stages()
         stream, err = _sig(obj, stream, p, TX, stages)
         obj.latch(err)
+        if err is not None and sig_errors is not None:
+            sig_errors.append(err)
         _emit_sig(t, stages, "wire", p.wire_offset, stream)
     if cs is not None and cs[0] == "wire":
         stream = _crypt(obj, stream, cs, TX, t)
@@ -191,8 +195,9 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
 
 
 def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
-       trace: Trace = None) -> None:
-    """Wire to memory: scatter ``wire`` bytes arriving for ``offset`` through ``key``."""
+       trace: Trace = None, sig_errors: list | None = None) -> None:
+    """Wire to memory: scatter ``wire`` bytes arriving for ``offset`` through ``key``
+    (``sig_errors`` as for ``tx``)."""
     obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
                    remote)
     stream = np.frombuffer(wire, dtype=np.uint8)
@@ -211,6 +216,8 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
         stages = t.stages()
         stream, err = _sig(obj, stream, p, RX, stages)
         obj.latch(err)
+        if err is not None and sig_errors is not None:
+            sig_errors.append(err)
         _emit_sig(t, stages, "memory", p.mem_offset, stream)
     if cs is not None and cs[0] == "memory":
         stream = _crypt(obj, stream, cs, RX, t)

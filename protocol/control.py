@@ -60,7 +60,7 @@ REQUESTS: dict[str, dict[str, tuple]] = {
                   "max_send_wr": (int, 1, 1 << 16, True), "max_recv_wr": (int, 1, 1 << 16, True),
                   "max_send_sge": (int, 0, MAX_SGE, True), "max_recv_sge": (int, 0, MAX_SGE, True),
                   "max_inline_data": (int, 0, 1 << 16, True), "sq_sig_all": _BOOL,
-                  "send_ops_flags": _U64},
+                  "send_ops_flags": _U64, "create_flags": (int, 0, U32, False)},
     "destroy_qp": {"qp": _H},
     "modify_qp": {"qp": _H, "attr": (dict, 0, 32, True), "mask": _U32},
     "query_qp": {"qp": _H},
@@ -93,6 +93,7 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     # (reply event: null when none came); ibv_ack_async_event(3) by the event's id.
     "get_async_event": {"ctx": _H, "timeout": ((int, float), 0, 3600, True)},
     "ack_async_event": {"event": _H},
+    "cancel_posted_send_wrs": {"qp": _H, "wr_id": _U64},
     "destroy_crypto_login": {"login": _H},
     # Fault injection (server/faults.py validates the rule's own fields).
     "faults_add": {"rule": (dict, 1, 32, True)},
@@ -124,7 +125,8 @@ QP_ATTR = {"qp_state": (int, 0, 6, False), "path_mtu": (int, 1, 5, False),
            "min_rnr_timer": (int, 0, 31, False), "max_rd_atomic": (int, 0, 255, False),
            "max_dest_rd_atomic": (int, 0, 255, False), "qp_access_flags": (int, 0, U32, False),
            "dest_host": (str, 1, 255, False), "dest_port": (int, 1, 65535, False),
-           "dest_dev": (str, 1, 64, False)}
+           "dest_dev": (str, 1, 64, False), "cur_qp_state": (int, 0, 6, False),
+           "en_sqd_async_notify": (int, 0, 1, False)}
 
 
 def check_fields(header: dict, schema: dict[str, tuple], what: str) -> dict:

@@ -18,6 +18,27 @@ from ..protocol.enums import EventType
 from ..protocol.errors import einval
 
 
+async def wait_woken(waiters: list[asyncio.Future], timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``wake(waiters)`` (a poll_cq or get_async_event the
+    daemon holds rather than answer empty at once)."""
+    fut = asyncio.get_running_loop().create_future()
+    waiters.append(fut)
+    try:
+        await asyncio.wait_for(fut, timeout)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        with contextlib.suppress(ValueError):
+            waiters.remove(fut)
+
+
+def wake(waiters: list[asyncio.Future]) -> None:
+    for fut in waiters:
+        if not fut.done():
+            fut.set_result(None)
+    waiters.clear()
+
+
 class AsyncEvents:
     def __init__(self) -> None:
         self._queues: dict[int, deque[dict]] = {}
@@ -30,9 +51,7 @@ class AsyncEvents:
         (``qp``: the QP's handle and ``qp_num``)."""
         ev = {"event": next(self._ids), "event_type": int(event_type), **element}
         self._queues.setdefault(ctx, deque()).append(ev)
-        for fut in self._waiters.pop(ctx, []):
-            if not fut.done():
-                fut.set_result(None)
+        wake(self._waiters.get(ctx, []))
 
     def take(self, ctx: int) -> dict | None:
         q = self._queues.get(ctx)
@@ -47,15 +66,7 @@ class AsyncEvents:
         ev = self.take(ctx)
         if ev is not None or timeout <= 0:
             return ev
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(ctx, []).append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            with contextlib.suppress(ValueError):
-                self._waiters.get(ctx, []).remove(fut)
+        await wait_woken(self._waiters.setdefault(ctx, []), timeout)
         return self.take(ctx)
 
     def ack(self, event: int) -> None:

@@ -34,6 +34,7 @@ from ..protocol import control
 from ..protocol.attrs import DEKInitAttr, MkeyConfAttr
 from ..protocol.enums import (
     CryptoLoginState,
+    Mlx5dvQpCreateFlags,
     QpAttrMask,
     QpState,
     QpType,
@@ -45,13 +46,18 @@ from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encod
 from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
 from ..protocol.opcodes import Op, with_flags
 from ..protocol.packets import IntegrityError, Packet, decode_packet, packet_check, packet_header
-from .async_events import AsyncEvents
+from .async_events import AsyncEvents, wait_woken, wake
 from .faults import REORDER_FLUSH_S, Emit, Faults
 
 # The packets that begin a SEND: the ones that would take a receive.
 _SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST)
 
 log = logging.getLogger("softhca.server")
+
+# mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
+# scatter to CQE (softhca never scatters into a CQE, so there is nothing to disable).
+QP_CREATE_FLAGS = int(Mlx5dvQpCreateFlags.SIG_PIPELINING
+                      | Mlx5dvQpCreateFlags.DISABLE_SCATTER_TO_CQE)
 
 # mlx5dv.h enum mlx5dv_context_comp_mask: crypto_caps is filled.
 MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD = 1 << 13
@@ -101,10 +107,7 @@ class CQHost:
         # dropped here (tests must still see every completion), but it is counted.
         if len(self.entries) > self.cqe:
             self.overruns += 1
-        for fut in self._waiters:
-            if not fut.done():
-                fut.set_result(None)
-        self._waiters.clear()
+        wake(self._waiters)
 
     def take(self, num: int) -> list[WC]:
         return [self.entries.popleft() for _ in range(min(num, len(self.entries)))]
@@ -112,15 +115,7 @@ class CQHost:
     async def wait(self, timeout: float) -> None:
         if self.entries or timeout <= 0:
             return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(fut)
+        await wait_woken(self._waiters, timeout)
 
 
 @dataclasses.dataclass(eq=False)
@@ -533,6 +528,10 @@ class Daemon:
         rcq = qph.rcqp.poll_recv_cq()
         if rcq:
             qph.rcq.push(rcq)
+        if qph.rcqp.events:
+            for ev in qph.rcqp.take_events():
+                qph.session.async_events.push(qph.ctx, ev, qp=qph.handle,
+                                              qp_num=qph.rcqp.qp_num)
         deadline = qph.rcqp.next_deadline()
         if deadline != qph.timer_at:
             if qph.timer is not None:
@@ -887,9 +886,16 @@ class ControlSession:
             if a[name] > cap:
                 raise einval(f"ibv_create_qp: cap.{name} {a[name]} exceeds the device's "
                              f"max_qp_wr {cap}")
+        create_flags = a["create_flags"] or 0
+        unmodelled = create_flags & ~QP_CREATE_FLAGS
+        if unmodelled:
+            names = [f.name for f in Mlx5dvQpCreateFlags if f & unmodelled] or [hex(unmodelled)]
+            raise RDMAError("EOPNOTSUPP", "mlx5dv_create_qp: create_flags "
+                                          f"{', '.join(names)} not modelled")
         qpn = self.daemon.new_qpn()
         rcqp = RCQP(pd, qpn, sq_depth=a["max_send_wr"], rq_depth=a["max_recv_wr"],
-                    sq_sig_all=a["sq_sig_all"], max_inline_data=a["max_inline_data"])
+                    sq_sig_all=a["sq_sig_all"], max_inline_data=a["max_inline_data"],
+                    sig_pipelining=bool(create_flags & Mlx5dvQpCreateFlags.SIG_PIPELINING))
         builder = MkeyConfigureBuilder(pd, a["send_ops_flags"], a["sq_sig_all"])
         qph = QPHost(self, 0, pd.hca, pd, rcqp, scq, rcq, a["max_send_sge"], a["max_recv_sge"],
                      a["send_ops_flags"], builder)
@@ -1180,6 +1186,13 @@ class ControlSession:
     def op_ack_async_event(self, a, payload, rid):
         self.async_events.ack(a["event"])
         return {}
+
+    def op_cancel_posted_send_wrs(self, a, payload, rid):
+        """mlx5dv_qp_cancel_posted_send_wrs(3): the number of WRs canceled."""
+        qph: QPHost = self.get(a["qp"], "qp")
+        n = qph.rcqp.cancel_posted_send_wrs(a["wr_id"])
+        self.daemon.service(qph)
+        return {"canceled": n}
 
     def op_destroy_dek(self, a, payload, rid):
         return self._destroy_handle(a["dek"], "dek")

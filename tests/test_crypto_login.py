@@ -343,3 +343,83 @@ def test_crypto_test_info_refuses_a_bad_config(tmp_path, capsys):
                      str(tmp_path / "x")]) == 2
     assert "credential" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "x")
+
+
+# -- test_mlx5_crypto.py's traffic with data validation, through the daemon ------------
+
+async def crypto_traffic(node, info: dict, how: str, msg_size: int) -> None:
+    """Mlx5CryptoTrafficTest.run_crypto_dek_test: a client and a server context on one
+    device; the client's first half is plaintext sent through an MKEY encrypting on TX,
+    its second half the test file's ciphertext sent through one decrypting on TX."""
+    half = msg_size // 2
+    players = []
+    for _ in range(2):
+        ctx = await node.open_device()
+        pd = await ctx.alloc_pd()
+        cq = await ctx.create_cq(64)
+        qp = await pd.create_qp(sh.QPInitAttr(
+            scq=cq, rcq=cq, cap=sh.QPCap(max_send_wr=16, max_recv_wr=16, max_inline_data=512),
+            send_ops_flags=sh.MLX5DV_QP_EX_WITH_MKEY_CONFIGURE))
+        mr = await pd.reg_mr(msg_size, sh.IBV_ACCESS_LOCAL_WRITE)
+        players.append((ctx, pd, cq, qp, mr))
+    (cctx, cpd, ccq, cqp, cmr), (_, _, scq, sqp, smr) = players
+    await cqp.connect(sqp.info())
+    await sqp.connect(cqp.info())
+    if how == "plaintext":
+        key = struct.pack("8I", *info["plaintext_key"])
+        dek = await cctx.create_dek(sh.Mlx5DEKInitAttr(pd=cpd, key=key, key_size=0),
+                                    comp_mask=sh.MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN,
+                                    crypto_login=None)
+    else:
+        cred_bytes = struct.pack("!6Q", *info["credential"])
+        attr = sh.Mlx5DEKInitAttr(pd=cpd, key=struct.pack("!5Q", *info["wrapped_key"]),
+                                  key_size=0)
+        if how == "session":
+            await cctx.crypto_login(cred_bytes, 0)
+            dek = await cctx.create_dek(attr)
+        else:
+            login_obj = await cctx.create_crypto_login(cred_bytes, 0)
+            dek = await cctx.create_dek(attr, crypto_login=login_obj,
+                                        comp_mask=sh.MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN)
+    mkeys = []
+    for offset, encrypt_on_tx in ((0, True), (half, False)):
+        mkey = await cpd.create_mkey(sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT
+                                     | sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_CRYPTO, 1)
+        crypto = sh.Mlx5CryptoAttr(
+            encrypt_on_tx=encrypt_on_tx, dek=dek, data_unit_size=sh.MLX5DV_BLOCK_SIZE_512,
+            signature_crypto_order=sh.MLX5DV_SIGNATURE_CRYPTO_ORDER_SIGNATURE_BEFORE_CRYPTO_ON_TX,
+            initial_tweak=struct.pack("!2Q", 0, 0))
+        await cqp.post_mkey_configure(mkey, access=sh.IBV_ACCESS_LOCAL_WRITE,
+                                      sges=[sh.SGE(cmr.addr + offset, half, cmr.lkey)],
+                                      crypto=crypto,
+                                      wr_flags=sh.IBV_SEND_SIGNALED | sh.IBV_SEND_INLINE)
+        assert (await ccq.poll_n(1))[0].status == sh.IBV_WC_SUCCESS
+        mkeys.append(mkey)
+    field = "encrypted_data_for_512_c" if half == 512 else "encrypted_data_for_1024_c"
+    encrypted = struct.pack(f"!{half // 8}Q", *info[field])
+    await cmr.write(b"c" * half + encrypted)
+    for _ in range(3):
+        for offset in (0, half):
+            await sqp.post_recv(sh.RecvWR(sg=[sh.SGE(smr.addr + offset, half, smr.lkey)]))
+        for mkey in mkeys:
+            await cqp.post_send(sh.SendWR(opcode=sh.IBV_WR_SEND, sg=[sh.SGE(0, half,
+                                                                            mkey.lkey)]))
+        assert all(w.status == sh.IBV_WC_SUCCESS for w in await ccq.poll_n(2))
+        assert all(w.status == sh.IBV_WC_SUCCESS for w in await scq.poll_n(2))
+        # validate_crypto_data: each half arrives as the other half of the client's.
+        assert await smr.read() == encrypted + b"c" * half
+
+
+@pytest.mark.parametrize("how, msg_size", [("session", 1024), ("object", 1024),
+                                           ("object", 2048), ("plaintext", 1024),
+                                           ("plaintext", 2048)])
+async def test_upstream_crypto_traffic_validates(tmp_path, how, msg_size):
+    config = {"mode": "plaintext"} if how == "plaintext" else WRAPPED | {"import_kek_id": 0,
+                                                                         "credential_id": 0}
+    path = tmp_path / "crypto.json"
+    path.write_text(json.dumps(config))
+    out = tmp_path / "info.json"
+    assert cli_main(["crypto-test-info", "--config", str(path), "--out", str(out)]) == 0
+    info = json.loads(out.read_text())[0]
+    async with sh.embedded(crypto_config=str(path)) as node:
+        await crypto_traffic(node, info, how, msg_size)
