@@ -141,16 +141,19 @@ class GIDEntry(Record):
 
 
 class AsyncEvent(PyverbsObject):
-    """struct ibv_async_event: ``event_type`` and the object it concerns."""
+    """struct ibv_async_event: ``event_type`` and the object it concerns; ``ack()`` is
+    ibv_ack_async_event(3)."""
 
-    def __init__(self, event_type=0, element=None, element_type=None):
+    def __init__(self, event_type=0, element=None, element_type=None, _event=None):
         super().__init__()
         self.event_type = event_type
         self.element = element
         self.element_type = element_type
+        self._event = _event
 
     def ack(self):
-        """ibv_ack_async_event: nothing is held back waiting for it in softhca."""
+        if self._event is not None:
+            _sync.run(self._event.ack(), "Failed to ack async event")
 
 
 class AllocDmAttr(Record):
@@ -315,19 +318,14 @@ class Context(PyverbsCM):
         raise unsupported("ibv_query_rt_values_ex (a device clock)")
 
     def get_async_event(self):
-        node = self._check()
-        get = getattr(self._actx, "get_async_event", None)
-        if get is None:
-            raise unsupported("ibv_get_async_event")
-        ev = _sync.run(get(None), "Failed to get async event")
+        """ibv_get_async_event(3): blocks until the device reports an event."""
+        self._check()
+        ev = _sync.run(self._actx.get_async_event(None), "Failed to get async event")
         element = None
-        qp_num = getattr(ev, "qp_num", None)
-        if qp_num is not None:
-            for child in list(self._children):
-                if getattr(child, "_qp_num", None) == qp_num:
-                    element = child
-        del node
-        return AsyncEvent(getattr(ev, "event_type", 0), element)
+        if ev.qp_num is not None:
+            element = next((c for c in list(self._children)
+                            if getattr(c, "_qp_num", None) == ev.qp_num), None)
+        return AsyncEvent(int(ev.event_type), element, "qp" if element else None, ev)
 
 
 # -- the text helpers of pyverbs.device -------------------------------------------------

@@ -222,11 +222,9 @@ class QP(Resource):
             qp_type=int(init_attr.qp_type), scq=scq._obj, rcq=rcq._obj,
             cap=api.QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge,
                           cap.max_recv_sge, cap.max_inline_data),
-            sq_sig_all=int(init_attr.sq_sig_all), send_ops_flags=self._dv_send_ops)
-        kwargs = {}
-        if self._dv_create_flags:
-            kwargs["create_flags"] = self._dv_create_flags
-        obj = _sync.run(pd._obj.create_qp(attr, **kwargs), "Failed to create QP")
+            sq_sig_all=int(init_attr.sq_sig_all), send_ops_flags=self._dv_send_ops,
+            create_flags=self._dv_create_flags)
+        obj = _sync.run(pd._obj.create_qp(attr), "Failed to create QP")
         self._adopt(pd._ctx, obj)
         self._qp_num = obj.qp_num
         self._state = e.IBV_QPS_RESET

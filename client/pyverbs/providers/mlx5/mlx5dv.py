@@ -172,8 +172,6 @@ class Mlx5QP(QPEx):
         device_flags = flags & ~_HINT_FLAGS
         if device_flags & ~dve.MLX5DV_QP_CREATE_SIG_PIPELINING:
             raise unsupported(f"mlx5dv_create_qp create_flags {device_flags:#x}")
-        if device_flags and not _takes_create_flags(context):
-            raise unsupported("MLX5DV_QP_CREATE_SIG_PIPELINING")
         self._dv_create_flags = device_flags
         # The daemon's QP takes configure WRs when any of the three builders is allowed;
         # which of them the application may call is checked here, per its own flags.
@@ -282,14 +280,6 @@ class Mlx5QP(QPEx):
     @staticmethod
     def modify_dci_stream_channel_id(qp, stream_id):
         raise unsupported("DCI streams")
-
-
-def _takes_create_flags(context) -> bool:
-    import inspect
-
-    from .... import api
-
-    return "create_flags" in inspect.signature(api.PD.create_qp).parameters
 
 
 class Mlx5DVCQInitAttr(Record):
