@@ -14,6 +14,8 @@ same background thread the first time a device is needed.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import errno as _errno
 import os
 import threading
@@ -97,19 +99,51 @@ async def _start_embedded():
     return daemon
 
 
+_sessions: set = set()
+
+
 def open_session() -> api.Node:
     address, token = target()
-    return run(api.connect(address, token), f"Failed to reach the softhca daemon at {address}")
+    node = run(api.connect(address, token), f"Failed to reach the softhca daemon at {address}")
+    _sessions.add(node)
+    return node
 
 
-def close_session(node: api.Node) -> None:
+def close_session(node: api.Node, wait: bool = True) -> None:
+    """End a control session; ``wait=False`` from a finalizer, which may run on any
+    thread (the loop's own included) and must not block."""
+    _sessions.discard(node)
     loop = _loop
     if loop is None or loop.is_closed():
         return
     try:
-        asyncio.run_coroutine_threadsafe(node.close(), loop).result(5)
+        fut = asyncio.run_coroutine_threadsafe(node.close(), loop)
+        if wait:
+            fut.result(5)
     except Exception:       # noqa: BLE001 - the session is gone either way
         pass
+
+
+@atexit.register
+def _shutdown() -> None:
+    """At exit, as a process's device files close: end the sessions still open, then the
+    embedded daemon, then the loop."""
+    loop = _loop
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+
+    async def close_all() -> None:
+        for node in list(_sessions):
+            with contextlib.suppress(Exception):
+                await node.close()
+        _sessions.clear()
+        if _embedded is not None:
+            with contextlib.suppress(Exception):
+                await _embedded.close()
+
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(close_all(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
 
 
 def device_names(address: str | None = None) -> list[str]:

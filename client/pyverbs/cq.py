@@ -6,11 +6,52 @@ import errno
 
 from . import _sync
 from . import enums as e
-from ._objects import Record, Resource, unmodelled, unsupported
+from ._objects import Record, Resource, unsupported
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .wr import host_to_be32_field
 
-CompChannel = unmodelled("CompChannel", "Completion channels (ibv_create_comp_channel)")
+# How long ibv_get_cq_event's wait is, per request to the daemon (it loops).
+EVENT_WAIT = 60.0
+
+
+class CompChannel(Resource):
+    """ibv_create_comp_channel(3). softhca's daemon pushes no completion events; the
+    channel waits for one with the daemon's held poll instead (a completion arriving
+    on an armed CQ), and keeps that completion in the CQ for the next poll, so nothing
+    is lost. One difference: a CQ armed while it already holds completions reports an
+    event at once, where a hardware CQ would wait for the next one."""
+
+    def __init__(self, context):
+        super().__init__()
+        from .device import Context
+
+        if not isinstance(context, Context):
+            raise PyverbsUserError("A completion channel is created on a Context")
+        context._check()
+        self.context = context
+        self._ctx = context
+        self._obj = True       # nothing to destroy in the daemon
+        context._children.add(self)
+
+    def close(self):
+        self._obj = None
+
+    def __del__(self):
+        self._obj = None
+
+    def get_cq_event(self, expected_cq):
+        """ibv_get_cq_event(3): waits for an event of ``expected_cq`` (armed with
+        req_notify), then disarms it, as the C call does."""
+        cq = expected_cq
+        if cq.comp_channel is not self:
+            raise PyverbsUserError("The CQ is not bound to this completion channel")
+        if not cq._armed:
+            raise PyverbsRDMAError("Failed to get CQ event: the CQ is not armed "
+                                   "(ibv_req_notify_cq)", errno.EINVAL)
+        while not cq._stash:
+            cq._stash.extend(cq._poll_daemon(1, EVENT_WAIT))
+        cq._armed = False
+        cq._events += 1
 
 
 class WC(Record):
@@ -52,16 +93,28 @@ class _CQBase(Resource):
                                    "(the device's max_cqe)", errno.EINVAL)
         self.context = context
         self._cqe = cqe
+        self._stash: list[WC] = []
         self._adopt(context, _sync.run(context._actx.create_cq(cqe), "Failed to create CQ"))
 
     def _dependents(self):
         return [c for c in list(self._ctx._children)
                 if self in (getattr(c, "_scq", None), getattr(c, "_rcq", None))]
 
-    def _poll(self, n: int) -> list[WC]:
+    _channel = None
+    _armed = False
+    _events = 0
+
+    def _poll_daemon(self, n: int, timeout: float = 0.0) -> list[WC]:
         if self._obj is None:
             raise PyverbsUserError("The CQ is closed")
-        return [_wc(w) for w in _sync.run(self._obj.poll(n), "Failed to poll CQ")]
+        return [_wc(w) for w in _sync.run(self._obj.poll(n, timeout), "Failed to poll CQ")]
+
+    def _poll(self, n: int) -> list[WC]:
+        # Completions a completion channel's wait took out first, in order.
+        out, self._stash[:] = self._stash[:n], self._stash[n:]
+        if len(out) < n:
+            out += self._poll_daemon(n - len(out))
+        return out
 
     @property
     def cqe(self):
@@ -69,7 +122,21 @@ class _CQBase(Resource):
 
     @property
     def comp_channel(self):
-        return None
+        return self._channel
+
+    def req_notify(self, solicited_only=False):
+        """ibv_req_notify_cq(3). softhca has no solicited events: solicited_only arms for
+        any completion, which includes the solicited ones."""
+        if self._channel is None:
+            raise PyverbsRDMAError("Failed to request notification: the CQ has no "
+                                   "completion channel", errno.EINVAL)
+        self._armed = True
+
+    def ack_events(self, num_events):
+        if num_events > self._events:
+            raise PyverbsUserError(f"ack_events({num_events}) but {self._events} events "
+                                   "were not acknowledged")
+        self._events -= num_events
 
 
 def _check_vector(context, comp_vector):
@@ -83,20 +150,15 @@ class CQ(_CQBase):
 
     def __init__(self, context, cqe, cq_context=None, channel=None, comp_vector=0):
         super().__init__()
-        if channel is not None:
-            raise unsupported("Completion channels")
+        if channel is not None and not isinstance(channel, CompChannel):
+            raise PyverbsUserError("channel must be a CompChannel")
         _check_vector(context, comp_vector)
         self._create(context, cqe)
+        self._channel = channel
 
     def poll(self, num_entries=1):
         wcs = self._poll(num_entries)
         return len(wcs), wcs
-
-    def req_notify(self, solicited_only=False):
-        raise unsupported("Completion events (ibv_req_notify_cq)")
-
-    def ack_events(self, num_events):
-        raise unsupported("Completion events (ibv_ack_cq_events)")
 
     def resize(self, cqe):
         raise unsupported("ibv_resize_cq")
@@ -132,8 +194,6 @@ class CQEX(_CQBase):
     def __init__(self, context, init_attr=None):
         super().__init__()
         init_attr = init_attr or CqInitAttrEx()
-        if init_attr.channel is not None:
-            raise unsupported("Completion channels")
         if init_attr.parent_domain is not None:
             raise unsupported("Parent domains")
         extra = init_attr.wc_flags & ~_WC_FLAGS
@@ -146,6 +206,7 @@ class CQEX(_CQBase):
         self._wc = None
         _check_vector(context, init_attr.comp_vector)
         self._create(context, init_attr.cqe)
+        self._channel = init_attr.channel
 
     def _next(self):
         wcs = self._poll(1)

@@ -203,14 +203,7 @@ class Context(PyverbsCM):
         node = getattr(self, "_node", None)
         if node is not None:
             self._node = None
-            import asyncio
-
-            loop = _sync._loop
-            if loop is not None and not loop.is_closed():
-                try:
-                    asyncio.run_coroutine_threadsafe(node.close(), loop)
-                except RuntimeError:
-                    pass
+            _sync.close_session(node, wait=False)
 
     def _check(self):
         if self._node is None:

@@ -7,8 +7,10 @@ the daemon. An RC QP reaches its peer through the dgid of its address vector (``
 from __future__ import annotations
 
 import copy
+import dataclasses
 import errno
 
+from ...engine.qp_state import FIELDS as _QP_FIELDS
 from ...protocol.attrs import SGE as _SGE
 from .. import api
 from . import _route, _sync
@@ -113,15 +115,10 @@ _RC_MASKS = {
     "RTS": (e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN
             | e.IBV_QP_MAX_QP_RD_ATOMIC),
 }
-# ibv_qp_attr fields the daemon takes, by their mask bit.
-_FIELDS = {
-    e.IBV_QP_ACCESS_FLAGS: "qp_access_flags", e.IBV_QP_PATH_MTU: "path_mtu",
-    e.IBV_QP_TIMEOUT: "timeout", e.IBV_QP_RETRY_CNT: "retry_cnt",
-    e.IBV_QP_RNR_RETRY: "rnr_retry", e.IBV_QP_RQ_PSN: "rq_psn",
-    e.IBV_QP_MAX_QP_RD_ATOMIC: "max_rd_atomic", e.IBV_QP_MIN_RNR_TIMER: "min_rnr_timer",
-    e.IBV_QP_SQ_PSN: "sq_psn", e.IBV_QP_MAX_DEST_RD_ATOMIC: "max_dest_rd_atomic",
-    e.IBV_QP_DEST_QPN: "dest_qp_num",
-}
+# The ibv_qp_attr field of each mask bit is the engine's table; those the control plane
+# carries travel, port and P_Key index are checked here (one of each exists).
+_WIRE_FIELDS = {f.name for f in dataclasses.fields(api.QPAttr)}
+_LOCAL = e.IBV_QP_PORT | e.IBV_QP_PKEY_INDEX | e.IBV_QP_CUR_STATE
 
 # ibv_wr_opcode -> its ibv_qp_create_send_ops_flags bit. The mlx5 provider installs every
 # builder an RC QP supports whatever send_ops_flags said (rdma-core's test_mlx5_mkey
@@ -276,22 +273,25 @@ class QP(Resource):
         if comp_mask & e.IBV_QP_PKEY_INDEX and qp_attr.pkey_index != 0:
             raise PyverbsRDMAError(f"{what}: P_Key index {qp_attr.pkey_index} "
                                    "is outside the one-entry P_Key table", errno.EINVAL)
-        fields = {name: int(getattr(qp_attr, name)) for bit, name in _FIELDS.items()
-                  if comp_mask & bit}
-        if comp_mask & e.IBV_QP_STATE:
-            fields["qp_state"] = int(qp_attr.qp_state)
+        fields, sent = {}, 0
+        for bit, name in _QP_FIELDS.items():
+            if not comp_mask & bit or bit == e.IBV_QP_AV:
+                continue
+            if name in _WIRE_FIELDS:
+                fields[name] = int(getattr(qp_attr, name))
+            elif bit & _LOCAL:
+                continue
+            sent |= bit         # no value travels: the engine refuses what it needs
         if comp_mask & e.IBV_QP_AV:
+            sent |= e.IBV_QP_AV
             fields["dest_host"], fields["dest_port"], fields["dest_dev"] = \
                 self._dest(qp_attr.ah_attr)
         # The mask goes along: the engine's transition table (engine/qp_state.py) decides
         # which attributes a transition requires, allows or does not model.
-        # Port and P_Key index were checked above, and the current state is a hint; the
-        # control plane carries no values for them, so their bits stay here.
-        sent = int(comp_mask) & ~(e.IBV_QP_PORT | e.IBV_QP_PKEY_INDEX | e.IBV_QP_CUR_STATE)
         state = _sync.run(self._obj.modify(api.QPAttr(**fields), sent), what)
         self._state = state
-        for bit, name in _FIELDS.items():
-            if comp_mask & bit:
+        for name in fields:
+            if hasattr(qp_attr, name):
                 setattr(self._attrs, name, getattr(qp_attr, name))
         if comp_mask & e.IBV_QP_AV:
             self._attrs.ah_attr = copy.deepcopy(qp_attr.ah_attr)

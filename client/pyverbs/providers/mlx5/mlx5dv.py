@@ -16,7 +16,7 @@ from ... import _sync
 from ..._objects import Record, unmodelled, unsupported
 from ...base import PyverbsObject
 from ...cq import CQEX
-from ...device import Context
+from ...device import Context, _flags_text
 from ...pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from ...qp import QPEx
 from . import mlx5_enums as dve
@@ -311,23 +311,17 @@ Wqe = unmodelled("Wqe", "Raw WQEs")
 Mlx5Cqe64 = unmodelled("Mlx5Cqe64", "Raw CQEs", PyverbsObject)
 
 
-def _bits(value, enum_cls):
-    return " ".join(m.name for m in enum_cls if m.value and value & m.value) or "None"
-
-
 def context_flags_to_str(flags):
-    return _bits(flags, dve.mlx5dv_context_flags)
+    return _flags_text(flags, dve.mlx5dv_context_flags) or "None"
 
 
 def context_comp_mask_to_str(mask):
-    return _bits(mask, dve.mlx5dv_context_comp_mask)
+    return _flags_text(mask, dve.mlx5dv_context_comp_mask) or "None"
 
 
 def cqe_comp_to_str(cqe):
-    return _bits(cqe, dve.mlx5dv_cqe_comp_res_format)
+    return _flags_text(cqe, dve.mlx5dv_cqe_comp_res_format) or "None"
 
 
 def send_ops_flags_to_str(flags):
-    return _bits(flags, dve.mlx5dv_qp_create_send_ops_flags)
-
-
+    return _flags_text(flags, dve.mlx5dv_qp_create_send_ops_flags) or "None"
