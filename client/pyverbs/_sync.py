@@ -146,6 +146,24 @@ def _shutdown() -> None:
     loop.call_soon_threadsafe(loop.stop)
 
 
+def device_guids() -> list[tuple[str, int]]:
+    """(name, node GUID) of each device of the daemon, as it reports them."""
+
+    async def query(node: api.Node) -> list[tuple[str, int]]:
+        out = []
+        for name in node.devices:
+            ctx = await node.open_device(name)
+            out.append((name, (await ctx.query_device()).get("node_guid", 0)))
+            await ctx.close()
+        return out
+
+    node = open_session()
+    try:
+        return run(query(node), "Failed to get the device list")
+    finally:
+        close_session(node)
+
+
 def device_names(address: str | None = None) -> list[str]:
     """The devices of the daemon (of ``address``, when another daemon is named)."""
     if address is None:

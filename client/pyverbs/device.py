@@ -35,17 +35,11 @@ class Device(PyverbsObject):
                 f"guid {guid_to_hex(self.guid)}")
 
 
-def _guid(name: str) -> int:
-    # A stable, non-zero GUID per device name (a Mellanox OUI prefix, then a name hash).
-    h = 0
-    for b in name.encode():
-        h = (h * 131 + b) & 0xFFFFFFFFFF
-    return (0x0002C9 << 40) | h
-
-
 def get_device_list():
-    return [Device(name.encode(), _guid(name), e.IBV_NODE_CA, e.IBV_TRANSPORT_IB, i)
-            for i, name in enumerate(_sync.device_names())]
+    """ibv_get_device_list(3): the daemon's devices (an mlx5 RoCE device reports node
+    type CA and transport IB)."""
+    return [Device(name.encode(), guid, e.IBV_NODE_CA, e.IBV_TRANSPORT_IB, i)
+            for i, (name, guid) in enumerate(_sync.device_guids())]
 
 
 def rdma_get_devices():
@@ -233,7 +227,7 @@ class Context(PyverbsCM):
 
     def query_device(self):
         a = self._raw_attr()
-        guid = a.get("node_guid", 0) or _guid(self.name)
+        guid = a.get("node_guid", 0)
         return DeviceAttr(
             fw_version=a.get("fw_ver", ""), node_guid=guid, sys_image_guid=guid,
             max_mr_size=a.get("max_mr_size", 0), page_size_cap=0xFFFFF000,
