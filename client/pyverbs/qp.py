@@ -470,11 +470,16 @@ class QPEx(QP):
         if batch is None:
             raise PyverbsRDMAError("ibv_wr_complete failed.", errno.EINVAL)
         if err is not None:
-            raise PyverbsRDMAError(f"ibv_wr_complete failed. {err}", err.error_code)
+            reason = str(err).rsplit(". Errno: ", 1)[0]     # the code is appended again
+            raise PyverbsRDMAError(f"ibv_wr_complete failed: {reason}", err.error_code)
         self._ctx._check()
         _sync.run(self._post_batch(batch), "ibv_wr_complete failed")
 
     async def _post_batch(self, batch):
+        # Runs of sends go as one post_send, runs of MKEY-configure calls as one
+        # mkey_configure, in order; each run is applied whole or refused whole by the
+        # daemon, but a batch mixing both kinds can stop after an earlier run was posted
+        # (ibv_wr_complete posts all or nothing). rdma-core's tests never mix them.
         i = 0
         while i < len(batch):
             kind = batch[i][0]
