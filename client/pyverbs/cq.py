@@ -79,13 +79,34 @@ def _wc(w) -> WC:
               imm_data=imm, wc_flags=w.wc_flags)
 
 
+def cqe_size(requested=None) -> int:
+    """The CQE size of a new CQ as the mlx5 provider picks it: mlx5dv's cqe_size when
+    given, else MLX5_CQE_SIZE from the environment, else 64; anything but 64 or 128 is
+    EINVAL. It is the layout of hardware CQEs in memory: softhca's polled completions
+    are the same either way, so both sizes are accepted and have no other effect."""
+    import os
+
+    size = requested
+    if size is None:
+        env = os.environ.get("MLX5_CQE_SIZE")
+        try:
+            size = int(env) if env else 64
+        except ValueError:
+            size = 0
+    if size not in (64, 128):
+        raise PyverbsRDMAError(f"Failed to create CQ: CQE size {size} is not 64 or 128",
+                               errno.EINVAL)
+    return size
+
+
 class _CQBase(Resource):
-    def _create(self, context, cqe):
+    def _create(self, context, cqe, size=None):
         from .device import Context
 
         if not isinstance(context, Context):
             raise PyverbsUserError("A CQ is created on a Context")
         context._check()
+        self.cqe_size = cqe_size(size)
         cqe = int(cqe)
         limit = context._raw_attr().get("max_cqe", 0)
         if not 1 <= cqe <= limit:
@@ -191,7 +212,7 @@ class CQEX(_CQBase):
     over the same completions. start_poll and poll_next return ENOENT (2) when the CQ is
     empty, as the C calls do."""
 
-    def __init__(self, context, init_attr=None):
+    def __init__(self, context, init_attr=None, _cqe_size=None):
         super().__init__()
         init_attr = init_attr or CqInitAttrEx()
         if init_attr.parent_domain is not None:
@@ -205,7 +226,7 @@ class CQEX(_CQBase):
             raise unsupported("ibv_create_cq_ex flags")
         self._wc = None
         _check_vector(context, init_attr.comp_vector)
-        self._create(context, init_attr.cqe)
+        self._create(context, init_attr.cqe, _cqe_size)
         self._channel = init_attr.channel
 
     def _next(self):

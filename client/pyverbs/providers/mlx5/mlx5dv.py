@@ -28,7 +28,8 @@ class Mlx5DVContextAttr(Record):
 
 class Mlx5DVPortAttr(Record):
     _fields = (("flags", 0), ("vport", 0), ("vport_vhca_id", 0), ("esw_owner_vhca_id", 0),
-               ("vport_steering_icm_rx", 0), ("vport_steering_icm_tx", 0))
+               ("vport_steering_icm_rx", 0), ("vport_steering_icm_tx", 0),
+               ("reg_c0_value", 0), ("reg_c0_mask", 0))
 
 
 class Mlx5DVContext(Record):
@@ -83,7 +84,14 @@ class Mlx5Context(Context):
 
     @staticmethod
     def query_mlx5_port(ctx, port_num):
-        raise unsupported("mlx5dv_query_port")
+        """mlx5dv_query_port(3): softhca's port belongs to no e-switch, so no vport,
+        steering or REG_C0 information is valid (flags 0), as on a NIC outside
+        switchdev mode."""
+        ctx._check()
+        if port_num != 1:
+            raise PyverbsRDMAError(f"Failed to query dv port mlx5 {ctx.name} port "
+                                   f"{port_num}.", errno.EINVAL)
+        return Mlx5DVPortAttr()
 
     @staticmethod
     def reserved_qpn_alloc(ctx):
@@ -287,13 +295,16 @@ class Mlx5DVCQInitAttr(Record):
 
 
 class Mlx5CQ(CQEX):
-    """mlx5dv_create_cq(3): CQE compression, padding and sizes are layouts of the
-    hardware CQ that softhca has none of; asking for one is EOPNOTSUPP."""
+    """mlx5dv_create_cq(3). CQE compression and padding are not modelled (EOPNOTSUPP);
+    the CQE size is taken as the provider takes it (cq.cqe_size)."""
 
     def __init__(self, context, init_attr, dv_init_attr=None):
-        if dv_init_attr is not None and dv_init_attr.comp_mask:
-            raise unsupported("mlx5dv_create_cq attributes (CQE compression, size, flags)")
-        super().__init__(context, init_attr)
+        dv = dv_init_attr or Mlx5DVCQInitAttr()
+        if dv.comp_mask & (dve.MLX5DV_CQ_INIT_ATTR_MASK_COMPRESSED_CQE
+                           | dve.MLX5DV_CQ_INIT_ATTR_MASK_FLAGS):
+            raise unsupported("mlx5dv_create_cq CQE compression and padding")
+        size = dv.cqe_size if dv.comp_mask & dve.MLX5DV_CQ_INIT_ATTR_MASK_CQE_SIZE else None
+        super().__init__(context, init_attr, size)
 
 
 Mlx5DevxObj = unmodelled("Mlx5DevxObj", "DevX objects")
