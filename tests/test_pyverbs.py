@@ -5,6 +5,7 @@ EOPNOTSUPP for what is not modelled."""
 from __future__ import annotations
 
 import errno
+import signal
 import subprocess
 import sys
 
@@ -202,3 +203,107 @@ def test_mr_list_mkey_and_a_completion_channel():
     finally:
         a.close()
         b.close()
+
+
+def test_signature_pipelining_through_pyverbs():
+    """MLX5DV_QP_CREATE_SIG_PIPELINING as rdma-core's test_mkey_sig_pipelining_bad uses
+    it: a bad CRC32 on an RDMA WRITE through a signature MKEY, a fenced SEND after it;
+    the QP drains to SQD with IBV_EVENT_SQ_DRAINED, the SEND is cancelled and reposted,
+    SQD -> RTS resumes and both sides complete."""
+    from softhca.client.pyverbs.providers.mlx5.mlx5dv import (
+        Mlx5Context,
+        Mlx5DVContextAttr,
+        Mlx5DVQPInitAttr,
+        Mlx5QP,
+    )
+    from softhca.client.pyverbs.providers.mlx5.mlx5dv_mkey import (
+        Mlx5Mkey,
+        Mlx5MkeyConfAttr,
+        Mlx5SigBlockAttr,
+        Mlx5SigBlockDomain,
+        Mlx5SigCrc,
+    )
+    from softhca.client.pyverbs.qp import QPInitAttrEx
+
+    ctxs = [Mlx5Context(Mlx5DVContextAttr(), name="mlx5_0") for _ in range(2)]
+    try:
+        players = []
+        for ctx in ctxs:
+            pd = PD(ctx)
+            cq = CQ(ctx, 16, None, None, 0)
+            mr = MR(pd, 1024, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+            dv = Mlx5DVQPInitAttr(
+                comp_mask=dve.MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS
+                | dve.MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS,
+                create_flags=dve.MLX5DV_QP_CREATE_SIG_PIPELINING,
+                send_ops_flags=dve.MLX5DV_QP_EX_WITH_MKEY_CONFIGURE)
+            init = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, pd=pd,
+                                cap=QPCap(8, 8, max_inline_data=512),
+                                comp_mask=e.IBV_QP_INIT_ATTR_PD
+                                | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                                send_ops_flags=e.IBV_QP_EX_WITH_SEND)
+            qp = Mlx5QP(ctx, init, dv)
+            attr = QPAttr(port_num=1)
+            attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+            qp.to_init(attr)
+            mkey = Mlx5Mkey(pd, dve.MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT
+                            | dve.MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE, 3)
+            players.append((ctx, cq, mr, qp, mkey))
+        (cctx, ccq, cmr, cqp, cmkey), (sctx, scq, smr, sqp, smkey) = players
+        _to_rts(cctx, cqp, sqp)
+        _to_rts(sctx, sqp, cqp)
+
+        def configure(qp, mkey, mr, length, access, sig=None):
+            qp.wr_start()
+            qp.wr_flags = e.IBV_SEND_SIGNALED | e.IBV_SEND_INLINE
+            qp.wr_mkey_configure(mkey, 3 if sig else 2, Mlx5MkeyConfAttr())
+            qp.wr_set_mkey_access_flags(access)
+            qp.wr_set_mkey_layout_list([SGE(mr.buf, length, mr.lkey)])
+            if sig:
+                qp.wr_set_mkey_sig_block(sig)
+            qp.wr_complete()
+
+        crc = Mlx5SigBlockDomain(sig_type=dve.MLX5DV_SIG_TYPE_CRC,
+                                 crc=Mlx5SigCrc(crc_type=dve.MLX5DV_SIG_CRC_TYPE_CRC32),
+                                 block_size=dve.MLX5DV_BLOCK_SIZE_512)
+        # 512 bytes of data and a CRC32 that is not theirs (zeros): a guard error.
+        configure(cqp, cmkey, cmr, 512 + 4, e.IBV_ACCESS_LOCAL_WRITE,
+                  Mlx5SigBlockAttr(mem=crc, check_mask=dve.MLX5DV_SIG_MASK_CRC32))
+        configure(sqp, smkey, smr, 512, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+        assert _wait(ccq)[0].status == e.IBV_WC_SUCCESS
+        assert _wait(scq)[0].status == e.IBV_WC_SUCCESS
+        cmr.write(b"\x5a" * 512, 512)
+
+        sqp.post_recv(RecvWR(num_sge=1, sg=[SGE(smr.buf, 16, smr.lkey)]))
+        data = SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
+                      sg=[SGE(0, 512, cmkey.lkey)], send_flags=0)
+        data.set_wr_rdma(smkey.rkey, 0)
+        resp = SendWR(wr_id=1, num_sge=1, sg=[SGE(cmr.buf, 16, cmr.lkey)],
+                      send_flags=e.IBV_SEND_SIGNALED | e.IBV_SEND_FENCE)
+        cqp.post_send(data)
+        cqp.post_send(resp)
+
+        # ibv_get_async_event blocks; a regression must fail the test, not hang it.
+        def late(signum, frame):
+            raise TimeoutError("no async event within 30 s")
+
+        previous = signal.signal(signal.SIGALRM, late)
+        signal.alarm(30)
+        try:
+            event = cctx.get_async_event()
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        event.ack()
+        assert event.event_type == e.IBV_EVENT_SQ_DRAINED and event.element is cqp
+        assert ccq.poll(1)[0] == 0 and scq.poll(1)[0] == 0
+        assert cmkey.mkey_check().err_type == dve.MLX5DV_MKEY_SIG_BLOCK_BAD_GUARD
+        assert cqp.cancel_posted_send_wrs(1) == 1
+        cqp.post_send(resp)
+        cqp.modify(QPAttr(qp_state=e.IBV_QPS_RTS, cur_qp_state=e.IBV_QPS_SQD),
+                   e.IBV_QP_STATE | e.IBV_QP_CUR_STATE)
+        assert _wait(ccq)[0].status == e.IBV_WC_SUCCESS
+        assert _wait(scq)[0].status == e.IBV_WC_SUCCESS
+    finally:
+        for ctx in ctxs:
+            ctx.close()
