@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import weakref
 
 from . import _sync
 from .base import PyverbsCM, PyverbsObject
@@ -107,8 +106,17 @@ async def _quiet(coro):
         pass
 
 
-def weakset():
-    return weakref.WeakSet()
+def delegate(holder: str, name: str, writable: bool = True) -> property:
+    """A property reading (and writing) ``self.<holder>.<name>``: pyverbs shows a nested
+    struct's fields on its parent too (an AHAttr's GRH, an MR's keys)."""
+
+    def get(self):
+        return getattr(getattr(self, holder), name)
+
+    def put(self, value):
+        setattr(getattr(self, holder), name, value)
+
+    return property(get, put if writable else None)
 
 
 class Attributes(PyverbsObject):

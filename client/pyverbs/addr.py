@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 
 from . import _route
-from ._objects import Record, Resource
+from ._objects import Record, Resource, delegate
 from .base import PyverbsObject
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
@@ -66,33 +66,11 @@ class AHAttr(Record):
             self.gr = GlobalRoute()
 
     # pyverbs exposes the GlobalRoute's fields on the AHAttr too.
-    @property
-    def dgid(self):
-        return self.gr.dgid
-
-    @dgid.setter
-    def dgid(self, val):
-        self.gr.dgid = val
-
-    @property
-    def sgid_index(self):
-        return self.gr.sgid_index
-
-    @sgid_index.setter
-    def sgid_index(self, val):
-        self.gr.sgid_index = val
-
-    @property
-    def flow_label(self):
-        return self.gr.flow_label
-
-    @property
-    def hop_limit(self):
-        return self.gr.hop_limit
-
-    @property
-    def traffic_class(self):
-        return self.gr.traffic_class
+    dgid = delegate("gr", "dgid")
+    sgid_index = delegate("gr", "sgid_index")
+    flow_label = delegate("gr", "flow_label")
+    hop_limit = delegate("gr", "hop_limit")
+    traffic_class = delegate("gr", "traffic_class")
 
 
 class AH(Resource):

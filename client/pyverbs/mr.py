@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import _sync
 from . import enums as e
-from ._objects import Record, Resource, unmodelled, unsupported
+from ._objects import Record, Resource, delegate, unmodelled, unsupported
 from .pyverbs_error import PyverbsUserError
 
 # ibv_reg_mr(3): what softhca's MRs cannot honour. On-demand paging and huge pages are
@@ -74,21 +74,13 @@ class MR(Resource):
     def buf(self):
         return self._obj.addr if self._obj is not None else 0
 
-    @property
-    def lkey(self):
-        return self._obj.lkey
-
-    @property
-    def rkey(self):
-        return self._obj.rkey
+    lkey = delegate("_obj", "lkey", writable=False)
+    rkey = delegate("_obj", "rkey", writable=False)
+    handle = delegate("_obj", "handle", writable=False)
 
     @property
     def length(self):
         return self._length
-
-    @property
-    def handle(self):
-        return self._obj.handle
 
 
 class MWBindInfo(Record):

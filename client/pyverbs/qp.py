@@ -15,7 +15,7 @@ from ...protocol.attrs import SGE as _SGE
 from .. import api
 from . import _route, _sync
 from . import enums as e
-from ._objects import Record, Resource, unsupported
+from ._objects import Record, Resource, delegate, unsupported
 from .addr import AHAttr
 from .base import PyverbsCM
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
@@ -34,27 +34,14 @@ class _InitAttr(Record):
             self.cap = QPCap()
 
     # pyverbs names the CQs both ways.
-    @property
-    def send_cq(self):
-        return self.scq
+    send_cq = property(lambda self: self.scq, lambda self, v: setattr(self, "scq", v))
+    recv_cq = property(lambda self: self.rcq, lambda self, v: setattr(self, "rcq", v))
 
-    @send_cq.setter
-    def send_cq(self, val):
-        self.scq = val
-
-    @property
-    def recv_cq(self):
-        return self.rcq
-
-    @recv_cq.setter
-    def recv_cq(self, val):
-        self.rcq = val
-
-    for _n in ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge",
-               "max_inline_data"):
-        locals()[_n] = property(lambda self, n=_n: getattr(self.cap, n),
-                                lambda self, v, n=_n: setattr(self.cap, n, v))
-    del _n
+    max_send_wr = delegate("cap", "max_send_wr")
+    max_recv_wr = delegate("cap", "max_recv_wr")
+    max_send_sge = delegate("cap", "max_send_sge")
+    max_recv_sge = delegate("cap", "max_recv_sge")
+    max_inline_data = delegate("cap", "max_inline_data")
 
 
 class QPInitAttr(_InitAttr):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .....protocol import attrs as _a
 from .... import api
 from ... import _sync
-from ..._objects import Record, Resource
+from ..._objects import Record, Resource, delegate
 from ...pyverbs_error import PyverbsUserError
 from . import mlx5_enums as dve
 
@@ -103,10 +103,5 @@ class Mlx5Mkey(Resource):
         return Mlx5MkeyErr(Mlx5SigErr(s.actual_value, s.expected_value, s.offset),
                            int(err.err_type))
 
-    @property
-    def lkey(self):
-        return self._obj.lkey
-
-    @property
-    def rkey(self):
-        return self._obj.rkey
+    lkey = delegate("_obj", "lkey", writable=False)
+    rkey = delegate("_obj", "rkey", writable=False)
