@@ -800,6 +800,11 @@ class ControlSession:
                          & 0xFFFFFFFFFFFF}}
 
     def op_close_device(self, a, payload, rid):
+        self.get(a["ctx"], "ctx")
+        # The context's crypto logins end with it, as libmlx5's do with the context.
+        for handle, (kind, o) in list(self.objects.items()):
+            if kind == "crypto_login" and o.ctx == a["ctx"]:
+                self._destroy_handle(handle, "crypto_login")
         return self._destroy_handle(a["ctx"], "ctx")
 
     def op_alloc_pd(self, a, payload, rid):
@@ -1107,7 +1112,8 @@ class ControlSession:
         dek: DEK = self.get(a["dek"], "dek")
         if dek.wrapped and not any(
                 kind == "crypto_login" and o.login.state == CryptoLoginState.VALID
-                and self.get(o.ctx, "ctx") is dek.pd.hca for kind, o in self.objects.values()):
+                and self.objects.get(o.ctx, (None, None))[1] is dek.pd.hca
+                for kind, o in self.objects.values()):
             raise einval("mlx5dv_dek_query: a wrapped DEK is queried only in a valid crypto "
                          "login session or with a valid crypto login object")
         return {"state": int(dek.state), "opaque": dek.opaque}

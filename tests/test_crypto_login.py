@@ -208,6 +208,15 @@ async def test_login_session_as_test_mlx5_dek_management_uses_it():
         other = await node.open_device()
         await other.crypto_login(cred(), 7, credential_id=3)
         assert await ctx.query_login_state() == CryptoLoginState.NO_LOGIN
+        # Closing a context ends its login: a wrapped DEK is no longer queryable.
+        dek = await other.create_dek(sh.Mlx5DEKInitAttr(pd=await other.alloc_pd(),
+                                                        key_size=0,
+                                                        key=aes_key_wrap(KEK, KEY128)))
+        assert (await dek.query())[0] == DekState.READY
+        await node.request("close_device", ctx=other.handle)
+        with pytest.raises(sh.RDMAError) as e:
+            await dek.query()
+        assert errno_of(e) == "EINVAL"
 
 
 async def test_login_object_as_test_mlx5_crypto_wrapped_dek_uses_it():
@@ -296,6 +305,30 @@ def test_serve_refuses_a_bad_crypto_config(tmp_path, config, words):
                        text=True, timeout=30)
     assert r.returncode == 2
     assert words in r.stderr
+
+
+def test_serve_process_in_wrapped_mode(tmp_path):
+    from test_serve import start
+
+    path = tmp_path / "crypto.json"
+    path.write_text(json.dumps(WRAPPED))
+    proc, address = start(tmp_path, "--crypto-config", str(path))
+    try:
+        async def session():
+            async with await sh.connect(address) as node:
+                ctx = await node.open_device()
+                caps = (await ctx.query_mlx5_device())["crypto_caps"]
+                assert caps["flags"] & CAPS_WRAPPED_CRYPTO_OPERATIONAL
+                await ctx.crypto_login(cred(), 7, credential_id=3)
+                assert await ctx.query_login_state() == CryptoLoginState.VALID
+
+        import asyncio
+
+        asyncio.run(session())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert "mode=wrapped" in proc.stderr.read()
 
 
 def test_serve_options_carry_the_crypto_config(tmp_path):
@@ -423,3 +456,46 @@ async def test_upstream_crypto_traffic_validates(tmp_path, how, msg_size):
     info = json.loads(out.read_text())[0]
     async with sh.embedded(crypto_config=str(path)) as node:
         await crypto_traffic(node, info, how, msg_size)
+
+
+async def test_remaining_refusals():
+    async with sh.embedded(crypto_config=WRAPPED) as node:
+        ctx = await node.open_device()
+        pd = await ctx.alloc_pd()
+        # A login session is ended by crypto_logout, not destroyed as an object.
+        await ctx.crypto_login(cred(), 7, credential_id=3)
+        session = next(iter(node.daemon.sessions))
+        handle = next(h for h, (kind, _) in session.objects.items() if kind == "crypto_login")
+        with pytest.raises(sh.RDMAError) as e:
+            await node.request("destroy_crypto_login", login=handle)
+        assert errno_of(e) == "EINVAL"
+        assert await ctx.query_login_state() == CryptoLoginState.VALID
+        # crypto_login must be a login object (the client checks before sending).
+        with pytest.raises(sh.RDMAError) as e:
+            await ctx.create_dek(sh.Mlx5DEKInitAttr(pd=pd, key=aes_key_wrap(KEK, KEY128),
+                                                    key_size=0),
+                                 crypto_login="login", comp_mask=DEK_INIT_ATTR_CRYPTO_LOGIN)
+        assert errno_of(e) == "EINVAL"
+        # The daemon refuses a login handle that is the session, not an object.
+        with pytest.raises(sh.RDMAError) as e:
+            await node.request("create_dek", ctx=ctx.handle, pd=pd.handle, key_size=0,
+                               key=aes_key_wrap(KEK, KEY128), has_keytag=False,
+                               keytag=bytes(8), key_purpose=0, crypto_login=handle,
+                               comp_mask=DEK_INIT_ATTR_CRYPTO_LOGIN)
+        assert errno_of(e) == "EINVAL"
+    with pytest.raises(sh.RDMAError) as e:
+        async with sh.embedded(crypto_config={"mode": "wrapped", "import_kek": "00" * 15}):
+            pass
+    assert errno_of(e) == "EINVAL" and "import_kek" in e.value.message
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"credential": "00" * 39}, "credential"),
+    ({"import_kek_id": -1}, "import_kek_id"),
+    ({"mode": "wrapped", "import_kek": "zz"}, "hex"),
+    ([], "JSON object"),
+])
+def test_device_crypto_config_refusals(config, words):
+    with pytest.raises(ValueError) as e:
+        DeviceCrypto.from_dict(config)
+    assert words in str(e.value)
