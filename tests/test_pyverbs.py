@@ -307,3 +307,73 @@ def test_signature_pipelining_through_pyverbs():
     finally:
         for ctx in ctxs:
             ctx.close()
+
+
+CRYPTO_SCRIPT = r"""
+import errno, json, struct, sys
+from softhca.client.pyverbs.pd import PD
+from softhca.client.pyverbs.pyverbs_error import PyverbsRDMAError
+from softhca.client.pyverbs.providers.mlx5.mlx5dv import Mlx5Context, Mlx5DVContextAttr
+from softhca.client.pyverbs.providers.mlx5.mlx5dv_crypto import (
+    Mlx5CryptoExtLoginAttr, Mlx5CryptoLogin, Mlx5CryptoLoginAttr, Mlx5DEK, Mlx5DEKInitAttr)
+import softhca.client.pyverbs.providers.mlx5.mlx5_enums as dve
+
+info = json.load(open(sys.argv[1]))[0]
+cred = struct.pack("!6Q", *info["credential"])
+key = struct.pack("!5Q", *info["wrapped_key"])
+ctx = Mlx5Context(Mlx5DVContextAttr(), name="mlx5_0")
+caps = ctx.query_mlx5_device().crypto_caps
+out = {"wrapped": bool(caps["wrapped_import_method"]
+                       & dve.MLX5DV_CRYPTO_WRAPPED_IMPORT_METHOD_CAP_AES_XTS)}
+pd = PD(ctx)
+attr = Mlx5DEKInitAttr(pd, key=key, key_size=dve.MLX5DV_CRYPTO_KEY_SIZE_128,
+                       key_purpose=dve.MLX5DV_CRYPTO_KEY_PURPOSE_AES_XTS, opaque=b"dek")
+def errno_of(f):
+    try:
+        f()
+    except PyverbsRDMAError as ex:
+        return ex.error_code
+    return 0
+out["dek_outside_login"] = errno_of(lambda: Mlx5DEK(ctx, attr))
+out["state0"] = int(Mlx5Context.query_login_state(ctx))
+Mlx5Context.crypto_login(ctx, Mlx5CryptoLoginAttr(cred))
+out["state1"] = int(Mlx5Context.query_login_state(ctx))
+out["second_login"] = errno_of(lambda: Mlx5Context.crypto_login(ctx, Mlx5CryptoLoginAttr(cred)))
+dek = Mlx5DEK(ctx, attr)
+out["opaque"] = dek.query().opaque.decode()
+dek.close()
+Mlx5Context.crypto_logout(ctx)
+out["state2"] = int(Mlx5Context.query_login_state(ctx))
+login = Mlx5CryptoLogin(ctx, Mlx5CryptoExtLoginAttr(cred, len(cred)))
+out["object_state"] = int(login.query())
+attr.crypto_login = login
+attr.comp_mask = dve.MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN
+out["object_opaque"] = Mlx5DEK(ctx, attr).query().opaque.decode()
+print(json.dumps(out))
+"""
+
+
+def test_crypto_login_and_wrapped_deks_through_pyverbs(tmp_path):
+    """mlx5dv_crypto_login and the login object through softhca's pyverbs, in a process
+    whose embedded daemon is in wrapped import mode; the wrapped key and credential come
+    from softhca crypto-test-info (cryptography's AES key wrap, not the engine)."""
+    import json
+    import os
+
+    info = tmp_path / "crypto.json"
+    subprocess.run([sys.executable, "-c", "from softhca.tools.cli import main; "
+                    f"raise SystemExit(main(['crypto-test-info', '--out', {str(info)!r}]))"],
+                   check=True, capture_output=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("SOFTHCA_TARGET",)}
+    env["SOFTHCA_CRYPTO_CONFIG"] = json.dumps({"mode": "wrapped"})
+    r = subprocess.run([sys.executable, "-c", CRYPTO_SCRIPT, str(info)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"wrapped": True, "dek_outside_login": errno.EINVAL,
+                   "state0": dve.MLX5DV_CRYPTO_LOGIN_STATE_NO_LOGIN,
+                   "state1": dve.MLX5DV_CRYPTO_LOGIN_STATE_VALID,
+                   "second_login": errno.EEXIST, "opaque": "dek",
+                   "state2": dve.MLX5DV_CRYPTO_LOGIN_STATE_NO_LOGIN,
+                   "object_state": dve.MLX5DV_CRYPTO_LOGIN_STATE_VALID,
+                   "object_opaque": "dek"}
