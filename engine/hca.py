@@ -145,9 +145,11 @@ class HCA:
             raise einval(f"ibv_reg_mr length {length} must be positive")
         if access & ~MR_ACCESS:
             raise einval(f"ibv_reg_mr access {access:#x} has flags outside {int(MR_ACCESS):#x}")
-        # ibv_reg_mr(3): remote write needs local write.
-        if access & AccessFlags.REMOTE_WRITE and not access & AccessFlags.LOCAL_WRITE:
-            raise einval("IBV_ACCESS_REMOTE_WRITE requires IBV_ACCESS_LOCAL_WRITE")
+        # ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set,
+        # then IBV_ACCESS_LOCAL_WRITE must be set too."
+        for flag in (AccessFlags.REMOTE_WRITE, AccessFlags.REMOTE_ATOMIC):
+            if access & flag and not access & AccessFlags.LOCAL_WRITE:
+                raise einval(f"IBV_ACCESS_{flag.name} requires IBV_ACCESS_LOCAL_WRITE")
         addr = self._next_va
         self._next_va += (length + PAGE - 1) // PAGE * PAGE + PAGE
         mr = MR(pd, addr, length, access, self.new_key(), np.zeros(length, dtype=np.uint8))

@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SUBCOMMAND_MODULES = ("trace", "explain", "capture", "crypto_test_info")
+SUBCOMMAND_MODULES = ("trace", "explain", "capture", "crypto_test_info", "pyverbs")
 
 
 def installed_version() -> str:
