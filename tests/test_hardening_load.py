@@ -535,3 +535,41 @@ def test_an_errored_read_reports_byte_len_0(rng):
     p.run()
     [wc] = p.wcs["a_send"]
     assert wc.status == WcStatus.REM_ACCESS_ERR and wc.byte_len == 0
+
+
+async def test_qps_to_a_peer_that_never_reads_keep_serve_rss_bounded(tmp_path):
+    """The issue's measure: 400 QPs sending to a peer that never reads grew `softhca
+    serve` by 234 MB, kept after the session closed. Now each link's buffer is bounded,
+    so the growth is the QPs' own send queues (400 x 64 KiB), and what a closed session
+    held is freed: a second session doing the same grows the daemon no further."""
+    server, port, _ = await silent_peer()
+    async with server:
+        with serve(tmp_path) as (proc, address):
+            base = rss(proc)
+            peaks = []
+            for _ in range(2):
+                node = await sh.connect(address)
+                ctx = await node.open_device()
+                pd = await ctx.alloc_pd()
+                cq = await ctx.create_cq(1 << 16)
+                mr = await pd.reg_mr(64 << 10, sh.IBV_ACCESS_LOCAL_WRITE)
+                for i in range(400):
+                    qp = await pd.create_qp(sh.QPInitAttr(
+                        qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq,
+                        cap=sh.QPCap(max_send_wr=4, max_recv_wr=1, max_send_sge=1,
+                                     max_recv_sge=1)))
+                    await qp.connect(sh.QPInfo("127.0.0.1", port, "mlx5_0", 0x100 + i),
+                                     path_mtu=sh.IBV_MTU_4096, timeout=14, retry_cnt=7)
+                    await qp.post_send([rdma(sh.IBV_WR_RDMA_WRITE, whole(mr), 0x1234, 0x1000,
+                                             wr_id=i)])
+                await asyncio.sleep(1.5)    # retransmissions into the full link
+                peaks.append(rss(proc) - base)
+                await node.close()
+                await asyncio.sleep(0.5)
+            bound, again = 64 << 20, 8 << 20
+            print(f"400 QPs x 64 KiB to a peer that never reads: serve RSS "
+                  f"+{peaks[0] / 2**20:.0f} MiB, after a close and a second session "
+                  f"+{peaks[1] / 2**20:.0f} MiB (bounds {bound / 2**20:.0f} MiB, and "
+                  f"{again / 2**20:.0f} MiB more the second time; the issue measured "
+                  f"+234 MB)")
+            assert peaks[0] < bound and peaks[1] < peaks[0] + again
