@@ -254,6 +254,27 @@ async def test_pipelined_waiting_polls_are_bounded_and_do_not_stall_others(tmp_p
         assert len(times) > 10 and within >= 0.95 and max(times) < PROBE_OUTLIER_S
 
 
+async def test_waiting_async_event_requests_share_the_bound():
+    """get_async_event waits count with poll_cq waits against the session's limit."""
+    from softhca.server.daemon import Limits
+
+    async with sh.embedded(limits=Limits(max_waits=4)) as node:
+        ctx = await node.open_device()
+        cq = await ctx.create_cq(16)
+        waits = [asyncio.create_task(cq.poll(1, timeout=30)) for _ in range(2)]
+        waits += [asyncio.create_task(node.request("get_async_event", ctx=ctx.handle,
+                                                   timeout=30)) for _ in range(2)]
+        await asyncio.sleep(0.2)
+        for call in (cq.poll(1, timeout=30),
+                     node.request("get_async_event", ctx=ctx.handle, timeout=30)):
+            with pytest.raises(sh.RDMAError) as e:
+                await call
+            assert e.value.errno_name == "ENOMEM" and "4 requests waiting" in e.value.message
+        assert await cq.poll(1) == []       # a poll that does not wait is always served
+        for w in waits:
+            w.cancel()
+
+
 async def test_pipelined_large_reads_wait_for_the_reply_budget(tmp_path):
     """The attack: sixty pipelined 8 MiB mr_read in one write, the replies unread. The
     budget is checked before each read runs, so the daemon holds about one reply."""
