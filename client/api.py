@@ -35,7 +35,7 @@ from ..protocol.attrs import (
     MrInterleaved,
     SigBlockAttr,
 )
-from ..protocol.control import attr_to_wire, sge_to_wire
+from ..protocol.control import MAX_WRS_PER_POST, attr_to_wire, sge_to_wire
 from ..protocol.enums import (
     AccessFlags,
     CryptoLoginState,
@@ -442,6 +442,8 @@ class Context(_Closable):
         self.node, self.handle, self.name = node, handle, name
         # QPs of this context by handle, so that an async event names the QP object.
         self._qps: weakref.WeakValueDictionary[int, QP] = weakref.WeakValueDictionary()
+        # And CQs, for IBV_EVENT_CQ_ERR's ``cq``.
+        self._cqs: weakref.WeakValueDictionary[int, CQ] = weakref.WeakValueDictionary()
 
     async def get_async_event(self, timeout: float | None = None) -> AsyncEvent | None:
         """ibv_get_async_event(3): the context's oldest async event (e.g.
@@ -456,7 +458,8 @@ class Context(_Closable):
             ev = h["event"]
             if ev is not None:
                 return AsyncEvent(self, ev["event"], EventType(ev["event_type"]),
-                                  self._qps.get(ev.get("qp")), ev.get("qp_num"))
+                                  self._qps.get(ev.get("qp")), ev.get("qp_num"),
+                                  self._cqs.get(ev.get("cq")))
             if timeout is not None:
                 return None
 
@@ -486,7 +489,9 @@ class Context(_Closable):
         not fit a C int; ENOENT after ``ctx.close()``; ENOMEM when the session holds
         its ``--max-objects``."""
         h, _ = await self.node.request("create_cq", ctx=self.handle, cqe=cqe)
-        return CQ(self, h["cq"], cqe)
+        cq = CQ(self, h["cq"], cqe)
+        self._cqs[cq.handle] = cq
+        return cq
 
     async def create_dek(self, attr: DEKInitAttr, **fields: Any) -> DEK:
         """mlx5dv_dek_create(3): a DEK (AES-XTS data encryption key) from ``attr``, an
@@ -790,13 +795,14 @@ class MKey(_Closable):
 @dataclass
 class AsyncEvent:
     """struct ibv_async_event: ``event_type`` and the QP it is about (``qp``, the QP
-    object of this context, and ``qp_num``)."""
+    object of this context, and ``qp_num``), or the CQ (``cq``, IBV_EVENT_CQ_ERR)."""
 
     ctx: Context
     id: int
     event_type: EventType
     qp: QP | None = None
     qp_num: int | None = None
+    cq: CQ | None = None
 
     async def ack(self) -> None:
         """ibv_ack_async_event(3): acknowledge this event. Returns None.
@@ -969,7 +975,7 @@ class QP(_Closable):
         holds ``max_send_wr`` WRs; EPROTO for a field over its C width (``imm_data``,
         ``rkey``) or more than 4096 WRs in one call; ENOENT after ``qp.close()``."""
         wrs = [wr] if isinstance(wr, SendWR) else list(wr)
-        await self.node.request("post_send", qp=self.handle, wrs=[w.to_wire() for w in wrs])
+        await self._post("post_send", [w.to_wire() for w in wrs])
 
     async def post_recv(self, wr: RecvWR | Iterable[RecvWR]) -> None:
         """ibv_post_recv(3): one RecvWR or a list, in order (those before a refused one
@@ -980,7 +986,14 @@ class QP(_Closable):
         EPROTO for a malformed WR or more than 4096 in one call; ENOENT after
         ``qp.close()``."""
         wrs = [wr] if isinstance(wr, RecvWR) else list(wr)
-        await self.node.request("post_recv", qp=self.handle, wrs=[w.to_wire() for w in wrs])
+        await self._post("post_recv", [w.to_wire() for w in wrs])
+
+    async def _post(self, verb: str, wrs: list) -> None:
+        # A long list goes as requests of MAX_WRS_PER_POST, in order, each after the one
+        # before succeeded: as with ibv_post_send's bad_wr, the WRs before a refused
+        # one are posted and none after it.
+        for i in range(0, max(len(wrs), 1), MAX_WRS_PER_POST):
+            await self.node.request(verb, qp=self.handle, wrs=wrs[i:i + MAX_WRS_PER_POST])
 
     # -- the WR builder (ibv_wr_start ... ibv_wr_complete) ------------------------------
     def wr_start(self) -> None:

@@ -47,6 +47,9 @@ MKEY_CREATE_FLAGS = int(MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIG
                      | MkeyInitAttrFlags.CRYPTO | MkeyInitAttrFlags.UPDATE_TAG
                      | MkeyInitAttrFlags.REMOTE_INVALIDATE)
 
+# ibv_query_device(3) max_mr_size: the largest memory domain an MR or MKEY maps.
+MAX_MR_SIZE = 1 << 40
+
 DEK_KEY_BYTES = {CryptoKeySize.SIZE_128: 32, CryptoKeySize.SIZE_256: 64}
 
 

@@ -25,48 +25,124 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Layout:
-    """Pieces (mr, offset in the MR, length) in MKEY order; ``entries`` is what the
-    layout costs of max_entries (interleaved uses one extra for its header)."""
+    """One period of pieces (mr, offset in the MR, length) in MKEY order, repeated
+    ``repeat`` times, piece i advancing ``strides[i]`` bytes in its MR each time; a list
+    layout is one period. ``entries`` is what the layout costs of max_entries
+    (interleaved uses one extra for its header).
+
+    The repetition is never expanded: a layout costs O(entries) to build and keep, and a
+    transfer O(entries) Python steps plus numpy copies of the bytes it moves, whatever
+    repeat_count is (mlx5dv_wr_set_mkey_layout_interleaved(3) allows 2^32 - 1)."""
 
     kind: str
     pieces: tuple[tuple[MR, int, int], ...]
     entries: int
+    repeat: int = 1
+    strides: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         lengths = np.array([p[2] for p in self.pieces], dtype=np.int64)
         object.__setattr__(self, "_starts", np.concatenate(([0], np.cumsum(lengths))))
+        if not self.strides:
+            object.__setattr__(self, "strides", (0,) * len(self.pieces))
+
+    @property
+    def period(self) -> int:
+        return int(self._starts[-1])
 
     @property
     def length(self) -> int:
-        return int(self._starts[-1])
+        return self.period * self.repeat
 
     def _walk(self, offset: int, length: int):
-        """(mr, mr_offset, stream_offset, n) for each piece the range touches."""
-        i = int(np.searchsorted(self._starts, offset, side="right")) - 1
-        pos = offset
-        end = offset + length
+        """(mr, mr_offset, stream_offset, n) for each piece the range touches, for a range
+        inside one period."""
+        period = self.period
+        rep, pos = divmod(offset, period)
+        end = pos + length
+        i = int(np.searchsorted(self._starts, pos, side="right")) - 1
         while pos < end:
             mr, mr_off, plen = self.pieces[i]
             inner = pos - int(self._starts[i])
             n = min(plen - inner, end - pos)
-            if not mr.valid:
-                raise TransferError(Fault.ACCESS, f"MR lkey {mr.lkey:#x} in the MKEY layout "
-                                    "was deregistered")
-            yield mr, mr_off + inner, pos - offset, n
+            if n:
+                _check(mr)
+                yield mr, mr_off + rep * self.strides[i] + inner, \
+                    rep * period + pos - offset, n
             pos += n
             i += 1
+
+    def _spans(self, offset: int, length: int):
+        """The range as (stream offset, piece walk) parts and at most one run of whole
+        periods: ("walk", start, length) or ("periods", start, first period, count)."""
+        period = self.period
+        if length <= 0 or period == 0:
+            return []
+        first, inner = divmod(offset, period)
+        last, tail = divmod(offset + length, period)
+        if first == last:
+            return [("walk", offset, length)]
+        out = []
+        if inner:
+            out.append(("walk", offset, period - inner))
+            first += 1
+        if last > first:
+            out.append(("periods", first * period, first, last - first))
+        if tail:
+            out.append(("walk", last * period, tail))
+        return out
+
+    def _move(self, offset: int, stream: np.ndarray, gather: bool) -> None:
+        """Copy between ``stream`` (the bytes of [offset, +len)) and the MRs: per piece of
+        a partial period, and per entry for a run of whole periods, with one strided
+        numpy copy of every period's bytes of that entry."""
+        period = self.period
+        for span in self._spans(offset, len(stream)):
+            if span[0] == "walk":
+                for mr, o, s, n in self._walk(span[1], span[2]):
+                    s += span[1] - offset
+                    if gather:
+                        stream[s:s + n] = mr.buf[o:o + n]
+                    else:
+                        mr.buf[o:o + n] = stream[s:s + n]
+                continue
+            _, start, rep, count = span
+            rows = stream[start - offset:start - offset + count * period].reshape(count, period)
+            for (mr, mr_off, plen), stride, st in zip(self.pieces, self.strides,
+                                                      self._starts[:-1], strict=False):
+                if not plen:
+                    continue
+                _check(mr)
+                base = mr.buf[mr_off + rep * stride:]
+                mem = np.lib.stride_tricks.as_strided(base, shape=(count, plen),
+                                                      strides=(stride, 1))
+                st = int(st)
+                if gather:
+                    rows[:, st:st + plen] = mem
+                else:
+                    mem[...] = rows[:, st:st + plen]
 
     def gather(self, offset: int, length: int) -> np.ndarray:
         """The memory bytes of [offset, +length); a view when one piece holds them all
         (every later stage writes a new buffer, so the view is never written through)."""
-        parts = [mr.buf[o:o + n] for mr, o, _, n in self._walk(offset, length)]
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint8)
+        spans = self._spans(offset, length)
+        if len(spans) == 1 and spans[0][0] == "walk":
+            parts = list(self._walk(offset, length))
+            if len(parts) == 1:
+                mr, o, _, n = parts[0]
+                return mr.buf[o:o + n]
+        out = np.empty(max(length, 0), dtype=np.uint8)
+        self._move(offset, out, True)
+        return out
 
     def scatter(self, offset: int, data: np.ndarray) -> None:
-        for mr, o, s, n in self._walk(offset, len(data)):
-            mr.buf[o:o + n] = data[s:s + n]
+        self._move(offset, np.asarray(data), False)
+
+
+def _check(mr: MR) -> None:
+    if not mr.valid:
+        raise TransferError(Fault.ACCESS, f"MR lkey {mr.lkey:#x} in the MKEY layout "
+                            "was deregistered")
 
 
 class MKey:

@@ -24,7 +24,7 @@ from ..protocol.enums import (
 from ..protocol.errors import RDMAError, einval, eopnotsupp
 from ..protocol.records import build_configure_wr
 from .crypto import validate_crypto_attr
-from .hca import MR, PD
+from .hca import MAX_MR_SIZE, MR, PD
 from .mkey import Layout, MKey
 from .signature import validate_sig_block_attr
 
@@ -248,7 +248,7 @@ def _layout(pd: PD, mkey: MKey, spec) -> Layout:
         for i, sge in enumerate(sges):
             mr, off = _layout_mr(pd, sge.lkey, sge.addr, sge.length, f"layout SGE {i}")
             pieces.append((mr, off, sge.length))
-        return Layout("list", tuple(pieces), len(sges))
+        return _check_length(Layout("list", tuple(pieces), len(sges)))
     _, repeat, entries = spec
     # mlx5dv_wr_mkey_configure(3): "one entry will be consumed for strided header".
     if len(entries) + 1 > mkey.max_entries:
@@ -257,18 +257,26 @@ def _layout(pd: PD, mkey: MKey, spec) -> Layout:
     if repeat <= 0:
         raise einval(f"interleaved repeat_count {repeat} must be positive")
     pieces = []
-    bases = []
+    strides = []
     for i, e in enumerate(entries):
         stride = e.bytes_count + e.bytes_skip
         last = e.addr + (repeat - 1) * stride
         mr, off = _layout_mr(pd, e.lkey, e.addr, 0, f"interleaved entry {i}")
         _layout_mr(pd, e.lkey, last, e.bytes_count, f"interleaved entry {i}")
-        bases.append((mr, off, e.bytes_count, stride))
-    for r in range(repeat):
-        for mr, off, count, stride in bases:
-            if count:
-                pieces.append((mr, off + r * stride, count))
-    return Layout("interleaved", tuple(pieces), len(entries) + 1)
+        pieces.append((mr, off, e.bytes_count))
+        strides.append(stride)
+    layout = Layout("interleaved", tuple(pieces), len(entries) + 1, repeat, tuple(strides))
+    _check_length(layout)
+    return layout
+
+
+def _check_length(layout: Layout) -> Layout:
+    # The memory domain of an MKEY is bounded as an MR is (ibv_query_device(3)
+    # max_mr_size): a layout longer than the device maps is refused, not truncated.
+    if layout.length > MAX_MR_SIZE:
+        raise einval(f"{layout.kind} layout spans {layout.length} bytes, more than the "
+                     f"device's max_mr_size {MAX_MR_SIZE}")
+    return layout
 
 
 def _apply(a: _Applied) -> None:

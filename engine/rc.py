@@ -92,7 +92,8 @@ Not modelled yet:
   that holds the range (verbs does not check the lkey of inline data, but memory here
   is reachable only through an MR); anything else is EINVAL at post.
 - byte_len is reported for receive completions, RDMA_READ and atomics; it is 0 on the
-  other send-side completions (ibv_poll_cq(3) defines it for receives only).
+  other send-side completions (ibv_poll_cq(3) defines it for receives only) and on every
+  errored completion.
 """
 
 from __future__ import annotations
@@ -286,6 +287,8 @@ class _Request:
     sent: int = 0
     # The most packets of this WR ever transmitted: below it, a transmission is a resend.
     high: int = 0
+    # READ: the response count it was last re-requested from on a gap (-1: never).
+    rerequested: int = -1
     # A local error found while gathering: completed when the WR reaches the head.
     error: WcStatus | None = None
     read_buf: bytearray = field(default_factory=bytearray)
@@ -389,7 +392,7 @@ class RCQP:
         # they sent again, ACK timeouts, RNR NAKs acted on, duplicate requests
         # the responder answered without applying, sequence-error NAKs sent.
         self.stats = {"retransmissions": 0, "retransmitted_packets": 0, "ack_timeouts": 0, "rnr_retries": 0,
-                      "duplicates_discarded": 0, "psn_seq_naks_sent": 0}
+                      "duplicates_discarded": 0, "psn_seq_naks_sent": 0, "read_rerequests": 0}
         # Receives the responder refuses with an RNR NAK before looking at its receive
         # queue (fault injection: "answer the next N messages with RNR").
         self.refuse_rnr = 0
@@ -826,7 +829,10 @@ class RCQP:
         # An error always produces a completion, even for an unsignaled WR.
         if status == WcStatus.SUCCESS and not r.signaled:
             return
-        byte_len = r.length if r.wr.opcode in RESPONDED and not r.local else 0
+        # ibv_poll_cq(3) defines byte_len for a successful completion only; an errored
+        # one reports 0, as mlx5 leaves it (never the length the WR asked for).
+        byte_len = (r.length if status == WcStatus.SUCCESS and r.wr.opcode in RESPONDED
+                    and not r.local else 0)
         self._scq.append(WC(r.wr.wr_id, status, r.wc_opcode, byte_len, self.qp_num))
 
     def _fail_head(self, status: WcStatus) -> None:
@@ -973,8 +979,18 @@ class RCQP:
             self._ack(psn_add(owner.psn, -1), now)
             if not self._sq or self._sq[0] is not owner:
                 return
-        if psn_diff(pkt.psn, owner.psn) != owner.acked:
-            return      # out of order: recovered by go-back-N on timeout
+        ahead = psn_diff(pkt.psn, owner.psn) - owner.acked
+        if ahead:
+            if ahead > 0 and owner.rerequested != owner.acked:
+                # A response past a missing one: ask again from the first missing PSN
+                # now rather than after an ACK timeout (the IBA lets a requester
+                # re-issue a READ for the responses it lacks; rxe's completer retries at
+                # once on such a gap). Once per gap, not per response behind it.
+                owner.rerequested = owner.acked
+                owner.sent = 0
+                self.stats["read_rerequests"] += 1
+            return      # a duplicate, or behind a gap: dropped
+
         owner.read_buf += pkt.payload
         owner.acked += 1
         self._rnr_count = 0

@@ -34,7 +34,9 @@ from .frames import FrameError, field
 U8, U16, U32, U64 = (1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
 I32 = (1 << 31) - 1
 MAX_SGE = 32
-MAX_WRS_PER_POST = 4096
+# WRs in one post_send / post_recv request: decoding and posting them is one stretch of
+# the daemon's event loop, kept to a few milliseconds (the client splits longer lists).
+MAX_WRS_PER_POST = 256
 
 # Field spec: (type(s), min, max, required).
 _H = (int, 1, U32, True)          # a session handle
@@ -234,10 +236,24 @@ def attr_from_wire(cls: type, data: Any, what: str) -> Any:
             else:
                 ok = value is None
         if not ok:
-            raise FrameError("EPROTO", f"{where} has the wrong type: "
-                                       f"{type(value).__name__}")
+            why = (f"must be a handle (int) or nil, got {type(value).__name__}"
+                   if (cls, name) in _HANDLE_FIELDS else _wanted(default, value))
+            raise FrameError("EPROTO", f"{where} {why}")
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def _wanted(default: Any, value: Any) -> str:
+    """Why a leaf field was refused: its range when the type was right (a -1 in a
+    __u32 is out of range, not of the wrong type), else the type it takes."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, int) and not isinstance(default, bool) and is_int:
+        return f"must be an unsigned integer in [0, {U64}], got {value}"
+    if isinstance(default, bytes) and isinstance(value, bytes):
+        return f"must be at most 64 bytes, got {len(value)}"
+    want = ("bool" if isinstance(default, bool) else "int" if isinstance(default, int)
+            else "bytes" if isinstance(default, bytes) else "nil")
+    return f"must be {want}, got {type(value).__name__}"
 
 
 def setter_from_wire(kind: Any, value: Any, what: str) -> tuple[str, Any]:
@@ -273,7 +289,7 @@ def setter_from_wire(kind: Any, value: Any, what: str) -> tuple[str, Any]:
 
 
 __all__ = [
-    "CONFIGURE_CALL", "MAX_SGE", "MkeyConfAttr", "QP_ATTR", "REQUESTS", "SETTERS",
+    "CONFIGURE_CALL", "MAX_SGE", "MAX_WRS_PER_POST", "MkeyConfAttr", "QP_ATTR", "REQUESTS", "SETTERS",
     "attr_from_wire", "attr_to_wire", "check_fields", "check_request",
     "setter_from_wire", "sge_to_wire", "sges_from_wire",
 ]

@@ -22,10 +22,12 @@ __all__ = ["READ_CHUNK", "Link", "open_link", "read_frames"]
 READ_CHUNK = 1 << 18
 
 
-async def read_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list[Frame]:
-    """The next whole frames; [] at end of stream."""
+async def read_frames(reader: asyncio.StreamReader, decoder: FrameDecoder,
+                      chunk: int = READ_CHUNK) -> list[Frame]:
+    """The next whole frames; [] at end of stream. ``chunk`` bounds the bytes decoded at
+    once, and so the frames one call returns."""
     while True:
-        data = await reader.read(READ_CHUNK)
+        data = await reader.read(chunk)
         if not data:
             return []
         frames = decoder.feed(data)

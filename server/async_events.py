@@ -10,7 +10,6 @@ out, is EINVAL.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections import deque
 
@@ -18,21 +17,21 @@ from ..protocol.enums import EventType
 from ..protocol.errors import einval
 
 
-async def wait_woken(waiters: list[asyncio.Future], timeout: float) -> None:
+async def wait_woken(waiters: set[asyncio.Future], timeout: float) -> None:
     """Wait up to ``timeout`` s for ``wake(waiters)`` (a poll_cq or get_async_event the
-    daemon holds rather than answer empty at once)."""
+    daemon holds rather than answer empty at once). A set, so that ending one wait
+    costs O(1) and a session's many waits end in linear time, not quadratic."""
     fut = asyncio.get_running_loop().create_future()
-    waiters.append(fut)
+    waiters.add(fut)
     try:
         await asyncio.wait_for(fut, timeout)
     except asyncio.TimeoutError:
         pass
     finally:
-        with contextlib.suppress(ValueError):
-            waiters.remove(fut)
+        waiters.discard(fut)
 
 
-def wake(waiters: list[asyncio.Future]) -> None:
+def wake(waiters: set[asyncio.Future]) -> None:
     for fut in waiters:
         if not fut.done():
             fut.set_result(None)
@@ -42,7 +41,7 @@ def wake(waiters: list[asyncio.Future]) -> None:
 class AsyncEvents:
     def __init__(self) -> None:
         self._queues: dict[int, deque[dict]] = {}
-        self._waiters: dict[int, list[asyncio.Future]] = {}
+        self._waiters: dict[int, set[asyncio.Future]] = {}
         self._ids = itertools.count(1)
         self.unacked: dict[int, dict] = {}
 
@@ -51,7 +50,7 @@ class AsyncEvents:
         (``qp``: the QP's handle and ``qp_num``)."""
         ev = {"event": next(self._ids), "event_type": int(event_type), **element}
         self._queues.setdefault(ctx, deque()).append(ev)
-        wake(self._waiters.get(ctx, []))
+        wake(self._waiters.get(ctx, set()))
 
     def take(self, ctx: int) -> dict | None:
         q = self._queues.get(ctx)
@@ -66,7 +65,7 @@ class AsyncEvents:
         ev = self.take(ctx)
         if ev is not None or timeout <= 0:
             return ev
-        await wait_woken(self._waiters.setdefault(ctx, []), timeout)
+        await wait_woken(self._waiters.setdefault(ctx, set()), timeout)
         return self.take(ctx)
 
     def ack(self, event: int) -> None:

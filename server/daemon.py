@@ -42,6 +42,8 @@ _SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST)
 
 DEFAULT_PORT = 4791
 HANDSHAKE_TIMEOUT = 10.0
+# What a queued packet costs beside its payload (the Packet, its header map, the frame).
+PACKET_OVERHEAD = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,8 @@ class Limits:
     # A session's unsent replies beyond this stop its requests being read until the
     # client reads: a client that floods and never reads cannot grow the daemon.
     reply_high_water: int = 8 << 20
+    # poll_cq / get_async_event requests one session may have waiting (ENOMEM past it).
+    max_waits: int = 1024
 
 
 def plain(v: Any) -> Any:
@@ -111,7 +115,8 @@ class Daemon:
         self.counters: dict[str, int] = {
             "packets_sent": 0, "packets_received": 0, "packets_bad_icrc": 0,
             "packets_unknown_qp": 0, "packets_over_mtu": 0, "wire_protocol_errors": 0,
-            "control_sessions": 0, "wire_connections": 0, "connections_refused": 0}
+            "control_sessions": 0, "wire_connections": 0, "connections_refused": 0,
+            "packets_dropped_link_full": 0}
         # Wire taps: callables (direction "tx" | "rx", dev, Packet) seeing every packet
         # this daemon sends or accepts (the demo's wire images, captures, traces).
         # Empty, they cost one truth test per batch.
@@ -414,6 +419,17 @@ class Daemon:
                         out[f"{name}[{hca.name}:{key:#x}]"] = n
         return out
 
+    def release_links(self, qps: set) -> None:
+        """A session closed: its QPs' queued packets go, and a link no live QP sends on
+        any more is closed, so a peer that never reads keeps nothing of it."""
+        for link in list(self.links.values()):
+            link.forget(qps)
+        wanted = {(q.dest[0], q.dest[1]) for q in self.qps.values() if q.dest is not None}
+        for key, link in list(self.links.items()):
+            if key not in wanted:
+                link.close()
+                del self.links[key]
+
     def forget_qp(self, qph: QPHost) -> None:
         for k, v in qph.rcqp.stats.items():
             self._gone_qp_stats[k] = self._gone_qp_stats.get(k, 0) + v
@@ -445,14 +461,14 @@ class Daemon:
                     self._emit_out(e)
                 self._arm_reorder_flush()
             else:
-                self.link_to(host, port).send(dev, pkts)
+                self.link_to(host, port).send(dev, pkts, owner=qph)
                 self.counters["packets_sent"] += len(pkts)
         scq = qph.rcqp.poll_send_cq()
         if scq:
-            qph.scq.push(scq)
+            qph.session.verbs.complete(qph.scq, scq)
         rcq = qph.rcqp.poll_recv_cq()
         if rcq:
-            qph.rcq.push(rcq)
+            qph.session.verbs.complete(qph.rcq, rcq)
         if qph.rcqp.events:
             for ev in qph.rcqp.take_events():
                 qph.session.verbs.async_events.push(qph.ctx, ev, qp=qph.handle,
@@ -473,30 +489,56 @@ class Daemon:
 
 
 class WireLink:
-    """An outgoing wire connection to another daemon; packets queue until it is up."""
+    """An outgoing wire connection to another daemon; packets queue until it is up.
 
-    MAX_QUEUED = 1 << 16
+    Its send buffer is bounded (``MAX_BUFFERED`` bytes, queued or unsent): past it the
+    packets are lost on the wire, counted, and RC recovers them or, when the peer
+    never reads, the QPs run out of retries (IBV_WC_RETRY_EXC_ERR), as over a cable
+    nobody drains."""
+
+    MAX_BUFFERED = 4 << 20
 
     def __init__(self, daemon: Daemon, host: str, port: int) -> None:
         self.daemon = daemon
         self.host, self.port = host, port
         self.writer: asyncio.StreamWriter | None = None
-        self.queued: list[tuple[str, Packet, int | None]] = []
+        # (dev, packet, icrc override, the QP that sent it) until the link is up.
+        self.queued: list[tuple[str, Packet, int | None, object]] = []
+        self.queued_bytes = 0
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(self._run())
 
-    def send(self, dev: str, pkts: list[Packet], icrc_value: int | None = None) -> None:
-        """Frame and write ``pkts``; ``icrc_value`` (one packet) overrides its check."""
+    def buffered(self) -> int:
+        """Bytes this link holds: queued before it is up, or unsent in its socket."""
+        if self.writer is None:
+            return self.queued_bytes
+        return self.writer.transport.get_write_buffer_size()
+
+    def send(self, dev: str, pkts: list[Packet], icrc_value: int | None = None,
+             owner: object = None) -> None:
+        """Frame and write ``pkts``; ``icrc_value`` (one packet) overrides its check;
+        ``owner`` (the sending QP) lets a closing session take back its queued packets."""
         if self.closed:
             return      # lost on the wire; RC retransmission or its retry limit follows
+        room = self.MAX_BUFFERED - self.buffered()
+        if room <= 0:
+            self.daemon.counters["packets_dropped_link_full"] += len(pkts)
+            return
         if self.writer is None:
-            room = self.MAX_QUEUED - len(self.queued)
-            self.queued.extend((dev, p, icrc_value) for p in pkts[:max(room, 0)])
+            for p in pkts:
+                self.queued.append((dev, p, icrc_value, owner))
+                self.queued_bytes += len(p.payload) + PACKET_OVERHEAD
             return
         bufs = []
         for p in pkts:
             bufs.extend(encode_frame(packet_header(dev, p, icrc_value=icrc_value), p.payload))
         self.writer.writelines(bufs)
+
+    def forget(self, owners: set) -> None:
+        """Drop the queued packets of ``owners`` (the QPs of a closing session)."""
+        if self.queued:
+            self.queued = [q for q in self.queued if q[3] not in owners]
+            self.queued_bytes = sum(len(q[1].payload) + PACKET_OVERHEAD for q in self.queued)
 
     def close(self) -> None:
         self.closed = True
@@ -512,9 +554,9 @@ class WireLink:
                                    timeout=HANDSHAKE_TIMEOUT, max_frame=self.daemon.max_frame)
             reader, writer = link.reader, link.writer
             self.writer = writer
-            queued, self.queued = self.queued, []
-            for dev, p, icrc_value in queued:
-                self.send(dev, [p], icrc_value)
+            queued, self.queued, self.queued_bytes = self.queued, [], 0
+            for dev, p, icrc_value, owner in queued:
+                self.send(dev, [p], icrc_value, owner)
             log.info("wire link up %s", kv(event="wire_out", peer=where))
             # Nothing is expected back on this direction; reading notices the close.
             while await reader.read(READ_CHUNK):
@@ -526,4 +568,4 @@ class WireLink:
                                                    reason=str(e) or type(e).__name__))
         finally:
             self.closed = True
-            self.queued = []
+            self.queued, self.queued_bytes = [], 0

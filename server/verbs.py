@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine import qp_state
 from ..engine.crypto_login import DEK_INIT_ATTR_CRYPTO_LOGIN, CryptoLogin, login
-from ..engine.hca import DEK, HCA, MR, PD
+from ..engine.hca import DEK, HCA, MAX_MR_SIZE, MR, PD
 from ..engine.mkey import MKey
 from ..engine.mkey_configure import MkeyConfigureBuilder
 from ..engine.rc import RCQP
@@ -25,6 +25,7 @@ from ..protocol import control
 from ..protocol.attrs import DEKInitAttr, MkeyConfAttr
 from ..protocol.enums import (
     CryptoLoginState,
+    EventType,
     Mlx5dvQpCreateFlags,
     QpAttrMask,
     QpState,
@@ -49,6 +50,22 @@ MAX_CQE = 1 << 22
 QP_CREATE_FLAGS = int(Mlx5dvQpCreateFlags.SIG_PIPELINING
                       | Mlx5dvQpCreateFlags.DISABLE_SCATTER_TO_CQE)
 
+# Layout entries (SGEs and interleaved entries) one mkey_configure request may carry:
+# decoding and checking them is one stretch of the event loop (some 5 ms at this size).
+MAX_CONFIGURE_ENTRIES = 4096
+
+
+def _layout_entries(kind: str, value: Any) -> int:
+    """The entries a layout setter's wire value carries (0 if malformed: the decoder says
+    why): a list of SGEs, or [repeat_count, entries]."""
+    if kind == "layout_interleaved":
+        value = value[1] if isinstance(value, list) and len(value) == 2 else None
+    return len(value) if isinstance(value, list) else 0
+
+
+# Bytes of a max_frame kept for the reply's header (the client's chunking keeps as many).
+READ_HEADROOM = 4096
+
 # mlx5dv.h enum mlx5dv_context_comp_mask: crypto_caps is filled.
 MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD = 1 << 13
 
@@ -58,20 +75,32 @@ MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD = 1 << 13
 class CQHost:
     """A completion queue: completions in, polls out; a poll may wait for the first."""
 
-    def __init__(self, handle: int, cqe: int) -> None:
+    def __init__(self, handle: int, cqe: int, ctx: int = 0) -> None:
         self.handle = handle
         self.cqe = cqe
+        # The session's handle of the context the CQ was created on (its async events).
+        self.ctx = ctx
         self.entries: deque[WC] = deque()
-        self._waiters: list[asyncio.Future] = []
+        self._waiters: set[asyncio.Future] = set()
         self.overruns = 0
+        self.error = False
 
-    def push(self, wcs: list[WC]) -> None:
-        self.entries.extend(wcs)
-        # ibv_create_cq(3): an overrun CQ is an error on the device; nothing is
-        # dropped here (tests must still see every completion), but it is counted.
-        if len(self.entries) > self.cqe:
+    def push(self, wcs: list[WC]) -> bool:
+        """Queue ``wcs``; True when this overran the CQ. ibv_create_cq(3): the CQ holds
+        cqe entries; completions past them are an overrun, and as on a device the CQ
+        goes to error and takes no more (IBV_EVENT_CQ_ERR, ibv_get_async_event(3)), so
+        a CQ nobody polls costs cqe entries, never more."""
+        if self.error:
             self.overruns += 1
+            return False
+        room = self.cqe - len(self.entries)
+        overrun = len(wcs) > room
+        self.entries.extend(wcs[:room] if overrun else wcs)
+        if overrun:
+            self.overruns += 1
+            self.error = True
         wake(self._waiters)
+        return overrun
 
     def take(self, num: int) -> list[WC]:
         return [self.entries.popleft() for _ in range(min(num, len(self.entries)))]
@@ -162,6 +191,20 @@ class Verbs:
                 obj.rcqp.modify_to_err()
                 self.daemon.service(obj)
 
+    def complete(self, cq: CQHost, wcs: list[WC]) -> None:
+        """Completions of one of this session's QPs into ``cq``; on an overrun the CQ's
+        context gets IBV_EVENT_CQ_ERR and every QP using the CQ goes to ERR, as a device
+        that can no longer report their completions stops them."""
+        if not cq.push(wcs):
+            return
+        log.warning("CQ overrun %s", kv(event="cq_overrun", peer=self.peer, cq=cq.handle,
+                                        cqe=cq.cqe))
+        self.async_events.push(cq.ctx, EventType.CQ_ERR, cq=cq.handle)
+        for kind, o in list(self.objects.values()):
+            if kind == "qp" and (o.scq is cq or o.rcq is cq) and o.rcqp.state != QpState.ERR:
+                o.rcqp.modify_to_err()
+                self.daemon.service(o)
+
     def destroy_all(self) -> None:
         """The session ended: its objects go, as when a process exits (docs/architecture.md)."""
         if self.gone:
@@ -172,10 +215,12 @@ class Verbs:
         for t in self._waits:
             t.cancel()
         counts: dict[str, int] = {}
+        qps = {obj for kind, obj in self.objects.values() if kind == "qp"}
         for kind, obj in list(self.objects.values()):
             counts[kind] = counts.get(kind, 0) + 1
             self._destroy(kind, obj)
         self.objects.clear()
+        self.daemon.release_links(qps)
         if counts:
             log.info("session objects destroyed %s", kv(event="session_cleanup", peer=self.peer,
                                                         **counts))
@@ -221,7 +266,7 @@ class Verbs:
         return {"attr": {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
                          "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr,
                          "max_msg_sz": lim.max_msg_size, "max_sge": control.MAX_SGE,
-                         "max_cqe": MAX_CQE, "max_mr_size": 1 << 40, "max_pd": 1 << 16,
+                         "max_cqe": MAX_CQE, "max_mr_size": MAX_MR_SIZE, "max_pd": 1 << 16,
                          "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
                          & 0xFFFFFFFFFFFF}}
 
@@ -274,6 +319,12 @@ class Verbs:
 
     def op_mr_read(self, a, payload, rid):
         mr: MR = self.get(a["mr"], "mr")
+        # The reply is one frame: a read larger than the frame limit the daemon announced
+        # in its welcome is refused before a byte is copied (the client reads in chunks).
+        most = self.daemon.max_frame - READ_HEADROOM
+        if a["length"] > most:
+            raise RDMAError("EMSGSIZE", f"mr_read of {a['length']} bytes: one reply carries "
+                                        f"at most {most} (max_frame {self.daemon.max_frame})")
         return {"_payload": mr.read(a["length"], a["offset"])}
 
     # -- verbs: CQ and QP ---------------------------------------------------------------
@@ -281,7 +332,7 @@ class Verbs:
         self.get(a["ctx"], "ctx")
         if not 1 <= a["cqe"] <= MAX_CQE:
             raise einval(f"ibv_create_cq cqe {a['cqe']} is outside [1, max_cqe {MAX_CQE}]")
-        cq = CQHost(0, a["cqe"])
+        cq = CQHost(0, a["cqe"], a["ctx"])
         cq.handle = self.add("cq", cq)
         return {"cq": cq.handle, "cqe": a["cqe"]}
 
@@ -297,16 +348,29 @@ class Verbs:
         cq: CQHost = self.get(a["cq"], "cq")
         if cq.entries or a["timeout"] <= 0:
             return {"wcs": [w.to_wire() for w in cq.take(a["num"])]}
+        self._room_to_wait("ibv_poll_cq")
 
         async def wait() -> None:
             await cq.wait(float(a["timeout"]))
             if not self.gone:
                 self.session.reply(rid, wcs=[w.to_wire() for w in cq.take(a["num"])])
 
-        task = asyncio.get_running_loop().create_task(wait())
+        self._wait(wait())
+        return None
+
+    def _room_to_wait(self, verb: str) -> None:
+        """A session holds at most ``max_waits`` waiting poll_cq and get_async_event
+        requests: each is a task and a timer in the daemon, so past it ENOMEM, as a
+        device out of resources answers (retry once one of them is answered)."""
+        cap = self.daemon.limits.max_waits
+        if len(self._waits) >= cap:
+            raise RDMAError("ENOMEM", f"{verb}: this session already has {cap} requests "
+                                      "waiting, the daemon's limit; retry when one returns")
+
+    def _wait(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._waits.add(task)
         task.add_done_callback(self._waits.discard)
-        return None
 
     def op_create_qp(self, a, payload, rid):
         pd: PD = self.get(a["pd"], "pd")
@@ -458,6 +522,7 @@ class Verbs:
         ibv_wr_complete: the batch is validated whole and applied whole, or not at all."""
         qph: QPHost = self.get(a["qp"], "qp")
         calls = []
+        entries = 0
         for i, c in enumerate(a["calls"]):
             what = f"mkey_configure call {i}"
             if not isinstance(c, list) or not c:
@@ -472,6 +537,12 @@ class Verbs:
                                                   strict=True)), what)
                 calls.append(("configure", v, self.get(v["mkey"], "mkey")))
             elif len(c) == 2:
+                if c[0] in ("layout_list", "layout_interleaved"):
+                    entries += _layout_entries(c[0], c[1])
+                    if entries > MAX_CONFIGURE_ENTRIES:
+                        raise einval(f"{what}: more than {MAX_CONFIGURE_ENTRIES} layout "
+                                     "entries in one mkey_configure request (post the WRs "
+                                     "in several)")
                 kind, value = control.setter_from_wire(c[0], c[1], what)
                 if kind == "crypto" and value.dek is not None:
                     value = dataclasses.replace(value, dek=self.get(value.dek, "dek"))
@@ -598,15 +669,14 @@ class Verbs:
         ev = self.async_events.take(a["ctx"])
         if ev is not None or a["timeout"] <= 0:
             return {"event": ev}
+        self._room_to_wait("ibv_get_async_event")
 
         async def wait() -> None:
             found = await self.async_events.get(a["ctx"], float(a["timeout"]))
             if not self.gone:
                 self.session.reply(rid, event=found)
 
-        task = asyncio.get_running_loop().create_task(wait())
-        self._waits.add(task)
-        task.add_done_callback(self._waits.discard)
+        self._wait(wait())
         return None
 
     def op_ack_async_event(self, a, payload, rid):
