@@ -62,6 +62,9 @@ Modelled:
   lengths and crypto faults on the responder's key, each NAKed with the syndrome the
   requester maps to its completion status; the responder moves to ERR.
 - ACK coalescing: the last packet of a message, and every ``ACK_EVERY`` packets.
+- qp_access_flags: an RDMA WRITE, READ or atomic the QP does not enable (REMOTE_WRITE,
+  REMOTE_READ, REMOTE_ATOMIC) is NAKed Invalid Request and the responder goes to ERR,
+  as rxe's check_op_valid does; a QP never given the flags enables all three.
 
 Not modelled yet:
 
@@ -71,8 +74,7 @@ Not modelled yet:
   alternate paths and path migration (EOPNOTSUPP), the responder's max_dest_rd_atomic
   (kept, but its atomic result cache is a fixed ``ATOMIC_RESULTS``; a duplicate atomic
   older than that is dropped, as IBTA allows for a request outside the responder's
-  resources), qp_access_flags (kept and reported, not checked: a memory key's access
-  decides), the responder's RNR timer value carried in the NAK (the requester waits
+  resources), the responder's RNR timer value carried in the NAK (the requester waits
   its own min_rnr_timer), and MSN checking by the requester.
 - Packet integrity is the daemon's: it checks each packet's ICRC stand-in
   (protocol/packets.py ``packet_check``) and drops a bad one before it reaches the QP.
@@ -95,6 +97,7 @@ from dataclasses import dataclass, field
 
 from ..protocol.attrs import SGE
 from ..protocol.enums import (
+    AccessFlags,
     MkeyInitAttrFlags,
     Mtu,
     QpAttrMask,
@@ -206,7 +209,11 @@ class RCQP:
         self.rnr_retry = 7
         self.rnr_timer_s = qp_state.rnr_timer_s(qp_state.DEFAULT_MIN_RNR_TIMER)
         self.max_dest_rd_atomic = max_rd_atomic
-        self.qp_access_flags = 0
+        # RESET -> INIT requires qp_access_flags, but softhca's client sends none: a QP
+        # never given them enables every remote operation, as it did before they were
+        # checked (engine/qp_state.py KEPT_IF_ABSENT).
+        self.qp_access_flags = int(AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
+                                   | AccessFlags.REMOTE_ATOMIC)
         self._scq: list[WC] = []
         self._rcq: list[WC] = []
         # What a link-level observer counts (the daemon sums them per daemon): go-back-N

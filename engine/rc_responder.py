@@ -16,7 +16,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..protocol.enums import QpState, WcFlags, WcOpcode, WcStatus
+from ..protocol.enums import AccessFlags, QpState, WcFlags, WcOpcode, WcStatus
 from ..protocol.errors import RDMAError
 from ..protocol.opcodes import FLAGS, Op, opcode_for, with_flags
 from ..protocol.packets import Packet
@@ -41,6 +41,14 @@ READ_REQUEST = "RDMA_READ_REQUEST"
 _SEND_PACKETS = with_flags(Op.SEND)
 _WRITE_PACKETS = with_flags(Op.WRITE)
 _ATOMIC_REQUESTS = with_flags(Op.ATOMIC)
+
+# The qp_access_flags bit each remote operation needs (ibv_modify_qp(3)
+# qp_access_flags: "Mask of enabled remote access operations"); SENDs need none.
+_ACCESS_NEEDED = {
+    **dict.fromkeys(with_flags(Op.WRITE), AccessFlags.REMOTE_WRITE),
+    READ_REQUEST: AccessFlags.REMOTE_READ,
+    **dict.fromkeys(with_flags(Op.ATOMIC), AccessFlags.REMOTE_ATOMIC),
+}
 
 # A SEND_WITH_INV whose IETH key the responder may not invalidate: IBTA responder error
 # class J, as rxe_resp.c implements it (RESPST_ERR_INVALIDATE_RKEY): the receive
@@ -145,7 +153,12 @@ class Responder:
                 self._nak(self._epsn, "NAK_PSN_SEQ")
             return
         op = pkt.opcode
-        if op == READ_REQUEST or op in _ATOMIC_REQUESTS:
+        need = _ACCESS_NEEDED.get(op)
+        if need is not None and not self.qp.qp_access_flags & need:
+            # The QP's qp_access_flags do not enable this remote operation: rxe's
+            # check_op_valid answers NAK Invalid Request and the QP goes to ERR.
+            self._nak_fatal(pkt.psn, "NAK_INV_REQ")
+        elif op == READ_REQUEST or op in _ATOMIC_REQUESTS:
             if self._msg is not None:
                 self._nak_fatal(pkt.psn, "NAK_INV_REQ")    # inside another message
             elif op == READ_REQUEST:

@@ -204,3 +204,26 @@ async def test_the_daemon_forwards_sqd_and_reset():
         assert e.value.errno_name == "EINVAL" and "path_mtu" in e.value.message
         assert await q.modify(sh.QPAttr(qp_state=sh.IBV_QPS_RESET)) == sh.IBV_QPS_RESET
         assert (await q.query())["qp_state"] == sh.IBV_QPS_RESET
+
+
+@pytest.mark.parametrize("enabled, op, allowed", [
+    (sh.IBV_ACCESS_REMOTE_WRITE, WrOpcode.RDMA_WRITE, True),
+    (sh.IBV_ACCESS_REMOTE_READ, WrOpcode.RDMA_WRITE, False),
+    (sh.IBV_ACCESS_REMOTE_READ, WrOpcode.RDMA_READ, True),
+    (sh.IBV_ACCESS_REMOTE_WRITE | sh.IBV_ACCESS_REMOTE_ATOMIC, WrOpcode.RDMA_READ, False),
+    (sh.IBV_ACCESS_REMOTE_ATOMIC, WrOpcode.ATOMIC_FETCH_AND_ADD, True),
+    (0, WrOpcode.ATOMIC_FETCH_AND_ADD, False),
+])
+def test_qp_access_flags_enable_each_remote_operation(enabled, op, allowed):
+    """ibv_modify_qp(3) qp_access_flags: "Mask of enabled remote access operations". An
+    operation the responder's QP does not enable fails as rxe fails it: NAK Invalid
+    Request, REM_INV_REQ_ERR at the requester, the responder in ERR."""
+    p = Pair()
+    p.b.modify({"qp_state": S.RTS, "qp_access_flags": int(enabled)}, M.STATE | M.ACCESS_FLAGS)
+    local, remote = p.mr(p.pda, bytes(8)), p.mr(p.pdb, bytes(range(8)))
+    p.a.post_send(SendWR(1, op, [SGE(local.addr, 8, local.lkey)], SIG, rkey=remote.rkey,
+                         remote_addr=remote.addr, compare_add=1), p.now)
+    p.run()
+    want = WcStatus.SUCCESS if allowed else WcStatus.REM_INV_REQ_ERR
+    assert status_of(p.wcs["a_send"]) == [(1, want)]
+    assert p.b.state == (S.RTS if allowed else S.ERR)
