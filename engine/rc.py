@@ -4,9 +4,10 @@ the packets; ``next_deadline()`` says when the timers want ``poll_packets`` agai
 
 One RCQP is both a requester (its send queue, engine/rc_requester.py) and a responder
 (its receive queue, engine/rc_responder.py), as an IBTA RC QP is and as rxe splits it;
-the QP holds what they share: its state (engine/qp_state.py), attributes and CQs. Completions go to two CQs, as with ibv_create_qp's send_cq and
-recv_cq: ``poll_send_cq()`` and ``poll_recv_cq()``; ``poll_cq()`` returns both
-(send completions first).
+the QP holds what they share: its state (engine/qp_state.py), attributes and CQs.
+Completions go to two CQs, as with ibv_create_qp's send_cq and recv_cq:
+``poll_send_cq()`` and ``poll_recv_cq()``; ``poll_cq()`` returns both (send
+completions first).
 
 Modelled:
 
