@@ -26,8 +26,9 @@ Modelled:
   responder checks REMOTE_ATOMIC, 8-byte alignment and that the key is an MR or a plain
   MKEY, applies the 64-bit little-endian operation and answers ATOMIC_ACKNOWLEDGE with
   the original value, which the requester scatters into its one 8-byte SGE. A duplicate
-  atomic request is answered from the last ``ATOMIC_RESULTS`` results, never executed
-  again. READs and atomics are completed only by their own responses, in order, and
+  atomic request is answered from the last max_dest_rd_atomic results, never executed
+  again; one older than that is dropped, as IBTA allows for a request outside the
+  responder's resources. READs and atomics are completed only by their own responses, in order, and
   implicitly acknowledge the requests before them.
 - ``max_rd_atomic`` READ and atomic requests unanswered at once; WRs after one that
   would exceed it wait (ibv_modify_qp(3) max_rd_atomic).
@@ -72,10 +73,9 @@ Not modelled yet:
 - BIND_MW, TSO and memory windows: posting them raises EOPNOTSUPP. IBV_SEND_FENCE and
   IBV_SEND_SOLICITED are accepted and have no effect (no fence wait, no solicited events).
 - The SQ-drained asynchronous event of SQD (EN_SQD_ASYNC_NOTIFY is EOPNOTSUPP),
-  alternate paths and path migration (EOPNOTSUPP), the responder's max_dest_rd_atomic
-  (kept, but its atomic result cache is a fixed ``ATOMIC_RESULTS``; a duplicate atomic
-  older than that is dropped, as IBTA allows for a request outside the responder's
-  resources), the responder's RNR timer value carried in the NAK (the requester waits
+  alternate paths and path migration (EOPNOTSUPP), max_dest_rd_atomic as a limit on
+  the READs and atomics in flight towards the responder (it sizes the saved atomic
+  results only), the responder's RNR timer value carried in the NAK (the requester waits
   its own min_rnr_timer), and MSN checking by the requester.
 - Packet integrity is the daemon's: it checks each packet's ICRC stand-in
   (protocol/packets.py ``packet_check``) and drops a bad one before it reaches the QP.

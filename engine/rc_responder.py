@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 
 # The responder ACKs at least this often within a long message.
 ACK_EVERY = 16
-# Atomic results the responder keeps for answering duplicate atomic requests (IBTA:
-# a duplicate atomic is answered from the saved result, never executed again); as many
-# as the default max_rd_atomic, so a requester within that limit always finds its own.
-ATOMIC_RESULTS = 16
 _U64 = 1 << 64
 
 ACK = "ACKNOWLEDGE"
@@ -318,7 +314,11 @@ class Responder:
         self._msn = (self._msn + 1) % PSN_MOD
         self._unacked = 0
         self._atomic_results[pkt.psn] = (original, self._msn)
-        while len(self._atomic_results) > ATOMIC_RESULTS:
+        # The results kept for answering duplicate atomics (IBTA: a duplicate atomic is
+        # answered from the saved result, never executed again) are the responder's
+        # resources for incoming atomics, max_dest_rd_atomic of them (ibv_modify_qp(3));
+        # rxe sizes its replay resources so.
+        while len(self._atomic_results) > self.qp.max_dest_rd_atomic:
             self._atomic_results.popitem(last=False)
         self._send_atomic_ack(pkt.psn, original, self._msn)
 

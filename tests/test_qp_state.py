@@ -8,7 +8,7 @@ read from the module under test.
 from __future__ import annotations
 
 import pytest
-from test_rc import SIG, Pair, status_of
+from test_rc import SIG, Pair, Tap, atomic_wr, put_u64, status_of, u64_at
 
 import softhca.client as sh
 from softhca.engine.hca import HCA
@@ -227,3 +227,40 @@ def test_qp_access_flags_enable_each_remote_operation(enabled, op, allowed):
     want = WcStatus.SUCCESS if allowed else WcStatus.REM_INV_REQ_ERR
     assert status_of(p.wcs["a_send"]) == [(1, want)]
     assert p.b.state == (S.RTS if allowed else S.ERR)
+
+
+@pytest.mark.parametrize("resources, want", [
+    (2, [(1, WcStatus.SUCCESS), (2, WcStatus.SUCCESS)]),
+    (1, [(1, WcStatus.RETRY_EXC_ERR), (2, WcStatus.WR_FLUSH_ERR)]),
+])
+def test_max_dest_rd_atomic_is_the_responders_saved_atomic_results(resources, want):
+    """Two atomics in flight lose their ATOMIC ACKs and are sent again. A responder with
+    max_dest_rd_atomic 2 answers both duplicates from its saved results; with 1 it kept
+    only the second's, drops the first duplicate (IBTA: outside the responder's
+    resources), and the requester retries it until retry_cnt is spent."""
+    p = Pair(timeout_s=0.01, retry_cnt=2, qp={"max_rd_atomic": 2})
+    p.b.modify({"qp_state": S.SQD}, M.STATE)
+    p.b.modify({"qp_state": S.SQD, "max_dest_rd_atomic": resources},
+               M.STATE | M.MAX_DEST_RD_ATOMIC)
+    p.b.modify({"qp_state": S.RTS}, M.STATE)
+    remote, local = p.mr(p.pdb, 16), p.mr(p.pda, 16)
+    put_u64(remote, 0, 5)
+    put_u64(remote, 8, 7)
+    dropped = []
+
+    def drop_two_acks(pkts):
+        out = []
+        for q in pkts:
+            if q.opcode == "ATOMIC_ACKNOWLEDGE" and len(dropped) < 2:
+                dropped.append(q)
+            else:
+                out.append(q)
+        return out
+    for i in range(2):
+        p.a.post_send(atomic_wr(i + 1, WrOpcode.ATOMIC_FETCH_AND_ADD, local, 8 * i, remote,
+                                8 * i, 1), p.now)
+    p.run(Tap(drop_two_acks))
+    assert len(dropped) == 2
+    assert status_of(p.wcs["a_send"]) == want
+    # Each atomic was executed once, whatever came back.
+    assert (u64_at(remote, 0), u64_at(remote, 8)) == (6, 8)
