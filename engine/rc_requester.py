@@ -108,7 +108,6 @@ class _Request:
                                or self.wr.opcode == WrOpcode.LOCAL_INV)
 
 
-
 class Requester:
     """The send queue side of ``qp``."""
 
@@ -151,12 +150,7 @@ class Requester:
 
     def post_local(self, wr: SendWR, signaled: bool, opcode: WcOpcode,
                    action: Callable[[], None] | None = None) -> None:
-        """A WR that sends nothing: ``action`` (if any) runs when it reaches the head of
-        the send queue, every earlier WR completed; it then completes SUCCESS with
-        ``opcode`` (signaled or sq_sig_all), or, if the action raises TransferError,
-        with that error's local status, and the QP goes to ERR. The MKEY configure
-        (opcode DRIVER1) uses it for its in-order completion; its effect is applied at
-        post time by the caller (docs/semantics.md section 4)."""
+        """RCQP.post_local: a WR that sends nothing, run at the head of the queue."""
         req = _Request(wr, self.qp.sq_sig_all or bool(signaled), 0,
                        WcOpcode(opcode), built=True, local=True, action=action)
         self._enqueue(req)

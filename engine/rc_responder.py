@@ -68,7 +68,6 @@ class _Inbound:
     buf: bytearray = field(default_factory=bytearray)
 
 
-
 class Responder:
     """The receive queue side of ``qp``."""
 
