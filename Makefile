@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.installed-lint
 
-.PHONY: all demo test lint lint-docker bench bench-engine clean
+.PHONY: all demo test lint lint-docker images bench bench-engine clean
 
 all: test
 
@@ -29,7 +29,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP) lint-docker
-	$(PY) -m ruff check engine protocol server client tools tests
+	$(PY) -m ruff check engine protocol server client tools tests examples
 
 # Offline: the compose file against the compose specification schema check-jsonschema
 # carries, the Dockerfile with hadolint at warning level.
@@ -37,6 +37,12 @@ lint-docker: $(LINT_STAMP)
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker/compose.yaml
 	$(VENV)/bin/hadolint --failure-threshold warning docker/Dockerfile
 	@echo "hadolint: docker/Dockerfile ok (failure threshold: warning)"
+
+# softhca:daemon and softhca:tests with no container registry: the base is python:3.11-slim
+# when the engine has it or can pull it, else a debootstrapped Debian bookworm; the wheels
+# are built here; each step cached by a hash of its inputs (docker/README.md).
+images: $(STAMP)
+	PY=$(PY) bash docker/build-images.sh
 
 bench-engine: $(STAMP)
 	$(VENV)/bin/softhca bench engine

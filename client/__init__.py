@@ -6,17 +6,8 @@ the one exception type ``sh.RDMAError`` (``errno_name``, ``message``) and every 
 under its C name with its C value (``sh.IBV_ACCESS_REMOTE_READ``, ``sh.IBV_WC_SUCCESS``).
 """
 
-from ..protocol.attrs import (
-    SGE,
-    CryptoAttr,
-    DEKInitAttr,
-    MkeyConfAttr,
-    MrInterleaved,
-    SigBlockAttr,
-    SigBlockDomain,
-    SigCrc,
-    SigT10dif,
-)
+from ..protocol import attrs
+from ..protocol.attrs import *  # noqa: F403 - the attribute records, as pyverbs names them
 from ..protocol.enums import *  # noqa: F403 - the C names, as verbs.h / mlx5dv.h
 from ..protocol.enums import C_NAMES
 from ..protocol.errors import RDMAError
@@ -27,7 +18,9 @@ from .api import (
     PD,
     QP,
     WC,
+    AsyncEvent,
     Context,
+    CryptoLogin,
     Event,
     Faults,
     MKey,
@@ -46,22 +39,21 @@ from .api import (
 )
 
 # pyverbs' names for the mlx5dv attribute structs.
-Mlx5MkeyConfAttr = MkeyConfAttr
-Mlx5SigBlockAttr = SigBlockAttr
-Mlx5SigBlockDomain = SigBlockDomain
-Mlx5SigCrc = SigCrc
-Mlx5SigT10Dif = SigT10dif
-Mlx5SigT10dif = SigT10dif
-Mlx5MrInterleaved = MrInterleaved
-Mlx5CryptoAttr = CryptoAttr
-Mlx5DEKInitAttr = DEKInitAttr
+Mlx5MkeyConfAttr = attrs.MkeyConfAttr
+Mlx5SigBlockAttr = attrs.SigBlockAttr
+Mlx5SigBlockDomain = attrs.SigBlockDomain
+Mlx5SigCrc = attrs.SigCrc
+Mlx5SigT10Dif = attrs.SigT10dif
+Mlx5SigT10dif = attrs.SigT10dif
+Mlx5MrInterleaved = attrs.MrInterleaved
+Mlx5CryptoAttr = attrs.CryptoAttr
+Mlx5DEKInitAttr = attrs.DEKInitAttr
 PyverbsRDMAError = RDMAError
 
 __all__ = [
-    "CQ", "DEK", "MR", "PD", "QP", "SGE", "WC", "Context", "CryptoAttr", "Event", "Subscription", "Faults", "DEKInitAttr", "MKey",
-    "MkeyConfAttr", "MkeyErr", "Mlx5CryptoAttr", "Mlx5DEKInitAttr", "Mlx5MkeyConfAttr",
-    "Mlx5MrInterleaved", "Mlx5SigBlockAttr", "Mlx5SigBlockDomain", "Mlx5SigCrc", "Mlx5SigT10Dif",
-    "Mlx5SigT10dif", "MrInterleaved", "Node", "PyverbsRDMAError", "QPAttr", "QPCap", "QPInfo",
-    "QPInitAttr", "RDMAError", "RecvWR", "SendWR", "SigBlockAttr", "SigBlockDomain", "SigCrc",
-    "SigErr", "SigT10dif", "connect", "embedded", *C_NAMES,
+    "AsyncEvent", "CQ", "CryptoLogin", "DEK", "MR", "PD", "QP", "WC", "Context", "Event", "Subscription", "Faults", "MKey",
+    "MkeyErr", "Mlx5CryptoAttr", "Mlx5DEKInitAttr", "Mlx5MkeyConfAttr", "Mlx5MrInterleaved",
+    "Mlx5SigBlockAttr", "Mlx5SigBlockDomain", "Mlx5SigCrc", "Mlx5SigT10Dif", "Mlx5SigT10dif",
+    "Node", "PyverbsRDMAError", "QPAttr", "QPCap", "QPInfo", "QPInitAttr", "RDMAError",
+    "RecvWR", "SendWR", "SigErr", "connect", "embedded", *attrs.__all__, *C_NAMES,
 ]

@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import os
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol import records
+from ..protocol.address import split_address
 from ..protocol.attrs import (
     SGE,
     CryptoAttr,
@@ -29,18 +31,20 @@ from ..protocol.attrs import (
 from ..protocol.control import attr_to_wire, sge_to_wire
 from ..protocol.enums import (
     AccessFlags,
+    CryptoLoginState,
+    DekState,
+    EventType,
     MkeyErrType,
     Mtu,
     QpState,
     QpType,
     SendFlags,
-    WcOpcode,
-    WcStatus,
     WrOpcode,
 )
 from ..protocol.errors import RDMAError
-from ..protocol.frames import FrameDecoder, encode_frame
-from ..protocol.handshake import make_hello
+from ..protocol.frames import encode_frame
+from ..protocol.link import Link, open_link, read_frames
+from ..protocol.records import WC
 
 DEFAULT_PORT = 4791
 # Replies carry mr.read data; a client accepts bigger frames than it sends.
@@ -65,78 +69,24 @@ class Event:
     header: dict
     data: bytes
 
-class SendWR:
-    """struct ibv_send_wr, as pyverbs' SendWR (signaled by default, like pyverbs)."""
+
+class SendWR(records.SendWR):
+    """struct ibv_send_wr with pyverbs' SendWR constructor: its argument order, and
+    signaled by default, as pyverbs is. The fields and their wire form are
+    protocol.records.SendWR's."""
 
     def __init__(self, wr_id: int = 0, opcode: int = WrOpcode.SEND, num_sge: int | None = None,
                  imm_data: int | None = None, sg: list[SGE] | None = None,
                  send_flags: int = SendFlags.SIGNALED) -> None:
-        self.wr_id = wr_id
-        self.opcode = opcode
-        self.sg = list(sg or [])
-        self.num_sge = len(self.sg) if num_sge is None else num_sge
-        self.imm_data = imm_data
-        self.send_flags = send_flags
-        self.rkey = 0
-        self.remote_addr = 0
-        self.compare_add = 0
-        self.swap = 0
-        self.invalidate_rkey = 0
-
-    def set_wr_rdma(self, rkey: int, addr: int) -> None:
-        self.rkey, self.remote_addr = rkey, addr
-
-    def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
-        self.rkey, self.remote_addr, self.compare_add, self.swap = rkey, addr, compare_add, swap
-
-    def to_wire(self) -> dict:
-        w = {"wr_id": self.wr_id, "opcode": int(self.opcode),
-             "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]],
-             "send_flags": int(self.send_flags), "rkey": self.rkey,
-             "remote_addr": self.remote_addr, "compare_add": self.compare_add,
-             "swap": self.swap, "invalidate_rkey": self.invalidate_rkey}
-        if self.imm_data is not None:
-            w["imm_data"] = self.imm_data
-        return w
+        super().__init__(wr_id, opcode, list(sg or []), send_flags, imm_data, num_sge=num_sge)
 
 
-class RecvWR:
-    """struct ibv_recv_wr"""
+class RecvWR(records.RecvWR):
+    """struct ibv_recv_wr with pyverbs' RecvWR constructor (its argument order)."""
 
     def __init__(self, wr_id: int = 0, num_sge: int | None = None,
                  sg: list[SGE] | None = None) -> None:
-        self.wr_id = wr_id
-        self.sg = list(sg or [])
-        self.num_sge = len(self.sg) if num_sge is None else num_sge
-
-    def to_wire(self) -> dict:
-        return {"wr_id": self.wr_id, "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]]}
-
-
-@dataclass(frozen=True)
-class WC:
-    """struct ibv_wc"""
-
-    wr_id: int
-    status: WcStatus
-    opcode: WcOpcode
-    byte_len: int = 0
-    imm_data: int | None = None
-    qp_num: int = 0
-    wc_flags: int = 0
-    vendor_err: int = 0
-    invalidated_rkey: int = 0
-
-    @classmethod
-    def from_wire(cls, w: list) -> WC:
-        return cls(w[0], WcStatus(w[1]), WcOpcode(w[2]), w[3], w[4], w[5], w[6], w[7], w[8])
-
-    def __repr__(self) -> str:
-        return (f"WC(wr_id={self.wr_id}, status=IBV_WC_{self.status.name}, "
-                f"opcode=IBV_WC_{self.opcode.name}, byte_len={self.byte_len}, "
-                f"qp_num={self.qp_num:#x}"
-                + (f", imm_data={self.imm_data:#x}" if self.imm_data is not None else "")
-                + (f", wc_flags={self.wc_flags:#x}" if self.wc_flags else "") + ")")
+        super().__init__(wr_id, list(sg or []), num_sge)
 
 
 @dataclass
@@ -160,6 +110,8 @@ class QPInitAttr:
     cap: QPCap = field(default_factory=QPCap)
     sq_sig_all: int = 0
     send_ops_flags: int = 0
+    # mlx5dv_qp_init_attr.create_flags (MLX5DV_QP_CREATE_SIG_PIPELINING, ...).
+    create_flags: int = 0
 
 
 @dataclass
@@ -181,6 +133,8 @@ class QPAttr:
     dest_host: str | None = None
     dest_port: int | None = None
     dest_dev: str | None = None
+    cur_qp_state: int | None = None
+    en_sqd_async_notify: int | None = None
 
     def to_wire(self) -> dict:
         return {k: int(v) if isinstance(v, int) else v
@@ -227,9 +181,8 @@ class MkeyErr:
 class _Connection:
     """One control connection: requests out with ids, replies matched back to them."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 decoder: FrameDecoder, address: str) -> None:
-        self.reader, self.writer, self.decoder = reader, writer, decoder
+    def __init__(self, link: Link, address: str) -> None:
+        self.reader, self.writer, self.decoder = link.reader, link.writer, link.decoder
         self.address = address
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
@@ -238,7 +191,7 @@ class _Connection:
         # beyond that the oldest go and are counted.
         self.events: asyncio.Queue = asyncio.Queue()
         self.events_dropped = 0
-        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._task = asyncio.get_running_loop().create_task(self._read_loop(link.rest))
 
     async def request(self, verb: str, payload: bytes | memoryview = b"",
                       **fields: Any) -> tuple[dict, memoryview]:
@@ -252,14 +205,11 @@ class _Connection:
             await self.writer.drain()
         return await fut
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, frames: list) -> None:
         reason = RDMAError("ECONNRESET", f"the daemon at {self.address} closed the connection")
         try:
             while True:
-                data = await self.reader.read(1 << 18)
-                if not data:
-                    break
-                for fr in self.decoder.feed(data):
+                for fr in frames:
                     h = fr.header
                     if h.get("t") == "event":
                         if self.events.qsize() >= EVENT_QUEUE:
@@ -276,6 +226,9 @@ class _Connection:
                             fut.set_exception(err)
                     elif fut is not None and not fut.done():
                         fut.set_result((h, fr.payload))
+                frames = await read_frames(self.reader, self.decoder)
+                if not frames:
+                    break
         except (ConnectionError, RDMAError) as e:
             reason = e if isinstance(e, RDMAError) else RDMAError("ECONNRESET", str(e))
         finally:
@@ -295,70 +248,27 @@ class _Connection:
             await self._task
 
 
-def _split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        return address, DEFAULT_PORT
-    return host.strip("[]"), int(port)
-
-
 async def connect(address: str, token: bytes | str | None = None, *,
                   timeout: float = 10.0) -> Node:
     """A control session with the daemon at ``host:port``; ``token`` when it requires one.
 
     Every step is bounded by ``timeout``: an unreachable address raises RDMAError
-    (ETIMEDOUT or ECONNRESET) rather than hanging.
+    rather than hanging, with the errno that happened (ECONNREFUSED, EHOSTUNREACH,
+    ENETUNREACH, ETIMEDOUT; EHOSTUNREACH "cannot resolve host" for a failed lookup).
     """
-    host, port = _split_address(address)
+    host, port = split_address(address, DEFAULT_PORT)
     if isinstance(token, str):
         token = token.encode()
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except asyncio.TimeoutError:
-        raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
-            from None
-    except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        raise RDMAError("ECONNRESET", f"cannot connect to {host}:{port}: {reason}") from None
-    decoder = FrameDecoder(CLIENT_MAX_FRAME)
-    try:
-        frames = await asyncio.wait_for(_frames(reader, decoder), timeout)
-        first = frames[0].header
-        if first.get("t") == "err":     # refused before the HELLO (e.g. connection limit)
-            raise RDMAError(first.get("errno", "EPROTO"), first.get("msg", "refused"))
-        writer.writelines(encode_frame(make_hello(first, "control", token)))
-        frames = frames[1:] or await asyncio.wait_for(_frames(reader, decoder), timeout)
-    except asyncio.TimeoutError:
-        writer.close()
-        raise RDMAError("ETIMEDOUT", f"{host}:{port} did not complete the handshake within "
-                                     f"{timeout:g} s") from None
-    except BaseException:
-        writer.close()
-        raise
-    h = frames[0].header
-    if h.get("t") == "err":
-        writer.close()
-        raise RDMAError(h.get("errno", "EPROTO"), h.get("msg", "handshake refused"))
-    if h.get("t") != "welcome":
-        writer.close()
-        raise RDMAError("EPROTO", f"expected 'welcome' from {host}:{port}, got {h.get('t')!r}")
-    conn = _Connection(reader, writer, decoder, f"{host}:{port}")
+    link = await open_link(host, port, "control", token, timeout=timeout,
+                           max_frame=CLIENT_MAX_FRAME)
+    conn = _Connection(link, f"{host}:{port}")
+    h = link.welcome
     node = Node(conn, host, port, list(h.get("devices", [])))
     # mr.write / mr.read chunks must fit the daemon's frame limit with room for the header.
     max_frame = h.get("max_frame")
     if isinstance(max_frame, int) and max_frame > 8192:
         node.io_chunk = min(IO_CHUNK, max_frame - 4096)
     return node
-
-
-async def _frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list:
-    while True:
-        data = await reader.read(1 << 16)
-        if not data:
-            raise RDMAError("ECONNRESET", "the daemon closed the connection during the handshake")
-        frames = decoder.feed(data)
-        if frames:
-            return frames
 
 
 class _Closable:
@@ -445,7 +355,9 @@ class Node(_Closable):
 
     async def counters(self) -> dict[str, int]:
         """The daemon's wire counters: packets sent and received, dropped for a bad
-        integrity check, retransmitted, duplicates discarded, RNR retries, ..."""
+        integrity check, retransmitted, duplicates discarded, RNR retries, ...; and the
+        transfers and layouts of signature MKEYs that were not whole protection blocks
+        (``partial_block_*``, in all and per MKEY: docs/blocks.md)."""
         h, _ = await self.request("counters")
         return h["counters"]
 
@@ -469,6 +381,22 @@ class Context(_Closable):
 
     def __init__(self, node: Node, handle: int, name: str) -> None:
         self.node, self.handle, self.name = node, handle, name
+        # QPs of this context by handle, so that an async event names the QP object.
+        self._qps: weakref.WeakValueDictionary[int, QP] = weakref.WeakValueDictionary()
+
+    async def get_async_event(self, timeout: float | None = None) -> AsyncEvent | None:
+        """ibv_get_async_event(3): the context's oldest async event (e.g.
+        IBV_EVENT_SQ_DRAINED with ``qp``), waiting up to ``timeout`` s (None: until one
+        comes); None when the time ran out. Acknowledge it with ``await event.ack()``."""
+        while True:
+            wait = 3600.0 if timeout is None else min(float(timeout), 3600.0)
+            h, _ = await self.node.request("get_async_event", ctx=self.handle, timeout=wait)
+            ev = h["event"]
+            if ev is not None:
+                return AsyncEvent(self, ev["event"], EventType(ev["event_type"]),
+                                  self._qps.get(ev.get("qp")), ev.get("qp_num"))
+            if timeout is not None:
+                return None
 
     async def query_device(self) -> dict:
         h, _ = await self.node.request("query_device", ctx=self.handle)
@@ -482,15 +410,60 @@ class Context(_Closable):
         h, _ = await self.node.request("create_cq", ctx=self.handle, cqe=cqe)
         return CQ(self, h["cq"], cqe)
 
-    async def create_dek(self, attr: DEKInitAttr) -> DEK:
+    async def create_dek(self, attr: DEKInitAttr, **fields: Any) -> DEK:
+        """mlx5dv_dek_create(3). ``fields`` (e.g. ``crypto_login=login_obj,
+        comp_mask=MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN``) override attr's fields. The key
+        is plaintext or wrapped as the device's import method and the login say
+        (docs/crypto-import.md)."""
+        if fields:
+            attr = dataclasses.replace(attr, **fields)
         pd = attr.pd
         if not isinstance(pd, PD):
             raise RDMAError("EINVAL", "mlx5dv_dek_create needs attr.pd, a PD of this context")
+        login = attr.crypto_login
+        if login is not None and not isinstance(login, CryptoLogin):
+            raise RDMAError("EINVAL", "crypto_login must be a CryptoLogin from "
+                                      "ctx.create_crypto_login() or None")
         h, _ = await self.node.request(
             "create_dek", ctx=self.handle, pd=pd.handle, key_size=int(attr.key_size),
             key=bytes(attr.key), has_keytag=bool(attr.has_keytag), keytag=bytes(attr.keytag),
-            key_purpose=int(attr.key_purpose))
+            key_purpose=int(attr.key_purpose), opaque=bytes(attr.opaque),
+            comp_mask=int(attr.comp_mask), crypto_login=login.handle if login else 0)
         return DEK(self, h["dek"])
+
+    async def query_mlx5_device(self) -> dict:
+        """mlx5dv_query_device(3): ``crypto_caps`` (failed_selftests, crypto_engines,
+        wrapped_import_method, log_max_num_deks, flags) as struct mlx5dv_crypto_caps."""
+        h, _ = await self.node.request("query_mlx5_device", ctx=self.handle)
+        return h["attr"]
+
+    async def crypto_login(self, credential: bytes, import_kek_id: int, *,
+                           credential_id: int = 0, comp_mask: int = 0) -> None:
+        """mlx5dv_crypto_login(3): a crypto login session on this context. EEXIST when one
+        exists; EINVAL for a credential, credential_id or import_kek_id the device does not
+        accept; EOPNOTSUPP on a device in plaintext import method."""
+        await self.node.request("crypto_login", ctx=self.handle, credential=bytes(credential),
+                                import_kek_id=int(import_kek_id),
+                                credential_id=int(credential_id), comp_mask=int(comp_mask))
+
+    async def query_login_state(self) -> CryptoLoginState:
+        """mlx5dv_crypto_login_query_state(3): MLX5DV_CRYPTO_LOGIN_STATE_*."""
+        h, _ = await self.node.request("crypto_login_query_state", ctx=self.handle)
+        return CryptoLoginState(h["state"])
+
+    async def crypto_logout(self) -> None:
+        """mlx5dv_crypto_logout(3); ENOENT without a session."""
+        await self.node.request("crypto_logout", ctx=self.handle)
+
+    async def create_crypto_login(self, credential: bytes, import_kek_id: int, *,
+                                  credential_id: int = 0, comp_mask: int = 0) -> CryptoLogin:
+        """mlx5dv_crypto_login_create(3): one crypto login object per context (EEXIST)."""
+        h, _ = await self.node.request("create_crypto_login", ctx=self.handle,
+                                       credential=bytes(credential),
+                                       import_kek_id=int(import_kek_id),
+                                       credential_id=int(credential_id),
+                                       comp_mask=int(comp_mask))
+        return CryptoLogin(self, h["login"])
 
     async def close(self) -> None:
         await self.node.request("close_device", ctx=self.handle)
@@ -518,7 +491,8 @@ class PD(_Closable):
             qp_type=int(a.qp_type), max_send_wr=a.cap.max_send_wr,
             max_recv_wr=a.cap.max_recv_wr, max_send_sge=a.cap.max_send_sge,
             max_recv_sge=a.cap.max_recv_sge, max_inline_data=a.cap.max_inline_data,
-            sq_sig_all=bool(a.sq_sig_all), send_ops_flags=int(a.send_ops_flags))
+            sq_sig_all=bool(a.sq_sig_all), send_ops_flags=int(a.send_ops_flags),
+            create_flags=int(a.create_flags))
         return QP(self, h["qp"], h["qp_num"], init_attr)
 
     async def create_mkey(self, create_flags: int, max_entries: int = 1) -> MKey:
@@ -605,11 +579,47 @@ class MKey(_Closable):
         await self.pd.node.request("destroy_mkey", mkey=self.handle)
 
 
+@dataclass
+class AsyncEvent:
+    """struct ibv_async_event: ``event_type`` and the QP it is about (``qp``, the QP
+    object of this context, and ``qp_num``)."""
+
+    ctx: Context
+    id: int
+    event_type: EventType
+    qp: QP | None = None
+    qp_num: int | None = None
+
+    async def ack(self) -> None:
+        """ibv_ack_async_event(3); EINVAL when already acknowledged."""
+        await self.ctx.node.request("ack_async_event", event=self.id)
+
+
+class CryptoLogin(_Closable):
+    """mlx5dv_crypto_login_obj"""
+
+    def __init__(self, ctx: Context, handle: int) -> None:
+        self.ctx, self.handle = ctx, handle
+
+    async def query_state(self) -> CryptoLoginState:
+        """mlx5dv_crypto_login_query(3)'s state."""
+        h, _ = await self.ctx.node.request("crypto_login_query", login=self.handle)
+        return CryptoLoginState(h["state"])
+
+    async def close(self) -> None:
+        await self.ctx.node.request("destroy_crypto_login", login=self.handle)
+
+
 class DEK(_Closable):
     """mlx5dv_dek"""
 
     def __init__(self, ctx: Context, handle: int) -> None:
         self.ctx, self.handle = ctx, handle
+
+    async def query(self) -> tuple[DekState, bytes]:
+        """mlx5dv_dek_query(3): (state, opaque). A wrapped DEK needs a valid crypto login."""
+        h, _ = await self.ctx.node.request("query_dek", dek=self.handle)
+        return DekState(h["state"]), bytes(h["opaque"])
 
     async def close(self) -> None:
         await self.ctx.node.request("destroy_dek", dek=self.handle)
@@ -620,6 +630,7 @@ class QP(_Closable):
 
     def __init__(self, pd: PD, handle: int, qp_num: int, init_attr: QPInitAttr) -> None:
         self.pd, self.handle, self.qp_num, self.init_attr = pd, handle, qp_num, init_attr
+        pd.ctx._qps[handle] = self
         self.sq_sig_all = bool(init_attr.sq_sig_all)
         self.wr_id = 0
         self.wr_flags = 0
@@ -664,6 +675,13 @@ class QP(_Closable):
                                  min_rnr_timer=min_rnr_timer))
         await self.to_rts(QPAttr(sq_psn=sq_psn, timeout=timeout, retry_cnt=retry_cnt,
                                  rnr_retry=rnr_retry, min_rnr_timer=min_rnr_timer))
+
+    async def cancel_posted_send_wrs(self, wr_id: int) -> int:
+        """mlx5dv_qp_cancel_posted_send_wrs(3): in SQD, the not yet started WRs with
+        ``wr_id`` become NOPs; returns how many. EINVAL outside SQD."""
+        h, _ = await self.node.request("cancel_posted_send_wrs", qp=self.handle,
+                                       wr_id=int(wr_id))
+        return h["canceled"]
 
     # -- posting ------------------------------------------------------------------------
     async def post_send(self, wr: SendWR | Iterable[SendWR]) -> None:
@@ -729,21 +747,9 @@ class QP(_Closable):
         """One configure WR as mlx5dv_wr_mkey_configure(3)'s examples post it: ibv_wr_start,
         mlx5dv_wr_mkey_configure announcing one setter per attribute given, those setters,
         ibv_wr_complete. The engine's MkeyConfigureBuilder.post_configure, over the wire."""
-        layout = sges if sges is not None else interleaved
-        given = [a for a in (access, layout, sig, crypto) if a is not None]
-        self.wr_start()
-        self.wr_id, self.wr_flags = wr_id, wr_flags
-        self.wr_mkey_configure(mkey, len(given), MkeyConfAttr(conf_flags=conf_flags))
-        if access is not None:
-            self.wr_set_mkey_access_flags(access)
-        if sges is not None:
-            self.wr_set_mkey_layout_list(sges)
-        elif interleaved is not None:
-            self.wr_set_mkey_layout_interleaved(*interleaved)
-        if sig is not None:
-            self.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            self.wr_set_mkey_crypto(crypto)
+        records.build_configure_wr(self, mkey, access=access, sges=sges,
+                                   interleaved=interleaved, sig=sig, crypto=crypto,
+                                   conf_flags=conf_flags, wr_id=wr_id, wr_flags=wr_flags)
         await self.wr_complete()
 
     async def close(self) -> None:
@@ -754,18 +760,34 @@ class QP(_Closable):
 
 class embedded:  # noqa: N801 - a function-like async context manager, as docs/api.md spells it
     """``async with embedded() as node``: a daemon in this process on a loopback port, and
-    a control session with it. Leaving the block closes both."""
+    a control session with it. Leaving the block closes both.
+
+    ``crypto_config`` fixes the devices' crypto import method, KEK and credential
+    (docs/crypto-import.md): a dict such as ``{"mode": "wrapped"}``, a JSON file's path
+    or JSON text; without it, the environment variable SOFTHCA_CRYPTO_CONFIG (the
+    same forms), else plaintext import."""
 
     def __init__(self, hcas: tuple[str, ...] = ("mlx5_0",), *, token: bytes | None = None,
-                 host: str = "127.0.0.1", **daemon_options: Any) -> None:
+                 host: str = "127.0.0.1", crypto_config: Any = None,
+                 **daemon_options: Any) -> None:
         self.hcas, self.token, self.host, self.options = hcas, token, host, daemon_options
+        self.crypto_config = crypto_config
         self.daemon = None
         self.node: Node | None = None
 
     async def __aenter__(self) -> Node:
+        from ..server.crypto_config import crypto_config_from_env, load_crypto_config
         from ..server.daemon import Daemon
+        from ..server.logs import default_handler
 
-        self.daemon = Daemon(self.hcas, self.host, 0, self.token, **self.options)
+        default_handler()
+        try:
+            crypto = (crypto_config_from_env() if self.crypto_config is None
+                      else load_crypto_config(self.crypto_config))
+        except ValueError as e:
+            raise RDMAError("EINVAL", str(e)) from None
+        self.daemon = Daemon(self.hcas, self.host, 0, self.token, crypto=crypto,
+                             **self.options)
         await self.daemon.start()
         try:
             self.node = await connect(self.daemon.address, self.token)

@@ -5,6 +5,7 @@
 - ``signature``: the sig setter's rules and per-block check / copy / generate / strip.
 - ``guards``: T10-DIF, CRC32, CRC32C, CRC64_XP10 and IP checksum guards, many blocks a call.
 - ``crypto`` and ``xts``: the crypto setter's rules and batched AES-XTS.
+- ``crypto_login``: the device's crypto import method, crypto login, wrapped DEK import.
 - ``transfer``: TX (memory to wire) and RX (wire to memory) through a key.
 - ``completion``: which ibv_wc_status a failed transfer gives.
 - ``rc``: the RC QP (sans-I/O), composed of ``rc_requester`` (the send queue) and

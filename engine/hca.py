@@ -14,8 +14,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..protocol.attrs import DEKInitAttr
-from ..protocol.enums import AccessFlags, CryptoKeySize, DekState, MkeyInitAttrFlags
+from ..protocol.enums import (
+    AccessFlags,
+    CryptoKeyPurpose,
+    CryptoKeySize,
+    DekState,
+    MkeyInitAttrFlags,
+)
 from ..protocol.errors import RDMAError, einval
+from .crypto_login import (
+    DEK_INIT_ATTR_CRYPTO_LOGIN,
+    KEYTAG_BYTES,
+    LOG_MAX_NUM_DEKS,
+    CryptoLogin,
+    DeviceCrypto,
+    unwrap_dek,
+)
+from .mkey import MKey
 from .xts import xts_transform
 
 # Virtual addresses handed to MRs start here and stay page aligned, like a
@@ -84,6 +99,10 @@ class DEK:
     has_keytag: bool
     keytag: bytes
     state: int = DekState.READY
+    # mlx5dv_dek_attr.opaque: plaintext metadata, returned by mlx5dv_dek_query.
+    opaque: bytes = b""
+    # Imported wrapped (querying it then needs a valid crypto login, mlx5dv_dek_create(3)).
+    wrapped: bool = False
 
     def transform(self, data, unit_size: int, first_unit: int, initial_tweak: int,
                   encrypt: bool) -> bytes:
@@ -93,8 +112,16 @@ class DEK:
 class HCA:
     """One simulated mlx5 device (``mlx5_0``) and the host memory behind it."""
 
-    def __init__(self, name: str = "mlx5_0") -> None:
+    def __init__(self, name: str = "mlx5_0", crypto: DeviceCrypto | None = None, *,
+                 strict_blocks: bool = False) -> None:
         self.name = name
+        # The crypto import method, KEK and credential, fixed for the device's life.
+        self.crypto = crypto or DeviceCrypto()
+        # docs/blocks.md: with strict_blocks a signature MKEY's layout and every
+        # transfer through it must be whole protection blocks; without, a trailing
+        # partial block passes as plain data and is only counted.
+        self.strict_blocks = strict_blocks
+        self.partial_blocks = {"partial_block_transfers": 0, "partial_block_layouts": 0}
         self._handles = itertools.count(1)
         # Key index in the upper 24 bits, an 8-bit variant in the lower, as mlx5
         # keys look; start away from 0 so that a zero key is always unknown.
@@ -118,9 +145,11 @@ class HCA:
             raise einval(f"ibv_reg_mr length {length} must be positive")
         if access & ~MR_ACCESS:
             raise einval(f"ibv_reg_mr access {access:#x} has flags outside {int(MR_ACCESS):#x}")
-        # ibv_reg_mr(3): remote write needs local write.
-        if access & AccessFlags.REMOTE_WRITE and not access & AccessFlags.LOCAL_WRITE:
-            raise einval("IBV_ACCESS_REMOTE_WRITE requires IBV_ACCESS_LOCAL_WRITE")
+        # ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set,
+        # then IBV_ACCESS_LOCAL_WRITE must be set too."
+        for flag in (AccessFlags.REMOTE_WRITE, AccessFlags.REMOTE_ATOMIC):
+            if access & flag and not access & AccessFlags.LOCAL_WRITE:
+                raise einval(f"IBV_ACCESS_{flag.name} requires IBV_ACCESS_LOCAL_WRITE")
         addr = self._next_va
         self._next_va += (length + PAGE - 1) // PAGE * PAGE + PAGE
         mr = MR(pd, addr, length, access, self.new_key(), np.zeros(length, dtype=np.uint8))
@@ -131,24 +160,66 @@ class HCA:
         mr.valid = False
         self.keys.pop(mr.lkey, None)
 
-    def create_dek(self, attr: DEKInitAttr) -> DEK:
+    def create_dek(self, attr: DEKInitAttr, session_login: CryptoLogin | None = None) -> DEK:
+        """mlx5dv_dek_create(3). The key is plaintext or wrapped as the crypto login says:
+        with MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN, ``attr.crypto_login`` (None: plaintext);
+        without it (the old API), the context's login session ``session_login`` on a
+        wrapped-import device, plaintext otherwise (docs/crypto-import.md)."""
         pd = attr.pd
         if not isinstance(pd, PD) or pd.hca is not self:
             raise einval("mlx5dv_dek_create needs a PD of this device")
         want = DEK_KEY_BYTES.get(attr.key_size)
         if want is None:
             raise einval(f"key_size {attr.key_size} is not MLX5DV_CRYPTO_KEY_SIZE_128 or _256")
+        if attr.key_purpose != CryptoKeyPurpose.AES_XTS:
+            raise einval(f"key_purpose {attr.key_purpose} is not "
+                         "MLX5DV_CRYPTO_KEY_PURPOSE_AES_XTS")
+        if attr.comp_mask & ~DEK_INIT_ATTR_CRYPTO_LOGIN:
+            raise einval(f"comp_mask {attr.comp_mask:#x} has bits other than "
+                         "MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN")
+        if attr.comp_mask & DEK_INIT_ATTR_CRYPTO_LOGIN:
+            lg = attr.crypto_login
+        elif attr.crypto_login is not None:
+            raise einval("crypto_login must be NULL when MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN is "
+                         "not set in comp_mask")
+        else:
+            lg = session_login if self.crypto.wrapped else None
+        if lg is not None and not isinstance(lg, CryptoLogin):
+            raise einval("crypto_login is not a crypto login object of this device")
+        if len(attr.opaque) > 8:
+            raise einval(f"opaque is char[8], got {len(attr.opaque)} bytes")
+        if len(self.deks) >= 1 << LOG_MAX_NUM_DEKS:
+            raise RDMAError("ENOMEM", f"{self.name} holds {len(self.deks)} DEKs, its "
+                                      f"log_max_num_deks is {LOG_MAX_NUM_DEKS}")
         key = bytes(attr.key)
+        keytag = bytes(attr.keytag) if attr.has_keytag else None
+        if self.crypto.wrapped:
+            if lg is None:
+                raise einval("this device imports DEKs wrapped only "
+                             "(MLX5DV_CRYPTO_WRAPPED_IMPORT_METHOD_CAP_AES_XTS): create the DEK "
+                             "in a crypto login session (mlx5dv_crypto_login) or with a crypto "
+                             "login object (MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN)")
+            if lg.device is not self.crypto:
+                raise einval("crypto_login belongs to another device")
+            key, tag = unwrap_dek(lg, key, attr.key_size, bool(attr.has_keytag))
+            keytag = tag if tag is not None else keytag
+        elif lg is not None:
+            raise einval("this device imports DEKs in plaintext only: crypto_login must be NULL")
+        elif attr.has_keytag and len(key) == want + KEYTAG_BYTES:
+            # mlx5dv_dek_create(3)'s table: a plaintext key with a keytag is
+            # key1 + key2 + keytag_64b.
+            key, keytag = key[:want], key[want:]
         if len(key) != want:
             raise einval(f"an AES-XTS DEK of key_size {attr.key_size} takes {want} bytes "
                          f"(key1 || key2), got {len(key)}")
         # IEEE 1619-2007 5.1 / FIPS-mode devices and OpenSSL refuse key1 == key2.
         if key[:want // 2] == key[want // 2:]:
             raise einval("AES-XTS key halves must differ (key1 == key2 is refused)")
-        if attr.has_keytag and len(attr.keytag) != 8:
+        if attr.has_keytag and len(keytag) != KEYTAG_BYTES:
             raise einval("a DEK keytag is 8 bytes")
         dek = DEK(pd, next(self._handles), attr.key_size, key, bool(attr.has_keytag),
-                  bytes(attr.keytag) if attr.has_keytag else bytes(8))
+                  keytag if attr.has_keytag else bytes(8), opaque=bytes(attr.opaque),
+                  wrapped=self.crypto.wrapped)
         self.deks[dek.handle] = dek
         return dek
 
@@ -156,9 +227,7 @@ class HCA:
         dek.state = DekState.ERROR
         self.deks.pop(dek.handle, None)
 
-    def create_mkey(self, pd: PD, create_flags: int, max_entries: int):
-        from .mkey import MKey
-
+    def create_mkey(self, pd: PD, create_flags: int, max_entries: int) -> MKey:
         if not create_flags & MkeyInitAttrFlags.INDIRECT:
             raise einval("mlx5dv_create_mkey needs MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT")
         if create_flags & ~MKEY_CREATE_FLAGS:
@@ -169,13 +238,6 @@ class HCA:
         self.keys[mkey.lkey] = mkey
         return mkey
 
-    def destroy_mkey(self, mkey) -> None:
+    def destroy_mkey(self, mkey: MKey) -> None:
         mkey.invalidate()
         self.keys.pop(mkey.lkey, None)
-
-    def lookup_dek(self, dek) -> DEK:
-        handle = dek.handle if isinstance(dek, DEK) else dek
-        found = self.deks.get(handle) if isinstance(handle, int) else None
-        if found is None:
-            raise RDMAError("EINVAL", f"DEK {handle!r} is unknown on {self.name}")
-        return found

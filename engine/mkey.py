@@ -8,14 +8,19 @@ its layout's pieces, the memory domain.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..protocol.enums import MkeyErrType, MkeyInitAttrFlags
 from ..protocol.errors import einval
 from .completion import Fault, TransferError
-from .hca import MR, PD
 from .signature import NO_SIG_ERROR, SigConfig, SigError
+
+if TYPE_CHECKING:
+    # For the annotations only: hca.py creates MKEYs (HCA.create_mkey), so the engine's
+    # objects depend one way, hca -> mkey.
+    from .hca import MR, PD
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,19 @@ class MKey:
         self.sig: SigConfig | None = None
         self.crypto = None
         self.sig_error: SigError | None = None
+        # Not whole protection blocks (docs/blocks.md): configures that left a layout
+        # of a partial block, transfers whose length ended in one.
+        self.partial_block_layouts = 0
+        self.partial_block_transfers = 0
+
+    def count_partial(self, what: str) -> int:
+        """One more partial-block ``what`` ("layouts" or "transfers") on this MKEY and
+        its device; returns this MKEY's count."""
+        name = f"partial_block_{what}"
+        n = getattr(self, name) + 1
+        setattr(self, name, n)
+        self.pd.hca.partial_blocks[name] += 1
+        return n
 
     @property
     def rkey(self) -> int:
@@ -96,9 +114,14 @@ class MKey:
             self.sig_error = error
 
     def mkey_check(self) -> SigError:
-        """mlx5dv_mkey_check(3): the latched error, cleared by reading it."""
-        if self.sig is None:
-            raise einval(f"MKEY {self.lkey:#x} has no signature attributes to check")
+        """mlx5dv_mkey_check(3): the latched error, cleared by reading it. EINVAL only for
+        an MKEY created without MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE: one created
+        with it answers MLX5DV_MKEY_NO_ERR even while configured without signature (the
+        mlx5 provider keeps the signature context from mlx5dv_create_mkey on; rdma-core's
+        test_mlx5_mkey checks such an MKEY)."""
+        if not self.create_flags & MkeyInitAttrFlags.BLOCK_SIGNATURE:
+            raise einval(f"MKEY {self.lkey:#x} was not created with "
+                         "MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE: nothing to check")
         err, self.sig_error = self.sig_error or NO_SIG_ERROR, None
         return err
 

@@ -22,6 +22,7 @@ from ..protocol.enums import (
     WcOpcode,
 )
 from ..protocol.errors import RDMAError, einval, eopnotsupp
+from ..protocol.records import build_configure_wr
 from .crypto import validate_crypto_attr
 from .hca import MR, PD
 from .mkey import Layout, MKey
@@ -66,6 +67,7 @@ class _Applied:
     reset_sig: bool
     sig: Any
     crypto: Any
+    partial_layout: bool = False
 
 
 class MkeyConfigureBuilder:
@@ -162,21 +164,9 @@ class MkeyConfigureBuilder:
         """One configure WR as mlx5dv_wr_mkey_configure(3)'s examples post it: the
         builder, one setter per attribute given (num_setters counted from them), then
         wr_complete. The verbs sequence itself stays available for tests of misuse."""
-        layout = sges if sges is not None else interleaved
-        given = [a for a in (access, layout, sig, crypto) if a is not None]
-        self.wr_start()
-        self.wr_id, self.wr_flags = wr_id, wr_flags
-        self.wr_mkey_configure(mkey, len(given), MkeyConfAttr(conf_flags=conf_flags))
-        if access is not None:
-            self.wr_set_mkey_access_flags(access)
-        if sges is not None:
-            self.wr_set_mkey_layout_list(sges)
-        elif interleaved is not None:
-            self.wr_set_mkey_layout_interleaved(*interleaved)
-        if sig is not None:
-            self.wr_set_mkey_sig_block(sig)
-        if crypto is not None:
-            self.wr_set_mkey_crypto(crypto)
+        build_configure_wr(self, mkey, access=access, sges=sges, interleaved=interleaved,
+                           sig=sig, crypto=crypto, conf_flags=conf_flags, wr_id=wr_id,
+                           wr_flags=wr_flags)
         return self.wr_complete()
 
     def wr_complete(self) -> list[PostedConfigure]:
@@ -218,7 +208,22 @@ class MkeyConfigureBuilder:
                              "MLX5DV_MKEY_INIT_ATTR_FLAGS_CRYPTO")
             crypto = validate_crypto_attr(s[CRYPTO], self.pd)
         reset = bool(wr.conf_attr.conf_flags & MkeyConfFlags.RESET_SIG_ATTR)
-        return _Applied(mkey, access, layout, reset, sig, crypto)
+        partial = _partial_layout(self.pd, mkey, layout or mkey.layout,
+                                  sig if sig is not None or reset else mkey.sig)
+        return _Applied(mkey, access, layout, reset, sig, crypto, partial)
+
+
+def _partial_layout(pd: PD, mkey: MKey, layout: Layout | None, sig) -> bool:
+    """Whether the layout the MKEY will have ends in a partial protection block of the
+    signature it will have; refused (EINVAL) on a strict_blocks device (docs/blocks.md)."""
+    if layout is None or sig is None:
+        return False
+    tail = layout.length % sig.mem_width
+    if tail and pd.hca.strict_blocks:
+        raise einval(f"layout of {layout.length} bytes is not a whole number of "
+                     f"{sig.mem_width}-byte protection blocks in the memory domain "
+                     f"({tail} bytes over); this device runs with strict blocks")
+    return bool(tail)
 
 
 def _layout_mr(pd: PD, lkey: int, addr: int, length: int, what: str) -> tuple[MR, int]:
@@ -280,4 +285,6 @@ def _apply(a: _Applied) -> None:
         mkey.sig_error = None
     if a.crypto is not None:
         mkey.crypto = a.crypto
+    if a.partial_layout:
+        mkey.count_partial("layouts")
     mkey.valid = True

@@ -63,9 +63,8 @@ KEPT_IF_ABSENT = (M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS | M.MAX_DEST_RD_ATOMIC
                   | M.RNR_RETRY | M.TIMEOUT)
 
 # Attributes of struct ibv_qp_attr that name no modelled feature: automatic path
-# migration (alternate path, migration state), resizing the queues, and the SQD
-# drained event.
-NOT_MODELLED = M.ALT_PATH | M.PATH_MIG_STATE | M.CAP | M.EN_SQD_ASYNC_NOTIFY
+# migration (alternate path, migration state) and resizing the queues.
+NOT_MODELLED = M.ALT_PATH | M.PATH_MIG_STATE | M.CAP
 
 # The struct ibv_qp_attr field each mask bit applies. AV is the peer's address: on this
 # wire, a daemon's dest_host and dest_port (and optionally dest_dev).
@@ -147,6 +146,7 @@ _CHECKS = {
     M.MAX_DEST_RD_ATOMIC: _uint(8), M.ACCESS_FLAGS: _uint(32),
     # One port, one P_Key.
     M.PKEY_INDEX: lambda v: v == 0, M.PORT: lambda v: v == 1,
+    M.EN_SQD_ASYNC_NOTIFY: _uint(1),
 }
 _RULES = {
     M.PATH_MTU: "is not an enum ibv_mtu value", M.DEST_QPN: "is not a QP number",
@@ -156,6 +156,7 @@ _RULES = {
     M.MAX_QP_RD_ATOMIC: "must be 1..255", M.MAX_DEST_RD_ATOMIC: "must be 0..255",
     M.ACCESS_FLAGS: "is not an access flags word",
     M.PKEY_INDEX: "must be 0 (one P_Key)", M.PORT: "must be 1 (one port)",
+    M.EN_SQD_ASYNC_NOTIFY: "must be 0 or 1",
 }
 
 

@@ -4,7 +4,8 @@ the packets; ``next_deadline()`` says when the timers want ``poll_packets`` agai
 
 One RCQP is both a requester (its send queue, engine/rc_requester.py) and a responder
 (its receive queue, engine/rc_responder.py), as an IBTA RC QP is and as rxe splits it;
-the QP holds what they share: its state (engine/qp_state.py), attributes and CQs.
+the QP holds what they share: its state (engine/qp_state.py), attributes, CQs and
+asynchronous events (``take_events``). The WR and WC records are protocol/records.py's.
 Completions go to two CQs, as with ibv_create_qp's send_cq and recv_cq:
 ``poll_send_cq()`` and ``poll_recv_cq()``; ``poll_cq()`` returns both (send
 completions first).
@@ -16,9 +17,10 @@ Modelled:
   transition requires and allows, timeout and min_rnr_timer as IBTA codes. An illegal
   transition, attribute or value raises EINVAL and changes nothing. In SQD the
   requester finishes the messages it has started and starts no new WR (local ones
-  included) until SQD -> RTS. RESET empties both queues without completions. ERR
-  flushes every outstanding WR with WR_FLUSH_ERR, and a WR posted in ERR completes at
-  once with WR_FLUSH_ERR.
+  included) until SQD -> RTS; with en_sqd_async_notify, IBV_EVENT_SQ_DRAINED is raised
+  (``take_events``) once nothing it started is outstanding. RESET empties both queues
+  without completions. ERR flushes every outstanding WR with WR_FLUSH_ERR, and a WR
+  posted in ERR completes at once with WR_FLUSH_ERR.
 - SEND, SEND_WITH_IMM, SEND_WITH_INV, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ,
   segmented to the path MTU with the IBTA BTH opcodes; 24-bit PSNs modulo 2^24; a READ of
   n response packets takes n PSNs of the requester's sequence, as in the IBTA RC transport.
@@ -67,13 +69,19 @@ Modelled:
 - qp_access_flags: an RDMA WRITE, READ or atomic the QP does not enable (REMOTE_WRITE,
   REMOTE_READ, REMOTE_ATOMIC) is NAKed Invalid Request and the responder goes to ERR,
   as rxe's check_op_valid does; a QP never given the flags enables all three.
+- Signature pipelining (mlx5dv_create_qp(3) MLX5DV_QP_CREATE_SIG_PIPELINING,
+  mlx5dv_qp_cancel_posted_send_wrs(3)): a signature error in a transfer of the
+  requester (its gather, or a READ response's scatter) makes the QP stop in SQD before
+  the next WR with IBV_SEND_FENCE starts; IBV_EVENT_SQ_DRAINED follows once nothing it
+  started is outstanding. ``cancel_posted_send_wrs`` turns the unstarted WRs with a
+  wr_id into NOPs; SQD -> RTS resumes.
 
 Not modelled yet:
 
-- BIND_MW, TSO and memory windows: posting them raises EOPNOTSUPP. IBV_SEND_FENCE and
-  IBV_SEND_SOLICITED are accepted and have no effect (no fence wait, no solicited events).
-- The SQ-drained asynchronous event of SQD (EN_SQD_ASYNC_NOTIFY is EOPNOTSUPP),
-  alternate paths and path migration (EOPNOTSUPP), max_dest_rd_atomic as a limit on
+- BIND_MW, TSO and memory windows: posting them raises EOPNOTSUPP. IBV_SEND_SOLICITED
+  is accepted and has no effect (no solicited events); IBV_SEND_FENCE only where
+  signature pipelining gives it one (above), no fence wait otherwise.
+- Alternate paths and path migration (EOPNOTSUPP), max_dest_rd_atomic as a limit on
   the READs and atomics in flight towards the responder (it sizes the saved atomic
   results only), the responder's RNR timer value carried in the NAK (the requester waits
   its own min_rnr_timer), and MSN checking by the requester.
@@ -94,11 +102,10 @@ Not modelled yet:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from ..protocol.attrs import SGE
 from ..protocol.enums import (
     AccessFlags,
+    EventType,
     MkeyInitAttrFlags,
     Mtu,
     QpAttrMask,
@@ -110,6 +117,7 @@ from ..protocol.enums import (
 from ..protocol.errors import einval
 from ..protocol.opcodes import Op, with_any
 from ..protocol.packets import Packet
+from ..protocol.records import WC, RecvWR, SendWR
 from . import qp_state, transfer
 from .hca import PD
 from .mkey import MKey
@@ -138,58 +146,12 @@ _SETTERS = {
 }
 
 
-# -- records -----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SendWR:
-    """struct ibv_send_wr (rdma.rkey / rdma.remote_addr flattened)."""
-
-    wr_id: int
-    opcode: WrOpcode
-    sg: list[SGE] = field(default_factory=list)
-    send_flags: int = 0
-    imm_data: int | None = None
-    rkey: int = 0
-    remote_addr: int = 0
-    # wr.atomic: compare_add is the compare value of CMP_AND_SWP and the addend of
-    # FETCH_AND_ADD; swap is CMP_AND_SWP's new value. The rkey and remote_addr above.
-    compare_add: int = 0
-    swap: int = 0
-    # invalidate_rkey of SEND_WITH_INV and LOCAL_INV.
-    invalidate_rkey: int = 0
-
-
-@dataclass(frozen=True)
-class RecvWR:
-    """struct ibv_recv_wr"""
-
-    wr_id: int
-    sg: list[SGE] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class WC:
-    """struct ibv_wc"""
-
-    wr_id: int
-    status: WcStatus
-    opcode: WcOpcode
-    byte_len: int
-    qp_num: int
-    imm_data: int | None = None
-    wc_flags: int = 0
-    # The IETH key of a SEND_WITH_INV receive (IBV_WC_WITH_INV); the C struct shares
-    # the field with imm_data.
-    invalidated_rkey: int = 0
-    vendor_err: int = 0
-
-
 class RCQP:
     """An RC QP of ``pd``: post WRs, exchange packets, poll completions."""
 
     def __init__(self, pd: PD, qp_num: int, sq_depth: int = 128, rq_depth: int = 128,
                  sq_sig_all: bool = False, max_inline_data: int = 256,
-                 max_rd_atomic: int = 16) -> None:
+                 max_rd_atomic: int = 16, sig_pipelining: bool = False) -> None:
         if max_inline_data < 0:
             raise einval(f"max_inline_data {max_inline_data} must not be negative")
         # Zero would let no READ or atomic ever go: the WR would wait forever.
@@ -203,6 +165,11 @@ class RCQP:
         self.max_inline_data = max_inline_data
         self.max_rd_atomic = max_rd_atomic
         self.state = QpState.RESET
+        # mlx5dv_create_qp(3) MLX5DV_QP_CREATE_SIG_PIPELINING: a signature error stops
+        # the send queue in SQD before the next WR with IBV_SEND_FENCE (the requester's).
+        self.sig_pipelining = sig_pipelining
+        # Asynchronous events (enum ibv_event_type) for the QP's context, oldest first.
+        self.events: list[EventType] = []
         self.dest_qp = 0
         self.mtu = Mtu.MTU_1024.nbytes
         self.timeout_s = qp_state.ack_timeout_s(qp_state.DEFAULT_TIMEOUT)
@@ -259,14 +226,39 @@ class RCQP:
         engine/qp_state.py. ibv_modify_qp(3): "If any of the modify attributes or the
         modify mask are invalid, none of the attributes will be modified (including the
         QP state)": everything is checked before anything changes."""
-        nxt, values = qp_state.check(QpState(self.state), attr, attr_mask)
+        cur = QpState(self.state)
+        nxt, values = qp_state.check(cur, attr, attr_mask)
         self._apply(values)
         if nxt == QpState.ERR:
             self.enter_err()
         elif nxt == QpState.RESET:
             self._reset()
         else:
+            if nxt == QpState.SQD and cur != QpState.SQD:
+                self.enter_sqd(bool(values.get(QpAttrMask.EN_SQD_ASYNC_NOTIFY, 0)))
+            elif cur == QpState.SQD and nxt == QpState.RTS:
+                # mlx5dv_qp_cancel_posted_send_wrs(3) step 4: back to RTS, the send
+                # queue resumes (canceled WRs complete as NOPs).
+                self.requester.resume()
             self.state = nxt
+
+    def enter_sqd(self, notify: bool) -> None:
+        """The send queue drains: started WRs finish, none starts; IBV_EVENT_SQ_DRAINED
+        is raised once nothing started is outstanding, if ``notify``."""
+        self.state = QpState.SQD
+        self.requester.drain(notify)
+
+    def take_events(self) -> list[EventType]:
+        out, self.events = self.events, []
+        return out
+
+    def cancel_posted_send_wrs(self, wr_id: int) -> int:
+        """mlx5dv_qp_cancel_posted_send_wrs(3): in SQD, every WR with ``wr_id`` that has
+        not started becomes a NOP that completes as it was signaled, with its own opcode
+        (or is flushed if the QP goes to ERR); the number canceled. libmlx5 counts a WR
+        canceled twice twice, and so does this."""
+        self.require("mlx5dv_qp_cancel_posted_send_wrs", QpState.SQD)
+        return self.requester.cancel(wr_id)
 
     def _apply(self, values: dict) -> None:
         for bit, value in values.items():

@@ -34,12 +34,13 @@ def chunks(data: bytes, mtu: int) -> list[bytes]:
     return [data[i:i + mtu] for i in range(0, len(data), mtu)] or [b""]
 
 
-def scatter(pd: PD, sges: list[SGE], data: bytes, trace=None) -> None:
+def scatter(pd: PD, sges: list[SGE], data: bytes, trace=None,
+            sig_errors: list | None = None) -> None:
     """docs/semantics.md section 5: the arriving bytes over the SGEs in order, one transfer each."""
     off = 0
     for s in sges:
         if off >= len(data):
             break
         chunk = data[off:off + s.length]
-        transfer.rx(pd, s.lkey, s.addr, chunk, trace=trace)
+        transfer.rx(pd, s.lkey, s.addr, chunk, trace=trace, sig_errors=sig_errors)
         off += len(chunk)

@@ -5,7 +5,9 @@ It segments each send WR into request packets of the path MTU under the IBTA opc
 (protocol/opcodes.py), keeps a window of them on the wire, retransmits go-back-N on an
 ACK timeout, a sequence-error NAK or after an RNR NAK's wait, and completes WRs in order
 as ACKs, READ responses and atomic ACKs arrive. Its state is the requester's alone:
-the send queue, the next PSN, the retransmission and RNR timers, the retry counts.
+the send queue, the next PSN, the retransmission and RNR timers, the retry counts,
+and how it drains in SQD: a signature pipelining stop, whether IBV_EVENT_SQ_DRAINED is
+owed, and canceled WRs (mlx5dv_qp_cancel_posted_send_wrs(3)).
 Everything it shares with the responder (the QP's state, attributes and CQs) it reads
 from the QP.
 """
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..protocol.attrs import SGE
-from ..protocol.enums import QpState, SendFlags, WcOpcode, WcStatus, WrOpcode
+from ..protocol.enums import EventType, QpState, SendFlags, WcOpcode, WcStatus, WrOpcode
 from ..protocol.errors import RDMAError, einval, eopnotsupp
 from ..protocol.opcodes import FLAGS, Op, opcode_for, with_flags
 from ..protocol.packets import Packet
@@ -28,7 +30,8 @@ from .hca import MR
 from .rc_common import SENDING, chunks, psn_add, psn_diff, scatter
 
 if TYPE_CHECKING:
-    from .rc import RCQP, SendWR
+    from ..protocol.records import SendWR
+    from .rc import RCQP
 
 # Unacknowledged packets the requester may have on the wire.
 WINDOW = 64
@@ -100,6 +103,8 @@ class _Request:
     # A local WR: sends nothing, runs ``action`` (or its LOCAL_INV) at the SQ head.
     local: bool = False
     action: Callable[[], None] | None = None
+    # mlx5dv_qp_cancel_posted_send_wrs(3): replaced by a NOP (local, no effect).
+    canceled: bool = False
 
     @property
     def barrier(self) -> bool:
@@ -119,6 +124,12 @@ class Requester:
         self._rnr_until: float | None = None
         self._retries = 0
         self._rnr_count = 0
+        # A signature error in a pipelining QP's transfer: SQD before the next fenced WR.
+        self._sig_stop = False
+        # SQD: whether IBV_EVENT_SQ_DRAINED is owed (en_sqd_async_notify, or a pipelining
+        # stop) and whether it was raised.
+        self._sqd_notify = False
+        self._drained_raised = False
 
     def post_send(self, wr: SendWR) -> None:
         if wr.opcode not in SUPPORTED:
@@ -207,6 +218,37 @@ class Requester:
             if self.qp.state in SENDING:
                 self._transmit(out, now)
                 self._retire_head()
+        self._raise_drained()
+
+    def drain(self, notify: bool) -> None:
+        """The QP entered SQD (RCQP.enter_sqd): IBV_EVENT_SQ_DRAINED is owed, if
+        ``notify``, once nothing started is outstanding."""
+        self._sqd_notify = notify
+        self._drained_raised = False
+
+    def resume(self) -> None:
+        """SQD -> RTS: the send queue resumes after a signature pipelining stop."""
+        self._sig_stop = False
+
+    def _raise_drained(self) -> None:
+        if (self.qp.state == QpState.SQD and self._sqd_notify and not self._drained_raised
+                and not any(r.built and not r.local for r in self._sq)):
+            self._drained_raised = True
+            self.qp.events.append(EventType.SQ_DRAINED)
+
+    def cancel(self, wr_id: int) -> int:
+        """RCQP.cancel_posted_send_wrs, the QP in SQD: the WRs with ``wr_id`` that have
+        not started become NOPs; the number canceled."""
+        # Not started: never built, or a local WR (those run, and leave, at the head).
+        pending = [r for r in self._sq if r.wr.wr_id == wr_id and (not r.built or r.local)]
+        if any(r.local and not r.canceled for r in pending):
+            # An MKEY configure or LOCAL_INV here takes effect at post, not at execution:
+            # replacing it with a NOP cannot undo it.
+            raise eopnotsupp(f"wr_id {wr_id} names a pending local WR (MKEY configure or "
+                             "LOCAL_INV); canceling one is not modelled")
+        for r in pending:
+            r.canceled = r.local = r.built = True
+        return len(pending)
 
     def flush(self) -> None:
         """ERR: every outstanding send WR completes WR_FLUSH_ERR; the timers stop."""
@@ -256,6 +298,12 @@ class Requester:
             if not r.built:
                 if inflight >= WINDOW or self.qp.state != QpState.RTS:
                     break       # the window is full, or SQD: no new WR starts
+                if self._sig_stop and r.wr.send_flags & SendFlags.FENCE:
+                    # mlx5dv_qp_cancel_posted_send_wrs(3): a pipelining QP "will stop
+                    # after a transfer operation that failed signature validation in
+                    # SQD state", at the latest before the next fenced WR.
+                    self.qp.enter_sqd(notify=True)
+                    break
                 self._build(r)
             if r.error is not None:
                 break
@@ -307,8 +355,11 @@ class Requester:
                 try:
                     t = self.qp.trace_for(role="requester", wr_id=wr.wr_id,
                                 op=WrOpcode(wr.opcode).name)
-                    data = b"".join(transfer.tx(self.qp.pd, s.lkey, s.addr, s.length, trace=t)
-                                    for s in wr.sg)
+                    errs: list | None = [] if self.qp.sig_pipelining else None
+                    data = b"".join(transfer.tx(self.qp.pd, s.lkey, s.addr, s.length, trace=t,
+                                                sig_errors=errs) for s in wr.sg)
+                    if errs:
+                        self._sig_stop = True
                 except TransferError as err:
                     r.error = err.status(remote=False)
                     return
@@ -374,7 +425,9 @@ class Requester:
     def _run_local(self) -> None:
         r = self._sq.popleft()
         status = WcStatus.SUCCESS
-        if r.wr.opcode == WrOpcode.LOCAL_INV:
+        if r.canceled:
+            pass        # a NOP: completes as the WR was signaled, with its opcode
+        elif r.wr.opcode == WrOpcode.LOCAL_INV:
             if not self.qp.invalidate(r.wr.invalidate_rkey, remote=False):
                 status = LOCAL_INV_FAILED
         elif r.action is not None:
@@ -488,8 +541,13 @@ class Requester:
             self.qp.enter_err()
             return
         trace = self.qp.trace_for(role="requester", wr_id=owner.wr.wr_id, op="RDMA_READ")
-        self._place_response(owner, lambda: scatter(self.qp.pd, owner.wr.sg,
-                                                     bytes(owner.read_buf), trace))
+        errs: list | None = [] if self.qp.sig_pipelining else None
+
+        def place() -> None:
+            scatter(self.qp.pd, owner.wr.sg, bytes(owner.read_buf), trace, errs)
+            if errs:
+                self._sig_stop = True
+        self._place_response(owner, place)
 
     def _atomic_ack(self, pkt: Packet, now: float) -> None:
         owner = next((r for r in self._sq if r.built and r.error is None and not r.local

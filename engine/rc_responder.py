@@ -25,7 +25,8 @@ from .completion import Fault, TransferError
 from .rc_common import PSN_MOD, chunks, psn_add, psn_diff, scatter
 
 if TYPE_CHECKING:
-    from .rc import RCQP, RecvWR
+    from ..protocol.records import RecvWR
+    from .rc import RCQP
 
 # The responder ACKs at least this often within a long message.
 ACK_EVERY = 16

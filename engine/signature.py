@@ -17,6 +17,8 @@ import numpy as np
 from ..protocol.attrs import SigBlockAttr, SigBlockDomain
 from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
+    CRC_PI_BYTES,
+    T10DIF_PI_BYTES,
     MkeyErrType,
     SigBlockAttrFlags,
     SigCrcType,
@@ -27,9 +29,6 @@ from ..protocol.enums import (
 from ..protocol.errors import einval, eopnotsupp
 from .guards import guards_many
 
-# PI bytes per signature (docs/semantics.md section 2).
-T10DIF_PI_SIZE = 8
-CRC_PI_SIZE = {SigCrcType.CRC32: 4, SigCrcType.CRC32C: 4, SigCrcType.CRC64_XP10: 8}
 CRC_GUARD_KIND = {SigCrcType.CRC32: "crc32", SigCrcType.CRC32C: "crc32c",
                   SigCrcType.CRC64_XP10: "crc64_xp10"}
 # mlx5dv_wr_set_mkey_sig_block(3): "Only the following values are supported as a seed".
@@ -130,16 +129,16 @@ def _domain_spec(name: str, d: SigBlockDomain) -> DomainSpec:
         if not 0 <= dif.app_tag <= 0xFFFF or not 0 <= dif.ref_tag <= 0xFFFFFFFF:
             raise einval(f"{name} domain T10DIF app_tag is 16 bits and ref_tag 32 bits")
         kind = "t10dif_crc" if dif.bg_type == SigT10difBgType.CRC else "t10dif_csum"
-        return DomainSpec(SigType.T10DIF, bs, T10DIF_PI_SIZE, kind, dif.bg,
+        return DomainSpec(SigType.T10DIF, bs, T10DIF_PI_BYTES, kind, dif.bg,
                           bg_type=dif.bg_type, app_tag=dif.app_tag, ref_tag=dif.ref_tag,
                           flags=dif.flags)
     if d.sig_type == SigType.CRC:
         crc = d.crc
         if crc is None:
             raise einval(f"{name} domain is MLX5DV_SIG_TYPE_CRC but has no crc attributes")
-        if crc.crc_type not in CRC_PI_SIZE:
+        if crc.crc_type not in CRC_PI_BYTES:
             raise einval(f"{name} domain CRC type {crc.crc_type} is unknown")
-        pi = CRC_PI_SIZE[crc.crc_type]
+        pi = CRC_PI_BYTES[crc.crc_type]
         # mlx5dv_wr_set_mkey_sig_block(3): "only the 32 least significant bits are
         # used for CRC32/CRC32C".
         seed = crc.seed & ((1 << (8 * pi)) - 1)
@@ -157,21 +156,28 @@ def same_structure(a: DomainSpec | None, b: DomainSpec | None) -> bool:
             and a.block_size == b.block_size and a.crc_type == b.crc_type)
 
 
-def computed_copy_mask(mem: DomainSpec | None, wire: DomainSpec | None) -> int:
-    """The copy mask the device computes when COPY_MASK is not set (docs/semantics.md 6.2):
-    the parts of the PI that both domains would generate alike are copied."""
-    if mem is None or wire is None or mem.sig_type != wire.sig_type \
-            or mem.block_size != wire.block_size:
-        return 0
+def copy_mask_fields(mem: DomainSpec | None, wire: DomainSpec | None,
+                     ) -> tuple[tuple[str, int, bool], ...]:
+    """The rule of the computed copy mask (docs/semantics.md 6.2), field by field: for
+    each PI field a copy could take, (field, its check_mask / copy_mask bits, whether
+    the device copies it when COPY_MASK is not set). A field is copied when both
+    domains would generate it alike; nothing is copied between domains of different
+    structure, and a CRC is copied whole."""
+    if not same_structure(mem, wire):
+        return ()
     if mem.sig_type == SigType.CRC:
-        return 0xFF if mem.crc_type == wire.crc_type else 0
+        return (("crc", 0xFF, True),)
+    return (("guard", 0xC0, mem.bg_type == wire.bg_type and mem.guard_seed == wire.guard_seed),
+            ("app_tag", 0x30, mem.app_tag == wire.app_tag),
+            ("ref_tag", 0x0F, mem.ref_tag == wire.ref_tag))
+
+
+def computed_copy_mask(mem: DomainSpec | None, wire: DomainSpec | None) -> int:
+    """The copy mask the device computes when COPY_MASK is not set."""
     mask = 0
-    if mem.bg_type == wire.bg_type and mem.guard_seed == wire.guard_seed:
-        mask |= 0xC0
-    if mem.app_tag == wire.app_tag:
-        mask |= 0x30
-    if mem.ref_tag == wire.ref_tag:
-        mask |= 0x0F
+    for _, bits, copied in copy_mask_fields(mem, wire):
+        if copied:
+            mask |= bits
     return mask
 
 

@@ -91,6 +91,11 @@ def plan(mkey: MKey, offset: int, length: int) -> Plan:
             raise TransferError(Fault.LENGTH, f"wire offset {offset} is not on a {w}-byte "
                                 "protected block boundary")
         n, tail = divmod(length, w)
+        if tail and mkey.pd.hca.strict_blocks:
+            # docs/blocks.md: refused as a misaligned start is, by the MKEY's owner.
+            raise TransferError(Fault.LENGTH, f"{length} wire bytes are not a whole number "
+                                f"of {w}-byte protection blocks ({tail} bytes over); this "
+                                "device runs with strict blocks")
         if tail > bs:
             raise TransferError(Fault.LENGTH, f"{length} wire bytes end {tail} bytes into a "
                                 f"{w}-byte block: the tail would split its PI")
@@ -101,6 +106,14 @@ def plan(mkey: MKey, offset: int, length: int) -> Plan:
         raise TransferError(Fault.ACCESS, f"[{offset}, +{length}) on MKEY {mkey.lkey:#x} ends "
                             f"at memory byte {end}, past its {mkey.layout.length} bytes")
     return p
+
+
+def _partial(mkey: MKey, p: Plan) -> dict:
+    """A transfer ending in a partial protection block is counted on its MKEY, and the
+    trace's last stage says so (docs/blocks.md)."""
+    if not p.tail or mkey.sig is None:
+        return {}
+    return {"partial_block": p.tail, "partial_block_transfers": mkey.count_partial("transfers")}
 
 
 def _crypto_stream(mkey: MKey, p: Plan) -> tuple[str, int, int] | None:
@@ -163,9 +176,11 @@ def _emit_sig(t: _Tracer, stages, stream: str, offset: int, data: np.ndarray) ->
 
 
 def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
-       trace: Trace = None) -> bytes:
+       trace: Trace = None, sig_errors: list | None = None) -> bytes:
     """Memory to wire: the wire bytes of ``length`` at ``offset`` through ``key``.
-    ``offset`` is a virtual address for an MR and an offset for an MKEY."""
+    ``offset`` is a virtual address for an MR and an offset for an MKEY. A signature
+    error is latched on the MKEY and, given ``sig_errors``, appended to it too (signature
+    pipelining stops the send queue on an error of this transfer, whatever is latched)."""
     obj = _resolve(pd, key, AccessFlags.REMOTE_READ if remote else 0, remote)
     t = _Tracer(trace, TX, key)
     if isinstance(obj, MR):
@@ -183,16 +198,19 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
         stages = t.stages()
         stream, err = _sig(obj, stream, p, TX, stages)
         obj.latch(err)
+        if err is not None and sig_errors is not None:
+            sig_errors.append(err)
         _emit_sig(t, stages, "wire", p.wire_offset, stream)
     if cs is not None and cs[0] == "wire":
         stream = _crypt(obj, stream, cs, TX, t)
-    t.emit("wire", "wire", p.wire_offset, stream)
+    t.emit("wire", "wire", p.wire_offset, stream, **_partial(obj, p))
     return stream.tobytes()
 
 
 def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
-       trace: Trace = None) -> None:
-    """Wire to memory: scatter ``wire`` bytes arriving for ``offset`` through ``key``."""
+       trace: Trace = None, sig_errors: list | None = None) -> None:
+    """Wire to memory: scatter ``wire`` bytes arriving for ``offset`` through ``key``
+    (``sig_errors`` as for ``tx``)."""
     obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
                    remote)
     stream = np.frombuffer(wire, dtype=np.uint8)
@@ -211,11 +229,13 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
         stages = t.stages()
         stream, err = _sig(obj, stream, p, RX, stages)
         obj.latch(err)
+        if err is not None and sig_errors is not None:
+            sig_errors.append(err)
         _emit_sig(t, stages, "memory", p.mem_offset, stream)
     if cs is not None and cs[0] == "memory":
         stream = _crypt(obj, stream, cs, RX, t)
     obj.layout.scatter(p.mem_offset, stream)
-    t.emit("scatter", "memory", p.mem_offset, stream)
+    t.emit("scatter", "memory", p.mem_offset, stream, **_partial(obj, p))
 
 
 def check_rx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False) -> None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .enums import (
+    CRC_PI_BYTES,
+    T10DIF_PI_BYTES,
     BlockSize,
     CryptoKeySize,
     CryptoStandard,
@@ -21,6 +23,9 @@ from .enums import (
     SigT10difBgType,
     SigType,
 )
+
+__all__ = ["SGE", "CryptoAttr", "DEKInitAttr", "MkeyConfAttr", "MrInterleaved", "SigBlockAttr",
+           "SigBlockDomain", "SigCrc", "SigT10dif"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,16 @@ class SigBlockDomain:
     comp_mask: int = 0
 
 
+def pi_size(d: SigBlockDomain | None) -> int:
+    """The PI bytes after each block of domain ``d`` (0 without a signature): the
+    struct's fields say which signature, mlx5dv_wr_set_mkey_sig_block(3) its size."""
+    if d is None:
+        return 0
+    if d.sig_type == SigType.T10DIF:
+        return T10DIF_PI_BYTES
+    return CRC_PI_BYTES[d.crc.crc_type]
+
+
 @dataclass(frozen=True)
 class SigBlockAttr:
     """struct mlx5dv_sig_block_attr: ``mem`` / ``wire`` None means no signature there."""
@@ -118,3 +133,6 @@ class DEKInitAttr:
     pd: Any = None
     opaque: bytes = field(default=bytes(8))
     comp_mask: int = 0
+    # With MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN in comp_mask: the crypto login object the
+    # DEK is imported wrapped under, or None for a plaintext DEK (mlx5dv_dek_create(3)).
+    crypto_login: Any = None

@@ -32,6 +32,7 @@ from .attrs import (
 from .frames import FrameError, field
 
 U8, U16, U32, U64 = (1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
+I32 = (1 << 31) - 1
 MAX_SGE = 32
 MAX_WRS_PER_POST = 4096
 
@@ -48,11 +49,15 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "close_device": {"ctx": _H},
     "alloc_pd": {"ctx": _H},
     "dealloc_pd": {"pd": _H},
-    "reg_mr": {"pd": _H, "length": (int, 1, U64, True), "access": _U32},
+    # The bounds here are what the call's C types hold (a size_t length, an int cqe):
+    # beyond them a request is malformed (EPROTO). What the verbs themselves refuse
+    # inside those types (ibv_reg_mr of 0 bytes, a cqe over max_cqe) is the handler's
+    # and the engine's, EINVAL in the verbs' words.
+    "reg_mr": {"pd": _H, "length": _U64, "access": _U32},
     "dereg_mr": {"mr": _H},
     "mr_write": {"mr": _H, "offset": _U64},
     "mr_read": {"mr": _H, "offset": _U64, "length": _U64},
-    "create_cq": {"ctx": _H, "cqe": (int, 1, 1 << 22, True)},
+    "create_cq": {"ctx": _H, "cqe": (int, 0, I32, True)},
     "destroy_cq": {"cq": _H},
     "poll_cq": {"cq": _H, "num": (int, 1, 1 << 16, True),
                 "timeout": ((int, float), 0, 3600, True)},
@@ -60,20 +65,42 @@ REQUESTS: dict[str, dict[str, tuple]] = {
                   "max_send_wr": (int, 1, 1 << 16, True), "max_recv_wr": (int, 1, 1 << 16, True),
                   "max_send_sge": (int, 0, MAX_SGE, True), "max_recv_sge": (int, 0, MAX_SGE, True),
                   "max_inline_data": (int, 0, 1 << 16, True), "sq_sig_all": _BOOL,
-                  "send_ops_flags": _U64},
+                  "send_ops_flags": _U64, "create_flags": (int, 0, U32, False)},
     "destroy_qp": {"qp": _H},
     "modify_qp": {"qp": _H, "attr": (dict, 0, 32, True), "mask": _U32},
     "query_qp": {"qp": _H},
+    # Each of "wrs" is a protocol.records.SEND_WR / RECV_WR.
     "post_send": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
     "post_recv": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
-    "create_mkey": {"pd": _H, "create_flags": _U32, "max_entries": (int, 1, 1 << 16, True)},
+    "create_mkey": {"pd": _H, "create_flags": _U32, "max_entries": (int, 0, 1 << 16, True)},
     "destroy_mkey": {"mkey": _H},
     "mkey_configure": {"qp": _H, "calls": (list, 0, 2048, True)},
     "mkey_check": {"mkey": _H},
-    "create_dek": {"ctx": _H, "pd": _H, "key_size": _U32, "key": (bytes, 0, 64, True),
+    # key is char key[128] (wrapped 256-bit with keytag: 80); crypto_login is a
+    # create_crypto_login handle, 0 for NULL.
+    "create_dek": {"ctx": _H, "pd": _H, "key_size": _U32, "key": (bytes, 0, 128, True),
                    "has_keytag": _BOOL, "keytag": (bytes, 0, 8, True),
-                   "key_purpose": _U32},
+                   "key_purpose": _U32, "opaque": (bytes, 0, 8, False),
+                   "comp_mask": (int, 0, U64, False), "crypto_login": (int, 0, U32, False)},
     "destroy_dek": {"dek": _H},
+    "query_dek": {"dek": _H},
+    "query_mlx5_device": {"ctx": _H},
+    # mlx5dv_crypto_login(3) (a session of the context) and mlx5dv_crypto_login_create(3)
+    # (an object): the credential as given, wrapped (48 bytes for this device).
+    "crypto_login": {"ctx": _H, "credential": (bytes, 0, 4096, True), "import_kek_id": _U32,
+                     "credential_id": (int, 0, U32, False), "comp_mask": (int, 0, U64, False)},
+    "crypto_login_query_state": {"ctx": _H},
+    "crypto_logout": {"ctx": _H},
+    "create_crypto_login": {"ctx": _H, "credential": (bytes, 0, 4096, True),
+                            "import_kek_id": _U32, "credential_id": (int, 0, U32, False),
+                            "comp_mask": (int, 0, U64, False)},
+    "crypto_login_query": {"login": _H},
+    # ibv_get_async_event(3): the oldest event of the context, waiting up to timeout s
+    # (reply event: null when none came); ibv_ack_async_event(3) by the event's id.
+    "get_async_event": {"ctx": _H, "timeout": ((int, float), 0, 3600, True)},
+    "ack_async_event": {"event": _H},
+    "cancel_posted_send_wrs": {"qp": _H, "wr_id": _U64},
+    "destroy_crypto_login": {"login": _H},
     # Fault injection (server/faults.py validates the rule's own fields).
     "faults_add": {"rule": (dict, 1, 32, True)},
     "faults_list": {},
@@ -83,12 +110,6 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "subscribe": {"events": (list, 0, 2, True)},
 }
 
-# One element of post_send's "wrs": struct ibv_send_wr, rdma/atomic unions flattened.
-SEND_WR = {"wr_id": _U64, "opcode": _U32, "sg": (list, 0, MAX_SGE, True),
-           "send_flags": _U32, "imm_data": (int, 0, U32, False), "rkey": _U32,
-           "remote_addr": _U64, "compare_add": _U64, "swap": _U64,
-           "invalidate_rkey": _U32}
-RECV_WR = {"wr_id": _U64, "sg": (list, 0, MAX_SGE, True)}
 # mkey_configure's "calls" replay the ibv_wr_* calls made between ibv_wr_start and
 # ibv_wr_complete, in order, so the daemon reports the error the same sequence gives
 # on a device: ["configure", wr_id, wr_flags, mkey handle, num_setters, conf_flags,
@@ -104,7 +125,8 @@ QP_ATTR = {"qp_state": (int, 0, 6, False), "path_mtu": (int, 1, 5, False),
            "min_rnr_timer": (int, 0, 31, False), "max_rd_atomic": (int, 0, 255, False),
            "max_dest_rd_atomic": (int, 0, 255, False), "qp_access_flags": (int, 0, U32, False),
            "dest_host": (str, 1, 255, False), "dest_port": (int, 1, 65535, False),
-           "dest_dev": (str, 1, 64, False)}
+           "dest_dev": (str, 1, 64, False), "cur_qp_state": (int, 0, 6, False),
+           "en_sqd_async_notify": (int, 0, 1, False)}
 
 
 def check_fields(header: dict, schema: dict[str, tuple], what: str) -> dict:
@@ -127,15 +149,6 @@ def check_request(header: dict) -> tuple[str, int, dict]:
     if schema is None:
         raise FrameError("EPROTO", f"unknown control request {verb!r}"[:120])
     return verb, rid, check_fields(header, schema, f"request '{verb}'")
-
-
-def check_list(items: list, schema: dict, what: str) -> list[dict]:
-    out = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise FrameError("EPROTO", f"{what}[{i}] must be a map")
-        out.append(check_fields({"t": what, **item}, schema, f"{what}[{i}]"))
-    return out
 
 
 def sges_from_wire(items: list, what: str) -> list[SGE]:
@@ -260,7 +273,7 @@ def setter_from_wire(kind: Any, value: Any, what: str) -> tuple[str, Any]:
 
 
 __all__ = [
-    "CONFIGURE_CALL", "MAX_SGE", "MkeyConfAttr", "QP_ATTR", "RECV_WR", "REQUESTS", "SEND_WR",
-    "SETTERS", "attr_from_wire", "attr_to_wire", "check_fields", "check_list", "check_request",
+    "CONFIGURE_CALL", "MAX_SGE", "MkeyConfAttr", "QP_ATTR", "REQUESTS", "SETTERS",
+    "attr_from_wire", "attr_to_wire", "check_fields", "check_request",
     "setter_from_wire", "sge_to_wire", "sges_from_wire",
 ]

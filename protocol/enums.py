@@ -34,6 +34,12 @@ class SigCrcType(IntEnum):
     CRC64_XP10 = 2
 
 
+# PI bytes per block (mlx5dv_wr_set_mkey_sig_block(3)): a T10DIF's guard, app tag and
+# ref tag, or the CRC.
+T10DIF_PI_BYTES = 8
+CRC_PI_BYTES = {SigCrcType.CRC32: 4, SigCrcType.CRC32C: 4, SigCrcType.CRC64_XP10: 8}
+
+
 class BlockSize(IntEnum):
     """enum mlx5dv_block_size: the values are indexes, not byte counts."""
 
@@ -146,6 +152,71 @@ class CryptoLoginState(IntEnum):
     VALID = 0
     NO_LOGIN = 1
     INVALID = 2
+
+
+class CryptoEnginesCaps(IntFlag):
+    """enum mlx5dv_crypto_engines_caps"""
+
+    AES_XTS = 1
+    AES_XTS_SINGLE_BLOCK = 2
+    AES_XTS_MULTI_BLOCK = 4
+
+
+class CryptoWrappedImportMethodCaps(IntFlag):
+    """enum mlx5dv_crypto_wrapped_import_method_caps"""
+
+    AES_XTS = 1
+
+
+class CryptoCapsFlags(IntFlag):
+    """enum mlx5dv_crypto_caps_flags"""
+
+    CRYPTO = 1
+    WRAPPED_CRYPTO_OPERATIONAL = 2
+    WRAPPED_CRYPTO_GOING_TO_COMMISSIONING = 4
+
+
+class DekInitAttrMask(IntFlag):
+    """enum mlx5dv_dek_init_attr_mask"""
+
+    CRYPTO_LOGIN = 1
+
+
+class Mlx5dvQpCreateFlags(IntFlag):
+    """enum mlx5dv_qp_create_flags"""
+
+    TUNNEL_OFFLOADS = 1
+    TIR_ALLOW_SELF_LOOPBACK_UC = 2
+    TIR_ALLOW_SELF_LOOPBACK_MC = 4
+    DISABLE_SCATTER_TO_CQE = 8
+    ALLOW_SCATTER_TO_CQE = 16
+    PACKET_BASED_CREDIT_MODE = 32
+    SIG_PIPELINING = 64
+
+
+class EventType(IntEnum):
+    """enum ibv_event_type (ibv_get_async_event(3))"""
+
+    CQ_ERR = 0
+    QP_FATAL = 1
+    QP_REQ_ERR = 2
+    QP_ACCESS_ERR = 3
+    COMM_EST = 4
+    SQ_DRAINED = 5
+    PATH_MIG = 6
+    PATH_MIG_ERR = 7
+    DEVICE_FATAL = 8
+    PORT_ACTIVE = 9
+    PORT_ERR = 10
+    LID_CHANGE = 11
+    PKEY_CHANGE = 12
+    SM_CHANGE = 13
+    SRQ_ERR = 14
+    SRQ_LIMIT_REACHED = 15
+    QP_LAST_WQE_REACHED = 16
+    CLIENT_REREGISTER = 17
+    GID_CHANGE = 18
+    WQ_FATAL = 19
 
 
 class WcStatus(IntEnum):
@@ -325,6 +396,12 @@ _C_PREFIXES: list[tuple[type, str]] = [
     (CryptoKeyPurpose, "MLX5DV_CRYPTO_KEY_PURPOSE_"),
     (DekState, "MLX5DV_DEK_STATE_"),
     (CryptoLoginState, "MLX5DV_CRYPTO_LOGIN_STATE_"),
+    (CryptoEnginesCaps, "MLX5DV_CRYPTO_ENGINES_CAP_"),
+    (CryptoWrappedImportMethodCaps, "MLX5DV_CRYPTO_WRAPPED_IMPORT_METHOD_CAP_"),
+    (CryptoCapsFlags, "MLX5DV_CRYPTO_CAPS_"),
+    (DekInitAttrMask, "MLX5DV_DEK_INIT_ATTR_"),
+    (Mlx5dvQpCreateFlags, "MLX5DV_QP_CREATE_"),
+    (EventType, "IBV_EVENT_"),
     (WcStatus, "IBV_WC_"),
     (WrOpcode, "IBV_WR_"),
     (WcOpcode, "IBV_WC_"),

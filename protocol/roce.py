@@ -31,6 +31,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from .address import split_address
 from .opcodes import AETH_SYNDROMES, OPCODE_NUMBERS, Op, with_flags
 from .packets import Packet, decode_packet
 
@@ -149,13 +150,6 @@ def roce_frame(p: Packet, src: Endpoint, dst: Endpoint, *, ident: int = 0) -> by
 
 
 # -- addresses ------------------------------------------------------------------------------
-
-def split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        return address.strip("[]"), 0
-    return host.strip("[]"), int(port) if port.isdigit() else 0
-
 
 def ipv4_of(host: str | None) -> str | None:
     """``host`` as a unicast IPv4 address, or None when it is not one (a name other than

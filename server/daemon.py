@@ -2,8 +2,10 @@
 
 One asyncio task per connection. The first frame on a connection is the daemon's
 challenge and the second the peer's hello (``protocol.handshake``); the hello's role
-makes the connection a control session (verbs calls from an application) or a wire
-link (RC packets from another daemon's QPs).
+makes the connection a control session (verbs calls from an application:
+server/session.py reads them, server/verbs.py answers them) or a wire link (RC packets
+from another daemon's QPs). Connecting out, a daemon's ``WireLink`` does the HELLO with
+protocol/link.py's ``open_link``, as a client does.
 
 The engine is sans-I/O; this module is its clock and its cables. After anything that
 may make a QP want to talk (a post, a packet, a timer), ``_service`` asks the QP for
@@ -20,45 +22,26 @@ import contextlib
 import dataclasses
 import enum
 import itertools
-import logging
-from collections import deque
 from typing import Any
 
-from ..engine import qp_state
-from ..engine.hca import HCA, MR, PD
-from ..engine.mkey import MKey
-from ..engine.mkey_configure import MkeyConfigureBuilder
-from ..engine.rc import RCQP, WC, RecvWR, SendWR
-from ..protocol import control
-from ..protocol.attrs import DEKInitAttr, MkeyConfAttr
-from ..protocol.enums import (
-    QpAttrMask,
-    QpState,
-    QpType,
-    WcOpcode,
-    WrOpcode,
-)
-from ..protocol.errors import RDMAError, einval
+from ..engine.crypto_login import DeviceCrypto
+from ..engine.hca import HCA
+from ..protocol.errors import RDMAError
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
-from ..protocol.handshake import HandshakeError, make_challenge, make_hello, verify_hello
+from ..protocol.handshake import HandshakeError, make_challenge, verify_hello
+from ..protocol.link import READ_CHUNK, open_link, read_frames
 from ..protocol.opcodes import Op, with_flags
 from ..protocol.packets import IntegrityError, Packet, decode_packet, packet_check, packet_header
 from .faults import REORDER_FLUSH_S, Emit, Faults
+from .logs import kv, log
+from .session import ControlSession, send_error
+from .verbs import QPHost
 
 # The packets that begin a SEND: the ones that would take a receive.
 _SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST)
 
-log = logging.getLogger("softhca.server")
-
 DEFAULT_PORT = 4791
 HANDSHAKE_TIMEOUT = 10.0
-READ_CHUNK = 1 << 18
-
-def kv(**fields: Any) -> str:
-    """A structured log line's fields: ``key=value`` pairs, values repr'd when needed."""
-    return " ".join(f"{k}={v}" if isinstance(v, (int, float)) or (isinstance(v, str)
-                    and v and " " not in v and "=" not in v) else f"{k}={v!r}"
-                    for k, v in fields.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,70 +58,6 @@ class Limits:
     # A session's unsent replies beyond this stop its requests being read until the
     # client reads: a client that floods and never reads cannot grow the daemon.
     reply_high_water: int = 8 << 20
-
-
-# -- server-side objects -------------------------------------------------------------
-
-class CQHost:
-    """A completion queue: completions in, polls out; a poll may wait for the first."""
-
-    def __init__(self, handle: int, cqe: int) -> None:
-        self.handle = handle
-        self.cqe = cqe
-        self.entries: deque[WC] = deque()
-        self._waiters: list[asyncio.Future] = []
-        self.overruns = 0
-
-    def push(self, wcs: list[WC]) -> None:
-        self.entries.extend(wcs)
-        # ibv_create_cq(3): an overrun CQ is an error on the device; nothing is
-        # dropped here (tests must still see every completion), but it is counted.
-        if len(self.entries) > self.cqe:
-            self.overruns += 1
-        for fut in self._waiters:
-            if not fut.done():
-                fut.set_result(None)
-        self._waiters.clear()
-
-    def take(self, num: int) -> list[WC]:
-        return [self.entries.popleft() for _ in range(min(num, len(self.entries)))]
-
-    async def wait(self, timeout: float) -> None:
-        if self.entries or timeout <= 0:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(fut)
-
-
-@dataclasses.dataclass(eq=False)
-class QPHost:
-    session: ControlSession
-    handle: int
-    hca: HCA
-    pd: PD
-    rcqp: RCQP
-    scq: CQHost
-    rcq: CQHost
-    max_send_sge: int
-    max_recv_sge: int
-    send_ops_flags: int
-    builder: MkeyConfigureBuilder
-    dest: tuple[str, int, str] | None = None
-    timer: asyncio.TimerHandle | None = None
-    timer_at: float | None = None
-    attrs: dict = dataclasses.field(default_factory=dict)
-
-
-# The verbs that create an object (and so count against a session's object limit).
-_CREATORS = frozenset(["open_device", "alloc_pd", "reg_mr", "create_cq", "create_qp",
-                       "create_mkey", "create_dek"])
 
 
 def plain(v: Any) -> Any:
@@ -161,12 +80,6 @@ def plain(v: Any) -> Any:
     return str(v)
 
 
-def wc_to_wire(wc: WC) -> list:
-    """[wr_id, status, opcode, byte_len, imm_data, qp_num, wc_flags, vendor_err, inv_rkey]"""
-    return [wc.wr_id, int(wc.status), int(wc.opcode), wc.byte_len, wc.imm_data, wc.qp_num,
-            int(wc.wc_flags), wc.vendor_err, wc.invalidated_rkey]
-
-
 # -- the daemon --------------------------------------------------------------------------
 
 class Daemon:
@@ -174,14 +87,18 @@ class Daemon:
 
     def __init__(self, hcas: tuple[str, ...] | list[str] = ("mlx5_0",), host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, token: bytes | None = None,
-                 max_frame: int | None = None, limits: Limits | None = None) -> None:
+                 max_frame: int | None = None, limits: Limits | None = None,
+                 crypto: DeviceCrypto | None = None, strict_blocks: bool = False) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
         limits = limits or Limits()
         if max_frame is not None:
             limits = dataclasses.replace(limits, max_frame=max_frame)
         self.limits = limits
-        self.hcas = {name: HCA(name) for name in hcas}
+        # Every HCA of the daemon starts with the same crypto configuration
+        # (docs/crypto-import.md): import method, import KEK and credential.
+        self.crypto = crypto or DeviceCrypto()
+        self.hcas = {name: HCA(name, self.crypto, strict_blocks=strict_blocks) for name in hcas}
         self.host = host
         self.port = port
         self.token = token
@@ -236,10 +153,10 @@ class Daemon:
         if self._server is not None:
             self._server.close()
         for session in list(self.sessions):
-            session.flush_all()
+            session.verbs.flush_all()
         # A poll_cq waiting when the signal came is owed the flushed completions: let
         # those replies go out before the connections close.
-        waits = [t for s in self.sessions for t in s._waits]
+        waits = [t for s in self.sessions for t in s.verbs._waits]
         if waits:
             await asyncio.wait(waits, timeout=1.0)
         for session in list(self.sessions):
@@ -252,7 +169,7 @@ class Daemon:
         if self._conn_tasks:
             await asyncio.gather(*self._conn_tasks, return_exceptions=True)
         for session in list(self.sessions):
-            session.destroy_all()
+            session.verbs.destroy_all()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
@@ -277,7 +194,7 @@ class Daemon:
             self.counters["connections_refused"] += 1
             log.warning("refused %s", kv(event="refused", peer=peer_s, errno="EBUSY",
                                           reason="connection limit"))
-            _send_error(writer, 0, RDMAError("EBUSY", f"this daemon serves at most "
+            send_error(writer, 0, RDMAError("EBUSY", f"this daemon serves at most "
                                                       f"{self.limits.max_connections} "
                                                       "connections"))
             writer.close()
@@ -286,7 +203,7 @@ class Daemon:
         try:
             challenge, nonce = make_challenge(self.token is not None)
             writer.writelines(encode_frame(challenge))
-            frames = await asyncio.wait_for(_read_frames(reader, decoder), HANDSHAKE_TIMEOUT)
+            frames = await asyncio.wait_for(read_frames(reader, decoder), HANDSHAKE_TIMEOUT)
             if not frames:
                 return
             role = verify_hello(frames[0].header, nonce, self.token)
@@ -302,11 +219,11 @@ class Daemon:
         except (HandshakeError, FrameError) as e:
             log.warning("refused %s", kv(event="refused", peer=peer_s, errno=e.errno_name,
                                           reason=e.message))
-            _send_error(writer, 0, e)
+            send_error(writer, 0, e)
         except asyncio.TimeoutError:
             log.warning("refused %s", kv(event="refused", peer=peer_s, errno="ETIMEDOUT",
                                           reason="no hello within the handshake timeout"))
-            _send_error(writer, 0, RDMAError("ETIMEDOUT", "no hello within "
+            send_error(writer, 0, RDMAError("ETIMEDOUT", "no hello within "
                                                           f"{HANDSHAKE_TIMEOUT:g} s"))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -362,14 +279,14 @@ class Daemon:
                         touched[id(qph)] = qph
                 for qph in touched.values():
                     self.service(qph)
-                frames = await _read_frames(reader, decoder)
+                frames = await read_frames(reader, decoder)
                 if not frames:
                     return
         except FrameError as e:
             self.counters["wire_protocol_errors"] += 1
             log.warning("wire peer disconnected %s", kv(event="wire_protocol_error", peer=peer,
                                                         errno=e.errno_name, reason=e.message))
-            _send_error(writer, 0, e)
+            send_error(writer, 0, e)
 
     def _refuse_rnr(self, qph: QPHost):
         def refuse(p: Packet) -> bool:
@@ -480,7 +397,22 @@ class Daemon:
                      "duplicates_discarded", "psn_seq_naks_sent"):
             total.setdefault(name, 0)
         total["fault_rules"] = len(self.faults.rules)
+        total.update(self.partial_block_counts())
         return total
+
+    def partial_block_counts(self) -> dict[str, int]:
+        """Layouts and transfers that were not whole protection blocks (docs/blocks.md):
+        the totals, and "NAME[dev:mkey]" for each MKEY that had any, while it exists."""
+        out = {"partial_block_layouts": 0, "partial_block_transfers": 0}
+        for hca in self.hcas.values():
+            for name, n in hca.partial_blocks.items():
+                out[name] += n
+            for key, obj in hca.keys.items():
+                for name in ("partial_block_layouts", "partial_block_transfers"):
+                    n = getattr(obj, name, 0)
+                    if n:
+                        out[f"{name}[{hca.name}:{key:#x}]"] = n
+        return out
 
     def forget_qp(self, qph: QPHost) -> None:
         for k, v in qph.rcqp.stats.items():
@@ -521,6 +453,10 @@ class Daemon:
         rcq = qph.rcqp.poll_recv_cq()
         if rcq:
             qph.rcq.push(rcq)
+        if qph.rcqp.events:
+            for ev in qph.rcqp.take_events():
+                qph.session.verbs.async_events.push(qph.ctx, ev, qp=qph.handle,
+                                              qp_num=qph.rcqp.qp_num)
         deadline = qph.rcqp.next_deadline()
         if deadline != qph.timer_at:
             if qph.timer is not None:
@@ -534,23 +470,6 @@ class Daemon:
 
     def new_qpn(self) -> int:
         return next(self._qpn) & 0xFFFFFF
-
-
-async def _read_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list:
-    """The next whole frames; [] at end of stream."""
-    while True:
-        data = await reader.read(READ_CHUNK)
-        if not data:
-            return []
-        frames = decoder.feed(data)
-        if frames:
-            return frames
-
-
-def _send_error(writer: asyncio.StreamWriter, rid: int, e: RDMAError) -> None:
-    with contextlib.suppress(Exception):
-        writer.writelines(encode_frame({"t": "err", "id": rid, "errno": e.errno_name,
-                                        "msg": e.message}))
 
 
 class WireLink:
@@ -589,20 +508,9 @@ class WireLink:
     async def _run(self) -> None:
         where = f"{self.host}:{self.port}"
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=READ_CHUNK),
-                HANDSHAKE_TIMEOUT)
-            decoder = FrameDecoder(self.daemon.max_frame)
-            frames = await asyncio.wait_for(_read_frames(reader, decoder), HANDSHAKE_TIMEOUT)
-            if not frames:
-                raise ConnectionError("closed during the handshake")
-            writer.writelines(encode_frame(make_hello(frames[0].header, "wire",
-                                                      self.daemon.token)))
-            frames = frames[1:] or await asyncio.wait_for(_read_frames(reader, decoder),
-                                                          HANDSHAKE_TIMEOUT)
-            if not frames or frames[0].kind != "welcome":
-                reason = frames[0].header.get("msg") if frames else "closed"
-                raise ConnectionError(f"peer refused the wire link: {reason}")
+            link = await open_link(self.host, self.port, "wire", self.daemon.token,
+                                   timeout=HANDSHAKE_TIMEOUT, max_frame=self.daemon.max_frame)
+            reader, writer = link.reader, link.writer
             self.writer = writer
             queued, self.queued = self.queued, []
             for dev, p, icrc_value in queued:
@@ -619,440 +527,3 @@ class WireLink:
         finally:
             self.closed = True
             self.queued = []
-
-
-# -- control sessions -------------------------------------------------------------------
-
-class ControlSession:
-    """One application's connection: its verbs calls, the objects they created."""
-
-    def __init__(self, daemon: Daemon, reader, writer, decoder: FrameDecoder, peer: str) -> None:
-        self.daemon = daemon
-        self.reader, self.writer, self.decoder = reader, writer, decoder
-        self.peer = peer
-        self.objects: dict[int, tuple[str, Any]] = {}
-        self._handles = itertools.count(1)
-        self._waits: set[asyncio.Task] = set()
-        self.gone = False
-        self.registered_bytes = 0
-        self.events_dropped = 0
-
-    async def run(self, first: list) -> None:
-        d = self.daemon
-        d.sessions.add(self)
-        d.counters["control_sessions"] += 1
-        log.info("session open %s", kv(event="session_open", peer=self.peer))
-        frames = first
-        try:
-            high = d.limits.reply_high_water
-            while True:
-                for fr in frames:
-                    self._handle(fr)
-                if self.writer.transport.get_write_buffer_size() > high:
-                    await self.writer.drain()
-                frames = await _read_frames(self.reader, self.decoder)
-                if not frames:
-                    return
-        except FrameError as e:
-            # Framing is lost: say why, then close (docs/protocol.md).
-            log.warning("session broke framing %s", kv(event="frame_error", peer=self.peer,
-                                                        errno=e.errno_name, reason=e.message))
-            _send_error(self.writer, 0, e)
-        finally:
-            self.destroy_all()
-            d.sessions.discard(self)
-            log.info("session closed %s", kv(event="session_close", peer=self.peer))
-
-    def push(self, header: dict, payload: bytes = b"") -> None:
-        """An event to this subscriber. A subscriber that does not keep up loses events
-        (counted), never slows the wire: the daemon does not wait for it."""
-        if self.writer.transport.get_write_buffer_size() > self.daemon.limits.reply_high_water:
-            self.events_dropped += 1
-            return
-        self.writer.writelines(encode_frame(header, payload))
-
-    def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None:
-        self.writer.writelines(encode_frame({"t": "ok", "id": rid, **result}, payload))
-
-    def _handle(self, fr) -> None:
-        rid = fr.header.get("id") if isinstance(fr.header.get("id"), int) else 0
-        try:
-            verb, rid, args = control.check_request(fr.header)
-            # Checked before the engine allocates anything, so a refusal leaks nothing.
-            if verb in _CREATORS and len(self.objects) >= self.daemon.limits.max_objects:
-                raise RDMAError("ENOMEM", f"{verb}: this session holds {len(self.objects)} "
-                                          "objects, the daemon's limit per session")
-            handler = getattr(self, f"op_{verb}")
-            result = handler(args, fr.payload, rid)
-            if result is not None:
-                payload = result.pop("_payload", b"")
-                self.reply(rid, payload, **result)
-        except RDMAError as e:
-            _send_error(self.writer, rid, e)
-        except Exception as e:      # a bug must cost one request, never the daemon
-            log.exception("request failed %s", kv(event="internal_error", peer=self.peer))
-            _send_error(self.writer, rid, RDMAError("EPROTO", f"internal error: {e!r}"[:200]))
-
-    # -- object table -------------------------------------------------------------------
-    def add(self, kind: str, obj: Any) -> int:
-        handle = next(self._handles)
-        self.objects[handle] = (kind, obj)
-        return handle
-
-    def get(self, handle: int, kind: str) -> Any:
-        entry = self.objects.get(handle)
-        if entry is None or entry[0] != kind:
-            raise RDMAError("ENOENT", f"handle {handle} is not a {kind} of this session")
-        return entry[1]
-
-    def flush_all(self) -> None:
-        """SIGTERM: every QP of the session to ERR, its WRs flushed to the CQs."""
-        for kind, obj in list(self.objects.values()):
-            if kind == "qp":
-                obj.rcqp.modify_to_err()
-                self.daemon.service(obj)
-
-    def destroy_all(self) -> None:
-        """The session ended: its objects go, as when a process exits (docs/architecture.md)."""
-        if self.gone:
-            return
-        self.gone = True
-        if self in self.daemon.subscribers:
-            self.daemon.subscribe(self, set())
-        for t in self._waits:
-            t.cancel()
-        counts: dict[str, int] = {}
-        for kind, obj in list(self.objects.values()):
-            counts[kind] = counts.get(kind, 0) + 1
-            self._destroy(kind, obj)
-        self.objects.clear()
-        if counts:
-            log.info("session objects destroyed %s", kv(event="session_cleanup", peer=self.peer,
-                                                        **counts))
-
-    def _destroy(self, kind: str, obj: Any) -> None:
-        d = self.daemon
-        if kind == "qp":
-            obj.rcqp.modify_to_err()
-            if obj.timer is not None:
-                obj.timer.cancel()
-            d.forget_qp(obj)
-        elif kind == "mr":
-            obj.pd.hca.dereg_mr(obj)
-            self.registered_bytes -= obj.length
-            self.daemon.registered_bytes -= obj.length
-        elif kind == "mkey":
-            obj.pd.hca.destroy_mkey(obj)
-        elif kind == "dek":
-            obj.pd.hca.destroy_dek(obj)
-        elif kind == "pd":
-            obj.hca.pds.pop(obj.handle, None)
-
-    def _destroy_handle(self, handle: int, kind: str) -> dict:
-        obj = self.get(handle, kind)
-        self._destroy(kind, obj)
-        del self.objects[handle]
-        return {}
-
-    # -- verbs: device and memory -------------------------------------------------------
-    def op_devices(self, a, payload, rid):
-        return {"devices": list(self.daemon.hcas)}
-
-    def op_open_device(self, a, payload, rid):
-        hca = self.daemon.hcas.get(a["name"])
-        if hca is None:
-            raise RDMAError("ENOENT", f"no device {a['name']!r} on this daemon (it has "
-                                      f"{', '.join(self.daemon.hcas)})")
-        return {"ctx": self.add("ctx", hca), "name": hca.name}
-
-    def op_query_device(self, a, payload, rid):
-        hca = self.get(a["ctx"], "ctx")
-        lim = self.daemon.limits
-        return {"attr": {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
-                         "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr,
-                         "max_msg_sz": lim.max_msg_size, "max_sge": control.MAX_SGE,
-                         "max_cqe": 1 << 22, "max_mr_size": 1 << 40, "max_pd": 1 << 16,
-                         "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
-                         & 0xFFFFFFFFFFFF}}
-
-    def op_close_device(self, a, payload, rid):
-        return self._destroy_handle(a["ctx"], "ctx")
-
-    def op_alloc_pd(self, a, payload, rid):
-        hca = self.get(a["ctx"], "ctx")
-        pd = hca.alloc_pd()
-        return {"pd": self.add("pd", pd)}
-
-    def op_dealloc_pd(self, a, payload, rid):
-        pd = self.get(a["pd"], "pd")
-        for kind, o in self.objects.values():
-            if kind in ("mr", "mkey", "qp", "dek") and o.pd is pd:
-                raise RDMAError("EBUSY", f"ibv_dealloc_pd: PD {a['pd']} still has a {kind}")
-        return self._destroy_handle(a["pd"], "pd")
-
-    def op_reg_mr(self, a, payload, rid):
-        pd = self.get(a["pd"], "pd")
-        lim, n = self.daemon.limits, a["length"]
-        if self.registered_bytes + n > lim.max_session_bytes:
-            raise RDMAError("ENOMEM", f"ibv_reg_mr of {n} bytes: this session has "
-                                      f"{self.registered_bytes} registered, its limit is "
-                                      f"{lim.max_session_bytes}")
-        if self.daemon.registered_bytes + n > lim.max_daemon_bytes:
-            raise RDMAError("ENOMEM", f"ibv_reg_mr of {n} bytes: the daemon has "
-                                      f"{self.daemon.registered_bytes} registered, its limit "
-                                      f"is {lim.max_daemon_bytes}")
-        mr = pd.hca.reg_mr(pd, n, a["access"])
-        self.registered_bytes += n
-        self.daemon.registered_bytes += n
-        return {"mr": self.add("mr", mr), "lkey": mr.lkey, "rkey": mr.rkey, "addr": mr.addr,
-                "length": mr.length}
-
-    def op_dereg_mr(self, a, payload, rid):
-        return self._destroy_handle(a["mr"], "mr")
-
-    def op_mr_write(self, a, payload, rid):
-        mr: MR = self.get(a["mr"], "mr")
-        mr.write(payload, a["offset"])
-        return {}
-
-    def op_mr_read(self, a, payload, rid):
-        mr: MR = self.get(a["mr"], "mr")
-        return {"_payload": mr.read(a["length"], a["offset"])}
-
-    # -- verbs: CQ and QP ---------------------------------------------------------------
-    def op_create_cq(self, a, payload, rid):
-        self.get(a["ctx"], "ctx")
-        cq = CQHost(0, a["cqe"])
-        cq.handle = self.add("cq", cq)
-        return {"cq": cq.handle, "cqe": a["cqe"]}
-
-    def op_destroy_cq(self, a, payload, rid):
-        cq = self.get(a["cq"], "cq")
-        for kind, o in self.objects.values():
-            if kind == "qp" and (o.scq is cq or o.rcq is cq):
-                raise RDMAError("EBUSY", f"ibv_destroy_cq: CQ {a['cq']} is used by QP "
-                                         f"{o.rcqp.qp_num:#x}")
-        return self._destroy_handle(a["cq"], "cq")
-
-    def op_poll_cq(self, a, payload, rid):
-        cq: CQHost = self.get(a["cq"], "cq")
-        if cq.entries or a["timeout"] <= 0:
-            return {"wcs": [wc_to_wire(w) for w in cq.take(a["num"])]}
-
-        async def wait() -> None:
-            await cq.wait(float(a["timeout"]))
-            if not self.gone:
-                self.reply(rid, wcs=[wc_to_wire(w) for w in cq.take(a["num"])])
-
-        task = asyncio.get_running_loop().create_task(wait())
-        self._waits.add(task)
-        task.add_done_callback(self._waits.discard)
-        return None
-
-    def op_create_qp(self, a, payload, rid):
-        pd: PD = self.get(a["pd"], "pd")
-        scq = self.get(a["scq"], "cq")
-        rcq = self.get(a["rcq"], "cq")
-        if a["qp_type"] != QpType.RC:
-            raise RDMAError("EOPNOTSUPP", f"qp_type {a['qp_type']}: only IBV_QPT_RC is modelled")
-        cap = self.daemon.limits.max_qp_wr
-        for name in ("max_send_wr", "max_recv_wr"):
-            if a[name] > cap:
-                raise einval(f"ibv_create_qp: cap.{name} {a[name]} exceeds the device's "
-                             f"max_qp_wr {cap}")
-        qpn = self.daemon.new_qpn()
-        rcqp = RCQP(pd, qpn, sq_depth=a["max_send_wr"], rq_depth=a["max_recv_wr"],
-                    sq_sig_all=a["sq_sig_all"], max_inline_data=a["max_inline_data"])
-        builder = MkeyConfigureBuilder(pd, a["send_ops_flags"], a["sq_sig_all"])
-        qph = QPHost(self, 0, pd.hca, pd, rcqp, scq, rcq, a["max_send_sge"], a["max_recv_sge"],
-                     a["send_ops_flags"], builder)
-        qph.handle = self.add("qp", qph)
-        self.daemon.qps[(pd.hca.name, qpn)] = qph
-        if self.daemon._wants("trace"):
-            rcqp.trace = self.daemon._trace_hook(qph)
-        return {"qp": qph.handle, "qp_num": qpn}
-
-    def op_destroy_qp(self, a, payload, rid):
-        return self._destroy_handle(a["qp"], "qp")
-
-    def op_modify_qp(self, a, payload, rid):
-        qph: QPHost = self.get(a["qp"], "qp")
-        attr = control.check_fields({"t": "modify_qp.attr", **a["attr"]}, control.QP_ATTR,
-                                    "modify_qp attr")
-        attr = {k: v for k, v in attr.items() if v is not None}
-        if "qp_state" not in attr:
-            raise einval("ibv_modify_qp: attr.qp_state is required (IBV_QP_STATE)")
-        if ("dest_host" in attr) != ("dest_port" in attr):
-            raise einval("ibv_modify_qp: the peer's address (IBV_QP_AV) is dest_host and "
-                         "dest_port together")
-        # The mask's bits beside the fields sent (those that carry no value here); AV is
-        # the peer's address, so only the address sets it.
-        mask = a["mask"] & ~QpAttrMask.AV | qp_state.mask_of(attr)
-        qph.rcqp.modify(attr, mask)
-        if mask & QpAttrMask.AV:
-            qph.dest = (attr["dest_host"], attr["dest_port"], attr.get("dest_dev", qph.hca.name))
-            # Open the link now, so the first packet does not spend its ACK timeout on
-            # TCP and HELLO set-up.
-            self.daemon.link_to(attr["dest_host"], attr["dest_port"])
-        qph.attrs.update(attr)
-        self.daemon.service(qph)
-        return {"state": int(qph.rcqp.state)}
-
-    def op_query_qp(self, a, payload, rid):
-        qph: QPHost = self.get(a["qp"], "qp")
-        q = qph.rcqp
-        return {"attr": {"qp_state": int(q.state), "qp_num": q.qp_num, "dest_qp_num": q.dest_qp,
-                         "path_mtu": qph.attrs.get("path_mtu", 0),
-                         "timeout": qph.attrs.get("timeout", 0),
-                         "retry_cnt": q.retry_cnt, "rnr_retry": q.rnr_retry,
-                         "sq_sig_all": q.sq_sig_all,
-                         "dest": list(qph.dest) if qph.dest else None}}
-
-    def op_post_send(self, a, payload, rid):
-        qph: QPHost = self.get(a["qp"], "qp")
-        wrs = control.check_list(a["wrs"], control.SEND_WR, "send_wr")
-        now = asyncio.get_running_loop().time()
-        try:
-            for i, w in enumerate(wrs):
-                try:
-                    opcode = WrOpcode(w["opcode"])
-                except ValueError:
-                    raise einval(f"opcode {w['opcode']} is not an enum ibv_wr_opcode") from None
-                sg = control.sges_from_wire(w["sg"], f"send_wr[{i}]")
-                if len(sg) > qph.max_send_sge:
-                    raise einval(f"send WR {i} has {len(sg)} SGEs, the QP's max_send_sge is "
-                                 f"{qph.max_send_sge}")
-                size = sum(s.length for s in sg)
-                if size > self.daemon.limits.max_msg_size:
-                    raise einval(f"send WR {i} moves {size} bytes, the port's max_msg_sz is "
-                                 f"{self.daemon.limits.max_msg_size}")
-                wr = SendWR(w["wr_id"], opcode, sg, w["send_flags"], w["imm_data"], w["rkey"],
-                            w["remote_addr"], w["compare_add"], w["swap"],
-                            w["invalidate_rkey"])
-                try:
-                    qph.rcqp.post_send(wr, now)
-                except RDMAError as e:
-                    raise RDMAError(e.errno_name, f"ibv_post_send: WR {i} (wr_id {w['wr_id']}): "
-                                                  f"{e.message}") from None
-        finally:
-            self.daemon.service(qph)
-        return {}
-
-    def op_post_recv(self, a, payload, rid):
-        qph: QPHost = self.get(a["qp"], "qp")
-        wrs = control.check_list(a["wrs"], control.RECV_WR, "recv_wr")
-        try:
-            for i, w in enumerate(wrs):
-                sg = control.sges_from_wire(w["sg"], f"recv_wr[{i}]")
-                if len(sg) > qph.max_recv_sge:
-                    raise einval(f"recv WR {i} has {len(sg)} SGEs, the QP's max_recv_sge is "
-                                 f"{qph.max_recv_sge}")
-                qph.rcqp.post_recv(RecvWR(w["wr_id"], sg))
-        finally:
-            self.daemon.service(qph)
-        return {}
-
-    # -- fault injection and counters (the daemon's, not the session's) ----------------
-    def op_faults_add(self, a, payload, rid):
-        rule = self.daemon.faults.add(a["rule"])
-        log.info("fault rule added %s", kv(event="fault_add", peer=self.peer, id=rule.id,
-                                            rule=rule.spec))
-        return {"rule": rule.as_dict()}
-
-    def op_faults_list(self, a, payload, rid):
-        return {"rules": self.daemon.faults.list()}
-
-    def op_faults_clear(self, a, payload, rid):
-        n = self.daemon.faults.clear(a["rule_id"])
-        log.info("fault rules cleared %s", kv(event="fault_clear", peer=self.peer, n=n))
-        return {"cleared": n}
-
-    def op_subscribe(self, a, payload, rid):
-        kinds = set(a["events"])
-        unknown = kinds - {"packets", "trace"}
-        if unknown or not all(isinstance(k, str) for k in kinds):
-            raise einval(f"subscribe: unknown event kind(s) {sorted(map(str, unknown))}; "
-                         "the kinds are 'packets' and 'trace'")
-        self.daemon.subscribe(self, kinds)
-        return {"events": sorted(kinds)}
-
-    def op_counters(self, a, payload, rid):
-        return {"counters": self.daemon.stats()}
-
-    # -- mlx5dv: MKEYs and DEKs ---------------------------------------------------------
-    def op_create_mkey(self, a, payload, rid):
-        pd: PD = self.get(a["pd"], "pd")
-        mkey = pd.hca.create_mkey(pd, a["create_flags"], a["max_entries"])
-        return {"mkey": self.add("mkey", mkey), "lkey": mkey.lkey, "rkey": mkey.rkey}
-
-    def op_destroy_mkey(self, a, payload, rid):
-        return self._destroy_handle(a["mkey"], "mkey")
-
-    def op_mkey_check(self, a, payload, rid):
-        mkey: MKey = self.get(a["mkey"], "mkey")
-        err = mkey.mkey_check()
-        return {"err_type": int(err.err_type), "actual_value": int(err.actual_value),
-                "expected_value": int(err.expected_value), "offset": int(err.offset)}
-
-    def op_mkey_configure(self, a, payload, rid):
-        """mlx5dv_wr_mkey_configure(3) and its setters, replayed between ibv_wr_start and
-        ibv_wr_complete: the batch is validated whole and applied whole, or not at all."""
-        qph: QPHost = self.get(a["qp"], "qp")
-        calls = []
-        for i, c in enumerate(a["calls"]):
-            what = f"mkey_configure call {i}"
-            if not isinstance(c, list) or not c:
-                raise FrameError("EPROTO", f"{what} must be a non-empty list")
-            if c[0] == "configure":
-                if len(c) != len(control.CONFIGURE_CALL):
-                    raise FrameError("EPROTO", f"{what}: configure takes wr_id, wr_flags, "
-                                               "mkey, num_setters, conf_flags, comp_mask")
-                names = ("wr_id", "wr_flags", "mkey", "num_setters", "conf_flags", "comp_mask")
-                v = control.check_fields({"t": what, **dict(zip(names, c[1:], strict=True))},
-                                         dict(zip(names, control.CONFIGURE_CALL[1:],
-                                                  strict=True)), what)
-                calls.append(("configure", v, self.get(v["mkey"], "mkey")))
-            elif len(c) == 2:
-                kind, value = control.setter_from_wire(c[0], c[1], what)
-                if kind == "crypto" and value.dek is not None:
-                    value = dataclasses.replace(value, dek=self.get(value.dek, "dek"))
-                calls.append((kind, value, None))
-            else:
-                raise FrameError("EPROTO", f"{what}: a setter is [kind, value]")
-        q = qph.rcqp
-        if q.state not in (QpState.RTS, QpState.ERR):
-            raise einval(f"ibv_wr_mkey_configure needs the QP in RTS, it is in "
-                         f"{QpState(q.state).name}")
-        b = qph.builder
-        b.wr_start()
-        for kind, value, mkey in calls:
-            if kind == "configure":
-                b.wr_id, b.wr_flags = value["wr_id"], value["wr_flags"]
-                b.wr_mkey_configure(mkey, value["num_setters"],
-                                    MkeyConfAttr(conf_flags=value["conf_flags"],
-                                                 comp_mask=value["comp_mask"]))
-            elif kind == "layout_interleaved":
-                b.wr_set_mkey_layout_interleaved(*value)
-            else:
-                getattr(b, f"wr_set_mkey_{kind}")(value)
-        posted = b.wr_complete()
-        now = asyncio.get_running_loop().time()
-        for p in posted:
-            q.post_local(p.wr_id, p.signaled, WcOpcode.DRIVER1, now=now)
-        self.daemon.service(qph)
-        return {"posted": len(posted)}
-
-    def op_create_dek(self, a, payload, rid):
-        hca: HCA = self.get(a["ctx"], "ctx")
-        pd: PD = self.get(a["pd"], "pd")
-        if pd.hca is not hca:
-            raise einval("mlx5dv_dek_create: the PD belongs to another device")
-        dek = hca.create_dek(DEKInitAttr(key_size=a["key_size"], key=a["key"],
-                                         has_keytag=a["has_keytag"], keytag=a["keytag"],
-                                         key_purpose=a["key_purpose"], pd=pd))
-        # The session's handle names it to the client; the engine keeps its own.
-        return {"dek": self.add("dek", dek)}
-
-    def op_destroy_dek(self, a, payload, rid):
-        return self._destroy_handle(a["dek"], "dek")
-

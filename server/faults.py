@@ -71,6 +71,17 @@ _SCHEMA: dict[str, tuple] = {
     "count": (int, lambda v: v >= 1), "seconds": ((int, float), lambda v: 0 <= v <= 60),
     "window": (int, lambda v: 1 <= v <= 1024), "name": (str, lambda v: len(v) <= 80),
 }
+# What a field takes, said when a value is refused (a typo such as action=corupt is
+# answered with the list to pick from).
+_NAMED = {"action": ACTIONS, "direction": ("out", "in"), "field": FIELDS,
+          "icrc": ("recompute", "stale"), "pi_size": (4, 8), "opcode": _OPCODE_STEMS}
+_VALID = {name: "one of " + ", ".join(map(str, _NAMED[name])) for name in _NAMED} | {
+    "qp": "an integer >= 0", "block": "an integer >= 0", "offset": "an integer >= 0",
+    "message": "an integer >= 1", "packet": "an integer >= 1", "count": "an integer >= 1",
+    "block_size": "an integer in [1, 65536]", "window": "an integer in [1, 1024]",
+    "xor": "an integer in [0, 2^64)", "set": "an integer in [0, 2^64)",
+    "probability": "a number in [0, 1]", "seed": "an integer",
+    "seconds": "a number of seconds in [0, 60]", "name": "a string of at most 80 characters"}
 
 
 def _bad(msg: str) -> RDMAError:
@@ -122,7 +133,7 @@ def validate_rule(spec: Any) -> dict:
     for name, value in spec.items():
         typ, ok = _SCHEMA[name]
         if not isinstance(value, typ) or isinstance(value, bool) or not ok(value):
-            raise _bad(f"{name}={value!r} is not valid"[:160])
+            raise _bad(f"{name}={value!r}"[:80] + f" is not valid: {_VALID[name]}")
     if "action" not in spec:
         raise _bad(f"'action' is required: one of {', '.join(ACTIONS)}")
     out = {"direction": "out", **spec}

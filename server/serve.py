@@ -14,12 +14,14 @@ import ipaddress
 import json
 import logging
 import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..engine.crypto_login import DeviceCrypto
 from ..protocol.errors import RDMAError
+from .crypto_config import load_crypto_config
 from .daemon import Daemon, Limits, kv
+from .logs import setup_logging
 
 log = logging.getLogger("softhca.server")
 
@@ -35,6 +37,8 @@ class ServeOptions:
     ready_file: str | None
     faults: list = field(default_factory=list)
     capture: str | None = None
+    crypto: DeviceCrypto | None = None
+    strict_blocks: bool = False
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -92,21 +96,22 @@ def options_from_args(args) -> ServeOptions:
                 pass
         except OSError as e:
             raise ValueError(f"cannot write --capture {capture}: {e.strerror}") from None
+    crypto = None
+    if getattr(args, "crypto_config", None):
+        # Refused before listening: the devices' crypto mode is fixed at start.
+        crypto = load_crypto_config(args.crypto_config)
     limits = Limits(max_connections=args.max_connections, max_objects=args.max_objects,
                     max_session_bytes=args.max_session_bytes,
                     max_daemon_bytes=args.max_daemon_bytes, max_frame=args.max_frame,
                     max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr)
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
-                        args.log_level, args.ready_file, faults, capture or None)
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+                        args.log_level, args.ready_file, faults, capture or None, crypto,
+                        bool(getattr(args, "strict_blocks", False)))
 
 
 async def serve(o: ServeOptions) -> None:
-    daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits)
+    daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits, crypto=o.crypto,
+                    strict_blocks=o.strict_blocks)
     for rule in o.faults:
         daemon.faults.add(rule)
     await daemon.start()
@@ -116,6 +121,9 @@ async def serve(o: ServeOptions) -> None:
 
         tap = CaptureTap(daemon, o.capture)
         log.info("capturing %s", kv(event="capture", file=o.capture))
+    log.info("crypto %s", kv(event="crypto", mode="wrapped" if daemon.crypto.wrapped
+                              else "plaintext", import_kek_id=daemon.crypto.import_kek_id,
+                              credential_id=daemon.crypto.credential_id))
     if o.faults:
         log.info("fault rules installed %s", kv(event="faults_loaded", n=len(o.faults)))
     if o.token is None:

@@ -7,6 +7,7 @@ import os
 import random
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from softhca.engine.hca import HCA
 from softhca.engine.mkey_configure import MkeyConfigureBuilder
@@ -18,6 +19,13 @@ from softhca.protocol.enums import (
     Mlx5dvQpExSendOps,
     SendFlags,
 )
+
+# The property tests judge behaviour, not speed. On a loaded machine generating examples can
+# be slow, and hypothesis' too_slow health check (or a per-example deadline) would fail a
+# correct run; tests that set their own settings inherit this.
+settings.register_profile("softhca", suppress_health_check=[HealthCheck.too_slow],
+                          deadline=None)
+settings.load_profile("softhca")
 
 ALL_ACCESS = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
               | AccessFlags.REMOTE_ATOMIC)
@@ -81,3 +89,32 @@ async def pair():
 
     async with two_nodes() as p:
         yield p
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the container tests measured (tests/compose.py), once, after the run."""
+    import sys
+
+    compose = sys.modules.get("compose")
+    if compose is not None and compose.REPORT:
+        terminalreporter.section("containers")
+        for line in compose.REPORT:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def wrong_demo_oracle(monkeypatch):
+    """softhca demo's oracle one bit off: the T10DIF images of DIF_4K (sig_block 2) get
+    block 1's ref tag 0x00001001 where the page says 0x00001000, so a demo judged by it
+    must FAIL there."""
+    from softhca.tools import demo
+
+    real = demo.protect
+
+    def wrong(data, d):
+        out = bytearray(real(data, d))
+        if d is demo.DIF_4K:
+            out[4104 + 4096 + 7] ^= 0x01
+        return bytes(out)
+
+    monkeypatch.setattr(demo, "protect", wrong)

@@ -17,10 +17,13 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from softhca.engine import signature, transfer
 from softhca.engine.hca import DEK
+from softhca.protocol.address import split_address
 from softhca.protocol.packets import Packet
-from softhca.tools import demo
+from softhca.tools import harness
 from softhca.tools.cli import main
 
 EXAMPLE_NAMES = [
@@ -147,18 +150,9 @@ def test_demo_runs_between_two_daemons(capsys):
     assert "1 example: 1 PASS, 0 FAIL" in out
 
 
-def test_demo_fails_when_the_oracle_disagrees(monkeypatch, capsys):
+def test_demo_fails_when_the_oracle_disagrees(wrong_demo_oracle, capsys):
     """The wire the daemons produced is judged by the oracle: one byte of the expected
     image wrong (the ref tag of block 1) is a FAIL and exit status 1."""
-    real = demo.protect
-
-    def wrong(data, d):
-        out = bytearray(real(data, d))
-        if d is demo.DIF_4K:
-            out[4104 + 4096 + 7] ^= 0x01
-        return bytes(out)
-
-    monkeypatch.setattr(demo, "protect", wrong)
     assert main(["demo", "--only", "sig_block 2"]) == 1
     out = capsys.readouterr().out
     assert verdicts(out) == {"sig_block 2": "FAIL"}
@@ -174,7 +168,7 @@ def test_demo_wire_is_payloads_in_psn_order_once_each():
     psns = [0xFFFFFE, 0xFFFFFF, 0x0, 0x1]
     ops = ["RDMA_WRITE_FIRST", "RDMA_WRITE_MIDDLE", "RDMA_WRITE_MIDDLE", "RDMA_WRITE_LAST"]
     pkts = [Packet(0x11, psn, op, bytes([k]) * 4) for k, (psn, op) in enumerate(zip(psns, ops, strict=True))]
-    cap = demo.Capture(())
+    cap = harness.Capture(())
     cap.sent = [("initiator", p) for p in (pkts[0], pkts[1], pkts[2], pkts[1], pkts[2],
                                             pkts[3])]
     cap.sent.append(("target", Packet(0x21, 0x1, "ACKNOWLEDGE", aeth=("ACK", 1))))
@@ -222,3 +216,37 @@ def test_python_dash_m_runs_the_cli():
                            "mkey_configure list"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "PASS  mkey_configure list" in done.stdout
+
+
+@pytest.mark.parametrize("argv", [["faults", "list", "--target", "127.0.0.1:1"],
+                                  ["trace", "--target", "127.0.0.1:1"],
+                                  ["capture", "--target", "127.0.0.1:1", "--out", "x.pcap"]])
+def test_an_unreadable_token_file_is_a_usage_error(argv, tmp_path, capsys):
+    """Every client command reads --token-file before it connects (nothing listens on
+    port 1) and names itself in the error."""
+    missing = tmp_path / "no-token"
+    argv = [str(tmp_path / a) if a == "x.pcap" else a for a in argv]
+    assert main([*argv, "--token-file", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"softhca {argv[0]}: cannot read {missing}: No such file"), err
+    assert not (tmp_path / "x.pcap").exists()
+
+
+def test_split_address():
+    assert split_address("127.0.0.1:4791") == ("127.0.0.1", 4791)
+    assert split_address("[::1]:18515") == ("::1", 18515)
+    assert split_address("node-b", 4791) == ("node-b", 4791)
+    assert split_address("10.0.0.2") == ("10.0.0.2", 0)
+    with pytest.raises(ValueError, match="is not HOST:PORT"):
+        split_address("node-b:rdma")
+
+
+def test_building_the_parser_loads_no_engine():
+    """softhca --help builds every subcommand's parser (explain and trace included):
+    the engine, numpy and the oracle's CRC library load only when a command runs."""
+    heavy = ("softhca.engine.signature", "softhca.engine.hca", "numpy", "crcmod")
+    code = ("import sys; from softhca.tools.cli import build_parser; build_parser(); "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -14,9 +14,8 @@ from softhca.protocol.attrs import CryptoAttr, SigBlockAttr
 from softhca.protocol.enums import (
     MkeyErrType,
 )
-
-import oracle
-from crypto_table import (
+from softhca.tools import oracle
+from softhca.tools.crypto_table import (
     DUS,
     TWEAK,
     prot,

@@ -13,8 +13,7 @@ from softhca.engine import transfer
 from softhca.engine.completion import Fault, TransferError
 from softhca.protocol.attrs import CryptoAttr
 from softhca.protocol.enums import BlockSize, WcStatus
-
-import oracle
+from softhca.tools import oracle
 
 KEY = bytes(range(64))
 TWEAK = 5

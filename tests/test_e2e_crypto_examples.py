@@ -13,31 +13,24 @@ import random
 import pytest
 
 import softhca.client as sh
-
-import oracle
-from crypto_table import (
+from softhca.tools import oracle
+from softhca.tools.crypto_table import (
     DUS,
     TWEAK,
     dec,
     enc,
+    new_key,
     prot,
     row_images,
     sig_pi,
 )
+
 from e2e import SIG_CRYPTO_FLAGS, two_nodes, whole
 
 CRYPTO_FLAGS = sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT | sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_CRYPTO
 LOCAL = sh.IBV_ACCESS_LOCAL_WRITE
 REMOTE = sh.IBV_ACCESS_LOCAL_WRITE | sh.IBV_ACCESS_REMOTE_READ | sh.IBV_ACCESS_REMOTE_WRITE
 N_BLOCKS = 6
-
-
-def new_key(rng: random.Random, size: int) -> bytes:
-    # mlx5dv_dek_create refuses equal key halves (docs/semantics.md 8).
-    while True:
-        key = rng.randbytes(size)
-        if key[:size // 2] != key[size // 2:]:
-            return key
 
 
 async def configure_row(side, row: str, key: bytes, data: bytes, access: int = REMOTE,

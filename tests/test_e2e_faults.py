@@ -16,8 +16,8 @@ import random
 import pytest
 
 import softhca.client as sh
+from softhca.tools import oracle
 
-import oracle
 from e2e import (
     SIG_CRYPTO_FLAGS,
     SIG_FLAGS,
@@ -45,7 +45,7 @@ def dif_domain(flags: int = sh.MLX5DV_SIG_T10DIF_FLAG_REF_REMAP) -> sh.Mlx5SigBl
 
 
 def wire_image(data: bytes, app=lambda b: APP) -> bytes:
-    return oracle.protect(data, 512, lambda blk, b: oracle.t10dif_pi(blk, app=app(b),
+    return oracle.protect_blocks(data, 512, lambda blk, b: oracle.t10dif_pi(blk, app=app(b),
                                                                    ref=REF + b))
 
 

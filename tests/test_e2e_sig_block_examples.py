@@ -9,8 +9,8 @@ softhca.client (tests/e2e.py). Expected images and PI values come from the oracl
 from __future__ import annotations
 
 import softhca.client as sh
+from softhca.tools import oracle
 
-import oracle
 from e2e import SIG_FLAGS, sge, whole
 
 LOCAL = sh.IBV_ACCESS_LOCAL_WRITE
@@ -55,7 +55,7 @@ async def test_e2e_sig_block_example_1(pair, rng):
     512 data bytes of each block sent; the initiator's RECV gets the data alone."""
     t, i = pair.target, pair.initiator
     data = rng.randbytes(8 * 512)
-    memory = oracle.protect(data, 512, crc32_pi)
+    memory = oracle.protect_blocks(data, 512, crc32_pi)
     assert len(memory) == 8 * 516
     mr = await t.reg_mr(memory)
     mkey = await t.mkey(SIG_FLAGS, access=LOCAL, sges=whole(mr), sig=EXAMPLE_1)
@@ -102,7 +102,7 @@ async def test_e2e_sig_block_example_1_1(pair, rng):
     assert (swc.status, swc.opcode) == (sh.IBV_WC_SUCCESS, sh.IBV_WC_SEND), swc
     assert (rwc.status, rwc.opcode, rwc.byte_len) == (sh.IBV_WC_SUCCESS, sh.IBV_WC_RECV,
                                                       len(data)), rwc
-    assert await mr.read() == oracle.protect(data, 512, crc32_pi)
+    assert await mr.read() == oracle.protect_blocks(data, 512, crc32_pi)
     await assert_no_err(mkey)
 
 
@@ -116,7 +116,7 @@ async def test_e2e_sig_block_example_2(pair, rng):
 
     wc = await pair.read(whole(dst), mkey.rkey, 0)
     assert (wc.status, wc.opcode) == (sh.IBV_WC_SUCCESS, sh.IBV_WC_RDMA_READ), wc
-    assert await dst.read() == oracle.protect(data, 4096, dif_pi)
+    assert await dst.read() == oracle.protect_blocks(data, 4096, dif_pi)
     # The target's memory is not changed by being read.
     assert await mr.read() == data
     await assert_no_err(mkey)
@@ -127,7 +127,7 @@ async def test_e2e_sig_block_example_2_1(pair, rng):
     stripped, and the data alone scattered; a bad guard is reported by the target."""
     t, i = pair.target, pair.initiator
     data = rng.randbytes(4 * 4096)
-    image = oracle.protect(data, 4096, dif_pi)
+    image = oracle.protect_blocks(data, 4096, dif_pi)
     mr = await t.reg_mr(len(data))
     mkey = await t.mkey(SIG_FLAGS, access=REMOTE, sges=whole(mr), sig=EXAMPLE_2)
     src = await i.reg_mr(image)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 
 import softhca.client as sh
-from softhca.tools import demo, explain
+from softhca.tools import crypto_table, demo, explain, harness, oracle
 
 from e2e import SIG_FLAGS, sge, two_nodes, whole
 
@@ -94,7 +94,7 @@ async def test_sig_block_example_1_gather_check_strip_send(rng):
     """SEND with the MKEY as lkey: each CRC32 validated, stripped, the data sent."""
     async with two_nodes() as p:
         data = rng.randbytes(8 * 512)
-        memory = demo.protect(data, demo.CRC32_512)
+        memory = oracle.protect(data, demo.CRC32_512)
         mr = await p.target.reg_mr(memory)
         mkey = await p.target.mkey(SIG_FLAGS, sges=whole(mr), sig=demo.SIG_EXAMPLE_1)
         dst = await p.initiator.reg_mr(len(data))
@@ -126,7 +126,7 @@ async def test_sig_block_example_1_1_receive_generate_scatter(rng):
         # The wire domain has no signature: nothing to check, the memory's CRC32 generated.
         assert stages(rx) == ["wire", "generate", "scatter"]
         assert stage(rx, "generate").header["detail"]["pi_size"] == 4
-        assert stage(rx, "scatter").data == demo.protect(data, demo.CRC32_512)
+        assert stage(rx, "scatter").data == oracle.protect(data, demo.CRC32_512)
 
 
 async def test_sig_block_example_2_gather_generate_transmit(rng):
@@ -142,7 +142,7 @@ async def test_sig_block_example_2_gather_generate_transmit(rng):
         tx = one_transfer(await drain(tsub), "RDMA_READ", "TX")
         assert stages(tx) == ["gather", "generate", "wire"]
         assert {e.header["role"] for e in tx} == {"responder"}
-        assert stage(tx, "wire").data == demo.protect(data, demo.DIF_4K)
+        assert stage(tx, "wire").data == oracle.protect(data, demo.DIF_4K)
         rx = one_transfer(await drain(isub), "RDMA_READ", "RX")
         assert stages(rx) == ["wire", "scatter"]
 
@@ -154,7 +154,7 @@ async def test_sig_block_example_2_1_receive_check_strip_scatter(rng):
         data = rng.randbytes(4 * 4096)
         mr = await p.target.reg_mr(len(data))
         mkey = await p.target.mkey(SIG_FLAGS, sges=whole(mr), sig=demo.SIG_EXAMPLE_2)
-        image = demo.protect(data, demo.DIF_4K)
+        image = oracle.protect(data, demo.DIF_4K)
         src = await p.initiator.reg_mr(image)
         tsub = await p.target.node.subscribe("trace")
         assert (await p.write(whole(src), mkey.rkey, 0)).status == sh.IBV_WC_SUCCESS
@@ -172,7 +172,7 @@ async def test_sig_block_example_2_1_a_bad_guard_is_reported_at_its_block(rng):
         data = rng.randbytes(4 * 4096)
         mr = await p.target.reg_mr(len(data))
         mkey = await p.target.mkey(SIG_FLAGS, sges=whole(mr), sig=demo.SIG_EXAMPLE_2)
-        bad = bytearray(demo.protect(data, demo.DIF_4K))
+        bad = bytearray(oracle.protect(data, demo.DIF_4K))
         bad[2 * 4104 + 4096] ^= 0x01
         src = await p.initiator.reg_mr(bytes(bad))
         tsub = await p.target.node.subscribe("trace")
@@ -191,14 +191,14 @@ async def test_sig_block_example_2_1_a_bad_guard_is_reported_at_its_block(rng):
 # -- mlx5dv_wr_set_mkey_crypto(3) ---------------------------------------------------------
 
 async def crypto_mkey(side, key: bytes, memory: bytes | int, row: str):
-    """An MKEY configured as the table's row (demo.row_images gives the domains)."""
-    r = demo.row_images(row, key, bytes(512))
+    """An MKEY configured as the table's row (crypto_table.row_images gives the domains)."""
+    r = crypto_table.row_images(row, key, bytes(512))
     sig = None
     if r.mem_sig or r.wire_sig:
         sig = sh.Mlx5SigBlockAttr(mem=r.mem_sig, wire=r.wire_sig, check_mask=0xFF)
-    flags = demo.SIG_CRYPTO_FLAGS if sig else demo.CRYPTO_FLAGS
+    flags = harness.SIG_CRYPTO_FLAGS if sig else harness.CRYPTO_FLAGS
     mr = await side.reg_mr(memory)
-    attr = demo.crypto_attr(await side.dek(key), demo.CRYPTO_TABLE[row][5], r.order, r.unit)
+    attr = crypto_table.crypto_attr(await side.dek(key), crypto_table.TABLE[row].encrypt_on_tx, r.order, r.unit)
     mkey = await side.mkey(flags, sges=whole(mr), sig=sig, crypto=attr)
     return mr, mkey
 
@@ -207,14 +207,14 @@ def assert_crypto_detail(ev: sh.Event, unit: int) -> None:
     d = ev.header["detail"]
     assert d["data_unit_size"] == unit
     tweak = d["first_tweak"]
-    assert (int(tweak, 16) if isinstance(tweak, str) else tweak) == demo.TWEAK
+    assert (int(tweak, 16) if isinstance(tweak, str) else tweak) == crypto_table.TWEAK
 
 
 async def test_crypto_example_1_gather_decrypt_send(rng):
     """SEND with the MKEY as lkey: the memory decrypted with the DEK, plaintext sent."""
     async with two_nodes() as p:
-        key, data = demo.new_key(rng, 64), rng.randbytes(8 * 512)
-        memory = demo.xts(key, data, 512, encrypt=True)
+        key, data = crypto_table.new_key(rng, 64), rng.randbytes(8 * 512)
+        memory = crypto_table.enc(key, data, 512)
         _, mkey = await crypto_mkey(p.target, key, memory, "F")
         dst = await p.initiator.reg_mr(len(data))
         tsub = await p.target.node.subscribe("trace")
@@ -228,7 +228,7 @@ async def test_crypto_example_1_gather_decrypt_send(rng):
 async def test_crypto_example_1_1_receive_encrypt_scatter(rng):
     """RECV on the same MKEY: the wire data encrypted with the DEK and scattered."""
     async with two_nodes() as p:
-        key, data = demo.new_key(rng, 32), rng.randbytes(8 * 512)
+        key, data = crypto_table.new_key(rng, 32), rng.randbytes(8 * 512)
         _, mkey = await crypto_mkey(p.target, key, len(data), "F")
         src = await p.initiator.reg_mr(data)
         tsub = await p.target.node.subscribe("trace")
@@ -236,14 +236,14 @@ async def test_crypto_example_1_1_receive_encrypt_scatter(rng):
         rx = one_transfer(await drain(tsub), "RECV", "RX")
         assert stages(rx) == ["wire", "encrypt", "scatter"]
         assert_crypto_detail(stage(rx, "encrypt"), 512)
-        assert stage(rx, "scatter").data == demo.xts(key, data, 512, encrypt=True)
+        assert stage(rx, "scatter").data == crypto_table.enc(key, data, 512)
 
 
 async def test_crypto_example_2_gather_generate_encrypt_transmit(rng):
     """RDMA_READ (row C): a T10DIF generated every 512 bytes, data and T10DIF encrypted
     together in 520-byte data units, transmitted."""
     async with two_nodes() as p:
-        key, data = demo.new_key(rng, 64), rng.randbytes(8 * 512)
+        key, data = crypto_table.new_key(rng, 64), rng.randbytes(8 * 512)
         _, mkey = await crypto_mkey(p.target, key, data, "C")
         dst = await p.initiator.reg_mr(8 * 520)
         tsub = await p.target.node.subscribe("trace")
@@ -251,23 +251,23 @@ async def test_crypto_example_2_gather_generate_encrypt_transmit(rng):
         tx = one_transfer(await drain(tsub), "RDMA_READ", "TX")
         assert stages(tx) == ["gather", "generate", "encrypt", "wire"]
         assert_crypto_detail(stage(tx, "encrypt"), 520)
-        assert stage(tx, "generate").data == demo.protect(data, demo.SIG)
-        assert stage(tx, "wire").data == demo.xts(key, demo.protect(data, demo.SIG), 520, True)
+        assert stage(tx, "generate").data == oracle.protect(data, crypto_table.SIG)
+        assert stage(tx, "wire").data == crypto_table.enc(key, oracle.protect(data, crypto_table.SIG), 520)
 
 
 async def test_crypto_example_2_1_receive_decrypt_check_strip_scatter(rng):
     """RDMA_WRITE (row C): decrypted, each T10DIF validated, stripped, data scattered."""
     async with two_nodes() as p:
-        key, data = demo.new_key(rng, 64), rng.randbytes(8 * 512)
+        key, data = crypto_table.new_key(rng, 64), rng.randbytes(8 * 512)
         _, mkey = await crypto_mkey(p.target, key, len(data), "C")
-        src = await p.initiator.reg_mr(demo.xts(key, demo.protect(data, demo.SIG), 520, True))
+        src = await p.initiator.reg_mr(crypto_table.enc(key, oracle.protect(data, crypto_table.SIG), 520))
         tsub = await p.target.node.subscribe("trace")
         assert (await p.write(whole(src), mkey.rkey, 0)).status == sh.IBV_WC_SUCCESS
         rx = one_transfer(await drain(tsub), "RDMA_WRITE", "RX")
         assert stages(rx) == ["wire", "decrypt", "check", "strip", "scatter"]
         assert_checks_pass(rx, 8)
         assert_crypto_detail(stage(rx, "decrypt"), 520)
-        assert stage(rx, "decrypt").data == demo.protect(data, demo.SIG)
+        assert stage(rx, "decrypt").data == oracle.protect(data, crypto_table.SIG)
         assert stage(rx, "scatter").data == data
 
 
@@ -303,8 +303,8 @@ ROW_BLOCKS = 4
 async def test_crypto_table_row_stages(row, rng):
     want_tx, want_rx = ROW_STAGES[row]
     async with two_nodes() as p:
-        key, data = demo.new_key(rng, 64), rng.randbytes(ROW_BLOCKS * 512)
-        r = demo.row_images(row, key, data)
+        key, data = crypto_table.new_key(rng, 64), rng.randbytes(ROW_BLOCKS * 512)
+        r = crypto_table.row_images(row, key, data)
         mr, mkey = await crypto_mkey(p.target, key, r.memory, row)
         dst = await p.initiator.reg_mr(len(r.wire))
         tsub = await p.target.node.subscribe("trace")

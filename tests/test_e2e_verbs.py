@@ -86,7 +86,7 @@ async def test_send_with_inv_invalidates_the_targets_mkey(pair: Pair):
     (swc,), (rwc,) = await i.send_wc(), await t.recv_wc()
     assert swc.status == S and rwc.status == S
     assert rwc.wc_flags & sh.IBV_WC_WITH_INV and rwc.invalidated_rkey == mkey.rkey
-    # The MKEY is gone for later traffic (docs/semantics.md section 2).
+    # The MKEY is gone for later traffic (docs/semantics.md 4.5).
     assert (await pair.write(whole(src), mkey.rkey, 0)).status == sh.IBV_WC_REM_ACCESS_ERR
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import softhca.client as sh
+from softhca.tools import oracle
 
-import oracle
 from e2e import SIG_FLAGS, sge, two_nodes, whole
 
 DIF_4K = sh.Mlx5SigBlockDomain(sig_type=sh.MLX5DV_SIG_TYPE_T10DIF,
@@ -29,7 +29,7 @@ async def test_trace_of_sig_block_example_2_1_through_the_daemon():
     """Receive, validate the T10-DIF of each 4096-byte block, strip, scatter."""
     async with two_nodes() as p:
         data = os.urandom(2 * 4096)
-        wire = oracle.protect(data, 4096, lambda blk, b: oracle.t10dif_pi(
+        wire = oracle.protect_blocks(data, 4096, lambda blk, b: oracle.t10dif_pi(
             blk, bg=0xFFFF, app=0x5A5A, ref=0x1000 + b))
         mr = await p.target.reg_mr(len(data))
         mkey = await p.target.mkey(SIG_FLAGS, sges=whole(mr),

@@ -21,6 +21,9 @@ from softhca.tools import explain
 from softhca.tools.cli import main
 
 # mlx5dv_wr_set_mkey_crypto(3), the table (capitalisation as printed: "Encrypt On TX" in B).
+# Deliberately literals, not softhca.tools.crypto_table.TABLE: explain's row
+# configurations come from that module, and a test that read the table from it too
+# could not catch a wrong row there.
 MAN_PAGE_TABLE = {
     # row: (Memory, Op1, Op2, Op3, Wire, encrypt_on_tx, signature_crypto_order)
     "A": ("data", "Encrypt on TX", "SIG.mem = none", "SIG.wire = none", "enc(data)", True,
@@ -175,20 +178,26 @@ def test_copy_mask_is_computed_as_the_device_does(capsys):
     assert doc["layout"]["wire"]["image"] == "data+SIG2"
 
 
-@pytest.mark.parametrize("mem, wire", [
-    ("t10dif:app=1,ref=2", "t10dif:app=1,ref=2"),
-    ("t10dif:bg=0xffff", "t10dif"),
-    ("t10dif:bg=csum", "t10dif:bg=crc,app=5"),
-    ("crc32c", "crc32c:seed=ones"),
-    ("crc32", "crc32c"),
-    ("crc64", "t10dif"),
-    ("none", "crc64"),
+# docs/semantics.md section 6, step 2, written out: nothing unless both domains have the
+# same sig_type and block_size; a CRC whole when the CRC types match; a T10DIF's guard
+# (0xc0) when bg_type and bg match, app (0x30) when app_tag does, ref (0x0f) when ref_tag does.
+@pytest.mark.parametrize("mem, wire, want", [
+    ("t10dif:app=1,ref=2", "t10dif:app=1,ref=2", 0xFF),
+    ("t10dif:bg=0xffff", "t10dif", 0x3F),
+    ("t10dif:bg=csum", "t10dif:bg=crc,app=5", 0x0F),
+    ("crc32c", "crc32c:seed=ones", 0xFF),
+    ("crc32", "crc32c", 0),
+    ("crc64", "t10dif", 0),
+    ("none", "crc64", 0),
 ])
-def test_computed_copy_mask_agrees_with_the_engine(mem, wire):
+def test_computed_copy_mask_is_the_pages_rule(mem, wire, want, capsys):
+    """explain shows the copy mask the engine computes (one rule, engine/signature.py);
+    both against the rule as written above."""
     cfg = explain.Config(explain.parse_domain(mem), explain.parse_domain(wire))
     spec = validate_sig_block_attr(explain.to_attr(cfg))
-    assert explain.computed_copy_mask(cfg.mem, cfg.wire)[0] == \
-        computed_copy_mask(spec.mem, spec.wire) == spec.copy_mask
+    assert computed_copy_mask(spec.mem, spec.wire) == spec.copy_mask == want
+    doc = run_json(capsys, "--mem", mem, "--wire", wire)
+    assert (doc["config"]["copy_mask"], doc["config"]["copy_mask_given"]) == (want, False)
 
 
 def test_given_copy_mask_and_partial_check_mask(capsys):

@@ -104,3 +104,53 @@ def test_the_walker_catches_an_upward_import(tmp_path, path, source, complaint):
     found = violations(tmp_path)
     assert found and all(f.startswith(path + ":") for f in found), found
     assert any(complaint in f for f in found), found
+
+
+# The oracle judges the engine: the demo and the tests take expected bytes from it, so
+# it must not be computed by what it judges (nor by anything built on the engine).
+INDEPENDENT = {"tools/oracle.py": {"protocol"}, "tools/crypto_table.py": {"protocol", "oracle"}}
+
+
+@pytest.mark.parametrize("module", sorted(INDEPENDENT))
+def test_the_oracle_does_not_import_the_engine(module):
+    tree = ast.parse((ROOT / module).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            imported.update(n.split(".")[0] for n in names)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            assert not any(m.startswith("softhca") for m in mods), ast.dump(node)
+    assert imported <= INDEPENDENT[module], imported
+
+
+def engine_imports(path: Path) -> set[str]:
+    """The engine modules ``path`` imports at run time (inside functions too; not the
+    ``if TYPE_CHECKING:`` imports, which only annotations see)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", None) == "TYPE_CHECKING"
+                   for stmt in node.body for n in ast.walk(stmt)}
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in typing_only:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            out.update(n.split(".")[0] for n in names)
+    return out
+
+
+def test_the_engine_modules_import_each_other_without_a_cycle():
+    graph = {p.stem: engine_imports(p) for p in (ROOT / "engine").glob("*.py")}
+    done: set[str] = set()
+
+    def visit(mod: str, path: tuple[str, ...]) -> None:
+        assert mod not in path, "import cycle: " + " -> ".join((*path, mod))
+        if mod in done or mod not in graph:
+            return
+        for dep in sorted(graph[mod]):
+            visit(dep, (*path, mod))
+        done.add(mod)
+
+    for mod in sorted(graph):
+        visit(mod, ())

@@ -11,8 +11,7 @@ from softhca.protocol.enums import (
     MkeyInitAttrFlags,
     SigType,
 )
-
-import oracle
+from softhca.tools import oracle
 
 RW = AccessFlags.REMOTE_READ | AccessFlags.REMOTE_WRITE | AccessFlags.LOCAL_WRITE
 

@@ -28,8 +28,7 @@ from softhca.protocol.enums import (
     WrOpcode,
 )
 from softhca.protocol.errors import RDMAError
-
-import oracle
+from softhca.tools import oracle
 
 ALL = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
        | AccessFlags.REMOTE_ATOMIC)
@@ -405,7 +404,7 @@ def test_rdma_write_through_signature_mkey_generates_pi(node, rng):
     p.run()
     assert status_of(p.wcs["a_send"]) == [(1, WcStatus.SUCCESS)]
     pi = lambda block, _b: oracle.crc_pi(block, SigCrcType.CRC32, 0xFFFFFFFF)  # noqa: E731
-    assert mr.read() == oracle.protect(data, 512, pi)
+    assert mr.read() == oracle.protect_blocks(data, 512, pi)
     assert mkey.mkey_check().err_type == MkeyErrType.NO_ERR
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from softhca.tools import demo, report
+from softhca.tools import crypto_table, demo, harness, render, report
 from softhca.tools.cli import main
 
 BROWSER_TIMEOUT = 120
@@ -166,17 +166,8 @@ def test_report_of_a_few_examples(tmp_path, capsys):
     assert "The man page states:" in body
 
 
-def test_report_shows_a_fail(tmp_path, monkeypatch, capsys):
+def test_report_shows_a_fail(tmp_path, wrong_demo_oracle, capsys):
     """An oracle that disagrees: the section says FAIL and why, the summary counts it."""
-    real = demo.protect
-
-    def wrong(data, d):
-        out = bytearray(real(data, d))
-        if d is demo.DIF_4K:
-            out[4104 + 4096 + 7] ^= 0x01
-        return bytes(out)
-
-    monkeypatch.setattr(demo, "protect", wrong)
     path = tmp_path / "fail.html"
     assert main(["demo", "--only", "sig_block 2", "--html", str(path)]) == 1
     capsys.readouterr()
@@ -187,12 +178,12 @@ def test_report_shows_a_fail(tmp_path, monkeypatch, capsys):
 
 
 def test_everything_from_a_run_is_escaped():
-    rec = demo.Record('<script>alert("x")</script>', demo.Outcome("x"))
+    rec = harness.Record('<script>alert("x")</script>', harness.Outcome("x"))
     rec.outcome.reasons.append("a <b> & c")
-    rec.steps += [demo.Step("note", "<i>", "1 < 2 & \"3\""),
-                  demo.Step("image", "<svg onload=x>", data=bytes(1040),
-                            shape=demo.Shape(512, demo.SIG)),
-                  demo.Step("raw", text="</pre><script>")]
+    rec.steps += [harness.Step("note", "<i>", "1 < 2 & \"3\""),
+                  harness.Step("image", "<svg onload=x>", data=bytes(1040),
+                            shape=render.Shape(512, crypto_table.SIG)),
+                  harness.Step("raw", text="</pre><script>")]
     text = report.render([rec], {}, title="<t>", intro="&")
     assert "<script" not in text and "<i>" not in text and "<svg onload" not in text
     assert "&lt;script&gt;" in text and "1 &lt; 2 &amp; &quot;3&quot;" in text
@@ -326,8 +317,8 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path, capsys):
     done = browser(chromium, f"--screenshot={shot}", "--window-size=1400,3000",
                    "--hide-scrollbars", path.as_uri(), cwd=tmp_path)
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
-    with capsys.disabled():
-        print(f"\nreport screenshot: {shot} ({shot.stat().st_size} bytes)")
+    # Into pytest's capture: shown with the report of a failing assertion below.
+    print(f"report screenshot: {shot} ({shot.stat().st_size} bytes)")
     assert shot.stat().st_size > 20_000
     width, height, rows = png_pixels(shot)
     assert (width, height) == (1400, 3000)

@@ -18,8 +18,7 @@ from softhca.protocol.enums import (
     SigT10difFlags,
     SigType,
 )
-
-import oracle
+from softhca.tools import oracle
 
 CRC32_512 = SigBlockDomain(sig_type=SigType.CRC, crc=SigCrc(SigCrcType.CRC32, 0xFFFFFFFF),
                            block_size=BlockSize.SIZE_512)
@@ -41,7 +40,7 @@ def dif_pi(block: bytes, b: int) -> bytes:
 def test_sig_block_example_1(node, rng):
     """SEND through the MKEY: validate each CRC32, strip it, transmit 512 bytes a block."""
     data = rng.randbytes(8 * 512)
-    memory = oracle.protect(data, 512, crc32_pi)
+    memory = oracle.protect_blocks(data, 512, crc32_pi)
     _, mkey = node.mkey_over(memory, sig=EXAMPLE_1)
     wire = transfer.tx(node.pd, mkey.lkey, 0, len(data))
     assert wire == data
@@ -53,7 +52,7 @@ def test_sig_block_example_1_1(node, rng):
     data = rng.randbytes(8 * 512)
     mr, mkey = node.mkey_over(8 * 516, sig=EXAMPLE_1)
     transfer.rx(node.pd, mkey.lkey, 0, data)
-    assert mr.read() == oracle.protect(data, 512, crc32_pi)
+    assert mr.read() == oracle.protect_blocks(data, 512, crc32_pi)
     assert mkey.mkey_check().err_type == MkeyErrType.NO_ERR
 
 
@@ -62,13 +61,13 @@ def test_sig_block_example_2(node, rng):
     data = rng.randbytes(4 * 4096)
     _, mkey = node.mkey_over(data, sig=EXAMPLE_2)
     wire = transfer.tx(node.pd, mkey.rkey, 0, 4 * 4104, remote=True)
-    assert wire == oracle.protect(data, 4096, dif_pi)
+    assert wire == oracle.protect_blocks(data, 4096, dif_pi)
 
 
 def test_sig_block_example_2_1(node, rng):
     """A remote RDMA_WRITE to the MKEY: each T10DIF validated, stripped, data scattered."""
     data = rng.randbytes(4 * 4096)
-    wire = oracle.protect(data, 4096, dif_pi)
+    wire = oracle.protect_blocks(data, 4096, dif_pi)
     mr, mkey = node.mkey_over(len(data), sig=EXAMPLE_2)
     transfer.rx(node.pd, mkey.rkey, 0, wire, remote=True)
     assert mr.read() == data

@@ -19,8 +19,7 @@ from softhca.protocol.enums import (
     SigT10difFlags,
     SigType,
 )
-
-import oracle
+from softhca.tools import oracle
 
 ESC = SigT10difFlags
 
@@ -63,7 +62,7 @@ def test_t10dif_generation_every_guard_and_block_size(node, rng, bs, bg_type, bg
     pi = dif_pi_fn(csum=bg_type == SigT10difBgType.CSUM, bg=bg, app=0x1357, ref=0xFFFFFFFE,
                    remap=True)
     # REF_REMAP wraps modulo 2^32: 0xFFFFFFFE, 0xFFFFFFFF, 0.
-    assert wire == oracle.protect(data, size, pi)
+    assert wire == oracle.protect_blocks(data, size, pi)
 
 
 @pytest.mark.parametrize("crc_type", list(SigCrcType))
@@ -77,7 +76,7 @@ def test_crc_generation_both_seeds(node, rng, crc_type, all_ones, bs):
     mr, mkey = node.mkey_over(len(data) + 16, sig=SigBlockAttr(
         mem=crc_domain(crc_type, seed, bs), check_mask=0xFF))
     transfer.rx(node.pd, mkey.lkey, 0, data)
-    expect = oracle.protect(data, size, lambda blk, b: oracle.crc_pi(blk, crc_type, seed))
+    expect = oracle.protect_blocks(data, size, lambda blk, b: oracle.crc_pi(blk, crc_type, seed))
     assert mr.read(len(expect)) == expect
     # TX checks what RX generated, and strips it.
     assert transfer.tx(node.pd, mkey.lkey, 0, len(data)) == data
@@ -90,7 +89,7 @@ def test_half_checked_app_tag(node, rng):
     """mlx5dv_wr_set_mkey_sig_block(3): "check_mask allows validating a part of the
     application tag". Bit 5 is APP[1], the app tag's first (high) byte."""
     data = rng.randbytes(4 * 512)
-    wire = bytearray(oracle.protect(data, 512, dif_pi_fn(app=0xAB00)))
+    wire = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn(app=0xAB00)))
     wire[520 + 512 + 3] = 0xCD            # block 1: low app byte differs (unchecked)
     mr, mkey = wire_dif_mkey(node, 4, app_tag=0xAB00, check_mask=0xC0 | 0x20)
     transfer.rx(node.pd, mkey.lkey, 0, bytes(wire))
@@ -105,7 +104,7 @@ def test_half_checked_app_tag(node, rng):
 
 def test_check_mask_without_guard_ignores_corrupt_data(node, rng):
     data = rng.randbytes(2 * 512)
-    wire = bytearray(oracle.protect(data, 512, dif_pi_fn(ref=7)))
+    wire = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn(ref=7)))
     wire[100] ^= 0xFF
     _, mkey = wire_dif_mkey(node, 2, ref_tag=7, check_mask=0x3F)
     transfer.rx(node.pd, mkey.lkey, 0, bytes(wire))
@@ -123,7 +122,7 @@ def test_check_mask_without_guard_ignores_corrupt_data(node, rng):
 ])
 def test_escapes(node, rng, flags, app, ref, escaped):
     data = rng.randbytes(3 * 512)
-    wire = bytearray(oracle.protect(data, 512, dif_pi_fn()))
+    wire = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn()))
     # Block 1 carries the escape tags and a wrong guard.
     wire[520 + 512:520 + 520] = bytes(2) + app.to_bytes(2, "big") + ref.to_bytes(4, "big")
     _, mkey = wire_dif_mkey(node, 3, flags=flags)
@@ -138,7 +137,7 @@ def test_escapes(node, rng, flags, app, ref, escaped):
 def test_ref_remap_checks_the_block_index_from_mkey_offset(node, rng):
     """B = X // W + b: a transfer that starts at block 3 expects ref_tag + 3 first."""
     data = rng.randbytes(8 * 512)
-    wire = oracle.protect(data, 512, dif_pi_fn(ref=100, remap=True))
+    wire = oracle.protect_blocks(data, 512, dif_pi_fn(ref=100, remap=True))
     mr, mkey = wire_dif_mkey(node, 8, ref_tag=100, flags=ESC.REF_REMAP)
     transfer.rx(node.pd, mkey.lkey, 3 * 520, wire[3 * 520:6 * 520])
     assert mkey.mkey_check().err_type == MkeyErrType.NO_ERR
@@ -154,7 +153,7 @@ def test_ref_without_remap_is_constant(node, rng):
     data = rng.randbytes(3 * 512)
     _, mkey = node.mkey_over(data, sig=SigBlockAttr(wire=dif_domain(ref_tag=0xCAFE)))
     assert transfer.tx(node.pd, mkey.lkey, 520, 2 * 520) == \
-        oracle.protect(data[512:], 512, dif_pi_fn(ref=0xCAFE))
+        oracle.protect_blocks(data[512:], 512, dif_pi_fn(ref=0xCAFE))
 
 
 # -- copy masks ---------------------------------------------------------------------------------
@@ -163,13 +162,13 @@ def test_automatic_copy_mask_copies_only_matching_parts(node, rng):
     """Memory and wire T10DIF with the same bg but different app and ref tags: the guard
     is copied (even a wrong one, unchecked), app and ref are generated."""
     data = rng.randbytes(2 * 512)
-    memory = bytearray(oracle.protect(data, 512, dif_pi_fn(app=1, ref=2)))
+    memory = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn(app=1, ref=2)))
     memory[512:514] = b"\x12\x34"          # block 0's guard, wrong but not checked
     _, mkey = node.mkey_over(bytes(memory), sig=SigBlockAttr(
         mem=dif_domain(app_tag=1, ref_tag=2), wire=dif_domain(app_tag=9, ref_tag=8),
         check_mask=0x3F))
     wire = transfer.tx(node.pd, mkey.lkey, 0, 2 * 520)
-    expect = bytearray(oracle.protect(data, 512, dif_pi_fn(app=9, ref=8)))
+    expect = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn(app=9, ref=8)))
     expect[512:514] = b"\x12\x34"
     assert wire == bytes(expect)
     assert mkey.mkey_check().err_type == MkeyErrType.NO_ERR
@@ -177,25 +176,25 @@ def test_automatic_copy_mask_copies_only_matching_parts(node, rng):
 
 def test_automatic_copy_mask_is_empty_for_different_guards(node, rng):
     data = rng.randbytes(2 * 512)
-    memory = oracle.protect(data, 512, dif_pi_fn())
+    memory = oracle.protect_blocks(data, 512, dif_pi_fn())
     _, mkey = node.mkey_over(memory, sig=SigBlockAttr(
         mem=dif_domain(), wire=dif_domain(bg_type=SigT10difBgType.CSUM), check_mask=0xFF))
     assert transfer.tx(node.pd, mkey.lkey, 0, 2 * 520) == \
-        oracle.protect(data, 512, dif_pi_fn(csum=True))
+        oracle.protect_blocks(data, 512, dif_pi_fn(csum=True))
 
 
 def test_explicit_copy_mask_overrides(node, rng):
     """COPY_MASK: keep the app tag bytes the application stored (unknown in advance, so
     unchecked), generate the rest even though the configs match."""
     data = rng.randbytes(2 * 512)
-    memory = bytearray(oracle.protect(data, 512, dif_pi_fn(app=5, ref=6)))
+    memory = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn(app=5, ref=6)))
     memory[512 + 2:512 + 4] = b"\x0A\x0B"
     memory[520 + 512 + 2:520 + 512 + 4] = b"\x0C\x0D"
     _, mkey = node.mkey_over(bytes(memory), sig=SigBlockAttr(
         mem=dif_domain(app_tag=5, ref_tag=6), wire=dif_domain(app_tag=5, ref_tag=6),
         flags=SigBlockAttrFlags.COPY_MASK, copy_mask=0x30, check_mask=0xCF))
     wire = transfer.tx(node.pd, mkey.lkey, 0, 2 * 520)
-    expect = bytearray(oracle.protect(data, 512, dif_pi_fn(app=5, ref=6)))
+    expect = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn(app=5, ref=6)))
     expect[512 + 2:512 + 4] = b"\x0A\x0B"
     expect[520 + 512 + 2:520 + 512 + 4] = b"\x0C\x0D"
     assert wire == bytes(expect)
@@ -204,7 +203,7 @@ def test_explicit_copy_mask_overrides(node, rng):
 
 def test_crc_to_crc_copy_of_matching_types(node, rng):
     data = rng.randbytes(2 * 512)
-    memory = bytearray(oracle.protect(data, 512,
+    memory = bytearray(oracle.protect_blocks(data, 512,
                                       lambda b, i: oracle.crc_pi(b, SigCrcType.CRC32C, 0)))
     memory[512] ^= 0xFF                    # copied as is: the check_mask is empty
     _, mkey = node.mkey_over(bytes(memory), sig=SigBlockAttr(
@@ -221,7 +220,7 @@ def test_trailing_partial_block_is_plain_data(node, rng):
     mr, mkey = node.mkey_over(3 * 520, sig=SigBlockAttr(mem=dif_domain(app_tag=3),
                                                         check_mask=0xFF))
     transfer.rx(node.pd, mkey.lkey, 0, data)
-    expect = oracle.protect(data, 512, dif_pi_fn(app=3))
+    expect = oracle.protect_blocks(data, 512, dif_pi_fn(app=3))
     assert mr.read(len(expect)) == expect
     assert transfer.tx(node.pd, mkey.lkey, 0, len(data)) == data
     assert mkey.mkey_check().err_type == MkeyErrType.NO_ERR
@@ -256,7 +255,7 @@ def test_offsets_mid_mkey_across_layout_pieces(node, rng):
                                     check_mask=0xFF))
     data = rng.randbytes(3 * 512)
     transfer.rx(node.pd, mkey.lkey, 2 * 512, data)
-    memory = oracle.protect(data, 512, dif_pi_fn(ref=50, remap=True, first=2))
+    memory = oracle.protect_blocks(data, 512, dif_pi_fn(ref=50, remap=True, first=2))
     concat = mrs[0].read(700, 10) + mrs[1].read(1000) + mrs[2].read(1000, 100)
     assert concat[2 * 520:5 * 520] == memory
     assert concat[:2 * 520] == bytes(2 * 520)
@@ -279,7 +278,7 @@ N = 8
 
 def corrupted_wire(rng, field: str, k: int):
     data = rng.randbytes(N * 512)
-    wire = bytearray(oracle.protect(data, 512, dif_pi_fn(app=0x4242, ref=0x10, remap=True)))
+    wire = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn(app=0x4242, ref=0x10, remap=True)))
     at = {"guard": 512, "app": 514, "ref": 516, "data": 77}[field]
     wire[k * 520 + at] ^= 0x01
     return data, bytes(wire)
@@ -314,7 +313,7 @@ def test_corruption_in_block_k(node, rng, field, err_type, k):
 
 def test_only_the_first_error_is_kept(node, rng):
     data = rng.randbytes(N * 512)
-    wire = bytearray(oracle.protect(data, 512, dif_pi_fn()))
+    wire = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn()))
     wire[2 * 520 + 515] ^= 1               # block 2 app tag
     wire[6 * 520 + 512] ^= 1               # block 6 guard
     _, mkey = wire_dif_mkey(node, N)
@@ -328,7 +327,7 @@ def test_only_the_first_error_is_kept(node, rng):
 
 def test_first_failing_field_in_order_guard_app_ref(node, rng):
     data = rng.randbytes(2 * 512)
-    wire = bytearray(oracle.protect(data, 512, dif_pi_fn()))
+    wire = bytearray(oracle.protect_blocks(data, 512, dif_pi_fn()))
     wire[520 + 513] ^= 1                   # guard, app and ref of block 1 all wrong
     wire[520 + 515] ^= 1
     wire[520 + 519] ^= 1
@@ -343,7 +342,7 @@ def test_crc_error_values_and_memory_domain_offset(node, rng, crc_type):
     seed = 0
     size = 4 if crc_type != SigCrcType.CRC64_XP10 else 8
     data = rng.randbytes(4 * 512)
-    memory = bytearray(oracle.protect(data, 512, lambda b, i: oracle.crc_pi(b, crc_type, seed)))
+    memory = bytearray(oracle.protect_blocks(data, 512, lambda b, i: oracle.crc_pi(b, crc_type, seed)))
     memory[3 * (512 + size) + 5] ^= 0x10
     _, mkey = node.mkey_over(bytes(memory), sig=SigBlockAttr(
         mem=crc_domain(crc_type, seed), check_mask=0xFF))

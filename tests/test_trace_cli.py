@@ -18,10 +18,9 @@ import sys
 import pytest
 
 import softhca.client as sh
-from softhca.tools import demo, trace
+from softhca.tools import crypto_table, oracle, trace
 from softhca.tools.cli import main
 
-import oracle
 from e2e import SIG_CRYPTO_FLAGS, SIG_FLAGS, two_nodes, whole
 
 TIMEOUT = 30.0
@@ -33,7 +32,7 @@ BLOCKS = 4
 
 
 def dif_image(data: bytes) -> bytes:
-    return oracle.protect(data, 512, lambda blk, b: oracle.t10dif_pi(
+    return oracle.protect_blocks(data, 512, lambda blk, b: oracle.t10dif_pi(
         blk, bg=0xFFFF, app=0x5A5A, ref=0x1000 + b))
 
 
@@ -159,11 +158,11 @@ async def test_crypto_row_c_read_shows_data_unit_tweak_and_ciphertext(rng):
     """Crypto example 2 (row C) traced: the encrypt stage with its data unit size and
     first tweak, and the wire blocks all ciphertext."""
     async with two_nodes() as p:
-        key, data = demo.new_key(rng, 64), rng.randbytes(BLOCKS * 512)
+        key, data = crypto_table.new_key(rng, 64), rng.randbytes(BLOCKS * 512)
         mr = await p.target.reg_mr(data)
-        attr = demo.crypto_attr(await p.target.dek(key), True, demo.BEFORE, 520)
+        attr = crypto_table.crypto_attr(await p.target.dek(key), True, crypto_table.BEFORE, 520)
         mkey = await p.target.mkey(SIG_CRYPTO_FLAGS, sges=whole(mr), crypto=attr,
-                                   sig=sh.Mlx5SigBlockAttr(wire=demo.SIG, check_mask=0xFF))
+                                   sig=sh.Mlx5SigBlockAttr(wire=crypto_table.SIG, check_mask=0xFF))
         dst = await p.initiator.reg_mr(BLOCKS * 520)
         async with TraceProcess(p.target.node.address, "--count", "4", "--blocks", "5") as tr:
             assert (await p.read(whole(dst), mkey.rkey, 0)).status == sh.IBV_WC_SUCCESS
@@ -173,7 +172,7 @@ async def test_crypto_row_c_read_shows_data_unit_tweak_and_ciphertext(rng):
     assert re.match(r"QP 0x[0-9a-f]+ RDMA_READ responder psn 0x0, rkey 0x[0-9a-f]+, TX", lines[0])
     stage_lines = [ln for ln in lines[1:] if re.match(r"  \S", ln)]
     assert [ln.split()[0] for ln in stage_lines] == ["gather", "generate", "encrypt", "wire"]
-    assert f"data_unit_size 520B, first tweak 0x{demo.TWEAK:032x}" in stage_lines[2]
+    assert f"data_unit_size 520B, first tweak 0x{crypto_table.TWEAK:032x}" in stage_lines[2]
     assert "PI 8B per block, all generated" in stage_lines[1]
     wire_at = lines.index(stage_lines[3])
     wire_blocks = lines[wire_at + 1:]
@@ -235,7 +234,7 @@ async def test_nothing_listening_is_a_clear_failure():
     async with TraceProcess(f"127.0.0.1:{port}", "--seconds", "1") as tr:
         rc, out, err = await tr.finish()
     assert rc == 1 and out == ""
-    assert f"softhca trace: cannot attach to 127.0.0.1:{port}: ECONNRESET" in err
+    assert f"softhca trace: cannot attach to 127.0.0.1:{port}: ECONNREFUSED" in err
 
 
 def test_usage_errors_return_2(tmp_path, capsys):
@@ -259,7 +258,7 @@ def ev(stage: str, direction: str, stream: str, data: bytes, offset: int = 0, **
 
 
 def crc32_image(data: bytes, tail: bytes = b"") -> bytes:
-    return oracle.protect(data, 512, lambda blk, b: oracle.crc_pi(blk, 0, 0)) + tail
+    return oracle.protect_blocks(data, 512, lambda blk, b: oracle.crc_pi(blk, 0, 0)) + tail
 
 
 def test_grouping_cuts_transfers_at_their_first_and_last_stage():
@@ -301,7 +300,7 @@ def test_geometry_from_lengths_offsets_and_a_tail():
 
 def test_an_8_byte_pi_that_is_a_crc64_is_shown_as_one():
     data = os.urandom(2 * 512)
-    mem = oracle.protect(data, 512, lambda blk, b: oracle.crc_pi(blk, 2, 0xFFFFFFFFFFFFFFFF))
+    mem = oracle.protect_blocks(data, 512, lambda blk, b: oracle.crc_pi(blk, 2, 0xFFFFFFFFFFFFFFFF))
     t = trace.group_events([
         ev("gather", "TX", "memory", mem),
         ev("check", "TX", "wire", data, domain_pi=8, check_mask=0xFF, results=[0, 0]),

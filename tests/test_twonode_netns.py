@@ -3,8 +3,9 @@
 ``softhca serve`` runs in one namespace at 10.200.0.1, the two-node tests
 (tests/twonode) run in another at 10.200.0.2 against it, over a veth pair: what
 ``docker compose up --exit-code-from initiator`` runs, without a Docker engine.
-The run's output is echoed to the terminal (past pytest's capture) so that CI's log
-shows it. Root and a working ``ip netns`` are needed; otherwise these skip, saying why.
+The run's output is printed into pytest's capture, so that it shows with a failing
+test's report and a passing run reads as passing (the deliberately broken run's
+"failed" lines never appear beside green dots). Root and a working ``ip netns`` are needed; otherwise these skip, saying why.
 """
 
 from __future__ import annotations
@@ -29,12 +30,11 @@ def netns_available():
         pytest.skip(reason)
 
 
-def echo(capsys, title: str, text: str) -> None:
-    """Print past pytest's capture: CI's log is what it shows."""
-    with capsys.disabled():
-        print(f"\n===== {title} =====")
-        print(textwrap.indent(text.rstrip(), "  "))
-        print(f"===== end of {title} =====")
+def echo(title: str, text: str) -> None:
+    """Into pytest's capture: pytest shows it under the test's failure, and only then."""
+    print(f"\n===== {title} =====")
+    print(textwrap.indent(text.rstrip(), "  "))
+    print(f"===== end of {title} =====")
 
 
 def daemon_log(topo: netns.Topology) -> str:
@@ -53,16 +53,16 @@ def first_of(log: str, *events: str) -> list[str]:
     return out
 
 
-def test_twonode_examples_across_namespaces(netns_available, tmp_path, capsys):
+def test_twonode_examples_across_namespaces(netns_available, tmp_path):
     """The man page examples pass between a daemon at 10.200.0.1 and an initiator at
     10.200.0.2; afterwards nothing of the topology remains."""
     with netns.two_node_topology(tmp_path) as topo:
-        echo(capsys, "two-node topology (network namespaces)", topo.describe())
+        echo("two-node topology (network namespaces)", topo.describe())
         run = topo.run_twonode()
-        echo(capsys, f"two-node tests in {topo.initiator_ns} ({topo.initiator_addr}) -> "
+        echo(f"two-node tests in {topo.initiator_ns} ({topo.initiator_addr}) -> "
                      f"{topo.target}, exit {run.returncode}, {run.seconds:.1f} s", run.output)
     log = daemon_log(topo)
-    echo(capsys, f"softhca serve log in {topo.target_ns} ({topo.target_addr})",
+    echo(f"softhca serve log in {topo.target_ns} ({topo.target_addr})",
          "\n".join(first_of(log, "listen", "session_open", "wire_in", "wire_out", "stopped")))
     assert run.returncode == 0, run.output
     assert f"target {topo.target}, initiator {topo.initiator_addr}" in run.output, run.output
@@ -76,8 +76,7 @@ def test_twonode_examples_across_namespaces(netns_available, tmp_path, capsys):
     assert topo.leftovers() == []
 
 
-def test_twonode_broken_target_fails_fast_with_a_connection_error(netns_available, tmp_path,
-                                                                   capsys):
+def test_twonode_broken_target_fails_fast_with_a_connection_error(netns_available, tmp_path):
     """SOFTHCA_TARGET pointing where no daemon listens: the two-node run fails (not
     hangs) within the bound, every test saying it cannot connect."""
     with netns.two_node_topology(tmp_path) as topo:
@@ -85,7 +84,7 @@ def test_twonode_broken_target_fails_fast_with_a_connection_error(netns_availabl
     lines = run.output.rstrip().splitlines()
     errors = [line for line in lines if BROKEN_TARGET in line and CONNECTION_ERROR.search(line)]
     header = [line for line in lines if line.startswith("softhca two-node:")]
-    echo(capsys, f"two-node tests in {topo.initiator_ns} ({topo.initiator_addr}) -> "
+    echo(f"two-node tests in {topo.initiator_ns} ({topo.initiator_addr}) -> "
                  f"{BROKEN_TARGET} (deliberately wrong), exit {run.returncode}, "
                  f"{run.seconds:.1f} s", "\n".join(header + errors[:1] + ["..."] + lines[-1:]))
     assert run.returncode == 1, run.output
@@ -95,7 +94,7 @@ def test_twonode_broken_target_fails_fast_with_a_connection_error(netns_availabl
     assert topo.leftovers() == []
 
 
-def test_netns_topology_is_torn_down_when_the_body_fails(netns_available, tmp_path, capsys):
+def test_netns_topology_is_torn_down_when_the_body_fails(netns_available, tmp_path):
     """A failure inside the topology still removes both namespaces, the veth pair and
     the daemon; a test of its own checks that nothing is left."""
     with pytest.raises(RuntimeError, match="a failing test"):
@@ -104,7 +103,7 @@ def test_netns_topology_is_torn_down_when_the_body_fails(netns_available, tmp_pa
             assert topo.daemon is not None and topo.daemon.poll() is None
             raise RuntimeError("a failing test")
     left = topo.leftovers()
-    echo(capsys, "after teardown", f"namespaces {topo.target_ns}, {topo.initiator_ns}; veth "
+    echo("after teardown", f"namespaces {topo.target_ns}, {topo.initiator_ns}; veth "
          f"{topo.target_veth}, {topo.initiator_veth}; processes {sorted(topo.pids)}: "
          f"{'left: ' + ', '.join(left) if left else 'none left'}")
     assert left == []

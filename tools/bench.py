@@ -59,6 +59,7 @@ from ..protocol.enums import (
     SigT10difFlags,
     SigType,
 )
+from .harness import Side
 
 MIB = 1 << 20
 # IEEE 1619 caps a data unit at 2^20 AES blocks and OpenSSL refuses more in one
@@ -305,7 +306,7 @@ LATENCY_BYTES = 64
 MANY_QPS_BYTES = 4 * KIB
 READY_TIMEOUT = 30.0
 COMPLETION_TIMEOUT = 60.0
-# The daemon's socket reads (server/daemon.py READ_CHUNK); the TCP ceiling reads alike.
+# The daemon's socket reads (protocol/link.py READ_CHUNK); the TCP ceiling reads alike.
 TCP_READ_CHUNK = 1 << 18
 _RUNS = itertools.count()
 
@@ -457,15 +458,21 @@ async def _tcp_sink(ready_file: str, timeout: float) -> dict:
             done.set_result({"bytes": received, "seconds": seconds})
 
     server = await asyncio.start_server(on_connection, "127.0.0.1", 0, limit=TCP_READ_CHUNK)
+    _announce_port(server, ready_file)
+    try:
+        return await asyncio.wait_for(done, timeout)
+    finally:
+        server.close()
+
+
+def _announce_port(server: asyncio.Server, ready_file: str) -> None:
+    """Write the port ``server`` listens on to ``ready_file``, whole or not at all (the
+    other process polls for the file)."""
     port = server.sockets[0].getsockname()[1]
     tmp = ready_file + ".tmp"
     with open(tmp, "w") as f:
         f.write(f"{port}\n")
     os.replace(tmp, ready_file)
-    try:
-        return await asyncio.wait_for(done, timeout)
-    finally:
-        server.close()
 
 
 async def _tcp_source(port: int, size: int, seconds: float, budget: int) -> None:
@@ -494,11 +501,7 @@ async def _tcp_echo(ready_file: str, timeout: float) -> None:
             done.set_result(None)
 
     server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    tmp = ready_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{port}\n")
-    os.replace(tmp, ready_file)
+    _announce_port(server, ready_file)
     try:
         await asyncio.wait_for(done, timeout)
     finally:
@@ -665,27 +668,6 @@ OPCODES = {"RDMA_WRITE": sh.IBV_WR_RDMA_WRITE, "RDMA_READ": sh.IBV_WR_RDMA_READ,
            "SEND": sh.IBV_WR_SEND}
 
 
-@dataclass
-class _Side:
-    node: sh.Node
-    ctx: sh.Context
-    pd: sh.PD
-    scq: sh.CQ
-    rcq: sh.CQ
-    qp: sh.QP
-
-
-async def _side(node: sh.Node, sq: int, rq: int) -> _Side:
-    ctx = await node.open_device("mlx5_0")
-    pd = await ctx.alloc_pd()
-    scq, rcq = await ctx.create_cq(4096), await ctx.create_cq(4096)
-    qp = await pd.create_qp(sh.QPInitAttr(
-        qp_type=sh.IBV_QPT_RC, scq=scq, rcq=rcq,
-        cap=sh.QPCap(max_send_wr=sq, max_recv_wr=rq, max_send_sge=1, max_recv_sge=1),
-        send_ops_flags=sh.MLX5DV_QP_EX_WITH_MKEY_CONFIGURE))
-    return _Side(node, ctx, pd, scq, rcq, qp)
-
-
 def _wc_ok(wcs: list, what: str) -> None:
     for wc in wcs:
         if wc.status != sh.IBV_WC_SUCCESS:
@@ -696,7 +678,7 @@ class _Pair:
     """One RC QP pair for one configuration: the initiator (daemon B) posts, the target
     (daemon A) is written, read and sent to through a plain MR or its MKEY."""
 
-    def __init__(self, config: str, target: _Side, initiator: _Side, opts: E2EOptions) -> None:
+    def __init__(self, config: str, target: Side, initiator: Side, opts: E2EOptions) -> None:
         self.config, self.t, self.i, self.opts = config, target, initiator, opts
         self.top = max(SIZES)
         self.memory = np.random.default_rng(4791).integers(0, 256, self.top,
@@ -707,8 +689,9 @@ class _Pair:
     @classmethod
     async def create(cls, config: str, tnode: sh.Node, inode: sh.Node,
                      opts: E2EOptions) -> _Pair:
-        t = await _side(tnode, 2 * opts.depth + 4, 4 * opts.depth)
-        i = await _side(inode, 2 * opts.depth + 4, 4 * opts.depth)
+        t, i = [await Side.open(role, node, cqe=4096, max_send_wr=2 * opts.depth + 4,
+                                max_recv_wr=4 * opts.depth, max_sge=1)
+                for role, node in (("target", tnode), ("initiator", inode))]
         self = cls(config, t, i, opts)
         await t.qp.connect(i.qp.info(), path_mtu=sh.IBV_MTU_4096)
         await i.qp.connect(t.qp.info(), path_mtu=sh.IBV_MTU_4096)

@@ -14,11 +14,11 @@ import signal
 import sys
 import time
 
+from ..protocol.address import split_address
 from ..protocol.frames import FrameError
 from ..protocol.packets import Packet, decode_packet
-from ..protocol.roce import PcapWriter, endpoint, ipv4_of, packet_record, split_address
+from ..protocol.roce import PcapWriter, endpoint, ipv4_of, packet_record
 from ..server.cliargs import (
-    TokenFileError,
     positive_float,
     positive_int,
     read_token,
@@ -67,9 +67,11 @@ class Capture:
         deadline = None if self.seconds is None else loop.time() + self.seconds
         target_host, _ = split_address(self.target)
         offset = None       # event time (the daemon's loop clock) to wall clock
-        with PcapWriter(self.out, autoflush=True) as writer:
-            async with await sh.connect(self.target, token=self.token) as node:
-                sub = await node.subscribe("packets")
+        # Connected and subscribed before the file is created: a daemon that is not
+        # there leaves no empty pcap behind.
+        async with await sh.connect(self.target, token=self.token) as node:
+            sub = await node.subscribe("packets")
+            with PcapWriter(self.out, autoflush=True) as writer:
                 self.ready.set()
                 while self.max_count is None or self.count < self.max_count:
                     wait = 1.0 if deadline is None else deadline - loop.time()
@@ -130,11 +132,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_capture(args: argparse.Namespace) -> int:
     from .. import client as sh
 
-    try:
-        token = read_token(args.token_file)
-    except TokenFileError as e:
-        print(f"softhca capture: {e}", file=sys.stderr)
-        return 2
+    token = read_token(args.token_file)
     if args.peer is not None and ipv4_of(args.peer) is None:
         print(f"softhca capture: --peer {args.peer!r} is not an IPv4 address", file=sys.stderr)
         return 2
@@ -164,7 +162,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
         print(f"softhca capture: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
         return 1
     except sh.RDMAError as e:
-        print(f"softhca capture: {e.errno_name}: {e.message}", file=sys.stderr)
+        print(f"softhca capture: {e.errno_name}: {e.message}", file=sys.stderr, flush=True)
+        if not cap.ready.is_set():
+            # Never connected: no file was made, so there is no count to give.
+            return 1
         status = 1
     print(f"{cap.count} packet(s) written to {args.out}"
           + (f" ({cap.dropped} undecodable event(s) skipped)" if cap.dropped else ""),

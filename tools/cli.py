@@ -49,6 +49,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
+    from .harness import UnknownExample
 
     faults = getattr(args, "what", None) == "faults"
     if faults:
@@ -66,7 +67,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             outcomes = report.run(args.only, html, faults=faults)
         else:
             outcomes = (demo_faults if faults else demo).run(args.only)
-    except (demo.UnknownExample, OSError) as e:
+    except (UnknownExample, OSError) as e:
         # OSError: the report's file cannot be written (tried before anything runs).
         print(f"softhca demo: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -206,9 +207,19 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faults", metavar="FILE",
                    help="fault rules to install at start: a JSON list of rules (the fields of "
                    "'softhca faults add'), refused whole if any rule is malformed")
+    p.add_argument("--strict-blocks", action="store_true",
+                   help="refuse what is not whole protection blocks: a signature MKEY's "
+                   "layout at configure (EINVAL), a transfer through it as a misaligned one "
+                   "is (docs/blocks.md); without it a trailing partial block passes as plain "
+                   "data and is counted (partial_block_* counters)")
     p.add_argument("--capture", metavar="FILE",
                    help="write every packet this daemon sends and accepts to FILE, a pcap of "
                    "RoCEv2 frames that Wireshark and tshark decode (see 'softhca capture')")
+    p.add_argument("--crypto-config", metavar="FILE",
+                   help="the devices' crypto configuration, fixed for the daemon's life: a "
+                   'JSON object {"mode": "plaintext" | "wrapped", "import_kek": hex, '
+                   '"credential": hex, "import_kek_id": N, "credential_id": N}, every field '
+                   "optional (default: plaintext DEK import; see docs/crypto-import.md)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -284,11 +295,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"softhca faults: {e}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        token = read_token(args.token_file)
-    except TokenFileError as e:
-        print(f"softhca faults: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    token = read_token(args.token_file)
 
     async def run() -> dict:
         async with await sh.connect(args.target, token=token) as node:
@@ -328,23 +335,28 @@ def _rule_text(rule: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="softhca", description="softhca: a software mlx5-class RDMA HCA simulator")
+    parser.add_argument("--version", action="version", version=f"softhca {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_serve, add_faults, add_demo, add_bench):
         add(sub)
     # Subcommands that live in their own module, each with add_parser(sub): the
     # observation tools of issue 7. Their module is imported only to build the parser.
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"softhca.tools.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"softhca.tools.{name}":
-                raise
-            continue
-        module.add_parser(sub)
+        importlib.import_module(f".{name}", __package__).add_parser(sub)
     return parser
 
 
-SUBCOMMAND_MODULES = ("trace", "explain", "capture")
+SUBCOMMAND_MODULES = ("trace", "explain", "capture", "crypto_test_info", "pyverbs")
+
+
+def installed_version() -> str:
+    """The version pip installed (pyproject.toml's), from the package's metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("softhca")
+    except PackageNotFoundError:    # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -364,6 +376,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         return args.func(args)
+    except TokenFileError as e:
+        # Every client command's --token-file (faults, trace, capture), read before it
+        # connects: a usage error, printed once here.
+        print(f"softhca {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:
         # `softhca demo | head`: the reader left; do not print a traceback at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

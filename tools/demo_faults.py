@@ -11,16 +11,13 @@ receiver's "rx" tap), the completion, ``mkey_check``, the rule's ``fired`` count
 the daemons' recovery counters (``node.counters()``) before and after.
 
 What each case must produce is computed here independently of the engine: the wire
-image with crcmod's T10-DIF and cryptography's XTS (the helpers of
-softhca.tools.demo), the corrupted image by applying the rule's change to it, and
-the mkey_check a device must report by checking that image as docs/semantics.md sections
+image with crcmod's T10-DIF and cryptography's XTS (softhca.tools.oracle), the corrupted
+image by applying the rule's change to it, and the mkey_check a device must report by checking that image as docs/semantics.md sections
 6 and 7 say (escapes, GUARD then APPTAG then REFTAG, the first failing block).
 """
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TextIO
@@ -36,37 +33,24 @@ from ..protocol.enums import (
     WcStatus,
 )
 from ..protocol.errors import RDMAError
-from ..protocol.packets import PSN_MOD, Packet
-from .demo import (
-    BEFORE,
-    DATA_OPCODES,
-    PATH_MTU,
-    PATH_MTU_BYTES,
+from .crypto_table import BEFORE, SIG, crypto_attr, dec, enc, new_key
+from .harness import (
     REMOTE,
-    SIG,
     SIG_CRYPTO_FLAGS,
     SIG_FLAGS,
     Capture,
     Example,
     Outcome,
-    Shape,
     Side,
-    Style,
-    UnknownExample,
-    _norm,
-    block_text,
-    crypto_attr,
-    guard_of,
     judge,
-    new_key,
     on_mkey,
-    pi_fields,
-    protect,
-    ref_of,
-    use_color,
+    run_all,
+    select_entries,
+    two_daemons,
     whole,
-    xts,
 )
+from .oracle import guard_of, protect, ref_of
+from .render import Shape, Style, block_text, pi_fields
 
 BLOCKS = 8
 W = 520                       # wire bytes per block: 512 of data and an 8-byte T10-DIF
@@ -141,43 +125,10 @@ def check_text(e: Check) -> str:
             f"offset {e[3]}")
 
 
-# -- the wire as both daemons' taps saw it ----------------------------------------------
-
-class Taps(Capture):
-    """demo.Capture (every packet each daemon sent, before its "out" rules) plus every
-    packet each daemon accepted (after the sender's rules, before its own "in" rules;
-    a packet failing its integrity check is dropped before the tap)."""
-
-    def __init__(self, sides: tuple[Side, ...]) -> None:
-        super().__init__(sides)
-        self.accepted: list[tuple[str, Packet]] = []
-
-    def __enter__(self) -> Taps:
-        super().__enter__()
-        for side in self.sides:
-            def tap(direction: str, dev: str, pkt: Packet, role: str = side.role) -> None:
-                if direction == "rx":
-                    self.accepted.append((role, pkt))
-            side.daemon.taps.append(tap)
-            self._taps.append((side, tap))
-        return self
-
-    def image_in(self, receiver: Side) -> bytes:
-        """The data ``receiver`` accepted on its QP, each PSN's first copy, in PSN order."""
-        pkts = [p for role, p in self.accepted if role == receiver.role
-                and p.dest_qp == receiver.qp.qp_num and p.opcode.startswith(DATA_OPCODES)]
-        first: dict[int, Packet] = {}
-        for p in pkts:
-            first.setdefault(p.psn, p)
-        base = pkts[0].psn if pkts else 0
-        return b"".join(p.payload for p in sorted(first.values(),
-                                                  key=lambda p: (p.psn - base) % PSN_MOD))
-
-
 # -- one case while it runs ---------------------------------------------------------------
 
 class FaultExample(Example):
-    """demo.Example's printing and checks, plus what a fault case shows."""
+    """harness.Example's printing and checks, plus what a fault case shows."""
 
     def __init__(self, name: str, out: TextIO, style: Style) -> None:
         super().__init__(name, out, style)
@@ -206,7 +157,7 @@ class FaultExample(Example):
                  "rule):")
         self.out.write(f"      {line(after)}\n")
         marks = changes(before[k * W:(k + 1) * W], after[k * W:(k + 1) * W], shape)
-        self.out.write("      " + self.style.bad("^ " + (marks or "unchanged")) + "\n")
+        self.out.write("      " + self.style("bad", "^ " + (marks or "unchanged")) + "\n")
 
     async def complete(self, side: Side, cq: sh.CQ, want: list[tuple[int, WcStatus]],
                        timeout: float = OP_TIMEOUT) -> list[sh.WC]:
@@ -312,7 +263,7 @@ async def _dif_target(ex: FaultExample, flags=SIG_FLAGS, sig: SigBlockAttr = WIR
     return mr, mkey
 
 
-async def _write(ex: FaultExample, src: sh.MR, mkey: sh.MKey, taps: Taps) -> None:
+async def _write(ex: FaultExample, src: sh.MR, mkey: sh.MKey, taps: Capture) -> None:
     """The initiator RDMA_WRITEs ``src`` to the target MKEY (rkey, address 0)."""
     i = ex.initiator
     wr = sh.SendWR(wr_id=4, opcode=sh.IBV_WR_RDMA_WRITE, sg=whole(src))
@@ -348,7 +299,7 @@ async def _corrupted_write(ex: FaultExample, k: int, field: str, xor: int, offse
         rule["offset"] = offset
     rule = await ex.add_rule(i, **rule)
     before = await ex.counters()
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     await _write(ex, src, mkey, taps)
     sent = taps.wire(i, t).data
     got = taps.image_in(t)
@@ -447,7 +398,7 @@ async def _read_response(ex: FaultExample) -> None:
     before = await ex.counters()
     wr = sh.SendWR(wr_id=3, opcode=sh.IBV_WR_RDMA_READ, sg=on_mkey(mkey, BLOCKS * W))
     wr.set_wr_rdma(src.rkey, src.addr)
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     with taps:
         await i.qp.post_send(wr)
         await ex.complete(i, i.scq, [(3, WcStatus.SUCCESS)])
@@ -473,9 +424,9 @@ async def _crypto_c(ex: FaultExample) -> None:
     t, i = ex.target, ex.initiator
     k, off = 6, 33
     key, data = new_key(ex.rng, 64), ex.rng.randbytes(BLOCKS * 512)
-    image = xts(key, protect(data, SIG), W, encrypt=True)
+    image = enc(key, protect(data, SIG), W)
     bad = corrupt(image, k, "data", xor=0x01, offset=off)
-    clear = xts(key, bad, W, encrypt=False)
+    clear = dec(key, bad, W)
     attr = crypto_attr(await t.create_dek(key), True, BEFORE, W)
     mr, mkey = await _dif_target(ex, SIG_CRYPTO_FLAGS, crypto=attr)
     ex.mkey_config(mkey, SIG_CRYPTO_FLAGS, REMOTE,
@@ -487,7 +438,7 @@ async def _crypto_c(ex: FaultExample) -> None:
     rule = await ex.add_rule(i, action="corrupt", opcode="RDMA_WRITE", block=k, block_size=W,
                              field="data", offset=off, xor=0x01)
     before = await ex.counters()
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     await _write(ex, src, mkey, taps)
     sent, got = taps.wire(i, t).data, taps.image_in(t)
     ex.hit(k, sent, got, CIPHER, i, t)
@@ -527,7 +478,7 @@ async def _app_escape(ex: FaultExample) -> None:
     rule = await ex.add_rule(i, action="corrupt", opcode="RDMA_WRITE", block=k, block_size=W,
                              field="guard", xor=0xFF)
     before = await ex.counters()
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     await _write(ex, src, mkey, taps)
     sent, got = taps.wire(i, t).data, taps.image_in(t)
     ex.hit(k, sent, got, DIF, i, t)
@@ -545,7 +496,7 @@ async def _app_escape(ex: FaultExample) -> None:
     ex.say("expect", f"oracle: {check_text(want2)}")
     rule2 = await ex.add_rule(i, action="corrupt", opcode="RDMA_WRITE", block=k + 1,
                               block_size=W, field="guard", xor=0xFF)
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     await _write(ex, src, mkey, taps)
     ex.same("the target accepted the oracle's corrupted image", taps.image_in(t), bad2, DIF)
     await ex.check_mkey(t, mkey, want2)
@@ -597,7 +548,7 @@ async def _lossy(ex: FaultExample) -> None:
            f"{len(recvs)} receives with their sizes, every slot holding its bytes")
     before = await ex.counters()
     swcs, rwcs = [], []
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     with taps:
         for start in range(0, LOSSY_N, LOSSY_BATCH):
             await t.qp.post_recv([r for r in recvs if start <= r.wr_id < start + LOSSY_BATCH])
@@ -649,7 +600,7 @@ async def _retry(ex: FaultExample) -> None:
         wr.set_wr_rdma(dst.rkey, dst.addr)
         wrs.append(wr)
     ex.say("post", "3 RDMA_WRITEs of 1024B from the initiator")
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     with taps:
         await i.qp.post_send(wrs)
         await ex.complete(i, i.scq, want)
@@ -682,7 +633,7 @@ async def _rnr(ex: FaultExample) -> None:
     await t.qp.post_recv(sh.RecvWR(wr_id=1, sg=whole(rbuf)))
     before = await ex.counters()
     ex.say("post", "a RECV of 100B on the target, then a SEND of 100B from the initiator")
-    taps = Taps((t, i))
+    taps = Capture((t, i))
     with taps:
         await i.qp.post_send(sh.SendWR(wr_id=2, opcode=sh.IBV_WR_SEND, sg=whole(src)))
         await ex.complete(i, i.scq, [(2, WcStatus.RNR_RETRY_EXC_ERR)])
@@ -700,31 +651,12 @@ async def _rnr(ex: FaultExample) -> None:
 
 def select(only: list[str] | None) -> list[Case]:
     """The cases named by ``only`` (exact name, else prefix; case, spaces, dashes and
-    underscores ignored), as demo.select does for the examples."""
-    if not only:
-        return list(CASES)
-    chosen: list[Case] = []
-    for want in only:
-        key = _norm(want)
-        found = [c for c in CASES if _norm(c.name) == key] or \
-            [c for c in CASES if _norm(c.name).startswith(key)]
-        if not found:
-            names = ", ".join(c.name for c in CASES)
-            raise UnknownExample(f"no fault case named {want!r}; the cases are: {names}")
-        chosen += [c for c in found if c not in chosen]
-    return chosen
+    underscores ignored), as the examples are chosen."""
+    return select_entries(CASES, only, "fault case", "cases")
 
 
 async def _play(c: Case, ex: FaultExample) -> None:
-    async with sh.embedded() as tnode, sh.embedded() as inode:
-        ex.target = await Side.open("target", tnode)
-        ex.initiator = await Side.open("initiator", inode)
-        kw = dict(c.connect)
-        await ex.target.qp.connect(ex.initiator.qp.info(), path_mtu=PATH_MTU, **kw)
-        await ex.initiator.qp.connect(ex.target.qp.info(), path_mtu=PATH_MTU, **kw)
-        ex.say("daemons", f"target daemon {tnode.address} QP 0x{ex.target.qp.qp_num:x}, "
-               f"initiator daemon {inode.address} QP 0x{ex.initiator.qp.qp_num:x}; "
-               f"RC over TCP, path MTU {PATH_MTU_BYTES}")
+    async with two_daemons(ex, **dict(c.connect)):
         await c.fn(ex)
 
 
@@ -740,28 +672,14 @@ def _wrap(text: str, width: int = 88) -> list[str]:
 
 
 async def run_one(c: Case, index: int, total: int, out: TextIO, style: Style) -> Outcome:
-    out.write(style.bold(f"[{index}/{total}] {c.name}: {c.title}") + "\n")
+    out.write(style("head", f"[{index}/{total}] {c.name}: {c.title}") + "\n")
     for k, line in enumerate(_wrap(c.why)):
         out.write(f"  {'Why:' if k == 0 else '':<10} {line}\n")
     ex = FaultExample(c.name, out, style)
     return await judge(ex, _play(c, ex), CASE_TIMEOUT, "case", out, style)
 
 
-async def _run_all(cases: list[Case], out: TextIO, style: Style) -> list[Outcome]:
-    return [await run_one(c, k, len(cases), out, style) for k, c in enumerate(cases, 1)]
-
-
 def run(only: list[str] | None = None, out: TextIO | None = None,
         color: bool | None = None) -> list[Outcome]:
     """Run the selected cases, printing each; raises UnknownExample for a bad name."""
-    out = out or sys.stdout
-    style = Style(use_color(out) if color is None else color)
-    cases = select(only)
-    outcomes = asyncio.run(_run_all(cases, out, style))
-    failed = [o for o in outcomes if not o.passed]
-    n = len(outcomes)
-    summary = f"{n} case{'s' if n != 1 else ''}: {n - len(failed)} PASS, {len(failed)} FAIL"
-    out.write((style.bad(summary) if failed else style.ok(summary)) + "\n")
-    if failed:
-        out.write("failed: " + ", ".join(o.name for o in failed) + "\n")
-    return outcomes
+    return run_all(select(only), run_one, "case", out, color)

@@ -32,31 +32,52 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..protocol.attrs import SigBlockAttr, SigBlockDomain, SigCrc, SigT10dif
+from ..protocol.enums import (
+    BLOCK_SIZE_BYTES,
+    SigBlockAttrFlags,
+    SigCrcType,
+    SignatureCryptoOrder,
+    SigT10difBgType,
+    SigT10difFlags,
+    SigType,
+)
+from ..protocol.errors import RDMAError
+from . import crypto_table
+
+if TYPE_CHECKING:
+    from ..engine.signature import DomainSpec, SigConfig
+
+
+def _signature():
+    """engine/signature.py, the device's rules, when a configuration is explained: not
+    when softhca's parser is built (`softhca --help` does not load the engine)."""
+    from ..engine import signature
+
+    return signature
 
 EXIT_OK, EXIT_USAGE = 0, 2
 TX, RX = "TX", "RX"
 MEMORY, WIRE = "memory", "wire"
-CRYPTO_PAGE = "mlx5dv_wr_set_mkey_crypto(3)"
+CRYPTO_PAGE = crypto_table.PAGE
 
-BLOCK_SIZES = (512, 520, 4048, 4096, 4160)     # enum mlx5dv_block_size, in bytes
-M16, M32, M64 = 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+BLOCK_SIZES = tuple(BLOCK_SIZE_BYTES.values())     # enum mlx5dv_block_size, in bytes
 
-# enum mlx5dv_sig_t10dif_flags.
-REF_REMAP, APP_ESCAPE, APP_REF_ESCAPE = 1, 2, 4
-T10DIF_FLAG_NAMES = {"ref_remap": REF_REMAP, "app_escape": APP_ESCAPE,
-                     "app_ref_escape": APP_REF_ESCAPE}
+T10DIF_FLAG_NAMES = {f.name.lower(): f for f in SigT10difFlags}
 
-# Signature kinds: (mlx5dv name, PI bytes, the guard's description).
-KINDS = {
-    "t10dif": ("T10-DIF", 8, ""),
-    "crc32": ("CRC32", 4, "CRC32 (FC-PH, poly 0x04C11DB7)"),
-    "crc32c": ("CRC32C", 4, "CRC32C (iSCSI, poly 0x1EDC6F41)"),
-    "crc64": ("CRC64_XP10", 8, "CRC64_XP10 (poly 0xAD93D23594C93659)"),
+# The CRC types by the names the flags use: (enum mlx5dv_sig_crc_type, the name of its
+# PI field, the guard's description).
+CRCS = {
+    "crc32": (SigCrcType.CRC32, "crc32", "CRC32 (FC-PH, poly 0x04C11DB7)"),
+    "crc32c": (SigCrcType.CRC32C, "crc32c", "CRC32C (iSCSI, poly 0x1EDC6F41)"),
+    "crc64": (SigCrcType.CRC64_XP10, "crc64", "CRC64_XP10 (poly 0xAD93D23594C93659)"),
 }
+CRC_BY_TYPE = {t: (name, text) for name, (t, _, text) in CRCS.items()}
 KIND_ALIASES = {"t10dif": "t10dif", "t10-dif": "t10dif", "dif": "t10dif", "crc32": "crc32",
                 "crc32c": "crc32c", "crc64": "crc64", "crc64_xp10": "crc64",
                 "crc64-xp10": "crc64"}
-CRC_SIG_TYPE = {"crc32": 0, "crc32c": 1, "crc64": 2}   # enum mlx5dv_sig_crc_type
 
 # check_mask / copy_mask names (bit 7 is PI byte 0; enum mlx5dv_sig_mask).
 MASK_NAMES = {"guard": 0xC0, "app": 0x30, "apptag": 0x30, "app_tag": 0x30, "ref": 0x0F,
@@ -85,82 +106,62 @@ class PiField:
     byte_names: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Domain:
-    """One signature domain (struct mlx5dv_sig_block_domain), block size in bytes."""
+# -- a signature domain, as the engine validated it (engine/signature.py DomainSpec) -----
 
-    kind: str                   # t10dif, crc32, crc32c, crc64
-    block: int = 512
-    bg_type: str = "crc"        # T10-DIF guard: crc (CRC16) or csum (IP checksum)
-    bg: int = 0
-    app: int = 0
-    ref: int = 0
-    flags: int = 0
-    seed: int = 0               # CRC
+def is_t10dif(d: DomainSpec) -> bool:
+    return d.sig_type == SigType.T10DIF
 
-    @property
-    def title(self) -> str:
-        return KINDS[self.kind][0]
 
-    @property
-    def pi_size(self) -> int:
-        return KINDS[self.kind][1]
+def title(d: DomainSpec) -> str:
+    return "T10-DIF" if is_t10dif(d) else SigCrcType(d.crc_type).name
 
-    @property
-    def width(self) -> int:
-        return self.block + self.pi_size
 
-    def fields(self) -> list[PiField]:
-        if self.kind == "t10dif":
-            return [PiField("guard", "guard", 0, 2, ("G1", "G0")),
-                    PiField("app", "app tag", 2, 2, ("A1", "A0")),
-                    PiField("ref", "ref tag", 4, 4, ("R3", "R2", "R1", "R0"))]
-        n = self.pi_size
-        return [PiField(self.kind, self.title, 0, n, tuple(f"C{n - 1 - i}" for i in range(n)))]
+def layout_fields(d: DomainSpec) -> list[PiField]:
+    """The PI fields of a block in domain ``d``, with their bytes' names."""
+    if is_t10dif(d):
+        return [PiField("guard", "guard", 0, 2, ("G1", "G0")),
+                PiField("app", "app tag", 2, 2, ("A1", "A0")),
+                PiField("ref", "ref tag", 4, 4, ("R3", "R2", "R1", "R0"))]
+    n = d.pi_size
+    return [PiField(CRC_BY_TYPE[d.crc_type][0], title(d), 0, n,
+                    tuple(f"C{n - 1 - i}" for i in range(n)))]
 
-    def flag_names(self) -> list[str]:
-        return [name.upper() for name, bit in T10DIF_FLAG_NAMES.items() if self.flags & bit]
 
-    def describe(self) -> str:
-        if self.kind == "t10dif":
-            flags = "|".join(self.flag_names()) or "0"
-            return (f"T10-DIF, {self.block}B blocks + 8B PI (guard 2 | app 2 | ref 4), guard "
-                    f"{self.bg_type.upper()} bg 0x{self.bg:04x}, app_tag 0x{self.app:04x}, "
-                    f"ref_tag 0x{self.ref:08x}, flags {flags}")
-        return (f"{self.title}, {self.block}B blocks + {self.pi_size}B PI, seed "
-                f"0x{self.seed:0{2 * self.pi_size}x}")
+def flag_names(d: DomainSpec) -> list[str]:
+    return [f.name for f in SigT10difFlags if d.flags & f]
 
-    def guard_text(self) -> str:
-        """How the guard (or the CRC) of a block is computed."""
-        if self.kind == "t10dif":
-            if self.bg_type == "csum":
-                return f"IP checksum (RFC 1071, starting sum 0x{self.bg:04x}) over the data"
-            return f"CRC16 (T10-DIF, poly 0x8BB7, seed 0x{self.bg:04x}) over the data"
-        return f"{KINDS[self.kind][2]}, seed 0x{self.seed:0{2 * self.pi_size}x}, over the data"
 
-    def ref_text(self) -> str:
-        if self.flags & REF_REMAP:
-            return f"0x{self.ref:08x} + block index (REF_REMAP)"
-        return f"0x{self.ref:08x}"
+def guard_text(d: DomainSpec) -> str:
+    """How the guard (or the CRC) of a block is computed."""
+    if is_t10dif(d):
+        if d.bg_type == SigT10difBgType.CSUM:
+            return f"IP checksum (RFC 1071, starting sum 0x{d.guard_seed:04x}) over the data"
+        return f"CRC16 (T10-DIF, poly 0x8BB7, seed 0x{d.guard_seed:04x}) over the data"
+    return (f"{CRC_BY_TYPE[d.crc_type][1]}, seed 0x{d.guard_seed:0{2 * d.pi_size}x}, "
+            "over the data")
 
-    def field_value_text(self, f: PiField) -> str:
-        if f.name == "app":
-            return f"app tag = 0x{self.app:04x}"
-        if f.name == "ref":
-            return f"ref tag = {self.ref_text()}"
-        if f.name == "guard":
-            return f"guard = {self.guard_text()}"
-        return self.guard_text()
 
-    def to_json(self) -> dict:
-        d: dict = {"sig_type": "T10DIF" if self.kind == "t10dif" else "CRC",
-                   "kind": self.title, "block_size": self.block, "pi_size": self.pi_size}
-        if self.kind == "t10dif":
-            d.update(bg_type=self.bg_type.upper(), bg=self.bg, app_tag=self.app,
-                     ref_tag=self.ref, flags=self.flag_names())
-        else:
-            d["seed"] = self.seed
-        return d
+def field_value_text(d: DomainSpec, f: PiField) -> str:
+    if f.name == "app":
+        return f"app tag = 0x{d.app_tag:04x}"
+    if f.name == "ref":
+        if d.flags & SigT10difFlags.REF_REMAP:
+            return f"ref tag = 0x{d.ref_tag:08x} + block index (REF_REMAP)"
+        return f"ref tag = 0x{d.ref_tag:08x}"
+    if f.name == "guard":
+        return f"guard = {guard_text(d)}"
+    return guard_text(d)
+
+
+def domain_json(d: DomainSpec) -> dict:
+    out: dict = {"sig_type": SigType(d.sig_type).name, "kind": title(d),
+                 "block_size": d.block_size, "pi_size": d.pi_size}
+    if is_t10dif(d):
+        out.update(bg_type=SigT10difBgType(d.bg_type).name, bg=d.guard_seed,
+                   app_tag=d.app_tag, ref_tag=d.ref_tag, flags=flag_names(d))
+    else:
+        out["seed"] = d.guard_seed
+    return out
 
 
 @dataclass(frozen=True)
@@ -181,8 +182,11 @@ class Crypto:
 
 @dataclass(frozen=True)
 class Config:
-    mem: Domain | None = None
-    wire: Domain | None = None
+    """The attributes given: the sig setter's domains as struct mlx5dv_sig_block_domain
+    (None: no signature there), its masks, and the crypto setter's."""
+
+    mem: SigBlockDomain | None = None
+    wire: SigBlockDomain | None = None
     check_mask: int = 0
     copy_mask: int | None = None        # given: MLX5DV_SIG_BLOCK_ATTR_FLAG_COPY_MASK
     crypto: Crypto | None = None
@@ -193,35 +197,15 @@ class Config:
         return self.mem is not None or self.wire is not None
 
 
-# The crypto table's rows as configurations (the row letter selects one; the pipelines
-# are derived like any other's). SIG is a T10-DIF on 512-byte blocks; where both domains
-# carry a signature, the memory's SIG1 is a CRC64_XP10, a different 8-byte PI, so that
-# rows E and I convert one signature into another (as the demo and the tests do). A data
-# unit of 520 bytes (one data unit per protected block) where crypto covers data and PI.
-ROW_SIG = Domain("t10dif", 512, app=0xBEEF, ref=0x2000, flags=REF_REMAP)
-ROW_SIG1 = Domain("crc64", 512, seed=M64)
-ROW_TWEAK = 0x1122334455667788_99AABBCCDDEEFF00
-# row: (memory domain, wire domain, encrypt_on_tx, signature_crypto_order, data unit)
-ROWS: dict[str, tuple[Domain | None, Domain | None, bool, str, int]] = {
-    "A": (None, None, True, "after", 512),
-    "B": (None, ROW_SIG, True, "after", 512),
-    "C": (None, ROW_SIG, True, "before", 520),
-    "D": (ROW_SIG, None, True, "before", 512),
-    "E": (ROW_SIG1, ROW_SIG, True, "before", 520),
-    "F": (None, None, False, "before", 512),
-    "G": (None, ROW_SIG, False, "after", 512),
-    "H": (ROW_SIG, None, False, "after", 520),
-    "I": (ROW_SIG1, ROW_SIG, False, "after", 520),
-    "J": (ROW_SIG, None, False, "before", 512),
-}
-
-
 def row_config(row: str, check_mask: int | None = None, copy_mask: int | None = None) -> Config:
-    mem, wire, eot, order, dus = ROWS[row.upper()]
+    """The crypto table's row as a configuration (tools/crypto_table.py): the letter
+    selects one, and its pipelines are derived like any other's."""
+    r = crypto_table.CONFIGS[row.upper()]
     if check_mask is None:
-        check_mask = 0xFF if mem or wire else 0
-    return Config(mem, wire, check_mask, copy_mask, Crypto(eot, order, dus, ROW_TWEAK),
-                  row.upper())
+        check_mask = 0xFF if r.mem_sig or r.wire_sig else 0
+    order = "after" if r.order == SignatureCryptoOrder.SIGNATURE_AFTER_CRYPTO_ON_TX else "before"
+    return Config(r.mem_sig, r.wire_sig, check_mask, copy_mask,
+                  Crypto(r.encrypt_on_tx, order, r.unit, crypto_table.TWEAK), row.upper())
 
 
 # -- parsing the flags ----------------------------------------------------------------
@@ -266,7 +250,7 @@ def _block(key: str, text: str) -> int:
     return value
 
 
-def parse_domain(spec: str) -> Domain | None:
+def parse_domain(spec: str) -> SigBlockDomain | None:
     """``none``, ``t10dif:block=512,bg=crc,app=0x1234,ref=0x10,flags=ref_remap`` or
     ``crc32c:block=4096,seed=0xffffffff`` (also crc32, crc64)."""
     kind_text, _, rest = spec.partition(":")
@@ -289,10 +273,12 @@ def parse_domain(spec: str) -> Domain | None:
         seed = 0
         if "seed" in kv:
             text = kv["seed"].lower()
-            width = KINDS[kind][1] * 8
+            crc_type = CRCS[kind][0]
+            width = 64 if crc_type == SigCrcType.CRC64_XP10 else 32
             seed = (1 << width) - 1 if text in ("ones", "~0", "-1", "all") \
                 else _int("seed", kv["seed"])
-        return Domain(kind, bs, seed=seed)
+        return SigBlockDomain(sig_type=SigType.CRC, block_size=BLOCK_SIZES.index(bs),
+                              crc=SigCrc(CRCS[kind][0], seed))
     bg_type, bg = "crc", 0
     for key in ("bg_type", "bg"):
         if key not in kv:
@@ -331,8 +317,9 @@ def parse_domain(spec: str) -> Domain | None:
             raise argparse.ArgumentTypeError(f"{a} and {b} name the same field")
         return _int(a, kv[a]) if a in kv else _int(b, kv[b]) if b in kv else 0
 
-    return Domain("t10dif", bs, bg_type, bg, pick("app", "app_tag"), pick("ref", "ref_tag"),
-                  flags)
+    dif = SigT10dif(bg_type=SigT10difBgType[bg_type.upper()], bg=bg,
+                    app_tag=pick("app", "app_tag"), ref_tag=pick("ref", "ref_tag"), flags=flags)
+    return SigBlockDomain(sig_type=SigType.T10DIF, block_size=BLOCK_SIZES.index(bs), dif=dif)
 
 
 def parse_mask(text: str) -> int:
@@ -399,79 +386,56 @@ def parse_crypto(spec: str) -> Crypto | None:
 
 def validate(cfg: Config) -> None:
     """The sig setter's rules (docs/semantics.md section 4), by the engine's own validation, so
-    that explain refuses exactly what mlx5dv_wr_set_mkey_sig_block(3) would."""
+    that explain refuses exactly what mlx5dv_wr_set_mkey_sig_block(3) would; the domains as
+    the engine keeps them (None without a signature)."""
     if not cfg.has_sig:
         if cfg.check_mask:
             raise ConfigError("--check-mask needs a signature domain (--mem or --wire)")
         if cfg.copy_mask is not None:
             raise ConfigError("--copy-mask needs a signature in both domains (--mem and --wire)")
-        return
-    from ..engine.signature import validate_sig_block_attr
-    from ..protocol.errors import RDMAError
-
+        return None
     try:
-        validate_sig_block_attr(to_attr(cfg))
+        return _signature().validate_sig_block_attr(to_attr(cfg))
     except RDMAError as e:
         raise ConfigError(f"mlx5dv_wr_set_mkey_sig_block would fail with {e.errno_name}: "
                           f"{e.message}") from None
 
 
-def to_attr(cfg: Config):
-    """The configuration as a struct mlx5dv_sig_block_attr (softhca.protocol.attrs)."""
-    from ..protocol.attrs import SigBlockAttr, SigBlockDomain, SigCrc, SigT10dif
-
-    def dom(d: Domain | None):
-        if d is None:
-            return None
-        bs = BLOCK_SIZES.index(d.block)
-        if d.kind == "t10dif":
-            return SigBlockDomain(sig_type=0, block_size=bs, dif=SigT10dif(
-                bg_type=0 if d.bg_type == "crc" else 1, bg=d.bg, app_tag=d.app, ref_tag=d.ref,
-                flags=d.flags))
-        return SigBlockDomain(sig_type=1, block_size=bs, crc=SigCrc(CRC_SIG_TYPE[d.kind],
-                                                                    d.seed))
-
-    return SigBlockAttr(mem=dom(cfg.mem), wire=dom(cfg.wire),
-                        flags=1 if cfg.copy_mask is not None else 0,
-                        check_mask=cfg.check_mask, copy_mask=cfg.copy_mask or 0)
+def to_attr(cfg: Config) -> SigBlockAttr:
+    """The configuration as a struct mlx5dv_sig_block_attr."""
+    flags = SigBlockAttrFlags.COPY_MASK if cfg.copy_mask is not None else 0
+    return SigBlockAttr(mem=cfg.mem, wire=cfg.wire, flags=flags, check_mask=cfg.check_mask,
+                        copy_mask=cfg.copy_mask or 0)
 
 
 # -- the copy mask (docs/semantics.md section 6, step 2) ---------------------------------------
 
-def same_structure(a: Domain | None, b: Domain | None) -> bool:
-    """Same sig_type, block size and CRC type: what copying PI bytes needs."""
-    return a is not None and b is not None and a.kind == b.kind and a.block == b.block
+# The words for the engine's copy_mask_fields: (label, the attributes that must agree).
+COPY_FIELD_WORDS = {"guard": ("guard", "bg_type and bg"), "app_tag": ("app tag", "app_tag"),
+                    "ref_tag": ("ref tag", "ref_tag")}
 
 
-def computed_copy_mask(mem: Domain | None, wire: Domain | None) -> tuple[int, str]:
-    """The mask the device computes without COPY_MASK, and why."""
+def copy_mask_why(mem: DomainSpec | None, wire: DomainSpec | None) -> str:
+    """Why the device computes the copy mask it does (the rule is the engine's)."""
     if mem is None or wire is None:
-        return 0, "only one domain has a signature: nothing to copy"
-    if not same_structure(mem, wire):
-        return 0, "the domains differ in signature type, CRC type or block size"
-    if mem.kind != "t10dif":
-        return 0xFF, f"both domains are {mem.title}: the CRC is copied"
-    mask, why = 0, []
-    for bits, same, name, what in (
-            (0xC0, mem.bg_type == wire.bg_type and mem.bg == wire.bg, "guard", "bg_type and bg"),
-            (0x30, mem.app == wire.app, "app tag", "app_tag"),
-            (0x0F, mem.ref == wire.ref, "ref tag", "ref_tag")):
-        if same:
-            mask |= bits
-        why.append(f"{name} copied (same {what})" if same else
-                   f"{name} generated ({what} differ{'s' if ' and ' not in what else ''})")
-    return mask, "T10-DIF in both domains: " + ", ".join(why)
+        return "only one domain has a signature: nothing to copy"
+    fields = _signature().copy_mask_fields(mem, wire)
+    if not fields:
+        return "the domains differ in signature type, CRC type or block size"
+    if not is_t10dif(mem):
+        return f"both domains are {title(mem)}: the CRC is copied"
+    why = []
+    for name, _, copied in fields:
+        label, what = COPY_FIELD_WORDS[name]
+        why.append(f"{label} copied (same {what})" if copied else
+                   f"{label} generated ({what} differ{'s' if ' and ' not in what else ''})")
+    return "T10-DIF in both domains: " + ", ".join(why)
 
 
-def effective_copy_mask(cfg: Config) -> int:
-    return cfg.copy_mask if cfg.copy_mask is not None else computed_copy_mask(cfg.mem,
-                                                                              cfg.wire)[0]
-
-
-def mask_fields(mask: int, d: Domain) -> list[tuple[PiField, tuple[str, ...]]]:
+def mask_fields(mask: int, d: DomainSpec) -> list[tuple[PiField, tuple[str, ...]]]:
     """The PI fields a mask selects, each with the bytes of it selected."""
     out = []
-    for f in d.fields():
+    for f in layout_fields(d):
         picked = tuple(f.byte_names[i] for i in range(f.size)
                        if mask >> (7 - (f.first + i)) & 1)
         if picked:
@@ -488,7 +452,7 @@ class Part:
 
     kind: str                           # data | sig | enc | opaque
     name: str = ""                      # the signature's name (SIG, SIG1, SIG2), or a label
-    dom: Domain | None = None
+    dom: DomainSpec | None = None
     inner: tuple[Part, ...] = ()
     size: int = 0
 
@@ -523,7 +487,7 @@ def byte_map(img: Image, block: int | None) -> str:
             if p.kind == "data":
                 out.append(f"data {block}" if block else "data")
             elif p.kind == "sig":
-                out += [f"{f.name} {f.size}" for f in p.dom.fields()]
+                out += [f"{f.name} {f.size}" for f in layout_fields(p.dom)]
             elif p.kind == "enc":
                 out.append("enc( " + " | ".join(parts(p.inner)) + " )")
             else:
@@ -540,7 +504,7 @@ def image_json(img: Image, block: int | None) -> dict:
                 out.append({"field": "data", "bytes": block, "encrypted": enc})
             elif p.kind == "sig":
                 out += [{"field": f.name, "bytes": f.size, "sig": p.name, "encrypted": enc}
-                        for f in p.dom.fields()]
+                        for f in layout_fields(p.dom)]
             elif p.kind == "enc":
                 out += parts(p.inner, True)
             else:
@@ -576,19 +540,21 @@ class Pipeline:
 class Deriver:
     """Derives both directions' pipelines of one configuration."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, sig: SigConfig | None) -> None:
         self.cfg = cfg
         self.warnings: list[str] = []
-        mem, wire = cfg.mem, cfg.wire
+        mem, wire = (sig.mem, sig.wire) if sig else (None, None)
         if mem is not None and wire is not None:
             both = "SIG" if mem == wire else None
             self.names = {MEMORY: both or "SIG1", WIRE: both or "SIG2"}
         else:
             self.names = {MEMORY: "SIG" if mem else "none", WIRE: "SIG" if wire else "none"}
         self.domains = {MEMORY: mem, WIRE: wire}
-        self.copy_mask = effective_copy_mask(cfg)
+        self.copy_mask = sig.copy_mask if sig else 0
+        # PI bytes are copied only between domains of the same structure.
+        self.copyable = bool(_signature().copy_mask_fields(mem, wire))
         # The unit a block image is drawn in: the signature's block, else the data unit.
-        self.block = (mem or wire).block if cfg.has_sig else \
+        self.block = sig.block_size if sig else \
             cfg.crypto.dus if cfg.crypto else None
         c = cfg.crypto
         # docs/semantics.md section 8: the stream crypto runs on.
@@ -703,7 +669,7 @@ class Deriver:
         return out, {"op": op, "stream": stream, "covers": covers, "data_unit_size": c.dus,
                      "bytes_per_block": width, "position": len(steps)}
 
-    def _check(self, src: str, d: Domain, img: Image, steps: list[Step]) -> list[dict]:
+    def _check(self, src: str, d: DomainSpec, img: Image, steps: list[Step]) -> list[dict]:
         name, mask = self.names[src], self.cfg.check_mask
         picked = mask_fields(mask, d)
         if not img or img[-1].kind != "sig":
@@ -715,24 +681,24 @@ class Deriver:
         else:
             parts = []
             for f, bytes_ in picked:
-                part = d.field_value_text(f)
+                part = field_value_text(d, f)
                 if len(bytes_) != f.size:
                     part += f" (byte{'s' if len(bytes_) > 1 else ''} {' '.join(bytes_)} only)"
                 parts.append(part)
             what = (f"check_mask 0x{mask:02x}: against the stored PI, " + "; ".join(parts)
                     + "; the first failing block is latched for mlx5dv_mkey_check, the data "
                     "moves anyway")
-            if d.kind == "t10dif" and d.flags & APP_REF_ESCAPE:
+            if is_t10dif(d) and d.flags & SigT10difFlags.APP_REF_ESCAPE:
                 what += ("; a block with app tag 0xffff and ref tag 0xffffffff is not checked "
                          "(APP_REF_ESCAPE)")
-            elif d.kind == "t10dif" and d.flags & APP_ESCAPE:
+            elif is_t10dif(d) and d.flags & SigT10difFlags.APP_ESCAPE:
                 what += "; a block with app tag 0xffff is not checked (APP_ESCAPE)"
-        steps.append(Step("check", src, f"check {name} ({d.title}), {what}", img,
+        steps.append(Step("check", src, f"check {name} ({title(d)}), {what}", img,
                           {"check_mask": mask, "domain": src}))
         return [{"domain": src, "sig": name, "field": f.name, "bytes": list(b)}
                 for f, b in picked]
 
-    def _strip(self, src: str, dst: str, d: Domain, img: Image, steps: list[Step]) -> Image:
+    def _strip(self, src: str, dst: str, d: DomainSpec, img: Image, steps: list[Step]) -> Image:
         name = self.names[src]
         out = self._drop_pi(img, src)
         steps.append(Step("strip", dst, f"strip {name}: its {d.pi_size}B of PI per block are "
@@ -748,14 +714,14 @@ class Deriver:
                              "in the clear")
         return (Part("opaque", f"[{notation(img)} less {d.pi_size}B]", size=size),)
 
-    def _generate(self, src: str, dst: str, ind: Domain | None, outd: Domain, img: Image,
+    def _generate(self, src: str, dst: str, ind: DomainSpec | None, outd: DomainSpec, img: Image,
                   steps: list[Step]) -> tuple[Image, list[dict], list[dict]]:
         name, in_name = self.names[dst], self.names[src]
-        copy = self.copy_mask if same_structure(ind, outd) else 0
+        copy = self.copy_mask if self.copyable else 0
         copied_sel = mask_fields(copy, outd)
         copied_names = {f.name: b for f, b in copied_sel}
         texts, copied, generated = [], [], []
-        for f in outd.fields():
+        for f in layout_fields(outd):
             got = copied_names.get(f.name, ())
             if got:
                 copied.append({"domain": dst, "sig": name, "field": f.name, "from": in_name,
@@ -768,23 +734,23 @@ class Deriver:
                 generated.append({"domain": dst, "sig": name, "field": f.name,
                                   "bytes": [b for b in f.byte_names if b not in got]})
                 if not got:
-                    texts.append(outd.field_value_text(f))
+                    texts.append(field_value_text(outd, f))
         base = self._drop_pi(img, src) if ind is not None else img
         out = (*base, Part("sig", name, outd))
         head = f"generate {name}" + (f" in place of {in_name}" if ind is not None else "")
-        steps.append(Step("generate", dst, f"{head} ({outd.title}: " + "; ".join(texts) + ")",
+        steps.append(Step("generate", dst, f"{head} ({title(outd)}: " + "; ".join(texts) + ")",
                           out, {"pi_size": outd.pi_size, "copy_mask": copy}))
         return out, copied, generated
 
 
 def explain(cfg: Config) -> dict:
     """The JSON document of a configuration's pipelines; the text is rendered from it."""
-    validate(cfg)
-    d = Deriver(cfg)
+    sig = validate(cfg)
+    d = Deriver(cfg, sig)
     mem_img, wire_img, tx, rx = d.derive()
     copy_given = cfg.copy_mask is not None
-    copy_mask, copy_why = (cfg.copy_mask, "given (MLX5DV_SIG_BLOCK_ATTR_FLAG_COPY_MASK)") \
-        if copy_given else computed_copy_mask(cfg.mem, cfg.wire)
+    copy_why = "given (MLX5DV_SIG_BLOCK_ATTR_FLAG_COPY_MASK)" if copy_given else \
+        copy_mask_why(sig.mem, sig.wire) if sig else None
     notes = []
     if cfg.crypto is not None and not cfg.has_sig:
         notes.append("no signature: crypto runs on the one stream and signature_crypto_order "
@@ -808,12 +774,12 @@ def explain(cfg: Config) -> dict:
     return {
         "config": {
             "row": cfg.row,
-            "memory": cfg.mem.to_json() if cfg.mem else None,
-            "wire": cfg.wire.to_json() if cfg.wire else None,
-            "check_mask": cfg.check_mask if cfg.has_sig else None,
-            "copy_mask": copy_mask if cfg.has_sig else None,
+            "memory": domain_json(sig.mem) if sig and sig.mem else None,
+            "wire": domain_json(sig.wire) if sig and sig.wire else None,
+            "check_mask": sig.check_mask if sig else None,
+            "copy_mask": sig.copy_mask if sig else None,
             "copy_mask_given": copy_given,
-            "copy_mask_why": copy_why if cfg.has_sig else None,
+            "copy_mask_why": copy_why,
             "crypto": cfg.crypto.to_json() if cfg.crypto else None,
             "crypto_stream": d.crypto_stream,
         },
@@ -976,7 +942,7 @@ _UNSET = _Unset()
 
 def _row(text: str) -> str:
     row = text.strip().upper()
-    if row not in ROWS:
+    if row not in crypto_table.CONFIGS:
         raise argparse.ArgumentTypeError(f"{text!r} is not a row of the crypto table: give "
                                          "A, B, C, D, E, F, G, H, I or J")
     return row

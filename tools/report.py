@@ -1,8 +1,8 @@
 """``softhca demo --html FILE``: the examples' run as one self-contained HTML page.
 
 The examples run exactly as ``softhca demo`` runs them (the same text is printed);
-each ``demo.Example`` also keeps a structured record of what it shows
-(``demo.RECORDING``): the MKEY configuration, every memory and wire image with the
+each ``harness.Example`` also keeps a structured record of what it shows
+(``harness.RECORDING``): the MKEY configuration, every memory and wire image with the
 Shape it is cut by, every operation with the pipeline stages the two daemons traced
 (``node.subscribe("trace")``), the checks and both sides' mkey_check. This module
 turns those records into HTML: inline CSS and inline SVG only, no script, no
@@ -21,10 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain
+from ..protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain, pi_size
 from ..protocol.enums import BLOCK_SIZE_BYTES, MkeyErrType, SignatureCryptoOrder, SigType
-from . import demo
-from .demo import Record, Shape, Stage, Step
+from . import demo, harness
+from .harness import Record, Stage, Step
+from .render import Shape, domain_text, pi_fields, preview
 
 # -- colours: one per kind of byte (the legend draws the same table) ---------------------
 
@@ -145,7 +146,7 @@ def _fit(text: str, width: float, size: float = 11.5) -> str:
 def _fields(shape: Shape, pi: bytes) -> list[tuple[str, str, int, str]]:
     """(colour kind, name, width px, value) of each PI field of a block."""
     out = []
-    for name, value, digits in demo.pi_fields(shape.sig, pi):
+    for name, value, digits in pi_fields(shape.sig, pi):
         kind = name if name in ("guard", "app", "ref") else "crc"
         out.append((kind, name, FIELD_W[name], f"0x{value:0{digits}x}"))
     return out
@@ -159,7 +160,7 @@ def _field_layout(shape: Shape) -> list[tuple[str, str, int, int]]:
         return [("guard", "guard", FIELD_W["guard"], shape.block),
                 ("app", "app", FIELD_W["app"], shape.block + 2),
                 ("ref", "ref", FIELD_W["ref"], shape.block + 4)]
-    name = demo.pi_fields(shape.sig, bytes(demo.pi_size(shape.sig)))[0][0]
+    name = pi_fields(shape.sig, bytes(pi_size(shape.sig)))[0][0]
     return [("crc", name, FIELD_W[name], shape.block)]
 
 
@@ -219,19 +220,19 @@ def image_svg(label: str, buf: bytes, shape: Shape) -> str:
         kind = "enc" if enc_data else "data"
         what = "ciphertext" if enc_data else "data"
         parts.append(_rect(bar_x, y, data_w, ROW_H, kind,
-                           f"blk {b} {what} {shape.block}B at byte {start}: {demo.preview(data)}"))
+                           f"blk {b} {what} {shape.block}B at byte {start}: {preview(data)}"))
         parts.append(_text(bar_x + data_w / 2, y + ROW_H / 2 + 4,
                            _fit(f"{'enc ' if enc_data else 'data '}{len(data)}B  "
-                                f"{demo.preview(data)}", data_w), kind))
+                                f"{preview(data)}", data_w), kind))
         x = bar_x + data_w
-        if layout and len(pi) == demo.pi_size(shape.sig):
+        if layout and len(pi) == pi_size(shape.sig):
             if shape.enc == "all":
                 # enc(data+SIG): the PI is ciphertext too; where it lies is still known.
                 parts.append(_rect(x, y, pi_w, ROW_H, "encpi",
                                    f"blk {b} encrypted PI {len(pi)}B at byte "
-                                   f"{start + shape.block}: {demo.preview(pi)}", dashed=True))
+                                   f"{start + shape.block}: {preview(pi)}", dashed=True))
                 parts.append(_text(x + pi_w / 2, y + ROW_H / 2 + 4,
-                                   _fit(f"enc PI {len(pi)}B {demo.preview(pi)}", pi_w), "encpi"))
+                                   _fit(f"enc PI {len(pi)}B {preview(pi)}", pi_w), "encpi"))
             else:
                 for (fk, name, fw, value), (_, _, _, off) in zip(_fields(shape, pi), layout,
                                                                  strict=True):
@@ -248,7 +249,7 @@ def image_svg(label: str, buf: bytes, shape: Shape) -> str:
         tw = max(120.0, bar_w * min(1.0, tail / w))
         parts.append(_rect(bar_x, y, tw, ROW_H, "data",
                            f"tail {tail}B at byte {n * w} (plain: no PI): "
-                           f"{demo.preview(buf[n * w:])}"))
+                           f"{preview(buf[n * w:])}"))
         parts.append(_text(bar_x + tw / 2, y + ROW_H / 2 + 4,
                            _fit(f"tail {tail}B @{n * w} (no PI)", tw), "data"))
     parts.append("</svg>")
@@ -277,7 +278,7 @@ def segments_svg(label: str, buf: bytes, cuts: Iterable[int]) -> str:
         rw = min_w + (spare * (b - a) / total if spare > 0 else 0)
         zeros = not any(piece)
         kind = "zeros" if zeros else "data"
-        body = "zeros" if zeros else demo.preview(piece)
+        body = "zeros" if zeros else preview(piece)
         parts.append(_rect(x, y, rw, ROW_H, kind, f"[{a},{b}) {b - a}B: {body}"))
         parts.append(_text(x + rw / 2, y + ROW_H / 2 + 4, _fit(f"{b - a}B {body}", rw), kind))
         parts.append(_text(x + 2, y - 4, f"{a}", anchor_="start", size=10.5, color="#475569"))
@@ -310,7 +311,7 @@ def _hex(v: int) -> str:
 
 
 def _domain(d: SigBlockDomain | None) -> str:
-    return demo.domain_text(d)
+    return domain_text(d)
 
 
 def config_html(info: dict) -> str:
@@ -331,7 +332,8 @@ def config_html(info: dict) -> str:
                  ("signature_crypto_order",
                   SignatureCryptoOrder(c.signature_crypto_order).name),
                  ("data_unit_size", f"{BLOCK_SIZE_BYTES[c.data_unit_size]}B"),
-                 ("initial_tweak", f"0x{demo.TWEAK:032x} (+1 per data unit)")]
+                 ("initial_tweak", f"0x{int.from_bytes(c.initial_tweak, 'little'):032x} "
+                                   "(+1 per data unit)")]
     else:
         rows.append(("crypto", "none"))
     body = "".join(f"<tr><th>{esc(k)}</th><td class=\"mono\">{esc(v)}</td></tr>"
@@ -544,7 +546,7 @@ def _faults_metas() -> dict[str, Meta]:
 
 
 def run(only: list[str] | None, path: str, *, faults: bool = False,
-        out: TextIO | None = None, color: bool | None = None) -> list[demo.Outcome]:
+        out: TextIO | None = None, color: bool | None = None) -> list[harness.Outcome]:
     """Run the examples (or the fault cases) as ``softhca demo`` does, printing the same
     text, and write the HTML report to ``path``. Raises UnknownExample for a bad name
     before anything runs."""
@@ -562,11 +564,11 @@ def run(only: list[str] | None, path: str, *, faults: bool = False,
     # (an OSError naming the file).
     with open(path, "w", encoding="utf-8") as f:
         records: list[Record] = []
-        token = demo.RECORDING.set(records)
+        token = harness.RECORDING.set(records)
         try:
             outcomes = module.run(only, out=out, color=color)
         finally:
-            demo.RECORDING.reset(token)
+            harness.RECORDING.reset(token)
         f.write(render(records, metas, title=title, intro=intro))
     return outcomes
 

@@ -22,27 +22,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from ..protocol.enums import BLOCK_SIZE_BYTES, MkeyErrType
 from ..server.cliargs import (
-    TokenFileError,
     nonneg_int,
     positive_float,
     positive_int,
     read_token,
 )
+from .render import Style, preview, use_color
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 TX, RX = "TX", "RX"
 SIG_STAGES = ("check", "strip", "generate")
 CRYPTO_STAGES = ("encrypt", "decrypt")
-BLOCK_SIZES = (512, 520, 4048, 4096, 4160)
+BLOCK_SIZES = tuple(BLOCK_SIZE_BYTES.values())
 # enum mlx5dv_mkey_err_type (REFTAG is numerically before APPTAG).
-ERR_NAMES = {0: "NO_ERR", 1: "BAD_GUARD", 2: "BAD_REFTAG", 3: "BAD_APPTAG"}
+ERR_NAMES = {int(e): e.name for e in MkeyErrType}
 M64 = 0xFFFFFFFFFFFFFFFF
 # How long the stream may be quiet before a transfer still open is printed: the stages
 # of one transfer are pushed together, so a pause means it is complete (an MR's TX
@@ -50,31 +50,6 @@ M64 = 0xFFFFFFFFFFFFFFFF
 IDLE = 0.2
 # Header fields that name the transfer an event belongs to.
 GROUP_FIELDS = ("daemon", "dev", "qp", "role", "wr_id", "psn", "op", "direction", "key")
-
-
-# -- colours ------------------------------------------------------------------------
-
-class Style:
-    """ANSI colours by field; plain text when disabled."""
-
-    CODES = {"data": "37", "guard": "33", "app": "32", "ref": "34", "crc": "33", "enc": "35",
-             "bad": "1;31", "ok": "32", "head": "1", "dim": "2", "stage": "36"}
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def __call__(self, what: str, text: str) -> str:
-        if not self.enabled:
-            return text
-        return f"\x1b[{self.CODES[what]}m{text}\x1b[0m"
-
-
-def use_color(out: TextIO, force: bool, never: bool) -> bool:
-    if never:
-        return False
-    if force:
-        return True
-    return "NO_COLOR" not in os.environ and hasattr(out, "isatty") and out.isatty()
 
 
 # -- grouping events into transfers -------------------------------------------------------
@@ -248,10 +223,10 @@ def _kind(t: Transfer, side: str, bs: int, pi: int) -> str:
         if len(s.data) < bs + 8:
             continue
         block, stored = s.data[:bs], int.from_bytes(s.data[bs:bs + 8], "big")
-        try:
-            from ..engine.guards import guard
-        except ImportError:         # pragma: no cover - the engine ships with the client
-            return "t10dif"
+        # Here, not at the top: building `softhca`'s parser imports this module, and
+        # --help should not load the engine.
+        from ..engine.guards import guard
+
         if stored in (guard("crc64_xp10", block, 0), guard("crc64_xp10", block, M64)):
             return "crc64"
         return "t10dif"
@@ -288,12 +263,6 @@ def cipher_states(t: Transfer) -> list[tuple[bool, bool]]:
 
 
 # -- rendering ----------------------------------------------------------------------------
-
-def preview(buf: bytes) -> str:
-    if len(buf) <= 6:
-        return " ".join(f"{x:02x}" for x in buf)
-    return " ".join(f"{x:02x}" for x in buf[:4]) + " .. " + " ".join(f"{x:02x}" for x in buf[-2:])
-
 
 def pi_text(pi: bytes, kind: str, style: Style) -> str:
     if kind == "t10dif" and len(pi) == 8:
@@ -429,6 +398,11 @@ def render_transfer(t: Transfer, style: Style, max_blocks: int = 3) -> list[str]
                                     int(d.get("pi_size", 0))))
         elif s.name == "strip":
             extra = f"PI {d.get('pi_size')}B per block removed"
+        if d.get("partial_block"):
+            # docs/blocks.md: the tail moved as plain data, neither given nor checked PI.
+            extra += style("bad", f"  not whole blocks: the last {d['partial_block']}B are a "
+                                  "partial block, plain data (partial-block transfer "
+                                  f"#{d.get('partial_block_transfers')} on this MKEY)")
         lines.append(f"  {name}{stream:<7}@{h.get('offset', 0):<8}{len(s.data):>8}B  {extra}"
                      .rstrip())
         for bl in block_lines(s.data, geo, stream, state, style, max_blocks):
@@ -564,11 +538,7 @@ async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    try:
-        token = read_token(args.token_file)
-    except TokenFileError as e:
-        print(f"softhca trace: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    token = read_token(args.token_file)
     style = Style(use_color(sys.stdout, args.color, args.no_color))
     printer = Printer(sys.stdout, args.json, style, args.max_bytes, args.blocks)
     try:

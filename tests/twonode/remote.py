@@ -126,9 +126,11 @@ async def within(aw: Awaitable[T], what: str, timeout: float = TEST_TIMEOUT) -> 
 
 
 @contextlib.asynccontextmanager
-async def remote_two_nodes(target: str, *, mtu: int = sh.IBV_MTU_1024, **side_kw):
+async def remote_two_nodes(target: str, *, mtu: int = sh.IBV_MTU_1024,
+                           connect_kw: dict | None = None, **side_kw):
     """A control session with the target daemon, an embedded initiator daemon bound on
-    the address that routes to it, and a connected RC QP pair between the two hosts."""
+    the address that routes to it, and a connected RC QP pair between the two hosts
+    (``connect_kw``: QP.connect's timeout, retry_cnt ...)."""
     reason = _unusable.get(target)
     if reason is not None:
         pytest.fail(reason, pytrace=False)
@@ -147,7 +149,7 @@ async def remote_two_nodes(target: str, *, mtu: int = sh.IBV_MTU_1024, **side_kw
             async def setup() -> Pair:
                 t = await make_side(tnode, **side_kw)
                 i = await make_side(inode, **side_kw)
-                await connect_pair(t, i, mtu=mtu)
+                await connect_pair(t, i, mtu=mtu, **(connect_kw or {}))
                 return Pair(t, i)
 
             yield await within(setup(), f"setting up a QP pair {inode.address} <-> {target}")

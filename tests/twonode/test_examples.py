@@ -3,7 +3,7 @@ SOFTHCA_TARGET, the initiator a daemon on this host.
 
 Each test runs the very example function of the single-host end-to-end suite
 (tests/test_e2e_*.py) on a pair whose two sides live on different hosts, so the two
-suites cannot drift apart; the expected images come from tests/oracle.py there. Every
+suites cannot drift apart; the expected images come from softhca.tools.oracle there. Every
 test is bounded by SOFTHCA_TWONODE_TIMEOUT on top of the examples' own completion
 timeouts (tests/e2e.py: cq.poll_n with a timeout).
 """
@@ -16,6 +16,7 @@ import test_e2e_layouts as layouts
 import test_e2e_sig_block_examples as sig_block
 
 import softhca.client as sh
+
 from twonode.remote import remote_two_nodes, within
 
 # mlx5dv_wr_set_mkey_sig_block(3): examples 1, 1.1, 2, 2.1.

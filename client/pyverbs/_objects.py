@@ -1,0 +1,143 @@
+"""What the pyverbs modules share: attribute records, resource lifetime, unmodelled classes.
+
+A pyverbs resource (PD, MR, CQ, QP, ...) wraps one object of the async client. Closing it
+closes that object in the daemon; closing its Context ends the control session, which
+destroys everything the session created (as closing a device file does), so the children
+are only marked closed. Garbage collection closes too, as pyverbs' ``__dealloc__`` does,
+without waiting for the reply (it may run on any thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+from . import _sync
+from .base import PyverbsCM, PyverbsObject
+from .pyverbs_error import PyverbsRDMAError
+
+
+class Record(PyverbsObject):
+    """A C struct of plain fields: ``_fields`` in constructor order with defaults; every
+    field readable and writable as an attribute."""
+
+    _fields: tuple[tuple[str, object], ...] = ()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        if len(args) > len(self._fields):
+            raise TypeError(f"{type(self).__name__} takes at most {len(self._fields)} "
+                            f"positional arguments")
+        names = [n for n, _ in self._fields]
+        unknown = set(kwargs) - set(names)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) "
+                            f"{', '.join(sorted(unknown))}")
+        for (name, _), value in zip(self._fields, args, strict=False):
+            kwargs.setdefault(name, value)
+        for name, default in self._fields:
+            setattr(self, name, kwargs.get(name, default))
+
+    def __str__(self):
+        return "\n".join(f"{n:<24}: {getattr(self, n)}" for n, _ in self._fields)
+
+
+def unsupported(what: str) -> PyverbsRDMAError:
+    return PyverbsRDMAError(f"{what} is not modelled by softhca", errno.EOPNOTSUPP)
+
+
+def unmodelled(name: str, what: str, base: type = PyverbsCM) -> type:
+    """A pyverbs class for a feature softhca does not model: importable, and creating one
+    raises PyverbsRDMAError(EOPNOTSUPP) as a device without the feature answers, so
+    pyverbs code and the upstream tests skip it."""
+
+    def __init__(self, *args, **kwargs):
+        raise unsupported(what)
+
+    def close(self):
+        pass
+
+    return type(name, (base,), {"__init__": __init__, "close": close,
+                                "__doc__": f"{what}: not modelled by softhca (EOPNOTSUPP)."})
+
+
+class Resource(PyverbsCM):
+    """A device object behind a pyverbs object: ``_obj`` (the async client's), ``_ctx``."""
+
+    _obj = None
+    _ctx = None
+
+    def _adopt(self, ctx, obj) -> None:
+        self._ctx, self._obj = ctx, obj
+        ctx._children.add(self)
+
+    @property
+    def _alive(self) -> bool:
+        return self._obj is not None and self._ctx is not None and self._ctx._node is not None
+
+    def _dependents(self):
+        return ()
+
+    def close(self):
+        for d in list(self._dependents()):
+            d.close()
+        obj, self._obj = self._obj, None
+        if obj is not None and self._ctx is not None and self._ctx._node is not None:
+            _sync.run(obj.close(), f"Failed to close {type(self).__name__}")
+
+    def __del__(self):
+        obj = self._obj
+        ctx = self._ctx
+        if obj is None or ctx is None or ctx._node is None:
+            return
+        self._obj = None
+        loop = _sync._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                asyncio.run_coroutine_threadsafe(_quiet(obj.close()), loop)
+            except RuntimeError:
+                pass
+
+
+async def _quiet(coro):
+    try:
+        await coro
+    except Exception:       # noqa: BLE001 - a collected object; nobody waits for its close
+        pass
+
+
+def delegate(holder: str, name: str, writable: bool = True) -> property:
+    """A property reading (and writing) ``self.<holder>.<name>``: pyverbs shows a nested
+    struct's fields on its parent too (an AHAttr's GRH, an MR's keys)."""
+
+    def get(self):
+        return getattr(getattr(self, holder), name)
+
+    def put(self, value):
+        setattr(getattr(self, holder), name, value)
+
+    return property(get, put if writable else None)
+
+
+class Attributes(PyverbsObject):
+    """The attribute struct of a feature softhca does not model: it holds what it is
+    given (positionally as ``args``) so code can build it; the object it is for refuses
+    with EOPNOTSUPP when created."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.args = args
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+
+def attributes(name: str) -> type:
+    return type(name, (Attributes,), {})
+
+
+def module_of_unmodelled(namespace: dict, what: str, objects: str, attrs: str = "") -> None:
+    """Fill a module with unmodelled object classes and attribute carriers."""
+    for n in objects.split():
+        namespace[n] = unmodelled(n, what)
+    for n in attrs.split():
+        namespace[n] = attributes(n)

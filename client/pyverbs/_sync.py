@@ -1,0 +1,177 @@
+"""The synchronous bridge: pyverbs' blocking calls over the async client (softhca.client).
+
+One event loop runs in a background thread of the process; every pyverbs call hands its
+coroutine to that loop and waits for the result, as a C verb waits for its system call.
+Each ``Context`` is one control session with the daemon (as each ibv_open_device is one
+file descriptor): closing it destroys what it created, and two contexts of one device
+are two sessions whose QPs connect to each other through the daemon.
+
+The daemon is ``SOFTHCA_TARGET`` (``host:port``, with the token of ``SOFTHCA_TOKEN_FILE``
+when it requires one); without it, an embedded daemon hosting ``mlx5_0`` starts in the
+same background thread the first time a device is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import errno as _errno
+import os
+import threading
+from typing import Any
+
+from ...protocol.errors import RDMAError
+from ...server.cliargs import TokenFileError, read_token
+from .. import api
+from .pyverbs_error import PyverbsRDMAError
+
+TARGET_ENV = "SOFTHCA_TARGET"
+TOKEN_ENV = "SOFTHCA_TOKEN_FILE"
+EMBEDDED_DEVICES = ("mlx5_0",)
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_embedded: Any = None           # the embedded daemon, when there is no SOFTHCA_TARGET
+_address: str | None = None
+_token: bytes | None = None
+
+
+def _start_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            t = threading.Thread(target=loop.run_forever, name="softhca-pyverbs", daemon=True)
+            t.start()
+            _loop = loop
+        return _loop
+
+
+def errno_of(e: RDMAError) -> int:
+    return getattr(_errno, e.errno_name, _errno.EIO)
+
+
+def run(coro, what: str | None = None):
+    """Run ``coro`` on the bridge's loop and return its result; a daemon error becomes
+    PyverbsRDMAError carrying the errno, its message prefixed with ``what`` (pyverbs'
+    own "Failed to ..." sentence) when given."""
+    loop = _start_loop()
+    fut = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return fut.result()
+    except RDMAError as e:
+        msg = f"{what}: {e.message}" if what else e.message
+        raise PyverbsRDMAError(msg, errno_of(e)) from None
+
+
+def target() -> tuple[str, bytes | None]:
+    """The daemon's address and token, starting the embedded daemon when needed."""
+    global _address, _token, _embedded
+    with _lock:
+        if _address is not None:
+            return _address, _token
+    env = os.environ.get(TARGET_ENV)
+    if env:
+        try:
+            token = read_token(os.environ.get(TOKEN_ENV))
+        except TokenFileError as e:
+            raise PyverbsRDMAError(f"{TOKEN_ENV}: {e}", _errno.EACCES) from None
+        with _lock:
+            _address, _token = env, token
+        return env, token
+    daemon = run(_start_embedded())
+    with _lock:
+        _embedded, _address, _token = daemon, daemon.address, None
+    return _address, None
+
+
+async def _start_embedded():
+    from ...server.crypto_config import crypto_config_from_env
+    from ...server.daemon import Daemon
+
+    try:
+        crypto = crypto_config_from_env()       # SOFTHCA_CRYPTO_CONFIG, else plaintext
+    except ValueError as e:
+        raise RDMAError("EINVAL", str(e)) from None
+    daemon = Daemon(EMBEDDED_DEVICES, "127.0.0.1", 0, None, crypto=crypto)
+    await daemon.start()
+    return daemon
+
+
+_sessions: set = set()
+
+
+def open_session() -> api.Node:
+    address, token = target()
+    node = run(api.connect(address, token), f"Failed to reach the softhca daemon at {address}")
+    _sessions.add(node)
+    return node
+
+
+def close_session(node: api.Node, wait: bool = True) -> None:
+    """End a control session; ``wait=False`` from a finalizer, which may run on any
+    thread (the loop's own included) and must not block."""
+    _sessions.discard(node)
+    loop = _loop
+    if loop is None or loop.is_closed():
+        return
+    try:
+        fut = asyncio.run_coroutine_threadsafe(node.close(), loop)
+        if wait:
+            fut.result(5)
+    except Exception:       # noqa: BLE001 - the session is gone either way
+        pass
+
+
+@atexit.register
+def _shutdown() -> None:
+    """At exit, as a process's device files close: end the sessions still open, then the
+    embedded daemon, then the loop."""
+    loop = _loop
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+
+    async def close_all() -> None:
+        for node in list(_sessions):
+            with contextlib.suppress(Exception):
+                await node.close()
+        _sessions.clear()
+        if _embedded is not None:
+            with contextlib.suppress(Exception):
+                await _embedded.close()
+
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(close_all(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def device_guids() -> list[tuple[str, int]]:
+    """(name, node GUID) of each device of the daemon, as it reports them."""
+
+    async def query(node: api.Node) -> list[tuple[str, int]]:
+        out = []
+        for name in node.devices:
+            ctx = await node.open_device(name)
+            out.append((name, (await ctx.query_device()).get("node_guid", 0)))
+            await ctx.close()
+        return out
+
+    node = open_session()
+    try:
+        return run(query(node), "Failed to get the device list")
+    finally:
+        close_session(node)
+
+
+def device_names(address: str | None = None) -> list[str]:
+    """The devices of the daemon (of ``address``, when another daemon is named)."""
+    if address is None:
+        node = open_session()
+    else:
+        node = run(api.connect(address, target()[1]), f"Failed to reach the softhca daemon "
+                                                      f"at {address}")
+    try:
+        return list(node.devices)
+    finally:
+        close_session(node)

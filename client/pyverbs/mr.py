@@ -1,0 +1,97 @@
+"""pyverbs.mr: memory regions (and the MR kinds softhca does not model).
+
+An MR's buffer lives in the daemon's host memory (the simulated host's), not in this
+process: ``buf`` is its address there, which SGEs and remote addresses use; ``write`` and
+``read`` are the CPU's stores and loads to it, as pyverbs' memcpy into the buffer.
+"""
+
+from __future__ import annotations
+
+from . import _sync
+from . import enums as e
+from ._objects import Record, Resource, delegate, unmodelled, unsupported
+from .pyverbs_error import PyverbsUserError
+
+# ibv_reg_mr(3): what softhca's MRs cannot honour. On-demand paging and huge pages are
+# ways of backing memory the simulated host does not have; MW binds need memory windows.
+_UNMODELLED_ACCESS = {
+    e.IBV_ACCESS_ON_DEMAND: "IBV_ACCESS_ON_DEMAND (on-demand paging)",
+    e.IBV_ACCESS_HUGETLB: "IBV_ACCESS_HUGETLB",
+    e.IBV_ACCESS_MW_BIND: "IBV_ACCESS_MW_BIND (memory windows)",
+    e.IBV_ACCESS_ZERO_BASED: "IBV_ACCESS_ZERO_BASED",
+}
+# ibv_reg_mr(3): "IBV_ACCESS_RELAXED_ORDERING ... optional: the device may ignore it".
+_OPTIONAL_ACCESS = e.IBV_ACCESS_RELAXED_ORDERING
+
+
+class MR(Resource):
+    def __init__(self, creator, length=0, access=0, address=None, implicit=False, **kwargs):
+        super().__init__()
+        from .pd import PD
+
+        if kwargs.get("handle") is not None:
+            raise unsupported("ibv_import_mr")
+        if address is not None:
+            raise unsupported("Registering memory of this process (MR address=)")
+        if implicit:
+            raise unsupported("Implicit on-demand MRs")
+        if not isinstance(creator, PD):
+            raise unsupported(f"Registering an MR through a {type(creator).__name__}")
+        for flag, what in _UNMODELLED_ACCESS.items():
+            if access & flag:
+                raise unsupported(f"ibv_reg_mr with {what}")
+        creator._ctx._check()
+        self._pd = self.pd = creator
+        self._length = length
+        obj = _sync.run(creator._obj.reg_mr(length, access & ~_OPTIONAL_ACCESS),
+                        "Failed to register a MR")
+        self._adopt(creator._ctx, obj)
+
+    def write(self, data, length, offset=0):
+        if self._obj is None or length < 0:
+            raise PyverbsUserError(f"The MR buffer isn't allocated or length {length} "
+                                   "is invalid")
+        if isinstance(data, str):
+            data = data.encode()
+        data = bytes(data[:length])
+        _sync.run(self._obj.write(data, offset), "Failed to write to the MR")
+
+    def read(self, length, offset):
+        if offset < 0:
+            raise PyverbsUserError(f"Invalid offset {offset}")
+        if self._obj is None or length < 0:
+            raise PyverbsUserError(f"The MR buffer isn't allocated or length {length} "
+                                   "is invalid")
+        return _sync.run(self._obj.read(length, offset), "Failed to read from the MR")
+
+    def rereg(self, flags, pd=None, addr=0, length=0, access=0):
+        raise unsupported("ibv_rereg_mr")
+
+    def unimport(self):
+        raise unsupported("ibv_unimport_mr")
+
+    @property
+    def buf(self):
+        return self._obj.addr if self._obj is not None else 0
+
+    lkey = delegate("_obj", "lkey", writable=False)
+    rkey = delegate("_obj", "rkey", writable=False)
+    handle = delegate("_obj", "handle", writable=False)
+
+    @property
+    def length(self):
+        return self._length
+
+
+class MWBindInfo(Record):
+    _fields = (("mr", None), ("addr", 0), ("length", 0), ("mw_access_flags", 0),
+               ("bind_flags", 0))
+
+
+class MWBind(Record):
+    _fields = (("bind_info", None), ("send_flags", 0), ("wr_id", 0))
+
+
+MW = unmodelled("MW", "Memory windows (ibv_alloc_mw)")
+DMMR = unmodelled("DMMR", "Device memory MRs (ibv_reg_dm_mr)", MR)
+DmaBufMR = unmodelled("DmaBufMR", "dma-buf MRs (ibv_reg_dmabuf_mr)", MR)

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# make images: softhca's two images (softhca:daemon, softhca:tests) with no container
+# registry. Each step is cached by a hash of its inputs, so a second run only checks.
+#
+#   1. the base: PYTHON_IMAGE (default python:3.11-slim) if the engine has it or can pull
+#      it; otherwise a Debian bookworm root filesystem made with debootstrap (python3,
+#      python3-venv) and loaded with `docker import` as softhca-base:bookworm;
+#   2. the wheelhouse: softhca's wheel and every dependency of its fast and test extras,
+#      built on the host into build/wheelhouse (crcmod has only an sdist: its wheel is
+#      built here, so the image needs no compiler);
+#   3. docker/Dockerfile's daemon and tests stages, installing only from the wheelhouse.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+WANT_BASE=${PYTHON_IMAGE:-python:3.11-slim}
+DEBIAN_BASE=softhca-base:bookworm
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+ROOTFS_DIR=${ROOTFS_DIR:-/var/tmp/softhca-rootfs}
+WHEELHOUSE=build/wheelhouse
+
+say() { echo "images: $*"; }
+label() { docker image inspect --format "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true; }
+hash_files() { sha256sum "$@" | sha256sum | cut -c1-16; }
+
+# -- 1. the base image ------------------------------------------------------------------
+base_recipe=$(printf 'debootstrap --variant=minbase --include=python3,python3-venv bookworm %s\n' \
+    "$DEBIAN_MIRROR" | sha256sum | cut -c1-16)
+if docker image inspect "$WANT_BASE" >/dev/null 2>&1; then
+    base=$WANT_BASE; say "base $base (already in the engine)"
+elif timeout 30 docker pull -q "$WANT_BASE" >/dev/null 2>&1; then
+    base=$WANT_BASE; say "base $base (pulled)"
+elif [ "$(label "$DEBIAN_BASE" softhca.recipe)" = "$base_recipe" ]; then
+    base=$DEBIAN_BASE; say "base $base (debootstrap bookworm, cached; $WANT_BASE cannot be had)"
+else
+    say "$WANT_BASE cannot be had (no registry): making $DEBIAN_BASE with debootstrap"
+    if ! command -v debootstrap >/dev/null; then
+        [ "$(id -u)" = 0 ] || { echo "images: debootstrap is missing (apt-get install debootstrap)" >&2; exit 1; }
+        apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null
+    fi
+    rm -rf "$ROOTFS_DIR" && mkdir -p "$ROOTFS_DIR"
+    start=$(date +%s)
+    debootstrap --variant=minbase --include=python3,python3-venv bookworm \
+        "$ROOTFS_DIR/rootfs" "$DEBIAN_MIRROR" >"$ROOTFS_DIR/debootstrap.log" 2>&1 \
+        || { tail -20 "$ROOTFS_DIR/debootstrap.log" >&2; exit 1; }
+    rm -rf "$ROOTFS_DIR"/rootfs/var/cache/apt/archives/*.deb "$ROOTFS_DIR"/rootfs/var/lib/apt/lists/*
+    tar -C "$ROOTFS_DIR/rootfs" -c . | docker import \
+        --change "LABEL softhca.recipe=$base_recipe" \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["python3"]' - "$DEBIAN_BASE" >/dev/null
+    rm -rf "$ROOTFS_DIR"
+    base=$DEBIAN_BASE; say "base $base (debootstrap bookworm, made in $(( $(date +%s) - start )) s)"
+fi
+base_id=$(docker image inspect --format '{{.Id}}' "$base")
+
+# -- 2. the wheelhouse ------------------------------------------------------------------
+mapfile -t sources < <(find pyproject.toml README.md engine protocol server client tools \
+    -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
+wheel_inputs=$(hash_files "${sources[@]}")
+if [ -f "$WHEELHOUSE/.inputs" ] && [ "$(cat "$WHEELHOUSE/.inputs")" = "$wheel_inputs" ]; then
+    say "wheelhouse $WHEELHOUSE up to date"
+else
+    rm -rf "$WHEELHOUSE" && mkdir -p "$WHEELHOUSE"
+    "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$WHEELHOUSE" '.[fast,test]'
+    echo "$wheel_inputs" >"$WHEELHOUSE/.inputs"
+    say "wheelhouse $WHEELHOUSE built ($(ls "$WHEELHOUSE"/*.whl | wc -l) wheels)"
+fi
+
+# -- 3. the images ----------------------------------------------------------------------
+mapfile -t tests < <(find tests -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
+image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile .dockerignore pyproject.toml "${tests[@]}"; } | sha256sum | cut -c1-16)
+for stage in daemon tests; do
+    if [ "$(label "softhca:$stage" softhca.inputs)" = "$image_inputs" ]; then
+        say "softhca:$stage up to date (inputs $image_inputs)"
+        continue
+    fi
+    start=$(date +%s)
+    docker build --quiet -f docker/Dockerfile --target "$stage" \
+        --build-arg "PYTHON_IMAGE=$base" --label "softhca.inputs=$image_inputs" \
+        --label "softhca.base=$base" -t "softhca:$stage" . >/dev/null
+    say "softhca:$stage built on $base in $(( $(date +%s) - start )) s (inputs $image_inputs)"
+done

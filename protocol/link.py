@@ -1,0 +1,99 @@
+"""Opening a connection to a daemon: TCP, then the HELLO exchange (protocol.handshake).
+
+``open_link`` is the connecting side for both roles: a client's control session
+(``client.connect``) and a daemon's outgoing wire link (``server.daemon.WireLink``).
+``read_frames`` is the bounded frame reader every stream of the protocol is read with:
+the decoder refuses a frame over its limit (EMSGSIZE) before buffering it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from .errors import RDMAError, connect_error
+from .frames import Frame, FrameDecoder, encode_frame
+from .handshake import make_hello
+
+__all__ = ["READ_CHUNK", "Link", "open_link", "read_frames"]
+
+# Bytes asked of the socket per read (and the stream reader's buffer limit).
+READ_CHUNK = 1 << 18
+
+
+async def read_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list[Frame]:
+    """The next whole frames; [] at end of stream."""
+    while True:
+        data = await reader.read(READ_CHUNK)
+        if not data:
+            return []
+        frames = decoder.feed(data)
+        if frames:
+            return frames
+
+
+@dataclass
+class Link:
+    """An open connection: the streams, its decoder (which may hold part of the next
+    frame), the daemon's welcome header and any frames that came after it."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    decoder: FrameDecoder
+    welcome: dict
+    rest: list[Frame]
+
+
+async def open_link(host: str, port: int, role: str, token: bytes | None, *,
+                    timeout: float, max_frame: int) -> Link:
+    """Connect to the daemon at ``host:port`` and complete the HELLO exchange as ``role``.
+
+    Each of the two steps (TCP connect; challenge, hello, welcome) is bounded by
+    ``timeout``. Failures raise RDMAError and close the connection: ETIMEDOUT for no
+    answer in time, the connect's own errno (ECONNREFUSED, EHOSTUNREACH, ENETUNREACH,
+    ETIMEDOUT; connect_error) or ECONNRESET for a connection closed in the handshake, the daemon's own
+    errno for an error frame (EBUSY at its connection limit, EACCES for a wrong token),
+    HandshakeError from make_hello, EPROTO for anything but a welcome.
+    """
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, limit=READ_CHUNK), timeout)
+    except asyncio.TimeoutError:
+        raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
+            from None
+    except OSError as e:
+        # The errno that happened (ECONNREFUSED, EHOSTUNREACH, ...), or "cannot resolve
+        # host" for a failed name lookup (protocol/errors.py connect_error).
+        raise connect_error(host, port, e) from None
+    decoder = FrameDecoder(max_frame)
+    try:
+        frames = await asyncio.wait_for(_handshake_frames(reader, decoder), timeout)
+        first = frames[0].header
+        if first.get("t") == "err":     # refused before the HELLO (e.g. connection limit)
+            raise RDMAError(first.get("errno", "EPROTO"), first.get("msg", "refused"))
+        writer.writelines(encode_frame(make_hello(first, role, token)))
+        frames = frames[1:] or await asyncio.wait_for(_handshake_frames(reader, decoder),
+                                                      timeout)
+        h = frames[0].header
+        if h.get("t") == "err":
+            raise RDMAError(h.get("errno", "EPROTO"), h.get("msg", "handshake refused"))
+        if h.get("t") != "welcome":
+            raise RDMAError("EPROTO", f"expected 'welcome' from {host}:{port}, "
+                                      f"got {h.get('t')!r}")
+    except asyncio.TimeoutError:
+        writer.close()
+        raise RDMAError("ETIMEDOUT", f"{host}:{port} did not complete the handshake within "
+                                     f"{timeout:g} s") from None
+    except BaseException:
+        with contextlib.suppress(Exception):
+            writer.close()
+        raise
+    return Link(reader, writer, decoder, h, frames[1:])
+
+
+async def _handshake_frames(reader: asyncio.StreamReader, decoder: FrameDecoder) -> list:
+    frames = await read_frames(reader, decoder)
+    if not frames:
+        raise RDMAError("ECONNRESET", "the daemon closed the connection during the handshake")
+    return frames

@@ -1,0 +1,190 @@
+"""The work-request and completion records: struct ibv_send_wr, ibv_recv_wr and ibv_wc.
+
+One definition serves the application (the client builds WRs and reads WCs), the wire
+(``to_wire`` / ``from_wire``) and the engine (the RC QP takes WRs and makes WCs), so a
+field added here is carried end to end or nowhere.
+
+On the control plane a send WR and a receive WR travel as maps with the C field names
+(the ``rdma``, ``atomic`` and ``imm_data``/``invalidate_rkey`` unions flattened), SGEs
+as ``[addr, length, lkey]``; a WC travels as a list in docs/protocol.md's order, since
+a poll may carry thousands of them. ``from_wire`` refuses a malformed record with
+EPROTO (the frame is not what the protocol says) and an opcode outside enum
+ibv_wr_opcode with EINVAL, as ibv_post_send(3) would.
+
+The MKEY configure WR is built by calls rather than as a record (ibv_wr_start,
+mlx5dv_wr_mkey_configure, its setters, ibv_wr_complete); ``build_configure_wr`` makes
+those calls from keywords for the engine's builder and the client's QP alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .attrs import SGE, CryptoAttr, MkeyConfAttr, MrInterleaved, SigBlockAttr
+from .control import MAX_SGE, U32, U64, check_fields, sge_to_wire, sges_from_wire
+from .enums import SendFlags, WcOpcode, WcStatus, WrOpcode
+from .errors import einval
+from .frames import FrameError
+
+__all__ = ["RECV_WR", "SEND_WR", "WC", "RecvWR", "SendWR", "build_configure_wr"]
+
+_U32 = (int, 0, U32, True)
+_U64 = (int, 0, U64, True)
+_SG = (list, 0, MAX_SGE, True)
+
+# One element of post_send's "wrs".
+SEND_WR = {"wr_id": _U64, "opcode": _U32, "sg": _SG, "send_flags": _U32,
+           "imm_data": (int, 0, U32, False), "rkey": _U32, "remote_addr": _U64,
+           "compare_add": _U64, "swap": _U64, "invalidate_rkey": _U32}
+# One element of post_recv's "wrs".
+RECV_WR = {"wr_id": _U64, "sg": _SG}
+
+
+def _wire_map(w: Any, schema: dict, what: str) -> dict:
+    if not isinstance(w, dict):
+        raise FrameError("EPROTO", f"{what} must be a map")
+    return check_fields({"t": what.partition("[")[0], **w}, schema, what)
+
+
+@dataclass
+class SendWR:
+    """struct ibv_send_wr (wr.rdma and wr.atomic flattened).
+
+    ``num_sge`` None means every SGE of ``sg``; a number makes ``to_wire`` send only the
+    first ones, as the C struct's num_sge does (a decoded WR's ``sg`` is just those).
+    """
+
+    wr_id: int = 0
+    opcode: WrOpcode = WrOpcode.SEND
+    sg: list[SGE] = field(default_factory=list)
+    send_flags: int = 0
+    imm_data: int | None = None
+    # wr.rdma; also the target of wr.atomic.
+    rkey: int = 0
+    remote_addr: int = 0
+    # wr.atomic: compare_add is the compare value of CMP_AND_SWP and the addend of
+    # FETCH_AND_ADD; swap is CMP_AND_SWP's new value.
+    compare_add: int = 0
+    swap: int = 0
+    # invalidate_rkey of SEND_WITH_INV and LOCAL_INV.
+    invalidate_rkey: int = 0
+    num_sge: int | None = None
+
+    def set_wr_rdma(self, rkey: int, addr: int) -> None:
+        self.rkey, self.remote_addr = rkey, addr
+
+    def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
+        self.rkey, self.remote_addr, self.compare_add, self.swap = rkey, addr, compare_add, swap
+
+    def to_wire(self) -> dict:
+        w = {"wr_id": self.wr_id, "opcode": int(self.opcode),
+             "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]],
+             "send_flags": int(self.send_flags), "rkey": self.rkey,
+             "remote_addr": self.remote_addr, "compare_add": self.compare_add,
+             "swap": self.swap, "invalidate_rkey": self.invalidate_rkey}
+        if self.imm_data is not None:
+            w["imm_data"] = self.imm_data
+        return w
+
+    @classmethod
+    def from_wire(cls, w: Any, what: str = "send_wr") -> SendWR:
+        v = _wire_map(w, SEND_WR, what)
+        try:
+            opcode = WrOpcode(v["opcode"])
+        except ValueError:
+            raise einval(f"opcode {v['opcode']} is not an enum ibv_wr_opcode") from None
+        return SendWR(v["wr_id"], opcode, sges_from_wire(v["sg"], what), v["send_flags"],
+                      v["imm_data"], v["rkey"], v["remote_addr"], v["compare_add"], v["swap"],
+                      v["invalidate_rkey"])
+
+
+@dataclass
+class RecvWR:
+    """struct ibv_recv_wr"""
+
+    wr_id: int = 0
+    sg: list[SGE] = field(default_factory=list)
+    num_sge: int | None = None
+
+    def to_wire(self) -> dict:
+        return {"wr_id": self.wr_id, "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]]}
+
+    @classmethod
+    def from_wire(cls, w: Any, what: str = "recv_wr") -> RecvWR:
+        v = _wire_map(w, RECV_WR, what)
+        return RecvWR(v["wr_id"], sges_from_wire(v["sg"], what))
+
+
+@dataclass(frozen=True)
+class WC:
+    """struct ibv_wc"""
+
+    wr_id: int
+    status: WcStatus
+    opcode: WcOpcode
+    byte_len: int = 0
+    qp_num: int = 0
+    imm_data: int | None = None
+    wc_flags: int = 0
+    # The IETH key of a SEND_WITH_INV receive (IBV_WC_WITH_INV); the C struct shares
+    # the field with imm_data.
+    invalidated_rkey: int = 0
+    vendor_err: int = 0
+
+    def to_wire(self) -> list:
+        """[wr_id, status, opcode, byte_len, imm_data, qp_num, wc_flags, vendor_err,
+        invalidated_rkey], docs/protocol.md's poll_cq reply."""
+        return [self.wr_id, int(self.status), int(self.opcode), self.byte_len, self.imm_data,
+                self.qp_num, int(self.wc_flags), self.vendor_err, self.invalidated_rkey]
+
+    @classmethod
+    def from_wire(cls, w: Any) -> WC:
+        if (not isinstance(w, list) or len(w) != 9
+                or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= U64
+                           for i, x in enumerate(w) if i != 4 or x is not None)):
+            raise FrameError("EPROTO", f"a WC must be [wr_id, status, opcode, byte_len, "
+                                       f"imm_data, qp_num, wc_flags, vendor_err, "
+                                       f"invalidated_rkey] of unsigned ints, got {w!r}"[:200])
+        try:
+            status, opcode = WcStatus(w[1]), WcOpcode(w[2])
+        except ValueError:
+            raise FrameError("EPROTO", f"WC status {w[1]} or opcode {w[2]} is not an enum "
+                                       "ibv_wc_status / ibv_wc_opcode") from None
+        return cls(w[0], status, opcode, byte_len=w[3], imm_data=w[4], qp_num=w[5],
+                   wc_flags=w[6], vendor_err=w[7], invalidated_rkey=w[8])
+
+    def __repr__(self) -> str:
+        return (f"WC(wr_id={self.wr_id}, status=IBV_WC_{self.status.name}, "
+                f"opcode=IBV_WC_{self.opcode.name}, byte_len={self.byte_len}, "
+                f"qp_num={self.qp_num:#x}"
+                + (f", imm_data={self.imm_data:#x}" if self.imm_data is not None else "")
+                + (f", wc_flags={self.wc_flags:#x}" if self.wc_flags else "") + ")")
+
+
+def build_configure_wr(qp: Any, mkey: Any, *, access: int | None = None,
+                       sges: list[SGE] | None = None,
+                       interleaved: tuple[int, list[MrInterleaved]] | None = None,
+                       sig: SigBlockAttr | None = None, crypto: CryptoAttr | None = None,
+                       conf_flags: int = 0, wr_id: int = 0,
+                       wr_flags: int = SendFlags.INLINE) -> None:
+    """One configure WR as mlx5dv_wr_mkey_configure(3)'s examples post it, up to (not
+    including) ibv_wr_complete: ibv_wr_start, mlx5dv_wr_mkey_configure announcing one
+    setter per attribute given, those setters. ``qp`` is anything with the WR-builder
+    calls (the engine's MkeyConfigureBuilder, the client's QP); the caller completes it,
+    since ibv_wr_complete is synchronous in the one and awaited in the other."""
+    layout = sges if sges is not None else interleaved
+    given = [a for a in (access, layout, sig, crypto) if a is not None]
+    qp.wr_start()
+    qp.wr_id, qp.wr_flags = wr_id, wr_flags
+    qp.wr_mkey_configure(mkey, len(given), MkeyConfAttr(conf_flags=conf_flags))
+    if access is not None:
+        qp.wr_set_mkey_access_flags(access)
+    if sges is not None:
+        qp.wr_set_mkey_layout_list(sges)
+    elif interleaved is not None:
+        qp.wr_set_mkey_layout_interleaved(*interleaved)
+    if sig is not None:
+        qp.wr_set_mkey_sig_block(sig)
+    if crypto is not None:
+        qp.wr_set_mkey_crypto(crypto)

@@ -1,0 +1,158 @@
+"""docker/compose.yaml driven from the host: the engine check, the compose command, the
+image build, and the lines the container tests leave in pytest's summary.
+
+The container tests print what CI's log must show (which base image the build used,
+``docker-compose ps`` with both addresses, the in-container run's ``N passed``, each
+node-loss test's measured times, and what is left after teardown) through
+``pytest_terminal_summary`` (tests/conftest.py), so a passing run shows them once, at
+the end, instead of in the middle of the dots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
+PROJECT = "softhca-twonode"
+TOKEN_FILE = ROOT / "docker" / "token.example"
+TARGET_IP, INITIATOR_IP = "10.200.0.1", "10.200.0.2"
+TARGET = f"{TARGET_IP}:4791"
+
+# Lines for pytest's terminal summary, section "containers".
+REPORT: list[str] = []
+
+
+def report(line: str) -> None:
+    REPORT.append(line)
+
+
+def run(argv: list[str], *, timeout: float = 120, check: bool = False, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {r.returncode}:\n{r.stdout[-3000:]}\n"
+                             f"{r.stderr[-3000:]}")
+    return r
+
+
+@functools.lru_cache(maxsize=1)
+def compose_command() -> tuple[str, ...] | None:
+    """``docker compose`` (v2) when the CLI has it, else ``docker-compose`` (v1)."""
+    if shutil.which("docker") and run(["docker", "compose", "version"], timeout=20).returncode == 0:
+        return ("docker", "compose")
+    if shutil.which("docker-compose"):
+        return ("docker-compose",)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable() -> str | None:
+    """Why the container tests cannot run here, or None."""
+    if shutil.which("docker") is None:
+        return "no docker command on this machine (the network-namespace run covers two nodes)"
+    try:
+        r = run(["docker", "info", "--format", "{{.ServerVersion}}"], timeout=20)
+    except subprocess.TimeoutExpired:
+        return "the Docker engine did not answer `docker info` within 20 s"
+    if r.returncode != 0 or not r.stdout.strip():
+        return f"no Docker engine answers: {(r.stderr or r.stdout).strip()[:200]}"
+    if compose_command() is None:
+        return "the Docker engine answers, but there is no compose tool (docker compose or docker-compose)"
+    if os.geteuid() != 0 and shutil.which("debootstrap") is None:
+        return "building the base image offline needs debootstrap, and root to install it"
+    return None
+
+
+@contextlib.contextmanager
+def machine_lock():
+    """One compose topology per machine: the project name and the 10.200.0.0/24 subnet are
+    fixed, so a second test run on the same engine (another checkout) waits its turn."""
+    path = Path(tempfile.gettempdir()) / "softhca-compose.lock"
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def compose(*args: str, timeout: float = 300, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    argv = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
+    full_env = {**os.environ, "SOFTHCA_TOKEN_SECRET": str(TOKEN_FILE), **(env or {})}
+    return run(argv, timeout=timeout, check=check, env=full_env)
+
+
+def build_images() -> None:
+    start = time.monotonic()
+    r = run(["bash", str(ROOT / "docker" / "build-images.sh")], timeout=1200, check=True,
+            env={**os.environ, "PY": sys.executable})
+    for line in r.stdout.splitlines():
+        if line.startswith("images:"):
+            report(line)
+    report(f"images: ready in {time.monotonic() - start:.0f} s")
+
+
+def container_ids(*services: str, all_states: bool = True) -> list[str]:
+    argv = ["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"]
+    if all_states:
+        argv.insert(2, "-a")
+    ids = run(argv, check=True).stdout.split()
+    if not services:
+        return ids
+    keep = []
+    for cid in ids:
+        svc = run(["docker", "inspect", "-f",
+                   '{{ index .Config.Labels "com.docker.compose.service" }}', cid]).stdout.strip()
+        if svc in services:
+            keep.append(cid)
+    return keep
+
+
+def addresses() -> list[str]:
+    """name, state and configured IPv4 address of each container of ours."""
+    out = []
+    for cid in container_ids():
+        out.append(run(["docker", "inspect", "-f",
+                        "{{.Name}} {{.State.Status}} "
+                        "{{range .NetworkSettings.Networks}}{{if .IPAMConfig}}"
+                        "{{.IPAMConfig.IPv4Address}}{{end}} {{.IPAddress}}{{end}}", cid]
+                       ).stdout.strip())
+    return out
+
+
+def wait_healthy(cids: list[str], timeout: float = 60) -> float:
+    """Seconds until every container's HEALTHCHECK reports healthy."""
+    start = time.monotonic()
+    while True:
+        states = [run(["docker", "inspect", "-f", "{{.State.Health.Status}}", c]).stdout.strip()
+                  for c in cids]
+        if states and all(s == "healthy" for s in states):
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not healthy within {timeout} s: {states}")
+        time.sleep(0.3)
+
+
+def network_name() -> str:
+    return f"{PROJECT}_rdma"
+
+
+def leftovers() -> tuple[list[str], list[str]]:
+    """Containers and networks of ours that still exist (images may stay)."""
+    containers = run(["docker", "ps", "-a", "--format", "{{.Names}}",
+                      "--filter", f"label=com.docker.compose.project={PROJECT}"]).stdout.split()
+    networks = run(["docker", "network", "ls", "--format", "{{.Name}}",
+                    "--filter", f"label=com.docker.compose.project={PROJECT}"]).stdout.split()
+    volumes = run(["docker", "volume", "ls", "-q",
+                   "--filter", f"label=com.docker.compose.project={PROJECT}"]).stdout.split()
+    return containers + volumes, networks

@@ -1,0 +1,120 @@
+"""What a new user meets first on the command line (issue 16, item 5): the version, a
+mistyped fault rule answered with the values to pick from, a capture of a daemon that
+is not there, and an embedded daemon's warnings in the daemon's log format."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import softhca.client as sh
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "softhca.tools.cli"]
+# server/serve.py's format: "2026-01-02 03:04:05,678 WARNING softhca.server message k=v".
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) "
+                      r"softhca\.\S+ \S.* event=\w+")
+
+
+def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_version_is_pyprojects():
+    want = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(),
+                     re.M).group(1)
+    r = cli("--version")
+    assert (r.returncode, r.stdout) == (0, f"softhca {want}\n"), r.stderr
+
+
+async def faults_add(address: str, *fields: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "faults", "add", "--target", address, *fields,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    return proc.returncode, err.decode()
+
+
+async def test_faults_add_lists_the_valid_values_of_a_wrong_one():
+    async with sh.embedded() as node:
+        status, err = await faults_add(node.address, "action=corupt", "block=3",
+                                       "block_size=520")
+        assert status == 1
+        assert err.startswith("softhca faults add: EINVAL: "), err
+        for action in ("corrupt", "drop", "duplicate", "delay", "reorder", "rnr"):
+            assert action in err, err
+        assert "action='corupt' is not valid: one of corrupt, drop," in err
+        status, err = await faults_add(node.address, "action=corrupt", "block=3",
+                                       "block_size=520", "field=gaurd")
+        assert status == 1 and "one of data, guard, app_tag, ref_tag" in err, err
+        status, err = await faults_add(node.address, "action=drop", "opcode=RDMA_WRTE")
+        assert status == 1 and "opcode='RDMA_WRTE' is not valid: one of " in err, err
+        assert "RDMA_WRITE" in err and "SEND_ONLY" in err, err
+        status, err = await faults_add(node.address, "action=drop", "probability=1.5")
+        assert status == 1 and "probability=1.5 is not valid: a number in [0, 1]" in err, err
+        # Nothing was installed by the refused rules.
+        assert await node.faults.list() == []
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_capture_of_a_daemon_that_is_not_there(tmp_path):
+    out = tmp_path / "x.pcap"
+    r = subprocess.run([*CLI, "capture", "--target", f"127.0.0.1:{free_port()}", "--out",
+                        str(out)], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert r.returncode != 0
+    assert not out.exists(), "an empty pcap was left behind"
+    # The reason comes first (and alone): no "0 packet(s) written" to a file never made.
+    assert r.stderr.startswith("softhca capture: "), r.stderr
+    assert "cannot connect" in r.stderr.splitlines()[0], r.stderr
+    assert r.stdout == "", r.stdout
+
+
+def refused_hello(tmp_path, prelude: str = "") -> subprocess.CompletedProcess:
+    """A program that connects to its embedded daemon with the wrong token: the daemon
+    refuses the hello and logs a warning. ``prelude`` runs first (the app's own setup)."""
+    script = tmp_path / "refused.py"
+    script.write_text(
+        "import asyncio, logging, sys\n"
+        "import softhca.client as sh\n"
+        f"{prelude}\n\n"
+        "async def main():\n"
+        "    async with sh.embedded(token=b'right') as node:\n"
+        "        try:\n"
+        "            await sh.connect(node.address, token=b'wrong')\n"
+        "        except sh.RDMAError as e:\n"
+        "            print(e.errno_name)\n\n\n"
+        "asyncio.run(main())\n")
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_embedded_daemon_warnings_follow_the_log_format(tmp_path):
+    """A refused hello (wrong token) is logged by the embedded daemon as serve logs it,
+    not as Python's bare last-resort ``refused event=refused ...``."""
+    r = refused_hello(tmp_path)
+    assert r.returncode == 0 and r.stdout == "EACCES\n", (r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert lines, "the refusal was not logged"
+    for line in lines:
+        assert LOG_LINE.match(line), line
+    assert any(" WARNING softhca.server refused event=refused " in line for line in lines)
+
+
+def test_an_application_that_configures_logging_keeps_it(tmp_path):
+    """With the application's own logging set up, the daemon adds no handler of its own:
+    each warning appears once, in the application's format."""
+    r = refused_hello(tmp_path, "logging.basicConfig(stream=sys.stderr, "
+                                "format='APP %(levelname)s %(message)s')")
+    assert r.returncode == 0 and r.stdout == "EACCES\n", r.stderr
+    refused = [line for line in r.stderr.splitlines() if "event=refused" in line]
+    assert len(refused) == 1 and refused[0].startswith("APP WARNING refused "), r.stderr

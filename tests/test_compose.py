@@ -1,0 +1,312 @@
+"""Two nodes in real containers: docker/compose.yaml run for real.
+
+The images are built offline (``docker/build-images.sh``, the ``make images`` target),
+then compose starts the target at 10.200.0.1 and, once its HEALTHCHECK reports healthy,
+the initiator at 10.200.0.2, which runs the two-node suite (tests/twonode) inside its
+container. Then the host itself plays the initiator (its embedded daemon on the bridge's
+address, 10.200.0.254) against the target container while the test kills, partitions,
+and pauses it, and asserts what verbs promise: RETRY_EXC_ERR then WR_FLUSH_ERR within the
+bound ``timeout`` and ``retry_cnt`` give when the target is gone for longer than that
+budget, and every WR completing SUCCESS exactly once, byte-exact, with retransmissions,
+when it comes back within it. Teardown is ``down -v``, and the last test checks that no
+container, network or volume of ours is left (images may stay).
+
+Skipped, with the reason, where no Docker engine answers; the network-namespace topology
+(tests/test_twonode_netns.py) stays the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+
+import pytest
+
+import softhca.client as sh
+
+import compose as dc
+from e2e import rdma, sge
+from twonode import remote
+
+pytestmark = pytest.mark.docker
+
+# ibv_qp_attr.timeout is an exponent: the ACK timeout is 4.096 us * 2^timeout (IBTA
+# 9.7.6.1.3); after retry_cnt retransmissions the next expiry completes RETRY_EXC_ERR.
+SHORT_TIMEOUT, SHORT_RETRIES = 14, 3       # 67 ms per try: a budget of 4 x 67 = 268 ms
+PATIENT_TIMEOUT, PATIENT_RETRIES = 16, 7   # 268 ms per try: a budget of 8 x 268 = 2.1 s
+
+
+def ack_timeout_s(exponent: int) -> float:
+    return 4.096e-6 * (1 << exponent)
+
+
+def retry_budget_s(exponent: int, retry_cnt: int) -> float:
+    return (retry_cnt + 1) * ack_timeout_s(exponent)
+
+
+# Scheduling, the docker CLI's own latency and the time the kernel takes to report a dead
+# peer: what may pass beyond the verbs bound before the completion is seen here.
+SLACK_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def stack():
+    reason = dc.unavailable()
+    if reason:
+        pytest.skip(reason)
+    with dc.machine_lock():
+        dc.build_images()
+        dc.compose("--profile", "scale", "down", "-v", "--remove-orphans", check=False)
+        try:
+            yield
+        finally:
+            dc.compose("--profile", "scale", "down", "-v", "--remove-orphans", check=False)
+
+
+@pytest.fixture
+def target_up(stack, monkeypatch):
+    """The target container running and healthy; the host set up as its initiator."""
+    dc.compose("up", "-d", "target")
+    (cid,) = dc.container_ids("target")
+    if dc.run(["docker", "inspect", "-f", "{{.State.Status}}", cid]).stdout.strip() != "running":
+        dc.run(["docker", "start", cid], check=True)
+    dc.wait_healthy([cid])
+    monkeypatch.setenv("SOFTHCA_TOKEN_FILE", str(dc.TOKEN_FILE))
+    monkeypatch.delenv("SOFTHCA_TOKEN", raising=False)
+    monkeypatch.delenv("SOFTHCA_INITIATOR_ADDR", raising=False)
+    return cid
+
+
+def passed_count(out: str) -> int:
+    m = re.findall(r"(\d+) passed", out)
+    return int(m[-1]) if m else 0
+
+
+# -- the compose run ------------------------------------------------------------------------
+
+def test_two_node_suite_inside_the_initiator_container(stack):
+    start = time.monotonic()
+    r = dc.compose("up", "--exit-code-from", "initiator", timeout=600, check=False)
+    elapsed = time.monotonic() - start
+    out = r.stdout + r.stderr
+    dc.report("docker-compose ps:")
+    dc.report("  " + dc.compose("ps").stdout.strip().replace("\n", "\n  "))
+    for line in dc.addresses():
+        dc.report(f"  address: {line}")
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    summary = [line.split("|", 1)[-1].strip(" =") for line in plain.splitlines()
+               if re.search(r"\d+ (passed|failed)", line)]
+    dc.report(f"two-node suite in the initiator container: {summary[-1] if summary else '?'} "
+              f"({elapsed:.0f} s with start-up)")
+    assert r.returncode == 0, out[-4000:]
+    assert passed_count(out) >= 34 and " failed" not in out, out[-4000:]
+    addrs = " ".join(dc.addresses())
+    assert dc.TARGET_IP in addrs and dc.INITIATOR_IP in addrs, addrs
+
+
+def test_man_page_examples_against_every_target_at_once(stack):
+    dc.compose("--profile", "scale", "up", "-d", "--scale", "extra-target=3", "target",
+               "extra-target")
+    try:
+        cids = dc.container_ids("target", "extra-target")
+        assert len(cids) == 4
+        dc.wait_healthy(cids)
+        start = time.monotonic()
+        r = dc.compose("--profile", "scale", "run", "--rm", "-e",
+                       "SOFTHCA_TARGET=10.200.0.1:4791,extra-target:4791", "initiator",
+                       "-m", "twonode", "tests/twonode/test_examples.py",
+                       "-p", "no:cacheprovider", timeout=600, check=False)
+        out = r.stdout + r.stderr
+        headers = re.findall(r"softhca two-node: target (\S+),", out)
+        n = passed_count(out)
+        dc.report(f"man page examples from one initiator against {len(headers)} targets "
+                  f"({', '.join(headers)}): {n} passed in {time.monotonic() - start:.0f} s")
+        assert r.returncode == 0, out[-4000:]
+        assert len(headers) == 4, out[-3000:]
+        assert n > 0 and n % 4 == 0 and " failed" not in out, out[-3000:]
+    finally:
+        dc.compose("--profile", "scale", "rm", "-s", "-f", "extra-target", check=False)
+
+
+# -- node loss, driven from the host ------------------------------------------------------------
+
+async def _pair(*, timeout: int, retry_cnt: int):
+    return remote.remote_two_nodes(dc.TARGET, connect_kw={"timeout": timeout,
+                                                          "retry_cnt": retry_cnt})
+
+
+async def _docker(*argv: str) -> float:
+    """Run a docker command off the event loop; the seconds it took."""
+    start = time.monotonic()
+    await asyncio.to_thread(dc.run, ["docker", *argv], check=True)
+    return time.monotonic() - start
+
+
+async def _stream_until_error(pair, src: sh.MR, dst: sh.MR, *, chunk: int, depth: int,
+                              event: asyncio.Event, stop_after: float = 30.0):
+    """RDMA_WRITEs, ``depth`` outstanding, until a completion is not SUCCESS. Returns the
+    completions in order and the time the first error arrived."""
+    i = pair.initiator
+    slots = dst.length // chunk
+    wcs: list[sh.WC] = []
+    posted = 0
+    first_error_at = None
+    deadline = time.monotonic() + stop_after
+    while time.monotonic() < deadline:
+        while posted - len(wcs) < depth and first_error_at is None:
+            off = (posted % slots) * chunk
+            await i.qp.post_send(rdma(sh.IBV_WR_RDMA_WRITE, [sge(src, chunk, off)], dst.rkey,
+                                      dst.addr + off, wr_id=posted,
+                                      send_flags=sh.IBV_SEND_SIGNALED))
+            posted += 1
+            if posted == depth * 2:
+                event.set()         # the stream is running: the test may strike now
+        got = await i.scq.poll(num_entries=depth, timeout=0.5)
+        for wc in got:
+            wcs.append(wc)
+            if wc.status != sh.IBV_WC_SUCCESS and first_error_at is None:
+                first_error_at = time.monotonic()
+        if first_error_at is not None and len(wcs) == posted:
+            break
+    return wcs, posted, first_error_at
+
+
+async def test_lose_the_target_mid_stream_then_restart_it(target_up):
+    cid = target_up
+    bound = retry_budget_s(SHORT_TIMEOUT, SHORT_RETRIES)
+    async with await _pair(timeout=SHORT_TIMEOUT, retry_cnt=SHORT_RETRIES) as pair:
+        src = await pair.initiator.reg_mr(1 << 20)
+        await src.write(os.urandom(1 << 20))
+        dst = await pair.target.reg_mr(1 << 20, sh.IBV_ACCESS_LOCAL_WRITE
+                                       | sh.IBV_ACCESS_REMOTE_WRITE)
+        running = asyncio.Event()
+        stream = asyncio.ensure_future(_stream_until_error(pair, src, dst, chunk=16384,
+                                                           depth=32, event=running))
+        await asyncio.wait_for(running.wait(), 30)
+        await _docker("kill", cid)
+        killed_at = time.monotonic()
+        wcs, posted, first_error_at = await stream
+    statuses = [w.status for w in wcs]
+    assert len(wcs) == posted and sorted(w.wr_id for w in wcs) == list(range(posted))
+    n_ok = statuses.index(sh.IBV_WC_RETRY_EXC_ERR)
+    # Every WR outstanding at the loss: the oldest RETRY_EXC_ERR, the rest flushed.
+    assert statuses[:n_ok] == [sh.IBV_WC_SUCCESS] * n_ok
+    assert statuses[n_ok + 1:] == [sh.IBV_WC_WR_FLUSH_ERR] * (posted - n_ok - 1)
+    assert posted - n_ok >= 2, "the target was lost with fewer than two WRs outstanding"
+    waited = first_error_at - killed_at
+    dc.report(f"lose the target: {n_ok} SUCCESS, 1 RETRY_EXC_ERR, {posted - n_ok - 1} "
+              f"WR_FLUSH_ERR; RETRY_EXC_ERR {waited * 1000:.0f} ms after docker kill "
+              f"(bound {bound * 1000:.0f} ms + {SLACK_S:g} s slack)")
+    assert waited <= bound + SLACK_S
+
+    # The target comes back: new QPs carry traffic again, byte-exact.
+    start = time.monotonic()
+    await _docker("start", cid)
+    await asyncio.to_thread(dc.wait_healthy, [cid])
+    async with await _pair(timeout=SHORT_TIMEOUT, retry_cnt=SHORT_RETRIES) as pair:
+        data = os.urandom(256 * 1024)
+        src = await pair.initiator.reg_mr(len(data))
+        await src.write(data)
+        dst = await pair.target.reg_mr(len(data), sh.IBV_ACCESS_LOCAL_WRITE
+                                       | sh.IBV_ACCESS_REMOTE_WRITE)
+        wc = await pair.write([sge(src)], dst.rkey, dst.addr)
+        assert wc.status == sh.IBV_WC_SUCCESS
+        assert await dst.read(len(data)) == data
+    dc.report(f"  restarted: healthy and a new QP pair wrote 256 KiB byte-exact in "
+              f"{time.monotonic() - start:.1f} s")
+
+
+async def _interrupted_writes(pair, interrupt, resume, *, n: int = 24, chunk: int = 8192,
+                              hold: float) -> tuple[list[sh.WC], bytes, bytes, float]:
+    """Cut the target off (``interrupt``), post ``n`` writes, hold, ``resume``; the
+    completions, what was sent, what arrived, and how long the target was away."""
+    data = os.urandom(n * chunk)
+    src = await pair.initiator.reg_mr(len(data))
+    await src.write(data)
+    dst = await pair.target.reg_mr(len(data), sh.IBV_ACCESS_LOCAL_WRITE
+                                   | sh.IBV_ACCESS_REMOTE_WRITE)
+    away = time.monotonic()
+    await interrupt()
+    await pair.initiator.qp.post_send([
+        rdma(sh.IBV_WR_RDMA_WRITE, [sge(src, chunk, k * chunk)], dst.rkey, dst.addr + k * chunk,
+             wr_id=k, send_flags=sh.IBV_SEND_SIGNALED) for k in range(n)])
+    await asyncio.sleep(hold)
+    await resume()
+    away = time.monotonic() - away
+    wcs = await pair.initiator.scq.poll_n(n, 60)
+    extra = await pair.initiator.scq.poll(num_entries=4, timeout=0.3)
+    return wcs + extra, data, await dst.read(len(data)), away
+
+
+def _net_cut(cid: str):
+    async def cut():
+        await _docker("network", "disconnect", dc.network_name(), cid)
+
+    async def heal():
+        await _docker("network", "connect", "--ip", dc.TARGET_IP, dc.network_name(), cid)
+    return cut, heal
+
+
+def _freeze(cid: str):
+    async def pause():
+        await _docker("pause", cid)
+
+    async def unpause():
+        await _docker("unpause", cid)
+    return pause, unpause
+
+
+@pytest.mark.parametrize("how", ["partition", "pause"])
+async def test_short_outage_every_wr_succeeds_exactly_once(target_up, how):
+    cid = target_up
+    budget = retry_budget_s(PATIENT_TIMEOUT, PATIENT_RETRIES)
+    hold = 0.6          # plus the docker commands' own time: well under the 2.1 s budget
+    cut, heal = _net_cut(cid) if how == "partition" else _freeze(cid)
+    async with await _pair(timeout=PATIENT_TIMEOUT, retry_cnt=PATIENT_RETRIES) as pair:
+        before = (await pair.initiator.node.counters())["retransmissions"]
+        wcs, sent, arrived, away = await _interrupted_writes(pair, cut, heal, hold=hold)
+        retrans = (await pair.initiator.node.counters())["retransmissions"] - before
+    dc.report(f"short {how}: target away {away * 1000:.0f} ms (budget {budget * 1000:.0f} ms), "
+              f"{len(wcs)} completions, retransmissions {retrans}")
+    assert away < budget
+    assert sorted((w.wr_id, w.status) for w in wcs) == [
+        (k, sh.IBV_WC_SUCCESS) for k in range(24)]
+    assert arrived == sent
+    assert retrans > 0
+
+
+async def test_long_partition_ends_in_retry_exceeded(target_up):
+    cid = target_up
+    budget = retry_budget_s(SHORT_TIMEOUT, SHORT_RETRIES)
+    cut, heal = _net_cut(cid)
+    async with await _pair(timeout=SHORT_TIMEOUT, retry_cnt=SHORT_RETRIES) as pair:
+        src = await pair.initiator.reg_mr(4096)
+        dst = await pair.target.reg_mr(4096, sh.IBV_ACCESS_LOCAL_WRITE
+                                       | sh.IBV_ACCESS_REMOTE_WRITE)
+        await cut()
+        try:
+            posted_at = time.monotonic()
+            await pair.initiator.qp.post_send([
+                rdma(sh.IBV_WR_RDMA_WRITE, [sge(src, 1024)], dst.rkey, dst.addr, wr_id=k,
+                     send_flags=sh.IBV_SEND_SIGNALED) for k in range(3)])
+            wcs = await pair.initiator.scq.poll_n(3, budget + 10)
+            waited = time.monotonic() - posted_at
+        finally:
+            await heal()
+    dc.report(f"long partition: RETRY_EXC_ERR after {waited * 1000:.0f} ms "
+              f"(budget {budget * 1000:.0f} ms), then WR_FLUSH_ERR x2")
+    assert [(w.wr_id, w.status) for w in wcs] == [
+        (0, sh.IBV_WC_RETRY_EXC_ERR), (1, sh.IBV_WC_WR_FLUSH_ERR), (2, sh.IBV_WC_WR_FLUSH_ERR)]
+    assert budget * 0.9 <= waited <= budget + SLACK_S
+
+
+def test_teardown_leaves_nothing_of_ours(stack):
+    dc.compose("--profile", "scale", "down", "-v", "--remove-orphans")
+    containers, networks = dc.leftovers()
+    ps = dc.run(["docker", "ps", "-a", "--format", "{{.Names}}"]).stdout.split()
+    nets = dc.run(["docker", "network", "ls", "--format", "{{.Name}}"]).stdout.split()
+    dc.report(f"after down -v: docker ps -a: {ps or 'nothing'}; docker network ls: {nets}")
+    assert containers == [] and networks == []
+    assert not any(n.startswith(dc.PROJECT) for n in ps + nets)
