@@ -109,7 +109,15 @@ class SigBlockAttr:
 
 @dataclass(frozen=True)
 class CryptoAttr:
-    """struct mlx5dv_crypto_attr; ``dek`` is the DEK object or its handle."""
+    """struct mlx5dv_crypto_attr; ``dek`` is the DEK object or its handle.
+
+    ``initial_tweak`` is IEEE 1619's data unit sequence number as 16 **little-endian**
+    bytes: data unit k of the MKEY's crypto stream, counted from the MKEY's offset 0
+    (not from the start of a transfer), is processed with tweak initial_tweak + k
+    (mod 2^128), i.e. ``cryptography``'s ``modes.XTS(((int.from_bytes(tweak, "little")
+    + k) % 2**128).to_bytes(16, "little"))`` with the DEK's key; docs/api.md ("First
+    things to know") checks it in three lines, semantics section 8.3 has the rule.
+    """
 
     crypto_standard: int = CryptoStandard.AES_XTS
     encrypt_on_tx: bool = False

@@ -72,12 +72,20 @@ class SendWR:
     num_sge: int | None = None
 
     def set_wr_rdma(self, rkey: int, addr: int) -> None:
+        """pyverbs' SendWR.set_wr_rdma: the remote key and address of an RDMA_WRITE(_WITH_IMM)
+        or RDMA_READ (wr.rdma). Checked only when the WR is posted."""
         self.rkey, self.remote_addr = rkey, addr
 
     def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
+        """pyverbs' SendWR.set_wr_atomic: the remote key and 8-byte aligned address of an
+        atomic, ``compare_add`` (CMP_AND_SWP's compare value, FETCH_AND_ADD's addend)
+        and ``swap`` (CMP_AND_SWP's new value, default 0). Checked only when the WR is
+        posted."""
         self.rkey, self.remote_addr, self.compare_add, self.swap = rkey, addr, compare_add, swap
 
     def to_wire(self) -> dict:
+        """The post_send request's map of this WR (docs/protocol.md), the first
+        ``num_sge`` SGEs only; applications do not need it."""
         w = {"wr_id": self.wr_id, "opcode": int(self.opcode),
              "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]],
              "send_flags": int(self.send_flags), "rkey": self.rkey,
@@ -89,6 +97,8 @@ class SendWR:
 
     @classmethod
     def from_wire(cls, w: Any, what: str = "send_wr") -> SendWR:
+        """The inverse of ``to_wire`` (the daemon's side): EPROTO for a malformed map,
+        EINVAL for an opcode that is not an enum ibv_wr_opcode."""
         v = _wire_map(w, SEND_WR, what)
         try:
             opcode = WrOpcode(v["opcode"])
@@ -108,10 +118,13 @@ class RecvWR:
     num_sge: int | None = None
 
     def to_wire(self) -> dict:
+        """The post_recv request's map of this WR (docs/protocol.md), the first
+        ``num_sge`` SGEs only; applications do not need it."""
         return {"wr_id": self.wr_id, "sg": [sge_to_wire(s) for s in self.sg[:self.num_sge]]}
 
     @classmethod
     def from_wire(cls, w: Any, what: str = "recv_wr") -> RecvWR:
+        """The inverse of ``to_wire`` (the daemon's side): EPROTO for a malformed map."""
         v = _wire_map(w, RECV_WR, what)
         return RecvWR(v["wr_id"], sges_from_wire(v["sg"], what))
 
@@ -140,6 +153,8 @@ class WC:
 
     @classmethod
     def from_wire(cls, w: Any) -> WC:
+        """The inverse of ``to_wire`` (the client's side of poll_cq): EPROTO for a
+        malformed list or an unknown status or opcode."""
         if (not isinstance(w, list) or len(w) != 9
                 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= U64
                            for i, x in enumerate(w) if i != 4 or x is not None)):

@@ -249,9 +249,11 @@ async def test_2000_messages_over_a_lossy_duplicating_reordering_link():
         await case_lossy_link(p, random.Random(2000))
 
 
-async def case_lossy_link(p, rng, n: int = 2000):
+async def case_lossy_link(p, rng, n: int = 2000, timeout: int = 10):
     async with rules_cleared(p):
-        q = await fresh_pair(p, mtu=sh.IBV_MTU_1024, timeout=10)   # 4 ms ACK timeout
+        # 4 ms ACK timeout by default (timeout 10): each loss costs one, so the run stays
+        # short. Across processes or hosts a caller gives the scheduler more room.
+        q = await fresh_pair(p, mtu=sh.IBV_MTU_1024, timeout=timeout)
         i, t = q.initiator, q.target
         for node, seed in ((i.node, 1), (t.node, 2)):
             await node.faults.add(action="drop", probability=0.05, seed=seed)
