@@ -8,4 +8,7 @@
 - ``crypto_login``: the device's crypto import method, crypto login, wrapped DEK import.
 - ``transfer``: TX (memory to wire) and RX (wire to memory) through a key.
 - ``completion``: which ibv_wc_status a failed transfer gives.
+- ``rc``: the RC QP (sans-I/O), composed of ``rc_requester`` (the send queue) and
+  ``rc_responder`` (the receive queue), as rxe splits it; ``rc_common`` what both use;
+  ``qp_state``: the ibv_modify_qp transition table and the IBTA timer encodings.
 """

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..protocol.enums import Mtu
 from ..protocol.enums import QpAttrMask as M
 from ..protocol.enums import QpState as S
+from ..protocol.errors import einval, eopnotsupp
 from ..protocol.opcodes import RNR_TIMER_MS
 
 
@@ -110,3 +112,88 @@ def ack_timeout_s(timeout: int) -> float:
 def rnr_timer_s(code: int) -> float:
     """The RNR NAK timer of min_rnr_timer code ``code`` (IBTA 9.7.5.2.8), in seconds."""
     return RNR_TIMER_MS[code] / 1000
+
+
+# The attributes whose values RCQP.modify checks and applies (AV is the daemon's).
+_APPLIED = (M.STATE | M.CUR_STATE | M.PATH_MTU
+            | M.DEST_QPN | M.RQ_PSN | M.SQ_PSN
+            | M.TIMEOUT | M.RETRY_CNT | M.RNR_RETRY
+            | M.MIN_RNR_TIMER | M.MAX_QP_RD_ATOMIC
+            | M.MAX_DEST_RD_ATOMIC | M.ACCESS_FLAGS
+            | M.PKEY_INDEX | M.PORT)
+
+
+def _uint(bits: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << bits
+
+
+def _is_mtu(v) -> bool:
+    try:
+        Mtu(v)
+    except ValueError:
+        return False
+    return True
+
+
+# Each attribute's value rule (ibv_modify_qp(3); IBTA field widths) and its words.
+_CHECKS = {
+    M.PATH_MTU: _is_mtu, M.DEST_QPN: _uint(24),
+    M.RQ_PSN: _uint(24), M.SQ_PSN: _uint(24),
+    M.TIMEOUT: _uint(5), M.MIN_RNR_TIMER: _uint(5),
+    M.RETRY_CNT: _uint(3), M.RNR_RETRY: _uint(3),
+    # Zero would let no READ or atomic ever go: the WR would wait forever.
+    M.MAX_QP_RD_ATOMIC: lambda v: _uint(8)(v) and v >= 1,
+    M.MAX_DEST_RD_ATOMIC: _uint(8), M.ACCESS_FLAGS: _uint(32),
+    # One port, one P_Key.
+    M.PKEY_INDEX: lambda v: v == 0, M.PORT: lambda v: v == 1,
+    M.EN_SQD_ASYNC_NOTIFY: _uint(1),
+}
+_RULES = {
+    M.PATH_MTU: "is not an enum ibv_mtu value", M.DEST_QPN: "is not a QP number",
+    M.RQ_PSN: "is not a 24-bit PSN", M.SQ_PSN: "is not a 24-bit PSN",
+    M.TIMEOUT: "is not a 5-bit code", M.MIN_RNR_TIMER: "is not a 5-bit code",
+    M.RETRY_CNT: "must be 0..7", M.RNR_RETRY: "must be 0..7",
+    M.MAX_QP_RD_ATOMIC: "must be 1..255", M.MAX_DEST_RD_ATOMIC: "must be 0..255",
+    M.ACCESS_FLAGS: "is not an access flags word",
+    M.PKEY_INDEX: "must be 0 (one P_Key)", M.PORT: "must be 1 (one port)",
+    M.EN_SQD_ASYNC_NOTIFY: "must be 0 or 1",
+}
+
+
+def check(cur: S, attr: dict, attr_mask: int) -> tuple[S, dict[M, object]]:
+    """The next state and the attribute values of ibv_modify_qp(``attr``, ``attr_mask``)
+    on a QP in ``cur``: EINVAL for a transition the table lacks, a missing or foreign
+    attribute or a bad value, EOPNOTSUPP for an attribute of an unmodelled feature."""
+    mask = M(attr_mask)
+    values = {bit: attr[name] for bit, name in FIELDS.items()
+              if mask & bit and name in attr}
+    lacking = [FIELDS[bit] for bit in _APPLIED if mask & bit and bit not in values]
+    if lacking:
+        raise einval(f"ibv_modify_qp: attr_mask names {', '.join(lacking)} but attr has "
+                     "no value for it")
+    if mask & M.CUR_STATE and values[M.CUR_STATE] != cur:
+        raise einval(f"ibv_modify_qp: cur_qp_state {values[M.CUR_STATE]} is not "
+                     f"the QP's state {cur.name}")
+    try:
+        nxt = S(values[M.STATE]) if mask & M.STATE else cur
+    except ValueError:
+        raise einval(f"ibv_modify_qp: qp_state {values[M.STATE]!r} is not an "
+                     "enum ibv_qp_state value") from None
+    step = f"ibv_modify_qp {cur.name} -> {nxt.name}"
+    t = TRANSITIONS.get((cur, nxt))
+    if t is None:
+        raise einval(f"{step} is not a transition of an RC QP (ibv_modify_qp(3))")
+    given = mask & ~M.STATE
+    missing = t.required & ~given & ~KEPT_IF_ABSENT
+    if missing:
+        raise einval(f"{step} needs {names(missing)}")
+    extra = given & ~(t.required | t.optional)
+    if extra:
+        raise einval(f"{step} does not take {names(extra)}")
+    if given & NOT_MODELLED:
+        raise eopnotsupp(f"{step}: {names(given & NOT_MODELLED)} not modelled")
+    for bit, value in values.items():
+        ok = _CHECKS.get(bit)
+        if ok is not None and not ok(value):
+            raise einval(f"{step}: {FIELDS[bit]} {value!r} {_RULES[bit]}")
+    return nxt, values

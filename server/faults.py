@@ -35,7 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.rc import psn_diff
+from ..engine.rc_common import psn_diff
 from ..protocol.errors import RDMAError
 from ..protocol.opcodes import NAMES, Op, with_any, with_flags
 from ..protocol.packets import Packet

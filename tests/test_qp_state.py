@@ -8,7 +8,7 @@ read from the module under test.
 from __future__ import annotations
 
 import pytest
-from test_rc import SIG, Pair, status_of
+from test_rc import SIG, Pair, Tap, atomic_wr, put_u64, status_of, u64_at
 
 import softhca.client as sh
 from softhca.engine.hca import HCA
@@ -204,3 +204,63 @@ async def test_the_daemon_forwards_sqd_and_reset():
         assert e.value.errno_name == "EINVAL" and "path_mtu" in e.value.message
         assert await q.modify(sh.QPAttr(qp_state=sh.IBV_QPS_RESET)) == sh.IBV_QPS_RESET
         assert (await q.query())["qp_state"] == sh.IBV_QPS_RESET
+
+
+@pytest.mark.parametrize("enabled, op, allowed", [
+    (sh.IBV_ACCESS_REMOTE_WRITE, WrOpcode.RDMA_WRITE, True),
+    (sh.IBV_ACCESS_REMOTE_READ, WrOpcode.RDMA_WRITE, False),
+    (sh.IBV_ACCESS_REMOTE_READ, WrOpcode.RDMA_READ, True),
+    (sh.IBV_ACCESS_REMOTE_WRITE | sh.IBV_ACCESS_REMOTE_ATOMIC, WrOpcode.RDMA_READ, False),
+    (sh.IBV_ACCESS_REMOTE_ATOMIC, WrOpcode.ATOMIC_FETCH_AND_ADD, True),
+    (0, WrOpcode.ATOMIC_FETCH_AND_ADD, False),
+])
+def test_qp_access_flags_enable_each_remote_operation(enabled, op, allowed):
+    """ibv_modify_qp(3) qp_access_flags: "Mask of enabled remote access operations". An
+    operation the responder's QP does not enable fails as rxe fails it: NAK Invalid
+    Request, REM_INV_REQ_ERR at the requester, the responder in ERR."""
+    p = Pair()
+    p.b.modify({"qp_state": S.RTS, "qp_access_flags": int(enabled)}, M.STATE | M.ACCESS_FLAGS)
+    local, remote = p.mr(p.pda, bytes(8)), p.mr(p.pdb, bytes(range(8)))
+    p.a.post_send(SendWR(1, op, [SGE(local.addr, 8, local.lkey)], SIG, rkey=remote.rkey,
+                         remote_addr=remote.addr, compare_add=1), p.now)
+    p.run()
+    want = WcStatus.SUCCESS if allowed else WcStatus.REM_INV_REQ_ERR
+    assert status_of(p.wcs["a_send"]) == [(1, want)]
+    assert p.b.state == (S.RTS if allowed else S.ERR)
+
+
+@pytest.mark.parametrize("resources, want", [
+    (2, [(1, WcStatus.SUCCESS), (2, WcStatus.SUCCESS)]),
+    (1, [(1, WcStatus.RETRY_EXC_ERR), (2, WcStatus.WR_FLUSH_ERR)]),
+])
+def test_max_dest_rd_atomic_is_the_responders_saved_atomic_results(resources, want):
+    """Two atomics in flight lose their ATOMIC ACKs and are sent again. A responder with
+    max_dest_rd_atomic 2 answers both duplicates from its saved results; with 1 it kept
+    only the second's, drops the first duplicate (IBTA: outside the responder's
+    resources), and the requester retries it until retry_cnt is spent."""
+    p = Pair(timeout_s=0.01, retry_cnt=2, qp={"max_rd_atomic": 2})
+    p.b.modify({"qp_state": S.SQD}, M.STATE)
+    p.b.modify({"qp_state": S.SQD, "max_dest_rd_atomic": resources},
+               M.STATE | M.MAX_DEST_RD_ATOMIC)
+    p.b.modify({"qp_state": S.RTS}, M.STATE)
+    remote, local = p.mr(p.pdb, 16), p.mr(p.pda, 16)
+    put_u64(remote, 0, 5)
+    put_u64(remote, 8, 7)
+    dropped = []
+
+    def drop_two_acks(pkts):
+        out = []
+        for q in pkts:
+            if q.opcode == "ATOMIC_ACKNOWLEDGE" and len(dropped) < 2:
+                dropped.append(q)
+            else:
+                out.append(q)
+        return out
+    for i in range(2):
+        p.a.post_send(atomic_wr(i + 1, WrOpcode.ATOMIC_FETCH_AND_ADD, local, 8 * i, remote,
+                                8 * i, 1), p.now)
+    p.run(Tap(drop_two_acks))
+    assert len(dropped) == 2
+    assert status_of(p.wcs["a_send"]) == want
+    # Each atomic was executed once, whatever came back.
+    assert (u64_at(remote, 0), u64_at(remote, 8)) == (6, 8)

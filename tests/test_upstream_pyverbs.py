@@ -29,8 +29,6 @@ REAL_PYVERBS = Path("usr/lib/python3/dist-packages")
 # Upstream tests that end in a failure or error on softhca, each with the reason. The
 # run checks that exactly these do, so fixing one (or breaking another) shows up here.
 KNOWN = {
-    "tests.test_atomic.AtomicTest.test_atomic_invalid_qp_access":
-        "softhca's responder checks the rkey's MR access, not the QP's qp_access_flags",
     "tests.test_mlx5_huge_page.ResourcesOnHugePageTest.test_prefer_obj_on_huge":
         "creates a UD QP and an SRQ, which softhca does not model, without skipping on "
         "EOPNOTSUPP",
