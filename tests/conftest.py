@@ -92,14 +92,17 @@ async def pair():
 
 
 def pytest_terminal_summary(terminalreporter):
-    """What the container tests measured (tests/compose.py), once, after the run."""
+    """What the upstream pyverbs run and the container tests measured
+    (tests/test_upstream_pyverbs.py, tests/compose.py), once, after the run."""
     import sys
 
-    compose = sys.modules.get("compose")
-    if compose is not None and compose.REPORT:
-        terminalreporter.section("containers")
-        for line in compose.REPORT:
-            terminalreporter.write_line(line)
+    for module, title in (("test_upstream_pyverbs", "upstream pyverbs"),
+                          ("compose", "containers")):
+        found = sys.modules.get(module)
+        if found is not None and getattr(found, "REPORT", None):
+            terminalreporter.section(title)
+            for line in found.REPORT:
+                terminalreporter.write_line(line)
 
 
 @pytest.fixture
