@@ -283,25 +283,31 @@ class _Closable:
 
 class Faults:
     """Fault injection on the daemon's wire path (``node.faults``); see server/faults.py
-    for the rule fields. Rules belong to the daemon, not to this session."""
+    for the rule fields. A rule belongs to this session: it matches this session's QPs
+    and goes when the session closes. ``daemon_wide=True`` installs one that matches
+    every session's QPs and stays until cleared."""
 
     def __init__(self, node: Node) -> None:
         self._node = node
 
-    async def add(self, rule: dict | None = None, **fields: Any) -> dict:
+    async def add(self, rule: dict | None = None, *, daemon_wide: bool = False,
+                  **fields: Any) -> dict:
         """Install a rule (a dict, or keyword fields); returns it with its ``id``."""
-        h, _ = await self._node.request("faults_add", rule={**(rule or {}), **fields})
+        h, _ = await self._node.request("faults_add", rule={**(rule or {}), **fields},
+                                        daemon_wide=daemon_wide)
         return h["rule"]
 
     async def list(self) -> list[dict]:
-        """Every rule with ``fired``: how often it changed a packet."""
+        """This session's rules and the daemon-wide ones, each with ``fired``: how often
+        it changed a packet."""
         h, _ = await self._node.request("faults_list")
         return h["rules"]
 
-    async def clear(self, rule_id: int | None = None) -> int:
-        """Remove one rule, or all; returns how many went."""
-        fields = {} if rule_id is None else {"rule_id": rule_id}
-        h, _ = await self._node.request("faults_clear", **fields)
+    async def clear(self, rule_id: int | None = None, *, daemon_wide: bool = False) -> int:
+        """Remove one rule, or all of this session's (with ``daemon_wide``, the
+        daemon-wide ones too); returns how many went."""
+        fields: dict = {} if rule_id is None else {"rule_id": rule_id}
+        h, _ = await self._node.request("faults_clear", daemon_wide=daemon_wide, **fields)
         return h["cleared"]
 
 
@@ -343,10 +349,11 @@ class Node(_Closable):
         self.faults = Faults(self)
         self.io_chunk = IO_CHUNK
 
-    async def subscribe(self, *kinds: str) -> Subscription:
+    async def subscribe(self, *kinds: str, daemon_wide: bool = False) -> Subscription:
         """Have the daemon push events: "packets" (every packet it sends or accepts) and/or
-        "trace" (every pipeline stage of every transfer). Iterate the result."""
-        await self.request("subscribe", events=list(kinds))
+        "trace" (every pipeline stage of every transfer), of this session's QPs, or with
+        ``daemon_wide`` of every session's. Iterate the result."""
+        await self.request("subscribe", events=list(kinds), daemon_wide=daemon_wide)
         return Subscription(self)
 
     async def unsubscribe(self) -> None:

@@ -69,7 +69,9 @@ class Capture:
         offset = None       # event time (the daemon's loop clock) to wall clock
         with PcapWriter(self.out, autoflush=True) as writer:
             async with await sh.connect(self.target, token=self.token) as node:
-                sub = await node.subscribe("packets")
+                # A capture watches other sessions' QPs: it asks daemon-wide, by name
+                # (a subscriber otherwise sees its own session's traffic only).
+                sub = await node.subscribe("packets", daemon_wide=True)
                 self.ready.set()
                 while self.max_count is None or self.count < self.max_count:
                     wait = 1.0 if deadline is None else deadline - loop.time()

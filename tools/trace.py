@@ -494,7 +494,9 @@ async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
     deadline = loop.time() + args.seconds if args.seconds else None
     seen = 0
     try:
-        sub = await node.subscribe("trace")
+        # Other sessions' transfers: asked daemon-wide, by name (a subscriber otherwise
+        # sees its own session's QPs only).
+        sub = await node.subscribe("trace", daemon_wide=True)
         stop = []
         if args.count:
             stop.append(f"after {args.count} events")
