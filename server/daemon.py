@@ -615,11 +615,15 @@ class WireLink:
 
 
 def host_class(ip: str) -> str:
-    """A host as the wire check compares it: every loopback address is one host."""
+    """A host as the wire check compares it: every loopback address is one host, and an
+    IPv4-mapped IPv6 address (a dual-stack listener's view) is its IPv4 address."""
     try:
-        return "loopback" if ipaddress.ip_address(ip.split("%")[0]).is_loopback else ip
+        addr = ipaddress.ip_address(ip.split("%")[0])
     except ValueError:
         return "loopback" if ip == "localhost" else ip
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return "loopback" if addr.is_loopback else str(addr)
 
 
 def _is_ip(host: str) -> bool:

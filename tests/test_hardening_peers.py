@@ -345,3 +345,12 @@ async def test_a_packet_or_trace_subscriber_sees_only_its_own_sessions_qps():
             assert any(secret in bytes(e.data) for e in evs if e.kind == "packet")
         await spy.close()
         await wide.close()
+
+
+def test_the_wire_check_compares_hosts_as_addresses():
+    from softhca.server.daemon import host_class
+
+    assert host_class("127.0.0.1") == host_class("127.0.0.2") == host_class("::1") \
+        == host_class("localhost") == host_class("::ffff:127.0.0.1") == "loopback"
+    assert host_class("::ffff:10.200.0.2") == host_class("10.200.0.2") == "10.200.0.2"
+    assert host_class("10.200.0.2") != host_class("10.200.0.3")

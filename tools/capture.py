@@ -111,7 +111,8 @@ class Capture:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "capture", help="write a running daemon's wire traffic to a pcap (Wireshark, tshark)",
-        description="Subscribe to a running daemon's packets and write each one, sent or "
+        description="Subscribe to a running daemon's packets, daemon-wide (every "
+        "session's QPs; the daemon logs such a tap), and write each one, sent or "
         "accepted, as a RoCEv2 frame (Ethernet, IPv4, UDP 4791, BTH and its extension "
         "headers, payload, ICRC) to a pcap file that Wireshark and tshark decode as "
         "InfiniBand. Stops after --count packets, --seconds, or Ctrl-C. The daemon's own "

@@ -427,7 +427,8 @@ def _json_default(v):
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "trace", help="print a running daemon's pipeline stages live, per work request",
-        description="Attach to a running daemon and print every stage each transfer goes "
+        description="Attach to a running daemon, daemon-wide (every session's QPs; the "
+        "daemon logs such a tap), and print every stage each transfer goes "
         "through (gather, check with its per-block result, strip, generate, encrypt or "
         "decrypt with the data unit and tweak, wire, scatter), grouped per work request, "
         "with the bytes of each block cut into data, guard, app tag, ref tag and "
