@@ -186,7 +186,7 @@ class Daemon:
                 await asyncio.wait_for(session.writer.drain(), 1.0)
         for link in list(self.links.values()):
             link.close()
-        for task in list(self._conn_tasks):
+        for task in [*self._conn_tasks, *self._resolving]:
             task.cancel()
         if self._conn_tasks:
             await asyncio.gather(*self._conn_tasks, return_exceptions=True)

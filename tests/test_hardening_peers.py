@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ import softhca.client as sh
 from softhca.protocol.frames import FrameDecoder, frame_bytes
 from softhca.protocol.handshake import make_hello
 from softhca.protocol.packets import Packet, packet_header
+from softhca.server.daemon import host_class
 
 from e2e import connect_pair, make_side, rdma, sge
 
@@ -348,9 +350,26 @@ async def test_a_packet_or_trace_subscriber_sees_only_its_own_sessions_qps():
 
 
 def test_the_wire_check_compares_hosts_as_addresses():
-    from softhca.server.daemon import host_class
-
     assert host_class("127.0.0.1") == host_class("127.0.0.2") == host_class("::1") \
         == host_class("localhost") == host_class("::ffff:127.0.0.1") == "loopback"
     assert host_class("::ffff:10.200.0.2") == host_class("10.200.0.2") == "10.200.0.2"
     assert host_class("10.200.0.2") != host_class("10.200.0.3")
+
+
+async def test_a_qp_connected_by_host_name_takes_its_peers_packets_once_resolved():
+    name = socket.gethostname()
+    if not all(host_class(i[4][0]) == "loopback" for i in socket.getaddrinfo(name, 1)):
+        pytest.skip(f"this host's name {name} does not resolve to loopback")
+    async with sh.embedded() as inode, sh.embedded() as tnode:
+        i, t = await make_side(inode), await make_side(tnode)
+        # The host's name is not an address: the daemons resolve it (Daemon.set_origins).
+        ti, it = t.qp.info(), i.qp.info()
+        await i.qp.connect(sh.QPInfo(name, ti.port, ti.dev, ti.qp_num, 0))
+        await t.qp.connect(sh.QPInfo(name, it.port, it.dev, it.qp_num, 0))
+        src, dst = await i.reg_mr(b"resolved" * 8), await t.reg_mr(64)
+        await asyncio.sleep(0.1)
+        await i.qp.post_send(rdma(sh.IBV_WR_RDMA_WRITE, [sge(src)], dst.rkey, dst.addr))
+        (wc,) = await i.scq.poll_n(1, 10)
+        assert wc.status == sh.IBV_WC_SUCCESS and await dst.read() == b"resolved" * 8
+        assert (await tnode.counters())["packets_wrong_peer"] == 0
+        assert (await inode.counters())["packets_wrong_peer"] == 0
