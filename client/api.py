@@ -307,33 +307,40 @@ class _Closable:
 
 class Faults:
     """Fault injection on the daemon's wire path (``node.faults``); see server/faults.py
-    for the rule fields. Rules belong to the daemon, not to this session."""
+    for the rule fields. A rule belongs to this session: it matches this session's QPs
+    and goes when the session closes. ``daemon_wide=True`` installs one that matches
+    every session's QPs and stays until cleared."""
 
     def __init__(self, node: Node) -> None:
         self._node = node
 
-    async def add(self, rule: dict | None = None, **fields: Any) -> dict:
+    async def add(self, rule: dict | None = None, *, daemon_wide: bool = False,
+                  **fields: Any) -> dict:
         """Install a rule on the daemon's wire path: ``rule`` (a dict) and/or keyword
         ``fields`` (which win), such as ``action="corrupt", qp=..., opcode=...``;
-        returns the rule as installed, with its ``id``.
+        returns the rule as installed, with its ``id``. The rule belongs to this session
+        (it matches this session's QPs and goes when the session closes) unless
+        ``daemon_wide``.
 
         Errors: EINVAL naming the field when a field or value is not valid (the
         message lists the valid values, e.g. for ``action``); EPROTO for an empty rule
-        or more than 32 fields."""
-        h, _ = await self._node.request("faults_add", rule={**(rule or {}), **fields})
+        or more than 32 fields; ENOMEM past the daemon's rule limit."""
+        h, _ = await self._node.request("faults_add", rule={**(rule or {}), **fields},
+                                        daemon_wide=daemon_wide)
         return h["rule"]
 
     async def list(self) -> list[dict]:
-        """Every rule installed on the daemon, each with ``fired``: how often it changed
-        a packet. Errors: only those of any request (ECONNRESET)."""
+        """This session's rules and the daemon-wide ones, each with ``fired``: how often
+        it changed a packet. Errors: only those of any request (ECONNRESET)."""
         h, _ = await self._node.request("faults_list")
         return h["rules"]
 
-    async def clear(self, rule_id: int | None = None) -> int:
-        """Remove rule ``rule_id``, or every rule when it is None (the default); returns
-        how many went. Errors: ENOENT when no rule ``rule_id`` exists."""
-        fields = {} if rule_id is None else {"rule_id": rule_id}
-        h, _ = await self._node.request("faults_clear", **fields)
+    async def clear(self, rule_id: int | None = None, *, daemon_wide: bool = False) -> int:
+        """Remove rule ``rule_id``, or all of this session's rules when it is None (with
+        ``daemon_wide``, the daemon-wide ones too); returns how many went. Errors: ENOENT
+        when no rule ``rule_id`` exists."""
+        fields: dict = {} if rule_id is None else {"rule_id": rule_id}
+        h, _ = await self._node.request("faults_clear", daemon_wide=daemon_wide, **fields)
         return h["cleared"]
 
 
@@ -378,14 +385,15 @@ class Node(_Closable):
         self.faults = Faults(self)
         self.io_chunk = IO_CHUNK
 
-    async def subscribe(self, *kinds: str) -> Subscription:
+    async def subscribe(self, *kinds: str, daemon_wide: bool = False) -> Subscription:
         """Have the daemon push events: "packets" (every packet it sends or accepts) and/or
-        "trace" (every pipeline stage of every transfer); a later call replaces the
-        kinds. Returns a Subscription to iterate (``async for``) or ``next(timeout)``.
+        "trace" (every pipeline stage of every transfer), of this session's QPs, or with
+        ``daemon_wide`` of every session's; a later call replaces the kinds. Returns a
+        Subscription to iterate (``async for``) or ``next(timeout)``.
 
         Errors: EINVAL for a kind other than "packets" and "trace"; EPROTO for more
         than two kinds."""
-        await self.request("subscribe", events=list(kinds))
+        await self.request("subscribe", events=list(kinds), daemon_wide=daemon_wide)
         return Subscription(self)
 
     async def unsubscribe(self) -> None:

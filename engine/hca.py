@@ -9,6 +9,7 @@ rkey names an MR or an MKEY, and lkey == rkey for both (mlx5 gives one key).
 from __future__ import annotations
 
 import itertools
+import secrets
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,6 +113,10 @@ class DEK:
         return xts_transform(self.key, data, unit_size, first_unit, initial_tweak, encrypt)
 
 
+# Key indexes: the upper 24 bits of an lkey / rkey.
+_KEY_INDEXES = 1 << 24
+
+
 class HCA:
     """One simulated mlx5 device (``mlx5_0``) and the host memory behind it."""
 
@@ -127,8 +132,11 @@ class HCA:
         self.partial_blocks = {"partial_block_transfers": 0, "partial_block_layouts": 0}
         self._handles = itertools.count(1)
         # Key index in the upper 24 bits, an 8-bit variant in the lower, as mlx5
-        # keys look; start away from 0 so that a zero key is always unknown.
-        self._key_index = itertools.count(0x100)
+        # keys look. Both start at unpredictable values, so that an rkey cannot be
+        # guessed from the order of registrations (issue 13: a guessed rkey let a forged
+        # packet write into another session's MR); never index 0, so that a zero key
+        # is always unknown.
+        self._key_index = itertools.count(secrets.randbelow(_KEY_INDEXES - 0x100) + 0x100)
         self._next_va = VA_BASE
         self.keys: dict[int, object] = {}
         self.pds: dict[int, PD] = {}
@@ -136,7 +144,11 @@ class HCA:
 
     # -- allocation ---------------------------------------------------------
     def new_key(self) -> int:
-        return (next(self._key_index) << 8) | 0x42
+        while True:
+            index = next(self._key_index) % _KEY_INDEXES
+            key = (index << 8) | secrets.randbelow(256)
+            if index and key not in self.keys:
+                return key
 
     def alloc_pd(self) -> PD:
         pd = PD(self, next(self._handles))

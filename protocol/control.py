@@ -104,12 +104,14 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "cancel_posted_send_wrs": {"qp": _H, "wr_id": _U64},
     "destroy_crypto_login": {"login": _H},
     # Fault injection (server/faults.py validates the rule's own fields).
-    "faults_add": {"rule": (dict, 1, 32, True)},
+    # daemon_wide: the rule matches every session's QPs and outlives this session.
+    "faults_add": {"rule": (dict, 1, 32, True), "daemon_wide": (bool, None, None, False)},
     "faults_list": {},
-    "faults_clear": {"rule_id": (int, 1, U32, False)},
+    "faults_clear": {"rule_id": (int, 1, U32, False), "daemon_wide": (bool, None, None, False)},
     "counters": {},
     # Pushed events: {"t": "event", "kind": "packets" | "trace", ...} frames without an id.
-    "subscribe": {"events": (list, 0, 2, True)},
+    # daemon_wide: every session's traffic, not only this session's QPs'.
+    "subscribe": {"events": (list, 0, 2, True), "daemon_wide": (bool, None, None, False)},
 }
 
 # mkey_configure's "calls" replay the ibv_wr_* calls made between ibv_wr_start and

@@ -5,12 +5,20 @@ a token is needed before it says anything::
 
     daemon -> client  {"t": "challenge", "version": 1, "nonce": <32 bytes>, "auth": bool}
     client -> daemon  {"t": "hello", "version": 1, "role": "control" | "wire",
-                       "proof": HMAC-SHA256(token, b"softhca-hello-v1" + nonce + role)}
+                       "proof": HMAC-SHA256(token, b"softhca-hello-v1" + nonce + role
+                                                   [+ b"\\0" + src]),
+                       "src": "HOST:PORT"}       (wire links from a daemon only)
 
 The proof shows knowledge of the shared token without sending it, and binds
 the role and this connection's fresh nonce: a hello recorded on another
 connection (another nonce) or replayed with another role does not verify.
 ``proof`` is absent when the client has no token.
+
+A daemon's wire link names, in ``src``, the address its own daemon listens on: the
+QPs there are the ones its packets may come from. The proof binds it too, so a hello
+cannot be given another daemon's name on the way. A wire hello is checked against the
+daemon's peer token (``serve --peer-token-file``), which need not be the clients'
+token: with a separate one, a client's token opens no wire link.
 
 These functions only build and check headers; sending them, and the error
 frame plus close on failure, is the caller's business.
@@ -31,6 +39,7 @@ __all__ = [
     "ROLES",
     "HandshakeError",
     "compute_proof",
+    "hello_src",
     "make_challenge",
     "make_hello",
     "verify_hello",
@@ -48,9 +57,12 @@ class HandshakeError(RDMAError):
     """The HELLO exchange failed: ``errno_name`` ("EPROTO", "EACCES", "EINVAL") and a sentence."""
 
 
-def compute_proof(token: bytes, nonce: bytes, role: str) -> bytes:
-    """HMAC-SHA256(token, b"softhca-hello-v1" + nonce + role)."""
-    return hmac.new(token, _PROOF_CONTEXT + nonce + role.encode(), hashlib.sha256).digest()
+def compute_proof(token: bytes, nonce: bytes, role: str, src: str | None = None) -> bytes:
+    """HMAC-SHA256(token, b"softhca-hello-v1" + nonce + role [+ b"\\0" + src])."""
+    msg = _PROOF_CONTEXT + nonce + role.encode()
+    if src is not None:
+        msg += b"\0" + src.encode()
+    return hmac.new(token, msg, hashlib.sha256).digest()
 
 
 def make_challenge(auth: bool) -> tuple[dict, bytes]:
@@ -66,8 +78,10 @@ def _check_version(version: int, speaker: str) -> None:
                                        f"{PROTOCOL_VERSION}")
 
 
-def make_hello(challenge_header: dict, role: str, token: bytes | None) -> dict:
-    """The client's answer to a challenge header.
+def make_hello(challenge_header: dict, role: str, token: bytes | None,
+               src: str | None = None) -> dict:
+    """The client's answer to a challenge header; ``src`` is a daemon's own address
+    on its wire links.
 
     Raises HandshakeError: EPROTO if the challenge is malformed or of another
     version, EINVAL for an unknown role, EACCES if the daemon wants a token
@@ -82,19 +96,26 @@ def make_hello(challenge_header: dict, role: str, token: bytes | None) -> dict:
     if role not in ROLES:
         raise HandshakeError("EINVAL", f"role {role!r} is not one of {', '.join(ROLES)}")
     hello = {"t": "hello", "version": PROTOCOL_VERSION, "role": role}
+    if src is not None:
+        hello["src"] = src
     if token is not None:
         # Sent even when the daemon does not ask: it costs nothing and reveals nothing.
-        hello["proof"] = compute_proof(token, nonce, role)
+        hello["proof"] = compute_proof(token, nonce, role, src)
     elif auth:
         raise HandshakeError("EACCES", "the daemon requires a token and none was given")
     return hello
 
 
-def verify_hello(header: dict, nonce: bytes, token: bytes | None) -> str:
+_SAME = object()
+
+
+def verify_hello(header: dict, nonce: bytes, token: bytes | None,
+                 peer_token: bytes | None | object = _SAME) -> str:
     """Check a client's hello against this connection's nonce; return its role.
 
-    ``token`` None means the daemon runs without authentication and any proof
-    is ignored. The version is checked first so that a client of another
+    A control hello is checked against ``token``, a wire hello against ``peer_token``
+    (by default the same). None means that role needs no authentication and any
+    proof is ignored. The version is checked first so that a client of another
     version gets the version message, not a complaint about a field it
     spells differently.
     """
@@ -104,16 +125,32 @@ def verify_hello(header: dict, nonce: bytes, token: bytes | None) -> str:
     role = _field(header, "role", str)
     if role not in ROLES:
         raise HandshakeError("EPROTO", f"role {role!r} is not one of {', '.join(ROLES)}")
+    if role == "wire" and peer_token is not _SAME:
+        token = peer_token
+    src = hello_src(header)
     if token is not None:
         proof = header.get("proof")
         if not isinstance(proof, bytes):
             raise HandshakeError("EACCES", "this daemon requires a token: the hello carries "
                                            "no proof")
         # Constant-time: a timing difference would let a peer find the MAC byte by byte.
-        if not hmac.compare_digest(proof, compute_proof(token, nonce, role)):
-            raise HandshakeError("EACCES", "the hello's proof does not match this daemon's "
-                                           "token and this connection's nonce")
+        if not hmac.compare_digest(proof, compute_proof(token, nonce, role, src)):
+            raise HandshakeError("EACCES", f"the hello's proof does not match this daemon's "
+                                           f"{'peer ' if role == 'wire' else ''}token and "
+                                           "this connection's nonce")
     return role
+
+
+def hello_src(header: dict) -> str | None:
+    """A wire hello's ``src``, checked to be HOST:PORT; None when absent."""
+    src = header.get("src")
+    if src is None:
+        return None
+    src = _field(header, "src", str, min=3, max=300)
+    host, sep, port = src.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise HandshakeError("EPROTO", f"src {src!r} of the hello is not HOST:PORT"[:160])
+    return src
 
 
 def _field(header: dict, name: str, typ: type, **bounds) -> object:

@@ -48,13 +48,15 @@ class Link:
 
 
 async def open_link(host: str, port: int, role: str, token: bytes | None, *,
-                    timeout: float, max_frame: int) -> Link:
+                    timeout: float, max_frame: int, src: str | None = None) -> Link:
     """Connect to the daemon at ``host:port`` and complete the HELLO exchange as ``role``.
 
     Each of the two steps (TCP connect; challenge, hello, welcome) is bounded by
-    ``timeout``. Failures raise RDMAError and close the connection: ETIMEDOUT for no
-    answer in time, the connect's own errno (ECONNREFUSED, EHOSTUNREACH, ENETUNREACH,
-    ETIMEDOUT; connect_error) or ECONNRESET for a connection closed in the handshake, the daemon's own
+    ``timeout``. ``src`` is a daemon's own address, named on its wire links
+    (protocol.handshake). Failures raise RDMAError and close the connection: ETIMEDOUT
+    for no answer in time, the connect's own errno (ECONNREFUSED, EHOSTUNREACH,
+    ENETUNREACH, ETIMEDOUT; connect_error) or ECONNRESET for a connection closed in the
+    handshake, the daemon's own
     errno for an error frame (EBUSY at its connection limit, EACCES for a wrong token),
     HandshakeError from make_hello, EPROTO for anything but a welcome.
     """
@@ -74,7 +76,7 @@ async def open_link(host: str, port: int, role: str, token: bytes | None, *,
         first = frames[0].header
         if first.get("t") == "err":     # refused before the HELLO (e.g. connection limit)
             raise RDMAError(first.get("errno", "EPROTO"), first.get("msg", "refused"))
-        writer.writelines(encode_frame(make_hello(first, role, token)))
+        writer.writelines(encode_frame(make_hello(first, role, token, src)))
         frames = frames[1:] or await asyncio.wait_for(_handshake_frames(reader, decoder),
                                                       timeout)
         h = frames[0].header

@@ -21,14 +21,16 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import ipaddress
 import itertools
+import secrets
 from typing import Any
 
 from ..engine.crypto_login import DeviceCrypto
 from ..engine.hca import HCA
 from ..protocol.errors import RDMAError
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
-from ..protocol.handshake import HandshakeError, make_challenge, verify_hello
+from ..protocol.handshake import HandshakeError, hello_src, make_challenge, verify_hello
 from ..protocol.link import READ_CHUNK, open_link, read_frames
 from ..protocol.opcodes import Op, with_flags
 from ..protocol.packets import IntegrityError, Packet, decode_packet, packet_check, packet_header
@@ -44,6 +46,9 @@ DEFAULT_PORT = 4791
 HANDSHAKE_TIMEOUT = 10.0
 # What a queued packet costs beside its payload (the Packet, its header map, the frame).
 PACKET_OVERHEAD = 256
+# Daemon(peer_token=...) not given: wire links prove the clients' token.
+SAME_TOKEN = object()
+QPN_MOD = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +56,12 @@ class Limits:
     """What one daemon accepts; each limit hit is a clear error, never a crash."""
 
     max_connections: int = 1024             # control sessions and wire links together
+    # Connections that have not completed the HELLO: a separate, smaller pool with a
+    # shorter timeout, so that sockets that never say hello take no authenticated slot.
+    # When it is full the oldest is closed for the newcomer: an idle socket holds its
+    # slot only until others arrive, and a real peer's HELLO takes one round trip.
+    max_pre_hello: int = 64
+    hello_timeout: float = 3.0
     max_objects: int = 1 << 16              # verbs objects per control session
     max_session_bytes: int = 4 << 30        # registered MR bytes per session (ENOMEM)
     max_daemon_bytes: int = 16 << 30        # registered MR bytes in the daemon (ENOMEM)
@@ -92,7 +103,8 @@ class Daemon:
     def __init__(self, hcas: tuple[str, ...] | list[str] = ("mlx5_0",), host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, token: bytes | None = None,
                  max_frame: int | None = None, limits: Limits | None = None,
-                 crypto: DeviceCrypto | None = None, strict_blocks: bool = False) -> None:
+                 crypto: DeviceCrypto | None = None, strict_blocks: bool = False,
+                 peer_token: bytes | None | object = SAME_TOKEN) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
         limits = limits or Limits()
@@ -106,9 +118,13 @@ class Daemon:
         self.host = host
         self.port = port
         self.token = token
+        # Wire links (other daemons) prove the peer token; by default the clients' one.
+        self.peer_token = token if peer_token is SAME_TOKEN else peer_token
         self.max_frame = limits.max_frame
         self.registered_bytes = 0
         self.connections = 0
+        # Connections still in the HELLO, oldest first (a dict keeps insertion order).
+        self._pre_hello: dict[asyncio.StreamWriter, None] = {}
         self.qps: dict[tuple[str, int], QPHost] = {}
         self.links: dict[tuple[str, int], WireLink] = {}
         self.sessions: set[ControlSession] = set()
@@ -116,20 +132,25 @@ class Daemon:
             "packets_sent": 0, "packets_received": 0, "packets_bad_icrc": 0,
             "packets_unknown_qp": 0, "packets_over_mtu": 0, "wire_protocol_errors": 0,
             "control_sessions": 0, "wire_connections": 0, "connections_refused": 0,
-            "packets_dropped_link_full": 0}
+            "packets_dropped_link_full": 0, "packets_wrong_peer": 0, "pre_hello_evicted": 0}
         # Wire taps: callables (direction "tx" | "rx", dev, Packet) seeing every packet
         # this daemon sends or accepts (the demo's wire images, captures, traces).
         # Empty, they cost one truth test per batch.
         self.taps: list = []
         self.faults = Faults()
-        # Sessions that asked for pushed events: session -> {"packets", "trace"}.
-        self.subscribers: dict[ControlSession, set[str]] = {}
+        # Sessions that asked for pushed events: session -> ({"packets", "trace"},
+        # daemon_wide).
+        self.subscribers: dict[ControlSession, tuple[set[str], bool]] = {}
+        self._packet_watch = False
         # RC statistics of QPs already destroyed, so daemon totals never go backwards.
         self._gone_qp_stats: dict[str, int] = {}
         self._reorder_timer: asyncio.TimerHandle | None = None
-        self._qpn = itertools.count(0x11)
+        # QP numbers start at an unpredictable 24-bit value (issue 13: QPNs counted from
+        # 0x11 let a forged packet name another session's QP without looking).
+        self._qpn = itertools.count(secrets.randbelow(QPN_MOD))
         self._server: asyncio.AbstractServer | None = None
         self._conn_tasks: set[asyncio.Task] = set()
+        self._resolving: set[asyncio.Task] = set()
         self._closing = False
 
     @property
@@ -169,7 +190,7 @@ class Daemon:
                 await asyncio.wait_for(session.writer.drain(), 1.0)
         for link in list(self.links.values()):
             link.close()
-        for task in list(self._conn_tasks):
+        for task in [*self._conn_tasks, *self._resolving]:
             task.cancel()
         if self._conn_tasks:
             await asyncio.gather(*self._conn_tasks, return_exceptions=True)
@@ -195,23 +216,37 @@ class Daemon:
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
         decoder = FrameDecoder(self.max_frame)
-        if self.connections >= self.limits.max_connections:
-            self.counters["connections_refused"] += 1
-            log.warning("refused %s", kv(event="refused", peer=peer_s, errno="EBUSY",
-                                          reason="connection limit"))
-            send_error(writer, 0, RDMAError("EBUSY", f"this daemon serves at most "
-                                                      f"{self.limits.max_connections} "
-                                                      "connections"))
-            writer.close()
-            return
-        self.connections += 1
+        limits = self.limits
+        if len(self._pre_hello) >= limits.max_pre_hello:
+            # Issue 13, defect 4: sockets that never say hello must not lock everyone
+            # out. The oldest of them makes room; it has had the longest to speak.
+            oldest = next(iter(self._pre_hello))
+            del self._pre_hello[oldest]
+            self.counters["pre_hello_evicted"] += 1
+            with contextlib.suppress(Exception):
+                oldest.transport.abort()
+        self._pre_hello[writer] = None
+        authenticated = False
         try:
-            challenge, nonce = make_challenge(self.token is not None)
+            challenge, nonce = make_challenge(self.token is not None
+                                              or self.peer_token is not None)
             writer.writelines(encode_frame(challenge))
-            frames = await asyncio.wait_for(read_frames(reader, decoder), HANDSHAKE_TIMEOUT)
+            frames = await asyncio.wait_for(read_frames(reader, decoder), limits.hello_timeout)
             if not frames:
                 return
-            role = verify_hello(frames[0].header, nonce, self.token)
+            hello = frames[0].header
+            role = verify_hello(hello, nonce, self.token, self.peer_token)
+            self._pre_hello.pop(writer, None)
+            if self.connections >= limits.max_connections:
+                self.counters["connections_refused"] += 1
+                log.warning("refused %s", kv(event="refused", peer=peer_s, errno="EBUSY",
+                                              reason="connection limit"))
+                send_error(writer, 0, RDMAError("EBUSY", f"this daemon serves at most "
+                                                          f"{limits.max_connections} "
+                                                          "connections"))
+                return
+            self.connections += 1
+            authenticated = True
             writer.writelines(encode_frame({"t": "welcome", "role": role,
                                             "devices": list(self.hcas),
                                             "max_frame": self.max_frame}))
@@ -220,7 +255,8 @@ class Daemon:
                 session = ControlSession(self, reader, writer, decoder, peer_s)
                 await session.run(rest)
             else:
-                await self._wire_in(reader, writer, decoder, rest, peer_s)
+                origin = _link_origin(peer, hello_src(hello))
+                await self._wire_in(reader, writer, decoder, rest, peer_s, origin)
         except (HandshakeError, FrameError) as e:
             log.warning("refused %s", kv(event="refused", peer=peer_s, errno=e.errno_name,
                                           reason=e.message))
@@ -229,7 +265,7 @@ class Daemon:
             log.warning("refused %s", kv(event="refused", peer=peer_s, errno="ETIMEDOUT",
                                           reason="no hello within the handshake timeout"))
             send_error(writer, 0, RDMAError("ETIMEDOUT", "no hello within "
-                                                          f"{HANDSHAKE_TIMEOUT:g} s"))
+                                                          f"{limits.hello_timeout:g} s"))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -237,13 +273,15 @@ class Daemon:
             # stream callback from reporting the cancellation as an error.
             pass
         finally:
-            self.connections -= 1
+            self._pre_hello.pop(writer, None)
+            if authenticated:
+                self.connections -= 1
             with contextlib.suppress(Exception):
                 writer.close()
 
     # -- wire plane: inbound --------------------------------------------------------------
     async def _wire_in(self, reader, writer, decoder: FrameDecoder, first: list,
-                       peer: str) -> None:
+                       peer: str, origin: tuple[str, int] | None) -> None:
         self.counters["wire_connections"] += 1
         log.info("wire link up %s", kv(event="wire_in", peer=peer))
         frames = first
@@ -267,8 +305,18 @@ class Daemon:
                         for tap in self.taps:
                             tap("rx", dev, pkt)
                     qph = self.qps.get((dev, pkt.dest_qp))
+                    if self._packet_watch:
+                        self._packet_event("rx", dev, pkt,
+                                           qph.session if qph is not None else None)
                     if qph is None:
                         self.counters["packets_unknown_qp"] += 1
+                        continue
+                    if (origin not in qph.origins
+                            or fr.header.get("sqp") != qph.rcqp.dest_qp):
+                        # Issue 13, defect 1: a connected QP takes packets only from
+                        # the daemon and QP of its address vector, as an HCA drops a
+                        # packet whose source does not match the QP's context.
+                        self.counters["packets_wrong_peer"] += 1
                         continue
                     if len(pkt.payload) > qph.rcqp.mtu:
                         # IBTA 9.6.3: a packet longer than the path MTU is silently dropped.
@@ -276,7 +324,8 @@ class Daemon:
                         continue
                     if self.faults.rules:
                         for e in self.faults.apply("in", qph.rcqp.qp_num, qph.rcqp.mtu, [pkt],
-                                                   on_rnr=self._refuse_rnr(qph), route=qph):
+                                                   on_rnr=self._refuse_rnr(qph), route=qph,
+                                                   owner=qph.session):
                             self._emit_in(e, now, touched)
                         self._arm_reorder_flush()
                     else:
@@ -329,9 +378,9 @@ class Daemon:
             delay, e.delay = e.delay, 0.0
             asyncio.get_running_loop().call_later(delay, self._emit_out, e)
             return
-        host, port, dev = e.route
+        host, port, dev, src_qp = e.route
         override = packet_check(dev, e.stale_icrc_of) if e.stale_icrc_of is not None else None
-        self.link_to(host, port).send(dev, [e.packet], override)
+        self.link_to(host, port).send(dev, [e.packet], override, src_qp=src_qp)
         self.counters["packets_sent"] += 1
 
     def _arm_reorder_flush(self) -> None:
@@ -349,45 +398,55 @@ class Daemon:
                 self._emit_in(e, now, None)
 
     # -- events pushed to subscribers (softhca trace / capture) ---------------------------
-    def subscribe(self, session: ControlSession, kinds: set[str]) -> None:
+    def subscribe(self, session: ControlSession, kinds: set[str],
+                  daemon_wide: bool = False) -> None:
+        """Push ``kinds`` of events to ``session``: those of its own QPs, or with
+        ``daemon_wide`` every session's (issue 13: a tap showed others' payloads)."""
         if kinds:
-            self.subscribers[session] = kinds
+            self.subscribers[session] = (kinds, daemon_wide)
         else:
             self.subscribers.pop(session, None)
         self._rewire_events()
 
-    def _wants(self, kind: str) -> list[ControlSession]:
-        return [s for s, k in self.subscribers.items() if kind in k and not s.gone]
+    def _wants(self, kind: str, owner: ControlSession | None = None) -> list[ControlSession]:
+        """The subscribers to ``kind`` that may see an event of ``owner``'s QP (any
+        subscriber when ``owner`` is None and the question is whether anyone listens)."""
+        return [s for s, (k, wide) in self.subscribers.items()
+                if kind in k and not s.gone and (wide or owner is None or s is owner)]
 
     def _rewire_events(self) -> None:
-        """Install the packet tap and the QPs' trace hooks only while someone listens,
+        """Watch packets and install the QPs' trace hooks only while someone listens,
         so that without subscribers neither costs anything."""
-        if self._wants("packets"):
-            if self._packet_event not in self.taps:
-                self.taps.append(self._packet_event)
-        elif self._packet_event in self.taps:
-            self.taps.remove(self._packet_event)
+        self._packet_watch = bool(self._wants("packets"))
         hook = self._trace_event if self._wants("trace") else None
         for qph in self.qps.values():
             qph.rcqp.trace = hook if hook is None else self._trace_hook(qph)
 
     def _trace_hook(self, qph: QPHost):
-        dev = qph.hca.name
-        return lambda ctx, ev: self._trace_event(dev, ctx, ev)
+        dev, owner = qph.hca.name, qph.session
+        return lambda ctx, ev: self._trace_event(dev, ctx, ev, owner)
 
-    def _packet_event(self, direction: str, dev: str, p: Packet) -> None:
+    def _packet_event(self, direction: str, dev: str, p: Packet,
+                      owner: ControlSession | None) -> None:
+        subs = [s for s in self._wants("packets", owner)
+                if owner is not None or self.subscribers[s][1]]
+        if not subs:
+            return
         header = {"t": "event", "kind": "packet", "dir": direction, "dev": dev,
                   "time": asyncio.get_running_loop().time(), "daemon": self.address,
                   "pkt": packet_header(dev, p)}
-        for s in self._wants("packets"):
+        for s in subs:
             s.push(header, p.payload)
 
-    def _trace_event(self, dev: str, ctx: dict, ev) -> None:
+    def _trace_event(self, dev: str, ctx: dict, ev, owner: ControlSession) -> None:
+        subs = self._wants("trace", owner)
+        if not subs:
+            return
         header = {"t": "event", "kind": "trace", "dev": dev, "daemon": self.address,
                   "time": asyncio.get_running_loop().time(), **plain(ctx),
                   "direction": ev.direction, "stage": ev.stage, "key": ev.key,
                   "stream": ev.stream, "offset": ev.offset, "detail": plain(ev.detail)}
-        for s in self._wants("trace"):
+        for s in subs:
             s.push(header, ev.data)
 
     def stats(self) -> dict[str, int]:
@@ -455,13 +514,17 @@ class Daemon:
                 for p in pkts:
                     for tap in self.taps:
                         tap("tx", dev, p)
+            if self._packet_watch:
+                for p in pkts:
+                    self._packet_event("tx", dev, p, qph.session)
             if self.faults.rules:
                 for e in self.faults.apply("out", qph.rcqp.qp_num, qph.rcqp.mtu, pkts,
-                                           route=qph.dest):
+                                           route=(*qph.dest, qph.rcqp.qp_num),
+                                           owner=qph.session):
                     self._emit_out(e)
                 self._arm_reorder_flush()
             else:
-                self.link_to(host, port).send(dev, pkts, owner=qph)
+                self.link_to(host, port).send(dev, pkts, src_qp=qph.rcqp.qp_num, owner=qph)
                 self.counters["packets_sent"] += len(pkts)
         scq = qph.rcqp.poll_send_cq()
         if scq:
@@ -484,8 +547,37 @@ class Daemon:
         qph.timer = qph.timer_at = None
         self.service(qph)
 
+    def set_origins(self, qph: QPHost, host: str, port: int) -> None:
+        """The (host, port) pairs a QP connected to ``host:port`` takes packets from;
+        a host name is resolved in the background (until then the QP takes none, and
+        the peer's retransmission covers the wait)."""
+        cls = host_class(host)
+        qph.origins = frozenset()
+        if cls == "loopback" or _is_ip(host):
+            qph.origins = frozenset({(cls, port)})
+            return
+
+        async def resolve() -> None:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port)
+            except OSError as e:
+                log.warning("peer address unresolved %s", kv(event="resolve_failed",
+                                                             host=host, reason=str(e)))
+                return
+            if qph.dest is not None and qph.dest[:2] == (host, port):
+                qph.origins = frozenset((host_class(i[4][0]), port) for i in infos)
+
+        task = asyncio.get_running_loop().create_task(resolve())
+        self._resolving.add(task)
+        task.add_done_callback(self._resolving.discard)
+
     def new_qpn(self) -> int:
-        return next(self._qpn) & 0xFFFFFF
+        """A 24-bit QP number in use on none of this daemon's HCAs; never QP0 or QP1,
+        which IBA reserves for management."""
+        while True:
+            qpn = next(self._qpn) % QPN_MOD
+            if qpn > 1 and not any((dev, qpn) in self.qps for dev in self.hcas):
+                return qpn
 
 
 class WireLink:
@@ -502,8 +594,8 @@ class WireLink:
         self.daemon = daemon
         self.host, self.port = host, port
         self.writer: asyncio.StreamWriter | None = None
-        # (dev, packet, icrc override, the QP that sent it) until the link is up.
-        self.queued: list[tuple[str, Packet, int | None, object]] = []
+        # (dev, packet, icrc override, source QPN, the QP that sent it) until the link is up.
+        self.queued: list[tuple[str, Packet, int | None, int, object]] = []
         self.queued_bytes = 0
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -514,10 +606,11 @@ class WireLink:
             return self.queued_bytes
         return self.writer.transport.get_write_buffer_size()
 
-    def send(self, dev: str, pkts: list[Packet], icrc_value: int | None = None,
-             owner: object = None) -> None:
-        """Frame and write ``pkts``; ``icrc_value`` (one packet) overrides its check;
-        ``owner`` (the sending QP) lets a closing session take back its queued packets."""
+    def send(self, dev: str, pkts: list[Packet], icrc_value: int | None = None, *,
+             src_qp: int, owner: object = None) -> None:
+        """Frame and write ``pkts`` of QP ``src_qp``; ``icrc_value`` (one packet)
+        overrides its check; ``owner`` (the sending QP) lets a closing session take back
+        its queued packets."""
         if self.closed:
             return      # lost on the wire; RC retransmission or its retry limit follows
         room = self.MAX_BUFFERED - self.buffered()
@@ -526,18 +619,22 @@ class WireLink:
             return
         if self.writer is None:
             for p in pkts:
-                self.queued.append((dev, p, icrc_value, owner))
+                self.queued.append((dev, p, icrc_value, src_qp, owner))
                 self.queued_bytes += len(p.payload) + PACKET_OVERHEAD
             return
         bufs = []
         for p in pkts:
-            bufs.extend(encode_frame(packet_header(dev, p, icrc_value=icrc_value), p.payload))
+            # The source QP, which the receiver checks against its QP's dest_qp_num
+            # (the BTH does not carry it; an HCA knows it from the QP context).
+            h = packet_header(dev, p, icrc_value=icrc_value)
+            h["sqp"] = src_qp
+            bufs.extend(encode_frame(h, p.payload))
         self.writer.writelines(bufs)
 
     def forget(self, owners: set) -> None:
         """Drop the queued packets of ``owners`` (the QPs of a closing session)."""
         if self.queued:
-            self.queued = [q for q in self.queued if q[3] not in owners]
+            self.queued = [q for q in self.queued if q[4] not in owners]
             self.queued_bytes = sum(len(q[1].payload) + PACKET_OVERHEAD for q in self.queued)
 
     def close(self) -> None:
@@ -550,13 +647,14 @@ class WireLink:
     async def _run(self) -> None:
         where = f"{self.host}:{self.port}"
         try:
-            link = await open_link(self.host, self.port, "wire", self.daemon.token,
-                                   timeout=HANDSHAKE_TIMEOUT, max_frame=self.daemon.max_frame)
+            link = await open_link(self.host, self.port, "wire", self.daemon.peer_token,
+                                   timeout=HANDSHAKE_TIMEOUT, max_frame=self.daemon.max_frame,
+                                   src=self.daemon.address)
             reader, writer = link.reader, link.writer
             self.writer = writer
             queued, self.queued, self.queued_bytes = self.queued, [], 0
-            for dev, p, icrc_value, owner in queued:
-                self.send(dev, [p], icrc_value, owner)
+            for dev, p, icrc_value, src_qp, owner in queued:
+                self.send(dev, [p], icrc_value, src_qp=src_qp, owner=owner)
             log.info("wire link up %s", kv(event="wire_out", peer=where))
             # Nothing is expected back on this direction; reading notices the close.
             while await reader.read(READ_CHUNK):
@@ -569,3 +667,32 @@ class WireLink:
         finally:
             self.closed = True
             self.queued, self.queued_bytes = [], 0
+
+
+def host_class(ip: str) -> str:
+    """A host as the wire check compares it: every loopback address is one host, and an
+    IPv4-mapped IPv6 address (a dual-stack listener's view) is its IPv4 address."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%")[0])
+    except ValueError:
+        return "loopback" if ip == "localhost" else ip
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return "loopback" if addr.is_loopback else str(addr)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+        return True
+    except ValueError:
+        return False
+
+
+def _link_origin(peer, src: str | None) -> tuple[str, int] | None:
+    """Where an incoming wire link comes from: the host its TCP connection comes from
+    (which a remote sender cannot choose) and the port its hello says its daemon
+    listens on. None for a link that names no daemon: its packets match no QP."""
+    if src is None or not peer:
+        return None
+    return host_class(peer[0]), int(src.rpartition(":")[2])

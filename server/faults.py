@@ -22,6 +22,13 @@ stream, from 1), ``packet`` (the n-th packet of the message, from 1), ``block``
 ``seed`` (a rule's own random generator, so the same rules, seed and traffic give
 the same faults), ``count`` (fire at most this many times; absent: no limit).
 
+Ownership: a rule installed by a control session belongs to it: it matches only that
+session's QPs and goes away with the session. A daemon-wide rule (``serve --faults``,
+``softhca faults add --daemon-wide``) matches every QP and stays until cleared. A
+daemon holds at most ``MAX_RULES`` (ENOMEM past it), and a packet is matched only
+against the rules indexed under its QP and opcode (or none), so rules that cannot
+match it cost nothing (issue 13: 20,000 no-op rules slowed every client 25-fold).
+
 A message is counted once however often it is retransmitted: the n-th message is
 the one whose first packet is the n-th new first PSN seen. Blocks are ``block_size``
 wire bytes (data and PI: 520 for T10-DIF on 512-byte blocks) counted from the
@@ -47,6 +54,8 @@ FIELDS = ("data", "guard", "app_tag", "ref_tag")
 _STARTS = with_flags(Op.FIRST, none_of=Op.ACK)
 # Requests and responses of one QP run in two PSN spaces.
 _RESPONSES = with_any(Op.RESPONSE)
+# Rules installed in one daemon, daemon-wide and sessions' together.
+MAX_RULES = 1024
 # A packet held for reordering goes anyway after this long without traffic behind it.
 REORDER_FLUSH_S = 0.02
 # A rule's ``opcode`` names an opcode or a prefix of names ending at a "_": each one
@@ -94,6 +103,8 @@ class FaultRule:
     spec: dict
     fired: int = 0
     rng: random.Random = field(default_factory=random.Random)
+    # The session that installed it; None: daemon-wide.
+    owner: Any = None
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -105,7 +116,15 @@ class FaultRule:
         return self.spec.get(name, default)
 
     def as_dict(self) -> dict:
-        return {"id": self.id, **self.spec, "fired": self.fired}
+        return {"id": self.id, **self.spec, "fired": self.fired,
+                "daemon_wide": self.owner is None}
+
+    def index_keys(self) -> list[tuple]:
+        """Where the rule is filed: (direction, owner, qp or None, opcode or None)."""
+        s = self.spec
+        ops = sorted(_MATCHING[s["opcode"]]) if "opcode" in s else [None]
+        return [(s["direction"], id(self.owner) if self.owner is not None else None,
+                 s.get("qp"), op) for op in ops]
 
     def field_range(self) -> tuple[int, int]:
         """[start, end) of the corrupted field within its block."""
@@ -230,33 +249,82 @@ class Emit:
 class Faults:
     """The rules of one daemon and the per-QP message streams they match against."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_rules: int = MAX_RULES) -> None:
         self.rules: list[FaultRule] = []
+        self.max_rules = max_rules
         self._next = 1
+        # (direction, owner id or None, qp or None, opcode or None) -> rules, by id.
+        self._index: dict[tuple, list[FaultRule]] = {}
         self._streams: dict[tuple, _Stream] = {}
         self._held: dict[tuple, list] = {}
 
     # -- rules ----------------------------------------------------------------------------
-    def add(self, spec: Any) -> FaultRule:
+    def add(self, spec: Any, owner: Any = None) -> FaultRule:
+        """Install a rule for ``owner`` (a session; None: daemon-wide)."""
         spec = validate_rule(spec)
-        rule = FaultRule(self._next, spec, rng=random.Random(spec.get("seed", 0)))
+        if len(self.rules) >= self.max_rules:
+            raise RDMAError("ENOMEM", f"fault rule: this daemon holds {len(self.rules)} "
+                                      "rules, its limit; clear some first")
+        rule = FaultRule(self._next, spec, rng=random.Random(spec.get("seed", 0)), owner=owner)
         self._next += 1
         self.rules.append(rule)
+        for key in rule.index_keys():
+            self._index.setdefault(key, []).append(rule)
         return rule
 
-    def clear(self, rule_id: int | None = None) -> int:
-        if rule_id is None:
-            n = len(self.rules)
-            self.rules.clear()
-            return n
-        before = len(self.rules)
-        self.rules = [r for r in self.rules if r.id != rule_id]
-        if len(self.rules) == before:
-            raise RDMAError("ENOENT", f"no fault rule {rule_id} on this daemon")
-        return 1
+    def _remove(self, gone: list[FaultRule]) -> int:
+        if gone:
+            ids = {r.id for r in gone}
+            self.rules = [r for r in self.rules if r.id not in ids]
+            for r in gone:
+                for key in r.index_keys():
+                    left = [x for x in self._index.get(key, ()) if x.id not in ids]
+                    if left:
+                        self._index[key] = left
+                    else:
+                        self._index.pop(key, None)
+        return len(gone)
 
-    def list(self) -> list[dict]:
-        return [r.as_dict() for r in self.rules]
+    def visible(self, owner: Any) -> list[FaultRule]:
+        """The rules ``owner`` sees: its own and the daemon-wide ones."""
+        return [r for r in self.rules if r.owner is None or r.owner is owner]
+
+    def clear(self, rule_id: int | None = None, owner: Any = None,
+              daemon_wide: bool = False) -> int:
+        """Remove rule ``rule_id`` (one of ``owner``'s, or a daemon-wide one), or every
+        rule of ``owner``, or with ``daemon_wide`` every daemon-wide rule too."""
+        if rule_id is None:
+            return self._remove([r for r in self.rules if r.owner is owner
+                                 or (daemon_wide and r.owner is None)])
+        gone = [r for r in self.visible(owner) if r.id == rule_id]
+        if not gone:
+            raise RDMAError("ENOENT", f"no fault rule {rule_id} of this session or the daemon")
+        return self._remove(gone)
+
+    def drop_owner(self, owner: Any) -> int:
+        """The session ended: its rules go with it."""
+        return self._remove([r for r in self.rules if r.owner is owner])
+
+    def list(self, owner: Any = None) -> list[dict]:
+        return [r.as_dict() for r in self.visible(owner)]
+
+    def candidates(self, direction: str, owner: Any, qpn: int, op: str) -> list[FaultRule]:
+        """The rules that may match a packet: those filed under its QP or any QP, its
+        opcode or any, its session or the daemon; in the order they were installed."""
+        idx = self._index
+        oid = id(owner) if owner is not None else None
+        found: list[FaultRule] = []
+        n = 0
+        for o in (None, oid) if oid is not None else (None,):
+            for q in (qpn, None):
+                for code in (op, None):
+                    rules = idx.get((direction, o, q, code))
+                    if rules:
+                        found += rules
+                        n += 1
+        if n > 1:
+            found.sort(key=lambda r: r.id)
+        return found
 
     # -- matching -----------------------------------------------------------------------
     def _stream(self, direction: str, qpn: int, p: Packet) -> _Stream:
@@ -316,14 +384,15 @@ class Faults:
                       p.atomic, p.atomic_ack)
 
     def apply(self, direction: str, qpn: int, mtu: int, pkts: list[Packet],
-              on_rnr=None, route: Any = None) -> list[Emit]:
-        """The emissions for ``pkts`` of QP ``qpn`` in ``direction``."""
+              on_rnr=None, route: Any = None, owner: Any = None) -> list[Emit]:
+        """The emissions for ``pkts`` of QP ``qpn`` (of session ``owner``) in
+        ``direction``."""
         out: list[Emit] = []
         for p in pkts:
             msg = self._stream(direction, qpn, p).locate(p)
             idx = psn_diff(p.psn, msg.first_psn) if msg is not None else 0
             emits = [Emit(p, route=route)]
-            for r in self.rules:
+            for r in self.candidates(direction, owner, qpn, p.opcode):
                 ok, a, b = self._matches(r, direction, qpn, p, msg, mtu)
                 if not ok:
                     continue

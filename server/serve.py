@@ -13,7 +13,9 @@ import asyncio
 import ipaddress
 import json
 import logging
+import os
 import signal
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +41,9 @@ class ServeOptions:
     capture: str | None = None
     crypto: DeviceCrypto | None = None
     strict_blocks: bool = False
+    # The wire links' credential: None (no authentication) or bytes; unset, the token.
+    peer_token: bytes | None = None
+    peer_token_given: bool = False
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -57,16 +62,34 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def read_secret(option: str, path: str, allow_readable: bool) -> bytes:
+    """The token in ``path``, refused if other users may read or change it (as ssh
+    refuses a private key they can read) unless ``allow_readable``."""
+    try:
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            token = f.read().rstrip()
+    except OSError as e:
+        raise ValueError(f"cannot read {option} {path}: {e.strerror}") from None
+    if mode & 0o006 and not allow_readable:
+        raise ValueError(f"{option} {path} is {'readable' if mode & 0o004 else 'writable'} "
+                         f"by every user (mode {stat.S_IMODE(mode):04o}): chmod o-rw it, or "
+                         "give --allow-readable-token")
+    if not token:
+        raise ValueError(f"{option} {path} is empty")
+    return token
+
+
 def options_from_args(args) -> ServeOptions:
     host, port = parse_listen(args.listen)
     token = None
+    allow_readable = getattr(args, "allow_readable_token", False)
     if args.token_file:
-        try:
-            token = Path(args.token_file).read_bytes().rstrip()
-        except OSError as e:
-            raise ValueError(f"cannot read --token-file {args.token_file}: {e.strerror}") from None
-        if not token:
-            raise ValueError(f"--token-file {args.token_file} is empty")
+        token = read_secret("--token-file", args.token_file, allow_readable)
+    peer_token_file = getattr(args, "peer_token_file", None)
+    peer_token = None
+    if peer_token_file:
+        peer_token = read_secret("--peer-token-file", peer_token_file, allow_readable)
     if token is None and not is_loopback(host) and not args.allow_no_auth:
         raise ValueError(f"refusing to listen on {host} without a token: give --token-file, "
                          "or --allow-no-auth to serve anyone who can reach the port")
@@ -100,18 +123,23 @@ def options_from_args(args) -> ServeOptions:
     if getattr(args, "crypto_config", None):
         # Refused before listening: the devices' crypto mode is fixed at start.
         crypto = load_crypto_config(args.crypto_config)
-    limits = Limits(max_connections=args.max_connections, max_objects=args.max_objects,
+    limits = Limits(max_connections=args.max_connections,
+                    max_pre_hello=getattr(args, "max_pre_hello", Limits.max_pre_hello),
+                    hello_timeout=getattr(args, "hello_timeout", Limits.hello_timeout),
+                    max_objects=args.max_objects,
                     max_session_bytes=args.max_session_bytes,
                     max_daemon_bytes=args.max_daemon_bytes, max_frame=args.max_frame,
                     max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr)
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
                         args.log_level, args.ready_file, faults, capture or None, crypto,
-                        bool(getattr(args, "strict_blocks", False)))
+                        bool(getattr(args, "strict_blocks", False)), peer_token,
+                        bool(peer_token_file))
 
 
 async def serve(o: ServeOptions) -> None:
     daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits, crypto=o.crypto,
-                    strict_blocks=o.strict_blocks)
+                    strict_blocks=o.strict_blocks,
+                    **({"peer_token": o.peer_token} if o.peer_token_given else {}))
     for rule in o.faults:
         daemon.faults.add(rule)
     await daemon.start()
@@ -127,8 +155,10 @@ async def serve(o: ServeOptions) -> None:
     if o.faults:
         log.info("fault rules installed %s", kv(event="faults_loaded", n=len(o.faults)))
     if o.token is None:
+        who = ("any local process" if is_loopback(o.host)
+               else f"any host that can reach {daemon.address}")
         log.warning("no token %s", kv(event="no_auth", address=daemon.address,
-                                       note="any local process can use this daemon"))
+                                       note=f"{who} can use this daemon"))
     if o.ready_file:
         Path(o.ready_file).write_text(daemon.address + "\n")
     stop = asyncio.Event()

@@ -125,6 +125,8 @@ class QPHost:
     send_ops_flags: int
     builder: MkeyConfigureBuilder
     dest: tuple[str, int, str] | None = None
+    # Where its peer's packets may come from (Daemon.set_origins): none until connected.
+    origins: frozenset = frozenset()
     timer: asyncio.TimerHandle | None = None
     timer_at: float | None = None
     attrs: dict = dataclasses.field(default_factory=dict)
@@ -212,6 +214,7 @@ class Verbs:
         self.gone = True
         if self.session in self.daemon.subscribers:
             self.daemon.subscribe(self.session, set())
+        self.daemon.faults.drop_owner(self.session)
         for t in self._waits:
             t.cancel()
         counts: dict[str, int] = {}
@@ -422,6 +425,7 @@ class Verbs:
         qph.rcqp.modify(attr, mask)
         if mask & QpAttrMask.AV:
             qph.dest = (attr["dest_host"], attr["dest_port"], attr.get("dest_dev", qph.hca.name))
+            self.daemon.set_origins(qph, attr["dest_host"], attr["dest_port"])
             # Open the link now, so the first packet does not spend its ACK timeout on
             # TCP and HELLO set-up.
             self.daemon.link_to(attr["dest_host"], attr["dest_port"])
@@ -477,16 +481,19 @@ class Verbs:
 
     # -- fault injection and counters (the daemon's, not the session's) ----------------
     def op_faults_add(self, a, payload, rid):
-        rule = self.daemon.faults.add(a["rule"])
+        # A session's rule matches its own QPs and goes with it (issue 13); one that
+        # reaches every session's traffic is asked for by name.
+        wide = bool(a["daemon_wide"])
+        rule = self.daemon.faults.add(a["rule"], owner=None if wide else self.session)
         log.info("fault rule added %s", kv(event="fault_add", peer=self.peer, id=rule.id,
-                                            rule=rule.spec))
+                                            daemon_wide=wide, rule=rule.spec))
         return {"rule": rule.as_dict()}
 
     def op_faults_list(self, a, payload, rid):
-        return {"rules": self.daemon.faults.list()}
+        return {"rules": self.daemon.faults.list(self.session)}
 
     def op_faults_clear(self, a, payload, rid):
-        n = self.daemon.faults.clear(a["rule_id"])
+        n = self.daemon.faults.clear(a["rule_id"], self.session, bool(a["daemon_wide"]))
         log.info("fault rules cleared %s", kv(event="fault_clear", peer=self.peer, n=n))
         return {"cleared": n}
 
@@ -496,8 +503,11 @@ class Verbs:
         if unknown or not all(isinstance(k, str) for k in kinds):
             raise einval(f"subscribe: unknown event kind(s) {sorted(map(str, unknown))}; "
                          "the kinds are 'packets' and 'trace'")
-        self.daemon.subscribe(self.session, kinds)
-        return {"events": sorted(kinds)}
+        self.daemon.subscribe(self.session, kinds, bool(a["daemon_wide"]))
+        if a["daemon_wide"] and kinds:
+            log.info("daemon-wide tap %s", kv(event="subscribe_daemon_wide", peer=self.peer,
+                                               kinds=",".join(sorted(kinds))))
+        return {"events": sorted(kinds), "daemon_wide": bool(a["daemon_wide"])}
 
     def op_counters(self, a, payload, rid):
         return {"counters": self.daemon.stats()}

@@ -32,7 +32,7 @@ def test_version_is_pyprojects():
 
 async def faults_add(address: str, *fields: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        *CLI, "faults", "add", "--target", address, *fields,
+        *CLI, "faults", "add", "--daemon-wide", "--target", address, *fields,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     return proc.returncode, err.decode()

@@ -76,6 +76,7 @@ def test_serve_refuses_a_public_address_without_a_token():
 async def test_serve_with_a_token(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
+    token.chmod(0o600)      # serve refuses a token file every user can read
     proc, address = start(tmp_path, "--token-file", str(token))
     try:
         async with await sh.connect(address, token=b"s3cret") as node:
@@ -114,11 +115,11 @@ def test_faults_from_a_file_and_from_the_command_line(tmp_path):
         assert r.returncode == 0, r.stderr
         assert "rule 1   fired 0" in r.stdout and "action=drop" in r.stdout
         assert "packets_bad_icrc 0" in r.stdout and "retransmissions 0" in r.stdout
-        r = faults_cli(address, "add", "action=corrupt", "opcode=RDMA_WRITE", "block=3",
-                       "block_size=520", "field=guard", "xor=0x1")
+        r = faults_cli(address, "add", "--daemon-wide", "action=corrupt", "opcode=RDMA_WRITE",
+                       "block=3", "block_size=520", "field=guard", "xor=0x1")
         assert r.returncode == 0 and r.stdout.startswith("rule 2 installed"), r.stderr
-        r = faults_cli(address, "add", "action=corrupt", "block=3", "block_size=520",
-                       "field=colour")
+        r = faults_cli(address, "add", "--daemon-wide", "action=corrupt", "block=3",
+                       "block_size=520", "field=colour")
         assert r.returncode == 1 and "EINVAL" in r.stderr and "field='colour'" in r.stderr
         r = faults_cli(address, "list", "--json")
         listed = json.loads(r.stdout)
@@ -149,8 +150,8 @@ def test_serve_refuses_a_malformed_faults_file(tmp_path):
 async def test_faults_fields_may_follow_the_target():
     async with sh.embedded() as node:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "softhca.tools.cli", "faults", "add", "--target",
-            node.address, "action=drop", "probability=0.5", "seed=3",
+            sys.executable, "-m", "softhca.tools.cli", "faults", "add", "--daemon-wide",
+            "--target", node.address, "action=drop", "probability=0.5", "seed=3",
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 0, err

@@ -70,7 +70,9 @@ class Capture:
         # Connected and subscribed before the file is created: a daemon that is not
         # there leaves no empty pcap behind.
         async with await sh.connect(self.target, token=self.token) as node:
-            sub = await node.subscribe("packets")
+            # A capture watches other sessions' QPs: it asks daemon-wide, by name (a
+            # subscriber otherwise sees its own session's traffic only).
+            sub = await node.subscribe("packets", daemon_wide=True)
             with PcapWriter(self.out, autoflush=True) as writer:
                 self.ready.set()
                 while self.max_count is None or self.count < self.max_count:
@@ -111,7 +113,8 @@ class Capture:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "capture", help="write a running daemon's wire traffic to a pcap (Wireshark, tshark)",
-        description="Subscribe to a running daemon's packets and write each one, sent or "
+        description="Subscribe to a running daemon's packets, daemon-wide (every "
+        "session's QPs; the daemon logs such a tap), and write each one, sent or "
         "accepted, as a RoCEv2 frame (Ethernet, IPv4, UDP 4791, BTH and its extension "
         "headers, payload, ICRC) to a pcap file that Wireshark and tshark decode as "
         "InfiniBand. Stops after --count packets, --seconds, or Ctrl-C. The daemon's own "

@@ -182,6 +182,12 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token-file", metavar="FILE",
                    help="file holding the shared token that control sessions and peer "
                    "daemons must prove (HMAC over a nonce); trailing whitespace is ignored")
+    p.add_argument("--peer-token-file", metavar="FILE",
+                   help="file holding the token peer daemons' wire links must prove (default: "
+                   "the --token-file); with its own, a client's token opens no wire link")
+    p.add_argument("--allow-readable-token", action="store_true",
+                   help="accept a token file that every user may read (refused otherwise, as "
+                   "ssh refuses such a private key)")
     p.add_argument("--allow-no-auth", action="store_true",
                    help="listen on a non-loopback address without a token (anyone who can "
                    "reach the port can read and write the hosted memory)")
@@ -190,6 +196,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     limits = p.add_argument_group("limits (each hit is a clear error; the daemon keeps serving)")
     limits.add_argument("--max-connections", type=positive_int, default=1024, metavar="N",
                         help="control sessions and wire links at once (default 1024)")
+    limits.add_argument("--max-pre-hello", type=positive_int, default=64, metavar="N",
+                        help="connections still in the HELLO, apart from those (default 64; "
+                        "when full the oldest is closed for the newcomer)")
+    limits.add_argument("--hello-timeout", type=positive_float, default=3.0, metavar="S",
+                        help="seconds a connection has to complete the HELLO (default 3)")
     limits.add_argument("--max-objects", type=positive_int, default=1 << 16, metavar="N",
                         help="verbs objects per control session (default 65536)")
     limits.add_argument("--max-session-bytes", type=positive_int, default=4 << 30,
@@ -247,9 +258,12 @@ rule fields (key=value; numbers may be 0x...):
   corrupt:    field=data|guard|app_tag|ref_tag, offset (data byte), xor=MASK | set=VALUE,
               icrc=recompute (a corruption before the link) | stale (a link error: dropped)
   delay:      seconds      reorder: window (packets)      rnr: direction=in
+A rule installed by a session belongs to it and goes when it closes; this command's
+session closes at once, so 'add' needs --daemon-wide: a rule on every session's QPs
+that stays until 'clear' removes it.
 example:
-  softhca faults add --target 10.200.0.1:4791 action=corrupt opcode=RDMA_WRITE block=3 \\
-      block_size=520 field=guard xor=0x1
+  softhca faults add --daemon-wide --target 10.200.0.1:4791 action=corrupt \\
+      opcode=RDMA_WRITE block=3 block_size=520 field=guard xor=0x1
 """
 
 
@@ -263,6 +277,9 @@ def add_faults(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, metavar="HOST:PORT", help="the daemon")
     p.add_argument("--token-file", metavar="FILE", help="the daemon's token")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--daemon-wide", action="store_true",
+                   help="add: a rule on every session's QPs, kept until cleared (required: "
+                   "this command's own session ends at once)")
     p.set_defaults(func=cmd_faults)
 
 
@@ -295,14 +312,21 @@ def cmd_faults(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"softhca faults: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if args.op == "add" and not args.daemon_wide:
+        print("softhca faults add: a rule belongs to the session that installs it and this "
+              "command's session ends at once; give --daemon-wide for a rule on every "
+              "session's QPs, kept until 'softhca faults clear'",
+              file=sys.stderr)
+        return EXIT_USAGE
     token = read_token(args.token_file)
 
     async def run() -> dict:
         async with await sh.connect(args.target, token=token) as node:
             if args.op == "add":
-                return {"rule": await node.faults.add(fields)}
+                return {"rule": await node.faults.add(fields, daemon_wide=True)}
             if args.op == "clear":
-                return {"cleared": await node.faults.clear(fields.get("id"))}
+                # This command's session owns no rules: clearing means the daemon's.
+                return {"cleared": await node.faults.clear(fields.get("id"), daemon_wide=True)}
             return {"rules": await node.faults.list(), "counters": await node.counters()}
 
     try:
@@ -327,7 +351,35 @@ def cmd_faults(args: argparse.Namespace) -> int:
 
 def _rule_text(rule: dict) -> str:
     return " ".join(f"{k}={v:#x}" if k in ("xor", "set", "qp") else f"{k}={v}"
-                    for k, v in rule.items() if k not in ("id", "fired"))
+                    for k, v in rule.items() if k not in ("id", "fired", "daemon_wide"))
+
+
+# -- softhca soak ---------------------------------------------------------------------
+
+SOAK_ATTACKS = ("injection", "huge_layout", "poll_flood", "mr_read_flood", "idle_sockets",
+                "rule_flood", "malformed")
+
+
+def add_soak(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("soak", help="valid traffic beside rotating attacks on two daemons",
+                       description="Start two 'softhca serve' processes, run verified RDMA "
+                       "WRITEs between them beside a rotating set of attacks (issue 13) on "
+                       "one, and report valid WRs, bytes verified, attacks refused, the "
+                       "slowest answer to a second client and the daemons' peak RSS. Exit 0 "
+                       "when every attack was refused and every byte verified.")
+    p.add_argument("--seconds", type=positive_float, default=30.0, metavar="N",
+                   help="how long to run (default 30)")
+    p.add_argument("--attacks", metavar="A,B,...", default=",".join(SOAK_ATTACKS),
+                   help=f"which attacks, in turn (default all: {','.join(SOAK_ATTACKS)})")
+    p.add_argument("--seed", type=int, default=0, help="the valid traffic's bytes (default 0)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_soak)
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    from . import soak
+
+    return soak.cmd_soak(args)
 
 
 # -- the parser and main -------------------------------------------------------------
@@ -337,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="softhca", description="softhca: a software mlx5-class RDMA HCA simulator")
     parser.add_argument("--version", action="version", version=f"softhca {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (add_serve, add_faults, add_demo, add_bench):
+    for add in (add_serve, add_faults, add_demo, add_bench, add_soak):
         add(sub)
     # Subcommands that live in their own module, each with add_parser(sub): the
     # observation tools of issue 7. Their module is imported only to build the parser.

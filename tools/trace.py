@@ -432,7 +432,8 @@ def _json_default(v):
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "trace", help="print a running daemon's pipeline stages live, per work request",
-        description="Attach to a running daemon and print every stage each transfer goes "
+        description="Attach to a running daemon, daemon-wide (every session's QPs; the "
+        "daemon logs such a tap), and print every stage each transfer goes "
         "through (gather, check with its per-block result, strip, generate, encrypt or "
         "decrypt with the data unit and tweak, wire, scatter), grouped per work request, "
         "with the bytes of each block cut into data, guard, app tag, ref tag and "
@@ -499,7 +500,9 @@ async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
     deadline = loop.time() + args.seconds if args.seconds else None
     seen = 0
     try:
-        sub = await node.subscribe("trace")
+        # Other sessions' transfers: asked daemon-wide, by name (a subscriber otherwise
+        # sees its own session's QPs only).
+        sub = await node.subscribe("trace", daemon_wide=True)
         stop = []
         if args.count:
             stop.append(f"after {args.count} events")

@@ -1,0 +1,34 @@
+"""``softhca soak``: a few seconds of valid traffic beside the attacks of issue 13."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# The attacks whose fixes are on this branch (packet injection, pre-HELLO sockets, fault
+# rules); the layout, poll and mr_read floods are issue 13's other half.
+ATTACKS = "injection,idle_sockets,rule_flood,malformed"
+
+
+def test_soak_runs_valid_traffic_beside_the_attacks_and_reports():
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "4",
+                        "--attacks", ATTACKS, "--json"],
+                       capture_output=True, text=True, timeout=180)
+    report = json.loads(r.stdout)
+    print(f"\n{json.dumps(report, sort_keys=True)}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert report["valid_wrs"] > 0 and report["verify_failures"] == 0
+    assert report["bytes_verified"] == report["valid_wrs"] * 65536
+    assert set(report["attacks"]) == set(ATTACKS.split(","))
+    assert all(a["tried"] == a["refused"] >= 1 for a in report["attacks"].values())
+    assert report["attacks_refused"] == sum(a["tried"] for a in report["attacks"].values())
+    assert 0 < report["peak_rss"]["target"] < 400 << 20, "bounded, and measured"
+    assert report["peak_rss"]["initiator"] > 0
+    assert report["probe_max_ms"] > 0
+
+
+def test_soak_refuses_an_unknown_attack():
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--attacks",
+                        "injection,teleport"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown attack(s) teleport" in r.stderr

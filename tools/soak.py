@@ -1,0 +1,398 @@
+"""``softhca soak --seconds N``: valid traffic beside a rotating set of attacks.
+
+Two ``softhca serve`` processes on loopback (tools/bench.py's ``Daemons``). One RC QP
+pair between them carries RDMA WRITEs of random bytes, each read back and compared
+(bytes verified); a probe session asks the target for its devices every 50 ms (the
+slowest answer is reported). Beside them, one attack after another, in turn, against
+the target daemon (issue 13):
+
+- ``injection``: a wire link forges an RDMA_WRITE_ONLY into the pair's MR (dropped:
+  ``packets_wrong_peer``);
+- ``huge_layout``: mkey_configure with an interleaved layout of repeat_count 2^32-1;
+- ``poll_flood``: thousands of pipelined ``poll_cq(timeout=3600)`` on an empty CQ, then
+  a disconnect;
+- ``mr_read_flood``: sixty 8 MiB ``mr_read`` requests in one write, never read;
+- ``idle_sockets``: 1,024 sockets that never say hello, then a new client connects;
+- ``rule_flood``: fault rules until the daemon says ENOMEM;
+- ``malformed``: malformed frames on a control session.
+
+An attack counts as refused when the daemon refused it (an error reply, a drop it
+counted, an evicted socket) and, for the floods, contained it: the daemon's RSS grew by
+less than ``CONTAINED_RSS`` while it ran (for ``mr_read_flood``, which asks for nothing
+refusable, containment alone). The report: valid WRs completed, bytes
+verified, attacks tried and refused per kind, the slowest probe and peak RSS (VmHWM)
+of each daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from .. import client as sh
+from ..protocol.frames import FrameDecoder, frame_bytes
+from ..protocol.handshake import make_hello
+from ..protocol.link import read_frames
+from ..protocol.packets import Packet, packet_header
+from .bench import Daemons
+from .cli import SOAK_ATTACKS as ATTACKS
+from .harness import Side
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+CHUNK = 64 << 10
+# A flood is contained when the daemon grew by less than this while it ran.
+CONTAINED_RSS = 64 << 20
+ACCESS = (sh.IBV_ACCESS_LOCAL_WRITE | sh.IBV_ACCESS_REMOTE_WRITE | sh.IBV_ACCESS_REMOTE_READ)
+
+
+def rss(pid: int, field_name: str = "VmRSS") -> int:
+    """Bytes of ``field_name`` (VmRSS, or VmHWM: the peak) in /proc/PID/status; 0 if gone."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass
+class Report:
+    seconds: float
+    wrs: int = 0
+    bytes_verified: int = 0
+    verify_failures: int = 0
+    valid_errors: list[str] = field(default_factory=list)
+    attacks: dict[str, list[int]] = field(default_factory=dict)    # kind -> [tried, refused]
+    probe_max_ms: float = 0.0
+    # The slowest probe while each kind of attack ran.
+    probe_ms: dict[str, float] = field(default_factory=dict)
+    peak_rss: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def attacks_refused(self) -> int:
+        return sum(r for _, r in self.attacks.values())
+
+    @property
+    def ok(self) -> bool:
+        return (not self.verify_failures and not self.valid_errors and self.wrs > 0
+                and all(t == r for t, r in self.attacks.values()))
+
+    def as_dict(self) -> dict:
+        return {"seconds": self.seconds, "valid_wrs": self.wrs,
+                "bytes_verified": self.bytes_verified, "verify_failures": self.verify_failures,
+                "valid_errors": self.valid_errors,
+                "attacks": {k: {"tried": t, "refused": r,
+                                "slowest_probe_ms": round(self.probe_ms.get(k, 0.0), 1)}
+                            for k, (t, r) in self.attacks.items()},
+                "attacks_refused": self.attacks_refused, "probe_max_ms": self.probe_max_ms,
+                "peak_rss": self.peak_rss, "ok": self.ok}
+
+    def text(self) -> str:
+        lines = [f"soak {self.seconds:g} s: {self.wrs} valid WRs completed, "
+                 f"{self.bytes_verified} bytes verified, {self.verify_failures} mismatches",
+                 f"attacks refused: {self.attacks_refused} of "
+                 f"{sum(t for t, _ in self.attacks.values())}"]
+        for kind, (tried, refused) in sorted(self.attacks.items()):
+            lines.append(f"  {kind:<14} tried {tried:<4} refused {refused:<4} slowest answer "
+                         f"meanwhile {self.probe_ms.get(kind, 0.0):.1f} ms")
+        lines.append(f"slowest answer to a second client: {self.probe_max_ms:.1f} ms")
+        for who, peak in self.peak_rss.items():
+            lines.append(f"peak RSS of the {who} daemon: {peak / (1 << 20):.1f} MiB")
+        lines += [f"valid traffic error: {e}" for e in self.valid_errors[:5]]
+        lines.append("PASS" if self.ok else "FAIL")
+        return "\n".join(lines)
+
+
+class Soak:
+    def __init__(self, seconds: float, addresses: list[str], pids: list[int],
+                 attacks: list[str], seed: int = 0) -> None:
+        self.report = Report(seconds)
+        self.target_addr, self.initiator_addr = addresses
+        self.target_pid = pids[0]
+        self.attacks = attacks
+        self.rng = random.Random(seed)
+        self.deadline = 0.0
+        self.current = "none"
+
+    # -- the valid traffic and the probe --------------------------------------------------
+    async def setup(self) -> None:
+        self.tnode = await sh.connect(self.target_addr)
+        self.inode = await sh.connect(self.initiator_addr)
+        self.t = await Side.open("target", self.tnode)
+        self.i = await Side.open("initiator", self.inode)
+        await self.i.qp.connect(self.t.qp.info(), path_mtu=sh.IBV_MTU_4096)
+        await self.t.qp.connect(self.i.qp.info(), path_mtu=sh.IBV_MTU_4096)
+        self.src = await self.i.reg_mr(CHUNK, ACCESS)
+        self.dst = await self.t.reg_mr(4 * CHUNK, ACCESS)
+
+    async def valid(self) -> None:
+        r = self.report
+        loop = asyncio.get_running_loop()
+        n = 0
+        while loop.time() < self.deadline:
+            data = self.rng.randbytes(CHUNK)
+            slot = n % 4 * CHUNK
+            try:
+                await self.src.write(data)
+                wr = sh.SendWR(wr_id=n, opcode=sh.IBV_WR_RDMA_WRITE,
+                               sg=[sh.SGE(self.src.addr, CHUNK, self.src.lkey)])
+                wr.set_wr_rdma(self.dst.rkey, self.dst.addr + slot)
+                await self.i.qp.post_send(wr)
+                (wc,) = await self.i.scq.poll_n(1, 30)
+                if wc.status != sh.IBV_WC_SUCCESS:
+                    r.valid_errors.append(f"WR {n}: {wc}")
+                    return
+                r.wrs += 1
+                if await self.dst.read(CHUNK, slot) == data:
+                    r.bytes_verified += CHUNK
+                else:
+                    r.verify_failures += 1
+            except sh.RDMAError as e:
+                r.valid_errors.append(f"WR {n}: {e.errno_name}: {e.message}")
+                return
+            n += 1
+
+    async def probe(self) -> None:
+        node = await sh.connect(self.target_addr)
+        loop = asyncio.get_running_loop()
+        try:
+            while loop.time() < self.deadline:
+                t0 = time.perf_counter()
+                await node.request("devices")
+                ms = (time.perf_counter() - t0) * 1e3
+                r = self.report
+                r.probe_max_ms = max(r.probe_max_ms, ms)
+                r.probe_ms[self.current] = max(r.probe_ms.get(self.current, 0.0), ms)
+                await asyncio.sleep(0.05)
+        finally:
+            await node.close()
+
+    async def settle(self, prompt_ms: float = 50.0, limit: float = 30.0) -> None:
+        loop = asyncio.get_running_loop()
+        end = min(self.deadline, loop.time() + limit)
+        while loop.time() < end:
+            t0 = time.perf_counter()
+            await self.tnode.request("devices")
+            if (time.perf_counter() - t0) * 1e3 < prompt_ms:
+                return
+            await asyncio.sleep(0.05)
+
+    # -- the attacks --------------------------------------------------------------------
+    async def counters(self) -> dict:
+        return await self.tnode.counters()
+
+    async def _raw(self, role: str | None, src: str | None = None):
+        host, port = self.target_addr.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        dec = FrameDecoder(64 << 20)
+        frames = await asyncio.wait_for(read_frames(reader, dec), 10)
+        if role is not None:
+            writer.write(frame_bytes(make_hello(frames[0].header, role, None, src)))
+            frames = frames[1:] or await asyncio.wait_for(read_frames(reader, dec), 10)
+            if frames[0].header.get("t") != "welcome":
+                raise sh.RDMAError("EPROTO", f"hello refused: {frames[0].header}")
+        return reader, writer, dec
+
+    async def injection(self) -> bool:
+        before = (await self.counters())["packets_wrong_peer"]
+        _, writer, _ = await self._raw("wire")
+        evil = b"INJECTED BY ATTACKER!"
+        for psn in range(4):
+            h = packet_header("mlx5_0", Packet(self.t.qp.qp_num, psn, "RDMA_WRITE_ONLY", evil,
+                                               reth=(self.dst.rkey, self.dst.addr, len(evil))))
+            writer.write(frame_bytes(h, evil))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+        return (await self.counters())["packets_wrong_peer"] >= before + 4
+
+    async def _attacker_side(self) -> tuple[sh.Node, Side]:
+        node = await sh.connect(self.target_addr)
+        return node, await Side.open("attacker", node)
+
+    async def huge_layout(self) -> bool:
+        node, side = await self._attacker_side()
+        try:
+            mr = await side.reg_mr(4096, ACCESS)
+            mkey = await side.pd.create_mkey(sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT, 4)
+            try:
+                await side.qp.post_mkey_configure(
+                    mkey, access=ACCESS,
+                    interleaved=(4294967295, [sh.Mlx5MrInterleaved(mr.addr, 1, 0, mr.lkey)]))
+                wcs = await side.scq.poll(1, 5)
+            except sh.RDMAError:
+                return True
+            return bool(wcs) and wcs[0].status != sh.IBV_WC_SUCCESS
+        finally:
+            await node.close()
+
+    async def _contained(self, flood: Callable[[], Awaitable[None]]) -> bool:
+        before = rss(self.target_pid)
+        peak = before
+        task = asyncio.ensure_future(flood())
+        while not task.done():
+            peak = max(peak, rss(self.target_pid))
+            await asyncio.sleep(0.02)
+        await task
+        return peak - before < CONTAINED_RSS
+
+    async def poll_flood(self) -> bool:
+        refused = False
+
+        async def flood() -> None:
+            nonlocal refused
+            reader, writer, dec = await self._raw("control")
+            writer.write(frame_bytes({"t": "open_device", "id": 1, "name": "mlx5_0"}))
+            writer.write(frame_bytes({"t": "create_cq", "id": 2, "ctx": 1, "cqe": 16}))
+            got = []
+            while len(got) < 2:
+                got += await asyncio.wait_for(read_frames(reader, dec), 10)
+            cq = got[1].header.get("cq")
+            writer.write(b"".join(frame_bytes({"t": "poll_cq", "id": 10 + k, "cq": cq,
+                                               "num": 1, "timeout": 3600})
+                                  for k in range(20000)))
+            await writer.drain()
+            with contextlib.suppress(asyncio.TimeoutError):
+                frames = await asyncio.wait_for(read_frames(reader, dec), 0.5)
+                refused = any(f.header.get("t") == "err" for f in frames)
+            writer.close()
+
+        # Issue 13: polls past a session's bound are refused (ENOMEM or EAGAIN); memory
+        # that stays flat is not enough, the quadratic cleanup froze every client.
+        contained = await self._contained(flood)
+        return refused and contained
+
+    async def mr_read_flood(self) -> bool:
+        async def flood() -> None:
+            reader, writer, dec = await self._raw("control")
+            writer.write(frame_bytes({"t": "open_device", "id": 1, "name": "mlx5_0"}))
+            writer.write(frame_bytes({"t": "alloc_pd", "id": 2, "ctx": 1}))
+            writer.write(frame_bytes({"t": "reg_mr", "id": 3, "pd": 2, "length": 8 << 20,
+                                      "access": 1}))
+            got = []
+            while len(got) < 3:
+                got += await asyncio.wait_for(read_frames(reader, dec), 10)
+            mr = got[2].header.get("mr")
+            writer.write(b"".join(frame_bytes({"t": "mr_read", "id": 10 + k, "mr": mr,
+                                               "offset": 0, "length": 8 << 20})
+                                  for k in range(60)))
+            await asyncio.sleep(1.0)
+            writer.close()
+
+        return await self._contained(flood)
+
+    async def idle_sockets(self) -> bool:
+        host, port = self.target_addr.rsplit(":", 1)
+        before = (await self.counters())["pre_hello_evicted"]
+        idle = []
+        try:
+            for _ in range(1024):
+                idle.append(await asyncio.open_connection(host, int(port)))
+            t0 = time.perf_counter()
+            node = await sh.connect(self.target_addr, timeout=5)
+            took = time.perf_counter() - t0
+            await node.close()
+        except sh.RDMAError:
+            return False
+        finally:
+            for _, w in idle:
+                w.close()
+        return took < 1.0 and (await self.counters())["pre_hello_evicted"] > before
+
+    async def rule_flood(self) -> bool:
+        node = await sh.connect(self.target_addr)
+        refused = False
+        try:
+            for n in range(1 << 16):
+                await node.faults.add(action="delay", seconds=0, qp=2 + n % 1000)
+        except sh.RDMAError as e:
+            refused = e.errno_name == "ENOMEM"
+        finally:
+            await node.close()
+        # The session's rules went with it.
+        for _ in range(100):
+            if (await self.counters())["fault_rules"] == 0:
+                return refused
+            await asyncio.sleep(0.01)
+        return False
+
+    async def malformed(self) -> bool:
+        reader, writer, dec = await self._raw("control")
+        bad = [{"t": "reg_mr", "id": 1, "pd": 99, "length": 1, "access": 0},
+               {"t": "poll_cq", "id": 2, "cq": 1, "num": 0, "timeout": 0},
+               {"t": "no_such_verb", "id": 3},
+               {"t": "mr_read", "id": 4, "mr": "x", "offset": 0, "length": 1},
+               {"t": "post_send", "id": 5, "qp": 1, "wrs": []}]
+        for h in bad:
+            writer.write(frame_bytes(h))
+        got = []
+        while len(got) < len(bad):
+            frames = await asyncio.wait_for(read_frames(reader, dec), 10)
+            if not frames:
+                break
+            got += frames
+        writer.close()
+        return len(got) == len(bad) and all(f.header.get("t") == "err" for f in got)
+
+    async def attack_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        k = 0
+        while loop.time() < self.deadline:
+            kind = self.attacks[k % len(self.attacks)]
+            k += 1
+            tried_refused = self.report.attacks.setdefault(kind, [0, 0])
+            tried_refused[0] += 1
+            self.current = kind
+            try:
+                ok = await asyncio.wait_for(getattr(self, kind)(), 60)
+            except (sh.RDMAError, OSError, asyncio.TimeoutError):
+                ok = False
+            tried_refused[1] += bool(ok)
+            # What an attack leaves behind (a cleanup, a backlog) is still its doing: the
+            # next one starts once the daemon answers promptly again.
+            await self.settle()
+            self.current = "none"
+            await asyncio.sleep(0.1)
+
+    async def run(self) -> Report:
+        await self.setup()
+        self.deadline = asyncio.get_running_loop().time() + self.report.seconds
+        try:
+            await asyncio.gather(self.valid(), self.probe(), self.attack_loop())
+        finally:
+            await self.inode.close()
+            await self.tnode.close()
+        return self.report
+
+
+def soak(seconds: float, attacks: list[str] | None = None, seed: int = 0) -> Report:
+    """Run the soak against two fresh ``softhca serve`` processes."""
+    with tempfile.TemporaryDirectory(prefix="softhca-soak-") as workdir:
+        daemons = Daemons(2, workdir)
+        with daemons as addresses:
+            pids = [p.pid for p in daemons.procs]
+            s = Soak(seconds, addresses, pids, list(attacks or ATTACKS), seed)
+            report = asyncio.run(s.run())
+            report.peak_rss = {"target": rss(pids[0], "VmHWM"),
+                               "initiator": rss(pids[1], "VmHWM")}
+            return report
+
+
+def cmd_soak(args) -> int:
+    """``softhca soak`` (its parser is tools/cli.py's ``add_soak``)."""
+    attacks = [a for a in args.attacks.split(",") if a]
+    unknown = sorted(set(attacks) - set(ATTACKS))
+    if unknown or not attacks:
+        print(f"softhca soak: unknown attack(s) {', '.join(unknown) or '(none given)'}; "
+              f"the attacks are {', '.join(ATTACKS)}", file=sys.stderr)
+        return EXIT_USAGE
+    report = soak(args.seconds, attacks, args.seed)
+    print(json.dumps(report.as_dict(), indent=2, sort_keys=True) if args.json
+          else report.text())
+    return EXIT_OK if report.ok else EXIT_FAIL
