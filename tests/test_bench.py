@@ -318,15 +318,18 @@ def test_compare_beside_the_run(run):
     c = run["compare"]
     assert c["saved"] == RECORDED and c["new"] == "this run" and c["ratio"] == "tcp_stream"
     by = {r["row"]: r for r in c["rows"]}
-    old = {(g["op"], g["config"], g["size"]): g for g in recorded["goodput"]}
+    # Runs saved before rows carried their path MTU ran every row at 4096.
+    old = {(g["op"], g["config"], g["size"], g.get("path_mtu", 4096)): g
+           for g in recorded["goodput"]}
     for g in run["doc"]["goodput"]:
         label = (f"{g['op']} {bench.size_text(g['size'])} {g['config']}"
                  + ("" if g["path_mtu"] == 4096 else f" MTU {g['path_mtu']}"))
         row = by[label]
-        if g["path_mtu"] != 4096:
+        key = (g["op"], g["config"], g["size"], g["path_mtu"])
+        if key not in old:
             assert row["saved"] is None and row["ratio_of_ratios"] is None
             continue
-        saved_ratio = old[(g["op"], g["config"], g["size"])]["ratio"]["tcp_stream"]
+        saved_ratio = old[key]["ratio"]["tcp_stream"]
         assert row["saved"]["ratio"] == saved_ratio
         assert math.isclose(row["ratio_of_ratios"], g["ratio"]["tcp_stream"] / saved_ratio,
                             rel_tol=1e-3)
@@ -364,3 +367,12 @@ def test_compare_takes_at_most_two_files(tmp_path, capsys):
     saved = write(tmp_path, "saved.json", SAVED)
     assert main(["bench", "--compare", saved, saved, saved]) == 2
     assert "SAVED and at most one NEW file, not 3" in capsys.readouterr().err
+
+
+def test_compare_reads_runs_saved_before_rows_had_a_path_mtu(tmp_path, capsys):
+    old = e2e_doc([("RDMA_WRITE", "plain", MIB, 4096, 80.0, 0.1)])
+    del old["goodput"][0]["path_mtu"]
+    saved, new = write(tmp_path, "old.json", old), write(tmp_path, "new.json", NEW)
+    assert main(["bench", "--compare", saved, new]) == 0
+    cells = printed_rows(capsys.readouterr().out)["RDMA_WRITE 1 MiB plain"]
+    assert math.isclose(float(cells[4]), 0.43 / 0.1, rel_tol=1e-3)
