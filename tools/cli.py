@@ -84,7 +84,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "bench", help="measure speeds (no pass/fail: numbers only)",
         description="Without TARGET: the end-to-end bench. Two `softhca serve` processes on "
         "loopback; goodput of RDMA_WRITE, RDMA_READ and SEND at 4 KiB, 64 KiB and 1 MiB with "
-        "plain MRs, a T10-DIF wire domain and crypto table row C, each beside its ceilings "
+        "plain MRs, a T10-DIF wire domain and crypto table row C, and of plain 1 MiB "
+        "RDMA_WRITE at path MTU 1024, each beside its ceilings "
         "measured in the same run (an asyncio TCP stream between two processes, the engine's "
         "transform alone); 64-byte latency p50/p99; many QPs over many control sessions.")
     # The defaults are bench.E2EOptions' (tests/test_bench.py holds them equal); written
@@ -133,8 +134,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_compare(p: argparse.ArgumentParser, saved_by: str) -> None:
-    p.add_argument("--compare", nargs="+", metavar="FILE",
-                   help=f"SAVED [NEW]: beside the output of `{saved_by}` saved in SAVED, "
+    p.add_argument("--compare", nargs="+", metavar=("SAVED", "NEW"),
+                   help=f"beside the output of `{saved_by}` saved in SAVED, "
                    "print per row the saved ratio, the new ratio and new/saved (the ratio of "
                    "ratios). With NEW (another saved output) nothing runs; without it, this "
                    "run is the new one. A missing or malformed file is refused before "
