@@ -18,6 +18,11 @@ from softhca.tools.cli import main
 OPS = {"RDMA_WRITE", "RDMA_READ", "SEND"}
 CONFIGS = {"plain", "t10dif", "row_c"}
 SIZES = {4096, 65536, 1 << 20}
+MIB = 1 << 20
+# The rows beyond the grid at path MTU 4096.
+EXTRA = {("RDMA_WRITE", "plain", MIB, 1024)}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORDED = os.path.join(ROOT, "docs", "performance.json")
 
 
 def positive(x) -> bool:
@@ -46,27 +51,31 @@ def processes_mentioning(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One `softhca bench --quick --json` in a subprocess, its temporary files (daemons'
-    ready files, logs) under a directory of its own, so its processes can be found."""
+    """One `softhca bench --quick --json --compare docs/performance.json` in a subprocess,
+    its temporary files (daemons' ready files, logs) under a directory of its own, so its
+    processes can be found."""
     tmp = tmp_path_factory.mktemp("bench")
     out_file = tmp / "bench.json"
     env = {**os.environ, "TMPDIR": str(tmp)}
     done = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "bench", "--quick",
-                           "--json", "--json-out", str(out_file)],
+                           "--json", "--json-out", str(out_file), "--compare", RECORDED],
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr
-    return {"doc": json.loads(done.stdout), "file": out_file, "tmp": tmp}
+    printed = json.loads(done.stdout)
+    compared = printed.pop("compare")
+    return {"doc": printed, "compare": compared, "file": out_file, "tmp": tmp}
 
 
 def test_json_is_printed_and_written(run):
+    # The file holds the run alone (a later run's SAVED), stdout adds the comparison.
     assert json.loads(run["file"].read_text()) == run["doc"]
 
 
 def test_every_goodput_figure_present_positive_with_its_ceilings(run):
     rows = run["doc"]["goodput"]
-    assert {(g["op"], g["config"], g["size"]) for g in rows} == {
-        (op, c, s) for op in OPS for c in CONFIGS for s in SIZES}
-    assert len(rows) == len(OPS) * len(CONFIGS) * len(SIZES)
+    assert {(g["op"], g["config"], g["size"], g["path_mtu"]) for g in rows} == {
+        (op, c, s, 4096) for op in OPS for c in CONFIGS for s in SIZES} | EXTRA
+    assert len(rows) == len(OPS) * len(CONFIGS) * len(SIZES) + len(EXTRA)
     for g in rows:
         for key in ("mb_s", "messages", "bytes", "seconds", "depth"):
             assert positive(g[key]), (g, key)
@@ -96,6 +105,23 @@ def test_ceilings_are_the_ones_measured(run):
         direction = "tx" if g["op"] == "RDMA_READ" else "rx"
         assert g["ceilings"]["engine"] == engine[(g["config"], g["size"], direction)]
         assert g["ceilings"]["tcp_stream"] == tcp[(g["size"], g["wire_size"])]["app_mb_s"]
+
+
+def test_the_mtu_1024_row(run):
+    doc = run["doc"]
+    assert doc["setup"]["extra_rows"] == [{"op": "RDMA_WRITE", "config": "plain", "size": MIB,
+                                           "path_mtu": 1024}]
+    rows = {(g["op"], g["config"], g["size"], g["path_mtu"]): g for g in doc["goodput"]}
+    row, same_at_4096 = rows[("RDMA_WRITE", "plain", MIB, 1024)], rows[("RDMA_WRITE", "plain",
+                                                                        MIB, 4096)]
+    assert positive(row["mb_s"]) and row["bytes"] == row["messages"] * MIB
+    # The same wire bytes and the same target transform: the same ceilings.
+    assert row["ceilings"] == same_at_4096["ceilings"]
+    assert {(c["config"], c["path_mtu"]) for c in doc["checks"]} == {
+        *((c, 4096) for c in CONFIGS), ("plain", 1024)}
+    lines = [line.split() for line in bench.e2e_to_table(doc).splitlines()]
+    assert ["RDMA_WRITE", "1", "MiB", "1024"] in [words[:4] for words in lines]
+    assert "plain (MTU 1024) memory intact" in bench.e2e_to_table(doc)
 
 
 def test_latency(run):
@@ -183,3 +209,170 @@ def test_usage_errors(capsys):
     assert main(["bench", "--seconds", "0"]) == 2
     assert main(["bench", "--depth", "-1"]) == 2
     capsys.readouterr()
+
+
+# -- --compare ------------------------------------------------------------------------------
+
+def e2e_doc(rows: list[tuple], p50=None) -> dict:
+    """A small saved end-to-end document: (op, config, size, path MTU, MB/s, ratio to TCP)."""
+    doc = {"benchmark": "softhca end to end", "machine": {"load_average_at_start": [1.0, 2.0,
+                                                                                 3.0]},
+           "setup": {"path_mtu": 4096},
+           "goodput": [{"op": op, "config": c, "size": size, "path_mtu": mtu, "mb_s": mb,
+                        "ratio": {"tcp_stream": r, "engine": r / 10, "min": r}}
+                       for op, c, size, mtu, mb, r in rows]}
+    if p50 is not None:
+        doc["latency"] = {"size": 64, "p50_us": p50[0], "p99_us": 3 * p50[0],
+                          "ratio": {"p50_to_tcp_round_trip": p50[1],
+                                    "p99_to_tcp_round_trip": 2 * p50[1]}}
+    return doc
+
+
+def write(tmp_path, name: str, doc) -> str:
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return str(path)
+
+
+SAVED = e2e_doc([("RDMA_WRITE", "plain", MIB, 4096, 80.0, 0.081),
+                 ("SEND", "plain", 65536, 4096, 88.0, 0.089),
+                 ("RDMA_READ", "t10dif", 4096, 4096, 9.0, 0.0238)], p50=(1010.0, 5.6))
+NEW = e2e_doc([("RDMA_WRITE", "plain", MIB, 4096, 400.0, 0.43),
+               ("SEND", "plain", 65536, 4096, 350.0, 0.3713),
+               ("RDMA_READ", "t10dif", 4096, 4096, 7.5, 0.0201),
+               ("RDMA_WRITE", "plain", MIB, 1024, 300.0, 0.29)], p50=(370.0, 1.9))
+
+
+def printed_rows(text: str) -> dict[str, list[str]]:
+    """The comparison table's rows by label: [saved, new, saved ratio, new ratio,
+    new/saved, better] (figures with their unit)."""
+    lines = text.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("row ")) + 2
+    out = {}
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        cells = [c for c in line.split("  ") if c.strip()]
+        out[cells[0].strip()] = [c.strip() for c in cells[1:]]
+    return out
+
+
+def test_compare_prints_the_ratio_of_ratios(tmp_path, capsys):
+    saved, new = write(tmp_path, "saved.json", SAVED), write(tmp_path, "new.json", NEW)
+    assert main(["bench", "--compare", saved, new]) == 0
+    out = capsys.readouterr().out
+    rows = printed_rows(out)
+    expected = {"RDMA_WRITE 1 MiB plain": (0.081, 0.43), "SEND 64 KiB plain": (0.089, 0.3713),
+                "RDMA_READ 4 KiB t10dif": (0.0238, 0.0201), "latency 64 B p50": (5.6, 1.9),
+                "latency 64 B p99": (11.2, 3.8)}
+    for label, (old, cur) in expected.items():
+        cells = rows[label]
+        assert float(cells[2]) == old and float(cells[3]) == cur, cells
+        assert math.isclose(float(cells[4]), cur / old, rel_tol=1e-3), (label, cells)
+        assert cells[5] == ("lower" if label.startswith("latency") else "higher")
+    assert rows["RDMA_WRITE 1 MiB plain"][:2] == ["80.0 MB/s", "400.0 MB/s"]
+    # In the new run only: shown, with no ratio of ratios.
+    assert rows["RDMA_WRITE 1 MiB plain MTU 1024"] == ["-", "300.0 MB/s", "-", "0.29", "-",
+                                                       "higher"]
+    assert "in one run only: RDMA_WRITE 1 MiB plain MTU 1024" in out
+    goodput = [0.43 / 0.081, 0.3713 / 0.089, 0.0201 / 0.0238]
+    geo = math.prod(goodput) ** (1 / 3)
+    assert f"new/saved geometric mean {geo:.4g}" in out
+    assert "load average at start: saved 1.0 2.0 3.0" in out
+
+
+def test_compare_json_and_the_other_ratios(tmp_path, capsys):
+    saved, new = write(tmp_path, "saved.json", SAVED), write(tmp_path, "new.json", NEW)
+    assert main(["bench", "--compare", saved, new, "--json", "--compare-ratio", "engine"]) == 0
+    c = json.loads(capsys.readouterr().out)
+    assert c["ratio"] == "engine" and c["saved"] == saved and c["new"] == new
+    by = {r["row"]: r for r in c["rows"]}
+    r = by["SEND 64 KiB plain"]
+    assert r["saved"] == {"figure": 88.0, "ratio": 0.0089}
+    assert r["new"] == {"figure": 350.0, "ratio": 0.03713}
+    assert math.isclose(r["ratio_of_ratios"], 0.03713 / 0.0089, rel_tol=1e-3)
+    assert by["RDMA_WRITE 1 MiB plain MTU 1024"]["saved"] is None
+
+
+def test_compare_engine_documents(tmp_path, capsys):
+    def engine_doc(ratio: float) -> dict:
+        return {"benchmark": "engine", "results": [
+            {"name": "T10-DIF generate, 512B blocks", "engine_mb_s": 8536.0 * ratio,
+             "primitive": "fastcrc", "primitive_mb_s": 8536.0, "ratio": ratio}]}
+    saved = write(tmp_path, "e1.json", engine_doc(0.063))
+    new = write(tmp_path, "e2.json", engine_doc(0.21))
+    assert main(["bench", "engine", "--compare", saved, new]) == 0
+    cells = printed_rows(capsys.readouterr().out)["T10-DIF generate, 512B blocks"]
+    assert math.isclose(float(cells[4]), 0.21 / 0.063, rel_tol=1e-3)
+    # An engine document is not an end-to-end one, and the other way round.
+    assert main(["bench", "--compare", saved]) == 2
+    assert main(["bench", "engine", "--compare", RECORDED]) == 2
+    err = capsys.readouterr().err
+    assert "not by `softhca bench --json`" in err and "not by `softhca bench engine --json`" in err
+
+
+def test_compare_beside_the_run(run):
+    # The quick run beside the recorded run of docs/performance.md.
+    with open(RECORDED) as f:
+        recorded = json.load(f)
+    c = run["compare"]
+    assert c["saved"] == RECORDED and c["new"] == "this run" and c["ratio"] == "tcp_stream"
+    by = {r["row"]: r for r in c["rows"]}
+    # Runs saved before rows carried their path MTU ran every row at 4096.
+    old = {(g["op"], g["config"], g["size"], g.get("path_mtu", 4096)): g
+           for g in recorded["goodput"]}
+    for g in run["doc"]["goodput"]:
+        label = (f"{g['op']} {bench.size_text(g['size'])} {g['config']}"
+                 + ("" if g["path_mtu"] == 4096 else f" MTU {g['path_mtu']}"))
+        row = by[label]
+        key = (g["op"], g["config"], g["size"], g["path_mtu"])
+        if key not in old:
+            assert row["saved"] is None and row["ratio_of_ratios"] is None
+            continue
+        saved_ratio = old[key]["ratio"]["tcp_stream"]
+        assert row["saved"]["ratio"] == saved_ratio
+        assert math.isclose(row["ratio_of_ratios"], g["ratio"]["tcp_stream"] / saved_ratio,
+                            rel_tol=1e-3)
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (None, "no such file: "),
+    ("{", "not JSON (Expecting property name enclosed in double quotes at line 1 column 2): "),
+    ("[1, 2]", "not a saved `softhca bench --json` or `softhca bench engine --json` document"),
+    ({"benchmark": "softhca end to end"}, 'no "goodput" rows: '),
+    ({"benchmark": "softhca end to end", "goodput": [{"op": "SEND", "config": "plain",
+                                                      "size": 4096, "mb_s": 1.0}]},
+     "goodput row 0 lacks an op, a config, a size, a numeric mb_s or a positive "
+     "ratio.tcp_stream: "),
+    (e2e_doc([("SEND", "plain", 4096, 4096, 1.0, 0.0)]), "goodput row 0 lacks"),
+    ({**SAVED, "latency": {"p50_us": 1.0}}, "latency lacks a numeric p50_us or a positive "),
+    ({"benchmark": "engine", "results": [{"name": "x"}]}, "results row 0 lacks a name"),
+])
+def test_compare_refuses_a_missing_or_malformed_file(tmp_path, capsys, content, reason):
+    path = str(tmp_path / "missing.json") if content is None else write(tmp_path, "bad.json",
+                                                                        content)
+    kind = ["engine"] if isinstance(content, dict) and content.get("benchmark") == "engine" \
+        else []
+    # Refused before anything runs (no daemon is started: this returns at once).
+    assert main(["bench", *kind, "--compare", path]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    prefix = "softhca bench" + (" engine" if kind else "") + " --compare: "
+    assert err.startswith(prefix + reason), err
+    assert err.endswith(path) and "\n" not in err and "Traceback" not in err
+
+
+def test_compare_takes_at_most_two_files(tmp_path, capsys):
+    saved = write(tmp_path, "saved.json", SAVED)
+    assert main(["bench", "--compare", saved, saved, saved]) == 2
+    assert "SAVED and at most one NEW file, not 3" in capsys.readouterr().err
+
+
+def test_compare_reads_runs_saved_before_rows_had_a_path_mtu(tmp_path, capsys):
+    old = e2e_doc([("RDMA_WRITE", "plain", MIB, 4096, 80.0, 0.1)])
+    del old["goodput"][0]["path_mtu"]
+    saved, new = write(tmp_path, "old.json", old), write(tmp_path, "new.json", NEW)
+    assert main(["bench", "--compare", saved, new]) == 0
+    cells = printed_rows(capsys.readouterr().out)["RDMA_WRITE 1 MiB plain"]
+    assert math.isclose(float(cells[4]), 0.43 / 0.1, rel_tol=1e-3)

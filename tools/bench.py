@@ -184,7 +184,8 @@ def run_engine(mib: float = 4.0, repeat: int = 5) -> Report:
 
     def add(name: str, engine_s: float, primitive: str, primitive_s: float) -> None:
         e, p = mb_s(nbytes, engine_s), mb_s(nbytes, primitive_s)
-        results.append(Result(name, round(e, 1), primitive, round(p, 1), round(e / p, 3)))
+        # Four significant digits: the ratios run down to about 0.005.
+        results.append(Result(name, round(e, 1), primitive, round(p, 1), _sig4(e / p)))
 
     # Signature generation only: memory has no PI, the wire gets one per block
     # (mlx5dv_wr_set_mkey_sig_block(3) example 2, at other block sizes and types).
@@ -254,7 +255,7 @@ def to_table(report: Report) -> str:
     m = report.machine
     head = ["name", "engine MB/s", "primitive", "MB/s", "engine/primitive"]
     rows = [[r.name, f"{r.engine_mb_s:.1f}", r.primitive, f"{r.primitive_mb_s:.1f}",
-             f"{r.ratio:.3f}"] for r in report.results]
+             f"{r.ratio:.3g}"] for r in report.results]
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
     right = {1, 3, 4}
 
@@ -275,7 +276,7 @@ def to_table(report: Report) -> str:
         *(line(r) for r in rows),
         "",
         f"MB/s = 1e6 bytes of memory-domain data per second; primitive = one call over the "
-        f"whole buffer (a ceiling). median engine/primitive {statistics.median(ratios):.3f}",
+        f"whole buffer (a ceiling). median engine/primitive {statistics.median(ratios):.3g}",
     ]
     return "\n".join(out)
 
@@ -302,6 +303,13 @@ CONFIG_TITLES = {
 # The target's transform an operation runs: a WRITE or SEND arriving goes wire to memory
 # (RX), a READ answered goes memory to wire (TX).
 TARGET_DIRECTION = {"RDMA_WRITE": "rx", "SEND": "rx", "RDMA_READ": "tx"}
+# Rows beyond the grid of OPS x CONFIGS x SIZES at path MTU 4096: (op, config, size,
+# path MTU). A 1 MiB RDMA_WRITE at MTU 1024 is 1,024 packets a message instead of 256:
+# the row where per-packet costs (and so packet trains, issue 14) weigh most.
+EXTRA_ROWS = (("RDMA_WRITE", "plain", MIB, 1024),)
+DEFAULT_MTU = 4096
+MTU_ENUM = {256: sh.IBV_MTU_256, 512: sh.IBV_MTU_512, 1024: sh.IBV_MTU_1024,
+            2048: sh.IBV_MTU_2048, 4096: sh.IBV_MTU_4096}
 LATENCY_BYTES = 64
 MANY_QPS_BYTES = 4 * KIB
 READY_TIMEOUT = 30.0
@@ -678,8 +686,10 @@ class _Pair:
     """One RC QP pair for one configuration: the initiator (daemon B) posts, the target
     (daemon A) is written, read and sent to through a plain MR or its MKEY."""
 
-    def __init__(self, config: str, target: Side, initiator: Side, opts: E2EOptions) -> None:
+    def __init__(self, config: str, target: Side, initiator: Side, opts: E2EOptions,
+                 path_mtu: int = DEFAULT_MTU) -> None:
         self.config, self.t, self.i, self.opts = config, target, initiator, opts
+        self.path_mtu = path_mtu
         self.top = max(SIZES)
         self.memory = np.random.default_rng(4791).integers(0, 256, self.top,
                                                            dtype=np.uint8).tobytes()
@@ -688,13 +698,13 @@ class _Pair:
 
     @classmethod
     async def create(cls, config: str, tnode: sh.Node, inode: sh.Node,
-                     opts: E2EOptions) -> _Pair:
+                     opts: E2EOptions, path_mtu: int = DEFAULT_MTU) -> _Pair:
         t, i = [await Side.open(role, node, cqe=4096, max_send_wr=2 * opts.depth + 4,
                                 max_recv_wr=4 * opts.depth, max_sge=1)
                 for role, node in (("target", tnode), ("initiator", inode))]
-        self = cls(config, t, i, opts)
-        await t.qp.connect(i.qp.info(), path_mtu=sh.IBV_MTU_4096)
-        await i.qp.connect(t.qp.info(), path_mtu=sh.IBV_MTU_4096)
+        self = cls(config, t, i, opts, path_mtu)
+        await t.qp.connect(i.qp.info(), path_mtu=MTU_ENUM[path_mtu])
+        await i.qp.connect(t.qp.info(), path_mtu=MTU_ENUM[path_mtu])
         self.t_mr = await t.pd.reg_mr(self.top, E2E_ACCESS)
         await self.t_mr.write(self.memory)
         self.i_mr = await i.pd.reg_mr(wire_size(config, self.top), E2E_ACCESS)
@@ -815,7 +825,7 @@ class _Pair:
         await self._stream(op, size, depth, 0.0, 1)
         budget = max(1, int(o.mib * MIB) // size)
         messages, seconds = await self._stream(op, size, depth, o.seconds, budget)
-        return {"op": op, "config": self.config, "size": size,
+        return {"op": op, "config": self.config, "size": size, "path_mtu": self.path_mtu,
                 "wire_size": wire_size(self.config, size), "depth": depth,
                 "messages": messages, "bytes": messages * size, "seconds": round(seconds, 6),
                 "mb_s": round(mb_s(messages * size, seconds), 1)}
@@ -864,7 +874,8 @@ class _Pair:
             e = await self.mkey.mkey_check()
             if e.err_type != sh.MLX5DV_MKEY_NO_ERR:
                 err = repr(e)
-        return {"config": self.config, "memory_intact": same, "mkey_error": err}
+        return {"config": self.config, "path_mtu": self.path_mtu, "memory_intact": same,
+                "mkey_error": err}
 
 
 def _percentile(sorted_values: list[float], p: float) -> float:
@@ -968,6 +979,17 @@ def _cpu_seconds(pids: list[int]) -> list[float]:
     return [*out, time.process_time()]
 
 
+async def _timed(pair: _Pair, op: str, size: int, pids: list[int]) -> dict:
+    """One goodput row, with the cores each process kept busy while it ran."""
+    cpu0, t0 = _cpu_seconds(pids), time.perf_counter()
+    g = await pair.goodput(op, size)
+    cpu1, wall = _cpu_seconds(pids), time.perf_counter() - t0
+    # Cores busy on average while it ran (1.0 = one core all the time).
+    g["cpu"] = {who: round((b - a) / wall, 2) for who, a, b in
+                zip(("target", "initiator", "client"), cpu0, cpu1, strict=True)}
+    return g
+
+
 async def _measure(addresses: list[str], pids: list[int], opts: E2EOptions, progress) -> dict:
     tnode = await sh.connect(addresses[0])
     inode = await sh.connect(addresses[1])
@@ -979,17 +1001,18 @@ async def _measure(addresses: list[str], pids: list[int], opts: E2EOptions, prog
             for op in OPS:
                 for size in SIZES:
                     progress(f"{op} {size_text(size)} {config}")
-                    cpu0, t0 = _cpu_seconds(pids), time.perf_counter()
-                    g = await pair.goodput(op, size)
-                    cpu1, wall = _cpu_seconds(pids), time.perf_counter() - t0
-                    # Cores busy on average while it ran (1.0 = one core all the time).
-                    g["cpu"] = {who: round((b - a) / wall, 2) for who, a, b in
-                                zip(("target", "initiator", "client"), cpu0, cpu1, strict=True)}
-                    goodput.append(g)
+                    goodput.append(await _timed(pair, op, size, pids))
             if config == "plain":
                 progress("latency")
                 latency = await pair.latency(opts.latency_samples)
             checks.append(await pair.verify())
+            extra = [row for row in EXTRA_ROWS if row[1] == config]
+            for mtu in sorted({row[3] for row in extra}):
+                pair = await _Pair.create(config, tnode, inode, opts, path_mtu=mtu)
+                for op, _, size, _ in (row for row in extra if row[3] == mtu):
+                    progress(f"{op} {size_text(size)} {config} path MTU {mtu}")
+                    goodput.append(await _timed(pair, op, size, pids))
+                checks.append(await pair.verify())
         after = [await tnode.counters(), await inode.counters()]
     finally:
         await tnode.close()
@@ -1055,7 +1078,9 @@ def run_e2e(opts: E2EOptions = E2EOptions(), progress=None) -> dict:
         "machine": machine,
         "setup": {"daemons": addresses, "processes": "2 x softhca serve, this client, "
                   "TCP sender and receiver: all separate processes",
-                  "path_mtu": 4096, "quick": opts.quick},
+                  "path_mtu": DEFAULT_MTU, "quick": opts.quick,
+                  "extra_rows": [{"op": op, "config": c, "size": size, "path_mtu": mtu}
+                                 for op, c, size, mtu in EXTRA_ROWS]},
         "options": asdict(opts),
         "configs": CONFIG_TITLES,
         **measured,
@@ -1080,13 +1105,24 @@ def _table(head: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
     return [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
+def _mtu(doc: dict, row: dict) -> int:
+    """A row's path MTU; documents saved before rows carried one ran all at the setup's."""
+    return row.get("path_mtu", doc.get("setup", {}).get("path_mtu", DEFAULT_MTU))
+
+
+def _check_name(doc: dict, check: dict) -> str:
+    mtu = _mtu(doc, check)
+    return check["config"] + ("" if mtu == doc["setup"]["path_mtu"] else f" (MTU {mtu})")
+
+
 def e2e_to_table(doc: dict) -> str:
     m, o = doc["machine"], doc["options"]
     uv = f"uvloop {m['uvloop']}" if m["uvloop"] else "no uvloop (asyncio)"
     lo = m["loopback"]
     out = [
         "softhca bench: two `softhca serve` processes on loopback, driven by this process "
-        "through softhca.client; path MTU 4096" + (" (--quick)" if o["quick"] else ""),
+        f"through softhca.client; path MTU {doc['setup']['path_mtu']} unless the MTU column "
+        "says otherwise" + (" (--quick)" if o["quick"] else ""),
         f"machine: {m['cpu_model']}, {m['cpu_count']} cores, Python {m['python']} "
         f"({m['implementation']}), {uv}, loopback {lo['interface']} MTU {lo['mtu']}, load "
         f"average at start {' '.join(str(x) for x in m['load_average_at_start'])}",
@@ -1108,19 +1144,20 @@ def e2e_to_table(doc: dict) -> str:
                 continue
             c, r = g["ceilings"], g["ratio"]
             u = g["cpu"]
-            rows.append([g["op"], size_text(g["size"]), str(g["depth"]), f"{g['mb_s']:.1f}",
+            rows.append([g["op"], size_text(g["size"]), str(_mtu(doc, g)), str(g["depth"]),
+                         f"{g['mb_s']:.1f}",
                          f"{c['tcp_stream']:.1f}", f"{c['engine']:.1f}",
                          f"{r['tcp_stream']:.3g}", f"{r['engine']:.3g}", f"{r['min']:.3g}",
                          f"{u['target']:.2f}/{u['initiator']:.2f}/{u['client']:.2f}"])
         out += ["", f"[{config}] {doc['configs'][config]}"]
-        out += _table(["op", "size", "depth", "MB/s", "TCP MB/s", "engine MB/s", "/TCP",
+        out += _table(["op", "size", "MTU", "depth", "MB/s", "TCP MB/s", "engine MB/s", "/TCP",
                        "/engine", "/min", "CPU T/I/C"], rows, left=2)
     lat = doc["latency"]
     many = doc["many_qps"]
     w = doc["wire_counters"]
-    checks = ", ".join(f"{c['config']} memory {'intact' if c['memory_intact'] else 'CHANGED'}"
-                       f", MKEY error {c['mkey_error']}" if c["config"] != "plain" else
-                       f"plain memory {'intact' if c['memory_intact'] else 'CHANGED'}"
+    checks = ", ".join(f"{_check_name(doc, c)} memory "
+                       f"{'intact' if c['memory_intact'] else 'CHANGED'}"
+                       + (f", MKEY error {c['mkey_error']}" if c["config"] != "plain" else "")
                        for c in doc["checks"])
     out += [
         "",
@@ -1144,6 +1181,191 @@ def e2e_to_table(doc: dict) -> str:
         f"{w['rnr_retries']} RNR retries",
         f"total {doc['total_seconds']:.1f} s",
     ]
+    return "\n".join(out)
+
+
+# -- --compare: a saved run beside a new one ------------------------------------------------
+#
+# Speeds on a shared machine move with its load; a ratio to a ceiling measured in the same
+# run moves much less. So a change is read as a ratio of ratios: the row's ratio in the new
+# run over its ratio in the saved run. For the end-to-end bench the ratio is to the TCP
+# stream by default: no softhca change moves that ceiling (the engine ceiling moves with
+# the engine itself), so new/saved is the row's own change, the machine's speed divided out.
+
+E2E_KIND, ENGINE_KIND = "softhca end to end", "engine"
+COMPARE_RATIOS = ("tcp_stream", "engine", "min")
+
+
+class CompareError(ValueError):
+    """A document ``--compare`` cannot use; the message is the reason."""
+
+
+def load_saved(path: str) -> dict:
+    """A saved ``softhca bench [engine] --json`` document, checked for what a comparison
+    reads; CompareError (reason first, then the file) when it is missing or malformed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise CompareError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise CompareError(f"is a directory, not a saved --json document: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise CompareError(f"cannot read ({reason}): {path}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CompareError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno}): "
+                           f"{path}") from None
+    compare_rows(doc, "tcp_stream", path)
+    return doc
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def doc_kind(doc, path: str = "the document") -> str:
+    kind = doc.get("benchmark") if isinstance(doc, dict) else None
+    if kind not in (E2E_KIND, ENGINE_KIND):
+        raise CompareError(f'not a saved `softhca bench --json` or `softhca bench engine '
+                           f'--json` document (its "benchmark" is neither {E2E_KIND!r} nor '
+                           f'{ENGINE_KIND!r}): {path}')
+    return kind
+
+
+def compare_rows(doc, ratio: str = "tcp_stream",
+                 path: str = "the document") -> dict[str, dict]:
+    """label -> {figure, unit, ratio, better} for every row a comparison reads."""
+    kind = doc_kind(doc, path)
+    rows: dict[str, dict] = {}
+
+    def bad(what: str):
+        return CompareError(f"{what}: {path}")
+
+    if kind == ENGINE_KIND:
+        results = doc.get("results")
+        if not isinstance(results, list) or not results:
+            raise bad('no "results" rows')
+        for k, r in enumerate(results):
+            if not (isinstance(r, dict) and isinstance(r.get("name"), str)
+                    and _number(r.get("engine_mb_s")) and _number(r.get("ratio"))
+                    and r["ratio"] > 0):
+                raise bad(f"results row {k} lacks a name, a numeric engine_mb_s or a "
+                          "positive ratio")
+            # From the figures when they are there: the ratio of documents saved before
+            # it had four significant digits was rounded to three decimals.
+            p = r.get("primitive_mb_s")
+            ratio_ = r["engine_mb_s"] / p if _number(p) and p > 0 and r["engine_mb_s"] > 0 \
+                else r["ratio"]
+            rows[r["name"]] = {"figure": r["engine_mb_s"], "unit": "MB/s", "ratio": ratio_,
+                               "better": "higher"}
+        return rows
+    goodput = doc.get("goodput")
+    if not isinstance(goodput, list) or not goodput:
+        raise bad('no "goodput" rows')
+    setup = doc.get("setup")
+    setup_mtu = setup.get("path_mtu", DEFAULT_MTU) if isinstance(setup, dict) else DEFAULT_MTU
+    for k, g in enumerate(goodput):
+        ok = (isinstance(g, dict) and isinstance(g.get("op"), str)
+              and isinstance(g.get("config"), str) and isinstance(g.get("size"), int)
+              and g["size"] > 0 and _number(g.get("mb_s")) and isinstance(g.get("ratio"), dict)
+              and _number(g["ratio"].get(ratio)) and g["ratio"][ratio] > 0
+              and isinstance(g.get("path_mtu", setup_mtu), int))
+        if not ok:
+            raise bad(f"goodput row {k} lacks an op, a config, a size, a numeric mb_s or a "
+                      f"positive ratio.{ratio}")
+        mtu = g.get("path_mtu", setup_mtu)
+        label = (f"{g['op']} {size_text(g['size'])} {g['config']}"
+                 + ("" if mtu == DEFAULT_MTU else f" MTU {mtu}"))
+        rows[label] = {"figure": g["mb_s"], "unit": "MB/s", "ratio": g["ratio"][ratio],
+                       "better": "higher"}
+    lat = doc.get("latency")
+    if lat is not None:
+        for p in ("p50", "p99"):
+            r = lat.get("ratio", {}).get(f"{p}_to_tcp_round_trip") \
+                if isinstance(lat, dict) and isinstance(lat.get("ratio"), dict) else None
+            if not (_number(lat.get(f"{p}_us") if isinstance(lat, dict) else None)
+                    and _number(r) and r > 0):
+                raise bad(f"latency lacks a numeric {p}_us or a positive "
+                          f"ratio.{p}_to_tcp_round_trip")
+            rows[f"latency {lat.get('size', LATENCY_BYTES)} B {p}"] = {
+                "figure": lat[f"{p}_us"], "unit": "us", "ratio": r, "better": "lower"}
+    return rows
+
+
+def compare(saved: dict, new: dict, ratio: str = "tcp_stream", saved_path: str = "saved",
+            new_path: str = "this run") -> dict:
+    """Each row of either run: its figure and ratio in both, and new ratio / saved ratio."""
+    kinds = doc_kind(saved, saved_path), doc_kind(new, new_path)
+    if kinds[0] != kinds[1]:
+        raise CompareError(f"the two runs are different benches ({kinds[0]!r} and "
+                           f"{kinds[1]!r}): {saved_path} and {new_path}")
+    a = compare_rows(saved, ratio, saved_path)
+    b = compare_rows(new, ratio, new_path)
+    rows, higher = [], []
+    for label in [*a, *(k for k in b if k not in a)]:
+        old, cur = a.get(label), b.get(label)
+        rows.append({"row": label, "better": (old or cur)["better"],
+                     "unit": (old or cur)["unit"],
+                     "saved": None if old is None else {"figure": old["figure"],
+                                                        "ratio": old["ratio"]},
+                     "new": None if cur is None else {"figure": cur["figure"],
+                                                      "ratio": cur["ratio"]},
+                     "ratio_of_ratios": None if old is None or cur is None
+                     else _sig4(cur["ratio"] / old["ratio"])})
+        if old is not None and cur is not None and old["better"] == "higher":
+            higher.append(cur["ratio"] / old["ratio"])
+    summary = None if not higher else {
+        "rows": len(higher), "geometric_mean": _sig4(math.exp(statistics.fmean(
+            math.log(x) for x in higher))), "min": _sig4(min(higher)), "max": _sig4(max(higher))}
+    return {"benchmark": kinds[0], "ratio": "engine/primitive" if kinds[0] == ENGINE_KIND
+            else ratio, "saved": saved_path, "new": new_path,
+            "load_average": {"saved": _load(saved), "new": _load(new)}, "rows": rows,
+            "higher_is_better_summary": summary}
+
+
+def _load(doc: dict):
+    m = doc.get("machine")
+    return m.get("load_average_at_start") if isinstance(m, dict) else None
+
+
+RATIO_TEXT = {"tcp_stream": "goodput / TCP stream ceiling", "engine":
+              "goodput / engine ceiling", "min": "goodput / the lower ceiling",
+              "engine/primitive": "engine / one call of the primitive"}
+
+
+def compare_to_table(c: dict) -> str:
+    def fig(side: dict | None, unit: str) -> str:
+        return "-" if side is None else f"{side['figure']:.1f} {unit}"
+
+    def rat(side: dict | None) -> str:
+        return "-" if side is None else f"{side['ratio']:.4g}"
+
+    rows = [[r["row"], fig(r["saved"], r["unit"]), fig(r["new"], r["unit"]), rat(r["saved"]),
+             rat(r["new"]), "-" if r["ratio_of_ratios"] is None
+             else f"{r['ratio_of_ratios']:.4g}", r["better"]]
+            for r in c["rows"]]
+    load = c["load_average"]
+    out = [f"compare: saved {c['saved']} beside {c['new']}; ratio = {RATIO_TEXT[c['ratio']]} "
+           "of the same run; new/saved = new ratio / saved ratio (the change, each run's "
+           "machine speed divided out)"]
+    if load["saved"] or load["new"]:
+        out.append("load average at start: saved "
+                   + (" ".join(str(x) for x in load["saved"]) if load["saved"] else "unknown")
+                   + ", new " + (" ".join(str(x) for x in load["new"]) if load["new"]
+                                 else "unknown"))
+    out += ["", *_table(["row", "saved", "new", "saved ratio", "new ratio", "new/saved",
+                         "better"], rows)]
+    s = c["higher_is_better_summary"]
+    if s:
+        out += ["", f"{s['rows']} rows in both runs where higher is better: new/saved "
+                f"geometric mean {s['geometric_mean']:.4g}, min {s['min']:.4g}, max "
+                f"{s['max']:.4g}"]
+    only = [r["row"] for r in c["rows"] if r["ratio_of_ratios"] is None]
+    if only:
+        out.append("in one run only: " + ", ".join(only))
     return "\n".join(out)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -83,7 +84,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "bench", help="measure speeds (no pass/fail: numbers only)",
         description="Without TARGET: the end-to-end bench. Two `softhca serve` processes on "
         "loopback; goodput of RDMA_WRITE, RDMA_READ and SEND at 4 KiB, 64 KiB and 1 MiB with "
-        "plain MRs, a T10-DIF wire domain and crypto table row C, each beside its ceilings "
+        "plain MRs, a T10-DIF wire domain and crypto table row C, and of plain 1 MiB "
+        "RDMA_WRITE at path MTU 1024, each beside its ceilings "
         "measured in the same run (an asyncio TCP stream between two processes, the engine's "
         "transform alone); 64-byte latency p50/p99; many QPs over many control sessions.")
     # The defaults are bench.E2EOptions' (tests/test_bench.py holds them equal); written
@@ -111,6 +113,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--writes-per-qp", type=positive_int, metavar="N",
                    help="RDMA_WRITEs per QP of the many-QPs run (default 4)")
     p.add_argument("--progress", action="store_true", help="say what runs, on stderr")
+    _add_compare(p, "softhca bench --json")
+    p.add_argument("--compare-ratio", choices=("tcp_stream", "engine", "min"),
+                   default="tcp_stream",
+                   help="which ratio --compare divides: to the TCP stream (default: no "
+                   "softhca change moves that ceiling), to the engine, or to the lower")
     p.set_defaults(func=cmd_bench)
     targets = p.add_subparsers(dest="target", metavar="[TARGET]")
     e = targets.add_parser("engine", help="the engine's transforms beside their C primitives",
@@ -122,7 +129,55 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="MiB of data per measurement (default 4)")
     e.add_argument("--repeat", type=positive_int, default=5, metavar="R",
                    help="timed runs per measurement, the best is kept (default 5)")
+    _add_compare(e, "softhca bench engine --json")
     e.set_defaults(func=cmd_bench_engine)
+
+
+def _add_compare(p: argparse.ArgumentParser, saved_by: str) -> None:
+    p.add_argument("--compare", nargs="+", metavar=("SAVED", "NEW"),
+                   help=f"beside the output of `{saved_by}` saved in SAVED, "
+                   "print per row the saved ratio, the new ratio and new/saved (the ratio of "
+                   "ratios). With NEW (another saved output) nothing runs; without it, this "
+                   "run is the new one. A missing or malformed file is refused before "
+                   "anything runs (exit 2)")
+
+
+def _load_compare(args: argparse.Namespace, bench, kind: str) -> list[dict] | None:
+    """The --compare documents, checked before anything runs: [] without --compare, None
+    (after saying why on stderr) when a file is missing, malformed or of the other bench."""
+    if not args.compare:
+        return []
+    name = "softhca bench" + (" engine" if kind == bench.ENGINE_KIND else "")
+    if len(args.compare) > 2:
+        print(f"{name} --compare: SAVED and at most one NEW file, not {len(args.compare)}",
+              file=sys.stderr)
+        return None
+    try:
+        docs = []
+        for path in args.compare:
+            doc = bench.load_saved(path)
+            if bench.doc_kind(doc, path) != kind:
+                other = "softhca bench" + (" engine" if kind == bench.E2E_KIND else "")
+                raise bench.CompareError(f"saved by `{other} --json`, not by `{name} "
+                                         f"--json`: {path}")
+            if kind == bench.E2E_KIND:
+                bench.compare_rows(doc, args.compare_ratio, path)
+            docs.append(doc)
+    except bench.CompareError as e:
+        print(f"{name} --compare: {e}", file=sys.stderr)
+        return None
+    return docs
+
+
+def _show_compare(args: argparse.Namespace, bench, saved: dict, new: dict,
+                  new_path: str) -> dict:
+    """The comparison; its table printed (after a blank line when the run's table came
+    first) unless --json, when the caller prints it as JSON."""
+    ratio = getattr(args, "compare_ratio", "tcp_stream")
+    c = bench.compare(saved, new, ratio, args.compare[0], new_path)
+    if not args.json:
+        print(("\n" if new_path == "this run" else "") + bench.compare_to_table(c))
+    return c
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -130,6 +185,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from . import bench
 
+    docs = _load_compare(args, bench, bench.E2E_KIND)
+    if docs is None:
+        return EXIT_USAGE
+    if len(docs) == 2:
+        c = _show_compare(args, bench, docs[0], docs[1], args.compare[1])
+        if args.json:
+            print(json.dumps(c, indent=2))
+        return EXIT_OK
     base = bench.QUICK if args.quick else bench.E2EOptions()
     given = {name: getattr(args, name) for name in ("seconds", "mib", "depth",
                                                     "latency_samples", "sessions", "qp_pairs",
@@ -151,17 +214,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     text = bench.e2e_to_json(doc)
     if args.json_out:
+        # The run alone, so the file can be a later run's SAVED.
         with open(args.json_out, "w") as f:
             f.write(text + "\n")
-    print(text if args.json else bench.e2e_to_table(doc))
+    if not args.json:
+        print(bench.e2e_to_table(doc))
+    if docs:
+        doc = {**doc, "compare": _show_compare(args, bench, docs[0], doc, "this run")}
+        text = bench.e2e_to_json(doc)
+    if args.json:
+        print(text)
     return EXIT_OK
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     from . import bench
 
+    docs = _load_compare(args, bench, bench.ENGINE_KIND)
+    if docs is None:
+        return EXIT_USAGE
+    if len(docs) == 2:
+        c = _show_compare(args, bench, docs[0], docs[1], args.compare[1])
+        if args.json:
+            print(json.dumps(c, indent=2))
+        return EXIT_OK
     report = bench.run_engine(mib=args.mib, repeat=args.repeat)
-    print(bench.to_json(report) if args.json else bench.to_table(report))
+    text = bench.to_json(report)
+    if not args.json:
+        print(bench.to_table(report))
+    if docs:
+        doc = {**json.loads(text), "compare": _show_compare(args, bench, docs[0],
+                                                            json.loads(text), "this run")}
+        text = json.dumps(doc, indent=2)
+    if args.json:
+        print(text)
     return EXIT_OK
 
 
