@@ -6,13 +6,13 @@ import json
 import subprocess
 import sys
 
-# The attacks whose fixes are on this branch (packet injection, pre-HELLO sockets, fault
-# rules); the layout, poll and mr_read floods are issue 13's other half.
-ATTACKS = "injection,idle_sockets,rule_flood,malformed"
+# Every attack of issue 13: packet injection, idle pre-HELLO sockets, fault rule floods,
+# malformed frames, a huge interleaved layout, pipelined polls and an mr_read flood.
+ATTACKS = "injection,idle_sockets,rule_flood,malformed,huge_layout,poll_flood,mr_read_flood"
 
 
 def test_soak_runs_valid_traffic_beside_the_attacks_and_reports():
-    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "4",
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "8",
                         "--attacks", ATTACKS, "--json"],
                        capture_output=True, text=True, timeout=180)
     report = json.loads(r.stdout)
