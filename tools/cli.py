@@ -180,6 +180,14 @@ def _show_compare(args: argparse.Namespace, bench, saved: dict, new: dict,
     return c
 
 
+def _compare_saved(args: argparse.Namespace, bench, docs: list[dict]) -> int:
+    """--compare SAVED NEW: two saved runs side by side, nothing run."""
+    c = _show_compare(args, bench, docs[0], docs[1], args.compare[1])
+    if args.json:
+        print(json.dumps(c, indent=2))
+    return EXIT_OK
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -189,10 +197,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if docs is None:
         return EXIT_USAGE
     if len(docs) == 2:
-        c = _show_compare(args, bench, docs[0], docs[1], args.compare[1])
-        if args.json:
-            print(json.dumps(c, indent=2))
-        return EXIT_OK
+        return _compare_saved(args, bench, docs)
     base = bench.QUICK if args.quick else bench.E2EOptions()
     given = {name: getattr(args, name) for name in ("seconds", "mib", "depth",
                                                     "latency_samples", "sessions", "qp_pairs",
@@ -234,25 +239,18 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     if docs is None:
         return EXIT_USAGE
     if len(docs) == 2:
-        c = _show_compare(args, bench, docs[0], docs[1], args.compare[1])
-        if args.json:
-            print(json.dumps(c, indent=2))
-        return EXIT_OK
+        return _compare_saved(args, bench, docs)
     report = bench.run_engine(mib=args.mib, repeat=args.repeat)
     text = bench.to_json(report)
     if not args.json:
         print(bench.to_table(report))
     if docs:
-        doc = {**json.loads(text), "compare": _show_compare(args, bench, docs[0],
-                                                            json.loads(text), "this run")}
-        text = json.dumps(doc, indent=2)
+        run = json.loads(text)
+        text = json.dumps({**run, "compare": _show_compare(args, bench, docs[0], run,
+                                                           "this run")}, indent=2)
     if args.json:
         print(text)
     return EXIT_OK
-
-
-
-
 
 
 # -- softhca serve ----------------------------------------------------------------------
