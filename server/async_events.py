@@ -14,7 +14,14 @@ import itertools
 from collections import deque
 
 from ..protocol.enums import EventType
-from ..protocol.errors import einval
+from ..protocol.errors import RDMAError, einval
+
+# Bounds, so that a client that never reads or never acknowledges its events cannot grow
+# the daemon: events queued per context (past it the newest are dropped and counted, as
+# a subscriber that does not keep up loses events), and events handed out but not yet
+# acknowledged per session (past it get_async_event is refused until some are acked).
+MAX_QUEUED = 1024
+MAX_UNACKED = 1024
 
 
 async def wait_woken(waiters: set[asyncio.Future], timeout: float) -> None:
@@ -44,18 +51,25 @@ class AsyncEvents:
         self._waiters: dict[int, set[asyncio.Future]] = {}
         self._ids = itertools.count(1)
         self.unacked: dict[int, dict] = {}
+        self.dropped = 0
 
     def push(self, ctx: int, event_type: EventType, **element) -> None:
         """Queue an event for context ``ctx``; ``element`` names what it is about
         (``qp``: the QP's handle and ``qp_num``)."""
-        ev = {"event": next(self._ids), "event_type": int(event_type), **element}
-        self._queues.setdefault(ctx, deque()).append(ev)
+        q = self._queues.setdefault(ctx, deque())
+        if len(q) >= MAX_QUEUED:
+            self.dropped += 1
+            return
+        q.append({"event": next(self._ids), "event_type": int(event_type), **element})
         wake(self._waiters.get(ctx, set()))
 
     def take(self, ctx: int) -> dict | None:
         q = self._queues.get(ctx)
         if not q:
             return None
+        if len(self.unacked) >= MAX_UNACKED:
+            raise RDMAError("ENOMEM", f"ibv_get_async_event: {len(self.unacked)} events are "
+                                      "handed out and not acknowledged (ibv_ack_async_event)")
         ev = q.popleft()
         self.unacked[ev["event"]] = ev
         return ev
@@ -66,7 +80,10 @@ class AsyncEvents:
         if ev is not None or timeout <= 0:
             return ev
         await wait_woken(self._waiters.setdefault(ctx, set()), timeout)
-        return self.take(ctx)
+        try:
+            return self.take(ctx)
+        except RDMAError:
+            return None     # refused at the call already if it was full; the event stays
 
     def ack(self, event: int) -> None:
         if self.unacked.pop(event, None) is None:

@@ -9,6 +9,7 @@ import pytest
 
 import softhca.client as sh
 from softhca.protocol.enums import EventType
+from softhca.protocol.errors import RDMAError
 from softhca.server.async_events import AsyncEvents
 
 
@@ -48,3 +49,20 @@ async def test_events_are_per_context_in_order_and_acked_once():
     with pytest.raises(sh.RDMAError) as e:
         ev.ack(first["event"])
     assert e.value.errno_name == "EINVAL"
+
+
+def test_a_client_that_never_reads_or_acks_cannot_grow_the_queues():
+    from softhca.server import async_events as ae
+
+    ev = AsyncEvents()
+    for _ in range(ae.MAX_QUEUED + 500):
+        ev.push(1, EventType.SQ_DRAINED, qp=1, qp_num=0x11)
+    assert len(ev._queues[1]) == ae.MAX_QUEUED and ev.dropped == 500
+    for _ in range(ae.MAX_UNACKED):
+        ev.take(1)
+    ev.push(2, EventType.SQ_DRAINED, qp=2, qp_num=0x12)
+    with pytest.raises(RDMAError) as e:
+        ev.take(2)
+    assert e.value.errno_name == "ENOMEM"
+    ev.ack(next(iter(ev.unacked)))
+    assert ev.take(2)["qp_num"] == 0x12
