@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import itertools
 import weakref
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,7 @@ from ..protocol.attrs import (
     MrInterleaved,
     SigBlockAttr,
 )
-from ..protocol.control import MAX_WRS_PER_POST, attr_to_wire, sge_to_wire
+from ..protocol.control import MAX_CREDITS, MAX_WRS_PER_POST, attr_to_wire, sge_to_wire
 from ..protocol.enums import (
     AccessFlags,
     CryptoLoginState,
@@ -61,6 +62,9 @@ IO_CHUNK = 8 << 20
 
 
 EVENT_QUEUE = 1 << 16
+# A poll of a pushed CQ waits locally; past this long without a completion its wait is
+# also held on the daemon (a poll_cq), so the daemon's max_waits bounds it as before.
+HOLD_AFTER_S = 0.005
 
 
 # -- records -----------------------------------------------------------------------------
@@ -206,6 +210,13 @@ class _Connection:
         # beyond that the oldest go and are counted.
         self.events: asyncio.Queue = asyncio.Queue()
         self.events_dropped = 0
+        # Pushed CQs by handle: the completions the daemon sent, not yet polled.
+        self.cqs: dict[int, _PushedCQ] = {}
+        # Entries polled from pushed CQs, to credit back: cq handle -> count. They go
+        # in front of the next request, or in a frame of their own at the loop's next
+        # turn when no request comes first.
+        self._credits: dict[int, int] = {}
+        self._credit_flush: asyncio.Handle | None = None
         self._task = asyncio.get_running_loop().create_task(self._read_loop(link.rest))
 
     async def request(self, verb: str, payload: bytes | memoryview = b"",
@@ -215,10 +226,48 @@ class _Connection:
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        self.writer.writelines(encode_frame({"t": verb, "id": rid, **fields}, payload))
+        frame = encode_frame({"t": verb, "id": rid, **fields}, payload)
+        if self._credits:
+            frame = [*self._credit_frame(), *frame]
+        self.writer.writelines(frame)
         if self.writer.transport.get_write_buffer_size() > (1 << 20):
             await self.writer.drain()
         return await fut
+
+    def cq(self, handle: int) -> _PushedCQ:
+        """The local queue of pushed CQ ``handle`` (made on first use: its first "wc"
+        frame may be read before the create_cq caller runs again)."""
+        st = self.cqs.get(handle)
+        if st is None:
+            st = self.cqs[handle] = _PushedCQ()
+        return st
+
+    def credit(self, handle: int, n: int) -> None:
+        """``n`` entries of pushed CQ ``handle`` were polled: return their room to the
+        daemon, with the next request or at the loop's next turn, whichever is first.
+        Sends nothing the caller waits for."""
+        self._credits[handle] = self._credits.get(handle, 0) + n
+        if self._credit_flush is None:
+            self._credit_flush = asyncio.get_running_loop().call_soon(self._send_credits)
+
+    def _credit_frame(self) -> list:
+        credits = [[h, n] for h, n in self._credits.items()]
+        self._credits.clear()
+        out: list = []
+        for i in range(0, len(credits), MAX_CREDITS):
+            out += encode_frame({"t": "cq_credit", "id": 0, "credits": credits[i:i + MAX_CREDITS]})
+        return out
+
+    def _send_credits(self) -> None:
+        self._credit_flush = None
+        if self._credits and self._closed is None:
+            with contextlib.suppress(Exception):
+                self.writer.writelines(self._credit_frame())
+
+    def forget_cq(self, handle: int) -> None:
+        """A destroyed CQ: its unpolled entries and uncredited count go with it."""
+        self.cqs.pop(handle, None)
+        self._credits.pop(handle, None)
 
     async def _read_loop(self, frames: list) -> None:
         reason = RDMAError("ECONNRESET", f"the daemon at {self.address} closed the connection")
@@ -226,7 +275,13 @@ class _Connection:
             while True:
                 for fr in frames:
                     h = fr.header
-                    if h.get("t") == "event":
+                    t = h.get("t")
+                    if t == "wc":
+                        st = self.cq(h.get("cq"))
+                        st.entries.extend(h.get("wcs", ()))
+                        st.wake()
+                        continue
+                    if t == "event":
                         if self.events.qsize() >= EVENT_QUEUE:
                             self.events.get_nowait()
                             self.events_dropped += 1
@@ -249,6 +304,8 @@ class _Connection:
         finally:
             self._closed = reason
             self.events.put_nowait(None)        # ends a subscription's iteration
+            for st in self.cqs.values():
+                st.wake()
             for fut in self._pending.values():
                 if not fut.done():
                     fut.set_exception(reason)
@@ -261,6 +318,23 @@ class _Connection:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
+
+
+class _PushedCQ:
+    """What the daemon pushed for one CQ (its WCs in wire form, oldest first), and the
+    polls waiting for more."""
+
+    __slots__ = ("entries", "waiters")
+
+    def __init__(self) -> None:
+        self.entries: deque = deque()
+        self.waiters: list[asyncio.Future] = []
+
+    def wake(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
 
 async def connect(address: str, token: bytes | str | None = None, *,
@@ -496,8 +570,8 @@ class Context(_Closable):
         Errors: EINVAL when ``cqe`` is outside 1 .. max_cqe (2^22); EPROTO when it does
         not fit a C int; ENOENT after ``ctx.close()``; ENOMEM when the session holds
         its ``--max-objects``."""
-        h, _ = await self.node.request("create_cq", ctx=self.handle, cqe=cqe)
-        cq = CQ(self, h["cq"], cqe)
+        h, _ = await self.node.request("create_cq", ctx=self.handle, cqe=cqe, push=True)
+        cq = CQ(self, h["cq"], cqe, pushed=bool(h.get("push")))
         self._cqs[cq.handle] = cq
         return cq
 
@@ -728,20 +802,96 @@ class CQ(_Closable):
     """ibv_cq: a completion queue (``await ctx.create_cq(cqe)``). Attributes: ``ctx``,
     ``cqe``."""
 
-    def __init__(self, ctx: Context, handle: int, cqe: int) -> None:
+    def __init__(self, ctx: Context, handle: int, cqe: int, *, pushed: bool = False) -> None:
         self.ctx, self.handle, self.cqe = ctx, handle, cqe
+        # The daemon pushes this CQ's completions: poll answers from them locally.
+        self._pushed = ctx.node._conn.cq(handle) if pushed else None
+        self._destroyed = False
 
     async def poll(self, num_entries: int = 1, timeout: float = 0.0) -> list[WC]:
         """ibv_poll_cq(3): a list of up to ``num_entries`` (default 1) WC. With
-        ``timeout`` > 0 (seconds; default 0, do not wait) and the CQ empty, the daemon
-        holds the reply until a completion arrives or the time is up (no
-        busy-polling); an empty list means none came.
+        ``timeout`` > 0 (seconds; default 0, do not wait) and the CQ empty, it waits
+        until a completion arrives or the time is up (no busy-polling); an empty list
+        means none came.
+
+        The daemon pushes a CQ's completions to this client as it makes them, so a
+        poll answers from those already received and sends no request (it only
+        returns their room to the daemon, without waiting). A completion the daemon
+        made before the reply of a call already returned (a post in ERR flushed, say)
+        is always there; one made since (the peer's ACK) is there once it arrived.
+        Completions received before the connection ended are still returned.
 
         Errors: EPROTO when ``num_entries`` is outside 1 .. 65536 or ``timeout``
-        outside 0 .. 3600; ENOENT after ``cq.close()``."""
-        h, _ = await self.ctx.node.request("poll_cq", cq=self.handle, num=num_entries,
-                                           timeout=timeout)
-        return [WC.from_wire(w) for w in h["wcs"]]
+        outside 0 .. 3600; ENOENT after ``cq.close()``; ECONNRESET once the
+        connection is gone and no received completion is left."""
+        st = self._pushed
+        if st is None:
+            h, _ = await self.ctx.node.request("poll_cq", cq=self.handle, num=num_entries,
+                                               timeout=timeout)
+            return [WC.from_wire(w) for w in h["wcs"]]
+        if (not isinstance(num_entries, int) or isinstance(num_entries, bool)
+                or not 1 <= num_entries <= 1 << 16):
+            raise RDMAError("EPROTO", f"poll_cq: num must be an integer in [1, 65536], got "
+                                      f"{num_entries!r}"[:160])
+        if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                or not 0 <= timeout <= 3600):
+            raise RDMAError("EPROTO", f"poll_cq: timeout must be a number in [0, 3600], got "
+                                      f"{timeout!r}"[:160])
+        if self._destroyed:
+            raise RDMAError("ENOENT", f"handle {self.handle} is not a cq of this session")
+        conn = self.ctx.node._conn
+        if not st.entries:
+            if conn._closed is not None:
+                raise conn._closed
+            # Even without waiting, the loop gets one turn, so that a loop of polls
+            # lets the read loop take in what has arrived (a busy-poll never starves it).
+            await self._wait(st, conn, timeout)
+        q = st.entries
+        n = min(num_entries, len(q))
+        if not n:
+            if conn._closed is not None:
+                raise conn._closed
+            if self._destroyed:
+                raise RDMAError("ENOENT", f"handle {self.handle} is not a cq of this session")
+            return []
+        out = [WC.from_wire(q.popleft()) for _ in range(n)]
+        conn.credit(self.handle, n)
+        return out
+
+    async def _wait(self, st: _PushedCQ, conn: _Connection, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        if timeout <= 0:
+            await asyncio.sleep(0)
+            return
+        now = loop.time()
+        deadline, hold_at = now + timeout, now + HOLD_AFTER_S
+        held: asyncio.Future | None = None
+        while not st.entries and conn._closed is None and not self._destroyed:
+            now = loop.time()
+            if now >= deadline:
+                return
+            if held is None and now >= hold_at:
+                # Waited a moment and still nothing: the wait is held on the daemon too
+                # (a poll_cq on a pushed CQ returns no entries and ends when the next
+                # completion is pushed), so it counts against the daemon's max_waits as
+                # a waiting poll always has. The completion itself comes as a "wc" frame.
+                held = asyncio.ensure_future(conn.request(
+                    "poll_cq", cq=self.handle, num=1, timeout=min(deadline - now, 3600)))
+                held.add_done_callback(_retrieve)
+            elif held is not None and held.done():
+                held.result()       # the daemon refused the wait (ENOMEM): raise it
+                return              # it ended: a completion came (and was taken) or time is up
+            fut = loop.create_future()
+            st.waiters.append(fut)
+            timer = loop.call_at(deadline if held is not None else min(deadline, hold_at),
+                                 _resolve, fut)
+            if held is not None:
+                held.add_done_callback(lambda _h, fut=fut: _resolve(fut))
+            try:
+                await fut
+            finally:
+                timer.cancel()
+
 
     async def poll_n(self, n: int, timeout: float = 10.0) -> list[WC]:
         """Exactly ``n`` completions, polling up to ``timeout`` seconds (default 10) in
@@ -763,6 +913,23 @@ class CQ(_Closable):
 
         Errors: EBUSY while a QP uses the CQ; ENOENT when already destroyed."""
         await self.ctx.node.request("destroy_cq", cq=self.handle)
+        if self._pushed is not None:
+            # Its unpolled completions go with it, as ibv_destroy_cq(3)'s do.
+            self._destroyed = True
+            self.ctx.node._conn.forget_cq(self.handle)
+            self._pushed.wake()
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """A held poll's reply nobody waits for any more: read its outcome, so that asyncio
+    does not report an exception never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class MKey(_Closable):

@@ -37,6 +37,8 @@ MAX_SGE = 32
 # WRs in one post_send / post_recv request: decoding and posting them is one stretch of
 # the daemon's event loop, kept to a few milliseconds (the client splits longer lists).
 MAX_WRS_PER_POST = 256
+# [cq, n] pairs in one cq_credit frame (a client sends one per CQ it polled since the last).
+MAX_CREDITS = 1024
 
 # Field spec: (type(s), min, max, required).
 _H = (int, 1, U32, True)          # a session handle
@@ -59,8 +61,14 @@ REQUESTS: dict[str, dict[str, tuple]] = {
     "dereg_mr": {"mr": _H},
     "mr_write": {"mr": _H, "offset": _U64},
     "mr_read": {"mr": _H, "offset": _U64, "length": _U64},
-    "create_cq": {"ctx": _H, "cqe": (int, 0, I32, True)},
+    # push: the daemon sends this CQ's completions to the session as it makes them
+    # ("wc" frames); the client polls them locally and returns room with cq_credit.
+    "create_cq": {"ctx": _H, "cqe": (int, 0, I32, True), "push": (bool, None, None, False)},
     "destroy_cq": {"cq": _H},
+    # The entries of pushed CQs the application has polled, [[cq, n], ...]: room the
+    # daemon gives back. No reply when accepted (the client sends id 0 and does not
+    # wait); an error reply (EPROTO, ENOENT) with the frame's id otherwise.
+    "cq_credit": {"credits": (list, 1, MAX_CREDITS, True)},
     "poll_cq": {"cq": _H, "num": (int, 1, 1 << 16, True),
                 "timeout": ((int, float), 0, 3600, True)},
     "create_qp": {"pd": _H, "scq": _H, "rcq": _H, "qp_type": _U32,
@@ -291,7 +299,7 @@ def setter_from_wire(kind: Any, value: Any, what: str) -> tuple[str, Any]:
 
 
 __all__ = [
-    "CONFIGURE_CALL", "MAX_SGE", "MAX_WRS_PER_POST", "MkeyConfAttr", "QP_ATTR", "REQUESTS", "SETTERS",
+    "CONFIGURE_CALL", "MAX_CREDITS", "MAX_SGE", "MAX_WRS_PER_POST", "MkeyConfAttr", "QP_ATTR", "REQUESTS", "SETTERS",
     "attr_from_wire", "attr_to_wire", "check_fields", "check_request",
     "setter_from_wire", "sge_to_wire", "sges_from_wire",
 ]

@@ -2,7 +2,7 @@
 
 It reads request frames, checks each against its schema (protocol/control.py), hands
 it to the session's verbs (server/verbs.py) and writes the one reply; it pushes
-subscribed events. Back-pressure: a session whose unsent replies pass the daemon's
+subscribed events and the completions of pushed CQs. Back-pressure: a session whose unsent replies pass the daemon's
 ``reply_high_water`` is not read again until the client reads, and events beyond it
 are dropped (counted), so neither a flooding client nor a slow subscriber can grow
 the daemon or slow the wire.
@@ -108,6 +108,15 @@ class ControlSession:
             self.events_dropped += 1
             return
         self.writer.writelines(encode_frame(header, payload))
+
+    def push_wcs(self, cq: int, wcs: list) -> None:
+        """Completions of pushed CQ ``cq`` to the client, one frame per batch. Never
+        dropped, unlike events: the CQ's cqe bounds what is unpolled (server/verbs.py
+        CQHost.pushed), so a client that never reads holds at most that much here, and
+        the bytes count against reply_high_water like replies (past it the session's
+        requests, the posts that make more completions, are not read)."""
+        self.writer.writelines(encode_frame({"t": "wc", "cq": cq,
+                                             "wcs": [w.to_wire() for w in wcs]}))
 
     def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None:
         self.writer.writelines(encode_frame({"t": "ok", "id": rid, **result}, payload))

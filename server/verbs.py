@@ -73,9 +73,15 @@ MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD = 1 << 13
 # -- server-side objects -------------------------------------------------------------
 
 class CQHost:
-    """A completion queue: completions in, polls out; a poll may wait for the first."""
+    """A completion queue: completions in, polls out; a poll may wait for the first.
 
-    def __init__(self, handle: int, cqe: int, ctx: int = 0) -> None:
+    A pushed CQ (create_cq ``push``) sends its completions to the session as they are
+    made (server/session.py ``push_wcs``) and keeps none here; ``pushed`` counts those
+    the application has not polled yet (the client returns them with cq_credit), so the
+    CQ's cqe bounds them exactly as it bounds ``entries``: a client that never polls
+    overruns the CQ as one that never calls ibv_poll_cq(3) does."""
+
+    def __init__(self, handle: int, cqe: int, ctx: int = 0, push: bool = False) -> None:
         self.handle = handle
         self.cqe = cqe
         # The session's handle of the context the CQ was created on (its async events).
@@ -84,16 +90,20 @@ class CQHost:
         self._waiters: set[asyncio.Future] = set()
         self.overruns = 0
         self.error = False
+        self.push_mode = push
+        # Entries pushed to the client and not yet credited back (polled there).
+        self.pushed = 0
 
     def push(self, wcs: list[WC]) -> bool:
         """Queue ``wcs``; True when this overran the CQ. ibv_create_cq(3): the CQ holds
         cqe entries; completions past them are an overrun, and as on a device the CQ
         goes to error and takes no more (IBV_EVENT_CQ_ERR, ibv_get_async_event(3)), so
-        a CQ nobody polls costs cqe entries, never more."""
+        a CQ nobody polls costs cqe entries, never more. A pushed CQ's entries are
+        taken back out at once by the caller (``take_pushed``)."""
         if self.error:
             self.overruns += 1
             return False
-        room = self.cqe - len(self.entries)
+        room = self.cqe - len(self.entries) - self.pushed
         overrun = len(wcs) > room
         self.entries.extend(wcs[:room] if overrun else wcs)
         if overrun:
@@ -101,6 +111,21 @@ class CQHost:
             self.error = True
         wake(self._waiters)
         return overrun
+
+    def take_pushed(self) -> list[WC]:
+        """The entries to send to the client now; they count as pushed until credited."""
+        out = list(self.entries)
+        self.entries.clear()
+        self.pushed += len(out)
+        return out
+
+    def credit(self, n: int) -> None:
+        """The client polled ``n`` pushed entries: their room is free again. More than
+        were pushed is a broken client (EPROTO), refused whole."""
+        if n > self.pushed:
+            raise RDMAError("EPROTO", f"cq_credit: {n} entries of CQ {self.handle} credited, "
+                                      f"{self.pushed} were pushed and not credited")
+        self.pushed -= n
 
     def take(self, num: int) -> list[WC]:
         return [self.entries.popleft() for _ in range(min(num, len(self.entries)))]
@@ -197,7 +222,12 @@ class Verbs:
         """Completions of one of this session's QPs into ``cq``; on an overrun the CQ's
         context gets IBV_EVENT_CQ_ERR and every QP using the CQ goes to ERR, as a device
         that can no longer report their completions stops them."""
-        if not cq.push(wcs):
+        overrun = cq.push(wcs)
+        if cq.push_mode and cq.entries:
+            # Written before the reply of the request that made them (if any): frames
+            # on the connection arrive in order, so a poll after that reply sees them.
+            self.session.push_wcs(cq.handle, cq.take_pushed())
+        if not overrun:
             return
         log.warning("CQ overrun %s", kv(event="cq_overrun", peer=self.peer, cq=cq.handle,
                                         cqe=cq.cqe))
@@ -335,9 +365,9 @@ class Verbs:
         self.get(a["ctx"], "ctx")
         if not 1 <= a["cqe"] <= MAX_CQE:
             raise einval(f"ibv_create_cq cqe {a['cqe']} is outside [1, max_cqe {MAX_CQE}]")
-        cq = CQHost(0, a["cqe"], a["ctx"])
+        cq = CQHost(0, a["cqe"], a["ctx"], bool(a["push"]))
         cq.handle = self.add("cq", cq)
-        return {"cq": cq.handle, "cqe": a["cqe"]}
+        return {"cq": cq.handle, "cqe": a["cqe"], "push": cq.push_mode}
 
     def op_destroy_cq(self, a, payload, rid):
         cq = self.get(a["cq"], "cq")
@@ -347,8 +377,31 @@ class Verbs:
                                          f"{o.rcqp.qp_num:#x}")
         return self._destroy_handle(a["cq"], "cq")
 
+    def op_cq_credit(self, a, payload, rid):
+        """The client polled pushed entries: give their room back. Checked whole before
+        any is applied; accepted, it has no reply (the client does not wait for one)."""
+        total: dict[int, int] = {}
+        for i, c in enumerate(a["credits"]):
+            if not (isinstance(c, list) and len(c) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in c)
+                    and 1 <= c[0] <= control.U32 and 1 <= c[1] <= MAX_CQE):
+                raise FrameError("EPROTO", f"cq_credit: credits[{i}] must be [cq handle, "
+                                           f"count 1..{MAX_CQE}]")
+            total[c[0]] = total.get(c[0], 0) + c[1]
+        cqs = [(self.get(h, "cq"), n) for h, n in total.items()]
+        for cq, n in cqs:
+            if n > cq.pushed:
+                cq.credit(n)        # raises EPROTO before anything is applied
+        for cq, n in cqs:
+            cq.credit(n)
+        return None
+
     def op_poll_cq(self, a, payload, rid):
         cq: CQHost = self.get(a["cq"], "cq")
+        # A pushed CQ keeps no entries here (they went to the client as they came), so
+        # on it poll_cq returns none: with a timeout it is the client's wait for the
+        # next completion held here, bounded by max_waits like any other, and answered
+        # (after the "wc" frame) when one comes.
         if cq.entries or a["timeout"] <= 0:
             return {"wcs": [w.to_wire() for w in cq.take(a["num"])]}
         self._room_to_wait("ibv_poll_cq")
