@@ -549,6 +549,55 @@ def tcp_round_trip(samples: int, workdir: str, size: int = LATENCY_BYTES) -> dic
             "p99_us": round(_percentile(us, 99), 1), "min_us": round(us[0], 1)}
 
 
+async def _tcp_forward(ready_file: str, target_port: int, timeout: float) -> None:
+    """The initiator daemon's hops without softhca: each connection from the client gets
+    one connection to the target process, and bytes are forwarded both ways as they
+    come (the request on to the target, the target's answer back to the client)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(TCP_READ_CHUNK):
+                writer.write(data)
+        writer.close()
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        t_reader, t_writer = await asyncio.open_connection("127.0.0.1", target_port)
+        await asyncio.gather(pump(reader, t_writer), pump(t_reader, writer))
+        if not done.done():
+            done.set_result(None)
+
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    _announce_port(server, ready_file)
+    try:
+        await asyncio.wait_for(done, timeout)
+    finally:
+        server.close()
+
+
+def tcp_chain(samples: int, workdir: str, size: int = LATENCY_BYTES) -> dict:
+    """The latency ceiling of the same hops as a softhca RDMA_WRITE: this process (the
+    client's post) -> a forwarding process (the initiator daemon) -> an echo process
+    (the target daemon, whose echo is the ACK) -> the forwarding process -> this process
+    (the completion). Plain asyncio TCP, ``size`` bytes, one outstanding."""
+    n = next(_RUNS)
+    ready_t = os.path.join(workdir, f"chain-target-{n}.port")
+    ready_i = os.path.join(workdir, f"chain-initiator-{n}.port")
+    py = [sys.executable, "-m", "softhca.tools.bench"]
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(subprocess.Popen([*py, "tcp-echo", ready_t, str(300)]))
+        t_port = _wait_file(ready_t, procs, "the chain's target process")
+        procs.append(subprocess.Popen([*py, "tcp-forward", ready_i, t_port, str(300)]))
+        port = int(_wait_file(ready_i, procs, "the chain's initiator process"))
+        us = sorted(t * 1e6 for t in _run_loop(_tcp_ping(port, samples, size)))
+    finally:
+        _stop(procs)
+    return {"size": size, "samples": len(us), "hops": 4, "p50_us": round(_percentile(us, 50), 1),
+            "p99_us": round(_percentile(us, 99), 1), "min_us": round(us[0], 1)}
+
+
 def _wait_file(path: str, procs: list[subprocess.Popen], what: str,
                timeout: float = READY_TIMEOUT) -> str:
     deadline = time.monotonic() + timeout
@@ -837,11 +886,12 @@ class _Pair:
         wr = sh.SendWR(wr_id=7, opcode=sh.IBV_WR_RDMA_WRITE,
                        sg=[sh.SGE(self.i_mr.addr, LATENCY_BYTES, self.i_mr.lkey)])
         wr.set_wr_rdma(self.rkey, self.raddr)
-        times = []
+        times, posts = [], []
         warm = min(20, samples)
         for n in range(samples + warm):
             t0 = time.perf_counter()
             await i.qp.post_send(wr)
+            tp = time.perf_counter()
             wcs = await i.scq.poll(num_entries=1, timeout=COMPLETION_TIMEOUT)
             t1 = time.perf_counter()
             if not wcs:
@@ -849,20 +899,29 @@ class _Pair:
             _wc_ok(wcs, "latency")
             if n >= warm:
                 times.append(t1 - t0)
-        # The floor under it: one control request and its reply (a poll of the empty CQ).
+                posts.append(tp - t0)
+        # The floor under it: one control request and its reply. The cheapest request
+        # there is ("devices"): a poll no longer makes one, its completions are pushed.
         rtts = []
         for _ in range(samples):
             t0 = time.perf_counter()
-            await i.scq.poll(num_entries=1, timeout=0)
+            await i.node.request("devices")
             rtts.append(time.perf_counter() - t0)
         us = sorted(t * 1e6 for t in times)
         rtt = sorted(t * 1e6 for t in rtts)
+        post = sorted(t * 1e6 for t in posts)
+        after = sorted((t - p) * 1e6 for t, p in zip(times, posts, strict=True))
         return {"op": "RDMA_WRITE", "config": "plain", "size": LATENCY_BYTES,
                 "samples": len(us), "p50_us": round(_percentile(us, 50), 1),
                 "p99_us": round(_percentile(us, 99), 1), "min_us": round(us[0], 1),
                 "max_us": round(us[-1], 1), "mean_us": round(statistics.fmean(us), 1),
                 "control_rtt_p50_us": round(_percentile(rtt, 50), 1),
-                "control_rtt_p99_us": round(_percentile(rtt, 99), 1)}
+                "control_rtt_p99_us": round(_percentile(rtt, 99), 1),
+                # Where one sample's time goes: post_send's own round trip (the call to
+                # its reply), then the wait for the pushed completion after it.
+                "breakdown": {"post_send_p50_us": round(_percentile(post, 50), 1),
+                              "completion_after_post_p50_us": round(_percentile(after, 50),
+                                                                    1)}}
 
     async def verify(self) -> dict:
         """The target's memory still holds what it started with (every WRITE and SEND
@@ -1055,6 +1114,7 @@ def run_e2e(opts: E2EOptions = E2EOptions(), progress=None) -> dict:
         progress("TCP ceilings")
         tcp = tcp_ceilings(opts, workdir)
         tcp_rtt = tcp_round_trip(opts.latency_samples, workdir)
+        chain = tcp_chain(opts.latency_samples, workdir)
         daemons = Daemons(2, workdir)
         with daemons as addresses:
             try:
@@ -1069,9 +1129,12 @@ def run_e2e(opts: E2EOptions = E2EOptions(), progress=None) -> dict:
     _attach_ceilings(measured["goodput"], tcp, engine)
     lat = measured["latency"]
     lat["ceilings"] = {"tcp_round_trip_p50_us": tcp_rtt["p50_us"],
-                       "tcp_round_trip_p99_us": tcp_rtt["p99_us"]}
+                       "tcp_round_trip_p99_us": tcp_rtt["p99_us"],
+                       "tcp_chain_p50_us": chain["p50_us"], "tcp_chain_p99_us": chain["p99_us"]}
     lat["ratio"] = {"p50_to_tcp_round_trip": _sig4(lat["p50_us"] / tcp_rtt["p50_us"]),
-                    "p99_to_tcp_round_trip": _sig4(lat["p99_us"] / tcp_rtt["p99_us"])}
+                    "p99_to_tcp_round_trip": _sig4(lat["p99_us"] / tcp_rtt["p99_us"]),
+                    "p50_to_tcp_chain": _sig4(lat["p50_us"] / chain["p50_us"]),
+                    "p99_to_tcp_chain": _sig4(lat["p99_us"] / chain["p99_us"])}
     return {
         "benchmark": "softhca end to end",
         "unit": "MB/s = 1e6 bytes of application (memory-domain) data per second",
@@ -1084,7 +1147,8 @@ def run_e2e(opts: E2EOptions = E2EOptions(), progress=None) -> dict:
         "options": asdict(opts),
         "configs": CONFIG_TITLES,
         **measured,
-        "ceilings": {"tcp_stream": tcp, "engine": engine, "tcp_round_trip": tcp_rtt},
+        "ceilings": {"tcp_stream": tcp, "engine": engine, "tcp_round_trip": tcp_rtt,
+                     "tcp_chain": chain},
         "total_seconds": round(time.perf_counter() - start, 1),
     }
 
@@ -1170,6 +1234,7 @@ def e2e_to_table(doc: dict) -> str:
         f" us, p99 {lat['ceilings']['tcp_round_trip_p99_us']:.1f} us (latency / TCP round "
         f"trip: p50 {lat['ratio']['p50_to_tcp_round_trip']:.2f}x, p99 "
         f"{lat['ratio']['p99_to_tcp_round_trip']:.2f}x)",
+        *_chain_lines(lat),
         f"many QPs: {many['qp_pairs']} connected QP pairs ({many['qps']} QPs) over "
         f"{many['sessions']} control sessions: setup {many['setup_s']:.2f} s; "
         f"{many['completed']}/{many['messages']} {size_text(many['size'])} RDMA_WRITEs "
@@ -1182,6 +1247,25 @@ def e2e_to_table(doc: dict) -> str:
         f"total {doc['total_seconds']:.1f} s",
     ]
     return "\n".join(out)
+
+
+def _chain_lines(lat: dict) -> list[str]:
+    """The latency beside the TCP chain of the same hops, and where its time goes
+    (documents saved before these were measured have neither)."""
+    c, r = lat.get("ceilings", {}), lat.get("ratio", {})
+    if "tcp_chain_p50_us" not in c:
+        return []
+    out = [f"latency chain ceiling: {lat['size']} bytes along the same hops over asyncio TCP "
+           "(client -> initiator process -> target process -> back through the initiator "
+           f"-> client), p50 {c['tcp_chain_p50_us']:.1f} us, p99 {c['tcp_chain_p99_us']:.1f} "
+           f"us (latency / chain: p50 {r['p50_to_tcp_chain']:.2f}x, p99 "
+           f"{r['p99_to_tcp_chain']:.2f}x; goal p50 <= 2x)"]
+    b = lat.get("breakdown")
+    if b:
+        out.append(f"latency breakdown (p50): post_send to its reply {b['post_send_p50_us']:.1f}"
+                   f" us, then the pushed completion {b['completion_after_post_p50_us']:.1f} "
+                   "us later (no poll request)")
+    return out
 
 
 # -- --compare: a saved run beside a new one ------------------------------------------------
@@ -1292,6 +1376,11 @@ def compare_rows(doc, ratio: str = "tcp_stream",
                           f"ratio.{p}_to_tcp_round_trip")
             rows[f"latency {lat.get('size', LATENCY_BYTES)} B {p}"] = {
                 "figure": lat[f"{p}_us"], "unit": "us", "ratio": r, "better": "lower"}
+            # The same figure over the chain of the same hops, in runs that measured it.
+            rc = lat["ratio"].get(f"{p}_to_tcp_chain")
+            if _number(rc) and rc > 0:
+                rows[f"latency {lat.get('size', LATENCY_BYTES)} B {p} / chain"] = {
+                    "figure": lat[f"{p}_us"], "unit": "us", "ratio": rc, "better": "lower"}
     return rows
 
 
@@ -1379,6 +1468,9 @@ def _helper_main(argv: list[str]) -> int:
         return 0
     if role == "tcp-echo":
         _run_loop(_tcp_echo(rest[0], float(rest[1])))
+        return 0
+    if role == "tcp-forward":
+        _run_loop(_tcp_forward(rest[0], int(rest[1]), float(rest[2])))
         return 0
     if role == "tcp-source":
         port, size, seconds, budget = int(rest[0]), int(rest[1]), float(rest[2]), int(rest[3])
