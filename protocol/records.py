@@ -41,6 +41,32 @@ SEND_WR = {"wr_id": _U64, "opcode": _U32, "sg": _SG, "send_flags": _U32,
 RECV_WR = {"wr_id": _U64, "sg": _SG}
 
 
+# The fast path of from_wire (one WR per post is the latency path): a map holding exactly
+# well-typed, in-range fields is built at once; anything else takes the checked path,
+# which accepts the same maps and names the fault of the others.
+_SEND_REQUIRED = frozenset(k for k, spec in SEND_WR.items() if spec[3])
+_SEND_ALL = frozenset(SEND_WR)
+_RECV_ALL = frozenset(RECV_WR)
+_WR_OPCODES = {int(op): op for op in WrOpcode}
+_ABSENT = object()
+
+
+def _u(v: Any, hi: int) -> bool:
+    return type(v) is int and 0 <= v <= hi
+
+
+def _fast_sges(items: Any) -> list[SGE] | None:
+    if type(items) is not list or len(items) > MAX_SGE:
+        return None
+    out = []
+    for s in items:
+        if not (type(s) is list and len(s) == 3 and _u(s[0], U64) and _u(s[1], U32)
+                and _u(s[2], U32)):
+            return None
+        out.append(SGE(s[0], s[1], s[2]))
+    return out
+
+
 def _wire_map(w: Any, schema: dict, what: str) -> dict:
     if not isinstance(w, dict):
         raise FrameError("EPROTO", f"{what} must be a map")
@@ -99,6 +125,18 @@ class SendWR:
     def from_wire(cls, w: Any, what: str = "send_wr") -> SendWR:
         """The inverse of ``to_wire`` (the daemon's side): EPROTO for a malformed map,
         EINVAL for an opcode that is not an enum ibv_wr_opcode."""
+        if type(w) is dict and _SEND_REQUIRED <= w.keys() <= _SEND_ALL:
+            imm = w.get("imm_data", _ABSENT)
+            opcode = _WR_OPCODES.get(w["opcode"]) if type(w["opcode"]) is int else None
+            sges = _fast_sges(w["sg"])
+            if (opcode is not None and sges is not None and _u(w["wr_id"], U64)
+                    and _u(w["send_flags"], U32) and _u(w["rkey"], U32)
+                    and _u(w["remote_addr"], U64) and _u(w["compare_add"], U64)
+                    and _u(w["swap"], U64) and _u(w["invalidate_rkey"], U32)
+                    and (imm is _ABSENT or _u(imm, U32))):
+                return SendWR(w["wr_id"], opcode, sges, w["send_flags"],
+                              None if imm is _ABSENT else imm, w["rkey"], w["remote_addr"],
+                              w["compare_add"], w["swap"], w["invalidate_rkey"])
         v = _wire_map(w, SEND_WR, what)
         try:
             opcode = WrOpcode(v["opcode"])
@@ -125,6 +163,10 @@ class RecvWR:
     @classmethod
     def from_wire(cls, w: Any, what: str = "recv_wr") -> RecvWR:
         """The inverse of ``to_wire`` (the daemon's side): EPROTO for a malformed map."""
+        if type(w) is dict and w.keys() == _RECV_ALL and _u(w["wr_id"], U64):
+            sges = _fast_sges(w["sg"])
+            if sges is not None:
+                return RecvWR(w["wr_id"], sges)
         v = _wire_map(w, RECV_WR, what)
         return RecvWR(v["wr_id"], sges_from_wire(v["sg"], what))
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import asyncio
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import softhca.client as sh
 from softhca.protocol.frames import FrameDecoder, frame_bytes
 from softhca.protocol.handshake import make_hello
+from softhca.protocol.records import SEND_WR, RecvWR, SendWR
 from softhca.server.daemon import Limits
 
 from e2e import connect_pair, make_side, rdma, two_nodes, whole
@@ -350,3 +354,51 @@ async def test_a_client_that_never_reads_holds_at_most_the_cqs_completions():
         assert [w.wr_id for w in held] == list(range(cqe))
         assert all(w.status == sh.IBV_WC_SUCCESS for w in held)
         assert await cq.poll(4096, timeout=0.3) == []
+
+
+# -- the post's fast decode accepts exactly what the checked one does ---------------------
+
+class _Map(dict):
+    """A map that is not exactly a dict: from_wire takes its checked path."""
+
+
+_FIELD = st.one_of(st.integers(min_value=0, max_value=12),
+                   st.integers(min_value=-2, max_value=(1 << 64) + 1), st.booleans(),
+                   st.none(), st.text(max_size=2), st.floats(allow_nan=False),
+                   st.lists(st.lists(st.integers(min_value=-1, max_value=(1 << 32) + 1),
+                                     max_size=4), max_size=3))
+_VALID_SEND = {"wr_id": 1, "opcode": int(sh.IBV_WR_RDMA_WRITE), "sg": [[4096, 64, 5]],
+               "send_flags": 2, "rkey": 9, "remote_addr": 8192, "compare_add": 0, "swap": 0,
+               "invalidate_rkey": 0}
+
+
+def _decoded(cls, w):
+    try:
+        return ("ok", cls.from_wire(w, "wr[0]"))
+    except sh.RDMAError as e:
+        return (e.errno_name, e.message)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.sampled_from([*SEND_WR, "extra"]), _FIELD, max_size=3),
+       st.sets(st.sampled_from(sorted(SEND_WR)), max_size=2))
+def test_send_wr_fast_decode_matches_the_checked_one(changes, dropped):
+    w = {k: v for k, v in {**_VALID_SEND, **changes}.items() if k not in dropped}
+    assert _decoded(SendWR, w) == _decoded(SendWR, _Map(w))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fixed_dictionaries({}, optional={"wr_id": _FIELD, "sg": _FIELD, "x": _FIELD}))
+def test_recv_wr_fast_decode_matches_the_checked_one(w):
+    assert _decoded(RecvWR, w) == _decoded(RecvWR, _Map(w))
+
+
+def test_a_valid_wr_decodes_to_its_fields():
+    wr = sh.SendWR(wr_id=(1 << 64) - 1, opcode=sh.IBV_WR_RDMA_WRITE_WITH_IMM, imm_data=7,
+                   sg=[sh.SGE(1, 2, 3), sh.SGE(4, 5, 6)])
+    wr.set_wr_rdma(9, 10)
+    got = SendWR.from_wire(wr.to_wire())
+    assert (got.wr_id, got.opcode, got.imm_data, got.rkey, got.remote_addr) == (
+        (1 << 64) - 1, sh.IBV_WR_RDMA_WRITE_WITH_IMM, 7, 9, 10)
+    assert got.sg == [sh.SGE(1, 2, 3), sh.SGE(4, 5, 6)]
+    assert RecvWR.from_wire({"wr_id": 3, "sg": [[1, 2, 3]]}).sg == [sh.SGE(1, 2, 3)]
