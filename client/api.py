@@ -1,8 +1,10 @@
 """The client: pyverbs' objects and names, awaited (docs/api.md).
 
-Every verbs call is one control request to the daemon and one reply; an error reply
-raises RDMAError carrying the daemon's errno name and sentence, as pyverbs raises
-PyverbsRDMAError. Requests on one connection are answered in order except a
+Every verbs call is one control request to the daemon and one reply, except
+``cq.poll``: the daemon pushes each CQ's completions to the client as it makes them
+(before the reply of the call that made them), and a poll answers from those. An
+error reply raises RDMAError carrying the daemon's errno name and sentence, as pyverbs
+raises PyverbsRDMAError. Requests on one connection are answered in order except a
 ``poll_cq`` that waits, so ``await qp.post_send(...)`` after ``await qp.wr_complete()``
 sees the configured MKEY (docs/semantics.md: later WRs see a configure at once).
 

@@ -15,10 +15,9 @@ EVENT_WAIT = 60.0
 
 
 class CompChannel(Resource):
-    """ibv_create_comp_channel(3). softhca's daemon pushes no completion events; the
-    channel waits for one with the daemon's held poll instead (a completion arriving
-    on an armed CQ), and keeps that completion in the CQ for the next poll, so nothing
-    is lost. One difference: a CQ armed while it already holds completions reports an
+    """ibv_create_comp_channel(3). softhca's daemon pushes completions, not completion
+    events; the channel waits for a completion pushed to an armed CQ instead, and keeps
+    it in the CQ for the next poll, so nothing is lost. One difference: a CQ armed while it already holds completions reports an
     event at once, where a hardware CQ would wait for the next one."""
 
     def __init__(self, context):
