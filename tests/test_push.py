@@ -68,6 +68,8 @@ async def test_a_completion_made_after_the_last_request_is_polled_without_one():
         # The ACK comes after post_send's reply: the daemon makes the completion then and
         # pushes it, while this client sends nothing.
         await until(lambda: cq_host.pushed == 1)
+        # ... and it reaches this client's read loop, still without a request.
+        await until(lambda: len(ini.scq._pushed.entries) == 1)
         assert seen == []
         [wc] = await ini.scq.poll(timeout=0)
         assert (wc.wr_id, wc.status, wc.opcode) == (41, sh.IBV_WC_SUCCESS,
