@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 
-__all__ = ["XtsError", "xts_transform"]
+__all__ = ["XtsCipher", "XtsError", "xts_transform"]
 
 _BLOCK = 16
 _U64 = np.dtype("<u8")
@@ -39,6 +39,9 @@ _MAX_ALPHA_SHIFT = 56
 # every call, and faulting them in cost more than the AES and numpy work put
 # together; small batches instead pay numpy's per-call overhead more often.
 _BATCH_BYTES = 256 * 1024
+
+# Distinct unit lengths whose scratch an XtsCipher keeps (full units plus short tails).
+_MAX_SCRATCH_LENGTHS = 8
 
 Buffer = bytes | bytearray | memoryview | npt.NDArray[np.uint8]
 _U8Array = npt.NDArray[np.uint8]
@@ -69,35 +72,73 @@ def xts_transform(
     data unit. Units whose length is not a multiple of 16 bytes use
     ciphertext stealing; every unit must be at least 16 bytes long.
     """
-    key = bytes(key)
-    if len(key) not in (32, 64):
-        raise XtsError(f"XTS key must be 32 or 64 bytes (key1||key2), got {len(key)}")
-    unit_size = operator.index(unit_size)
-    if unit_size < _BLOCK:
-        raise XtsError(f"XTS data unit must be at least {_BLOCK} bytes, got {unit_size}")
-
     src = _as_uint8(data)
-    n_full, tail = divmod(src.size, unit_size)
-    if 0 < tail < _BLOCK:
-        raise XtsError(f"trailing XTS data unit of {tail} bytes is shorter than {_BLOCK}")
-
-    half = len(key) // 2
-    aes = Cipher(algorithms.AES(key[:half]), modes.ECB())
-    ecb = aes.encryptor() if encrypt else aes.decryptor()
-    tweak_ecb = Cipher(algorithms.AES(key[half:]), modes.ECB()).encryptor()
-    first_dusn = operator.index(initial_tweak) + operator.index(first_unit)
-
     out = np.empty(src.size, dtype=_U8)
-    full = n_full * unit_size
-    if n_full:
-        units = _UnitRun(ecb, tweak_ecb, n_full, unit_size, first_dusn, encrypt)
-        units.transform(
-            src[:full].reshape(n_full, unit_size), out[:full].reshape(n_full, unit_size)
-        )
-    if tail:
-        last = _UnitRun(ecb, tweak_ecb, 1, tail, first_dusn + n_full, encrypt)
-        last.transform(src[full:].reshape(1, tail), out[full:].reshape(1, tail))
+    XtsCipher(key).transform_into(src, unit_size, first_unit, initial_tweak, encrypt, out)
     return out.tobytes()
+
+
+class XtsCipher:
+    """One XTS key, ready for any number of transforms.
+
+    The three AES-ECB contexts (key1 both ways, key2 for the tweaks) are made
+    once: ECB keeps no state between blocks, so a context that is only ever
+    fed whole 16-byte blocks and never finalized can serve every later call.
+    Scratch for the masks of a batch of units is kept per unit length, so a
+    steady stream of transfers allocates (and page-faults) nothing new.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        key = bytes(key)
+        if len(key) not in (32, 64):
+            raise XtsError(f"XTS key must be 32 or 64 bytes (key1||key2), got {len(key)}")
+        half = len(key) // 2
+        aes = Cipher(algorithms.AES(key[:half]), modes.ECB())
+        self._ecb = {True: aes.encryptor(), False: aes.decryptor()}
+        self._tweak_ecb = Cipher(algorithms.AES(key[half:]), modes.ECB()).encryptor()
+        self._scratch: dict[int, _Scratch] = {}
+
+    def transform_into(
+        self,
+        src: _U8Array,
+        unit_size: int,
+        first_unit: int,
+        initial_tweak: int,
+        encrypt: bool,
+        out: _U8Array,
+    ) -> None:
+        """xts_transform of the 1-D uint8 `src` written into `out` (same size, not
+        overlapping `src`)."""
+        unit_size = operator.index(unit_size)
+        if unit_size < _BLOCK:
+            raise XtsError(f"XTS data unit must be at least {_BLOCK} bytes, got {unit_size}")
+        n_full, tail = divmod(src.size, unit_size)
+        if 0 < tail < _BLOCK:
+            raise XtsError(f"trailing XTS data unit of {tail} bytes is shorter than {_BLOCK}")
+        if out.size != src.size:
+            raise ValueError(f"output of {out.size} bytes for {src.size} bytes of input")
+        first_dusn = operator.index(initial_tweak) + operator.index(first_unit)
+        encrypt = bool(encrypt)
+        full = n_full * unit_size
+        if n_full:
+            self._run(n_full, unit_size, first_dusn, encrypt).transform(
+                src[:full].reshape(n_full, unit_size), out[:full].reshape(n_full, unit_size)
+            )
+        if tail:
+            self._run(1, tail, first_dusn + n_full, encrypt).transform(
+                src[full:].reshape(1, tail), out[full:].reshape(1, tail)
+            )
+
+    def _run(self, n_units: int, length: int, first_dusn: int, encrypt: bool) -> _UnitRun:
+        scratch = self._scratch.get(length)
+        if scratch is None:
+            if len(self._scratch) >= _MAX_SCRATCH_LENGTHS:
+                # A caller cycling through odd tail lengths must not grow this for ever.
+                self._scratch.clear()
+            scratch = self._scratch[length] = _Scratch(length)
+        return _UnitRun(
+            self._ecb[encrypt], self._tweak_ecb, n_units, length, first_dusn, encrypt, scratch
+        )
 
 
 def _as_uint8(data: Buffer) -> _U8Array:
@@ -111,6 +152,22 @@ def _as_uint8(data: Buffer) -> _U8Array:
     return np.frombuffer(view, dtype=_U8)
 
 
+class _Scratch:
+    """The per-batch buffers of one unit length, kept by XtsCipher between calls."""
+
+    def __init__(self, length: int) -> None:
+        full_blocks, partial = divmod(length, _BLOCK)
+        n_masks = full_blocks + (partial != 0)
+        self.n_anchors = -(-n_masks // _MAX_ALPHA_SHIFT)
+        self.span = -(-n_masks // self.n_anchors)
+        self.batch = max(1, _BATCH_BYTES // length)
+        self.masks = np.empty((self.batch, self.n_anchors, self.span, 2), dtype=_U64)
+        self.spill = np.empty((self.batch, self.n_anchors, self.span), dtype=_U64)
+        self.masked = np.empty((self.batch, full_blocks, _BLOCK), dtype=_U8)
+        # update_into() insists on block_size - 1 spare bytes.
+        self.crypted = np.empty(self.masked.size + _BLOCK - 1, dtype=_U8)
+
+
 class _UnitRun:
     """Consecutive data units of one length, their masks and scratch space."""
 
@@ -122,6 +179,7 @@ class _UnitRun:
         length: int,
         first_dusn: int,
         encrypt: bool,
+        scratch: _Scratch,
     ) -> None:
         self._ecb = ecb
         self._encrypt = encrypt
@@ -130,17 +188,15 @@ class _UnitRun:
         # The alpha powers form a sequential chain per unit. Splitting
         # j = q * span + i, the few anchors T_{q*span} are walked once here for
         # all units, and each batch gets T_{q*span + i} in one broadcast pass.
-        n_anchors = -(-self._n_masks // _MAX_ALPHA_SHIFT)
-        self._span = -(-self._n_masks // n_anchors)
+        n_anchors, self._span = scratch.n_anchors, scratch.span
         self._anchors = _first_masks(tweak_ecb, first_dusn, n_units, n_anchors, self._span)
 
-        batch = max(1, min(n_units, _BATCH_BYTES // length))
+        batch = min(n_units, scratch.batch)
         self._batch = batch
-        self._masks = np.empty((batch, n_anchors, self._span, 2), dtype=_U64)
-        self._spill = np.empty((batch, n_anchors, self._span), dtype=_U64)
-        self._masked = np.empty((batch, self._full_blocks, _BLOCK), dtype=_U8)
-        # update_into() insists on block_size - 1 spare bytes.
-        self._crypted = np.empty(self._masked.size + _BLOCK - 1, dtype=_U8)
+        self._masks = scratch.masks[:batch]
+        self._spill = scratch.spill[:batch]
+        self._masked = scratch.masked[:batch]
+        self._crypted = scratch.crypted
 
     def transform(self, src: _U8Array, out: _U8Array) -> None:
         """XTS over the rows of `src` (one data unit each) into `out`."""
