@@ -162,8 +162,17 @@ class _Scratch:
         self.span = -(-n_masks // self.n_anchors)
         self.batch = max(1, _BATCH_BYTES // length)
         self.masks = np.empty((self.batch, self.n_anchors, self.span, 2), dtype=_U64)
-        self.spill = np.empty((self.batch, self.n_anchors, self.span), dtype=_U64)
-        self.masked = np.empty((self.batch, full_blocks, _BLOCK), dtype=_U8)
+        # _spread's operands, one row per (unit, anchor) and one column per alpha
+        # power: every numpy call then runs one long contiguous loop, where
+        # broadcasting an anchor column against the powers ran a 32-element loop
+        # per unit and cost half the transform.
+        rows = (self.batch * self.n_anchors, self.span)
+        self.power = np.ascontiguousarray(
+            np.broadcast_to(np.arange(self.span, dtype=_U64), rows)
+        )
+        self.back = np.uint64(63) - self.power
+        self.new_low, self.spill = (np.empty(rows, dtype=_U64) for _ in range(2))
+        self.masked = np.empty((self.batch, full_blocks * _BLOCK), dtype=_U8)
         # update_into() insists on block_size - 1 spare bytes.
         self.crypted = np.empty(self.masked.size + _BLOCK - 1, dtype=_U8)
 
@@ -193,8 +202,8 @@ class _UnitRun:
 
         batch = min(n_units, scratch.batch)
         self._batch = batch
+        self._scratch = scratch
         self._masks = scratch.masks[:batch]
-        self._spill = scratch.spill[:batch]
         self._masked = scratch.masked[:batch]
         self._crypted = scratch.crypted
 
@@ -208,36 +217,38 @@ class _UnitRun:
         n = src.shape[0]
         m, r = self._full_blocks, self._partial
         masks64 = self._masks[:n]
-        _mul_alpha_pow(
-            anchors[:, :, np.newaxis], np.arange(self._span, dtype=_U64), masks64, self._spill[:n]
-        )
-        masks = masks64.reshape(n, -1, 2)[:, : self._n_masks].view(_U8)
-
-        head = src[:, : m * _BLOCK].reshape(n, m, _BLOCK)
-        x = np.bitwise_xor(head, masks[:, :m], out=self._masked[:n])
+        _spread(anchors.reshape(-1, 2), self._scratch, masks64.reshape(-1, self._span, 2))
+        # Byte rows, one per unit: the XORs below then run one loop over each
+        # unit's bytes, where (n, m, 16) views of 520-byte rows ran 16-byte loops.
+        masks = masks64.reshape(n, -1).view(_U8)
+        head_len = m * _BLOCK
+        x = np.bitwise_xor(src[:, :head_len], masks[:, :head_len], out=self._masked[:n])
         if r and not self._encrypt:
             # IEEE 1619 5.4.2: decryption with stealing undoes the last full
             # ciphertext block under T_m, the mask it was encrypted with.
-            np.bitwise_xor(head[:, m - 1], masks[:, m], out=x[:, m - 1])
+            last = slice(head_len - _BLOCK, head_len)
+            np.bitwise_xor(src[:, last], masks[:, head_len : head_len + _BLOCK], out=x[:, last])
         written = self._ecb.update_into(x, self._crypted[: x.size + _BLOCK - 1])
         y = self._crypted[:written].reshape(x.shape)
         if not r:
-            np.bitwise_xor(y, masks, out=out.reshape(n, m, _BLOCK))
+            np.bitwise_xor(y, masks[:, :head_len], out=out)
             return
 
-        out_head = out[:, : (m - 1) * _BLOCK].reshape(n, m - 1, _BLOCK)
-        np.bitwise_xor(y[:, : m - 1], masks[:, : m - 1], out=out_head)
+        body = head_len - _BLOCK
+        np.bitwise_xor(y[:, :body], masks[:, :body], out=out[:, :body])
         # IEEE 1619 5.3.2 / 5.4.2: block m-1's result (CC when encrypting, PP
         # when decrypting) gives its first r bytes to the short last block and
         # lends the rest to pad the partial input block, which is then
         # processed under the other of the two last masks.
         first_mask, second_mask = (m - 1, m) if self._encrypt else (m, m - 1)
-        stolen_from = y[:, m - 1] ^ masks[:, first_mask]
-        padded = np.concatenate((src[:, m * _BLOCK :], stolen_from[:, r:]), axis=1)
-        padded ^= masks[:, second_mask]
+        first = masks[:, first_mask * _BLOCK : (first_mask + 1) * _BLOCK]
+        second = masks[:, second_mask * _BLOCK : (second_mask + 1) * _BLOCK]
+        stolen_from = y[:, body:head_len] ^ first
+        padded = np.concatenate((src[:, head_len:], stolen_from[:, r:]), axis=1)
+        padded ^= second
         swapped = np.frombuffer(self._ecb.update(padded), dtype=_U8).reshape(n, _BLOCK)
-        np.bitwise_xor(swapped, masks[:, second_mask], out=out[:, (m - 1) * _BLOCK : m * _BLOCK])
-        out[:, m * _BLOCK :] = stolen_from[:, :r]
+        np.bitwise_xor(swapped, second, out=out[:, body:head_len])
+        out[:, head_len:] = stolen_from[:, :r]
 
 
 def _first_masks(
@@ -247,16 +258,45 @@ def _first_masks(
     first = first_dusn % _MOD_128
     base_low = np.uint64(first & _MASK_64)
     low = base_low + np.arange(n_units, dtype=_U64)  # wraps mod 2**64
-    high = np.uint64(first >> 64) + (low < base_low).astype(_U64)  # carry; wraps mod 2**128
-    dusns = np.stack((low, high), axis=1).astype(_U64, copy=False)
+    high = np.uint64(first >> 64)  # plus the carry out of low; wraps mod 2**128
+    dusns = np.empty((n_units, 2), dtype=_U64)
+    dusns[:, 0] = low
+    np.add(high, (low < base_low).view(np.uint8), out=dusns[:, 1], casting="unsafe")
 
     anchors = np.empty((n_units, n_anchors, 2), dtype=_U64)
-    # cryptography only takes byte-format buffers, hence the uint8 views.
-    anchors[:, 0] = np.frombuffer(tweak_ecb.update(dusns.view(_U8)), dtype=_U64).reshape(-1, 2)
+    # cryptography only takes byte-format buffers, hence the uint8 views; the
+    # result goes straight into its place (update() would allocate and fault a
+    # fresh buffer), through a spare of block_size - 1 bytes update_into needs.
+    crypted = np.empty(n_units * 2 + 2, dtype=_U64)
+    done = tweak_ecb.update_into(dusns.view(_U8), crypted.view(_U8))
+    anchors[:, 0] = crypted.view(_U8)[:done].view(_U64).reshape(-1, 2)
     spill = np.empty(n_units, dtype=_U64)
     for q in range(1, n_anchors):
         _mul_alpha_pow(anchors[:, q - 1], np.uint64(span), anchors[:, q], spill)
     return anchors
+
+
+def _spread(anchors: _U64Array, s: _Scratch, out: _U64Array) -> None:
+    """out[a, i] = anchors[a] * alpha^i in GF(2^128) for i < span: _mul_alpha_pow
+    with every full-size operand contiguous and the anchors broadcast along a row."""
+    rows = anchors.shape[0]
+    spill, new_low = s.spill[:rows], s.new_low[:rows]
+    power, back = s.power[:rows], s.back[:rows]
+    one = np.uint64(1)
+    low, high = anchors[:, 0:1], anchors[:, 1:2]
+    out_high = out[..., 1]
+    np.left_shift(high, power, out=out_high)
+    # By 64 - k in two steps, so that k == 0 stays defined.
+    np.right_shift(low >> one, back, out=spill)
+    np.bitwise_or(out_high, spill, out=out_high)
+    np.right_shift(high >> one, back, out=spill)
+    np.left_shift(low, power, out=new_low)
+    # Fold the bits shifted out of bit 127 back in: spill * (x^7 + x^2 + x + 1).
+    np.bitwise_xor(new_low, spill, out=new_low)
+    for shift in (1, 1, 5):
+        np.left_shift(spill, np.uint64(shift), out=spill)
+        np.bitwise_xor(new_low, spill, out=new_low)
+    np.copyto(out[..., 0], new_low)
 
 
 def _mul_alpha_pow(
