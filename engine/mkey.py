@@ -122,17 +122,24 @@ class Layout:
                 else:
                     mem[...] = rows[:, st:st + plen]
 
-    def gather(self, offset: int, length: int, out: np.ndarray | None = None) -> np.ndarray:
-        """The memory bytes of [offset, +length); a view when one piece holds them all
-        (every later stage writes a new buffer, so the view is never written through),
-        else copied into ``out`` (``length`` bytes) or a fresh array."""
+    def piece_view(self, offset: int, length: int) -> np.ndarray | None:
+        """The MR bytes of [offset, +length) as a view when one piece holds them all
+        (a whole period of a one-piece layout included), else None."""
         period = self.period
         if length > 0 and period and offset % period + length <= period:
-            # Inside one period, a whole period included: a one-piece layout is a view.
             parts = list(self._walk(offset, length))
             if len(parts) == 1:
                 mr, o, _, n = parts[0]
                 return mr.buf[o:o + n]
+        return None
+
+    def gather(self, offset: int, length: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The memory bytes of [offset, +length); a view when one piece holds them all
+        (every later stage writes a new buffer, so the view is never written through),
+        else copied into ``out`` (``length`` bytes) or a fresh array."""
+        view = self.piece_view(offset, length)
+        if view is not None:
+            return view
         if out is None:
             out = np.empty(max(length, 0), dtype=np.uint8)
         self._move(offset, out, True)

@@ -195,9 +195,10 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
     cs = _precheck(obj, p)
     kp = plan_of(obj)
     with scratch() as pool:
-        gathered = Stage(pool, "gather", p.mem_length) if pool is not None else None
-        stream = obj.layout.gather(p.mem_offset, p.mem_length,
-                                   gathered.out if gathered is not None else None)
+        stream = obj.layout.piece_view(p.mem_offset, p.mem_length)
+        if stream is None:
+            stream = obj.layout.gather(p.mem_offset, p.mem_length,
+                                       Stage(pool, "gather", p.mem_length).out)
         t.emit("gather", "memory", p.mem_offset, stream)
         if cs is not None and cs[0] == "memory":
             stream = _crypt(obj, kp, stream, cs, TX, t, pool)
