@@ -2,8 +2,9 @@
 
 Everything a transfer through an MKEY needs that depends on its configuration alone
 (the signature of each direction with its widths, masks, guard functions and fixed
-tags; the XTS key with its AES-ECB contexts) is worked out once, when the first
-transfer after a configure asks for it, and kept on the MKEY. A transfer then costs
+tags) is worked out once, when the first transfer after a configure asks for it, and
+kept on the MKEY. The XTS key's AES-ECB contexts live one level down, on the DEK
+(hca.DEK.transform, engine/xts.py XtsCipher), so MKEYs sharing a DEK share them. A transfer then costs
 O(1) Python set-up plus one C call per protection block for the guards.
 
 The plan remembers the configuration objects it was made from (layout, SigConfig,
@@ -31,7 +32,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .signature import SigPlan
-from .xts import XtsCipher
 
 if TYPE_CHECKING:
     from .mkey import MKey
@@ -134,7 +134,6 @@ class KeyPlan:
                                   sig.copy_mask)
         else:
             self.sig_tx = self.sig_rx = None
-        self.xts = XtsCipher(self.dek_key) if self.dek_key is not None else None
 
     def current(self, mkey: MKey) -> bool:
         """Whether this plan was made from the configuration the MKEY holds now."""

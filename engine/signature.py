@@ -234,16 +234,24 @@ class BlockStage:
 
 class _GuardCache:
     """Guards over the same data with the same (kind, seed) are computed once
-    (a T10DIF -> T10DIF configuration checks and generates the same guard)."""
+    (a T10DIF -> T10DIF configuration checks and generates the same guard).
 
-    def __init__(self, data: np.ndarray) -> None:
+    ``block_guards`` are a SigPlan's prepared BlockGuards by (kind, seed), used with
+    ``views`` (see BlockGuard); any other guard goes through guards_many."""
+
+    def __init__(self, data: np.ndarray, views: list | None = None,
+                 block_guards: dict[tuple[str, int], BlockGuard] | None = None) -> None:
         self.data = data
+        self._views = views
+        self._block_guards = block_guards or {}
         self._cache: dict[tuple[str, int], np.ndarray] = {}
 
     def get(self, kind: str, seed: int) -> np.ndarray:
         key = (kind, seed)
         if key not in self._cache:
-            self._cache[key] = guards_many(self.data, kind, seed)
+            prepared = self._block_guards.get(key)
+            self._cache[key] = (prepared(self.data, self._views) if prepared is not None
+                                else guards_many(self.data, kind, seed))
         return self._cache[key]
 
 
@@ -311,29 +319,45 @@ def _check(spec: DomainSpec, pi: np.ndarray, guards: _GuardCache, check_mask: in
     raise AssertionError("unreachable: a failing block has a failing field")
 
 
+def _pi_dtype(pi_size: int) -> np.dtype:
+    """A whole PI as one big-endian integer (PI byte 0 most significant)."""
+    return np.dtype(">u8" if pi_size == 8 else ">u4")
+
+
+def _pi_ints(pi: np.ndarray) -> np.ndarray:
+    """(n, pi_size) PI bytes as n integers, through a view when the rows allow one."""
+    try:
+        return pi.view(_pi_dtype(pi.shape[1]))[:, 0].astype(np.uint64)
+    except ValueError:  # the last axis is not contiguous
+        return _be_values(pi, tuple(range(pi.shape[1])))
+
+
 def _generate(spec: DomainSpec, guards: _GuardCache, copy_cols: tuple[int, ...],
-              pi_in: np.ndarray | None, first_block: int, n: int) -> np.ndarray:
-    pi = np.empty((n, spec.pi_size), dtype=np.uint8)
-    generated = tuple(c for c in range(spec.pi_size) if c not in copy_cols)
-    if spec.sig_type == SigType.CRC:
-        if generated:
-            pi[:] = _be_bytes(guards.get(spec.guard_kind, spec.guard_seed), spec.pi_size)
+              pi_in: np.ndarray | None, first_block: int, n: int,
+              plan: _DomainPlan | None = None) -> np.ndarray:
+    """The (n, pi_size) PI bytes of the output domain: generated, except the columns
+    copied from the input PI. Built as one big-endian integer per block (``plan`` holds
+    what the configuration fixes), returned as a C-contiguous byte view of them."""
+    dp = plan if plan is not None else _DomainPlan(spec)
+    generated = [c for c in range(spec.pi_size) if c not in copy_cols]
+    if generated:
+        need_guard = any(c in dp.guard_cols for c in generated)
+        g = guards.get(spec.guard_kind, spec.guard_seed) if need_guard else None
+        values = dp.values(g, first_block, n)
     else:
-        if any(c in GUARD_COLS for c in generated):
-            pi[:, 0:2] = _be_bytes(guards.get(spec.guard_kind, spec.guard_seed), 2)
-        pi[:, 2:4] = _be_bytes(np.full(n, spec.app_tag, dtype=np.uint64), 2)
-        pi[:, 4:8] = _be_bytes(_expected_ref(spec, first_block, n), 4)
+        values = np.zeros(n, dtype=np.uint64)
     if copy_cols and pi_in is not None:
-        cc = list(copy_cols)
-        pi[:, cc] = pi_in[:, cc]
-    return pi
+        bits = _cols_bits(copy_cols, spec.pi_size)
+        values &= ~bits
+        values |= _pi_ints(pi_in) & bits
+    return values.astype(_pi_dtype(spec.pi_size)).view(np.uint8).reshape(n, spec.pi_size)
 
 
 def _pi_view(buf: np.ndarray, n: int, width: int, block_size: int, pi_size: int) -> np.ndarray:
     """The PI of each of the ``n`` blocks ``width`` bytes apart in the 1-D ``buf``, as one
     big-endian integer per block (PI byte 0 most significant, as check_mask bit 7 is byte 0):
     a strided view, no copy, and unaligned access is numpy's business."""
-    dtype = np.dtype(">u8" if pi_size == 8 else ">u4")
+    dtype = _pi_dtype(pi_size)
     if n == 0:
         return np.empty(0, dtype=dtype)
     return np.ndarray((n,), dtype=dtype, buffer=buf,
@@ -394,11 +418,9 @@ class SigPlan:
         self._check_bits = _cols_bits(self.check_cols, inp.pi_size) if inp else np.uint64(0)
         self.copy_cols = (mask_cols(copy_mask, out.pi_size)
                           if out and same_structure(inp, out) else ())
-        self._copy_bits = _cols_bits(self.copy_cols, out.pi_size) if out else np.uint64(0)
         self._check_guard = bool(self._in and set(self.check_cols) & set(self._in.guard_cols))
-        generated = [c for c in range(out.pi_size) if c not in self.copy_cols] if out else []
-        self._gen_guard = bool(self._out and set(generated) & set(self._out.guard_cols))
-        self._gen_any = bool(generated)
+        self._block_guards = {(d.guard.kind, d.guard.seed): d.guard
+                              for d in (self._in, self._out) if d is not None}
 
     def out_size(self, n: int, tail: int) -> int:
         return n * self.out_w + tail
@@ -419,30 +441,20 @@ class SigPlan:
         out_data[...] = in_blocks[:, :bs]
         out[n * out_w:] = stream[n * in_w:n * in_w + tail]
 
-        found: dict[tuple[str, int], np.ndarray] = {}
-
-        def guard(dp: _DomainPlan) -> np.ndarray:
-            # Both domains of one guard type and seed check and generate the same values.
-            key = (dp.guard.kind, dp.guard.seed)
-            if key not in found:
-                found[key] = dp.guard(out_data, views)
-            return found[key]
-
+        # Guards are computed on the output's copy of the data, once per (kind, seed).
+        guards = _GuardCache(out_data, views, self._block_guards)
+        pi_in = in_blocks[:, bs:] if self.inp is not None else None
         error = None
-        stored_in = None
         if self.inp is not None:
-            stored_in = _pi_view(stream, n, in_w, bs, self.inp.pi_size).astype(np.uint64)
             per_block = None
             if self.check_cols and n:
-                g = guard(self._in) if self._check_guard else None
+                g = (guards.get(self.inp.guard_kind, self.inp.guard_seed)
+                     if self._check_guard else None)
                 want = self._in.values(g, first_block, n)
-                wrong = (stored_in ^ want) & self._check_bits
-                if wrong.any():
-                    cache = _GuardCache(out_data)
-                    if g is not None:
-                        cache._cache[(self.inp.guard_kind, self.inp.guard_seed)] = g
-                    error, per_block = _check(self.inp, in_blocks[:, bs:], cache,
-                                              self.check_mask, first_block)
+                stored = _pi_view(stream, n, in_w, bs, self.inp.pi_size).astype(np.uint64)
+                if ((stored ^ want) & self._check_bits).any():
+                    error, per_block = _check(self.inp, pi_in, guards, self.check_mask,
+                                              first_block)
             if stages is not None:
                 if per_block is None:
                     per_block = np.zeros(n, dtype=np.uint8)
@@ -450,18 +462,13 @@ class SigPlan:
                     "domain_pi": self.inp.pi_size, "check_mask": self.check_mask,
                     "results": per_block.tolist(), "error": error}))
         if self.out is not None:
-            dp = self._out
-            if self._gen_any:
-                g = None
-                if self._gen_guard:
-                    g = guard(dp)
-                pi = dp.values(g, first_block, n)
-                if self.copy_cols:
-                    pi &= ~self._copy_bits
-                    pi |= stored_in & self._copy_bits
+            pi = _generate(self.out, guards, self.copy_cols, pi_in, first_block, n,
+                           plan=self._out)
+            if pi.flags.c_contiguous and pi.dtype == np.uint8 and pi.shape == (n, self.out.pi_size):
+                np.copyto(_pi_view(out, n, out_w, bs, self.out.pi_size),
+                          pi.view(_pi_dtype(self.out.pi_size)).reshape(n))
             else:
-                pi = stored_in
-            np.copyto(_pi_view(out, n, out_w, bs, self.out.pi_size), pi, casting="unsafe")
+                out_blocks[:, bs:] = pi
             if stages is not None:
                 stages.append(BlockStage("generate", {"copied_cols": self.copy_cols,
                                                       "pi_size": self.out.pi_size}))

@@ -26,7 +26,7 @@ from ..protocol.enums import AccessFlags, SignatureCryptoOrder
 from .completion import Fault, TransferError
 from .crypto import CryptoConfig, check_xts_job
 from .hca import MR, PD
-from .keyplan import KeyPlan, ScratchPool, Stage, plan_of, scratch
+from .keyplan import ScratchPool, Stage, plan_of, scratch
 from .mkey import MKey
 from .signature import BlockStage, SigPlan
 
@@ -160,13 +160,15 @@ class _Tracer:
         return [] if self.trace is not None else None
 
 
-def _crypt(mkey: MKey, kp: KeyPlan, data: np.ndarray, cs, direction: str, t: _Tracer,
+def _crypt(mkey: MKey, data: np.ndarray, cs, direction: str, t: _Tracer,
            pool: ScratchPool | None) -> np.ndarray:
     cfg: CryptoConfig = mkey.crypto
     encrypt = cfg.encrypt_on_tx if direction == TX else not cfg.encrypt_on_tx
     dus = cfg.data_unit_size
-    out = Stage(pool, "xts", len(data)).out
-    kp.xts.transform_into(data, dus, cs[1] // dus, cfg.initial_tweak, encrypt, out)
+    # Through the DEK, whose cached XtsCipher writes into this stage's scratch.
+    done = cfg.dek.transform(data, dus, cs[1] // dus, cfg.initial_tweak, encrypt,
+                             out=Stage(pool, "xts", len(data)).out)
+    out = done if isinstance(done, np.ndarray) else np.frombuffer(done, dtype=np.uint8)
     t.emit("encrypt" if encrypt else "decrypt", cs[0], cs[1], out,
            data_unit_size=dus, first_tweak=cfg.initial_tweak + cs[1] // dus)
     return out
@@ -201,7 +203,7 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
                                        Stage(pool, "gather", p.mem_length).out)
         t.emit("gather", "memory", p.mem_offset, stream)
         if cs is not None and cs[0] == "memory":
-            stream = _crypt(obj, kp, stream, cs, TX, t, pool)
+            stream = _crypt(obj, stream, cs, TX, t, pool)
         if kp.sig_tx is not None:
             stages = t.stages()
             stream, err = _sig(kp.sig_tx, stream, p, pool, stages)
@@ -210,7 +212,7 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
                 sig_errors.append(err)
             _emit_sig(t, stages, "wire", p.wire_offset, stream)
         if cs is not None and cs[0] == "wire":
-            stream = _crypt(obj, kp, stream, cs, TX, t, pool)
+            stream = _crypt(obj, stream, cs, TX, t, pool)
         t.emit("wire", "wire", p.wire_offset, stream, **_partial(obj, p))
         # A copy: nothing handed out may alias the scratch the next transfer reuses.
         return stream.tobytes()
@@ -235,7 +237,7 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
     kp = plan_of(obj)
     with scratch() as pool:
         if cs is not None and cs[0] == "wire":
-            stream = _crypt(obj, kp, stream, cs, RX, t, pool)
+            stream = _crypt(obj, stream, cs, RX, t, pool)
         if kp.sig_rx is not None:
             stages = t.stages()
             stream, err = _sig(kp.sig_rx, stream, p, pool, stages)
@@ -244,7 +246,7 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
                 sig_errors.append(err)
             _emit_sig(t, stages, "memory", p.mem_offset, stream)
         if cs is not None and cs[0] == "memory":
-            stream = _crypt(obj, kp, stream, cs, RX, t, pool)
+            stream = _crypt(obj, stream, cs, RX, t, pool)
         obj.layout.scatter(p.mem_offset, stream)
         t.emit("scatter", "memory", p.mem_offset, stream, **_partial(obj, p))
 
