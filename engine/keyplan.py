@@ -52,16 +52,17 @@ class _Slot:
         self._views: dict[tuple[int, int], list[memoryview]] = {}
 
     def views(self, stride: int, length: int, n: int) -> list[memoryview]:
-        """Buffers of ``length`` bytes every ``stride`` bytes from the start, at least n.
-        Made once per geometry: a transfer's guards are then one C call per view."""
+        """Buffers of ``length`` bytes every ``stride`` bytes from the start, at least n
+        (n blocks must fit the buffer). Made once per geometry and extended when a
+        longer transfer comes: a transfer's guards are then one C call per view."""
         got = self._views.get((stride, length))
-        if got is None or len(got) < n:
-            if got is None and len(self._views) >= _MAX_VIEW_GEOMETRIES:
+        if got is None:
+            if len(self._views) >= _MAX_VIEW_GEOMETRIES:
                 self._views.clear()
+            got = self._views[(stride, length)] = []
+        if len(got) < n:
             mv = memoryview(self.buf)
-            count = (len(self.buf) - length) // stride + 1 if len(self.buf) >= length else 0
-            got = [mv[i:i + length] for i in range(0, count * stride, stride)]
-            self._views[(stride, length)] = got
+            got.extend(mv[i:i + length] for i in range(len(got) * stride, n * stride, stride))
         return got
 
 

@@ -141,6 +141,10 @@ def test_scratch_grows_and_keeps_results_right(node, rng):
     whole = oracle.protect(data, T10_512)
     for blocks in (1, 7, 130, 300, 2):
         assert transfer.tx(node.pd, mkey.lkey, 0, blocks * 520) == whole[:blocks * 520]
+    # Block views are made for the blocks transfers used, not for the whole slot.
+    sig_slot = keyplan.POOL._slots["sig"]
+    assert len(sig_slot.buf) >= 300 * 520
+    assert [len(v) for v in sig_slot._views.values()] == [300]
 
 
 @pytest.mark.parametrize("kind,seed", [("t10dif_crc", 0), ("t10dif_crc", 0xFFFF),
