@@ -32,7 +32,7 @@ from .crypto_login import (
     unwrap_dek,
 )
 from .mkey import MKey
-from .xts import XtsCipher
+from .xts import XtsCipher, as_uint8
 
 # Virtual addresses handed to MRs start here and stay page aligned, like a
 # process's heap would; a nonzero base makes an offset mistaken for an address show.
@@ -118,7 +118,7 @@ class DEK:
         len(data) bytes) the result is written there and ``out`` returned; else bytes."""
         if self._cipher is None:
             self._cipher = XtsCipher(self.key)
-        src = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+        src = as_uint8(data)
         result = out if out is not None else np.empty(len(src), dtype=np.uint8)
         self._cipher.transform_into(src, unit_size, first_unit, initial_tweak, encrypt, result)
         return result if out is not None else result.tobytes()

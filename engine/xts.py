@@ -18,12 +18,15 @@ little-endian uint64 words, ``[low, high]``.
 from __future__ import annotations
 
 import operator
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 
-__all__ = ["XtsCipher", "XtsError", "xts_transform"]
+__all__ = ["XtsCipher", "XtsError", "as_uint8", "xts_transform"]
 
 _BLOCK = 16
 _LANE = 8  # bytes in a uint64 lane
@@ -73,7 +76,7 @@ def xts_transform(
     data unit. Units whose length is not a multiple of 16 bytes use
     ciphertext stealing; every unit must be at least 16 bytes long.
     """
-    src = _as_uint8(data)
+    src = as_uint8(data)
     out = np.empty(src.size, dtype=_U8)
     XtsCipher(key).transform_into(src, unit_size, first_unit, initial_tweak, encrypt, out)
     return out.tobytes()
@@ -85,8 +88,9 @@ class XtsCipher:
     The three AES-ECB contexts (key1 both ways, key2 for the tweaks) are made
     once: ECB keeps no state between blocks, so a context that is only ever
     fed whole 16-byte blocks and never finalized can serve every later call.
-    Scratch for the masks of a batch of units is kept per unit length, so a
-    steady stream of transfers allocates (and page-faults) nothing new.
+    Scratch for the masks of a batch of units is kept per unit length, shared
+    by all keys (_ScratchStore), so a steady stream of transfers allocates (and
+    page-faults) nothing new.
     """
 
     def __init__(self, key: bytes) -> None:
@@ -97,7 +101,6 @@ class XtsCipher:
         aes = Cipher(algorithms.AES(key[:half]), modes.ECB())
         self._ecb = {True: aes.encryptor(), False: aes.decryptor()}
         self._tweak_ecb = Cipher(algorithms.AES(key[half:]), modes.ECB()).encryptor()
-        self._scratch: dict[int, _Scratch] = {}
 
     def transform_into(
         self,
@@ -122,27 +125,62 @@ class XtsCipher:
         encrypt = bool(encrypt)
         full = n_full * unit_size
         if n_full:
-            self._run(n_full, unit_size, first_dusn, encrypt).transform(
-                src[:full].reshape(n_full, unit_size), out[:full].reshape(n_full, unit_size)
-            )
+            with SCRATCH.get(unit_size) as scratch:
+                self._run(n_full, unit_size, first_dusn, encrypt, scratch).transform(
+                    src[:full].reshape(n_full, unit_size), out[:full].reshape(n_full, unit_size)
+                )
         if tail:
-            self._run(1, tail, first_dusn + n_full, encrypt).transform(
-                src[full:].reshape(1, tail), out[full:].reshape(1, tail)
-            )
+            with SCRATCH.get(tail) as scratch:
+                self._run(1, tail, first_dusn + n_full, encrypt, scratch).transform(
+                    src[full:].reshape(1, tail), out[full:].reshape(1, tail)
+                )
 
-    def _run(self, n_units: int, length: int, first_dusn: int, encrypt: bool) -> _UnitRun:
-        scratch = self._scratch.get(length)
-        if scratch is None:
-            if len(self._scratch) >= _MAX_SCRATCH_LENGTHS:
-                # A caller cycling through odd tail lengths must not grow this for ever.
-                self._scratch.clear()
-            scratch = self._scratch[length] = _Scratch(length)
+    def _run(self, n_units: int, length: int, first_dusn: int, encrypt: bool,
+             scratch: _Scratch) -> _UnitRun:
         return _UnitRun(
             self._ecb[encrypt], self._tweak_ecb, n_units, length, first_dusn, encrypt, scratch
         )
 
 
-def _as_uint8(data: Buffer) -> _U8Array:
+class _ScratchStore:
+    """Batch scratch by unit length, shared by every XtsCipher of the process.
+
+    A DEK keeps its XtsCipher (its contexts are a few hundred bytes), and a device may
+    hold tens of thousands of DEKs, so the megabyte or so of scratch per unit length
+    is kept once, here, for at most _MAX_SCRATCH_LENGTHS lengths. A transform never
+    calls out while it holds the store, so within a thread it is never re-entered;
+    a second thread finding it held works on scratch of its own.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_length: dict[int, _Scratch] = {}
+
+    @contextmanager
+    def get(self, length: int) -> Iterator[_Scratch]:
+        if not self._lock.acquire(blocking=False):
+            yield _Scratch(length)
+            return
+        try:
+            scratch = self._by_length.get(length)
+            if scratch is None:
+                if len(self._by_length) >= _MAX_SCRATCH_LENGTHS:
+                    # Callers cycling through odd tail lengths must not grow this for ever.
+                    self._by_length.clear()
+                scratch = self._by_length[length] = _Scratch(length)
+            yield scratch
+        finally:
+            self._lock.release()
+
+    def __len__(self) -> int:
+        return len(self._by_length)
+
+
+SCRATCH = _ScratchStore()
+
+
+def as_uint8(data: Buffer) -> _U8Array:
+    """A 1-D C-contiguous uint8 array of `data`'s bytes (a copy only when strided)."""
     if isinstance(data, np.ndarray):
         if data.dtype != _U8 or data.ndim != 1:
             raise TypeError(f"expected a 1-D uint8 array, got {data.ndim}-D {data.dtype}")
@@ -164,9 +202,9 @@ class _Scratch:
         self.batch = max(1, _BATCH_BYTES // length)
         self.masks = np.empty((self.batch, self.n_anchors, self.span, 2), dtype=_U64)
         # _spread's operands, one row per (unit, anchor) and one column per alpha
-        # power: every numpy call then runs one long contiguous loop, where
-        # broadcasting an anchor column against the powers ran a 32-element loop
-        # per unit and cost half the transform.
+        # power, laid out in full so that the anchor column is the only operand
+        # broadcast; broadcasting the powers too, into strided halves of the masks,
+        # had cost half the transform.
         rows = (self.batch * self.n_anchors, self.span)
         self.power = np.ascontiguousarray(
             np.broadcast_to(np.arange(self.span, dtype=_U64), rows)
