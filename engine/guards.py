@@ -244,6 +244,41 @@ def guards_many(blocks: np.ndarray, kind: str, seed: int) -> np.ndarray:
     return _guards_many(_active(kind), blocks, kind, seed)
 
 
+class BlockGuard:
+    """The guard of ``kind`` at ``seed`` over blocks of ``length`` bytes, looked up once per
+    signature configuration (implementation, seed check, seed fix-up), so that a transfer
+    pays one C call per block and no other Python work per block.
+
+    ``impl`` picks a backend explicitly (the tests use it to run crcmod beside the fast
+    libraries); by default it is the one this process selected at import.
+    """
+
+    def __init__(self, kind: str, seed: int, length: int, impl: _Impl | None = None) -> None:
+        self.kind = kind
+        self.seed = _check_seed(kind, seed)
+        self.length = length
+        impl = impl or _active(kind)
+        self.backend = impl.name
+        self._fn = impl.fn
+        self._csum = kind == "t10dif_csum"
+        self._fix = np.uint64(0 if self._csum else _seed_fixup(kind, length, impl.seed, self.seed))
+
+    def __call__(self, rows: np.ndarray, views: list | None = None) -> np.ndarray:
+        """Guards of the n rows of ``rows`` (n, length), each row C-contiguous. ``views``,
+        when given, holds at least n buffers with the same bytes as those rows in order
+        (memoryviews made once for a scratch buffer): calling the C function on them
+        skips making an ndarray per row, the largest per-block cost left."""
+        n = rows.shape[0]
+        if self._csum:
+            return _csum_rows(rows, self.seed)
+        # fromiter stops after count items, so a longer views list is fine.
+        out = np.fromiter(map(self._fn, rows if views is None else views), dtype=np.uint64,
+                          count=n)
+        if self._fix:
+            out ^= self._fix
+        return out
+
+
 def backend(kind: str) -> str:
     """Name of the library serving ``kind``: "fastcrc", "anycrc", "crcmod" or "numpy"."""
     return _active(kind).name

@@ -32,7 +32,7 @@ from .crypto_login import (
     unwrap_dek,
 )
 from .mkey import MKey
-from .xts import xts_transform
+from .xts import XtsCipher, as_uint8
 
 # Virtual addresses handed to MRs start here and stay page aligned, like a
 # process's heap would; a nonzero base makes an offset mistaken for an address show.
@@ -108,9 +108,20 @@ class DEK:
     # Imported wrapped (querying it then needs a valid crypto login, mlx5dv_dek_create(3)).
     wrapped: bool = False
 
+    # The key's AES-ECB contexts, made on first use and shared by every MKEY using this
+    # DEK (engine/xts.py XtsCipher: contexts that are never finalized can be reused).
+    _cipher: XtsCipher | None = field(default=None, init=False, repr=False, compare=False)
+
     def transform(self, data, unit_size: int, first_unit: int, initial_tweak: int,
-                  encrypt: bool) -> bytes:
-        return xts_transform(self.key, data, unit_size, first_unit, initial_tweak, encrypt)
+                  encrypt: bool, out: np.ndarray | None = None) -> bytes | np.ndarray:
+        """XTS over ``data`` (engine/xts.py xts_transform). With ``out`` (a uint8 array of
+        len(data) bytes) the result is written there and ``out`` returned; else bytes."""
+        if self._cipher is None:
+            self._cipher = XtsCipher(self.key)
+        src = as_uint8(data)
+        result = out if out is not None else np.empty(len(src), dtype=np.uint8)
+        self._cipher.transform_into(src, unit_size, first_unit, initial_tweak, encrypt, result)
+        return result if out is not None else result.tobytes()
 
 
 # Key indexes: the upper 24 bits of an lkey / rkey.

@@ -122,16 +122,26 @@ class Layout:
                 else:
                     mem[...] = rows[:, st:st + plen]
 
-    def gather(self, offset: int, length: int) -> np.ndarray:
-        """The memory bytes of [offset, +length); a view when one piece holds them all
-        (every later stage writes a new buffer, so the view is never written through)."""
-        spans = self._spans(offset, length)
-        if len(spans) == 1 and spans[0][0] == "walk":
+    def piece_view(self, offset: int, length: int) -> np.ndarray | None:
+        """The MR bytes of [offset, +length) as a view when one piece holds them all
+        (a whole period of a one-piece layout included), else None."""
+        period = self.period
+        if length > 0 and period and offset % period + length <= period:
             parts = list(self._walk(offset, length))
             if len(parts) == 1:
                 mr, o, _, n = parts[0]
                 return mr.buf[o:o + n]
-        out = np.empty(max(length, 0), dtype=np.uint8)
+        return None
+
+    def gather(self, offset: int, length: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The memory bytes of [offset, +length); a view when one piece holds them all
+        (every later stage writes a new buffer, so the view is never written through),
+        else copied into ``out`` (``length`` bytes) or a fresh array."""
+        view = self.piece_view(offset, length)
+        if view is not None:
+            return view
+        if out is None:
+            out = np.empty(max(length, 0), dtype=np.uint8)
         self._move(offset, out, True)
         return out
 
@@ -157,6 +167,9 @@ class MKey:
         self.layout: Layout | None = None
         self.sig: SigConfig | None = None
         self.crypto = None
+        # engine/keyplan.py: what transfers through this configuration reuse; it checks
+        # itself against layout/sig/crypto, and a configure drops it.
+        self.keyplan = None
         self.sig_error: SigError | None = None
         # Not whole protection blocks (docs/blocks.md): configures that left a layout
         # of a partial block, transfers whose length ended in one.

@@ -281,6 +281,9 @@ def _check_length(layout: Layout) -> Layout:
 
 def _apply(a: _Applied) -> None:
     mkey = a.mkey
+    # Transfers reuse a plan of the configuration (engine/keyplan.py); a new one is made
+    # from what this configure leaves on the MKEY.
+    mkey.keyplan = None
     if a.access is not None:
         mkey.access = a.access
     if a.layout is not None:

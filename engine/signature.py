@@ -27,7 +27,7 @@ from ..protocol.enums import (
     SigType,
 )
 from ..protocol.errors import einval, eopnotsupp
-from .guards import guards_many
+from .guards import BlockGuard, guards_many
 
 CRC_GUARD_KIND = {SigCrcType.CRC32: "crc32", SigCrcType.CRC32C: "crc32c",
                   SigCrcType.CRC64_XP10: "crc64_xp10"}
@@ -234,16 +234,24 @@ class BlockStage:
 
 class _GuardCache:
     """Guards over the same data with the same (kind, seed) are computed once
-    (a T10DIF -> T10DIF configuration checks and generates the same guard)."""
+    (a T10DIF -> T10DIF configuration checks and generates the same guard).
 
-    def __init__(self, data: np.ndarray) -> None:
+    ``block_guards`` are a SigPlan's prepared BlockGuards by (kind, seed), used with
+    ``views`` (see BlockGuard); any other guard goes through guards_many."""
+
+    def __init__(self, data: np.ndarray, views: list | None = None,
+                 block_guards: dict[tuple[str, int], BlockGuard] | None = None) -> None:
         self.data = data
+        self._views = views
+        self._block_guards = block_guards or {}
         self._cache: dict[tuple[str, int], np.ndarray] = {}
 
     def get(self, kind: str, seed: int) -> np.ndarray:
         key = (kind, seed)
         if key not in self._cache:
-            self._cache[key] = guards_many(self.data, kind, seed)
+            prepared = self._block_guards.get(key)
+            self._cache[key] = (prepared(self.data, self._views) if prepared is not None
+                                else guards_many(self.data, kind, seed))
         return self._cache[key]
 
 
@@ -311,22 +319,162 @@ def _check(spec: DomainSpec, pi: np.ndarray, guards: _GuardCache, check_mask: in
     raise AssertionError("unreachable: a failing block has a failing field")
 
 
+def _pi_dtype(pi_size: int) -> np.dtype:
+    """A whole PI as one big-endian integer (PI byte 0 most significant)."""
+    return np.dtype(">u8" if pi_size == 8 else ">u4")
+
+
+def _pi_ints(pi: np.ndarray) -> np.ndarray:
+    """(n, pi_size) PI bytes as n integers, through a view when the rows allow one."""
+    try:
+        return pi.view(_pi_dtype(pi.shape[1]))[:, 0].astype(np.uint64)
+    except ValueError:  # the last axis is not contiguous
+        return _be_values(pi, tuple(range(pi.shape[1])))
+
+
 def _generate(spec: DomainSpec, guards: _GuardCache, copy_cols: tuple[int, ...],
-              pi_in: np.ndarray | None, first_block: int, n: int) -> np.ndarray:
-    pi = np.empty((n, spec.pi_size), dtype=np.uint8)
-    generated = tuple(c for c in range(spec.pi_size) if c not in copy_cols)
-    if spec.sig_type == SigType.CRC:
-        if generated:
-            pi[:] = _be_bytes(guards.get(spec.guard_kind, spec.guard_seed), spec.pi_size)
+              pi_in: np.ndarray | None, first_block: int, n: int,
+              plan: _DomainPlan | None = None) -> np.ndarray:
+    """The (n, pi_size) PI bytes of the output domain: generated, except the columns
+    copied from the input PI. Built as one big-endian integer per block (``plan`` holds
+    what the configuration fixes), returned as a C-contiguous byte view of them."""
+    dp = plan if plan is not None else _DomainPlan(spec)
+    generated = [c for c in range(spec.pi_size) if c not in copy_cols]
+    if generated:
+        need_guard = any(c in dp.guard_cols for c in generated)
+        g = guards.get(spec.guard_kind, spec.guard_seed) if need_guard else None
+        values = dp.values(g, first_block, n)
     else:
-        if any(c in GUARD_COLS for c in generated):
-            pi[:, 0:2] = _be_bytes(guards.get(spec.guard_kind, spec.guard_seed), 2)
-        pi[:, 2:4] = _be_bytes(np.full(n, spec.app_tag, dtype=np.uint64), 2)
-        pi[:, 4:8] = _be_bytes(_expected_ref(spec, first_block, n), 4)
+        values = np.zeros(n, dtype=np.uint64)
     if copy_cols and pi_in is not None:
-        cc = list(copy_cols)
-        pi[:, cc] = pi_in[:, cc]
-    return pi
+        bits = _cols_bits(copy_cols, spec.pi_size)
+        values &= ~bits
+        values |= _pi_ints(pi_in) & bits
+    return values.astype(_pi_dtype(spec.pi_size)).view(np.uint8).reshape(n, spec.pi_size)
+
+
+def _pi_view(buf: np.ndarray, n: int, width: int, block_size: int, pi_size: int) -> np.ndarray:
+    """The PI of each of the ``n`` blocks ``width`` bytes apart in the 1-D ``buf``, as one
+    big-endian integer per block (PI byte 0 most significant, as check_mask bit 7 is byte 0):
+    a strided view, no copy, and unaligned access is numpy's business."""
+    dtype = _pi_dtype(pi_size)
+    if n == 0:
+        return np.empty(0, dtype=dtype)
+    return np.ndarray((n,), dtype=dtype, buffer=buf,
+                      offset=block_size, strides=(width,))
+
+
+def _cols_bits(cols: tuple[int, ...], pi_size: int) -> np.uint64:
+    """The bits of a PI integer (as _pi_view reads it) that the byte columns ``cols`` hold."""
+    return np.uint64(sum(0xFF << 8 * (pi_size - 1 - c) for c in cols))
+
+
+class _DomainPlan:
+    """What one domain's PI is expected to hold, prepared once per configuration."""
+
+    def __init__(self, spec: DomainSpec) -> None:
+        self.spec = spec
+        self.guard = BlockGuard(spec.guard_kind, spec.guard_seed, spec.block_size)
+        t10 = spec.sig_type == SigType.T10DIF
+        self.guard_cols = GUARD_COLS if t10 else tuple(range(spec.pi_size))
+        self.guard_shift = np.uint64(48 if t10 else 0)
+        self.remap = bool(t10 and spec.flags & SigT10difFlags.REF_REMAP)
+        ref = 0 if self.remap or not t10 else spec.ref_tag
+        self.static = np.uint64((spec.app_tag << 32 | ref) if t10 else 0)
+
+    def values(self, guard: np.ndarray | None, first_block: int, n: int) -> np.ndarray:
+        """The PI integer of each of n blocks; guard columns are 0 when ``guard`` is None."""
+        out = guard << self.guard_shift if guard is not None else np.zeros(n, dtype=np.uint64)
+        if self.static:
+            out |= self.static
+        if self.remap:
+            # docs/semantics.md 6.1: REF_REMAP gives block b the ref tag ref_tag + b.
+            start = first_block + self.spec.ref_tag
+            out |= np.arange(start, start + n, dtype=np.uint64) & np.uint64(0xFFFFFFFF)
+        return out
+
+
+class SigPlan:
+    """One direction of a signature configuration, input domain to output domain, with
+    everything that does not depend on the transfer worked out once: widths, the columns
+    check_mask and copy_mask select as bit masks, each domain's guard and fixed tags.
+
+    A transfer then costs a fixed number of numpy calls plus one guard call per block:
+    data is copied as one strided 2-D copy, PI is read and written through a strided
+    big-endian integer view, and a check that finds nothing wrong compares one masked
+    integer per block. Only a transfer with a failing block goes through `_check`, the
+    field-by-field analysis that names the error mlx5dv_mkey_check(3) reports.
+    """
+
+    def __init__(self, inp: DomainSpec | None, out: DomainSpec | None, block_size: int,
+                 check_mask: int, copy_mask: int) -> None:
+        self.inp, self.out, self.block_size = inp, out, block_size
+        self.check_mask, self.copy_mask = check_mask, copy_mask
+        self.in_w = block_size + (inp.pi_size if inp else 0)
+        self.out_w = block_size + (out.pi_size if out else 0)
+        self._in = _DomainPlan(inp) if inp else None
+        self._out = _DomainPlan(out) if out else None
+        self.check_cols = mask_cols(check_mask, inp.pi_size) if inp else ()
+        self._check_bits = _cols_bits(self.check_cols, inp.pi_size) if inp else np.uint64(0)
+        self.copy_cols = (mask_cols(copy_mask, out.pi_size)
+                          if out and same_structure(inp, out) else ())
+        self._check_guard = bool(self._in and set(self.check_cols) & set(self._in.guard_cols))
+        self._block_guards = {(d.guard.kind, d.guard.seed): d.guard
+                              for d in (self._in, self._out) if d is not None}
+
+    def out_size(self, n: int, tail: int) -> int:
+        return n * self.out_w + tail
+
+    def run(self, stream: np.ndarray, n: int, tail: int, first_block: int,
+            stages: list[BlockStage] | None = None, out: np.ndarray | None = None,
+            views: list | None = None) -> tuple[np.ndarray, SigError | None]:
+        """Turn ``n`` full blocks plus a ``tail`` of the input domain's stream into the
+        output domain's stream, written to ``out`` (a fresh array when None). The tail is
+        plain data (docs/semantics.md section 5). ``views``, when given, are buffers of the
+        data part of each output block, in order (see BlockGuard)."""
+        bs, in_w, out_w = self.block_size, self.in_w, self.out_w
+        if out is None:
+            out = np.empty(self.out_size(n, tail), dtype=np.uint8)
+        in_blocks = stream[:n * in_w].reshape(n, in_w)
+        out_blocks = out[:n * out_w].reshape(n, out_w)
+        out_data = out_blocks[:, :bs]
+        out_data[...] = in_blocks[:, :bs]
+        out[n * out_w:] = stream[n * in_w:n * in_w + tail]
+
+        # Guards are computed on the output's copy of the data, once per (kind, seed).
+        guards = _GuardCache(out_data, views, self._block_guards)
+        pi_in = in_blocks[:, bs:] if self.inp is not None else None
+        error = None
+        if self.inp is not None:
+            per_block = None
+            if self.check_cols and n:
+                g = (guards.get(self.inp.guard_kind, self.inp.guard_seed)
+                     if self._check_guard else None)
+                want = self._in.values(g, first_block, n)
+                stored = _pi_view(stream, n, in_w, bs, self.inp.pi_size).astype(np.uint64)
+                if ((stored ^ want) & self._check_bits).any():
+                    error, per_block = _check(self.inp, pi_in, guards, self.check_mask,
+                                              first_block)
+            if stages is not None:
+                if per_block is None:
+                    per_block = np.zeros(n, dtype=np.uint8)
+                stages.append(BlockStage("check", {
+                    "domain_pi": self.inp.pi_size, "check_mask": self.check_mask,
+                    "results": per_block.tolist(), "error": error}))
+        if self.out is not None:
+            pi = _generate(self.out, guards, self.copy_cols, pi_in, first_block, n,
+                           plan=self._out)
+            if pi.flags.c_contiguous and pi.dtype == np.uint8 and pi.shape == (n, self.out.pi_size):
+                np.copyto(_pi_view(out, n, out_w, bs, self.out.pi_size),
+                          pi.view(_pi_dtype(self.out.pi_size)).reshape(n))
+            else:
+                out_blocks[:, bs:] = pi
+            if stages is not None:
+                stages.append(BlockStage("generate", {"copied_cols": self.copy_cols,
+                                                      "pi_size": self.out.pi_size}))
+        elif self.inp is not None and stages is not None:
+            stages.append(BlockStage("strip", {"pi_size": self.inp.pi_size}))
+        return out, error
 
 
 def sig_process(stream: np.ndarray, n: int, tail: int, inp: DomainSpec | None,
@@ -334,30 +482,7 @@ def sig_process(stream: np.ndarray, n: int, tail: int, inp: DomainSpec | None,
                 first_block: int, stages: list[BlockStage] | None = None,
                 ) -> tuple[np.ndarray, SigError | None]:
     """Turn ``n`` full blocks plus a ``tail`` of the input domain's stream into the
-    output domain's stream. The tail is plain data (docs/semantics.md section 5)."""
-    in_w = block_size + (inp.pi_size if inp else 0)
-    out_w = block_size + (out.pi_size if out else 0)
-    blocks = stream[:n * in_w].reshape(n, in_w)
-    data = blocks[:, :block_size]
-    pi_in = blocks[:, block_size:] if inp else None
-    guards = _GuardCache(data)
-    error = None
-    if inp is not None:
-        error, per_block = _check(inp, pi_in, guards, check_mask, first_block)
-        if stages is not None:
-            stages.append(BlockStage("check", {
-                "domain_pi": inp.pi_size, "check_mask": check_mask,
-                "results": per_block.tolist(), "error": error}))
-    result = np.empty(n * out_w + tail, dtype=np.uint8)
-    out_blocks = result[:n * out_w].reshape(n, out_w)
-    out_blocks[:, :block_size] = data
-    result[n * out_w:] = stream[n * in_w:n * in_w + tail]
-    if out is not None:
-        copy_cols = mask_cols(copy_mask, out.pi_size) if same_structure(inp, out) else ()
-        out_blocks[:, block_size:] = _generate(out, guards, copy_cols, pi_in, first_block, n)
-        if stages is not None:
-            stages.append(BlockStage("generate", {"copied_cols": copy_cols,
-                                                  "pi_size": out.pi_size}))
-    elif inp is not None and stages is not None:
-        stages.append(BlockStage("strip", {"pi_size": inp.pi_size}))
-    return result, error
+    output domain's stream, preparing the plan for this one call (`SigPlan` is what a
+    transfer through a configured MKEY keeps and reuses)."""
+    return SigPlan(inp, out, block_size, check_mask, copy_mask).run(
+        stream, n, tail, first_block, stages)

@@ -24,10 +24,11 @@ import numpy as np
 
 from ..protocol.enums import AccessFlags, SignatureCryptoOrder
 from .completion import Fault, TransferError
-from .crypto import CryptoConfig, check_xts_job, xts_job
+from .crypto import CryptoConfig, check_xts_job
 from .hca import MR, PD
+from .keyplan import ScratchPool, Stage, plan_of, scratch
 from .mkey import MKey
-from .signature import BlockStage, SigConfig, SigError, sig_process
+from .signature import BlockStage, SigPlan
 
 TX, RX = "TX", "RX"
 
@@ -138,12 +139,12 @@ def _precheck(mkey: MKey, p: Plan) -> tuple[str, int, int] | None:
     return cs
 
 
-def _sig(mkey: MKey, stream: np.ndarray, p: Plan, direction: str,
-         stages: list[BlockStage] | None) -> tuple[np.ndarray, SigError | None]:
-    sig: SigConfig = mkey.sig
-    inp, out = (sig.mem, sig.wire) if direction == TX else (sig.wire, sig.mem)
-    return sig_process(stream, p.n_blocks, p.tail, inp, out, sig.block_size, sig.check_mask,
-                       sig.copy_mask, p.first_block, stages)
+def _sig(sp: SigPlan, stream: np.ndarray, p: Plan, pool: ScratchPool | None,
+         stages: list[BlockStage] | None) -> tuple[np.ndarray, object]:
+    stage = Stage(pool, "sig", sp.out_size(p.n_blocks, p.tail))
+    # Guards are computed on the data part of the output blocks, one view per block.
+    views = stage.views(sp.out_w, sp.block_size, p.n_blocks)
+    return sp.run(stream, p.n_blocks, p.tail, p.first_block, stages, stage.out, views)
 
 
 class _Tracer:
@@ -159,13 +160,17 @@ class _Tracer:
         return [] if self.trace is not None else None
 
 
-def _crypt(mkey: MKey, data: np.ndarray, cs, direction: str, t: _Tracer) -> np.ndarray:
+def _crypt(mkey: MKey, data: np.ndarray, cs, direction: str, t: _Tracer,
+           pool: ScratchPool | None) -> np.ndarray:
     cfg: CryptoConfig = mkey.crypto
     encrypt = cfg.encrypt_on_tx if direction == TX else not cfg.encrypt_on_tx
-    out = xts_job(cfg, data, cs[1], encrypt)
+    dus = cfg.data_unit_size
+    # Through the DEK, whose cached XtsCipher writes into this stage's scratch.
+    done = cfg.dek.transform(data, dus, cs[1] // dus, cfg.initial_tweak, encrypt,
+                             out=Stage(pool, "xts", len(data)).out)
+    out = done if isinstance(done, np.ndarray) else np.frombuffer(done, dtype=np.uint8)
     t.emit("encrypt" if encrypt else "decrypt", cs[0], cs[1], out,
-           data_unit_size=cfg.data_unit_size,
-           first_tweak=cfg.initial_tweak + cs[1] // cfg.data_unit_size)
+           data_unit_size=dus, first_tweak=cfg.initial_tweak + cs[1] // dus)
     return out
 
 
@@ -190,21 +195,27 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
         return data.tobytes()
     p = plan(obj, offset, length)
     cs = _precheck(obj, p)
-    stream = obj.layout.gather(p.mem_offset, p.mem_length)
-    t.emit("gather", "memory", p.mem_offset, stream)
-    if cs is not None and cs[0] == "memory":
-        stream = _crypt(obj, stream, cs, TX, t)
-    if obj.sig is not None:
-        stages = t.stages()
-        stream, err = _sig(obj, stream, p, TX, stages)
-        obj.latch(err)
-        if err is not None and sig_errors is not None:
-            sig_errors.append(err)
-        _emit_sig(t, stages, "wire", p.wire_offset, stream)
-    if cs is not None and cs[0] == "wire":
-        stream = _crypt(obj, stream, cs, TX, t)
-    t.emit("wire", "wire", p.wire_offset, stream, **_partial(obj, p))
-    return stream.tobytes()
+    kp = plan_of(obj)
+    with scratch() as pool:
+        stream = obj.layout.piece_view(p.mem_offset, p.mem_length)
+        if stream is None:
+            stream = obj.layout.gather(p.mem_offset, p.mem_length,
+                                       Stage(pool, "gather", p.mem_length).out)
+        t.emit("gather", "memory", p.mem_offset, stream)
+        if cs is not None and cs[0] == "memory":
+            stream = _crypt(obj, stream, cs, TX, t, pool)
+        if kp.sig_tx is not None:
+            stages = t.stages()
+            stream, err = _sig(kp.sig_tx, stream, p, pool, stages)
+            obj.latch(err)
+            if err is not None and sig_errors is not None:
+                sig_errors.append(err)
+            _emit_sig(t, stages, "wire", p.wire_offset, stream)
+        if cs is not None and cs[0] == "wire":
+            stream = _crypt(obj, stream, cs, TX, t, pool)
+        t.emit("wire", "wire", p.wire_offset, stream, **_partial(obj, p))
+        # A copy: nothing handed out may alias the scratch the next transfer reuses.
+        return stream.tobytes()
 
 
 def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
@@ -223,19 +234,21 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
         return
     p = plan(obj, offset, len(stream))
     cs = _precheck(obj, p)
-    if cs is not None and cs[0] == "wire":
-        stream = _crypt(obj, stream, cs, RX, t)
-    if obj.sig is not None:
-        stages = t.stages()
-        stream, err = _sig(obj, stream, p, RX, stages)
-        obj.latch(err)
-        if err is not None and sig_errors is not None:
-            sig_errors.append(err)
-        _emit_sig(t, stages, "memory", p.mem_offset, stream)
-    if cs is not None and cs[0] == "memory":
-        stream = _crypt(obj, stream, cs, RX, t)
-    obj.layout.scatter(p.mem_offset, stream)
-    t.emit("scatter", "memory", p.mem_offset, stream, **_partial(obj, p))
+    kp = plan_of(obj)
+    with scratch() as pool:
+        if cs is not None and cs[0] == "wire":
+            stream = _crypt(obj, stream, cs, RX, t, pool)
+        if kp.sig_rx is not None:
+            stages = t.stages()
+            stream, err = _sig(kp.sig_rx, stream, p, pool, stages)
+            obj.latch(err)
+            if err is not None and sig_errors is not None:
+                sig_errors.append(err)
+            _emit_sig(t, stages, "memory", p.mem_offset, stream)
+        if cs is not None and cs[0] == "memory":
+            stream = _crypt(obj, stream, cs, RX, t, pool)
+        obj.layout.scatter(p.mem_offset, stream)
+        t.emit("scatter", "memory", p.mem_offset, stream, **_partial(obj, p))
 
 
 def check_rx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False) -> None:
