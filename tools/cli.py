@@ -307,6 +307,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    "layout at configure (EINVAL), a transfer through it as a misaligned one "
                    "is (docs/blocks.md); without it a trailing partial block passes as plain "
                    "data and is counted (partial_block_* counters)")
+    p.add_argument("--no-trains", action="store_true",
+                   help="send every RC packet as its own frame, never a packet train "
+                   "(a run of one message's packets in one frame, docs/protocol.md); "
+                   "for comparison: the traffic is the same")
     p.add_argument("--capture", metavar="FILE",
                    help="write every packet this daemon sends and accepts to FILE, a pcap of "
                    "RoCEv2 frames that Wireshark and tshark decode (see 'softhca capture')")
