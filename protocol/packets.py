@@ -340,8 +340,9 @@ def decode_train(header: dict, payload) -> tuple[str, Train]:
     try:
         need = _NEEDS[t.opcode(0)][0] | _NEEDS[t.opcode(n - 1)][0]
     except ValueError:
-        raise _bad_train(f"no {kind} opcode ends a message with both ImmDt and IETH, "
-                         "or with either on a READ response") from None
+        raise _bad_train(f"no {kind} opcode ends a message with "
+                         f"{'ImmDt and ' if imm is not None else ''}"
+                         f"{'IETH' if ieth is not None else 'ImmDt'}") from None
     if kind == "RDMA_READ_RESPONSE":
         need = need | {"aeth"}
     present = {name for name, v in (("reth", reth), ("aeth", aeth), ("imm", imm),
