@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 # Unacknowledged packets the requester may have on the wire.
 WINDOW = 64
 # The most packets of one WR that go as one train (RCQP.poll_wire); the window bounds
-# it too. Decided by measurement (docs/performance.md, "Packet trains").
+# it too, so a train is at most what may be in flight. Trains cut at ACK_EVERY (16),
+# so that ACKs come back while the rest is in flight, measured no better than 64 on
+# loopback, and neither did a window of 256 (docs/performance.md, "Packet trains").
 TRAIN_MAX = 64
 # ibv_modify_qp(3): rnr_retry 7 means retry forever.
 RNR_RETRY_FOREVER = 7
