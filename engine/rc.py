@@ -49,8 +49,15 @@ Modelled:
 - IBV_SEND_INLINE on SEND / SEND_WITH_IMM / SEND_WITH_INV / RDMA_WRITE(_WITH_IMM): the
   payload is copied at post time, up to ``max_inline_data`` bytes.
 - The requester gathers a WR's payload (one transfer.tx per SGE) when it first
-  transmits it and keeps those bytes for retransmission; a READ's responses are
-  reassembled and scattered (one transfer.rx per SGE) when the last one arrives.
+  transmits it and keeps those bytes for retransmission, cutting its packets (or
+  trains) from them as they go; a READ's responses are reassembled and scattered (one
+  transfer.rx per SGE) when the last one arrives, straight from a train that holds
+  them all.
+- Packet trains (docs/protocol.md, "Packet trains"): ``poll_wire`` gives runs of one
+  message's packets as ``Train`` objects (a SEND's or WRITE's packets as the window lets
+  them go, a READ's responses), ``poll_packets`` the same cut into packets;
+  ``receive_train`` takes a train in one step where that is what its packets one by
+  one would do, and gives them to ``receive`` one by one otherwise.
 - A window of ``WINDOW`` unacknowledged packets; cumulative ACKs, implicit
   acknowledgement of earlier requests by READ responses, atomic ACKs and NAKs.
 - Go-back-N from the oldest unacknowledged PSN on timeout, on NAK(PSN sequence error),

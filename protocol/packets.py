@@ -1,6 +1,7 @@
 """RC packets on the wire plane: the record, its frame header, and the integrity check.
 
-A packet is one frame on a wire connection between two daemons (``docs/protocol.md``).
+A packet is one frame on a wire connection between two daemons (``docs/protocol.md``);
+so is a train, a run of one message's packets (``Train``, at the end of this module).
 The header carries what RoCE's BTH and extension headers carry; the payload is the
 frame's raw payload. ``packet_check`` (the ``icrc`` field) plays the RoCE ICRC: a CRC32 over the invariant header
 fields and the payload. A receiver that finds it wrong drops the packet, counts it,
