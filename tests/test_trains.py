@@ -658,3 +658,48 @@ async def test_over_mtu_trains_are_dropped_per_packet():
         assert c["packets_over_mtu"] >= 16 and c["packets_over_mtu"] % 16 == 0
         assert c["packets_received"] == c["packets_over_mtu"]
         assert await tmr.read() == b"\0" * (64 * 1024)
+
+
+# -- hostile peers at a daemon ------------------------------------------------------------
+
+async def test_a_forged_train_is_dropped_per_packet_and_a_malformed_one_disconnects():
+    """A train from a link that is not the QP's peer is dropped and counted as its n
+    packets (packets_wrong_peer), and writes nothing; a train header claiming more
+    packets than its payload holds is EPROTO: the wire peer gets an error frame and is
+    disconnected (wire_protocol_errors), the daemon keeps serving."""
+    from test_hardening_peers import wait_counter, wire_link
+
+    async with sh.embedded() as inode, sh.embedded() as tnode:
+        i, t = await make_side(inode), await make_side(tnode)
+        await connect_pair(i, t)
+        victim = await t.reg_mr(b"\x00" * 8192)
+        data = os.urandom(8192)
+        forged = Train(t.qp.qp_num, 0, 8, "RDMA_WRITE", True, True, 1024, data,
+                       reth=(victim.rkey, victim.addr, 8192))
+        h = train_header("mlx5_0", forged)
+        h["sqp"] = i.qp.qp_num
+        w = await wire_link(tnode.address, None)
+        w.write(frame_bytes(h, data))
+        await w.drain()
+        c = await wait_counter(tnode, "packets_wrong_peer", 8)
+        assert c["packets_wrong_peer"] == 8 and c["packets_received"] == 8
+        assert await victim.read() == b"\x00" * 8192
+        # n = 4000 with 8 packets' bytes: refused on the header, the link closed.
+        w.write(frame_bytes({**h, "n": 4000}, data))
+        await w.drain()
+        c = await wait_counter(tnode, "wire_protocol_errors", 1)
+        assert c["wire_protocol_errors"] == 1
+        w.close()
+        # The real peer's write still lands.
+        src = await i.reg_mr(data)
+        await i.qp.post_send(_write_wr(src, victim))
+        (wc,) = await i.scq.poll_n(1, 10)
+        assert wc.status == sh.IBV_WC_SUCCESS
+        assert await victim.read() == data
+
+
+def _write_wr(src, dst) -> sh.SendWR:
+    wr = sh.SendWR(wr_id=3, opcode=sh.IBV_WR_RDMA_WRITE, sg=[sge(src)],
+                   send_flags=sh.IBV_SEND_SIGNALED)
+    wr.set_wr_rdma(dst.rkey, dst.addr)
+    return wr
