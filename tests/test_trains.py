@@ -204,6 +204,12 @@ def run_workload(mtu: int, ops: list[tuple[int, int]], trains: bool, rules=(),
     ``late_recvs`` of them only after some rounds: RNR first), run to quiescence;
     everything a comparison needs."""
     link = Link(mtu, trains, rules, capture)
+    # A trace subscriber sees transfers, not packets: the same events either way.
+    traces: list = []
+    for qp in (link.a, link.b):
+        qp.trace = lambda ctx, ev: traces.append((tuple(sorted(ctx.items())), ev.direction,
+                                                  ev.stage, ev.stream, ev.offset,
+                                                  bytes(ev.data)))
     rng = random.Random(seed)
     total = sum(s for _, s in ops) or 1
     src = rng.randbytes(total)
@@ -255,11 +261,11 @@ def run_workload(mtu: int, ops: list[tuple[int, int]], trains: bool, rules=(),
             "packets": link.delivered, "pcap": link.pcap_bytes(),
             "trains": link.train_items,
             "want": (bytes(want_a), (bytes(want_dst), bytes(want_rcv))),
-            "states": (int(link.a.state), int(link.b.state))}
+            "states": (int(link.a.state), int(link.b.state)), "traces": traces}
 
 
 def assert_same(on: dict, off: dict) -> None:
-    for k in ("a_mem", "b_mem", "wcs", "stats", "packets", "pcap", "states"):
+    for k in ("a_mem", "b_mem", "wcs", "stats", "packets", "pcap", "states", "traces"):
         assert on[k] == off[k], k
 
 
@@ -299,6 +305,9 @@ def test_trains_are_really_used_and_cut_at_random_points():
            (WrOpcode.RDMA_READ, 30 * 1024)]
     clean = run_workload(1024, ops, True)
     assert 0 < clean["trains"] < count(clean["packets"]) // 8
+    # The trace is compared too: per WR one gather on the sending side and a wire and a
+    # scatter on the receiving side (MRs have no other stages), 3 WRs.
+    assert len(clean["traces"]) == 9
     faulty = run_workload(1024, ops, True, [("ab", 7, "drop"), ("ab", 30, "duplicate"),
                                             ("ba", 12, "reorder"), ("ba", 3, "drop")])
     off = run_workload(1024, ops, False, [("ab", 7, "drop"), ("ab", 30, "duplicate"),
