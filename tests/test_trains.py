@@ -712,3 +712,21 @@ def _write_wr(src, dst) -> sh.SendWR:
                    send_flags=sh.IBV_SEND_SIGNALED)
     wr.set_wr_rdma(dst.rkey, dst.addr)
     return wr
+
+
+async def test_trains_larger_than_the_peers_max_frame_go_as_packets():
+    """A peer daemon that takes frames of at most 64 KiB (serve --max-frame) is sent a
+    64-packet train of 4096-byte packets (256 KiB) as its packets: the WRITE lands, and
+    the link is never closed for an oversized frame."""
+    async with sh.embedded(max_frame=64 << 10) as tnode, sh.embedded() as inode:
+        i, t = await make_side(inode), await make_side(tnode)
+        await connect_pair(i, t, mtu=sh.IBV_MTU_4096)
+        data = os.urandom(600 << 10)
+        src, dst = await i.reg_mr(data), await t.reg_mr(len(data))
+        await i.qp.post_send(_write_wr(src, dst))
+        (wc,) = await i.scq.poll_n(1, 10)
+        assert wc.status == sh.IBV_WC_SUCCESS
+        assert await dst.read() == data
+        c = await tnode.counters()
+        assert c["wire_protocol_errors"] == 0 and c["retransmissions"] == 0
+        assert c["packets_received"] >= 150
