@@ -28,8 +28,6 @@ from typing import Any
 
 from ..engine.crypto_login import DeviceCrypto
 from ..engine.hca import HCA
-from ..engine.rc_requester import TRAIN_MAX as REQUEST_TRAIN_MAX
-from ..engine.rc_responder import TRAIN_MAX as RESPONSE_TRAIN_MAX
 from ..protocol.errors import RDMAError
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, hello_src, make_challenge, verify_hello
@@ -61,9 +59,6 @@ HANDSHAKE_TIMEOUT = 10.0
 PACKET_OVERHEAD = 256
 # Room a train frame's prefix and header take beside its payload (a header is well under).
 TRAIN_HEADROOM = 1024
-# No train this daemon makes is larger (the most packets of a train, of the largest
-# path MTU): a peer taking frames this large is sent trains without looking at their sizes.
-MAX_TRAIN_FRAME = max(REQUEST_TRAIN_MAX, RESPONSE_TRAIN_MAX) * 4096 + TRAIN_HEADROOM
 # Daemon(peer_token=...) not given: wire links prove the clients' token.
 SAME_TOKEN = object()
 QPN_MOD = 1 << 24
@@ -692,9 +687,8 @@ class WireLink:
                 self.queued_bytes += len(p.payload) + PACKET_OVERHEAD
             return
         bufs = []
-        if self.peer_max_frame < MAX_TRAIN_FRAME and any(
-                type(p) is Train and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame
-                for p in pkts):
+        if any(type(p) is Train and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame
+               for p in pkts):
             pkts = [x for p in pkts for x in (
                 p.packets() if type(p) is Train
                 and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])]
