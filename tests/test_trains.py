@@ -730,4 +730,3 @@ async def test_trains_larger_than_the_peers_max_frame_go_as_packets():
         c = await tnode.counters()
         assert c["wire_protocol_errors"] == 0 and c["retransmissions"] == 0
         assert c["packets_received"] >= 150
-
