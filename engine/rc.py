@@ -49,8 +49,15 @@ Modelled:
 - IBV_SEND_INLINE on SEND / SEND_WITH_IMM / SEND_WITH_INV / RDMA_WRITE(_WITH_IMM): the
   payload is copied at post time, up to ``max_inline_data`` bytes.
 - The requester gathers a WR's payload (one transfer.tx per SGE) when it first
-  transmits it and keeps those bytes for retransmission; a READ's responses are
-  reassembled and scattered (one transfer.rx per SGE) when the last one arrives.
+  transmits it and keeps those bytes for retransmission, cutting its packets (or
+  trains) from them as they go; a READ's responses are reassembled and scattered (one
+  transfer.rx per SGE) when the last one arrives, straight from a train that holds
+  them all.
+- Packet trains (docs/protocol.md, "Packet trains"): ``poll_wire`` gives runs of one
+  message's packets as ``Train`` objects (a SEND's or WRITE's packets as the window lets
+  them go, a READ's responses), ``poll_packets`` the same cut into packets;
+  ``receive_train`` takes a train in one step where that is what its packets one by
+  one would do, and gives them to ``receive`` one by one otherwise.
 - A window of ``WINDOW`` unacknowledged packets; cumulative ACKs, implicit
   acknowledgement of earlier requests by READ responses, atomic ACKs and NAKs.
 - Go-back-N from the oldest unacknowledged PSN on timeout, on NAK(PSN sequence error),
@@ -117,7 +124,7 @@ from ..protocol.enums import (
 )
 from ..protocol.errors import einval
 from ..protocol.opcodes import Op, with_any
-from ..protocol.packets import Packet
+from ..protocol.packets import Packet, Train, split
 from ..protocol.records import WC, RecvWR, SendWR
 from . import qp_state, transfer
 from .hca import PD
@@ -126,7 +133,8 @@ from .rc_common import PSN_MOD, RECEIVING, SENDING, psn_add, psn_diff
 from .rc_requester import Requester
 from .rc_responder import Responder
 
-__all__ = ["PSN_MOD", "RCQP", "WC", "Packet", "RecvWR", "SendWR", "psn_add", "psn_diff"]
+__all__ = ["PSN_MOD", "RCQP", "WC", "Packet", "RecvWR", "SendWR", "Train", "psn_add",
+           "psn_diff"]
 
 # Packets for the requester (ACKs and READ responses); the rest are requests.
 _RESPONSES = with_any(Op.RESPONSE)
@@ -370,9 +378,16 @@ class RCQP:
 
     # -- packets ---------------------------------------------------------------
     def poll_packets(self, now: float) -> list[Packet]:
+        """What the QP sends now, packet by packet."""
+        return split(self.poll_wire(now, trains=False))
+
+    def poll_wire(self, now: float, trains: bool = True) -> list[Packet | Train]:
+        """What the QP sends now, with runs of one message's packets as trains (READ
+        responses always; a WR's request packets when ``trains``). Cutting the trains
+        into packets (protocol/packets.py ``split``) gives exactly ``poll_packets``."""
         # The responder's answers go out even from ERR: the NAK that caused it is owed.
         out = self.responder.take_packets()
-        self.requester.poll(out, now)
+        self.requester.poll(out, now, trains)
         return out
 
     def receive(self, pkt: Packet, now: float) -> None:
@@ -383,3 +398,16 @@ class RCQP:
                 self.requester.receive(pkt, now)
         else:
             self.responder.receive(pkt)
+
+    def receive_train(self, t: Train, now: float) -> None:
+        """A train arrives: the same as its packets arriving one by one, in one step
+        where the requester or responder can take it so, packet by packet otherwise."""
+        if t.dest_qp != self.qp_num or self.state not in RECEIVING:
+            return
+        if t.kind == "RDMA_READ_RESPONSE":
+            if self.state in SENDING and self.requester.receive_train(t, now):
+                return
+        elif self.responder.receive_train(t):
+            return
+        for i in range(t.n):
+            self.receive(t.packet(i), now)

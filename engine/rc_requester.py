@@ -23,11 +23,11 @@ from ..protocol.attrs import SGE
 from ..protocol.enums import EventType, QpState, SendFlags, WcOpcode, WcStatus, WrOpcode
 from ..protocol.errors import RDMAError, einval, eopnotsupp
 from ..protocol.opcodes import FLAGS, Op, opcode_for, with_flags
-from ..protocol.packets import Packet
+from ..protocol.packets import Packet, Train
 from . import transfer
 from .completion import TransferError
 from .hca import MR
-from .rc_common import SENDING, chunks, psn_add, psn_diff, scatter
+from .rc_common import PSN_MOD, SENDING, psn_add, psn_diff, scatter
 
 if TYPE_CHECKING:
     from ..protocol.records import SendWR
@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 
 # Unacknowledged packets the requester may have on the wire.
 WINDOW = 64
+# The most packets of one WR that go as one train (RCQP.poll_wire); the window bounds
+# it too, so a train is at most what may be in flight. Trains cut at ACK_EVERY (16),
+# so that ACKs come back while the rest is in flight, measured no better than 64 on
+# loopback, and neither did a window of 256 (docs/performance.md, "Packet trains").
+TRAIN_MAX = 64
 # ibv_modify_qp(3): rnr_retry 7 means retry forever.
 RNR_RETRY_FOREVER = 7
 _U64 = 1 << 64
@@ -88,7 +93,10 @@ class _Request:
     built: bool = False
     psn: int = 0
     npsn: int = 0
+    # An atomic's one request packet; a SEND's or WRITE's gathered payload, from which
+    # its packets (or trains of them) are cut when they go (never kept as packets).
     pkts: list[Packet] | None = None
+    data: bytes | None = None
     # PSNs of this WR acknowledged (READ: response packets received, in order).
     acked: int = 0
     # Packets of this WR transmitted since the last go-back (READ: 1 once the request went).
@@ -209,16 +217,16 @@ class Requester:
         times = [t for t in (self._timer, self._rnr_until) if t is not None]
         return min(times) if times else None
 
-    def poll(self, out: list[Packet], now: float) -> None:
+    def poll(self, out: list, now: float, trains: bool = False) -> None:
         """Timers first, then what may go: retransmissions, new WRs, local WRs at the
-        head."""
+        head; with ``trains``, runs of a WR's packets as trains."""
         if self.qp.state in SENDING:
             self._run_timers(now)
         if self.qp.state in SENDING and self._rnr_until is None:
             # Local WRs at the head run first, so that WRs behind them see their effect.
             self._retire_head()
             if self.qp.state in SENDING:
-                self._transmit(out, now)
+                self._transmit(out, now, trains)
                 self._retire_head()
         self._raise_drained()
 
@@ -288,7 +296,7 @@ class Requester:
     def _rd_atomic_outstanding(self) -> int:
         return sum(1 for r in self._sq if r.sent and not r.local and r.wr.opcode in RESPONDED)
 
-    def _transmit(self, out: list[Packet], now: float) -> None:
+    def _transmit(self, out: list, now: float, trains: bool = False) -> None:
         inflight = self._inflight()
         rd_atomic = self._rd_atomic_outstanding()
         sent_any = False
@@ -325,12 +333,19 @@ class Requester:
                     sent_any = True
                 continue
             while r.sent < r.npsn and inflight < WINDOW:
-                out.append(r.pkts[r.sent])
+                # A run of packets goes as one train when the caller takes trains: as
+                # many as the window allows, up to TRAIN_MAX, never across the PSN
+                # wrap (a train's PSNs are one interval). Counted per packet.
+                k = 1
+                if trains:
+                    first = psn_add(r.psn, r.sent)
+                    k = min(r.npsn - r.sent, WINDOW - inflight, TRAIN_MAX, PSN_MOD - first)
+                out.append(self._train(r, r.sent, k) if k > 1 else self._packet(r, r.sent))
                 if r.sent < r.high:
-                    self.qp.stats["retransmitted_packets"] += 1
-                r.sent += 1
+                    self.qp.stats["retransmitted_packets"] += min(k, r.high - r.sent)
+                r.sent += k
                 r.high = max(r.high, r.sent)
-                inflight += 1
+                inflight += k
                 sent_any = True
             if r.sent < r.npsn:
                 break
@@ -365,28 +380,39 @@ class Requester:
                 except TransferError as err:
                     r.error = err.status(remote=False)
                     return
-            r.pkts = self._segment(wr, data, r.psn)
-            r.npsn = len(r.pkts)
+            r.data = data
+            # The path MTU cuts the message; an empty message is one empty packet.
+            r.npsn = max(1, -(-len(data) // self.qp.mtu))
         self._next_psn = psn_add(r.psn, r.npsn)
 
-    def _segment(self, wr: SendWR, data: bytes, psn: int) -> list[Packet]:
-        kind = Op.SEND if wr.opcode in SENDS else Op.WRITE
-        imm = wr.opcode in WITH_IMM
-        inv = wr.opcode == WrOpcode.SEND_WITH_INV
-        pieces = chunks(data, self.qp.mtu)
-        n = len(pieces)
-        pkts = []
-        for i, chunk in enumerate(pieces):
-            name = opcode_for(kind, i == 0, i == n - 1, imm, inv)
-            # Each header where the opcode carries it (IBTA 9.2): the RETH on an RDMA
-            # WRITE's first packet, ImmDt and IETH on the last.
-            flags = FLAGS[name]
-            pkts.append(Packet(self.qp.dest_qp, psn_add(psn, i), name, chunk,
-                               (wr.rkey, wr.remote_addr, len(data)) if flags & Op.RETH
-                               else None, None,
-                               wr.imm_data if flags & Op.IMMDT else None,
-                               wr.invalidate_rkey if flags & Op.IETH else None))
-        return pkts
+    def _train(self, r: _Request, a: int, k: int) -> Train:
+        """Packets [a, a+k) of SEND / WRITE ``r`` as one train over its gathered bytes
+        (a view: no copy). Each header where its end packets' opcodes carry it (IBTA
+        9.2): the RETH on an RDMA WRITE's first packet, ImmDt and IETH on the last."""
+        wr, mtu = r.wr, self.qp.mtu
+        first, last = a == 0, a + k == r.npsn
+        return Train(self.qp.dest_qp, psn_add(r.psn, a), k,
+                     "SEND" if wr.opcode in SENDS else "RDMA_WRITE", first, last, mtu,
+                     memoryview(r.data)[a * mtu:(a + k) * mtu],
+                     (wr.rkey, wr.remote_addr, len(r.data))
+                     if first and wr.opcode not in SENDS else None, None,
+                     wr.imm_data if last and wr.opcode in WITH_IMM else None,
+                     wr.invalidate_rkey if last and wr.opcode == WrOpcode.SEND_WITH_INV
+                     else None)
+
+    def _packet(self, r: _Request, i: int) -> Packet:
+        """Packet ``i`` of SEND / WRITE ``r``, cut from its gathered bytes when it goes."""
+        wr, mtu = r.wr, self.qp.mtu
+        name = opcode_for(Op.SEND if wr.opcode in SENDS else Op.WRITE, i == 0,
+                          i == r.npsn - 1, wr.opcode in WITH_IMM,
+                          wr.opcode == WrOpcode.SEND_WITH_INV)
+        # Each header where the opcode carries it (IBTA 9.2): the RETH on an RDMA
+        # WRITE's first packet, ImmDt and IETH on the last.
+        flags = FLAGS[name]
+        return Packet(self.qp.dest_qp, psn_add(r.psn, i), name, r.data[i * mtu:(i + 1) * mtu],
+                      (wr.rkey, wr.remote_addr, len(r.data)) if flags & Op.RETH else None,
+                      None, wr.imm_data if flags & Op.IMMDT else None,
+                      wr.invalidate_rkey if flags & Op.IETH else None)
 
     def _read_request(self, r: _Request) -> Packet:
         # A retried READ asks only for what has not arrived, at that response's PSN
@@ -550,7 +576,36 @@ class Requester:
             return
         self._sq.popleft()
         self._progress(now)
-        if len(owner.read_buf) != owner.length:
+        self._finish_read(owner, memoryview(owner.read_buf))
+
+    def receive_train(self, t: Train, now: float) -> bool:
+        """A train of READ responses taken in one step, when it is exactly the next run
+        the READ at the head expects; False (nothing done) otherwise, and the caller
+        gives its packets to ``receive`` one by one, which decides every other case
+        (a duplicate, a gap, a train of a READ not at the head) as it always has."""
+        owner = self._sq[0] if self._sq else None
+        if (owner is None or owner.wr.opcode != WrOpcode.RDMA_READ or not owner.built
+                or owner.error is not None or owner.local
+                or psn_diff(t.psn, owner.psn) != owner.acked
+                or owner.acked + t.n > owner.npsn):
+            return False
+        whole = owner.acked == 0 and t.n == owner.npsn
+        if not whole:
+            owner.read_buf += t.payload
+        owner.acked += t.n
+        self._rnr_count = 0
+        self._progress(now)
+        if owner.acked < owner.npsn:
+            return True
+        self._sq.popleft()
+        self._progress(now)
+        data = t.payload if whole else memoryview(owner.read_buf)
+        self._finish_read(owner, data)
+        return True
+
+    def _finish_read(self, owner: _Request, data) -> None:
+        """Every response of READ ``owner`` is in: scatter ``data`` over its SGEs."""
+        if len(data) != owner.length:
             self._complete(owner, WcStatus.BAD_RESP_ERR)
             self.qp.enter_err()
             return
@@ -558,7 +613,7 @@ class Requester:
         errs: list | None = [] if self.qp.sig_pipelining else None
 
         def place() -> None:
-            scatter(self.qp.pd, owner.wr.sg, bytes(owner.read_buf), trace, errs)
+            scatter(self.qp.pd, owner.wr.sg, data, trace, errs)
             if errs:
                 self._sig_stop = True
         self._place_response(owner, place)

@@ -1,6 +1,7 @@
 """RC packets on the wire plane: the record, its frame header, and the integrity check.
 
-A packet is one frame on a wire connection between two daemons (``docs/protocol.md``).
+A packet is one frame on a wire connection between two daemons (``docs/protocol.md``);
+so is a train, a run of one message's packets (``Train``, at the end of this module).
 The header carries what RoCE's BTH and extension headers carry; the payload is the
 frame's raw payload. ``packet_check`` (the ``icrc`` field) plays the RoCE ICRC: a CRC32 over the invariant header
 fields and the payload. A receiver that finds it wrong drops the packet, counts it,
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import msgpack
 
 from .frames import FrameError, field
-from .opcodes import FLAGS, NAMES, SYNDROMES, Op
+from .opcodes import FLAGS, NAMES, SYNDROMES, Op, opcode_for
 
 PSN_MOD = 1 << 24
 _U32 = (1 << 32) - 1
@@ -168,3 +169,191 @@ def decode_packet(header: dict, payload) -> tuple[str, Packet]:
         raise IntegrityError("EPROTO", f"packet {op} psn {psn:#x} to QP {qp:#x}: icrc "
                                        f"mismatch, dropped")
     return dev, p
+
+
+# -- packet trains (segmentation offload) -------------------------------------------------
+#
+# A train is a run of consecutive packets of one message (a SEND or RDMA WRITE request,
+# or a READ's responses) carried as one frame: the headers once, then the packets'
+# payloads back to back, as Linux GSO hands a NIC one large segment and GRO gives the
+# stack one coalesced one. Packet i of a train is fully determined by the train: its
+# PSN is ``psn + i``, its opcode follows from its position (FIRST only at i == 0 of a
+# train that begins its message, LAST only at the end of one that ends it, MIDDLE
+# otherwise) and its payload is ``payload[i*mtu : (i+1)*mtu]``. Cutting a train into
+# packets (``packets()``) therefore gives exactly the packets the RC engine would have
+# sent one by one; everything that must see individual packets (fault rules, captures,
+# ``packets`` subscribers) cuts there.
+
+TRAIN_KINDS = {"SEND": Op.SEND, "RDMA_WRITE": Op.WRITE,
+               "RDMA_READ_RESPONSE": Op.READ_RESPONSE}
+# The path MTUs of IBTA (ibv_mtu): a train's packets are cut at one of them.
+TRAIN_MTUS = frozenset((256, 512, 1024, 2048, 4096))
+# The most packets one train frame may hold: a bound a receiver enforces before looking
+# at anything the train claims (4096 full 4096-byte packets fit DEFAULT_MAX_FRAME).
+MAX_TRAIN = 4096
+_FIRST, _LAST = 1, 2
+
+
+@dataclass(frozen=True)
+class Train:
+    """``n`` consecutive packets of one message to QP ``dest_qp`` from PSN ``psn``.
+
+    ``first``: packet 0 begins the message (it carries the RETH of a WRITE, and a READ
+    response's AETH); ``last``: packet n-1 ends it (ImmDt / IETH, and a READ response's
+    AETH). ``payload`` is the packets' payloads back to back, cut at ``mtu``."""
+
+    dest_qp: int
+    psn: int
+    n: int
+    kind: str                 # a TRAIN_KINDS key
+    first: bool
+    last: bool
+    mtu: int
+    payload: bytes | memoryview = b""
+    reth: tuple | None = None
+    aeth: tuple | None = None
+    imm: int | None = None
+    ieth: int | None = None
+
+    @property
+    def end_psn(self) -> int:
+        """The PSN of the train's last packet."""
+        return (self.psn + self.n - 1) % PSN_MOD
+
+    def opcode(self, i: int) -> str:
+        return opcode_for(TRAIN_KINDS[self.kind], self.first and i == 0,
+                          self.last and i == self.n - 1, self.imm is not None,
+                          self.ieth is not None)
+
+    def packet(self, i: int) -> Packet:
+        """Packet ``i`` of the train, as the requester or responder would have built it."""
+        op = self.opcode(i)
+        flags = FLAGS[op]
+        m = self.mtu
+        return Packet(self.dest_qp, (self.psn + i) % PSN_MOD, op,
+                      bytes(self.payload[i * m:(i + 1) * m]),
+                      self.reth if flags & Op.RETH else None,
+                      self.aeth if flags & Op.AETH else None,
+                      self.imm if flags & Op.IMMDT else None,
+                      self.ieth if flags & Op.IETH else None)
+
+    def packets(self) -> list[Packet]:
+        return [self.packet(i) for i in range(self.n)]
+
+    def sub(self, a: int, b: int) -> Train:
+        """Packets [a, b) of the train, as a train of their own."""
+        m = self.mtu
+        first, last = self.first and a == 0, self.last and b == self.n
+        return Train(self.dest_qp, (self.psn + a) % PSN_MOD, b - a, self.kind, first, last,
+                     m, self.payload[a * m:b * m], self.reth if first else None, self.aeth,
+                     self.imm if last else None, self.ieth if last else None)
+
+
+def split(items: list) -> list[Packet]:
+    """Packets and trains as the packets they are (GSO segmentation before a tap)."""
+    out: list[Packet] = []
+    for x in items:
+        if type(x) is Train:
+            out.extend(x.packets())
+        else:
+            out.append(x)
+    return out
+
+
+def count(items: list) -> int:
+    """How many packets ``items`` (packets and trains) are."""
+    return sum(x.n if type(x) is Train else 1 for x in items)
+
+
+def _train_head(dev: str, t: Train) -> list:
+    return [dev, t.dest_qp, t.psn, t.n, t.kind, t.first, t.last, t.mtu, len(t.payload),
+            _listify(t.reth), _listify(t.aeth), t.imm, t.ieth]
+
+
+def train_check(dev: str, t: Train) -> int:
+    """A train's integrity check: CRC32 over its header fields and payload length, not
+    over the payload (docs/protocol.md, "Packet trains": a train is never altered after
+    it is built, since everything that can change a packet sees it cut into packets,
+    and its bytes ride on TCP's own checksum; a CRC over 1 MiB would cost a third of
+    what moving it costs)."""
+    return zlib.crc32(msgpack.packb(_train_head(dev, t), use_bin_type=True))
+
+
+def train_header(dev: str, t: Train) -> dict:
+    """The ``train`` frame header for ``t`` addressed to HCA ``dev``. A train carries
+    exactly the extension headers its end packets need: the RETH when it begins a WRITE,
+    ImmDt / IETH when it ends a message with them, and, for READ responses, always its
+    message's AETH (the FIRST and LAST responses carry it)."""
+    h: dict = {"t": "train", "dev": dev, "qp": t.dest_qp, "psn": t.psn, "n": t.n,
+               "kind": t.kind, "pos": (_FIRST if t.first else 0) | (_LAST if t.last else 0),
+               "mtu": t.mtu}
+    for name, value in (("reth", t.reth), ("aeth", t.aeth), ("imm", t.imm),
+                        ("ieth", t.ieth)):
+        if value is not None:
+            h[name] = _listify(value) if isinstance(value, tuple) else value
+    h["chk"] = train_check(dev, t)
+    return h
+
+
+def _bad_train(msg: str) -> FrameError:
+    return FrameError("EPROTO", f"train: {msg}"[:160])
+
+
+def decode_train(header: dict, payload) -> tuple[str, Train]:
+    """Validate a ``train`` frame; return (destination HCA, Train).
+
+    Every field is checked as ``decode_packet`` checks a packet's, and the train as a
+    whole: a count within MAX_TRAIN, a path MTU, a payload that ``n`` packets of that
+    MTU carry exactly, a PSN range that does not wrap, and exactly the headers its end
+    packets' opcodes need. Raises FrameError("EPROTO"), or IntegrityError when the check
+    does not match. Nothing is allocated per claimed packet.
+    """
+    dev = field(header, "dev", str, min=1, max=64)
+    qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
+    psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
+    n = field(header, "n", int, min=1, max=MAX_TRAIN)
+    kind = field(header, "kind", str, max=40)
+    if kind not in TRAIN_KINDS:
+        raise _bad_train(f"kind must be one of {', '.join(TRAIN_KINDS)}, got {kind!r}")
+    pos = field(header, "pos", int, min=0, max=3)
+    mtu = field(header, "mtu", int, min=256, max=4096)
+    if mtu not in TRAIN_MTUS:
+        raise _bad_train(f"mtu {mtu} is not an IBTA path MTU")
+    check = field(header, "chk", int, min=0, max=_U32)
+    first, last = bool(pos & _FIRST), bool(pos & _LAST)
+    if psn + n > PSN_MOD:
+        raise _bad_train(f"PSNs [{psn:#x}, +{n}) wrap the 24-bit PSN space")
+    size = len(payload)
+    # n packets of mtu: every one full but the message's last, which holds 1..mtu bytes
+    # (0 only as the lone packet of an empty message).
+    if last:
+        ok = (n - 1) * mtu < size <= n * mtu or (n == 1 and first and size == 0)
+    else:
+        ok = size == n * mtu
+    if not ok:
+        raise _bad_train(f"{size} payload bytes are not {n} packets of path MTU {mtu}")
+    reth = _tuple(header, "reth", 3, (32, 64, 32)) if "reth" in header else None
+    aeth = _tuple(header, "aeth", 2, ("syndrome", 24)) if "aeth" in header else None
+    imm = field(header, "imm", int, min=0, max=_U32) if "imm" in header else None
+    ieth = field(header, "ieth", int, min=0, max=_U32) if "ieth" in header else None
+    t = Train(qp, psn, n, kind, first, last, mtu, payload, reth, aeth, imm, ieth)
+    # The headers each end's opcode must carry, and none other (IBTA 9.2).
+    try:
+        need = _NEEDS[t.opcode(0)][0] | _NEEDS[t.opcode(n - 1)][0]
+    except ValueError:
+        raise _bad_train(f"no {kind} opcode ends a message with "
+                         f"{'ImmDt and ' if imm is not None else ''}"
+                         f"{'IETH' if ieth is not None else 'ImmDt'}") from None
+    if kind == "RDMA_READ_RESPONSE":
+        need = need | {"aeth"}
+    present = {name for name, v in (("reth", reth), ("aeth", aeth), ("imm", imm),
+                                    ("ieth", ieth)) if v is not None}
+    if need != present:
+        raise _bad_train(f"{kind} train at positions {pos} must carry "
+                         f"{sorted(need) or 'no extension header'}, has {sorted(present)}")
+    if aeth is not None and aeth[0] != "ACK":
+        raise _bad_train("a READ response's AETH must be an ACK")
+    if train_check(dev, t) != check:
+        raise IntegrityError("EPROTO", f"train of {n} packets from psn {psn:#x} to QP "
+                                       f"{qp:#x}: check mismatch, dropped")
+    return dev, t

@@ -33,7 +33,18 @@ from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encod
 from ..protocol.handshake import HandshakeError, hello_src, make_challenge, verify_hello
 from ..protocol.link import READ_CHUNK, open_link, read_frames
 from ..protocol.opcodes import Op, with_flags
-from ..protocol.packets import IntegrityError, Packet, decode_packet, packet_check, packet_header
+from ..protocol.packets import (
+    IntegrityError,
+    Packet,
+    Train,
+    count,
+    decode_packet,
+    decode_train,
+    packet_check,
+    packet_header,
+    split,
+    train_header,
+)
 from .faults import REORDER_FLUSH_S, Emit, Faults
 from .logs import kv, log
 from .session import ControlSession, send_error
@@ -46,6 +57,8 @@ DEFAULT_PORT = 4791
 HANDSHAKE_TIMEOUT = 10.0
 # What a queued packet costs beside its payload (the Packet, its header map, the frame).
 PACKET_OVERHEAD = 256
+# Room a train frame's prefix and header take beside its payload (a header is well under).
+TRAIN_HEADROOM = 1024
 # Daemon(peer_token=...) not given: wire links prove the clients' token.
 SAME_TOKEN = object()
 QPN_MOD = 1 << 24
@@ -104,7 +117,7 @@ class Daemon:
                  port: int = DEFAULT_PORT, token: bytes | None = None,
                  max_frame: int | None = None, limits: Limits | None = None,
                  crypto: DeviceCrypto | None = None, strict_blocks: bool = False,
-                 peer_token: bytes | None | object = SAME_TOKEN) -> None:
+                 peer_token: bytes | None | object = SAME_TOKEN, trains: bool = True) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
         limits = limits or Limits()
@@ -121,6 +134,10 @@ class Daemon:
         # Wire links (other daemons) prove the peer token; by default the clients' one.
         self.peer_token = token if peer_token is SAME_TOKEN else peer_token
         self.max_frame = limits.max_frame
+        # Packet trains (docs/protocol.md): runs of one WR's packets go as one frame.
+        # Off (``serve --no-trains``), every request packet goes as its own frame; READ
+        # responses too. Trains that arrive are taken either way.
+        self.trains = trains
         self.registered_bytes = 0
         self.connections = 0
         # Connections still in the HELLO, oldest first (a dict keeps insertion order).
@@ -290,47 +307,20 @@ class Daemon:
                 touched: dict[int, QPHost] = {}
                 now = asyncio.get_running_loop().time()
                 for fr in frames:
-                    if fr.kind != "pkt":
-                        raise FrameError("EPROTO", f"unexpected {fr.kind!r} frame on a wire "
-                                                   "link (only 'pkt' is allowed)")
-                    try:
-                        dev, pkt = decode_packet(fr.header, fr.payload)
-                    except IntegrityError:
-                        # A link error: dropped and counted; the requester's retransmission
-                        # recovers it (docs/architecture.md, wire plane).
-                        self.counters["packets_bad_icrc"] += 1
-                        continue
-                    self.counters["packets_received"] += 1
-                    if self.taps:
-                        for tap in self.taps:
-                            tap("rx", dev, pkt)
-                    qph = self.qps.get((dev, pkt.dest_qp))
-                    if self._packet_watch:
-                        self._packet_event("rx", dev, pkt,
-                                           qph.session if qph is not None else None)
-                    if qph is None:
-                        self.counters["packets_unknown_qp"] += 1
-                        continue
-                    if (origin not in qph.origins
-                            or fr.header.get("sqp") != qph.rcqp.dest_qp):
-                        # Issue 13, defect 1: a connected QP takes packets only from
-                        # the daemon and QP of its address vector, as an HCA drops a
-                        # packet whose source does not match the QP's context.
-                        self.counters["packets_wrong_peer"] += 1
-                        continue
-                    if len(pkt.payload) > qph.rcqp.mtu:
-                        # IBTA 9.6.3: a packet longer than the path MTU is silently dropped.
-                        self.counters["packets_over_mtu"] += 1
-                        continue
-                    if self.faults.rules:
-                        for e in self.faults.apply("in", qph.rcqp.qp_num, qph.rcqp.mtu, [pkt],
-                                                   on_rnr=self._refuse_rnr(qph), route=qph,
-                                                   owner=qph.session):
-                            self._emit_in(e, now, touched)
-                        self._arm_reorder_flush()
+                    if fr.kind == "pkt":
+                        try:
+                            dev, pkt = decode_packet(fr.header, fr.payload)
+                        except IntegrityError:
+                            # A link error: dropped and counted; the requester's
+                            # retransmission recovers it (docs/architecture.md, wire plane).
+                            self.counters["packets_bad_icrc"] += 1
+                            continue
+                        self._take_packet(dev, pkt, fr.header.get("sqp"), origin, now, touched)
+                    elif fr.kind == "train":
+                        self._take_train(fr, origin, now, touched)
                     else:
-                        qph.rcqp.receive(pkt, now)
-                        touched[id(qph)] = qph
+                        raise FrameError("EPROTO", f"unexpected {fr.kind!r} frame on a wire "
+                                                   "link (only 'pkt' and 'train' are allowed)")
                 for qph in touched.values():
                     self.service(qph)
                 frames = await read_frames(reader, decoder)
@@ -341,6 +331,68 @@ class Daemon:
             log.warning("wire peer disconnected %s", kv(event="wire_protocol_error", peer=peer,
                                                         errno=e.errno_name, reason=e.message))
             send_error(writer, 0, e)
+
+    def _take_packet(self, dev: str, pkt: Packet, sqp, origin, now: float,
+                     touched: dict) -> None:
+        """One packet accepted from a wire link: taps, the source and MTU checks, fault
+        rules, then its QP."""
+        self.counters["packets_received"] += 1
+        if self.taps:
+            for tap in self.taps:
+                tap("rx", dev, pkt)
+        qph = self.qps.get((dev, pkt.dest_qp))
+        if self._packet_watch:
+            self._packet_event("rx", dev, pkt, qph.session if qph is not None else None)
+        if qph is None:
+            self.counters["packets_unknown_qp"] += 1
+            return
+        if origin not in qph.origins or sqp != qph.rcqp.dest_qp:
+            # Issue 13, defect 1: a connected QP takes packets only from the daemon and
+            # QP of its address vector, as an HCA drops a packet whose source does not
+            # match the QP's context.
+            self.counters["packets_wrong_peer"] += 1
+            return
+        if len(pkt.payload) > qph.rcqp.mtu:
+            # IBTA 9.6.3: a packet longer than the path MTU is silently dropped.
+            self.counters["packets_over_mtu"] += 1
+            return
+        if self.faults.rules:
+            for e in self.faults.apply("in", qph.rcqp.qp_num, qph.rcqp.mtu, [pkt],
+                                       on_rnr=self._refuse_rnr(qph), route=qph,
+                                       owner=qph.session):
+                self._emit_in(e, now, touched)
+            self._arm_reorder_flush()
+        else:
+            qph.rcqp.receive(pkt, now)
+            touched[id(qph)] = qph
+
+    def _take_train(self, fr, origin, now: float, touched: dict) -> None:
+        """A train accepted from a wire link: given whole to its QP (RCQP.receive_train)
+        when nothing here needs its packets; cut into packets, each taken as one
+        (``_take_packet``), where a tap, a ``packets`` subscriber or a fault rule must
+        see them, or where its packets exceed the QP's path MTU (the over-MTU drop is
+        per packet). Counters count packets either way."""
+        try:
+            dev, t = decode_train(fr.header, fr.payload)
+        except IntegrityError:
+            # Every field was valid, so n is a checked count.
+            self.counters["packets_bad_icrc"] += fr.header["n"]
+            return
+        sqp = fr.header.get("sqp")
+        qph = self.qps.get((dev, t.dest_qp))
+        if self.taps or self._packet_watch or self.faults.rules or (
+                qph is not None and t.mtu > qph.rcqp.mtu):
+            for i in range(t.n):
+                self._take_packet(dev, t.packet(i), sqp, origin, now, touched)
+            return
+        self.counters["packets_received"] += t.n
+        if qph is None:
+            self.counters["packets_unknown_qp"] += t.n
+        elif origin not in qph.origins or sqp != qph.rcqp.dest_qp:
+            self.counters["packets_wrong_peer"] += t.n
+        else:
+            qph.rcqp.receive_train(t, now)
+            touched[id(qph)] = qph
 
     def _refuse_rnr(self, qph: QPHost):
         def refuse(p: Packet) -> bool:
@@ -486,8 +538,11 @@ class Daemon:
         wanted = {(q.dest[0], q.dest[1]) for q in self.qps.values() if q.dest is not None}
         for key, link in list(self.links.items()):
             if key not in wanted:
-                link.close()
+                # Nobody sends on it any more: what it still holds is lost on the wire,
+                # as for a link that is cut, and freed now.
+                link.close(abort=True)
                 del self.links[key]
+        _return_free_memory()
 
     def forget_qp(self, qph: QPHost) -> None:
         for k, v in qph.rcqp.stats.items():
@@ -507,9 +562,14 @@ class Daemon:
         if qph.session.gone:
             return
         loop = asyncio.get_running_loop()
-        pkts = qph.rcqp.poll_packets(loop.time())
+        pkts = qph.rcqp.poll_wire(loop.time(), self.trains)
         if pkts and qph.dest is not None:
             host, port, dev = qph.dest
+            if not self.trains or self.taps or self._packet_watch or self.faults.rules:
+                # Trains are cut into their packets where packets are needed: each tap
+                # and subscriber sees, and each fault rule matches, the packets the QP
+                # would have sent one by one (GSO segmentation before a tap).
+                pkts = split(pkts)
             if self.taps:
                 for p in pkts:
                     for tap in self.taps:
@@ -525,7 +585,7 @@ class Daemon:
                 self._arm_reorder_flush()
             else:
                 self.link_to(host, port).send(dev, pkts, src_qp=qph.rcqp.qp_num, owner=qph)
-                self.counters["packets_sent"] += len(pkts)
+                self.counters["packets_sent"] += count(pkts)
         scq = qph.rcqp.poll_send_cq()
         if scq:
             qph.session.verbs.complete(qph.scq, scq)
@@ -594,9 +654,13 @@ class WireLink:
         self.daemon = daemon
         self.host, self.port = host, port
         self.writer: asyncio.StreamWriter | None = None
-        # (dev, packet, icrc override, source QPN, the QP that sent it) until the link is up.
-        self.queued: list[tuple[str, Packet, int | None, int, object]] = []
+        # (dev, packet or train, icrc override, source QPN, the QP that sent it) until
+        # the link is up.
+        self.queued: list[tuple[str, Packet | Train, int | None, int, object]] = []
         self.queued_bytes = 0
+        # The largest frame the peer takes (its welcome says): a train that would be
+        # larger goes as its packets.
+        self.peer_max_frame = DEFAULT_MAX_FRAME
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(self._run())
 
@@ -606,16 +670,16 @@ class WireLink:
             return self.queued_bytes
         return self.writer.transport.get_write_buffer_size()
 
-    def send(self, dev: str, pkts: list[Packet], icrc_value: int | None = None, *,
+    def send(self, dev: str, pkts: list[Packet | Train], icrc_value: int | None = None, *,
              src_qp: int, owner: object = None) -> None:
-        """Frame and write ``pkts`` of QP ``src_qp``; ``icrc_value`` (one packet)
+        """Frame and write ``pkts`` (packets and trains) of QP ``src_qp``; ``icrc_value`` (one packet)
         overrides its check; ``owner`` (the sending QP) lets a closing session take back
         its queued packets."""
         if self.closed:
             return      # lost on the wire; RC retransmission or its retry limit follows
         room = self.MAX_BUFFERED - self.buffered()
         if room <= 0:
-            self.daemon.counters["packets_dropped_link_full"] += len(pkts)
+            self.daemon.counters["packets_dropped_link_full"] += count(pkts)
             return
         if self.writer is None:
             for p in pkts:
@@ -623,10 +687,16 @@ class WireLink:
                 self.queued_bytes += len(p.payload) + PACKET_OVERHEAD
             return
         bufs = []
+        if any(type(p) is Train and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame
+               for p in pkts):
+            pkts = [x for p in pkts for x in (
+                p.packets() if type(p) is Train
+                and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])]
         for p in pkts:
             # The source QP, which the receiver checks against its QP's dest_qp_num
             # (the BTH does not carry it; an HCA knows it from the QP context).
-            h = packet_header(dev, p, icrc_value=icrc_value)
+            h = (train_header(dev, p) if type(p) is Train
+                 else packet_header(dev, p, icrc_value=icrc_value))
             h["sqp"] = src_qp
             bufs.extend(encode_frame(h, p.payload))
         self.writer.writelines(bufs)
@@ -637,12 +707,17 @@ class WireLink:
             self.queued = [q for q in self.queued if q[4] not in owners]
             self.queued_bytes = sum(len(q[1].payload) + PACKET_OVERHEAD for q in self.queued)
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Close the link; with ``abort``, drop what its socket has not sent (a close
+        waits for the peer to take it, which a peer that never reads never does)."""
         self.closed = True
         self.task.cancel()
         if self.writer is not None:
             with contextlib.suppress(Exception):
-                self.writer.close()
+                if abort:
+                    self.writer.transport.abort()
+                else:
+                    self.writer.close()
 
     async def _run(self) -> None:
         where = f"{self.host}:{self.port}"
@@ -651,6 +726,9 @@ class WireLink:
                                    timeout=HANDSHAKE_TIMEOUT, max_frame=self.daemon.max_frame,
                                    src=self.daemon.address)
             reader, writer = link.reader, link.writer
+            peer_max = link.welcome.get("max_frame")
+            if type(peer_max) is int and peer_max > 0:
+                self.peer_max_frame = peer_max
             self.writer = writer
             queued, self.queued, self.queued_bytes = self.queued, [], 0
             for dev, p, icrc_value, src_qp, owner in queued:
@@ -667,6 +745,26 @@ class WireLink:
         finally:
             self.closed = True
             self.queued, self.queued_bytes = [], 0
+
+
+_malloc_trim = None
+
+
+def _return_free_memory() -> None:
+    """Give the heap's free pages back to the system (glibc malloc_trim(3)) once a
+    session's QPs and links are gone: a WR's gathered message is one block kept until
+    it completes, and what a closed session freed should not stay resident because a
+    later allocation sits above it in the heap. A no-op where malloc_trim is missing."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
 
 
 def host_class(ip: str) -> str:

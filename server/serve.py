@@ -44,6 +44,8 @@ class ServeOptions:
     # The wire links' credential: None (no authentication) or bytes; unset, the token.
     peer_token: bytes | None = None
     peer_token_given: bool = False
+    # Packet trains (docs/protocol.md); ``serve --no-trains`` sends packet by packet.
+    trains: bool = True
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -133,12 +135,12 @@ def options_from_args(args) -> ServeOptions:
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
                         args.log_level, args.ready_file, faults, capture or None, crypto,
                         bool(getattr(args, "strict_blocks", False)), peer_token,
-                        bool(peer_token_file))
+                        bool(peer_token_file), not getattr(args, "no_trains", False))
 
 
 async def serve(o: ServeOptions) -> None:
     daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits, crypto=o.crypto,
-                    strict_blocks=o.strict_blocks,
+                    strict_blocks=o.strict_blocks, trains=o.trains,
                     **({"peer_token": o.peer_token} if o.peer_token_given else {}))
     for rule in o.faults:
         daemon.faults.add(rule)

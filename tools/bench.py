@@ -334,6 +334,8 @@ class E2EOptions:
     qp_pairs: int = 1000        # connected QP pairs of the many-QPs run
     writes_per_qp: int = 4
     quick: bool = False
+    # Packet trains on the daemons' wire (`softhca serve --no-trains` when False).
+    trains: bool = True
 
 
 QUICK = E2EOptions(seconds=0.02, mib=1.0, depth=8, inflight_mib=2.0, latency_samples=50,
@@ -678,8 +680,8 @@ class Daemons:
     """``softhca serve`` processes on loopback port 0 (``with Daemons(2, dir) as addrs``);
     leaving the block ends them, whatever happened inside."""
 
-    def __init__(self, n: int, workdir: str) -> None:
-        self.n, self.workdir = n, workdir
+    def __init__(self, n: int, workdir: str, extra: tuple[str, ...] = ()) -> None:
+        self.n, self.workdir, self.extra = n, workdir, extra
         self.procs: list[subprocess.Popen] = []
         self.logs: list[str] = []
 
@@ -694,7 +696,7 @@ class Daemons:
                     self.procs.append(subprocess.Popen(
                         [sys.executable, "-m", "softhca.tools.cli", "serve",
                          "--listen", "127.0.0.1:0", "--ready-file", ready,
-                         "--log-level", "warning"],
+                         "--log-level", "warning", *self.extra],
                         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file))
                 addresses.append(_wait_file(ready, self.procs[-1:], f"daemon {i}"))
             return addresses
@@ -1115,7 +1117,7 @@ def run_e2e(opts: E2EOptions = E2EOptions(), progress=None) -> dict:
         tcp = tcp_ceilings(opts, workdir)
         tcp_rtt = tcp_round_trip(opts.latency_samples, workdir)
         chain = tcp_chain(opts.latency_samples, workdir)
-        daemons = Daemons(2, workdir)
+        daemons = Daemons(2, workdir, () if opts.trains else ("--no-trains",))
         with daemons as addresses:
             try:
                 measured = _run_loop(_measure(addresses, [p.pid for p in daemons.procs],

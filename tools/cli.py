@@ -113,6 +113,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--writes-per-qp", type=positive_int, metavar="N",
                    help="RDMA_WRITEs per QP of the many-QPs run (default 4)")
     p.add_argument("--progress", action="store_true", help="say what runs, on stderr")
+    p.add_argument("--no-trains", action="store_true",
+                   help="run the daemons with `softhca serve --no-trains` (every packet its "
+                   "own frame), to compare with packet trains")
     _add_compare(p, "softhca bench --json")
     p.add_argument("--compare-ratio", choices=("tcp_stream", "engine", "min"),
                    default="tcp_stream",
@@ -206,6 +209,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if given.get("sessions", 2) < 2:
         print("softhca bench: --sessions needs at least 2 (one per daemon)", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "no_trains", False):
+        given["trains"] = False
     opts = dataclasses.replace(base, **given)
 
     def progress(what: str) -> None:
@@ -307,6 +312,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    "layout at configure (EINVAL), a transfer through it as a misaligned one "
                    "is (docs/blocks.md); without it a trailing partial block passes as plain "
                    "data and is counted (partial_block_* counters)")
+    p.add_argument("--no-trains", action="store_true",
+                   help="send every RC packet as its own frame, never a packet train "
+                   "(a run of one message's packets in one frame, docs/protocol.md); "
+                   "for comparison: the traffic is the same")
     p.add_argument("--capture", metavar="FILE",
                    help="write every packet this daemon sends and accepts to FILE, a pcap of "
                    "RoCEv2 frames that Wireshark and tshark decode (see 'softhca capture')")
