@@ -376,3 +376,19 @@ def test_compare_reads_runs_saved_before_rows_had_a_path_mtu(tmp_path, capsys):
     assert main(["bench", "--compare", saved, new]) == 0
     cells = printed_rows(capsys.readouterr().out)["RDMA_WRITE 1 MiB plain"]
     assert math.isclose(float(cells[4]), 0.43 / 0.1, rel_tol=1e-3)
+
+
+def test_engine_json_out_writes_the_run_and_still_prints_the_table(tmp_path, capsys):
+    # A tiny run (0.0625 MiB, one timing each): the file is the run's JSON document,
+    # readable as a later --compare SAVED, and the table is printed as without it.
+    out = tmp_path / "engine.json"
+    assert main(["bench", "engine", "--mib", "0.0625", "--repeat", "1",
+                 "--json-out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "engine"
+    names = [r["name"] for r in doc["results"]]
+    assert names and all(n in printed for n in names)
+    assert main(["bench", "engine", "--compare", str(out), str(out)]) == 0
+    cells = printed_rows(capsys.readouterr().out)[names[0]]
+    assert math.isclose(float(cells[4]), 1.0)

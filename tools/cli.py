@@ -128,6 +128,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                            "CRC64_XP10, AES-XTS and crypto table row C, each beside one call of "
                            "the primitive it uses over the same bytes.")
     e.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+    e.add_argument("--json-out", metavar="FILE",
+                   help="also write the JSON document to FILE (the table still prints)")
     e.add_argument("--mib", type=positive_float, default=4.0, metavar="N",
                    help="MiB of data per measurement (default 4)")
     e.add_argument("--repeat", type=positive_int, default=5, metavar="R",
@@ -247,6 +249,10 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         return _compare_saved(args, bench, docs)
     report = bench.run_engine(mib=args.mib, repeat=args.repeat)
     text = bench.to_json(report)
+    if args.json_out:
+        # The run alone, so the file can be a later run's SAVED.
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
     if not args.json:
         print(bench.to_table(report))
     if docs:
