@@ -33,13 +33,16 @@ if TYPE_CHECKING:
     from ..protocol.records import SendWR
     from .rc import RCQP
 
-# Unacknowledged packets the requester may have on the wire.
-WINDOW = 64
-# The most packets of one WR that go as one train (RCQP.poll_wire); the window bounds
-# it too, so a train is at most what may be in flight. Trains cut at ACK_EVERY (16),
-# so that ACKs come back while the rest is in flight, measured no better than 64 on
-# loopback, and neither did a window of 256 (docs/performance.md, "Packet trains").
-TRAIN_MAX = 64
+# Unacknowledged packets the requester may have on the wire: 128, rxe's
+# RXE_MAX_UNACKED_PSNS. With packet trains a window of 64 (256 KiB at MTU 4096) held one
+# train in flight, so each waited for the ACK of the one before: measured on a quiet
+# machine, 1 MiB RDMA_WRITEs streamed at 200-212 MB/s with 64, 363-368 with 128
+# (docs/performance.md, "Packet trains").
+WINDOW = 128
+# The most packets of one WR that go as one train (RCQP.poll_wire): a quarter of the
+# window, so that the responder's ACK of one train comes back while the next three are
+# in flight (the window alone would allow one train of all of it).
+TRAIN_MAX = 32
 # ibv_modify_qp(3): rnr_retry 7 means retry forever.
 RNR_RETRY_FOREVER = 7
 _U64 = 1 << 64

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 import softhca.client as sh
 from softhca.engine.hca import HCA
 from softhca.engine.rc import RCQP, Packet, RecvWR, SendWR, Train
+from softhca.engine.rc_requester import TRAIN_MAX, WINDOW
 from softhca.protocol.attrs import SGE
 from softhca.protocol.enums import AccessFlags, Mtu, SendFlags, WcStatus, WrOpcode
 from softhca.protocol.frames import FrameDecoder, FrameError, frame_bytes
@@ -387,7 +388,8 @@ def test_a_train_ahead_of_epsn_gets_one_sequence_nak():
 
 
 def test_go_back_n_restarts_inside_a_train():
-    link, src, b_mr, t = write_pair(size=40 * 1024)
+    # 30 packets: one train (TRAIN_MAX is 32).
+    link, src, b_mr, t = write_pair(size=30 * 1024)
     # Packets 0..19 arrive, 20 is lost, the rest is ahead: one NAK names PSN +20.
     link.b.receive_train(t.sub(0, 20), 0.0)
     link.b.receive_train(t.sub(21, t.n), 0.0)
@@ -395,9 +397,9 @@ def test_go_back_n_restarts_inside_a_train():
         link.a.receive(p, 0.0)
     again = link.a.poll_wire(0.0)
     assert len(again) == 1 and type(again[0]) is Train
-    assert again[0].psn == (t.psn + 20) % (1 << 24) and again[0].n == 20
+    assert again[0].psn == (t.psn + 20) % (1 << 24) and again[0].n == 10
     assert not again[0].first and again[0].last and again[0].reth is None
-    assert link.a.stats["retransmitted_packets"] == 20
+    assert link.a.stats["retransmitted_packets"] == 10
     link.b.receive_train(again[0], 0.0)
     assert bytes(b_mr.read()) == src
 
@@ -442,13 +444,18 @@ def test_trains_never_span_the_psn_wrap():
     link = Link(256, True)
     size = 200 * 256
     mr = link.ha.reg_mr(link.pda, size, ALL)
-    link.a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, [SGE(mr.addr, size, mr.lkey)], SIG,
-                            rkey=1, remote_addr=0), 0.0)
+    # A first WR of 10 packets moves the big one's trains off the window's multiples:
+    # from A_PSN + 10 (0x56 below the wrap) they go 32, 32, then 22 up to the wrap.
+    for wr_id, n in ((1, 10 * 256), (2, size)):
+        link.a.post_send(SendWR(wr_id, WrOpcode.RDMA_WRITE, [SGE(mr.addr, n, mr.lkey)], SIG,
+                                rkey=1, remote_addr=0), 0.0)
     items = link.a.poll_wire(0.0)
-    # A_PSN is 0x60 below the wrap: the first train ends at 0xFFFFFF.
-    assert items[0].psn == A_PSN and items[0].psn + items[0].n <= 1 << 24
+    assert items[0].psn == A_PSN
     assert all(t.psn + t.n <= 1 << 24 for t in items)
-    assert count(items) == 64
+    ends = [t for t in items if t.psn + t.n == 1 << 24]
+    assert len(ends) == 1 and ends[0].n == 0x56 - 64 < TRAIN_MAX
+    assert items[items.index(ends[0]) + 1].psn == 0
+    assert count(items) == WINDOW
 
 
 # -- the frame ------------------------------------------------------------------------------
