@@ -224,19 +224,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except bench.BenchError as e:
         print(f"softhca bench: {e}", file=sys.stderr)
         return EXIT_FAIL
-    text = bench.e2e_to_json(doc)
-    if args.json_out:
-        # The run alone, so the file can be a later run's SAVED.
-        with open(args.json_out, "w") as f:
-            f.write(text + "\n")
-    if not args.json:
-        print(bench.e2e_to_table(doc))
-    if docs:
-        doc = {**doc, "compare": _show_compare(args, bench, docs[0], doc, "this run")}
-        text = bench.e2e_to_json(doc)
-    if args.json:
-        print(text)
-    return EXIT_OK
+    return _emit_run(args, bench, doc, bench.e2e_to_json(doc), bench.e2e_to_table(doc), docs)
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
@@ -249,14 +237,20 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         return _compare_saved(args, bench, docs)
     report = bench.run_engine(mib=args.mib, repeat=args.repeat)
     text = bench.to_json(report)
+    return _emit_run(args, bench, json.loads(text), text, bench.to_table(report), docs)
+
+
+def _emit_run(args: argparse.Namespace, bench, run: dict, text: str, table: str,
+              docs: list[dict]) -> int:
+    """A bench run out: to --json-out FILE (the run alone, so the file can be a later
+    run's SAVED), the table unless --json, then the comparison with SAVED if asked, and
+    the JSON document (with its ``compare`` member) with --json."""
     if args.json_out:
-        # The run alone, so the file can be a later run's SAVED.
         with open(args.json_out, "w") as f:
             f.write(text + "\n")
     if not args.json:
-        print(bench.to_table(report))
+        print(table)
     if docs:
-        run = json.loads(text)
         text = json.dumps({**run, "compare": _show_compare(args, bench, docs[0], run,
                                                            "this run")}, indent=2)
     if args.json:
