@@ -498,15 +498,15 @@ async def _tcp_source(port: int, size: int, seconds: float, budget: int) -> None
     await writer.wait_closed()
 
 
-async def _tcp_echo(ready_file: str, timeout: float) -> None:
-    """Send back whatever one connection sends, until it closes."""
+async def _serve_until_one_done(handle, ready_file: str, timeout: float) -> None:
+    """A TCP server on a free loopback port (announced in ``ready_file``) running
+    ``handle(reader, writer)`` per connection, until the first one is done or
+    ``timeout`` seconds: the helper processes of the ceilings."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        while data := await reader.read(TCP_READ_CHUNK):
-            writer.write(data)
-        writer.close()
+        await handle(reader, writer)
         if not done.done():
             done.set_result(None)
 
@@ -516,6 +516,16 @@ async def _tcp_echo(ready_file: str, timeout: float) -> None:
         await asyncio.wait_for(done, timeout)
     finally:
         server.close()
+
+
+async def _tcp_echo(ready_file: str, timeout: float) -> None:
+    """Send back whatever one connection sends, until it closes."""
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(TCP_READ_CHUNK):
+            writer.write(data)
+        writer.close()
+
+    await _serve_until_one_done(echo, ready_file, timeout)
 
 
 async def _tcp_ping(port: int, samples: int, size: int) -> list[float]:
@@ -555,27 +565,17 @@ async def _tcp_forward(ready_file: str, target_port: int, timeout: float) -> Non
     """The initiator daemon's hops without softhca: each connection from the client gets
     one connection to the target process, and bytes are forwarded both ways as they
     come (the request on to the target, the target's answer back to the client)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future = loop.create_future()
-
     async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError):
             while data := await reader.read(TCP_READ_CHUNK):
                 writer.write(data)
         writer.close()
 
-    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         t_reader, t_writer = await asyncio.open_connection("127.0.0.1", target_port)
         await asyncio.gather(pump(reader, t_writer), pump(t_reader, writer))
-        if not done.done():
-            done.set_result(None)
 
-    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
-    _announce_port(server, ready_file)
-    try:
-        await asyncio.wait_for(done, timeout)
-    finally:
-        server.close()
+    await _serve_until_one_done(forward, ready_file, timeout)
 
 
 def tcp_chain(samples: int, workdir: str, size: int = LATENCY_BYTES) -> dict:
