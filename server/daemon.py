@@ -28,6 +28,7 @@ from typing import Any
 
 from ..engine.crypto_login import DeviceCrypto
 from ..engine.hca import HCA
+from ..protocol.enums import QpState
 from ..protocol.errors import RDMAError
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, hello_src, make_challenge, verify_hello
@@ -62,6 +63,8 @@ TRAIN_HEADROOM = 1024
 # Daemon(peer_token=...) not given: wire links prove the clients' token.
 SAME_TOKEN = object()
 QPN_MOD = 1 << 24
+# QPs that go to ERR within this many seconds of each other share one malloc_trim.
+TRIM_DELAY_S = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +165,7 @@ class Daemon:
         # RC statistics of QPs already destroyed, so daemon totals never go backwards.
         self._gone_qp_stats: dict[str, int] = {}
         self._reorder_timer: asyncio.TimerHandle | None = None
+        self._trim_timer: asyncio.TimerHandle | None = None
         # QP numbers start at an unpredictable 24-bit value (issue 13: QPNs counted from
         # 0x11 let a forged packet name another session's QP without looking).
         self._qpn = itertools.count(secrets.randbelow(QPN_MOD))
@@ -195,6 +199,8 @@ class Daemon:
                                     qps=len(self.qps)))
         if self._server is not None:
             self._server.close()
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
         for session in list(self.sessions):
             session.verbs.flush_all()
         # A poll_cq waiting when the signal came is owed the flushed completions: let
@@ -596,12 +602,30 @@ class Daemon:
             for ev in qph.rcqp.take_events():
                 qph.session.verbs.async_events.push(qph.ctx, ev, qp=qph.handle,
                                               qp_num=qph.rcqp.qp_num)
+        if (qph.rcqp.state == QpState.ERR) != qph.flushed:
+            # Into ERR (or out of it again, through RESET, for the next time).
+            qph.flushed = not qph.flushed
+            if qph.flushed:
+                self._trim_soon()
         deadline = qph.rcqp.next_deadline()
         if deadline != qph.timer_at:
             if qph.timer is not None:
                 qph.timer.cancel()
             qph.timer = None if deadline is None else loop.call_at(deadline, self._fire, qph)
             qph.timer_at = deadline
+
+    def _trim_soon(self) -> None:
+        """QPs went to ERR: the messages their flushed WRs had gathered are free now, and
+        many at once when a peer is lost (each QP retries out). Those blocks sit in the
+        heap below later allocations, so glibc cannot give them back by itself; one
+        malloc_trim for every QP that failed within TRIM_DELAY_S does."""
+        if self._trim_timer is None:
+            self._trim_timer = asyncio.get_running_loop().call_later(TRIM_DELAY_S,
+                                                                      self._trim_now)
+
+    def _trim_now(self) -> None:
+        self._trim_timer = None
+        _return_free_memory()
 
     def _fire(self, qph: QPHost) -> None:
         qph.timer = qph.timer_at = None

@@ -154,6 +154,8 @@ class QPHost:
     origins: frozenset = frozenset()
     timer: asyncio.TimerHandle | None = None
     timer_at: float | None = None
+    # Whether the daemon has seen this QP in ERR (its flushed WRs' memory freed).
+    flushed: bool = False
     attrs: dict = dataclasses.field(default_factory=dict)
     # The session's handle of the context the QP was created on: its async events go there.
     ctx: int = 0

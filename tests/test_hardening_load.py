@@ -26,7 +26,7 @@ from softhca.protocol.errors import RDMAError
 from softhca.protocol.frames import FrameDecoder, frame_bytes
 from softhca.protocol.handshake import make_hello
 
-from e2e import rdma, two_nodes, whole
+from e2e import make_side, rdma, two_nodes, whole
 
 RW = AccessFlags.REMOTE_READ | AccessFlags.REMOTE_WRITE | AccessFlags.LOCAL_WRITE
 
@@ -594,3 +594,24 @@ async def test_qps_to_a_peer_that_never_reads_keep_serve_rss_bounded(tmp_path):
                   f"{again / 2**20:.0f} MiB more the second time; the issue measured "
                   f"+234 MB)")
             assert peaks[0] < bound and peaks[1] < peaks[0] + again
+
+
+async def test_qps_failing_together_share_one_heap_trim(monkeypatch):
+    """QPs that go to ERR free the messages their WRs gathered; the daemon gives the heap
+    back with one malloc_trim for all the QPs that fail within TRIM_DELAY_S, not one per
+    QP, and one again for a QP that fails later."""
+    from softhca.server import daemon as daemon_mod
+
+    trims = []
+    monkeypatch.setattr(daemon_mod, "_return_free_memory", lambda: trims.append(1))
+    async with sh.embedded() as node:
+        sides = [await make_side(node) for _ in range(4)]
+        for s in sides:
+            await s.qp.to_init()
+        for s in sides[:3]:
+            await s.qp.modify(sh.QPAttr(qp_state=sh.IBV_QPS_ERR), sh.IBV_QP_STATE)
+        await asyncio.sleep(3 * daemon_mod.TRIM_DELAY_S)
+        assert len(trims) == 1
+        await sides[3].qp.modify(sh.QPAttr(qp_state=sh.IBV_QPS_ERR), sh.IBV_QP_STATE)
+        await asyncio.sleep(3 * daemon_mod.TRIM_DELAY_S)
+        assert len(trims) == 2
