@@ -139,12 +139,23 @@ def _precheck(mkey: MKey, p: Plan) -> tuple[str, int, int] | None:
     return cs
 
 
-def _sig(sp: SigPlan, stream: np.ndarray, p: Plan, pool: ScratchPool | None,
-         stages: list[BlockStage] | None) -> tuple[np.ndarray, object]:
+def _sig(obj: MKey, sp: SigPlan, stream: np.ndarray, p: Plan, pool: ScratchPool | None,
+         t: _Tracer, sig_errors: list | None, out_stream: str, out_offset: int) -> np.ndarray:
+    """The signature stage of either direction: check and generate or strip through
+    ``sp``, latch the first error on the MKEY (mlx5dv_mkey_check(3)), hand it to
+    ``sig_errors`` too, and trace the block stages on ``out_stream``."""
+    stages = t.stages()
     stage = Stage(pool, "sig", sp.out_size(p.n_blocks, p.tail))
     # Guards are computed on the data part of the output blocks, one view per block.
     views = stage.views(sp.out_w, sp.block_size, p.n_blocks)
-    return sp.run(stream, p.n_blocks, p.tail, p.first_block, stages, stage.out, views)
+    out, err = sp.run(stream, p.n_blocks, p.tail, p.first_block, stages, stage.out, views)
+    obj.latch(err)
+    if err is not None and sig_errors is not None:
+        sig_errors.append(err)
+    if stages is not None:
+        for st in stages:
+            t.emit(st.name, out_stream, out_offset, out, **st.detail)
+    return out
 
 
 class _Tracer:
@@ -174,12 +185,6 @@ def _crypt(mkey: MKey, data: np.ndarray, cs, direction: str, t: _Tracer,
     return out
 
 
-def _emit_sig(t: _Tracer, stages, stream: str, offset: int, data: np.ndarray) -> None:
-    if stages is not None:
-        for st in stages:
-            t.emit(st.name, stream, offset, data, **st.detail)
-
-
 def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
        trace: Trace = None, sig_errors: list | None = None) -> bytes:
     """Memory to wire: the wire bytes of ``length`` at ``offset`` through ``key``.
@@ -205,12 +210,7 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
         if cs is not None and cs[0] == "memory":
             stream = _crypt(obj, stream, cs, TX, t, pool)
         if kp.sig_tx is not None:
-            stages = t.stages()
-            stream, err = _sig(kp.sig_tx, stream, p, pool, stages)
-            obj.latch(err)
-            if err is not None and sig_errors is not None:
-                sig_errors.append(err)
-            _emit_sig(t, stages, "wire", p.wire_offset, stream)
+            stream = _sig(obj, kp.sig_tx, stream, p, pool, t, sig_errors, "wire", p.wire_offset)
         if cs is not None and cs[0] == "wire":
             stream = _crypt(obj, stream, cs, TX, t, pool)
         t.emit("wire", "wire", p.wire_offset, stream, **_partial(obj, p))
@@ -239,12 +239,8 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
         if cs is not None and cs[0] == "wire":
             stream = _crypt(obj, stream, cs, RX, t, pool)
         if kp.sig_rx is not None:
-            stages = t.stages()
-            stream, err = _sig(kp.sig_rx, stream, p, pool, stages)
-            obj.latch(err)
-            if err is not None and sig_errors is not None:
-                sig_errors.append(err)
-            _emit_sig(t, stages, "memory", p.mem_offset, stream)
+            stream = _sig(obj, kp.sig_rx, stream, p, pool, t, sig_errors, "memory",
+                          p.mem_offset)
         if cs is not None and cs[0] == "memory":
             stream = _crypt(obj, stream, cs, RX, t, pool)
         obj.layout.scatter(p.mem_offset, stream)
