@@ -13,13 +13,18 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# setuptools reports every editable install of a package-dir mapping like ours (five
+# folders installed as softhca.<folder>) with an "Editable installation" notice, a
+# warning category although nothing is wrong; the filter keeps only that notice out.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
+
 $(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e '.[fast,test]'
+	$(QUIET_EDITABLE) $(PY) -m pip install --quiet -e '.[fast,test]'
 	touch $(STAMP)
 
 # The docker/ linters (check-jsonschema, hadolint from its wheel), only for `make lint`.
 $(LINT_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e '.[fast,test,lint]'
+	$(QUIET_EDITABLE) $(PY) -m pip install --quiet -e '.[fast,test,lint]'
 	touch $(LINT_STAMP)
 
 demo: $(STAMP)
