@@ -377,3 +377,36 @@ def test_crypto_login_and_wrapped_deks_through_pyverbs(tmp_path):
                    "state2": dve.MLX5DV_CRYPTO_LOGIN_STATE_NO_LOGIN,
                    "object_state": dve.MLX5DV_CRYPTO_LOGIN_STATE_VALID,
                    "object_opaque": "dek"}
+
+
+@pytest.mark.parametrize("free_pages, alloc_type, refused", [
+    ("0\n", "HUGE", True), (None, "huge", True), ("0\n", "PREFER_HUGE", False),
+    ("0\n", "ANON", False), ("4\n", "HUGE", False)])
+def test_mlx_alloc_type_huge_without_huge_pages_is_enomem(monkeypatch, tmp_path, free_pages,
+                                                          alloc_type, refused):
+    """libmlx5's MLX_CQ_ALLOC_TYPE / MLX_QP_ALLOC_TYPE: HUGE takes the buffer from 2 MiB
+    huge pages or fails the create (ENOMEM); PREFER_HUGE and ANON fall back or never try.
+    ``free_pages`` None: the kernel has no 2 MiB huge page pool at all."""
+    from softhca.client.pyverbs import _objects
+
+    pages = tmp_path / "free_hugepages"
+    if free_pages is not None:
+        pages.write_text(free_pages)
+    monkeypatch.setattr(_objects, "HUGE_PAGES", str(pages))
+    monkeypatch.setenv("MLX_CQ_ALLOC_TYPE", alloc_type)
+    monkeypatch.setenv("MLX_QP_ALLOC_TYPE", alloc_type)
+    with Context(name="mlx5_0") as ctx, PD(ctx) as pd:
+        if refused:
+            with pytest.raises(PyverbsRDMAError) as exc:
+                CQ(ctx, 16)
+            assert exc.value.error_code == errno.ENOMEM
+            assert "MLX_CQ_ALLOC_TYPE=HUGE" in str(exc.value)
+            monkeypatch.delenv("MLX_CQ_ALLOC_TYPE")
+        with CQ(ctx, 16) as cq:
+            attr = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(4, 4))
+            if refused:
+                with pytest.raises(PyverbsRDMAError) as exc:
+                    QP(pd, attr)
+                assert exc.value.error_code == errno.ENOMEM
+            else:
+                QP(pd, attr).close()

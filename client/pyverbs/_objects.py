@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 
 from . import _sync
 from .base import PyverbsCM, PyverbsObject
@@ -44,6 +45,29 @@ class Record(PyverbsObject):
 
 def unsupported(what: str) -> PyverbsRDMAError:
     return PyverbsRDMAError(f"{what} is not modelled by softhca", errno.EOPNOTSUPP)
+
+
+# Where libmlx5 takes a CQ's or QP's buffer, chosen per object kind by the environment
+# (MLX_CQ_ALLOC_TYPE, MLX_QP_ALLOC_TYPE, MLX_SRQ_ALLOC_TYPE): HUGE must come from 2 MiB
+# huge pages (shmget with SHM_HUGETLB) and the create fails when there are none; PREFER_HUGE
+# and ALL fall back to ordinary pages. softhca keeps no ring in the application's memory,
+# so only HUGE's refusal is visible, and it is kept.
+HUGE_PAGES = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages"
+
+
+def check_alloc_type(component: str, what: str) -> None:
+    """Refuse a create as libmlx5 does when ``<component>_ALLOC_TYPE=HUGE`` (case
+    insensitive) and the system has no free 2 MiB huge page: ENOMEM."""
+    if os.environ.get(f"{component}_ALLOC_TYPE", "").upper() != "HUGE":
+        return
+    try:
+        with open(HUGE_PAGES) as f:
+            free = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        free = 0
+    if free < 1:
+        raise PyverbsRDMAError(f"Failed to create {what}: {component}_ALLOC_TYPE=HUGE and "
+                               f"no free 2 MiB huge page ({HUGE_PAGES})", errno.ENOMEM)
 
 
 def unmodelled(name: str, what: str, base: type = PyverbsCM) -> type:

@@ -6,7 +6,7 @@ import errno
 
 from . import _sync
 from . import enums as e
-from ._objects import Record, Resource, unsupported
+from ._objects import Record, Resource, check_alloc_type, unsupported
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .wr import host_to_be32_field
 
@@ -111,6 +111,7 @@ class _CQBase(Resource):
         if not 1 <= cqe <= limit:
             raise PyverbsRDMAError(f"Failed to create CQ: cqe {cqe} is outside 1..{limit} "
                                    "(the device's max_cqe)", errno.EINVAL)
+        check_alloc_type("MLX_CQ", "CQ")
         self.context = context
         self._cqe = cqe
         self._stash: list[WC] = []

@@ -15,7 +15,7 @@ from ...protocol.attrs import SGE as _SGE
 from .. import api
 from . import _route, _sync
 from . import enums as e
-from ._objects import Record, Resource, delegate, unsupported
+from ._objects import Record, Resource, check_alloc_type, delegate, unsupported
 from .addr import AHAttr
 from .base import PyverbsCM
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
@@ -208,6 +208,8 @@ class QP(Resource):
                           cap.max_recv_sge, cap.max_inline_data),
             sq_sig_all=int(init_attr.sq_sig_all), send_ops_flags=self._dv_send_ops,
             create_flags=self._dv_create_flags)
+        if int(init_attr.qp_type) == e.IBV_QPT_RC:
+            check_alloc_type("MLX_QP", "QP")
         obj = _sync.run(pd._obj.create_qp(attr), "Failed to create QP")
         self._adopt(pd._ctx, obj)
         self._qp_num = obj.qp_num
