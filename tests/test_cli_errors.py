@@ -118,3 +118,13 @@ def test_an_application_that_configures_logging_keeps_it(tmp_path):
     assert r.returncode == 0 and r.stdout == "EACCES\n", r.stderr
     refused = [line for line in r.stderr.splitlines() if "event=refused" in line]
     assert len(refused) == 1 and refused[0].startswith("APP WARNING refused "), r.stderr
+
+
+def test_a_wrong_rule_is_named_before_the_daemon_is_reached():
+    """The rule is checked on the command line first: with no daemon at the address, and
+    without --daemon-wide, the typo is still what is reported, with the valid values."""
+    for extra in ((), ("--daemon-wide",)):
+        r = cli("faults", "add", "--target", "127.0.0.1:1", *extra, "action=corupt")
+        assert r.returncode == 1, r.stderr
+        assert r.stderr == ("softhca faults add: EINVAL: fault rule: action='corupt' is not "
+                            "valid: one of corrupt, drop, duplicate, delay, reorder, rnr\n")

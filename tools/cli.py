@@ -405,6 +405,16 @@ def cmd_faults(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"softhca faults: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if args.op == "add":
+        # The rule is checked here first, as the daemon will check it (server/faults.py),
+        # so that a typo is named, with the valid values, before anything else.
+        from ..protocol.errors import RDMAError
+        from ..server.faults import validate_rule
+        try:
+            validate_rule(fields)
+        except RDMAError as e:
+            print(f"softhca faults add: {e.errno_name}: {e.message}", file=sys.stderr)
+            return EXIT_FAIL        # as when the daemon refuses it
     if args.op == "add" and not args.daemon_wide:
         print("softhca faults add: a rule belongs to the session that installs it and this "
               "command's session ends at once; give --daemon-wide for a rule on every "
