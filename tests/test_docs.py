@@ -310,3 +310,26 @@ def test_github_anchors():
     assert github_anchor("7. Live: `softhca serve` and `softhca trace`") == \
         "7-live-softhca-serve-and-softhca-trace"
     assert github_anchor("Node: a control session") == "node-a-control-session"
+
+
+def _layout_rows() -> dict[str, str]:
+    """README's layout table: folder -> the text of its row."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Layout"):readme.index("Beside them:")]
+    return {m.group(1): m.group(2)
+            for m in re.finditer(r"^\| `(\w+)/` \| `softhca\.\1` \| (.*) \|$", table, re.M)}
+
+
+def test_the_readme_layout_table_matches_the_tree():
+    """Each of the five code folders has its row, which names every module in it (and
+    every subpackage), and every `x.py` a row names exists in that folder."""
+    rows = _layout_rows()
+    assert sorted(rows) == sorted(["protocol", "engine", "server", "client", "tools"])
+    for folder, text in rows.items():
+        here = {p.name for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py"}
+        here |= {p.name + "/" for p in (ROOT / folder).iterdir()
+                 if p.is_dir() and (p / "__init__.py").exists() or
+                 p.is_dir() and any(p.glob("*/__init__.py"))}
+        named = set(re.findall(r"`([\w/]+\.py|\w+/)`", text))
+        assert here - named == set(), f"{folder}/: not in README's layout table"
+        assert named - here == set(), f"{folder}/: named in README but not in the tree"
