@@ -177,42 +177,77 @@ class FrameDecoder:
         return len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
-        """Add received bytes; return the frames they complete (possibly none)."""
+        """Add received bytes; return the frames they complete (possibly none).
+
+        A frame that lies whole inside ``data`` is parsed where it lies: when ``data`` is
+        ``bytes`` (what ``StreamReader.read`` returns), which nothing can change, its
+        payload is a read-only view into it, not a copy. Only the part of a frame cut
+        by the end of one read is copied, to be completed by the next, and that frame's
+        payload is then a view of the buffer it was completed in, which the decoder
+        hands over and never touches again.
+        """
         if self._error is not None:
             raise FrameError(self._error.errno_name,
                              f"decoder stopped after an earlier error: {self._error.message}")
-        self._buf += data
+        # A buffer the caller may change later is copied once; bytes are used in place.
+        src = memoryview(data if type(data) is bytes else bytes(data))
+        if src.ndim != 1 or src.format != "B":
+            src = src.cast("B")
         frames: list[Frame] = []
-        pos = 0
+        pos, end = 0, len(src)
         try:
-            with memoryview(self._buf) as view:
-                while True:
-                    frame, used = self._parse_one(view, pos)
-                    if frame is None:
-                        break
-                    frames.append(frame)
-                    pos += used
+            if self._buf:
+                pos = self._complete_pending(src, frames)
+            while pos < end:
+                frame, used = self._parse_one(src, pos, copy=False)
+                if frame is None:
+                    # The frame is cut by the end of this read (its prefix, when whole,
+                    # is already checked): keep its start for the next feed.
+                    self._buf = bytearray(src[pos:])
+                    break
+                frames.append(frame)
+                pos += used
         except FrameError as exc:
             self._error = exc
             self._buf = bytearray()  # nothing in it will ever be used
             raise
-        # One deletion per feed, not per frame, so many small frames in one read
-        # do not make the consumption quadratic. (The view is released by now:
-        # a bytearray cannot be resized while exported.)
-        del self._buf[:pos]
         return frames
 
-    def _parse_one(self, view: memoryview, pos: int) -> tuple[Frame | None, int]:
-        avail = len(view) - pos
-        if avail < _PREFIX:
-            return None, 0
-        (length,) = _U32.unpack_from(view, pos)
+    def _complete_pending(self, src: memoryview, frames: list[Frame]) -> int:
+        """Top up the frame cut by the previous read from the front of ``src``; append
+        it to ``frames`` once whole. Returns how many bytes of ``src`` it took."""
+        buf = self._buf
+        pos = min(max(_PREFIX - len(buf), 0), len(src))
+        buf += src[:pos]
+        if len(buf) < _PREFIX:
+            return pos
+        (length,) = _U32.unpack_from(buf, 0)
+        self._check_length(length)
+        take = min(_PREFIX + length - len(buf), len(src) - pos)
+        buf += src[pos:pos + take]
+        pos += take
+        if len(buf) == _PREFIX + length:
+            # Handed over whole: the frame's payload is a view of this buffer.
+            self._buf = bytearray()
+            frame, _ = self._parse_one(memoryview(buf), 0, copy=False)
+            frames.append(frame)
+        return pos
+
+    def _check_length(self, length: int) -> None:
         if length > self.max_frame:
             raise FrameError("EMSGSIZE", f"frame of {length} bytes exceeds the "
                                          f"{self.max_frame}-byte limit")
         if length < _HLEN:
             raise FrameError("EPROTO", f"frame length {length} is too short to hold "
                                        f"the {_HLEN}-byte header length")
+
+    def _parse_one(self, view: memoryview, pos: int,
+                   copy: bool = True) -> tuple[Frame | None, int]:
+        avail = len(view) - pos
+        if avail < _PREFIX:
+            return None, 0
+        (length,) = _U32.unpack_from(view, pos)
+        self._check_length(length)
         if avail < _PREFIX + length:
             return None, 0
         (hlen,) = _U32.unpack_from(view, pos + _PREFIX)
@@ -222,9 +257,9 @@ class FrameDecoder:
         start = pos + _PREFIX + _HLEN
         header = _unpack_header(view[start:start + hlen])
         kind = _check_header(header)
-        # The payload is copied out once: a view into self._buf would both pin it
-        # (blocking the del in feed) and change under the caller as data arrives.
-        payload = memoryview(bytes(view[start + hlen:pos + _PREFIX + length]))
+        body = view[start + hlen:pos + _PREFIX + length]
+        # copy: for a view into a buffer that will change; otherwise a read-only view.
+        payload = memoryview(bytes(body)) if copy else body.toreadonly()
         return Frame(kind, header, payload), _PREFIX + length
 
 
