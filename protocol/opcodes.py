@@ -122,10 +122,7 @@ _BY_NAMING = {op.flags & _NAMING: op.name for op in TABLE
               if op.flags & (Op.SEND | Op.WRITE | Op.READ_RESPONSE)}
 
 
-def opcode_for(kind: Op, first: bool, last: bool, imm: bool = False,
-               inv: bool = False) -> str:
-    """The opcode of a packet of a ``kind`` message (SEND, WRITE, READ_RESPONSE) at that
-    position; ImmDt and IETH go on the last packet only (IBTA 9.2)."""
+def _naming(kind: Op, first: bool, last: bool, imm: bool, inv: bool) -> int:
     flags = kind | (Op.FIRST if first else 0) | (Op.LAST if last else 0)
     if not first and not last:
         flags |= Op.MIDDLE
@@ -133,10 +130,28 @@ def opcode_for(kind: Op, first: bool, last: bool, imm: bool = False,
         flags |= Op.WITH_IMM
     if last and inv:
         flags |= Op.WITH_INV
-    try:
-        return _BY_NAMING[flags]
-    except KeyError:
-        raise ValueError(f"no RC opcode is {Op(flags)!r}") from None
+    return flags
+
+
+# Every (kind, first, last, imm, inv) answered once here: the wire path asks several times
+# per packet train, and IntFlag arithmetic costs about a microsecond a call.
+_OPCODE_FOR: dict[tuple, str] = {}
+for _kind in (Op.SEND, Op.WRITE, Op.READ_RESPONSE):
+    for _key in ((f, la, i, v) for f in (False, True) for la in (False, True)
+                 for i in (False, True) for v in (False, True)):
+        _name = _BY_NAMING.get(_naming(_kind, *_key))
+        if _name is not None:
+            _OPCODE_FOR[(int(_kind), *_key)] = _name
+
+
+def opcode_for(kind: Op, first: bool, last: bool, imm: bool = False,
+               inv: bool = False) -> str:
+    """The opcode of a packet of a ``kind`` message (SEND, WRITE, READ_RESPONSE) at that
+    position; ImmDt and IETH go on the last packet only (IBTA 9.2)."""
+    name = _OPCODE_FOR.get((int(kind), bool(first), bool(last), bool(imm), bool(inv)))
+    if name is None:
+        raise ValueError(f"no RC opcode is {Op(_naming(kind, first, last, imm, inv))!r}")
+    return name
 
 
 # -- AETH (IBTA 9.3.5) -------------------------------------------------------------------

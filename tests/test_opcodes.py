@@ -130,3 +130,23 @@ def test_aeth_syndromes_and_rnr_timer_codes():
     assert len(ms) == 32 and ms[0] == 655.36 and ms[1] == 0.01 and ms[12] == 0.64
     assert ms[31] == 491.52 and ms[18] == 5.12
     assert all(ms[i] < ms[i + 1] for i in range(1, 31))
+
+
+def test_opcode_for_is_the_table_lookup_for_every_position():
+    """opcode_for answers from a table built at import; for every kind, position and
+    ending it names the opcode whose flags are exactly those (or refuses, as IBTA has
+    none), which the test finds by scanning TABLE itself."""
+    import itertools
+
+    naming = Op.KIND | Op.POSITION | Op.WITH_IMM | Op.WITH_INV
+    for kind in (Op.SEND, Op.WRITE, Op.READ_RESPONSE):
+        for first, last, imm, inv in itertools.product((False, True), repeat=4):
+            want = (kind | (Op.FIRST if first else 0) | (Op.LAST if last else 0)
+                    | (Op.MIDDLE if not first and not last else 0)
+                    | (Op.WITH_IMM if last and imm else 0) | (Op.WITH_INV if last and inv else 0))
+            names = [op.name for op in opcodes.TABLE if op.flags & naming == want]
+            if names:
+                assert opcode_for(kind, first, last, imm, inv) == names[0]
+            else:
+                with pytest.raises(ValueError):
+                    opcode_for(kind, first, last, imm, inv)
