@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..protocol.attrs import CryptoAttr
 from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
@@ -86,10 +84,3 @@ def check_xts_job(cfg: CryptoConfig, stream_offset: int, length: int) -> None:
         # length rule alone would admit an 8-byte last unit with 520-byte units.
         raise TransferError(Fault.CRYPTO, f"XTS job of {length} bytes leaves a last data unit "
                             f"of {partial} bytes; XTS needs at least 16")
-
-
-def xts_job(cfg: CryptoConfig, stream: np.ndarray, stream_offset: int,
-            encrypt: bool) -> np.ndarray:
-    dus = cfg.data_unit_size
-    out = cfg.dek.transform(stream, dus, stream_offset // dus, cfg.initial_tweak, encrypt)
-    return np.frombuffer(out, dtype=np.uint8)

@@ -119,11 +119,6 @@ class DeviceCrypto:
                 kw[name] = d[name]
         return cls(**kw)
 
-    def to_dict(self) -> dict:
-        return {"mode": "wrapped" if self.wrapped else "plaintext",
-                "import_kek": self.import_kek.hex(), "credential": self.credential.hex(),
-                "import_kek_id": self.import_kek_id, "credential_id": self.credential_id}
-
     def caps(self) -> dict:
         """struct mlx5dv_crypto_caps as mlx5dv_query_device(3) fills it."""
         flags = CRYPTO_CAPS_CRYPTO

@@ -28,12 +28,6 @@ def psn_diff(a: int, b: int) -> int:
     return (a - b + _HALF) % PSN_MOD - _HALF
 
 
-def chunks(data: bytes, mtu: int) -> list[bytes]:
-    """A message's payload cut into packets of the path MTU; an empty message is one
-    empty packet."""
-    return [data[i:i + mtu] for i in range(0, len(data), mtu)] or [b""]
-
-
 def scatter(pd: PD, sges: list[SGE], data: bytes, trace=None,
             sig_errors: list | None = None) -> None:
     """docs/semantics.md section 5: the arriving bytes over the SGEs in order, one transfer each."""

@@ -475,14 +475,3 @@ class SigPlan:
         elif self.inp is not None and stages is not None:
             stages.append(BlockStage("strip", {"pi_size": self.inp.pi_size}))
         return out, error
-
-
-def sig_process(stream: np.ndarray, n: int, tail: int, inp: DomainSpec | None,
-                out: DomainSpec | None, block_size: int, check_mask: int, copy_mask: int,
-                first_block: int, stages: list[BlockStage] | None = None,
-                ) -> tuple[np.ndarray, SigError | None]:
-    """Turn ``n`` full blocks plus a ``tail`` of the input domain's stream into the
-    output domain's stream, preparing the plan for this one call (`SigPlan` is what a
-    transfer through a configured MKEY keeps and reuses)."""
-    return SigPlan(inp, out, block_size, check_mask, copy_mask).run(
-        stream, n, tail, first_block, stages)
