@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rawclient import Raw
 
 import softhca.client as sh
 from softhca.engine import transfer
@@ -24,7 +25,6 @@ from softhca.protocol.attrs import SGE, MrInterleaved
 from softhca.protocol.enums import AccessFlags, MkeyInitAttrFlags
 from softhca.protocol.errors import RDMAError
 from softhca.protocol.frames import FrameDecoder, frame_bytes
-from softhca.protocol.handshake import make_hello
 
 from e2e import make_side, rdma, two_nodes, whole
 
@@ -153,42 +153,6 @@ def rss(proc: subprocess.Popen, field: str = "VmRSS") -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no {field} for pid {proc.pid}")
-
-
-class Raw:
-    """A control session spoken in frames by hand: requests pipelined, replies read
-    only when the test says."""
-
-    def __init__(self, reader, writer) -> None:
-        self.reader, self.writer, self.dec = reader, writer, FrameDecoder(64 << 20)
-        self.ids = iter(range(1, 1 << 31))
-        self.frames: list = []
-
-    @classmethod
-    async def open(cls, address: str) -> Raw:
-        host, port = address.rsplit(":", 1)
-        r, w = await asyncio.open_connection(host, int(port), limit=1 << 20)
-        raw = cls(r, w)
-        challenge = await raw.next()
-        w.write(frame_bytes(make_hello(challenge.header, "control", None)))
-        assert (await raw.next()).kind == "welcome"
-        return raw
-
-    async def next(self, timeout: float = 30.0):
-        while not self.frames:
-            data = await asyncio.wait_for(self.reader.read(1 << 20), timeout)
-            assert data, "the daemon closed the session"
-            self.frames.extend(self.dec.feed(data))
-        return self.frames.pop(0)
-
-    def frame(self, verb: str, **fields) -> bytes:
-        return frame_bytes({"t": verb, "id": next(self.ids), **fields})
-
-    async def call(self, verb: str, **fields) -> dict:
-        self.writer.write(self.frame(verb, **fields))
-        h = (await self.next()).header
-        assert h["t"] == "ok", h
-        return h
 
 
 async def probe(address: str, stop: asyncio.Event) -> list[float]:

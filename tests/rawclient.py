@@ -1,0 +1,43 @@
+"""A control session spoken in frames by hand, for tests that attack the daemon: requests
+written (pipelined if the test likes) without the client library, replies read only when
+the test asks for them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from softhca.protocol.frames import FrameDecoder, frame_bytes
+from softhca.protocol.handshake import make_hello
+
+
+class Raw:
+    def __init__(self, reader, writer) -> None:
+        self.reader, self.writer, self.dec = reader, writer, FrameDecoder(64 << 20)
+        self.ids = iter(range(1, 1 << 31))
+        self.frames: list = []
+
+    @classmethod
+    async def open(cls, address: str) -> Raw:
+        host, port = address.rsplit(":", 1)
+        r, w = await asyncio.open_connection(host, int(port), limit=1 << 20)
+        raw = cls(r, w)
+        challenge = await raw.next()
+        w.write(frame_bytes(make_hello(challenge.header, "control", None)))
+        assert (await raw.next()).kind == "welcome"
+        return raw
+
+    async def next(self, timeout: float = 30.0):
+        while not self.frames:
+            data = await asyncio.wait_for(self.reader.read(1 << 20), timeout)
+            assert data, "the daemon closed the session"
+            self.frames.extend(self.dec.feed(data))
+        return self.frames.pop(0)
+
+    def frame(self, verb: str, **fields) -> bytes:
+        return frame_bytes({"t": verb, "id": next(self.ids), **fields})
+
+    async def call(self, verb: str, **fields) -> dict:
+        self.writer.write(self.frame(verb, **fields))
+        h = (await self.next()).header
+        assert h["t"] == "ok", h
+        return h
