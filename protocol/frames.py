@@ -199,7 +199,7 @@ class FrameDecoder:
             if self._buf:
                 pos = self._complete_pending(src, frames)
             while pos < end:
-                frame, used = self._parse_one(src, pos, copy=False)
+                frame, used = self._parse_one(src, pos)
                 if frame is None:
                     # The frame is cut by the end of this read (its prefix, when whole,
                     # is already checked): keep its start for the next feed.
@@ -229,7 +229,7 @@ class FrameDecoder:
         if len(buf) == _PREFIX + length:
             # Handed over whole: the frame's payload is a view of this buffer.
             self._buf = bytearray()
-            frame, _ = self._parse_one(memoryview(buf), 0, copy=False)
+            frame, _ = self._parse_one(memoryview(buf), 0)
             frames.append(frame)
         return pos
 
@@ -241,8 +241,9 @@ class FrameDecoder:
             raise FrameError("EPROTO", f"frame length {length} is too short to hold "
                                        f"the {_HLEN}-byte header length")
 
-    def _parse_one(self, view: memoryview, pos: int,
-                   copy: bool = True) -> tuple[Frame | None, int]:
+    def _parse_one(self, view: memoryview, pos: int) -> tuple[Frame | None, int]:
+        """The frame at ``pos`` of ``view`` (a buffer nothing will change), its payload a
+        read-only view into it; (None, 0) when the frame is not whole yet."""
         avail = len(view) - pos
         if avail < _PREFIX:
             return None, 0
@@ -257,9 +258,7 @@ class FrameDecoder:
         start = pos + _PREFIX + _HLEN
         header = _unpack_header(view[start:start + hlen])
         kind = _check_header(header)
-        body = view[start + hlen:pos + _PREFIX + length]
-        # copy: for a view into a buffer that will change; otherwise a read-only view.
-        payload = memoryview(bytes(body)) if copy else body.toreadonly()
+        payload = view[start + hlen:pos + _PREFIX + length].toreadonly()
         return Frame(kind, header, payload), _PREFIX + length
 
 
