@@ -389,3 +389,20 @@ def test_make_hello_refuses_unknown_role():
     with pytest.raises(HandshakeError) as info:
         make_hello(challenge, "admin", None)
     assert info.value.errno_name == "EINVAL"
+
+
+def test_a_payload_never_aliases_a_buffer_that_changes():
+    """Payloads are views, not copies, of what the decoder was fed; so a mutable buffer
+    is copied once on the way in, a frame completed across two feeds lives in a buffer
+    the decoder hands over, and every payload is read-only."""
+    data = bytearray(frame_bytes({"t": "x"}, b"payload!") * 2)
+    dec = FrameDecoder()
+    cut = len(data) // 2 + 3
+    first = dec.feed(memoryview(data)[:cut])       # a view of the caller's buffer
+    (whole,) = first
+    rest = dec.feed(bytes(data[cut:]))
+    data[:] = b"\xff" * len(data)                   # the caller reuses its buffer
+    (again,) = dec.feed(frame_bytes({"t": "y"}, b"third"))
+    for frame, want in ((whole, b"payload!"), (rest[0], b"payload!"), (again, b"third")):
+        assert bytes(frame.payload) == want
+        assert frame.payload.readonly
