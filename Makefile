@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.installed-lint
 
-.PHONY: all demo test lint lint-docker images bench bench-engine clean
+.PHONY: all demo test test-unit test-e2e test-hardening test-tools test-pyverbs lint lint-docker \
+        images bench bench-engine clean
 
 all: test
 
@@ -30,8 +31,13 @@ $(LINT_STAMP): $(STAMP) pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/softhca demo
 
+# Everything, as CI runs it (.ci/run): every folder of tests/, each kind marked.
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# One kind of test, its folder of tests/ (README, "Tests"); test-unit is seconds, no daemon.
+test-unit test-e2e test-hardening test-tools test-pyverbs: test-%: $(STAMP)
+	$(PY) -m pytest -q tests/$*
 
 lint: $(STAMP) lint-docker
 	$(PY) -m ruff check engine protocol server client tools tests examples

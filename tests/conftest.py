@@ -1,10 +1,12 @@
 """Fixtures: an engine node (one simulated HCA, a PD and a QP's WR builder) and an
-end-to-end pair of daemons driven through the client."""
+end-to-end pair of daemons driven through the client; each test marked with its kind,
+the folder it lives in (``pytest -m unit``, ``-m e2e``, ...)."""
 
 from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -71,6 +73,21 @@ class EngineNode:
         return mr, mkey
 
 
+HERE = Path(__file__).resolve().parent
+# The folders of tests/, one per kind of test; each is also the marker of its tests
+# (registered in pyproject.toml), so `pytest -m e2e` selects what `pytest tests/e2e` runs.
+KINDS = ("unit", "e2e", "hardening", "tools", "pyverbs", "twonode", "containers")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(item.path).resolve()
+        if HERE in path.parents:
+            kind = path.relative_to(HERE).parts[0]
+            if kind in KINDS:
+                item.add_marker(kind)
+
+
 @pytest.fixture
 def node() -> EngineNode:
     return EngineNode()
@@ -84,7 +101,7 @@ def rng() -> random.Random:
 @pytest.fixture
 async def pair():
     """Two embedded daemons over TCP, a target and an initiator with a connected RC QP
-    pair, driven through softhca.client only (tests/e2e.py)."""
+    pair, driven through softhca.client only (tests/support/e2e.py)."""
     from e2e import two_nodes
 
     async with two_nodes() as p:
@@ -93,7 +110,8 @@ async def pair():
 
 def pytest_terminal_summary(terminalreporter):
     """What the upstream pyverbs run and the container tests measured
-    (tests/test_upstream_pyverbs.py, tests/compose.py), once, after the run."""
+    (tests/pyverbs/test_upstream_pyverbs.py, tests/support/compose.py), once, after the
+    run."""
     import sys
 
     for module, title in (("test_upstream_pyverbs", "upstream pyverbs"),

@@ -2,10 +2,10 @@
 SOFTHCA_TARGET, the initiator a daemon on this host.
 
 Each test runs the very example function of the single-host end-to-end suite
-(tests/test_e2e_*.py) on a pair whose two sides live on different hosts, so the two
+(tests/e2e/test_e2e_*.py) on a pair whose two sides live on different hosts, so the two
 suites cannot drift apart; the expected images come from softhca.tools.oracle there. Every
 test is bounded by SOFTHCA_TWONODE_TIMEOUT on top of the examples' own completion
-timeouts (tests/e2e.py: cq.poll_n with a timeout).
+timeouts (tests/support/e2e.py: cq.poll_n with a timeout).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The fault-injection cases of issue 4 across two hosts.
 
-Each test runs the very case function of the single-host suite (tests/test_e2e_faults.py)
+Each test runs the very case function of the single-host suite (tests/e2e/test_e2e_faults.py)
 on a pair whose target is the remote daemon at SOFTHCA_TARGET: the rules go on the
 remote target's daemon or on this host's initiator daemon, so every corrupted, dropped,
 duplicated or reordered packet really crosses between the two hosts. Every case clears

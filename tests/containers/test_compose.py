@@ -12,7 +12,7 @@ when it comes back within it. Teardown is ``down -v``, and the last test checks 
 container, network or volume of ours is left (images may stay).
 
 Skipped, with the reason, where no Docker engine answers; the network-namespace topology
-(tests/test_twonode_netns.py) stays the fallback.
+(tests/containers/test_twonode_netns.py) stays the fallback.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOORS = ["protocol", "engine", "server", "client", "tools"]      # bottom to top
 RANK = {name: i for i, name in enumerate(FLOORS)}
 

@@ -20,7 +20,7 @@ import re
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 SEMANTICS = DOCS / "semantics.md"
 ARCHITECTURE = DOCS / "architecture.md"

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from softhca.engine import guards
 
-VECTORS = json.loads((Path(__file__).parent / "data" / "crc_check_values.json").read_text())
+VECTORS = json.loads((Path(__file__).parent.parent / "data" / "crc_check_values.json").read_text())
 CHECK_INPUT = VECTORS["input_ascii"].encode()
 
 CRC_KINDS = ("t10dif_crc", "crc32", "crc32c", "crc64_xp10")

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from engine.xts import _MAX_SCRATCH_LENGTHS, SCRATCH, XtsCipher, XtsError, xts_transform
 from softhca.protocol.enums import BLOCK_SIZE_BYTES, BlockSize
 
-_VECTORS = json.loads((Path(__file__).parent / "data" / "xts_ieee1619.json").read_text())["vectors"]
+_VECTORS = json.loads(
+    (Path(__file__).parent.parent / "data" / "xts_ieee1619.json").read_text())["vectors"]
 
 
 def oracle(

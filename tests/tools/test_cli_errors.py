@@ -12,7 +12,7 @@ from pathlib import Path
 
 import softhca.client as sh
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "softhca.tools.cli"]
 # server/serve.py's format: "2026-01-02 03:04:05,678 WARNING softhca.server message k=v".
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) "

@@ -109,7 +109,7 @@ def test_aes_128_xts(node):
 
 
 def _ieee_vectors():
-    path = Path(__file__).parent / "data" / "xts_ieee1619.json"
+    path = Path(__file__).parent.parent / "data" / "xts_ieee1619.json"
     vectors = json.loads(path.read_text())["vectors"]
     def halves_differ(v):
         key = bytes.fromhex(v["key_hex"])

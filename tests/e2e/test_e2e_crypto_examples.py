@@ -1,5 +1,5 @@
 """The examples and the table of mlx5dv_wr_set_mkey_crypto(3), end to end between two
-daemons over TCP, through softhca.client only (tests/e2e.py).
+daemons over TCP, through softhca.client only (tests/support/e2e.py).
 
 The target owns the MKEY and its DEK (created with ctx.create_dek); the initiator
 reads and writes it as a peer would. Every image is built by the oracle: crcmod

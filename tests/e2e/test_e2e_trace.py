@@ -1,6 +1,6 @@
 """The trace of every man page example, end to end: the stages the page describes, in order.
 
-Each example runs between two embedded daemons (tests/e2e.py) with a "trace"
+Each example runs between two embedded daemons (tests/support/e2e.py) with a "trace"
 subscription on the daemons involved, as `softhca trace` would have; the stages each
 daemon reports for the transfer through the example's key must be the ones the man
 page describes, in order, and every block's check result NO_ERR. The expected stage

@@ -1,5 +1,5 @@
 """The layout examples of mlx5dv_wr_mkey_configure(3), end to end between two daemons
-over TCP, through softhca.client only (tests/e2e.py).
+over TCP, through softhca.client only (tests/support/e2e.py).
 
 The target's MKEY scatters an RDMA_WRITE from the initiator where the page says and
 gathers the same bytes back for an RDMA_READ; bytes the layout does not name stay zero.

@@ -1,6 +1,6 @@
 """``softhca trace`` against a running daemon, as a user runs it: a separate process.
 
-The daemons are embedded in the test's event loop (tests/e2e.py), so the command runs
+The daemons are embedded in the test's event loop (tests/support/e2e.py), so the command runs
 as a subprocess started with asyncio while the test moves traffic; its output (JSON
 lines, or the text grouped per transfer) is checked against the stages the engine
 goes through. The rendering is also checked on hand-made events.

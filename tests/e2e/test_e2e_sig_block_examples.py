@@ -2,7 +2,7 @@
 
 The target owns the MKEY, the initiator has plain MRs; every byte moves over the
 daemons' TCP wire as the example's verb would move it, and every call goes through
-softhca.client (tests/e2e.py). Expected images and PI values come from the oracle
+softhca.client (tests/support/e2e.py). Expected images and PI values come from the oracle
 (crcmod), the error report's fields from mlx5dv_mkey_check(3) and docs/semantics.md 7.
 """
 

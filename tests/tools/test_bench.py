@@ -21,7 +21,7 @@ SIZES = {4096, 65536, 1 << 20}
 MIB = 1 << 20
 # The rows beyond the grid at path MTU 4096.
 EXTRA = {("RDMA_WRITE", "plain", MIB, 1024)}
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDED = os.path.join(ROOT, "docs", "performance.json")
 
 

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TARGET_ADDR = "10.200.0.1"
 INITIATOR_ADDR = "10.200.0.2"
 PREFIX_LEN = 24
