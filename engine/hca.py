@@ -31,6 +31,7 @@ from .crypto_login import (
     DeviceCrypto,
     unwrap_dek,
 )
+from .memory import MR, PD
 from .mkey import MKey
 from .xts import XtsCipher, as_uint8
 
@@ -52,44 +53,6 @@ MKEY_CREATE_FLAGS = int(MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIG
 MAX_MR_SIZE = 1 << 40
 
 DEK_KEY_BYTES = {CryptoKeySize.SIZE_128: 32, CryptoKeySize.SIZE_256: 64}
-
-
-@dataclass(eq=False)
-class PD:
-    hca: HCA
-    handle: int
-
-
-@dataclass(eq=False)
-class MR:
-    """A registered memory region: ``length`` bytes at virtual address ``addr``."""
-
-    pd: PD
-    addr: int
-    length: int
-    access: int
-    lkey: int
-    buf: np.ndarray = field(repr=False)
-    valid: bool = True
-
-    @property
-    def rkey(self) -> int:
-        return self.lkey
-
-    # The CPU touching host memory (what mr.write / mr.read are in the client).
-    def write(self, data: bytes, offset: int = 0) -> None:
-        if offset < 0 or offset + len(data) > self.length:
-            raise einval(f"write of {len(data)} bytes at offset {offset} leaves MR "
-                         f"lkey {self.lkey:#x} of {self.length} bytes")
-        self.buf[offset:offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
-
-    def read(self, length: int | None = None, offset: int = 0) -> bytes:
-        if length is None:
-            length = self.length - offset
-        if offset < 0 or length < 0 or offset + length > self.length:
-            raise einval(f"read of {length} bytes at offset {offset} leaves MR "
-                         f"lkey {self.lkey:#x} of {self.length} bytes")
-        return self.buf[offset:offset + length].tobytes()
 
 
 @dataclass(eq=False)

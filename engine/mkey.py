@@ -8,19 +8,14 @@ its layout's pieces, the memory domain.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..protocol.enums import MkeyErrType, MkeyInitAttrFlags
 from ..protocol.errors import einval
 from .completion import Fault, TransferError
+from .memory import MR, PD
 from .signature import NO_SIG_ERROR, SigConfig, SigError
-
-if TYPE_CHECKING:
-    # For the annotations only: hca.py creates MKEYs (HCA.create_mkey), so the engine's
-    # objects depend one way, hca -> mkey.
-    from .hca import MR, PD
 
 
 @dataclass(frozen=True)
