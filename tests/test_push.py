@@ -70,7 +70,7 @@ async def test_a_completion_made_after_the_last_request_is_polled_without_one():
         # pushes it, while this client sends nothing.
         await until(lambda: cq_host.pushed == 1)
         # ... and it reaches this client's read loop, still without a request.
-        await until(lambda: len(ini.scq._pushed.entries) == 1)
+        await until(lambda: ini.node._conn.available(ini.scq.handle) == 1)
         assert seen == []
         [wc] = await ini.scq.poll(timeout=0)
         assert (wc.wr_id, wc.status, wc.opcode) == (41, sh.IBV_WC_SUCCESS,

@@ -2,6 +2,7 @@
 
 ``open_link`` is the connecting side for both roles: a client's control session
 (``client.connect``) and a daemon's outgoing wire link (``server.daemon.WireLink``).
+It lives above protocol/, which holds the bytes and never a socket.
 ``read_frames`` is the bounded frame reader every stream of the protocol is read with:
 the decoder refuses a frame over its limit (EMSGSIZE) before buffering it.
 """
@@ -12,9 +13,10 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-from .errors import RDMAError, connect_error
-from .frames import Frame, FrameDecoder, encode_frame
-from .handshake import make_hello
+from ..protocol.errors import RDMAError, connect_error
+from ..protocol.frames import Frame, FrameDecoder, encode_frame
+from ..protocol.handshake import make_hello
+from ..protocol.kinds import FrameKind
 
 __all__ = ["READ_CHUNK", "Link", "open_link", "read_frames"]
 
@@ -74,15 +76,15 @@ async def open_link(host: str, port: int, role: str, token: bytes | None, *,
     try:
         frames = await asyncio.wait_for(_handshake_frames(reader, decoder), timeout)
         first = frames[0].header
-        if first.get("t") == "err":     # refused before the HELLO (e.g. connection limit)
+        if first.get("t") == FrameKind.ERR:     # refused before the HELLO (connection limit)
             raise RDMAError(first.get("errno", "EPROTO"), first.get("msg", "refused"))
         writer.writelines(encode_frame(make_hello(first, role, token, src)))
         frames = frames[1:] or await asyncio.wait_for(_handshake_frames(reader, decoder),
                                                       timeout)
         h = frames[0].header
-        if h.get("t") == "err":
+        if h.get("t") == FrameKind.ERR:
             raise RDMAError(h.get("errno", "EPROTO"), h.get("msg", "handshake refused"))
-        if h.get("t") != "welcome":
+        if h.get("t") != FrameKind.WELCOME:
             raise RDMAError("EPROTO", f"expected 'welcome' from {host}:{port}, "
                                       f"got {h.get('t')!r}")
     except asyncio.TimeoutError:
