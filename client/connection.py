@@ -88,7 +88,7 @@ class Connection:
         """Why the connection ended (what every request raises now), or None while open."""
         return self.protocol.error
 
-    # The name tools and tests have read the ending's reason by.
+    # tools/capture.py reads the reason by this name.
     _closed = error
 
     async def request(self, verb: str, payload: bytes | memoryview = b"",

@@ -29,7 +29,7 @@ from enum import Enum
 from typing import Any
 
 from . import control
-from .errors import RDMAError
+from .errors import ERRNO_NAMES, RDMAError
 from .frames import Frame, FrameDecoder, FrameError, encode_frame
 from .kinds import FrameKind
 
@@ -44,6 +44,7 @@ __all__ = [
     "Reply",
     "Request",
     "Role",
+    "SessionEvent",
     "credits_from_wire",
 ]
 
@@ -111,9 +112,8 @@ class Refused:
 
 @dataclass(frozen=True)
 class Broken:
-    """The peer broke the protocol (``error``, EPROTO or EMSGSIZE). The session is closed:
-    a server role has queued its ``err`` (id 0) saying why; a closed client session
-    follows as a Closed event."""
+    """The peer broke the protocol (``error``, EPROTO or EMSGSIZE); a Closed event follows.
+    A server role has queued its ``err`` (id 0) saying why."""
 
     error: RDMAError
 
@@ -128,7 +128,7 @@ class Closed:
     failed: tuple[int, ...] = ()
 
 
-Event = Reply | Failed | Completions | Pushed | Request | Refused | Broken | Closed
+SessionEvent = Reply | Failed | Completions | Pushed | Request | Refused | Broken | Closed
 
 
 def credits_from_wire(credits: list, max_count: int) -> dict[int, int]:
@@ -186,7 +186,7 @@ class ControlSession:
         out, self._out = self._out, []
         return out
 
-    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[SessionEvent]:
         """Bytes read from the connection; ``b""`` means the peer closed it. Returns the
         events they complete, in order. After the session closed, nothing happens."""
         if self._closed is not None:
@@ -199,9 +199,9 @@ class ControlSession:
             return self._break(e)
         return self.receive_frames(frames)
 
-    def receive_frames(self, frames: list[Frame]) -> list[Event]:
+    def receive_frames(self, frames: list[Frame]) -> list[SessionEvent]:
         """Frames already decoded (those that came with the HELLO's last read)."""
-        events: list[Event] = []
+        events: list[SessionEvent] = []
         handle = self._client_frame if self.role is Role.CLIENT else self._server_frame
         for fr in frames:
             if self._closed is not None:
@@ -232,7 +232,7 @@ class ControlSession:
         self._closed = Closed(error, failed)
         return self._closed
 
-    def _break(self, e: FrameError) -> list[Event]:
+    def _break(self, e: FrameError) -> list[SessionEvent]:
         if self.role is Role.SERVER:
             # Framing or the protocol is lost: say why before the connection closes.
             self._out += encode_frame({"t": FrameKind.ERR, "id": 0, "errno": e.errno_name,
@@ -300,9 +300,12 @@ class ControlSession:
         self._cqs.pop(cq, None)
         self._owed.pop(cq, None)
 
-    def _client_frame(self, fr: Frame, events: list[Event]) -> None:
+    def _client_frame(self, fr: Frame, events: list[SessionEvent]) -> None:
         h = fr.header
         kind = fr.kind
+        rid = h.get("id")
+        if not isinstance(rid, int) or isinstance(rid, bool):
+            rid = None
         if kind == FrameKind.WC:
             cq, wcs = h.get("cq"), h.get("wcs")
             if not isinstance(cq, int) or isinstance(cq, bool) or not isinstance(wcs, list):
@@ -312,15 +315,16 @@ class ControlSession:
         elif kind == FrameKind.EVENT:
             events.append(Pushed(h.get("kind", "?"), h, fr.payload))
         elif kind == FrameKind.OK:
-            rid = h.get("id")
             if rid not in self._pending:
                 raise FrameError("EPROTO", f"{self.peer} replied to request {rid!r}, "
                                            f"which is not outstanding"[:160])
             self._pending.discard(rid)
             events.append(Reply(rid, h, fr.payload))
         elif kind == FrameKind.ERR:
-            err = RDMAError(str(h.get("errno", "EPROTO")), str(h.get("msg", "?")))
-            rid = h.get("id")
+            name = h.get("errno", "EPROTO")
+            if name not in ERRNO_NAMES:
+                raise FrameError("EPROTO", f"an 'err' frame names no errno: {name!r}"[:160])
+            err = RDMAError(name, str(h.get("msg", "?")))
             if rid in self._pending:
                 self._pending.discard(rid)
                 events.append(Failed(rid, err))
@@ -353,7 +357,7 @@ class ControlSession:
         self._require(Role.SERVER)
         self._out += encode_frame({**header, "t": FrameKind.EVENT}, payload)
 
-    def _server_frame(self, fr: Frame, events: list[Event]) -> None:
+    def _server_frame(self, fr: Frame, events: list[SessionEvent]) -> None:
         rid = fr.header.get("id")
         if not isinstance(rid, int) or isinstance(rid, bool):
             rid = 0

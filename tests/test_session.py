@@ -246,6 +246,8 @@ def test_a_frame_over_the_limit_is_emsgsize():
     {"t": "hello", "version": 1},                   # a handshake frame after the HELLO
     {"t": "wc", "cq": "x", "wcs": []},              # a malformed push
     {"t": "wc", "cq": 1},
+    {"t": "ok", "id": [1]},                         # an id that is no id
+    {"t": "err", "id": 1, "errno": "EWHAT", "msg": "?"},
 ])
 def test_a_daemon_that_breaks_the_protocol_ends_the_session(header):
     client, _ = pair()
