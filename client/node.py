@@ -349,6 +349,7 @@ class Context(_Closable):
 
 # -- embedded daemons ------------------------------------------------------------------------
 
+
 class embedded:  # noqa: N801 - a function-like async context manager, as docs/api.md spells it
     """``async with embedded() as node``: a daemon in this process on a loopback port, and
     a control session with it. Leaving the block closes both.

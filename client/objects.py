@@ -46,6 +46,7 @@ class _Closable:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+
 class PD(_Closable):
     """ibv_pd: a protection domain (``await ctx.alloc_pd()``); MRs, QPs, MKEYs and DEKs
     are created in one. Attributes: ``ctx``, ``node``."""
@@ -256,7 +257,6 @@ class CQ(_Closable):
                 await fut
             finally:
                 timer.cancel()
-
 
     async def poll_n(self, n: int, timeout: float = 10.0) -> list[WC]:
         """Exactly ``n`` completions, polling up to ``timeout`` seconds (default 10) in
