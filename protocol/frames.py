@@ -1,4 +1,4 @@
-"""The frame codec shared by the control and wire planes (sans-I/O: no sockets, no asyncio).
+"""The frame codec shared by the control and wire planes (sans-I/O: no sockets, no loop).
 
 A frame on the TCP stream::
 

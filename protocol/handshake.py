@@ -32,6 +32,7 @@ import secrets
 
 from .errors import RDMAError
 from .frames import field
+from .kinds import FrameKind
 
 __all__ = [
     "NONCE_LEN",
@@ -68,7 +69,7 @@ def compute_proof(token: bytes, nonce: bytes, role: str, src: str | None = None)
 def make_challenge(auth: bool) -> tuple[dict, bytes]:
     """The daemon's first frame header and the nonce to keep for verify_hello."""
     nonce = secrets.token_bytes(NONCE_LEN)
-    header = {"t": "challenge", "version": PROTOCOL_VERSION, "nonce": nonce, "auth": bool(auth)}
+    header = {"t": FrameKind.CHALLENGE, "version": PROTOCOL_VERSION, "nonce": nonce, "auth": bool(auth)}
     return header, nonce
 
 
@@ -87,7 +88,7 @@ def make_hello(challenge_header: dict, role: str, token: bytes | None,
     version, EINVAL for an unknown role, EACCES if the daemon wants a token
     and the client has none (better said here than as a refused hello).
     """
-    if challenge_header.get("t") != "challenge":
+    if challenge_header.get("t") != FrameKind.CHALLENGE:
         raise HandshakeError("EPROTO", f"expected a 'challenge' frame, got "
                                        f"{challenge_header.get('t')!r}")
     _check_version(_field(challenge_header, "version", int), "client")
@@ -95,7 +96,7 @@ def make_hello(challenge_header: dict, role: str, token: bytes | None,
     auth = _field(challenge_header, "auth", bool)
     if role not in ROLES:
         raise HandshakeError("EINVAL", f"role {role!r} is not one of {', '.join(ROLES)}")
-    hello = {"t": "hello", "version": PROTOCOL_VERSION, "role": role}
+    hello = {"t": FrameKind.HELLO, "version": PROTOCOL_VERSION, "role": role}
     if src is not None:
         hello["src"] = src
     if token is not None:
@@ -119,7 +120,7 @@ def verify_hello(header: dict, nonce: bytes, token: bytes | None,
     version gets the version message, not a complaint about a field it
     spells differently.
     """
-    if header.get("t") != "hello":
+    if header.get("t") != FrameKind.HELLO:
         raise HandshakeError("EPROTO", f"expected a 'hello' frame, got {header.get('t')!r}")
     _check_version(_field(header, "version", int), "daemon")
     role = _field(header, "role", str)

@@ -34,7 +34,12 @@ from dataclasses import dataclass
 import msgpack
 
 from .frames import FrameError, field
+from .kinds import FrameKind
 from .opcodes import FLAGS, NAMES, SYNDROMES, Op, opcode_for
+
+# The frame kinds as plain str: the wire path packs a header per packet, and msgpack and
+# the header check take an exact str fastest.
+_PKT, _TRAIN = FrameKind.PKT.value, FrameKind.TRAIN.value
 
 PSN_MOD = 1 << 24
 _U32 = (1 << 32) - 1
@@ -97,7 +102,7 @@ def packet_check(dev: str, p: Packet) -> int:
 def packet_header(dev: str, p: Packet, *, icrc_value: int | None = None) -> dict:
     """The frame header for ``p``; ``icrc_value`` overrides the computed check (fault
     injection of a link error leaves a stale one)."""
-    h: dict = {"t": "pkt", "dev": dev, "qp": p.dest_qp, "psn": p.psn, "op": p.opcode}
+    h: dict = {"t": _PKT, "dev": dev, "qp": p.dest_qp, "psn": p.psn, "op": p.opcode}
     for name, value in (("reth", p.reth), ("aeth", p.aeth), ("imm", p.imm),
                         ("ieth", p.ieth), ("ateth", p.atomic), ("atack", p.atomic_ack)):
         if value is not None:
@@ -284,7 +289,7 @@ def train_header(dev: str, t: Train) -> dict:
     exactly the extension headers its end packets need: the RETH when it begins a WRITE,
     ImmDt / IETH when it ends a message with them, and, for READ responses, always its
     message's AETH (the FIRST and LAST responses carry it)."""
-    h: dict = {"t": "train", "dev": dev, "qp": t.dest_qp, "psn": t.psn, "n": t.n,
+    h: dict = {"t": _TRAIN, "dev": dev, "qp": t.dest_qp, "psn": t.psn, "n": t.n,
                "kind": t.kind, "pos": (_FIRST if t.first else 0) | (_LAST if t.last else 0),
                "mtu": t.mtu}
     for name, value in (("reth", t.reth), ("aeth", t.aeth), ("imm", t.imm),

@@ -5,7 +5,7 @@ challenge and the second the peer's hello (``protocol.handshake``); the hello's 
 makes the connection a control session (verbs calls from an application:
 server/session.py reads them, server/verbs.py answers them) or a wire link (RC packets
 from another daemon's QPs). Connecting out, a daemon's ``WireLink`` does the HELLO with
-protocol/link.py's ``open_link``, as a client does.
+server/link.py's ``open_link``, as a client does.
 
 The engine is sans-I/O; this module is its clock and its cables. After anything that
 may make a QP want to talk (a post, a packet, a timer), ``_service`` asks the QP for
@@ -32,7 +32,6 @@ from ..protocol.enums import QpState
 from ..protocol.errors import RDMAError
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, hello_src, make_challenge, verify_hello
-from ..protocol.link import READ_CHUNK, open_link, read_frames
 from ..protocol.opcodes import Op, with_flags
 from ..protocol.packets import (
     IntegrityError,
@@ -47,6 +46,7 @@ from ..protocol.packets import (
     train_header,
 )
 from .faults import REORDER_FLUSH_S, Emit, Faults
+from .link import READ_CHUNK, open_link, read_frames
 from .logs import kv, log
 from .session import ControlSession, send_error
 from .verbs import QPHost

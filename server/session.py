@@ -14,10 +14,11 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from ..protocol import control
 from ..protocol.errors import RDMAError
-from ..protocol.frames import FrameDecoder, FrameError, encode_frame
-from ..protocol.link import read_frames
+from ..protocol.frames import FrameDecoder, encode_frame
+from ..protocol.kinds import FrameKind
+from ..protocol.session import Broken, Closed, Refused, Request, Role
+from ..protocol.session import ControlSession as Protocol
 from .logs import kv, log
 from .verbs import Verbs
 
@@ -32,27 +33,29 @@ TURN_S = 0.002
 REQUEST_CHUNK = 1 << 15
 
 
-def _reply_size(header: dict) -> int:
+def _reply_size(ev) -> int:
     """The payload bytes a request's reply will carry (what the reply budget is charged
     before the request runs): an mr_read's length; the rest reply with a small header."""
-    if header.get("t") == "mr_read":
-        n = header.get("length")
-        return n if isinstance(n, int) else 0
+    if isinstance(ev, Request) and ev.verb == "mr_read":
+        return ev.args["length"]
     return 0
 
 
 def send_error(writer: asyncio.StreamWriter, rid: int, e: RDMAError) -> None:
+    """An ``err`` frame outside a session (the HELLO refused, the connection limit)."""
     with contextlib.suppress(Exception):
-        writer.writelines(encode_frame({"t": "err", "id": rid, "errno": e.errno_name,
+        writer.writelines(encode_frame({"t": FrameKind.ERR, "id": rid, "errno": e.errno_name,
                                         "msg": e.message}))
 
 
 class ControlSession:
-    """One application's connection: its requests in, replies and events out."""
+    """One application's connection: its requests in, replies and events out. The
+    protocol is protocol/session.py's, in its server role; this is its transport."""
 
     def __init__(self, daemon: Daemon, reader, writer, decoder: FrameDecoder, peer: str) -> None:
         self.daemon = daemon
-        self.reader, self.writer, self.decoder = reader, writer, decoder
+        self.reader, self.writer = reader, writer
+        self.protocol = Protocol(Role.SERVER, decoder=decoder, peer=peer)
         self.peer = peer
         self.events_dropped = 0
         self.verbs = Verbs(daemon, self)
@@ -67,39 +70,55 @@ class ControlSession:
         d.sessions.add(self)
         d.counters["control_sessions"] += 1
         log.info("session open %s", kv(event="session_open", peer=self.peer))
-        frames = first
-        loop = asyncio.get_running_loop()
-        transport = self.writer.transport
         try:
-            high = d.limits.reply_high_water
-            while True:
-                turn = loop.time()
-                for fr in frames:
-                    # The reply budget is checked before the request runs: one whose
-                    # reply would take the unsent bytes past it waits until the client
-                    # reads, and meanwhile nothing more is read from this session.
-                    buffered = transport.get_write_buffer_size()
-                    if buffered and buffered + _reply_size(fr.header) > high:
-                        await self.writer.drain()
-                    self._handle(fr)
-                    if loop.time() - turn > TURN_S:
-                        # A burst of cheap requests gives the other sessions their turn.
-                        await asyncio.sleep(0)
-                        turn = loop.time()
-                if transport.get_write_buffer_size() > high:
-                    await self.writer.drain()
-                frames = await read_frames(self.reader, self.decoder, REQUEST_CHUNK)
-                if not frames:
-                    return
-        except FrameError as e:
-            # Framing is lost: say why, then close (docs/protocol.md).
-            log.warning("session broke framing %s", kv(event="frame_error", peer=self.peer,
-                                                        errno=e.errno_name, reason=e.message))
-            send_error(self.writer, 0, e)
+            events = self.protocol.receive_frames(first)
+            while await self._serve(events):
+                events = []
+                while not events:
+                    data = await self.reader.read(REQUEST_CHUNK)
+                    events = self.protocol.receive_data(data)
         finally:
             self.verbs.destroy_all()
             d.sessions.discard(self)
             log.info("session closed %s", kv(event="session_close", peer=self.peer))
+
+    async def _serve(self, events: list) -> bool:
+        """Handle one read's events in order; False once the session has ended."""
+        loop = asyncio.get_running_loop()
+        transport = self.writer.transport
+        high = self.daemon.limits.reply_high_water
+        turn = loop.time()
+        for ev in events:
+            if isinstance(ev, Closed):
+                return False
+            if isinstance(ev, Broken):
+                # Framing is lost: say why (queued by the protocol), then close
+                # (docs/protocol.md).
+                log.warning("session broke framing %s", kv(
+                    event="frame_error", peer=self.peer, errno=ev.error.errno_name,
+                    reason=ev.error.message))
+                self._flush()
+                continue
+            # The reply budget is checked before the request runs: one whose reply
+            # would take the unsent bytes past it waits until the client reads, and
+            # meanwhile nothing more is read from this session.
+            buffered = transport.get_write_buffer_size()
+            if buffered and buffered + _reply_size(ev) > high:
+                await self.writer.drain()
+            self._handle(ev)
+            if loop.time() - turn > TURN_S:
+                # A burst of cheap requests gives the other sessions their turn.
+                await asyncio.sleep(0)
+                turn = loop.time()
+        if transport.get_write_buffer_size() > high:
+            await self.writer.drain()
+        return True
+
+    def _flush(self) -> None:
+        data = self.protocol.data_to_send()
+        if data:
+            with contextlib.suppress(Exception):
+                self.writer.writelines(data)
 
     def push(self, header: dict, payload: bytes = b"") -> None:
         """An event to this subscriber. A subscriber that does not keep up loses events
@@ -107,7 +126,8 @@ class ControlSession:
         if self.writer.transport.get_write_buffer_size() > self.daemon.limits.reply_high_water:
             self.events_dropped += 1
             return
-        self.writer.writelines(encode_frame(header, payload))
+        self.protocol.push_event(header, payload)
+        self._flush()
 
     def push_wcs(self, cq: int, wcs: list) -> None:
         """Completions of pushed CQ ``cq`` to the client, one frame per batch. Never
@@ -115,22 +135,28 @@ class ControlSession:
         CQHost.pushed), so a client that never reads holds at most that much here, and
         the bytes count against reply_high_water like replies (past it the session's
         requests, the posts that make more completions, are not read)."""
-        self.writer.writelines(encode_frame({"t": "wc", "cq": cq,
-                                             "wcs": [w.to_wire() for w in wcs]}))
+        self.protocol.push_completions(cq, [w.to_wire() for w in wcs])
+        self._flush()
 
     def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None:
-        self.writer.writelines(encode_frame({"t": "ok", "id": rid, **result}, payload))
+        self.protocol.reply(rid, payload, **result)
+        self._flush()
 
-    def _handle(self, fr) -> None:
-        rid = fr.header.get("id") if isinstance(fr.header.get("id"), int) else 0
+    def _handle(self, ev: Request | Refused) -> None:
+        proto = self.protocol
+        if isinstance(ev, Refused):
+            proto.send_error(ev.rid, ev.error)
+            self._flush()
+            return
+        rid = ev.rid
         try:
-            verb, rid, args = control.check_request(fr.header)
-            result = self.verbs.call(verb, args, fr.payload, rid)
+            result = self.verbs.call(ev.verb, ev.args, ev.payload, rid)
             if result is not None:
                 payload = result.pop("_payload", b"")
-                self.reply(rid, payload, **result)
+                proto.reply(rid, payload, **result)
         except RDMAError as e:
-            send_error(self.writer, rid, e)
+            proto.send_error(rid, e)
         except Exception as e:      # a bug must cost one request, never the daemon
             log.exception("request failed %s", kv(event="internal_error", peer=self.peer))
-            send_error(self.writer, rid, RDMAError("EPROTO", f"internal error: {e!r}"[:200]))
+            proto.send_error(rid, RDMAError("EPROTO", f"internal error: {e!r}"[:200]))
+        self._flush()

@@ -35,6 +35,7 @@ from ..protocol.enums import (
 from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import FrameError
 from ..protocol.records import WC, RecvWR, SendWR
+from ..protocol.session import credits_from_wire
 from .async_events import AsyncEvents, wait_woken, wake
 from .logs import kv, log
 
@@ -382,14 +383,7 @@ class Verbs:
     def op_cq_credit(self, a, payload, rid):
         """The client polled pushed entries: give their room back. Checked whole before
         any is applied; accepted, it has no reply (the client does not wait for one)."""
-        total: dict[int, int] = {}
-        for i, c in enumerate(a["credits"]):
-            if not (isinstance(c, list) and len(c) == 2
-                    and all(isinstance(x, int) and not isinstance(x, bool) for x in c)
-                    and 1 <= c[0] <= control.U32 and 1 <= c[1] <= MAX_CQE):
-                raise FrameError("EPROTO", f"cq_credit: credits[{i}] must be [cq handle, "
-                                           f"count 1..{MAX_CQE}]")
-            total[c[0]] = total.get(c[0], 0) + c[1]
+        total = credits_from_wire(a["credits"], MAX_CQE)
         cqs = [(self.get(h, "cq"), n) for h, n in total.items()]
         for cq, n in cqs:
             if n > cq.pushed:

@@ -314,7 +314,7 @@ LATENCY_BYTES = 64
 MANY_QPS_BYTES = 4 * KIB
 READY_TIMEOUT = 30.0
 COMPLETION_TIMEOUT = 60.0
-# The daemon's socket reads (protocol/link.py READ_CHUNK); the TCP ceiling reads alike.
+# The daemon's socket reads (server/link.py READ_CHUNK); the TCP ceiling reads alike.
 TCP_READ_CHUNK = 1 << 18
 _RUNS = itertools.count()
 

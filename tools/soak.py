@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from .. import client as sh
 from ..protocol.frames import FrameDecoder, frame_bytes
 from ..protocol.handshake import make_hello
-from ..protocol.link import read_frames
 from ..protocol.packets import Packet, packet_header
+from ..server.link import read_frames
 from .bench import Daemons
 from .cli import SOAK_ATTACKS as ATTACKS
 from .harness import Side

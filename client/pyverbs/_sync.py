@@ -32,19 +32,33 @@ EMBEDDED_DEVICES = ("mlx5_0",)
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+# The process whose thread runs _loop. fork(2) copies only the calling thread: a child
+# has the loop object and every object made through it, but nothing runs the loop, so a
+# call handed to it would wait forever. The child's calls are refused instead.
+_loop_pid: int | None = None
+FORKED = ("softhca's pyverbs calls run on an event loop thread of process {pid}, which a "
+          "child of fork(2) does not have: a forked child cannot use the verbs objects "
+          "of its parent, nor open its own once the parent has opened one (start it with "
+          "exec, as multiprocessing's 'spawn' does)")
 _embedded: Any = None           # the embedded daemon, when there is no SOFTHCA_TARGET
 _address: str | None = None
 _token: bytes | None = None
 
 
+def _forked() -> bool:
+    return _loop_pid is not None and _loop_pid != os.getpid()
+
+
 def _start_loop() -> asyncio.AbstractEventLoop:
-    global _loop
+    global _loop, _loop_pid
+    if _forked():       # before the lock: a fork may have copied it held
+        raise PyverbsRDMAError(FORKED.format(pid=_loop_pid), _errno.EIO)
     with _lock:
         if _loop is None:
             loop = asyncio.new_event_loop()
             t = threading.Thread(target=loop.run_forever, name="softhca-pyverbs", daemon=True)
             t.start()
-            _loop = loop
+            _loop, _loop_pid = loop, os.getpid()
         return _loop
 
 
@@ -56,7 +70,11 @@ def run(coro, what: str | None = None):
     """Run ``coro`` on the bridge's loop and return its result; a daemon error becomes
     PyverbsRDMAError carrying the errno, its message prefixed with ``what`` (pyverbs'
     own "Failed to ..." sentence) when given."""
-    loop = _start_loop()
+    try:
+        loop = _start_loop()
+    except PyverbsRDMAError:
+        coro.close()
+        raise
     fut = asyncio.run_coroutine_threadsafe(coro, loop)
     try:
         return fut.result()
@@ -114,7 +132,7 @@ def close_session(node: api.Node, wait: bool = True) -> None:
     thread (the loop's own included) and must not block."""
     _sessions.discard(node)
     loop = _loop
-    if loop is None or loop.is_closed():
+    if loop is None or loop.is_closed() or _forked():
         return
     try:
         fut = asyncio.run_coroutine_threadsafe(node.close(), loop)
@@ -129,8 +147,8 @@ def _shutdown() -> None:
     """At exit, as a process's device files close: end the sessions still open, then the
     embedded daemon, then the loop."""
     loop = _loop
-    if loop is None or loop.is_closed() or not loop.is_running():
-        return
+    if loop is None or loop.is_closed() or not loop.is_running() or _forked():
+        return      # (a forked child's sessions are its parent's to end)
 
     async def close_all() -> None:
         for node in list(_sessions):

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 import softhca.client as sh
-from softhca.protocol.errors import connect_error
+from softhca.server.link import connect_error
 
 
 def free_port() -> int:

@@ -10,8 +10,8 @@ import pytest
 from softhca.protocol.errors import RDMAError
 from softhca.protocol.frames import encode_frame
 from softhca.protocol.handshake import make_challenge
-from softhca.protocol.link import open_link, read_frames
 from softhca.server.daemon import Daemon
+from softhca.server.link import open_link, read_frames
 
 MAX = 1 << 20
 

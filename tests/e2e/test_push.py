@@ -70,7 +70,7 @@ async def test_a_completion_made_after_the_last_request_is_polled_without_one():
         # pushes it, while this client sends nothing.
         await until(lambda: cq_host.pushed == 1)
         # ... and it reaches this client's read loop, still without a request.
-        await until(lambda: len(ini.scq._pushed.entries) == 1)
+        await until(lambda: ini.node._conn.available(ini.scq.handle) == 1)
         assert seen == []
         [wc] = await ini.scq.poll(timeout=0)
         assert (wc.wr_id, wc.status, wc.opcode) == (41, sh.IBV_WC_SUCCESS,
@@ -135,7 +135,7 @@ async def test_completions_received_before_the_connection_ended_are_still_polled
         src = await ini.reg_mr(64)
         await ini.qp.post_send(sh.SendWR(wr_id=5, opcode=sh.IBV_WR_SEND, sg=whole(src)))
         ini.node._conn.writer.transport.abort()
-        await until(lambda: ini.node._conn._closed is not None)
+        await until(lambda: ini.node._conn.error is not None)
         [wc] = await ini.scq.poll(timeout=1)
         assert wc.wr_id == 5
         with pytest.raises(sh.RDMAError) as e:

@@ -123,7 +123,7 @@ async def test_a_separate_peer_token_keeps_client_tokens_off_the_wire_plane():
 
 
 async def test_idle_sockets_never_lock_out_a_token_holder_or_a_peer_daemon():
-    from softhca.protocol.link import open_link
+    from softhca.server.link import open_link
 
     async with sh.embedded(token=b"tok") as node:
         host, port = node.address.rsplit(":", 1)

@@ -5,6 +5,7 @@ EOPNOTSUPP for what is not modelled."""
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import subprocess
 import sys
@@ -126,6 +127,35 @@ def test_pyverbs_path_gives_softhcas_pyverbs():
                        env={"PYTHONPATH": str(pyverbs_path()), "PATH": "/usr/bin:/bin"},
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "softhca.client.pyverbs.device", r.stderr
+
+
+_FORK_CHILD = """
+import errno, os, sys
+from softhca.client.pyverbs.device import Context
+from softhca.client.pyverbs.pyverbs_error import PyverbsRDMAError
+ctx = Context(name="mlx5_0")
+pid = os.fork()
+if pid == 0:
+    for call in (ctx.query_device, lambda: Context(name="mlx5_0")):
+        try:
+            call()
+            os._exit(3)
+        except PyverbsRDMAError as e:
+            if e.error_code != errno.EIO or "fork" not in str(e):
+                os._exit(4)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), ctx.query_device().max_qp > 0)
+"""
+
+
+def test_a_forked_childs_verbs_fail_at_once_and_the_parents_go_on():
+    """fork(2) copies only the calling thread, not the bridge's loop thread: the child's
+    verbs raise EIO naming fork rather than wait for a loop nothing runs."""
+    r = subprocess.run([sys.executable, "-c", _FORK_CHILD], capture_output=True, text=True,
+                       timeout=60, env={k: v for k, v in os.environ.items()
+                                        if k != "SOFTHCA_TARGET"})
+    assert r.stdout.split() == ["0", "True"], r.stderr
 
 
 def _wait(cq, n=1):

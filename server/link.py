@@ -2,6 +2,7 @@
 
 ``open_link`` is the connecting side for both roles: a client's control session
 (``client.connect``) and a daemon's outgoing wire link (``server.daemon.WireLink``).
+It lives above protocol/, which holds the bytes and never a socket.
 ``read_frames`` is the bounded frame reader every stream of the protocol is read with:
 the decoder refuses a frame over its limit (EMSGSIZE) before buffering it.
 """
@@ -10,16 +11,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno as _errno
+import os
+import re
+import socket
 from dataclasses import dataclass
 
-from .errors import RDMAError, connect_error
-from .frames import Frame, FrameDecoder, encode_frame
-from .handshake import make_hello
+from ..protocol.errors import RDMAError
+from ..protocol.frames import Frame, FrameDecoder, encode_frame
+from ..protocol.handshake import make_hello
+from ..protocol.kinds import FrameKind
 
-__all__ = ["READ_CHUNK", "Link", "open_link", "read_frames"]
+__all__ = ["READ_CHUNK", "Link", "connect_error", "open_link", "read_frames"]
 
 # Bytes asked of the socket per read (and the stream reader's buffer limit).
 READ_CHUNK = 1 << 18
+# What a failed connect(2) is reported as, when it is one of these; other causes are
+# ECONNRESET, the errno of a connection that could not be had.
+_CONNECT_ERRNOS = {getattr(_errno, name): name for name in
+                   ("ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "ETIMEDOUT", "ECONNRESET")}
+
+
+def connect_error(host: str, port: int, exc: OSError) -> RDMAError:
+    """The RDMAError for a connection to ``host:port`` that failed with ``exc``: the
+    errno that happened (ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, ETIMEDOUT) and its
+    reason, or "cannot resolve host" for a failed name lookup (a socket.gaierror,
+    whose numbers are getaddrinfo's EAI_* codes, not errnos)."""
+    if isinstance(exc, socket.gaierror):
+        reason = exc.strerror or str(exc)
+        return RDMAError("EHOSTUNREACH", f"cannot resolve host {host!r}: {reason}")
+    number = exc.errno
+    if number is None:
+        # asyncio tried several addresses and lists each failure: "Multiple exceptions:
+        # [Errno 111] Connect call failed ..., [Errno 99] ..."; the first one counts.
+        found = re.search(r"\[Errno (\d+)\]", str(exc))
+        number = int(found.group(1)) if found else None
+    name = _CONNECT_ERRNOS.get(number, "ECONNRESET")
+    reason = os.strerror(number) if number else str(exc)
+    return RDMAError(name, f"cannot connect to {host}:{port}: {reason}")
 
 
 async def read_frames(reader: asyncio.StreamReader, decoder: FrameDecoder,
@@ -68,21 +97,21 @@ async def open_link(host: str, port: int, role: str, token: bytes | None, *,
             from None
     except OSError as e:
         # The errno that happened (ECONNREFUSED, EHOSTUNREACH, ...), or "cannot resolve
-        # host" for a failed name lookup (protocol/errors.py connect_error).
+        # host" for a failed name lookup (connect_error).
         raise connect_error(host, port, e) from None
     decoder = FrameDecoder(max_frame)
     try:
         frames = await asyncio.wait_for(_handshake_frames(reader, decoder), timeout)
         first = frames[0].header
-        if first.get("t") == "err":     # refused before the HELLO (e.g. connection limit)
+        if first.get("t") == FrameKind.ERR:     # refused before the HELLO (connection limit)
             raise RDMAError(first.get("errno", "EPROTO"), first.get("msg", "refused"))
         writer.writelines(encode_frame(make_hello(first, role, token, src)))
         frames = frames[1:] or await asyncio.wait_for(_handshake_frames(reader, decoder),
                                                       timeout)
         h = frames[0].header
-        if h.get("t") == "err":
+        if h.get("t") == FrameKind.ERR:
             raise RDMAError(h.get("errno", "EPROTO"), h.get("msg", "handshake refused"))
-        if h.get("t") != "welcome":
+        if h.get("t") != FrameKind.WELCOME:
             raise RDMAError("EPROTO", f"expected 'welcome' from {host}:{port}, "
                                       f"got {h.get('t')!r}")
     except asyncio.TimeoutError:

@@ -1,0 +1,195 @@
+"""The client's transport: one control connection, its reads and writes on asyncio.
+
+What goes on the connection, and what comes back means, is protocol/session.py's
+(``ControlSession`` in the client role): request ids, replies matched to them, pushed
+completions kept until polled, credits returned, pushed events. This module feeds it
+the bytes the socket reads, writes the bytes it produces, and turns its events into
+the futures, wake-ups and queue the objects (client/objects.py) wait on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from ..protocol.errors import RDMAError
+from ..protocol.session import (
+    Broken,
+    Closed,
+    Completions,
+    ControlSession,
+    Failed,
+    Pushed,
+    Reply,
+    Role,
+)
+from ..server.link import READ_CHUNK, Link, open_link
+from .records import Event
+
+__all__ = ["CLIENT_MAX_FRAME", "DEFAULT_PORT", "EVENT_QUEUE", "IO_CHUNK", "Connection",
+           "PushedCQ"]
+
+DEFAULT_PORT = 4791
+# Replies carry mr.read data; a client accepts bigger frames than it sends.
+CLIENT_MAX_FRAME = 64 << 20
+# mr.write / mr.read move at most this much per request (below the daemon's frame limit).
+IO_CHUNK = 8 << 20
+# Pushed events waiting to be read; beyond this the oldest go (counted).
+EVENT_QUEUE = 1 << 16
+# Unsent request bytes past which a request waits for the socket to drain.
+DRAIN_AT = 1 << 20
+
+
+class PushedCQ:
+    """The polls waiting for completions of one pushed CQ (the completions themselves
+    are the protocol session's)."""
+
+    __slots__ = ("waiters",)
+
+    def __init__(self) -> None:
+        self.waiters: list[asyncio.Future] = []
+
+    def wake(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+
+class Connection:
+    """One control connection: requests out, their replies back to the awaiting call."""
+
+    def __init__(self, link: Link, address: str) -> None:
+        self.reader, self.writer = link.reader, link.writer
+        self.address = address
+        self.welcome = link.welcome
+        self.protocol = ControlSession(Role.CLIENT, decoder=link.decoder, peer=address)
+        self._futures: dict[int, asyncio.Future] = {}
+        # Pushed events (frames without an id): at most EVENT_QUEUE wait to be read;
+        # beyond that the oldest go and are counted.
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.events_dropped = 0
+        # Pushed CQs by handle: the polls waiting on each.
+        self.cqs: dict[int, PushedCQ] = {}
+        self._credit_flush: asyncio.Handle | None = None
+        self._task = asyncio.get_running_loop().create_task(self._read_loop(link.rest))
+
+    @classmethod
+    async def open(cls, host: str, port: int, token: bytes | None, *,
+                   timeout: float) -> Connection:
+        """TCP to ``host:port`` and the HELLO as a control session (server/link.py)."""
+        link = await open_link(host, port, "control", token, timeout=timeout,
+                               max_frame=CLIENT_MAX_FRAME)
+        return cls(link, f"{host}:{port}")
+
+    @property
+    def error(self) -> RDMAError | None:
+        """Why the connection ended (what every request raises now), or None while open."""
+        return self.protocol.error
+
+    # tools/capture.py reads the reason by this name.
+    _closed = error
+
+    async def request(self, verb: str, payload: bytes | memoryview = b"",
+                      **fields: Any) -> tuple[dict, memoryview]:
+        rid = self.protocol.send_request(verb, payload, **fields)
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[rid] = fut
+        self._write()
+        if self.writer.transport.get_write_buffer_size() > DRAIN_AT:
+            await self.writer.drain()
+        return await fut
+
+    def cq(self, handle: int) -> PushedCQ:
+        """The waiting polls of pushed CQ ``handle`` (made on first use)."""
+        st = self.cqs.get(handle)
+        if st is None:
+            st = self.cqs[handle] = PushedCQ()
+        return st
+
+    def available(self, handle: int) -> int:
+        """Completions of pushed CQ ``handle`` received and not polled yet."""
+        return self.protocol.completions(handle)
+
+    def take(self, handle: int, n: int) -> list:
+        """Up to ``n`` received completions of pushed CQ ``handle`` (wire form). Their
+        room goes back to the daemon with the next request or at the loop's next turn,
+        whichever is first; nothing waits for it."""
+        out = self.protocol.take_completions(handle, n)
+        if out and self._credit_flush is None and self.protocol.credits_owed:
+            self._credit_flush = asyncio.get_running_loop().call_soon(self._send_credits)
+        return out
+
+    def _send_credits(self) -> None:
+        self._credit_flush = None
+        if self.protocol.flush_credits():
+            self._write()
+
+    def forget_cq(self, handle: int) -> None:
+        """A destroyed CQ: its unpolled entries and uncredited count go with it."""
+        self.protocol.forget_cq(handle)
+        st = self.cqs.pop(handle, None)
+        if st is not None:
+            st.wake()
+
+    def _write(self) -> None:
+        data = self.protocol.data_to_send()
+        if data:
+            with contextlib.suppress(Exception):
+                self.writer.writelines(data)
+
+    async def _read_loop(self, first: list) -> None:
+        proto = self.protocol
+        try:
+            self._dispatch(proto.receive_frames(first))
+            while proto.closed is None:
+                self._dispatch(proto.receive_data(await self.reader.read(READ_CHUNK)))
+        except ConnectionError as e:
+            self._dispatch([proto.connection_lost(RDMAError("ECONNRESET", str(e)))])
+        finally:
+            if proto.closed is None:        # cancelled by close()
+                self._dispatch([proto.connection_lost()])
+
+    def _dispatch(self, events: list) -> None:
+        for ev in events:
+            if isinstance(ev, Reply):
+                fut = self._futures.pop(ev.rid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result((ev.header, ev.payload))
+            elif isinstance(ev, Failed):
+                fut = self._futures.pop(ev.rid, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(ev.error)
+            elif isinstance(ev, Completions):
+                st = self.cqs.get(ev.cq)
+                if st is not None:
+                    st.wake()
+            elif isinstance(ev, Pushed):
+                if self.events.qsize() >= EVENT_QUEUE:
+                    self.events.get_nowait()
+                    self.events_dropped += 1
+                self.events.put_nowait(Event(ev.kind, ev.header, bytes(ev.payload)))
+            elif isinstance(ev, Broken):
+                # The daemon broke the protocol: nothing more it sends can be trusted.
+                with contextlib.suppress(Exception):
+                    self.writer.transport.abort()
+            elif isinstance(ev, Closed):
+                self._ended(ev.error)
+
+    def _ended(self, reason: RDMAError) -> None:
+        self.events.put_nowait(None)        # ends a subscription's iteration
+        for st in self.cqs.values():
+            st.wake()
+        futures, self._futures = self._futures, {}
+        for fut in futures.values():
+            if not fut.done():
+                fut.set_exception(reason)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+            await self.writer.wait_closed()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
