@@ -356,7 +356,7 @@ def train_header(dev: str, t: Run) -> dict:
     return h
 
 
-def _bad_train(msg: str) -> FrameError:
+def _bad_train_frame(msg: str) -> FrameError:
     return FrameError("EPROTO", f"train: {msg}"[:160])
 
 
@@ -370,14 +370,14 @@ def _train_shape(header: dict, payload) -> tuple:
     n = field(header, "n", int, min=1, max=FRAME_RUN_MAX)
     kind = field(header, "kind", str, max=40)
     if kind not in RUN_KINDS:
-        raise _bad_train(f"kind must be one of {', '.join(RUN_KINDS)}, got {kind!r}")
+        raise _bad_train_frame(f"kind must be one of {', '.join(RUN_KINDS)}, got {kind!r}")
     pos = field(header, "pos", int, min=0, max=3)
     mtu = field(header, "mtu", int, min=256, max=4096)
     if mtu not in TRAIN_MTUS:
-        raise _bad_train(f"mtu {mtu} is not an IBTA path MTU")
+        raise _bad_train_frame(f"mtu {mtu} is not an IBTA path MTU")
     first, last = bool(pos & _FIRST), bool(pos & _LAST)
     if psn + n > PSN_MOD:
-        raise _bad_train(f"PSNs [{psn:#x}, +{n}) wrap the 24-bit PSN space")
+        raise _bad_train_frame(f"PSNs [{psn:#x}, +{n}) wrap the 24-bit PSN space")
     size = len(payload)
     # n packets of mtu: every one full but the message's last, which holds 1..mtu bytes
     # (0 only as the lone packet of an empty message).
@@ -386,11 +386,11 @@ def _train_shape(header: dict, payload) -> tuple:
     else:
         ok = size == n * mtu
     if not ok:
-        raise _bad_train(f"{size} payload bytes are not {n} packets of path MTU {mtu}")
+        raise _bad_train_frame(f"{size} payload bytes are not {n} packets of path MTU {mtu}")
     return dev, qp, psn, n, kind, pos, first, last, mtu
 
 
-def _train(header: dict, payload) -> tuple[str, Run]:
+def _train_frame(header: dict, payload) -> tuple[str, Run]:
     """A ``train`` frame as its run: every field is checked as a packet's is, and the
     run as a whole (``_train_shape``), with exactly the headers its end packets'
     opcodes need."""
@@ -403,17 +403,17 @@ def _train(header: dict, payload) -> tuple[str, Run]:
     try:
         need = _NEEDS[t.opcode(0)][0] | _NEEDS[t.opcode(n - 1)][0]
     except ValueError:
-        raise _bad_train(f"no {kind} opcode ends a message with "
+        raise _bad_train_frame(f"no {kind} opcode ends a message with "
                          f"{'ImmDt and ' if t.imm is not None else ''}"
                          f"{'IETH' if t.ieth is not None else 'ImmDt'}") from None
     if kind == "RDMA_READ_RESPONSE":
         need = need | {"aeth"}
     present = {name for name, v in ext.items() if v is not None}
     if need != present:
-        raise _bad_train(f"{kind} train at positions {pos} must carry "
+        raise _bad_train_frame(f"{kind} train at positions {pos} must carry "
                          f"{sorted(need) or 'no extension header'}, has {sorted(present)}")
     if t.aeth is not None and t.aeth[0] != "ACK":
-        raise _bad_train("a READ response's AETH must be an ACK")
+        raise _bad_train_frame("a READ response's AETH must be an ACK")
     if train_check(dev, t) != check:
         raise IntegrityError("EPROTO", f"train of {n} packets from psn {psn:#x} to QP "
                                        f"{qp:#x}: check mismatch, dropped", packets=n)
@@ -433,6 +433,6 @@ def decode(header: dict, payload) -> tuple[str, Run]:
         dev, p = decode_packet(header, payload)
         return dev, Run.of(p)
     if kind == "train":
-        return _train(header, payload)
+        return _train_frame(header, payload)
     raise FrameError("EPROTO", f"unexpected {kind!r} frame on a wire link (only 'pkt' and "
                                "'train' are allowed)")

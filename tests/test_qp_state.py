@@ -8,7 +8,7 @@ read from the module under test.
 from __future__ import annotations
 
 import pytest
-from test_rc import packets_of, SIG, Pair, Tap, atomic_wr, put_u64, status_of, u64_at
+from test_rc import SIG, Pair, Tap, atomic_wr, packets_of, put_u64, status_of, u64_at
 
 import softhca.client as sh
 from softhca.engine.hca import HCA

@@ -10,7 +10,7 @@ from the test's oracle, never from the engine.
 from __future__ import annotations
 
 import pytest
-from test_rc import packets_of, Pair, status_of
+from test_rc import Pair, packets_of, status_of
 
 import softhca.client as sh
 from softhca.engine.mkey_configure import MkeyConfigureBuilder
