@@ -264,3 +264,30 @@ def test_max_dest_rd_atomic_is_the_responders_saved_atomic_results(resources, wa
     assert status_of(p.wcs["a_send"]) == want
     # Each atomic was executed once, whatever came back.
     assert (u64_at(remote, 0), u64_at(remote, 8)) == (6, 8)
+
+
+# -- the states each verb needs -------------------------------------------------------------
+
+@pytest.mark.parametrize("verb, acts", [
+    ("ibv_post_send", {QpState.RTS, QpState.SQD}),
+    ("ibv_post_recv", {QpState.INIT, QpState.RTR, QpState.RTS, QpState.SQD}),
+    ("ibv_wr_mkey_configure", {QpState.RTS}),
+    ("mlx5dv_qp_cancel_posted_send_wrs", {QpState.SQD}),
+])
+def test_each_verb_acts_in_its_states_flushes_in_err_and_is_einval_elsewhere(verb, acts):
+    from softhca.engine import qp_state
+
+    flushes = verb != "mlx5dv_qp_cancel_posted_send_wrs"
+    for state in QpState:
+        if state == QpState.SQE:
+            continue
+        if state in acts:
+            assert qp_state.require(verb, state) is True
+        elif state == QpState.ERR and flushes:
+            assert qp_state.require(verb, state) is False
+        else:
+            with pytest.raises(RDMAError) as e:
+                qp_state.require(verb, state)
+            assert e.value.errno_name == "EINVAL"
+            assert f"{verb} needs the QP in" in e.value.message
+            assert f"it is in {state.name}" in e.value.message

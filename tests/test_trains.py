@@ -40,6 +40,7 @@ from softhca.protocol.packets import (
     IntegrityError,
     count,
     decode,
+    packet_header,
     split,
     train_header,
 )
@@ -737,3 +738,20 @@ async def test_trains_larger_than_the_peers_max_frame_go_as_packets():
         c = await tnode.counters()
         assert c["wire_protocol_errors"] == 0 and c["retransmissions"] == 0
         assert c["packets_received"] >= 150
+
+
+def test_either_frame_form_decodes_to_a_run():
+    """One decoder for the wire: a ``pkt`` frame is a run of one that is its packet, a
+    ``train`` frame the run it carries; any other frame kind is EPROTO."""
+    _, _, _, t = write_pair()
+    fr = _frame(t)
+    assert decode(fr.header, fr.payload)[1].packets() == t.packets()
+    for p in t.packets()[:2] + [Packet(0x22, 9, "ACKNOWLEDGE", aeth=("NAK_PSN_SEQ", 3)),
+                                Packet(0x22, 9, "FETCH_ADD", atomic=(1, 2, 3, 0))]:
+        dev, run = decode(packet_header("mlx5_0", p), p.payload)
+        assert dev == "mlx5_0" and run.n == 1 and run.packets() == [p] and run == Run.of(p)
+    with pytest.raises(IntegrityError) as e:
+        decode({**fr.header, "psn": (t.psn + 1) % (1 << 24)}, fr.payload)
+    assert e.value.packets == t.n
+    with pytest.raises(FrameError, match="unexpected 'hello' frame on a wire link"):
+        decode({**fr.header, "t": "hello"}, fr.payload)
