@@ -7,8 +7,12 @@
 - ``crypto`` and ``xts``: the crypto setter's rules and batched AES-XTS.
 - ``crypto_login``: the device's crypto import method, crypto login, wrapped DEK import.
 - ``transfer``: TX (memory to wire) and RX (wire to memory) through a key.
+- ``keyplan``: the plan of an MKEY's configuration, built once for its transfers, and
+  the scratch buffers they run in.
 - ``completion``: which ibv_wc_status a failed transfer gives.
-- ``rc``: the RC QP (sans-I/O), composed of ``rc_requester`` (the send queue) and
-  ``rc_responder`` (the receive queue), as rxe splits it; ``rc_common`` what both use;
-  ``qp_state``: the ibv_modify_qp transition table and the IBTA timer encodings.
+- ``rc``: the RC QP (sans-I/O), composed of ``rc_requester`` (the send queue),
+  ``rc_completer`` (what comes back for it) and ``rc_responder`` (the receive queue), as
+  rxe splits it; ``rc_common`` what they share; ``qp_state``: the QP state machine (the
+  ibv_modify_qp transition table, the states each verb needs) and the IBTA timer
+  encodings.
 """

@@ -163,6 +163,22 @@ class HCA:
         if attr.key_purpose != CryptoKeyPurpose.AES_XTS:
             raise einval(f"key_purpose {attr.key_purpose} is not "
                          "MLX5DV_CRYPTO_KEY_PURPOSE_AES_XTS")
+        lg = self._dek_login(attr, session_login)
+        if len(attr.opaque) > 8:
+            raise einval(f"opaque is char[8], got {len(attr.opaque)} bytes")
+        if len(self.deks) >= 1 << LOG_MAX_NUM_DEKS:
+            raise RDMAError("ENOMEM", f"{self.name} holds {len(self.deks)} DEKs, its "
+                                      f"log_max_num_deks is {LOG_MAX_NUM_DEKS}")
+        key, keytag = self._dek_key(attr, lg, want)
+        dek = DEK(pd, next(self._handles), attr.key_size, key, bool(attr.has_keytag),
+                  keytag if attr.has_keytag else bytes(8), opaque=bytes(attr.opaque),
+                  wrapped=self.crypto.wrapped)
+        self.deks[dek.handle] = dek
+        return dek
+
+    def _dek_login(self, attr: DEKInitAttr,
+                   session_login: CryptoLogin | None) -> CryptoLogin | None:
+        """The crypto login a DEK is created under (None: none, plaintext import)."""
         if attr.comp_mask & ~DEK_INIT_ATTR_CRYPTO_LOGIN:
             raise einval(f"comp_mask {attr.comp_mask:#x} has bits other than "
                          "MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN")
@@ -175,11 +191,11 @@ class HCA:
             lg = session_login if self.crypto.wrapped else None
         if lg is not None and not isinstance(lg, CryptoLogin):
             raise einval("crypto_login is not a crypto login object of this device")
-        if len(attr.opaque) > 8:
-            raise einval(f"opaque is char[8], got {len(attr.opaque)} bytes")
-        if len(self.deks) >= 1 << LOG_MAX_NUM_DEKS:
-            raise RDMAError("ENOMEM", f"{self.name} holds {len(self.deks)} DEKs, its "
-                                      f"log_max_num_deks is {LOG_MAX_NUM_DEKS}")
+        return lg
+
+    def _dek_key(self, attr: DEKInitAttr, lg: CryptoLogin | None,
+                 want: int) -> tuple[bytes, bytes | None]:
+        """The DEK's key (key1 || key2, unwrapped if it came wrapped) and keytag."""
         key = bytes(attr.key)
         keytag = bytes(attr.keytag) if attr.has_keytag else None
         if self.crypto.wrapped:
@@ -206,11 +222,7 @@ class HCA:
             raise einval("AES-XTS key halves must differ (key1 == key2 is refused)")
         if attr.has_keytag and len(keytag) != KEYTAG_BYTES:
             raise einval("a DEK keytag is 8 bytes")
-        dek = DEK(pd, next(self._handles), attr.key_size, key, bool(attr.has_keytag),
-                  keytag if attr.has_keytag else bytes(8), opaque=bytes(attr.opaque),
-                  wrapped=self.crypto.wrapped)
-        self.deks[dek.handle] = dek
-        return dek
+        return key, keytag
 
     def destroy_dek(self, dek: DEK) -> None:
         dek.state = DekState.ERROR

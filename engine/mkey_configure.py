@@ -93,11 +93,6 @@ class MkeyConfigureBuilder:
         self._wrs = []
         self._error = None
 
-    def wr_abort(self) -> None:
-        self._open = False
-        self._wrs = []
-        self._error = None
-
     def wr_mkey_configure(self, mkey: MKey, num_setters: int, attr: MkeyConfAttr) -> None:
         if not self._open:
             self._fail(einval("mlx5dv_wr_mkey_configure called outside ibv_wr_start"))

@@ -1,5 +1,7 @@
-"""The RC QP state machine as one table: which ibv_modify_qp transitions exist and which
-attributes each requires and allows, and the IBTA encodings of the attributes' timers.
+"""The RC QP state machine: which ibv_modify_qp transitions exist and which attributes
+each requires and allows (``TRANSITIONS``), each attribute's value rule (``VALUES``), the
+states in which each verb may be called (``VERBS``) and in which each role of the QP
+works (``SENDING``, ``RECEIVING``), and the IBTA encodings of the attributes' timers.
 
 Required attributes are ibv_modify_qp(3)'s table for IBV_QPT_RC (RESET -> INIT -> RTR
 -> RTS); the optional ones and the other transitions (RTS -> RTS, RTS -> SQD, SQD ->
@@ -136,27 +138,23 @@ def _is_mtu(v) -> bool:
 
 
 # Each attribute's value rule (ibv_modify_qp(3); IBTA field widths) and its words.
-_CHECKS = {
-    M.PATH_MTU: _is_mtu, M.DEST_QPN: _uint(24),
-    M.RQ_PSN: _uint(24), M.SQ_PSN: _uint(24),
-    M.TIMEOUT: _uint(5), M.MIN_RNR_TIMER: _uint(5),
-    M.RETRY_CNT: _uint(3), M.RNR_RETRY: _uint(3),
+VALUES: dict[M, tuple] = {
+    M.PATH_MTU: (_is_mtu, "is not an enum ibv_mtu value"),
+    M.DEST_QPN: (_uint(24), "is not a QP number"),
+    M.RQ_PSN: (_uint(24), "is not a 24-bit PSN"),
+    M.SQ_PSN: (_uint(24), "is not a 24-bit PSN"),
+    M.TIMEOUT: (_uint(5), "is not a 5-bit code"),
+    M.MIN_RNR_TIMER: (_uint(5), "is not a 5-bit code"),
+    M.RETRY_CNT: (_uint(3), "must be 0..7"),
+    M.RNR_RETRY: (_uint(3), "must be 0..7"),
     # Zero would let no READ or atomic ever go: the WR would wait forever.
-    M.MAX_QP_RD_ATOMIC: lambda v: _uint(8)(v) and v >= 1,
-    M.MAX_DEST_RD_ATOMIC: _uint(8), M.ACCESS_FLAGS: _uint(32),
+    M.MAX_QP_RD_ATOMIC: (lambda v: _uint(8)(v) and v >= 1, "must be 1..255"),
+    M.MAX_DEST_RD_ATOMIC: (_uint(8), "must be 0..255"),
+    M.ACCESS_FLAGS: (_uint(32), "is not an access flags word"),
     # One port, one P_Key.
-    M.PKEY_INDEX: lambda v: v == 0, M.PORT: lambda v: v == 1,
-    M.EN_SQD_ASYNC_NOTIFY: _uint(1),
-}
-_RULES = {
-    M.PATH_MTU: "is not an enum ibv_mtu value", M.DEST_QPN: "is not a QP number",
-    M.RQ_PSN: "is not a 24-bit PSN", M.SQ_PSN: "is not a 24-bit PSN",
-    M.TIMEOUT: "is not a 5-bit code", M.MIN_RNR_TIMER: "is not a 5-bit code",
-    M.RETRY_CNT: "must be 0..7", M.RNR_RETRY: "must be 0..7",
-    M.MAX_QP_RD_ATOMIC: "must be 1..255", M.MAX_DEST_RD_ATOMIC: "must be 0..255",
-    M.ACCESS_FLAGS: "is not an access flags word",
-    M.PKEY_INDEX: "must be 0 (one P_Key)", M.PORT: "must be 1 (one port)",
-    M.EN_SQD_ASYNC_NOTIFY: "must be 0 or 1",
+    M.PKEY_INDEX: (lambda v: v == 0, "must be 0 (one P_Key)"),
+    M.PORT: (lambda v: v == 1, "must be 1 (one port)"),
+    M.EN_SQD_ASYNC_NOTIFY: (_uint(1), "must be 0 or 1"),
 }
 
 
@@ -193,7 +191,48 @@ def check(cur: S, attr: dict, attr_mask: int) -> tuple[S, dict[M, object]]:
     if given & NOT_MODELLED:
         raise eopnotsupp(f"{step}: {names(given & NOT_MODELLED)} not modelled")
     for bit, value in values.items():
-        ok = _CHECKS.get(bit)
-        if ok is not None and not ok(value):
-            raise einval(f"{step}: {FIELDS[bit]} {value!r} {_RULES[bit]}")
+        rule = VALUES.get(bit)
+        if rule is not None and not rule[0](value):
+            raise einval(f"{step}: {FIELDS[bit]} {value!r} {rule[1]}")
     return nxt, values
+
+
+# -- the states in which the QP works ---------------------------------------------------
+
+# The states in which the requester works (SQD: it finishes what it started), and in
+# which arriving packets are taken at all (IBTA: a QP in RESET, INIT or ERR silently
+# drops them).
+SENDING = (S.RTS, S.SQD)
+RECEIVING = (S.RTR, S.RTS, S.SQD)
+
+
+@dataclass(frozen=True)
+class VerbRule:
+    """The QP states in which a verb acts; ``flushes``: in ERR it takes its WR and
+    completes it WR_FLUSH_ERR at once instead of refusing it."""
+
+    states: tuple[S, ...]
+    flushes: bool = False
+
+
+VERBS: dict[str, VerbRule] = {
+    # ibv_post_send(3): the send queue takes WRs in RTS, and in SQD, where they wait.
+    "ibv_post_send": VerbRule(SENDING, flushes=True),
+    "ibv_post_recv": VerbRule((S.INIT, S.RTR, S.RTS, S.SQD), flushes=True),
+    # mlx5dv_wr_mkey_configure goes through the QP's send queue, started in RTS.
+    "ibv_wr_mkey_configure": VerbRule((S.RTS,), flushes=True),
+    # mlx5dv_qp_cancel_posted_send_wrs(3): "the QP must be in SQD state".
+    "mlx5dv_qp_cancel_posted_send_wrs": VerbRule((S.SQD,)),
+}
+
+
+def require(verb: str, state: S) -> bool:
+    """Whether ``verb`` acts on a QP in ``state``: True; False when the QP is in ERR and
+    the verb's WR is to complete WR_FLUSH_ERR; EINVAL in any other state it lacks."""
+    rule = VERBS[verb]
+    if state in rule.states:
+        return True
+    if rule.flushes and state == S.ERR:
+        return False
+    raise einval(f"{verb} needs the QP in {'/'.join(s.name for s in rule.states)}, "
+                 f"it is in {S(state).name}")

@@ -1,10 +1,11 @@
 """The RC QP as a sans-I/O state machine: work requests and packets in, packets and
 completions out. No sockets, no clock: the caller passes ``now`` (seconds) and moves
-the packets; ``next_deadline()`` says when the timers want ``poll_packets`` again.
+the packets; ``next_deadline()`` says when the timers want ``poll_wire`` again.
 
-One RCQP is both a requester (its send queue, engine/rc_requester.py) and a responder
-(its receive queue, engine/rc_responder.py), as an IBTA RC QP is and as rxe splits it;
-the QP holds what they share: its state (engine/qp_state.py), attributes, CQs and
+One RCQP is a requester (its send queue, engine/rc_requester.py), a completer (what
+comes back for the send queue, engine/rc_completer.py) and a responder (its receive
+queue, engine/rc_responder.py), as an IBTA RC QP is and as rxe splits it; the QP holds
+what they share: its state (engine/qp_state.py), attributes, CQs and
 asynchronous events (``take_events``). The WR and WC records are protocol/records.py's.
 Completions go to two CQs, as with ibv_create_qp's send_cq and recv_cq:
 ``poll_send_cq()`` and ``poll_recv_cq()``; ``poll_cq()`` returns both (send
@@ -50,14 +51,14 @@ Modelled:
   payload is copied at post time, up to ``max_inline_data`` bytes.
 - The requester gathers a WR's payload (one transfer.tx per SGE) when it first
   transmits it and keeps those bytes for retransmission, cutting its packets (or
-  trains) from them as they go; a READ's responses are reassembled and scattered (one
-  transfer.rx per SGE) when the last one arrives, straight from a train that holds
+  runs) from them as they go; a READ's responses are reassembled and scattered (one
+  transfer.rx per SGE) when the last one arrives, straight from a run that holds
   them all.
-- Packet trains (docs/protocol.md, "Packet trains"): ``poll_wire`` gives runs of one
-  message's packets as ``Train`` objects (a SEND's or WRITE's packets as the window lets
-  them go, a READ's responses), ``poll_packets`` the same cut into packets;
-  ``receive_train`` takes a train in one step where that is what its packets one by
-  one would do, and gives them to ``receive`` one by one otherwise.
+- Runs (protocol/packets.py ``Run``; on the wire, docs/protocol.md "Packet trains"):
+  ``poll_wire`` gives runs of one message's packets (a SEND's or WRITE's packets as the
+  window lets them go, a READ's responses) and single packets; ``receive`` takes a run
+  (a single packet is a run of one) in one step where that is what its packets one by
+  one would do, and its packets one by one otherwise.
 - A window of ``WINDOW`` unacknowledged packets; cumulative ACKs, implicit
   acknowledgement of earlier requests by READ responses, atomic ACKs and NAKs.
 - Go-back-N from the oldest unacknowledged PSN on timeout, on NAK(PSN sequence error),
@@ -92,8 +93,8 @@ Not modelled yet:
   the READs and atomics in flight towards the responder (it sizes the saved atomic
   results only), the responder's RNR timer value carried in the NAK (the requester waits
   its own min_rnr_timer), and MSN checking by the requester.
-- Packet integrity is the daemon's: it checks each packet's ICRC stand-in
-  (protocol/packets.py ``packet_check``) and drops a bad one before it reaches the QP.
+- Packet integrity is the daemon's: it checks each frame's ICRC stand-in
+  (protocol/packets.py ``decode``) and drops a bad one before it reaches the QP.
 - Atomics are atomic with respect to this model only (one thread); the MKEY-configure
   WR's effect is applied by its caller at post time, ``post_local`` only orders its
   completion.
@@ -123,28 +124,30 @@ from ..protocol.enums import (
     WrOpcode,
 )
 from ..protocol.errors import einval
-from ..protocol.opcodes import Op, with_any
-from ..protocol.packets import Packet, Train, split
+from ..protocol.opcodes import ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE
+from ..protocol.packets import Packet, Run
 from ..protocol.records import WC, RecvWR, SendWR
 from . import qp_state, transfer
 from .hca import PD
 from .mkey import MKey
-from .rc_common import PSN_MOD, RECEIVING, SENDING, psn_add, psn_diff
+from .qp_state import RECEIVING, SENDING
+from .rc_common import PSN_MOD, psn_add, psn_diff
+from .rc_completer import Completer
 from .rc_requester import Requester
 from .rc_responder import Responder
 
-__all__ = ["PSN_MOD", "RCQP", "WC", "Packet", "RecvWR", "SendWR", "Train", "psn_add",
+__all__ = ["PSN_MOD", "RCQP", "WC", "Packet", "RecvWR", "Run", "SendWR", "psn_add",
            "psn_diff"]
 
-# Packets for the requester (ACKs and READ responses); the rest are requests.
-_RESPONSES = with_any(Op.RESPONSE)
+# Runs for the completer (ACKs and READ responses); the rest are requests.
+_RESPONSES = frozenset(("RDMA_READ_RESPONSE", ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE))
 
 # Where RCQP.modify keeps each attribute, in the model's units (IBTA codes to seconds).
 _SETTERS = {
     QpAttrMask.PATH_MTU: ("mtu", lambda v: Mtu(v).nbytes),
     QpAttrMask.DEST_QPN: ("dest_qp", None),
     QpAttrMask.RQ_PSN: ("responder._epsn", None),
-    QpAttrMask.SQ_PSN: ("requester._next_psn", None),
+    QpAttrMask.SQ_PSN: ("requester.next_psn", None),
     QpAttrMask.TIMEOUT: ("timeout_s", qp_state.ack_timeout_s),
     QpAttrMask.RETRY_CNT: ("retry_cnt", None),
     QpAttrMask.RNR_RETRY: ("rnr_retry", None),
@@ -203,6 +206,7 @@ class RCQP:
         # context naming the QP, the WR or PSN and the operation. None: no trace work.
         self.trace: Callable[[dict, transfer.TraceEvent], None] | None = None
         self.requester = Requester(self)
+        self.completer = Completer(self)
         self.responder = Responder(self)
 
     @property
@@ -223,11 +227,6 @@ class RCQP:
         return lambda ev: trace(ctx, ev)
 
     # -- state machine -------------------------------------------------------
-    def require(self, verb: str, *states: QpState) -> None:
-        if self.state not in states:
-            raise einval(f"{verb} needs the QP in {'/'.join(s.name for s in states)}, "
-                         f"it is in {QpState(self.state).name}")
-
     def modify(self, attr: dict, attr_mask: int) -> None:
         """ibv_modify_qp: apply the fields of ``attr`` (struct ibv_qp_attr field names,
         IBTA codes for timeout and min_rnr_timer) that ``attr_mask`` names, and move to
@@ -266,7 +265,7 @@ class RCQP:
         not started becomes a NOP that completes as it was signaled, with its own opcode
         (or is flushed if the QP goes to ERR); the number canceled. libmlx5 counts a WR
         canceled twice twice, and so does this."""
-        self.require("mlx5dv_qp_cancel_posted_send_wrs", QpState.SQD)
+        qp_state.require("mlx5dv_qp_cancel_posted_send_wrs", self.state)
         return self.requester.cancel(wr_id)
 
     def _apply(self, values: dict) -> None:
@@ -310,6 +309,7 @@ class RCQP:
         self._scq.clear()
         self._rcq.clear()
         self.requester = Requester(self)
+        self.completer = Completer(self)
         self.responder = Responder(self)
 
     def enter_err(self) -> None:
@@ -371,43 +371,30 @@ class RCQP:
         return self.poll_send_cq() + self.poll_recv_cq()
 
     def next_deadline(self) -> float | None:
-        """When a timer (retransmission or RNR wait) wants ``poll_packets``; packets owed
+        """When a timer (retransmission or RNR wait) wants ``poll_wire``; packets owed
         because of a post or a receive, and local WRs that reached the head of the send
-        queue, are dealt with as soon as ``poll_packets`` is called."""
+        queue, are dealt with as soon as ``poll_wire`` is called."""
         return self.requester.next_deadline()
 
     # -- packets ---------------------------------------------------------------
-    def poll_packets(self, now: float) -> list[Packet]:
-        """What the QP sends now, packet by packet."""
-        return split(self.poll_wire(now, trains=False))
-
-    def poll_wire(self, now: float, trains: bool = True) -> list[Packet | Train]:
-        """What the QP sends now, with runs of one message's packets as trains (READ
-        responses always; a WR's request packets when ``trains``). Cutting the trains
-        into packets (protocol/packets.py ``split``) gives exactly ``poll_packets``."""
+    def poll_wire(self, now: float, runs: bool = True) -> list[Packet | Run]:
+        """What the QP sends now: packets, and runs of several of one message's packets
+        (READ responses always; a WR's request packets when ``runs``). Cutting the runs
+        into packets (protocol/packets.py ``split``) gives the packets one by one."""
         # The responder's answers go out even from ERR: the NAK that caused it is owed.
         out = self.responder.take_packets()
-        self.requester.poll(out, now, trains)
+        self.requester.poll(out, now, runs)
         return out
 
-    def receive(self, pkt: Packet, now: float) -> None:
-        if pkt.dest_qp != self.qp_num or self.state not in RECEIVING:
+    def receive(self, run: Run, now: float) -> None:
+        """A run arrives (a single packet: ``Run.of``): the same as its packets arriving
+        one by one, in one step where the completer or responder can take it so."""
+        if run.dest_qp != self.qp_num or self.state not in RECEIVING:
             return      # IBTA: a QP not in RTR/RTS/SQD silently drops what arrives
-        if pkt.opcode in _RESPONSES:
-            if self.state in SENDING:
-                self.requester.receive(pkt, now)
-        else:
-            self.responder.receive(pkt)
-
-    def receive_train(self, t: Train, now: float) -> None:
-        """A train arrives: the same as its packets arriving one by one, in one step
-        where the requester or responder can take it so, packet by packet otherwise."""
-        if t.dest_qp != self.qp_num or self.state not in RECEIVING:
-            return
-        if t.kind == "RDMA_READ_RESPONSE":
-            if self.state in SENDING and self.requester.receive_train(t, now):
+        if run.kind in _RESPONSES:
+            if self.state not in SENDING or self.completer.receive(run, now):
                 return
-        elif self.responder.receive_train(t):
+        elif self.responder.receive(run):
             return
-        for i in range(t.n):
-            self.receive(t.packet(i), now)
+        for one in run.one_by_one():
+            self.receive(one, now)

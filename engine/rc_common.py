@@ -1,22 +1,27 @@
-"""What the RC requester and responder (engine/rc_requester.py, rc_responder.py) both
-need: PSN arithmetic in the 24-bit space, messages cut to the path MTU and scattered
-over SGEs, and the QP states in which each side works.
+"""What the roles of an RC QP (engine/rc_requester.py, rc_completer.py, rc_responder.py)
+share: PSN arithmetic in the 24-bit space, the send WR as the send queue tracks it
+(``SendRequest``, which the requester transmits and the completer completes), and the
+scatter of arriving bytes over SGEs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 from ..protocol.attrs import SGE
-from ..protocol.enums import QpState
+from ..protocol.enums import WcOpcode, WcStatus, WrOpcode
+from ..protocol.opcodes import WrInfo
 from . import transfer
 from .hca import PD
 
+if TYPE_CHECKING:
+    from ..protocol.packets import Packet
+    from ..protocol.records import SendWR
+
 PSN_MOD = 1 << 24
 _HALF = 1 << 23
-
-# The states in which the requester works (SQD: it finishes what it started), and in
-# which packets are accepted at all.
-SENDING = (QpState.RTS, QpState.SQD)
-RECEIVING = (QpState.RTR, QpState.RTS, QpState.SQD)
 
 
 def psn_add(psn: int, n: int) -> int:
@@ -38,3 +43,50 @@ def scatter(pd: PD, sges: list[SGE], data: bytes, trace=None,
         chunk = data[off:off + s.length]
         transfer.rx(pd, s.lkey, s.addr, chunk, trace=trace, sig_errors=sig_errors)
         off += len(chunk)
+
+
+@dataclass(eq=False)
+class SendRequest:
+    """A posted send WR as the send queue tracks it."""
+
+    wr: SendWR
+    info: WrInfo
+    signaled: bool
+    length: int
+    wc_opcode: WcOpcode
+    built: bool = False
+    psn: int = 0
+    npsn: int = 0
+    # An atomic's one request packet; a SEND's or WRITE's gathered payload, from which
+    # its packets (or runs of them) are cut when they go (never kept as packets).
+    pkts: list[Packet] | None = None
+    data: bytes | None = None
+    # PSNs of this WR acknowledged (READ: response packets received, in order).
+    acked: int = 0
+    # Packets of this WR transmitted since the last go-back (READ: 1 once the request went).
+    sent: int = 0
+    # The most packets of this WR ever transmitted: below it, a transmission is a resend.
+    high: int = 0
+    # READ: the response count it was last re-requested from on a gap (-1: never).
+    rerequested: int = -1
+    # A local error found while gathering: completed when the WR reaches the head.
+    error: WcStatus | None = None
+    read_buf: bytearray = field(default_factory=bytearray)
+    # IBV_SEND_INLINE: the payload copied at post time.
+    inline: bytes | None = None
+    # A local WR: sends nothing, runs ``action`` (or its LOCAL_INV) at the SQ head.
+    local: bool = False
+    action: Callable[[], None] | None = None
+    # mlx5dv_qp_cancel_posted_send_wrs(3): replaced by a NOP (local, no effect).
+    canceled: bool = False
+
+    @property
+    def barrier(self) -> bool:
+        """A local WR with an effect, which later WRs must see before they are built."""
+        return self.local and (self.action is not None
+                               or self.wr.opcode == WrOpcode.LOCAL_INV)
+
+    @property
+    def live(self) -> bool:
+        """Built and not failed locally: its packets went, or may go, on the wire."""
+        return self.built and self.error is None

@@ -235,7 +235,6 @@ class _UnitRun:
         self._ecb = ecb
         self._encrypt = encrypt
         self._full_blocks, self._partial = divmod(length, _BLOCK)
-        self._n_masks = self._full_blocks + (self._partial != 0)
         # The alpha powers form a sequential chain per unit. Splitting
         # j = q * span + i, the few anchors T_{q*span} are walked once here for
         # all units, and each batch gets T_{q*span + i} in one broadcast pass.

@@ -7,6 +7,9 @@ responder (where a message begins and ends, what completes what), the fault rule
 AETH syndrome byte). Linux rxe does the same with its ``rxe_opcode[]`` table and
 its START/MIDDLE/END/SEND/WRITE/READ/IMMDT/RETH/AETH masks.
 
+A second table, ``WR_OPCODES``, says what each send work request opcode
+(enum ibv_wr_opcode) is to the RC requester, as rxe's ``rxe_wr_opcode_info[]`` does.
+
 Numbers are the IBTA's (volume 1, 9.2, the RC opcodes: transport bits 000); names are
 the ones packets carry on softhca's wire. A single-packet message (RDMA READ request,
 an atomic, an ACK) is both FIRST and LAST, as rxe marks it START and END; ONLY is
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntFlag
+
+from .enums import WcOpcode, WrOpcode
 
 
 class Op(IntFlag):
@@ -102,6 +107,50 @@ NAMES = frozenset(BY_NAME)
 ACKNOWLEDGE = "ACKNOWLEDGE"
 ATOMIC_ACKNOWLEDGE = "ATOMIC_ACKNOWLEDGE"
 RDMA_READ_REQUEST = "RDMA_READ_REQUEST"
+
+
+# -- send work requests (enum ibv_wr_opcode) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class WrInfo:
+    """What one ibv_wr_opcode is to the RC requester."""
+
+    # Modelled on an RC QP; posting any other opcode is EOPNOTSUPP.
+    supported: bool
+    # The completion's ibv_wc_opcode.
+    wc_opcode: WcOpcode
+    # ibv_post_send(3): the WR carries imm_data (a ``*_WITH_IMM`` opcode).
+    imm: bool = False
+    # Its message is a SEND (a receive on the responder takes it).
+    send: bool = False
+    # An atomic: the opcode of its one request packet.
+    atomic: str | None = None
+    # Answered by responses of its own, which alone complete it (READ, atomics): what
+    # max_rd_atomic counts (ibv_modify_qp(3)).
+    responded: bool = False
+    # ibv_post_send(3): IBV_SEND_INLINE is "valid only for Send and RDMA Write".
+    inline: bool = False
+
+
+WR_OPCODES: dict[WrOpcode, WrInfo] = {
+    WrOpcode.RDMA_WRITE: WrInfo(True, WcOpcode.RDMA_WRITE, inline=True),
+    WrOpcode.RDMA_WRITE_WITH_IMM: WrInfo(True, WcOpcode.RDMA_WRITE, imm=True, inline=True),
+    WrOpcode.SEND: WrInfo(True, WcOpcode.SEND, send=True, inline=True),
+    WrOpcode.SEND_WITH_IMM: WrInfo(True, WcOpcode.SEND, imm=True, send=True, inline=True),
+    WrOpcode.RDMA_READ: WrInfo(True, WcOpcode.RDMA_READ, responded=True),
+    WrOpcode.ATOMIC_CMP_AND_SWP: WrInfo(True, WcOpcode.COMP_SWAP, atomic="COMPARE_SWAP",
+                                        responded=True),
+    WrOpcode.ATOMIC_FETCH_AND_ADD: WrInfo(True, WcOpcode.FETCH_ADD, atomic="FETCH_ADD",
+                                          responded=True),
+    WrOpcode.LOCAL_INV: WrInfo(True, WcOpcode.LOCAL_INV),
+    WrOpcode.BIND_MW: WrInfo(False, WcOpcode.BIND_MW),
+    WrOpcode.SEND_WITH_INV: WrInfo(True, WcOpcode.SEND, send=True, inline=True),
+    WrOpcode.TSO: WrInfo(False, WcOpcode.TSO),
+    # The MKEY configure WR (mlx5dv_wr_mkey_configure): posted through RCQP.post_local,
+    # never as a send WR.
+    WrOpcode.DRIVER1: WrInfo(False, WcOpcode.DRIVER1),
+}
 
 
 def with_flags(all_of: Op, none_of: int = 0) -> frozenset[str]:

@@ -1,7 +1,8 @@
 """RC packets on the wire plane: the record, its frame header, and the integrity check.
 
 A packet is one frame on a wire connection between two daemons (``docs/protocol.md``);
-so is a train, a run of one message's packets (``Train``, at the end of this module).
+so is a train, a run of one message's packets (``Run``, at the end of this module), and
+``decode`` turns either frame into a run.
 The header carries what RoCE's BTH and extension headers carry; the payload is the
 frame's raw payload. ``packet_check`` (the ``icrc`` field) plays the RoCE ICRC: a CRC32 over the invariant header
 fields and the payload. A receiver that finds it wrong drops the packet, counts it,
@@ -83,7 +84,11 @@ _NEEDS = {op: _needs(op) for op in OPCODES}
 
 
 class IntegrityError(FrameError):
-    """The packet's icrc does not match: a link error, the packet is dropped."""
+    """The frame's check does not match: a link error, its ``packets`` are dropped."""
+
+    def __init__(self, errno_name: str, message: str, packets: int = 1) -> None:
+        super().__init__(errno_name, message)
+        self.packets = packets
 
 
 def _listify(t):
@@ -134,83 +139,107 @@ def _tuple(header: dict, name: str, n: int, kinds: tuple) -> tuple | None:
     return tuple(out)
 
 
-def decode_packet(header: dict, payload) -> tuple[str, Packet]:
-    """Validate a ``pkt`` frame; return (destination HCA, Packet).
-
-    Raises FrameError("EPROTO") naming the bad field, or IntegrityError when every
-    field is well formed but the icrc does not match.
-    """
+def _bth(header: dict) -> tuple[str, int, int, str, int]:
+    """The destination HCA, QP, PSN, opcode and icrc of a ``pkt`` header."""
     get = header.get
     dev, qp, psn, op, check = get("dev"), get("qp"), get("psn"), get("op"), get("icrc")
     # Every packet of the wire path comes here: the well-formed BTH is decided by exact
     # type and range tests; anything else takes field()'s path, which names the fault.
-    if not (type(dev) is str and 0 < len(dev) <= 64 and type(qp) is int
+    if (type(dev) is str and 0 < len(dev) <= 64 and type(qp) is int
             and 0 <= qp < PSN_MOD and type(psn) is int and 0 <= psn < PSN_MOD
             and type(op) is str and op in OPCODES and type(check) is int
             and 0 <= check <= _U32):
-        dev = field(header, "dev", str, min=1, max=64)
-        qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
-        psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
-        op = field(header, "op", str, max=40)
-        if op not in OPCODES:
-            raise FrameError("EPROTO", f"op of 'pkt' is not an RC opcode: {op!r}"[:120])
-        check = field(header, "icrc", int, min=0, max=_U32)
-    reth = _tuple(header, "reth", 3, (32, 64, 32)) if "reth" in header else None
-    aeth = _tuple(header, "aeth", 2, ("syndrome", 24)) if "aeth" in header else None
-    imm = field(header, "imm", int, min=0, max=_U32) if "imm" in header else None
-    ieth = field(header, "ieth", int, min=0, max=_U32) if "ieth" in header else None
-    ateth = _tuple(header, "ateth", 4, (32, 64, 64, 64)) if "ateth" in header else None
-    atack = field(header, "atack", int, min=0, max=_U64) if "atack" in header else None
+        return dev, qp, psn, op, check
+    dev = field(header, "dev", str, min=1, max=64)
+    qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
+    psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
+    op = field(header, "op", str, max=40)
+    if op not in OPCODES:
+        raise FrameError("EPROTO", f"op of 'pkt' is not an RC opcode: {op!r}"[:120])
+    return dev, qp, psn, op, field(header, "icrc", int, min=0, max=_U32)
+
+
+# How each extension header's field is read from a frame header.
+_EXTENSIONS = {
+    "reth": lambda h: _tuple(h, "reth", 3, (32, 64, 32)),
+    "aeth": lambda h: _tuple(h, "aeth", 2, ("syndrome", 24)),
+    "imm": lambda h: field(h, "imm", int, min=0, max=_U32),
+    "ieth": lambda h: field(h, "ieth", int, min=0, max=_U32),
+    "ateth": lambda h: _tuple(h, "ateth", 4, (32, 64, 64, 64)),
+    "atack": lambda h: field(h, "atack", int, min=0, max=_U64),
+}
+
+
+def _extensions(header: dict, names) -> dict:
+    """The extension headers among ``names`` that ``header`` carries, each checked."""
+    return {n: _EXTENSIONS[n](header) if n in header else None for n in names}
+
+
+def decode_packet(header: dict, payload) -> tuple[str, Packet]:
+    """Validate the fields of a ``pkt`` header (a wire frame's, or a capture record's);
+    return (destination HCA, Packet). The wire plane takes frames through ``decode``.
+
+    Raises FrameError("EPROTO") naming the bad field, or IntegrityError when every
+    field is well formed but the icrc does not match.
+    """
+    dev, qp, psn, op, check = _bth(header)
+    ext = _extensions(header, _EXTENSIONS)
     need, may_carry = _NEEDS[op]
-    present = {"reth": reth, "aeth": aeth, "imm": imm, "ieth": ieth, "ateth": ateth,
-               "atack": atack}
-    missing = sorted(n for n in need if present[n] is None)
+    missing = sorted(n for n in need if ext[n] is None)
     if missing:
         raise FrameError("EPROTO", f"packet {op} lacks its {', '.join(missing)} header")
     if payload and len(payload) and not may_carry:
         raise FrameError("EPROTO", f"packet {op} carries no payload, got {len(payload)} bytes")
-    p = Packet(qp, psn, op, bytes(payload), reth, aeth, imm, ieth, ateth, atack)
+    p = Packet(qp, psn, op, bytes(payload), ext["reth"], ext["aeth"], ext["imm"], ext["ieth"],
+               ext["ateth"], ext["atack"])
     if packet_check(dev, p) != check:
         raise IntegrityError("EPROTO", f"packet {op} psn {psn:#x} to QP {qp:#x}: icrc "
                                        f"mismatch, dropped")
     return dev, p
 
 
-# -- packet trains (segmentation offload) -------------------------------------------------
+# -- runs: a message's packets as one item --------------------------------------------------
 #
-# A train is a run of consecutive packets of one message (a SEND or RDMA WRITE request,
-# or a READ's responses) carried as one frame: the headers once, then the packets'
-# payloads back to back, as Linux GSO hands a NIC one large segment and GRO gives the
-# stack one coalesced one. Packet i of a train is fully determined by the train: its
-# PSN is ``psn + i``, its opcode follows from its position (FIRST only at i == 0 of a
-# train that begins its message, LAST only at the end of one that ends it, MIDDLE
-# otherwise) and its payload is ``payload[i*mtu : (i+1)*mtu]``. Cutting a train into
-# packets (``packets()``) therefore gives exactly the packets the RC engine would have
-# sent one by one; everything that must see individual packets (fault rules, captures,
-# ``packets`` subscribers) cuts there.
+# A run is consecutive packets of one message to one QP. The RC engine takes what arrives
+# as runs and gives what it sends as runs; a single packet is a run of one. On the wire a
+# run of several packets (of a SEND or RDMA WRITE request, or a READ's responses) goes
+# as one ``train`` frame: the headers once, then the packets' payloads back to back, as
+# Linux GSO hands a NIC one large segment and GRO gives the stack one coalesced one
+# (docs/protocol.md, "Packet trains"); a run of one goes as a ``pkt`` frame. Packet i of
+# a run is fully determined by the run: its PSN is ``psn + i``, its opcode follows from
+# its position (FIRST only at i == 0 of a run that begins its message, LAST only at the
+# end of one that ends it, MIDDLE otherwise) and its payload is
+# ``payload[i*mtu : (i+1)*mtu]``. Cutting a run into packets (``packets()``) therefore
+# gives exactly the packets the RC engine would have sent one by one; everything that
+# must see individual packets (fault rules, captures, ``packets`` subscribers) cuts there.
 
-TRAIN_KINDS = {"SEND": Op.SEND, "RDMA_WRITE": Op.WRITE,
-               "RDMA_READ_RESPONSE": Op.READ_RESPONSE}
-# The path MTUs of IBTA (ibv_mtu): a train's packets are cut at one of them.
+# The messages whose runs may be longer than one packet, by the kind a run (and a train
+# frame's ``kind``) names; every other opcode is a message of one packet, and its run's
+# kind is the opcode itself.
+RUN_KINDS = {"SEND": Op.SEND, "RDMA_WRITE": Op.WRITE, "RDMA_READ_RESPONSE": Op.READ_RESPONSE}
+# The path MTUs of IBTA (ibv_mtu): a train frame's packets are cut at one of them.
 TRAIN_MTUS = frozenset((256, 512, 1024, 2048, 4096))
-# The most packets one train frame may hold: a bound a receiver enforces before looking
-# at anything the train claims (4096 full 4096-byte packets fit DEFAULT_MAX_FRAME).
-MAX_TRAIN = 4096
+# The most packets one train frame may claim: a bound a receiver enforces before looking
+# at anything the frame claims (4096 full 4096-byte packets fit DEFAULT_MAX_FRAME).
+FRAME_RUN_MAX = 4096
 _FIRST, _LAST = 1, 2
 
 
 @dataclass(frozen=True)
-class Train:
+class Run:
     """``n`` consecutive packets of one message to QP ``dest_qp`` from PSN ``psn``.
 
-    ``first``: packet 0 begins the message (it carries the RETH of a WRITE, and a READ
-    response's AETH); ``last``: packet n-1 ends it (ImmDt / IETH, and a READ response's
-    AETH). ``payload`` is the packets' payloads back to back, cut at ``mtu``."""
+    ``kind``: a ``RUN_KINDS`` key, or the opcode of a one-packet message (READ request,
+    atomic, ACK). ``first``: packet 0 begins the message (it carries the RETH of a
+    WRITE, and a READ response's AETH); ``last``: packet n-1 ends it (ImmDt / IETH, and
+    a READ response's AETH). ``payload`` is the packets' payloads back to back, cut at
+    ``mtu`` (a run of one packet made by ``of``: its payload's length). ``atomic`` and
+    ``atomic_ack`` are the AtomicETH and AtomicAckETH of a one-packet run."""
 
     dest_qp: int
     psn: int
     n: int
-    kind: str                 # a TRAIN_KINDS key
+    kind: str
     first: bool
     last: bool
     mtu: int
@@ -219,46 +248,79 @@ class Train:
     aeth: tuple | None = None
     imm: int | None = None
     ieth: int | None = None
+    atomic: tuple | None = None
+    atomic_ack: int | None = None
+
+    @classmethod
+    def of(cls, p: Packet) -> Run:
+        """Packet ``p`` as a run of one, carrying only the headers its opcode carries."""
+        kind, first, last = _RUN_OF[p.opcode]
+        reth, aeth, imm, ieth, ateth, atack = _CARRIES[p.opcode]
+        return cls(p.dest_qp, p.psn, 1, kind, first, last, len(p.payload), p.payload,
+                   p.reth if reth else None, p.aeth if aeth else None,
+                   p.imm if imm else None, p.ieth if ieth else None,
+                   p.atomic if ateth else None, p.atomic_ack if atack else None)
 
     @property
     def end_psn(self) -> int:
-        """The PSN of the train's last packet."""
+        """The PSN of the run's last packet."""
         return (self.psn + self.n - 1) % PSN_MOD
 
     def opcode(self, i: int) -> str:
-        return opcode_for(TRAIN_KINDS[self.kind], self.first and i == 0,
-                          self.last and i == self.n - 1, self.imm is not None,
-                          self.ieth is not None)
+        kind = RUN_KINDS.get(self.kind)
+        if kind is None:
+            return self.kind
+        return opcode_for(kind, self.first and i == 0, self.last and i == self.n - 1,
+                          self.imm is not None, self.ieth is not None)
 
     def packet(self, i: int) -> Packet:
-        """Packet ``i`` of the train, as the requester or responder would have built it."""
+        """Packet ``i`` of the run, as the requester or responder would have built it."""
         op = self.opcode(i)
-        flags = FLAGS[op]
+        reth, aeth, imm, ieth, ateth, atack = _CARRIES[op]
         m = self.mtu
         return Packet(self.dest_qp, (self.psn + i) % PSN_MOD, op,
                       bytes(self.payload[i * m:(i + 1) * m]),
-                      self.reth if flags & Op.RETH else None,
-                      self.aeth if flags & Op.AETH else None,
-                      self.imm if flags & Op.IMMDT else None,
-                      self.ieth if flags & Op.IETH else None)
+                      self.reth if reth else None, self.aeth if aeth else None,
+                      self.imm if imm else None, self.ieth if ieth else None,
+                      self.atomic if ateth else None, self.atomic_ack if atack else None)
 
     def packets(self) -> list[Packet]:
         return [self.packet(i) for i in range(self.n)]
 
-    def sub(self, a: int, b: int) -> Train:
-        """Packets [a, b) of the train, as a train of their own."""
+    def sub(self, a: int, b: int) -> Run:
+        """Packets [a, b) of the run, as a run of their own."""
+        if a == 0 and b == self.n:
+            return self
         m = self.mtu
         first, last = self.first and a == 0, self.last and b == self.n
-        return Train(self.dest_qp, (self.psn + a) % PSN_MOD, b - a, self.kind, first, last,
-                     m, self.payload[a * m:b * m], self.reth if first else None, self.aeth,
-                     self.imm if last else None, self.ieth if last else None)
+        return Run(self.dest_qp, (self.psn + a) % PSN_MOD, b - a, self.kind, first, last,
+                   m, self.payload[a * m:b * m], self.reth if first else None, self.aeth,
+                   self.imm if last else None, self.ieth if last else None)
+
+    def one_by_one(self) -> list[Run]:
+        """The run's packets, each as a run of one."""
+        return [self.sub(i, i + 1) for i in range(self.n)]
+
+
+def _run_of(op: str) -> tuple[str, bool, bool]:
+    flags = FLAGS[op]
+    kind = next((k for k, bit in RUN_KINDS.items() if flags & bit), op)
+    return kind, bool(flags & Op.FIRST), bool(flags & Op.LAST)
+
+
+# Per opcode, as plain values (IntFlag arithmetic costs about a microsecond, and a run
+# is cut into packets wherever packets are observed): the kind, first and last of its
+# packet as a run of one, and which of the RETH, AETH, ImmDt, IETH, AtomicETH and
+# AtomicAckETH it carries.
+_RUN_OF = {op: _run_of(op) for op in OPCODES}
+_CARRIES = {op: tuple(bool(FLAGS[op] & bit) for bit, _ in _HEADER_FIELDS) for op in OPCODES}
 
 
 def split(items: list) -> list[Packet]:
-    """Packets and trains as the packets they are (GSO segmentation before a tap)."""
+    """Packets and runs as the packets they are (GSO segmentation before a tap)."""
     out: list[Packet] = []
     for x in items:
-        if type(x) is Train:
+        if type(x) is Run:
             out.extend(x.packets())
         else:
             out.append(x)
@@ -266,29 +328,29 @@ def split(items: list) -> list[Packet]:
 
 
 def count(items: list) -> int:
-    """How many packets ``items`` (packets and trains) are."""
-    return sum(x.n if type(x) is Train else 1 for x in items)
+    """How many packets ``items`` (packets and runs) are."""
+    return sum(x.n if type(x) is Run else 1 for x in items)
 
 
-def _train_head(dev: str, t: Train) -> list:
+def _train_head(dev: str, t: Run) -> list:
     return [dev, t.dest_qp, t.psn, t.n, t.kind, t.first, t.last, t.mtu, len(t.payload),
             _listify(t.reth), _listify(t.aeth), t.imm, t.ieth]
 
 
-def train_check(dev: str, t: Train) -> int:
-    """A train's integrity check: CRC32 over its header fields and payload length, not
-    over the payload (docs/protocol.md, "Packet trains": a train is never altered after
+def train_check(dev: str, t: Run) -> int:
+    """A train frame's integrity check: CRC32 over its header fields and payload length,
+    not over the payload (docs/protocol.md, "Packet trains": a run is never altered after
     it is built, since everything that can change a packet sees it cut into packets,
     and its bytes ride on TCP's own checksum; a CRC over 1 MiB would cost a third of
     what moving it costs)."""
     return zlib.crc32(msgpack.packb(_train_head(dev, t), use_bin_type=True))
 
 
-def train_header(dev: str, t: Train) -> dict:
-    """The ``train`` frame header for ``t`` addressed to HCA ``dev``. A train carries
-    exactly the extension headers its end packets need: the RETH when it begins a WRITE,
-    ImmDt / IETH when it ends a message with them, and, for READ responses, always its
-    message's AETH (the FIRST and LAST responses carry it)."""
+def train_header(dev: str, t: Run) -> dict:
+    """The ``train`` frame header for run ``t`` (a ``RUN_KINDS`` kind) addressed to HCA
+    ``dev``. A train carries exactly the extension headers its end packets need: the
+    RETH when it begins a WRITE, ImmDt / IETH when it ends a message with them, and, for
+    READ responses, always its message's AETH (the FIRST and LAST responses carry it)."""
     h: dict = {"t": _TRAIN, "dev": dev, "qp": t.dest_qp, "psn": t.psn, "n": t.n,
                "kind": t.kind, "pos": (_FIRST if t.first else 0) | (_LAST if t.last else 0),
                "mtu": t.mtu}
@@ -300,34 +362,28 @@ def train_header(dev: str, t: Train) -> dict:
     return h
 
 
-def _bad_train(msg: str) -> FrameError:
+def _bad_train_frame(msg: str) -> FrameError:
     return FrameError("EPROTO", f"train: {msg}"[:160])
 
 
-def decode_train(header: dict, payload) -> tuple[str, Train]:
-    """Validate a ``train`` frame; return (destination HCA, Train).
-
-    Every field is checked as ``decode_packet`` checks a packet's, and the train as a
-    whole: a count within MAX_TRAIN, a path MTU, a payload that ``n`` packets of that
-    MTU carry exactly, a PSN range that does not wrap, and exactly the headers its end
-    packets' opcodes need. Raises FrameError("EPROTO"), or IntegrityError when the check
-    does not match. Nothing is allocated per claimed packet.
-    """
+def _train_shape(header: dict, payload) -> tuple:
+    """The fields of a ``train`` header that say which packets it holds, checked: a count
+    within FRAME_RUN_MAX, a path MTU, a payload that ``n`` packets of that MTU carry
+    exactly, a PSN range that does not wrap. Nothing is allocated per claimed packet."""
     dev = field(header, "dev", str, min=1, max=64)
     qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
     psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
-    n = field(header, "n", int, min=1, max=MAX_TRAIN)
+    n = field(header, "n", int, min=1, max=FRAME_RUN_MAX)
     kind = field(header, "kind", str, max=40)
-    if kind not in TRAIN_KINDS:
-        raise _bad_train(f"kind must be one of {', '.join(TRAIN_KINDS)}, got {kind!r}")
+    if kind not in RUN_KINDS:
+        raise _bad_train_frame(f"kind must be one of {', '.join(RUN_KINDS)}, got {kind!r}")
     pos = field(header, "pos", int, min=0, max=3)
     mtu = field(header, "mtu", int, min=256, max=4096)
     if mtu not in TRAIN_MTUS:
-        raise _bad_train(f"mtu {mtu} is not an IBTA path MTU")
-    check = field(header, "chk", int, min=0, max=_U32)
+        raise _bad_train_frame(f"mtu {mtu} is not an IBTA path MTU")
     first, last = bool(pos & _FIRST), bool(pos & _LAST)
     if psn + n > PSN_MOD:
-        raise _bad_train(f"PSNs [{psn:#x}, +{n}) wrap the 24-bit PSN space")
+        raise _bad_train_frame(f"PSNs [{psn:#x}, +{n}) wrap the 24-bit PSN space")
     size = len(payload)
     # n packets of mtu: every one full but the message's last, which holds 1..mtu bytes
     # (0 only as the lone packet of an empty message).
@@ -336,29 +392,53 @@ def decode_train(header: dict, payload) -> tuple[str, Train]:
     else:
         ok = size == n * mtu
     if not ok:
-        raise _bad_train(f"{size} payload bytes are not {n} packets of path MTU {mtu}")
-    reth = _tuple(header, "reth", 3, (32, 64, 32)) if "reth" in header else None
-    aeth = _tuple(header, "aeth", 2, ("syndrome", 24)) if "aeth" in header else None
-    imm = field(header, "imm", int, min=0, max=_U32) if "imm" in header else None
-    ieth = field(header, "ieth", int, min=0, max=_U32) if "ieth" in header else None
-    t = Train(qp, psn, n, kind, first, last, mtu, payload, reth, aeth, imm, ieth)
+        raise _bad_train_frame(f"{size} payload bytes are not {n} packets of path MTU {mtu}")
+    return dev, qp, psn, n, kind, pos, first, last, mtu
+
+
+def _train_frame(header: dict, payload) -> tuple[str, Run]:
+    """A ``train`` frame as its run: every field is checked as a packet's is, and the
+    run as a whole (``_train_shape``), with exactly the headers its end packets'
+    opcodes need."""
+    dev, qp, psn, n, kind, pos, first, last, mtu = _train_shape(header, payload)
+    check = field(header, "chk", int, min=0, max=_U32)
+    ext = _extensions(header, ("reth", "aeth", "imm", "ieth"))
+    t = Run(qp, psn, n, kind, first, last, mtu, payload, ext["reth"], ext["aeth"],
+            ext["imm"], ext["ieth"])
     # The headers each end's opcode must carry, and none other (IBTA 9.2).
     try:
         need = _NEEDS[t.opcode(0)][0] | _NEEDS[t.opcode(n - 1)][0]
     except ValueError:
-        raise _bad_train(f"no {kind} opcode ends a message with "
-                         f"{'ImmDt and ' if imm is not None else ''}"
-                         f"{'IETH' if ieth is not None else 'ImmDt'}") from None
+        raise _bad_train_frame(f"no {kind} opcode ends a message with "
+                         f"{'ImmDt and ' if t.imm is not None else ''}"
+                         f"{'IETH' if t.ieth is not None else 'ImmDt'}") from None
     if kind == "RDMA_READ_RESPONSE":
         need = need | {"aeth"}
-    present = {name for name, v in (("reth", reth), ("aeth", aeth), ("imm", imm),
-                                    ("ieth", ieth)) if v is not None}
+    present = {name for name, v in ext.items() if v is not None}
     if need != present:
-        raise _bad_train(f"{kind} train at positions {pos} must carry "
+        raise _bad_train_frame(f"{kind} train at positions {pos} must carry "
                          f"{sorted(need) or 'no extension header'}, has {sorted(present)}")
-    if aeth is not None and aeth[0] != "ACK":
-        raise _bad_train("a READ response's AETH must be an ACK")
+    if t.aeth is not None and t.aeth[0] != "ACK":
+        raise _bad_train_frame("a READ response's AETH must be an ACK")
     if train_check(dev, t) != check:
         raise IntegrityError("EPROTO", f"train of {n} packets from psn {psn:#x} to QP "
-                                       f"{qp:#x}: check mismatch, dropped")
+                                       f"{qp:#x}: check mismatch, dropped", packets=n)
     return dev, t
+
+
+def decode(header: dict, payload) -> tuple[str, Run]:
+    """A wire frame, either form (docs/protocol.md): a ``pkt`` frame as a run of one, a
+    ``train`` frame as the run it carries; return (destination HCA, Run).
+
+    Raises FrameError("EPROTO") naming the bad field or frame kind, or IntegrityError
+    (``packets``: how many packets the frame claimed) when every field is well formed
+    but the frame's check does not match.
+    """
+    kind = header.get("t")
+    if kind == _PKT:
+        dev, p = decode_packet(header, payload)
+        return dev, Run.of(p)
+    if kind == _TRAIN:
+        return _train_frame(header, payload)
+    raise FrameError("EPROTO", f"unexpected {kind!r} frame on a wire link (only 'pkt' and "
+                               "'train' are allowed)")

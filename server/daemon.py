@@ -36,10 +36,9 @@ from ..protocol.opcodes import Op, with_flags
 from ..protocol.packets import (
     IntegrityError,
     Packet,
-    Train,
+    Run,
     count,
-    decode_packet,
-    decode_train,
+    decode,
     packet_check,
     packet_header,
     split,
@@ -313,20 +312,14 @@ class Daemon:
                 touched: dict[int, QPHost] = {}
                 now = asyncio.get_running_loop().time()
                 for fr in frames:
-                    if fr.kind == "pkt":
-                        try:
-                            dev, pkt = decode_packet(fr.header, fr.payload)
-                        except IntegrityError:
-                            # A link error: dropped and counted; the requester's
-                            # retransmission recovers it (docs/architecture.md, wire plane).
-                            self.counters["packets_bad_icrc"] += 1
-                            continue
-                        self._take_packet(dev, pkt, fr.header.get("sqp"), origin, now, touched)
-                    elif fr.kind == "train":
-                        self._take_train(fr, origin, now, touched)
-                    else:
-                        raise FrameError("EPROTO", f"unexpected {fr.kind!r} frame on a wire "
-                                                   "link (only 'pkt' and 'train' are allowed)")
+                    try:
+                        dev, run = decode(fr.header, fr.payload)
+                    except IntegrityError as e:
+                        # A link error: dropped and counted; the requester's
+                        # retransmission recovers it (docs/architecture.md, wire plane).
+                        self.counters["packets_bad_icrc"] += e.packets
+                        continue
+                    self._take_run(dev, run, fr.header.get("sqp"), origin, now, touched)
                 for qph in touched.values():
                     self.service(qph)
                 frames = await read_frames(reader, decoder)
@@ -338,24 +331,44 @@ class Daemon:
                                                         errno=e.errno_name, reason=e.message))
             send_error(writer, 0, e)
 
-    def _take_packet(self, dev: str, pkt: Packet, sqp, origin, now: float,
-                     touched: dict) -> None:
-        """One packet accepted from a wire link: taps, the source and MTU checks, fault
-        rules, then its QP."""
+    def _take_run(self, dev: str, run: Run, sqp, origin, now: float, touched: dict) -> None:
+        """A run (a frame's packets) accepted from a wire link: given whole to its QP
+        (RCQP.receive) when nothing here needs its packets; cut into packets, each
+        observed and checked on its own, where a tap, a ``packets`` subscriber or a fault
+        rule must see them, or where its packets may exceed the QP's path MTU (the
+        over-MTU drop is per packet). Counters count packets either way."""
+        qph = self.qps.get((dev, run.dest_qp))
+        if self.taps or self._packet_watch or self.faults.rules or (
+                qph is not None and run.mtu > qph.rcqp.mtu):
+            for pkt in run.packets():
+                self._observe(dev, pkt, qph, sqp, origin, now, touched)
+            return
+        self.counters["packets_received"] += run.n
+        if qph is None:
+            self.counters["packets_unknown_qp"] += run.n
+        elif origin not in qph.origins or sqp != qph.rcqp.dest_qp:
+            # A connected QP takes packets only from the daemon and QP of its address
+            # vector, as an HCA drops a packet whose source does not match the QP's
+            # context.
+            self.counters["packets_wrong_peer"] += run.n
+        else:
+            qph.rcqp.receive(run, now)
+            touched[id(qph)] = qph
+
+    def _observe(self, dev: str, pkt: Packet, qph: QPHost | None, sqp, origin, now: float,
+                 touched: dict) -> None:
+        """One packet of a run cut for observation: taps, the source and MTU checks,
+        fault rules, then its QP."""
         self.counters["packets_received"] += 1
         if self.taps:
             for tap in self.taps:
                 tap("rx", dev, pkt)
-        qph = self.qps.get((dev, pkt.dest_qp))
         if self._packet_watch:
             self._packet_event("rx", dev, pkt, qph.session if qph is not None else None)
         if qph is None:
             self.counters["packets_unknown_qp"] += 1
             return
         if origin not in qph.origins or sqp != qph.rcqp.dest_qp:
-            # Issue 13, defect 1: a connected QP takes packets only from the daemon and
-            # QP of its address vector, as an HCA drops a packet whose source does not
-            # match the QP's context.
             self.counters["packets_wrong_peer"] += 1
             return
         if len(pkt.payload) > qph.rcqp.mtu:
@@ -369,35 +382,7 @@ class Daemon:
                 self._emit_in(e, now, touched)
             self._arm_reorder_flush()
         else:
-            qph.rcqp.receive(pkt, now)
-            touched[id(qph)] = qph
-
-    def _take_train(self, fr, origin, now: float, touched: dict) -> None:
-        """A train accepted from a wire link: given whole to its QP (RCQP.receive_train)
-        when nothing here needs its packets; cut into packets, each taken as one
-        (``_take_packet``), where a tap, a ``packets`` subscriber or a fault rule must
-        see them, or where its packets exceed the QP's path MTU (the over-MTU drop is
-        per packet). Counters count packets either way."""
-        try:
-            dev, t = decode_train(fr.header, fr.payload)
-        except IntegrityError:
-            # Every field was valid, so n is a checked count.
-            self.counters["packets_bad_icrc"] += fr.header["n"]
-            return
-        sqp = fr.header.get("sqp")
-        qph = self.qps.get((dev, t.dest_qp))
-        if self.taps or self._packet_watch or self.faults.rules or (
-                qph is not None and t.mtu > qph.rcqp.mtu):
-            for i in range(t.n):
-                self._take_packet(dev, t.packet(i), sqp, origin, now, touched)
-            return
-        self.counters["packets_received"] += t.n
-        if qph is None:
-            self.counters["packets_unknown_qp"] += t.n
-        elif origin not in qph.origins or sqp != qph.rcqp.dest_qp:
-            self.counters["packets_wrong_peer"] += t.n
-        else:
-            qph.rcqp.receive_train(t, now)
+            qph.rcqp.receive(Run.of(pkt), now)
             touched[id(qph)] = qph
 
     def _refuse_rnr(self, qph: QPHost):
@@ -420,7 +405,7 @@ class Daemon:
             return
         if qph.session.gone:
             return
-        qph.rcqp.receive(e.packet, now)
+        qph.rcqp.receive(Run.of(e.packet), now)
         qph.rcqp.refuse_rnr = 0
         if touched is None:
             self.service(qph)
@@ -680,7 +665,7 @@ class WireLink:
         self.writer: asyncio.StreamWriter | None = None
         # (dev, packet or train, icrc override, source QPN, the QP that sent it) until
         # the link is up.
-        self.queued: list[tuple[str, Packet | Train, int | None, int, object]] = []
+        self.queued: list[tuple[str, Packet | Run, int | None, int, object]] = []
         self.queued_bytes = 0
         # The largest frame the peer takes (its welcome says): a train that would be
         # larger goes as its packets.
@@ -694,7 +679,7 @@ class WireLink:
             return self.queued_bytes
         return self.writer.transport.get_write_buffer_size()
 
-    def send(self, dev: str, pkts: list[Packet | Train], icrc_value: int | None = None, *,
+    def send(self, dev: str, pkts: list[Packet | Run], icrc_value: int | None = None, *,
              src_qp: int, owner: object = None) -> None:
         """Frame and write ``pkts`` (packets and trains) of QP ``src_qp``; ``icrc_value`` (one packet)
         overrides its check; ``owner`` (the sending QP) lets a closing session take back
@@ -711,15 +696,15 @@ class WireLink:
                 self.queued_bytes += len(p.payload) + PACKET_OVERHEAD
             return
         bufs = []
-        if any(type(p) is Train and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame
+        if any(type(p) is Run and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame
                for p in pkts):
             pkts = [x for p in pkts for x in (
-                p.packets() if type(p) is Train
+                p.packets() if type(p) is Run
                 and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])]
         for p in pkts:
             # The source QP, which the receiver checks against its QP's dest_qp_num
             # (the BTH does not carry it; an HCA knows it from the QP context).
-            h = (train_header(dev, p) if type(p) is Train
+            h = (train_header(dev, p) if type(p) is Run
                  else packet_header(dev, p, icrc_value=icrc_value))
             h["sqp"] = src_qp
             bufs.extend(encode_frame(h, p.payload))

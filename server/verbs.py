@@ -609,9 +609,8 @@ class Verbs:
             else:
                 raise FrameError("EPROTO", f"{what}: a setter is [kind, value]")
         q = qph.rcqp
-        if q.state not in (QpState.RTS, QpState.ERR):
-            raise einval(f"ibv_wr_mkey_configure needs the QP in RTS, it is in "
-                         f"{QpState(q.state).name}")
+        # In ERR the WRs are built and then flushed by the send queue (RCQP.post_local).
+        qp_state.require("ibv_wr_mkey_configure", q.state)
         b = qph.builder
         b.wr_start()
         for kind, value, mkey in calls:

@@ -8,11 +8,11 @@ read from the module under test.
 from __future__ import annotations
 
 import pytest
-from test_rc import SIG, Pair, Tap, atomic_wr, put_u64, status_of, u64_at
+from test_rc import SIG, Pair, Tap, atomic_wr, packets_of, put_u64, status_of, u64_at
 
 import softhca.client as sh
 from softhca.engine.hca import HCA
-from softhca.engine.rc import RCQP, RecvWR, SendWR
+from softhca.engine.rc import RCQP, RecvWR, Run, SendWR
 from softhca.protocol.attrs import SGE
 from softhca.protocol.enums import Mtu, QpAttrMask, QpState, WcStatus, WrOpcode
 from softhca.protocol.errors import RDMAError
@@ -144,7 +144,7 @@ def test_sqd_starts_no_new_wr_and_rts_resumes(rng):
     p.a.modify({"qp_state": S.SQD}, M.STATE)
     assert p.a.state == S.SQD
     p.a.post_send(SendWR(1, WrOpcode.SEND, [SGE(src.addr, 3000, src.lkey)], SIG), p.now)
-    assert p.a.poll_packets(p.now) == []
+    assert packets_of(p.a, p.now) == []
     p.run()
     assert p.wcs["a_send"] == [] and p.wcs["b_recv"] == []
     # SQD -> SQD may change the timers; SQD -> RTS sends again.
@@ -165,12 +165,12 @@ def test_sqd_finishes_what_it_started(rng):
     for i in range(2):
         p.b.post_recv(RecvWR(10 + i, [SGE(dst.addr + 1000 * i, 1000, dst.lkey)]))
     p.a.post_send(SendWR(1, WrOpcode.SEND, [SGE(src.addr, 1000, src.lkey)], SIG), p.now)
-    first = p.a.poll_packets(p.now)
+    first = packets_of(p.a, p.now)
     assert len(first) == 4
     p.a.post_send(SendWR(2, WrOpcode.SEND, [SGE(src.addr, 1000, src.lkey)], SIG), p.now)
     p.a.modify({"qp_state": S.SQD}, M.STATE)
     for pkt in first:
-        p.b.receive(pkt, p.now)
+        p.b.receive(Run.of(pkt), p.now)
     p.run()
     assert status_of(p.wcs["a_send"]) == [(1, WcStatus.SUCCESS)]
     p.a.modify({"qp_state": S.RTS}, M.STATE)
@@ -184,7 +184,7 @@ def test_reset_empties_the_queues_without_completions_and_starts_over(rng):
     q.post_send(SendWR(2, WrOpcode.SEND, [], SIG), 0.0)
     to(q, {"qp_state": S.RESET})
     assert q.state == S.RESET
-    assert q.poll_cq() == [] and q.poll_packets(0.0) == []
+    assert q.poll_cq() == [] and packets_of(q, 0.0) == []
     to(q, INIT)
     to(q, RTR, M.AV)
     assert q.state == S.RTR
@@ -264,3 +264,30 @@ def test_max_dest_rd_atomic_is_the_responders_saved_atomic_results(resources, wa
     assert status_of(p.wcs["a_send"]) == want
     # Each atomic was executed once, whatever came back.
     assert (u64_at(remote, 0), u64_at(remote, 8)) == (6, 8)
+
+
+# -- the states each verb needs -------------------------------------------------------------
+
+@pytest.mark.parametrize("verb, acts", [
+    ("ibv_post_send", {QpState.RTS, QpState.SQD}),
+    ("ibv_post_recv", {QpState.INIT, QpState.RTR, QpState.RTS, QpState.SQD}),
+    ("ibv_wr_mkey_configure", {QpState.RTS}),
+    ("mlx5dv_qp_cancel_posted_send_wrs", {QpState.SQD}),
+])
+def test_each_verb_acts_in_its_states_flushes_in_err_and_is_einval_elsewhere(verb, acts):
+    from softhca.engine import qp_state
+
+    flushes = verb != "mlx5dv_qp_cancel_posted_send_wrs"
+    for state in QpState:
+        if state == QpState.SQE:
+            continue
+        if state in acts:
+            assert qp_state.require(verb, state) is True
+        elif state == QpState.ERR and flushes:
+            assert qp_state.require(verb, state) is False
+        else:
+            with pytest.raises(RDMAError) as e:
+                qp_state.require(verb, state)
+            assert e.value.errno_name == "EINVAL"
+            assert f"{verb} needs the QP in" in e.value.message
+            assert f"it is in {state.name}" in e.value.message

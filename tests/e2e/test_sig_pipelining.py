@@ -10,7 +10,7 @@ from the test's oracle, never from the engine.
 from __future__ import annotations
 
 import pytest
-from test_rc import Pair, status_of
+from test_rc import Pair, packets_of, status_of
 
 import softhca.client as sh
 from softhca.engine.mkey_configure import MkeyConfigureBuilder
@@ -162,10 +162,10 @@ def test_modify_to_sqd_raises_sq_drained_only_when_asked_and_drained(rng):
     dst = p.mr(p.pdb, 4096)
     p.a.post_send(SendWR(3, WrOpcode.RDMA_WRITE, [SGE(src.addr, 4096, src.lkey)],
                          int(SendFlags.SIGNALED), rkey=dst.rkey, remote_addr=dst.addr), p.now)
-    p.a.poll_packets(p.now)          # the WRITE has started: its packets are out
+    packets_of(p.a, p.now)          # the WRITE has started: its packets are out
     p.a.modify({"qp_state": QpState.SQD, "en_sqd_async_notify": 1},
                QpAttrMask.STATE | QpAttrMask.EN_SQD_ASYNC_NOTIFY)
-    assert p.a.poll_packets(p.now) == [] and p.a.take_events() == []   # not drained yet
+    assert packets_of(p.a, p.now) == [] and p.a.take_events() == []   # not drained yet
     p.run()
     assert status_of(p.wcs["a_send"]) == [(3, WcStatus.SUCCESS)]
     assert p.a.take_events() == [EventType.SQ_DRAINED]

@@ -30,16 +30,17 @@ from hypothesis import strategies as st
 
 import softhca.client as sh
 from softhca.engine.hca import HCA
-from softhca.engine.rc import RCQP, Packet, RecvWR, SendWR, Train
-from softhca.engine.rc_requester import TRAIN_MAX, WINDOW
+from softhca.engine.rc import RCQP, Packet, RecvWR, Run, SendWR
+from softhca.engine.rc_requester import REQUEST_RUN_MAX, WINDOW
 from softhca.protocol.attrs import SGE
 from softhca.protocol.enums import AccessFlags, Mtu, SendFlags, WcStatus, WrOpcode
 from softhca.protocol.frames import FrameDecoder, FrameError, frame_bytes
 from softhca.protocol.packets import (
-    MAX_TRAIN,
+    FRAME_RUN_MAX,
     IntegrityError,
     count,
-    decode_train,
+    decode,
+    packet_header,
     split,
     train_header,
 )
@@ -97,14 +98,14 @@ class Link:
         self.keys: dict[int, int] = {}
 
     def _poll(self, qp: RCQP) -> list:
-        return qp.poll_wire(self.now, True) if self.trains else qp.poll_packets(self.now)
+        return qp.poll_wire(self.now, True) if self.trains else split(qp.poll_wire(self.now, False))
 
     def _fault(self, direction: str, items: list) -> list:
         """The items after the rules, regrouped: runs of packets of one train stay one."""
         refs: list[tuple] = list(self.held[direction])      # held ones go first
         self.held[direction] = []
         for x in items:
-            n = x.n if type(x) is Train else 1
+            n = x.n if type(x) is Run else 1
             for i in range(n):
                 k = self.seen[direction]
                 self.seen[direction] += 1
@@ -121,7 +122,7 @@ class Link:
         j = 0
         while j < len(refs):
             x, i, _ = refs[j]
-            if type(x) is not Train:
+            if type(x) is not Run:
                 out.append(x)
                 j += 1
                 continue
@@ -134,11 +135,11 @@ class Link:
 
     def _deliver(self, qp: RCQP, items: list) -> None:
         for x in items:
-            if type(x) is Train:
+            if type(x) is Run:
                 self.train_items += 1
-                qp.receive_train(x, self.now)
-            else:
                 qp.receive(x, self.now)
+            else:
+                qp.receive(Run.of(x), self.now)
 
     def _record(self, direction: str, items: list) -> None:
         # Keys are random per HCA: each is named by the order it first appears, so that
@@ -330,7 +331,7 @@ def write_pair(mtu: int = 1024, size: int = 8 * 1024):
     link.a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, [SGE(a_mr.addr, size, a_mr.lkey)], SIG,
                             rkey=b_mr.rkey, remote_addr=b_mr.addr), 0.0)
     items = link.a.poll_wire(0.0)
-    assert len(items) == 1 and type(items[0]) is Train and items[0].n == size // mtu
+    assert len(items) == 1 and type(items[0]) is Run and items[0].n == size // mtu
     return link, src, b_mr, items[0]
 
 
@@ -342,7 +343,7 @@ def test_a_train_equals_its_packets():
     mr.write(src)
     other.a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, [SGE(mr.addr, len(src), mr.lkey)], SIG,
                              rkey=t.reth[0], remote_addr=t.reth[1]), 0.0)
-    pkts = other.a.poll_packets(0.0)
+    pkts = split(other.a.poll_wire(0.0, False))
     assert t.packets() == pkts
     assert [p.opcode for p in pkts] == ["RDMA_WRITE_FIRST"] + ["RDMA_WRITE_MIDDLE"] * 6 + [
         "RDMA_WRITE_LAST"]
@@ -351,36 +352,36 @@ def test_a_train_equals_its_packets():
 
 def test_a_train_is_applied_in_one_step_with_one_ack():
     link, src, b_mr, t = write_pair()
-    link.b.receive_train(t, 0.0)
+    link.b.receive(t, 0.0)
     assert bytes(b_mr.read()) == src
-    out = link.b.poll_packets(0.0)
+    out = split(link.b.poll_wire(0.0, False))
     assert [(p.opcode, p.psn, p.aeth) for p in out] == [("ACKNOWLEDGE", t.end_psn, ("ACK", 1))]
 
 
 def test_a_duplicate_train_is_re_acked_not_applied():
     link, src, b_mr, t = write_pair()
-    link.b.receive_train(t, 0.0)
-    link.b.poll_packets(0.0)
+    link.b.receive(t, 0.0)
+    split(link.b.poll_wire(0.0, False))
     b_mr.write(b"\0" * len(src))
-    link.b.receive_train(t, 0.0)
+    link.b.receive(t, 0.0)
     assert bytes(b_mr.read()) == b"\0" * len(src)       # not applied again
     assert link.b.stats["duplicates_discarded"] == t.n
-    out = link.b.poll_packets(0.0)
+    out = split(link.b.poll_wire(0.0, False))
     assert [(p.opcode, p.psn) for p in out] == [("ACKNOWLEDGE", t.end_psn)]
 
 
 def test_a_partly_duplicate_train_applies_only_its_new_packets():
     link, src, b_mr, t = write_pair()
-    link.b.receive_train(t.sub(0, 3), 0.0)
-    link.b.receive_train(t.sub(1, t.n), 0.0)            # packets 1, 2 again, then 3..7
+    link.b.receive(t.sub(0, 3), 0.0)
+    link.b.receive(t.sub(1, t.n), 0.0)            # packets 1, 2 again, then 3..7
     assert link.b.stats["duplicates_discarded"] == 2
     assert bytes(b_mr.read()) == src
 
 
 def test_a_train_ahead_of_epsn_gets_one_sequence_nak():
     link, src, b_mr, t = write_pair()
-    link.b.receive_train(t.sub(2, t.n), 0.0)            # packets 0 and 1 lost
-    out = link.b.poll_packets(0.0)
+    link.b.receive(t.sub(2, t.n), 0.0)            # packets 0 and 1 lost
+    out = split(link.b.poll_wire(0.0, False))
     assert [(p.opcode, p.psn, p.aeth[0]) for p in out] == [
         ("ACKNOWLEDGE", t.psn, "NAK_PSN_SEQ")]
     assert link.b.stats["psn_seq_naks_sent"] == 1
@@ -388,19 +389,19 @@ def test_a_train_ahead_of_epsn_gets_one_sequence_nak():
 
 
 def test_go_back_n_restarts_inside_a_train():
-    # 30 packets: one train (TRAIN_MAX is 32).
+    # 30 packets: one train (REQUEST_RUN_MAX is 32).
     link, src, b_mr, t = write_pair(size=30 * 1024)
     # Packets 0..19 arrive, 20 is lost, the rest is ahead: one NAK names PSN +20.
-    link.b.receive_train(t.sub(0, 20), 0.0)
-    link.b.receive_train(t.sub(21, t.n), 0.0)
-    for p in link.b.poll_packets(0.0):
-        link.a.receive(p, 0.0)
+    link.b.receive(t.sub(0, 20), 0.0)
+    link.b.receive(t.sub(21, t.n), 0.0)
+    for p in split(link.b.poll_wire(0.0, False)):
+        link.a.receive(Run.of(p), 0.0)
     again = link.a.poll_wire(0.0)
-    assert len(again) == 1 and type(again[0]) is Train
+    assert len(again) == 1 and type(again[0]) is Run
     assert again[0].psn == (t.psn + 20) % (1 << 24) and again[0].n == 10
     assert not again[0].first and again[0].last and again[0].reth is None
     assert link.a.stats["retransmitted_packets"] == 10
-    link.b.receive_train(again[0], 0.0)
+    link.b.receive(again[0], 0.0)
     assert bytes(b_mr.read()) == src
 
 
@@ -412,11 +413,11 @@ def test_rnr_on_a_send_train_and_its_retry():
     b_mr = link.hb.reg_mr(link.pdb, len(src), ALL)
     link.a.post_send(SendWR(1, WrOpcode.SEND, [SGE(a_mr.addr, len(src), a_mr.lkey)], SIG), 0.0)
     (t,) = link.a.poll_wire(0.0)
-    link.b.receive_train(t, 0.0)                        # no receive posted
-    out = link.b.poll_packets(0.0)
+    link.b.receive(t, 0.0)                        # no receive posted
+    out = split(link.b.poll_wire(0.0, False))
     assert [(p.opcode, p.psn, p.aeth[0]) for p in out] == [("ACKNOWLEDGE", t.psn, "RNR")]
     for p in out:
-        link.a.receive(p, 0.0)
+        link.a.receive(Run.of(p), 0.0)
     link.b.post_recv(RecvWR(7, [SGE(b_mr.addr, len(src), b_mr.lkey)]))
     link.run()
     assert bytes(b_mr.read()) == src
@@ -453,14 +454,14 @@ def test_trains_never_span_the_psn_wrap():
     assert items[0].psn == A_PSN
     assert all(t.psn + t.n <= 1 << 24 for t in items)
     ends = [t for t in items if t.psn + t.n == 1 << 24]
-    assert len(ends) == 1 and ends[0].n == 0x56 - 64 < TRAIN_MAX
+    assert len(ends) == 1 and ends[0].n == 0x56 - 64 < REQUEST_RUN_MAX
     assert items[items.index(ends[0]) + 1].psn == 0
     assert count(items) == WINDOW
 
 
 # -- the frame ------------------------------------------------------------------------------
 
-def _frame(t: Train, dev: str = "mlx5_0"):
+def _frame(t: Run, dev: str = "mlx5_0"):
     dec = FrameDecoder()
     (fr,) = dec.feed(frame_bytes(train_header(dev, t), t.payload))
     return fr
@@ -469,12 +470,12 @@ def _frame(t: Train, dev: str = "mlx5_0"):
 def test_a_train_frame_round_trips():
     _, _, _, t = write_pair()
     fr = _frame(t)
-    dev, back = decode_train(fr.header, fr.payload)
+    dev, back = decode(fr.header, fr.payload)
     assert dev == "mlx5_0" and back.packets() == t.packets()
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"n": MAX_TRAIN + 1}, "field 'n'"),
+    ({"n": FRAME_RUN_MAX + 1}, "field 'n'"),
     ({"n": 0}, "field 'n'"),
     ({"n": "8"}, "field 'n'"),
     ({"n": 9}, "payload bytes are not 9 packets"),
@@ -497,7 +498,7 @@ def test_hostile_train_headers_are_refused(change, why):
     fr = _frame(t)
     header = {**fr.header, **change}
     with pytest.raises(FrameError) as e:
-        decode_train(header, fr.payload)
+        decode(header, fr.payload)
     assert e.value.errno_name == "EPROTO" and why in str(e.value), str(e.value)
     assert not isinstance(e.value, IntegrityError)
 
@@ -506,29 +507,29 @@ def test_a_train_header_of_another_train_fails_its_check():
     _, _, _, t = write_pair()
     fr = _frame(t)
     with pytest.raises(IntegrityError):
-        decode_train({**fr.header, "psn": (t.psn + 1) % (1 << 24)}, fr.payload)
+        decode({**fr.header, "psn": (t.psn + 1) % (1 << 24)}, fr.payload)
     with pytest.raises(IntegrityError):
-        decode_train({**fr.header, "reth": [t.reth[0] ^ 1, t.reth[1], t.reth[2]]}, fr.payload)
+        decode({**fr.header, "reth": [t.reth[0] ^ 1, t.reth[1], t.reth[2]]}, fr.payload)
 
 
 def test_imm_and_ieth_together_are_refused():
-    t = Train(0x22, 5, 1, "SEND", True, True, 1024, b"x", imm=1, ieth=2)
+    t = Run(0x22, 5, 1, "SEND", True, True, 1024, b"x", imm=1, ieth=2)
     with pytest.raises(FrameError, match="no SEND opcode ends a message with ImmDt and IETH"):
-        decode_train({"t": "train", "dev": "d", "qp": 0x22, "psn": 5, "n": 1, "kind": "SEND",
+        decode({"t": "train", "dev": "d", "qp": 0x22, "psn": 5, "n": 1, "kind": "SEND",
                       "pos": 3, "mtu": 1024, "imm": 1, "ieth": 2, "chk": 0}, t.payload)
 
 
 def test_a_claimed_count_allocates_nothing_per_packet():
-    """A train claiming MAX_TRAIN packets with a payload for one is refused before any
+    """A train claiming FRAME_RUN_MAX packets with a payload for one is refused before any
     per-packet work, and a refused train costs the same whatever n it claims."""
     _, _, _, t = write_pair()
     fr = _frame(t)
     tracemalloc.start()
     try:
-        for n in (MAX_TRAIN, 1 << 30):
+        for n in (FRAME_RUN_MAX, 1 << 30):
             before = tracemalloc.get_traced_memory()[0]
             with pytest.raises(FrameError):
-                decode_train({**fr.header, "n": n}, fr.payload[:10])
+                decode({**fr.header, "n": n}, fr.payload[:10])
             assert tracemalloc.get_traced_memory()[0] - before < 4096
     finally:
         tracemalloc.stop()
@@ -542,7 +543,7 @@ async def _daemon_run(trains: bool, *, capture: bool = False, fault: dict | None
     real_send = daemon_mod.WireLink.send
 
     def spy(self, dev, pkts, *a, **kw):
-        sent_trains.extend(self.daemon for p in pkts if type(p) is Train)
+        sent_trains.extend(self.daemon for p in pkts if type(p) is Run)
         return real_send(self, dev, pkts, *a, **kw)
 
     daemon_mod.WireLink.send = spy
@@ -690,7 +691,7 @@ async def test_a_forged_train_is_dropped_per_packet_and_a_malformed_one_disconne
         await connect_pair(i, t)
         victim = await t.reg_mr(b"\x00" * 8192)
         data = os.urandom(8192)
-        forged = Train(t.qp.qp_num, 0, 8, "RDMA_WRITE", True, True, 1024, data,
+        forged = Run(t.qp.qp_num, 0, 8, "RDMA_WRITE", True, True, 1024, data,
                        reth=(victim.rkey, victim.addr, 8192))
         h = train_header("mlx5_0", forged)
         h["sqp"] = i.qp.qp_num
@@ -737,3 +738,20 @@ async def test_trains_larger_than_the_peers_max_frame_go_as_packets():
         c = await tnode.counters()
         assert c["wire_protocol_errors"] == 0 and c["retransmissions"] == 0
         assert c["packets_received"] >= 150
+
+
+def test_either_frame_form_decodes_to_a_run():
+    """One decoder for the wire: a ``pkt`` frame is a run of one that is its packet, a
+    ``train`` frame the run it carries; any other frame kind is EPROTO."""
+    _, _, _, t = write_pair()
+    fr = _frame(t)
+    assert decode(fr.header, fr.payload)[1].packets() == t.packets()
+    for p in t.packets()[:2] + [Packet(0x22, 9, "ACKNOWLEDGE", aeth=("NAK_PSN_SEQ", 3)),
+                                Packet(0x22, 9, "FETCH_ADD", atomic=(1, 2, 3, 0))]:
+        dev, run = decode(packet_header("mlx5_0", p), p.payload)
+        assert dev == "mlx5_0" and run.n == 1 and run.packets() == [p] and run == Run.of(p)
+    with pytest.raises(IntegrityError) as e:
+        decode({**fr.header, "psn": (t.psn + 1) % (1 << 24)}, fr.payload)
+    assert e.value.packets == t.n
+    with pytest.raises(FrameError, match="unexpected 'hello' frame on a wire link"):
+        decode({**fr.header, "t": "hello"}, fr.payload)

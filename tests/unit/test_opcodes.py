@@ -150,3 +150,35 @@ def test_opcode_for_is_the_table_lookup_for_every_position():
             else:
                 with pytest.raises(ValueError):
                     opcode_for(kind, first, last, imm, inv)
+
+
+# -- the work-request opcode table ---------------------------------------------------------
+
+# ibv_post_send(3) and ibv_poll_cq(3), typed in again: the ibv_wc_opcode each modelled
+# ibv_wr_opcode completes with, and the opcodes ``*_WITH_IMM`` / SEND / atomic / inline.
+WR_WC = {"RDMA_WRITE": "RDMA_WRITE", "RDMA_WRITE_WITH_IMM": "RDMA_WRITE", "SEND": "SEND",
+         "SEND_WITH_IMM": "SEND", "SEND_WITH_INV": "SEND", "RDMA_READ": "RDMA_READ",
+         "ATOMIC_CMP_AND_SWP": "COMP_SWAP", "ATOMIC_FETCH_AND_ADD": "FETCH_ADD",
+         "LOCAL_INV": "LOCAL_INV"}
+
+
+def test_the_work_request_table_has_one_record_per_ibv_wr_opcode():
+    from softhca.protocol.enums import WrOpcode
+
+    assert set(opcodes.WR_OPCODES) == set(WrOpcode)
+    table = opcodes.WR_OPCODES
+    assert {op.name for op, info in table.items() if info.supported} == set(WR_WC)
+    for name, wc in WR_WC.items():
+        info = table[WrOpcode[name]]
+        assert info.wc_opcode.name == wc, name
+        assert info.imm == name.endswith("WITH_IMM"), name
+        assert info.send == name.startswith("SEND"), name
+        assert info.responded == (name == "RDMA_READ" or name.startswith("ATOMIC")), name
+        # "valid only for Send and RDMA Write" (ibv_post_send(3)).
+        assert info.inline == (name.startswith("SEND") or name.startswith("RDMA_WRITE")), name
+    assert table[WrOpcode.ATOMIC_CMP_AND_SWP].atomic == "COMPARE_SWAP"
+    assert table[WrOpcode.ATOMIC_FETCH_AND_ADD].atomic == "FETCH_ADD"
+    assert [op for op, info in table.items() if info.atomic] == [
+        WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD]
+    # Every atomic packet opcode the table names is an IBTA atomic request.
+    assert {info.atomic for info in table.values() if info.atomic} == with_flags(Op.ATOMIC)

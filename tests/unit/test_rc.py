@@ -8,7 +8,7 @@ import pytest
 from softhca.engine.completion import Fault, TransferError
 from softhca.engine.hca import HCA
 from softhca.engine.mkey_configure import MkeyConfigureBuilder
-from softhca.engine.rc import RCQP, Packet, RecvWR, SendWR, psn_add, psn_diff
+from softhca.engine.rc import RCQP, Packet, RecvWR, Run, SendWR, psn_add, psn_diff
 from softhca.protocol.attrs import SGE, SigBlockAttr, SigBlockDomain, SigCrc
 from softhca.protocol.enums import (
     AccessFlags,
@@ -28,6 +28,7 @@ from softhca.protocol.enums import (
     WrOpcode,
 )
 from softhca.protocol.errors import RDMAError
+from softhca.protocol.packets import split
 from softhca.tools import oracle
 
 ALL = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
@@ -35,6 +36,12 @@ ALL = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_R
 SIG = int(SendFlags.SIGNALED)
 # PSNs start just below 2^24 so every test crosses the wrap.
 A_PSN, B_PSN = 0xFFFFF0, 0xFFFFE0
+
+
+
+def packets_of(qp: RCQP, now: float) -> list[Packet]:
+    """What ``qp`` sends now, packet by packet (its runs cut into packets)."""
+    return split(qp.poll_wire(now, False))
 
 
 class Pair:
@@ -71,12 +78,12 @@ class Pair:
     def run(self, fault=None, done=None, max_rounds: int = 100_000) -> None:
         qps = {self.a.qp_num: self.a, self.b.qp_num: self.b}
         for _ in range(max_rounds):
-            out = self.a.poll_packets(self.now) + self.b.poll_packets(self.now)
+            out = packets_of(self.a, self.now) + packets_of(self.b, self.now)
             if fault is not None:
                 out = fault(out)
             for p in out:
                 self.delivered += 1
-                qps[p.dest_qp].receive(p, self.now)
+                qps[p.dest_qp].receive(Run.of(p), self.now)
             self._collect()
             if done is not None and done():
                 return
@@ -471,19 +478,19 @@ def test_duplicate_and_ahead_packets_at_the_responder(rng):
     for i in range(3):
         p.b.post_recv(RecvWR(i, [SGE(dst.addr + 600 * i, 600, dst.lkey)]))
     p.a.post_send(SendWR(1, WrOpcode.SEND, [SGE(src.addr, 600, src.lkey)], SIG), p.now)
-    first, middle, last = p.a.poll_packets(p.now)
+    first, middle, last = packets_of(p.a, p.now)
     for pkt in (first, last, middle):    # LAST ahead of MIDDLE: one NAK, LAST dropped
-        p.b.receive(pkt, p.now)
-    naks = p.b.poll_packets(p.now)
+        p.b.receive(Run.of(pkt), p.now)
+    naks = packets_of(p.b, p.now)
     assert [(n.aeth[0], n.psn) for n in naks] == [("NAK_PSN_SEQ", middle.psn)]
-    p.b.receive(last, p.now)
-    assert p.b.poll_packets(p.now)[0].aeth == ("ACK", 1)
+    p.b.receive(Run.of(last), p.now)
+    assert packets_of(p.b, p.now)[0].aeth == ("ACK", 1)
     for pkt in (first, middle, last):    # the whole message again: duplicates only
-        p.b.receive(pkt, p.now)
-    acks = p.b.poll_packets(p.now)
+        p.b.receive(Run.of(pkt), p.now)
+    acks = packets_of(p.b, p.now)
     assert [(a.aeth[0], a.psn) for a in acks] == [("ACK", last.psn)]
     for a in acks:
-        p.a.receive(a, p.now)
+        p.a.receive(Run.of(a), p.now)
     assert status_of(p.a.poll_send_cq()) == [(1, WcStatus.SUCCESS)]
     assert status_of(p.b.poll_recv_cq()) == [(0, WcStatus.SUCCESS)]
     assert dst.read(600) == src.read() and p.a.next_deadline() is None
@@ -748,10 +755,10 @@ def test_post_local_completes_after_an_outstanding_write(rng):
     p.a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, [SGE(src.addr, 3000, src.lkey)], SIG,
                          rkey=dst.rkey, remote_addr=dst.addr), p.now)
     p.a.post_local(2, True, WcOpcode.DRIVER1, action=lambda: ran.append(dst.read() == src.read()))
-    pkts = p.a.poll_packets(p.now)
+    pkts = packets_of(p.a, p.now)
     assert pkts and p.a.poll_send_cq() == [] and ran == []
     for q in pkts:
-        p.b.receive(q, p.now)
+        p.b.receive(Run.of(q), p.now)
     p.run()
     assert [(w.wr_id, w.status, w.opcode) for w in p.wcs["a_send"]] == [
         (1, WcStatus.SUCCESS, WcOpcode.RDMA_WRITE), (2, WcStatus.SUCCESS, WcOpcode.DRIVER1)]
