@@ -1,10 +1,10 @@
 """A control session's transport: one application's connection to the daemon.
 
-It reads request frames, checks each against its schema (protocol/control.py), hands
+It reads request frames, decodes each into its typed request (protocol/control.py), hands
 it to the session's verbs (server/verbs.py) and writes the one reply; it pushes
 subscribed events and the completions of pushed CQs. Back-pressure: a session whose unsent replies pass the daemon's
 ``reply_high_water`` is not read again until the client reads, and events beyond it
-are dropped (counted), so neither a flooding client nor a slow subscriber can grow
+are dropped (counted, and shown in the session's counters), so neither a flooding client nor a slow subscriber can grow
 the daemon or slow the wire.
 """
 
@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..protocol import control
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameDecoder, FrameError, encode_frame
 from ..protocol.link import read_frames
+from .hosts import Node
 from .logs import kv, log
 from .verbs import Verbs
-
-if TYPE_CHECKING:
-    from .daemon import Daemon
-
 
 # How long one session may run requests before the event loop serves the others.
 TURN_S = 0.002
@@ -50,7 +47,7 @@ def send_error(writer: asyncio.StreamWriter, rid: int, e: RDMAError) -> None:
 class ControlSession:
     """One application's connection: its requests in, replies and events out."""
 
-    def __init__(self, daemon: Daemon, reader, writer, decoder: FrameDecoder, peer: str) -> None:
+    def __init__(self, daemon: Node, reader, writer, decoder: FrameDecoder, peer: str) -> None:
         self.daemon = daemon
         self.reader, self.writer, self.decoder = reader, writer, decoder
         self.peer = peer
@@ -103,7 +100,7 @@ class ControlSession:
 
     def push(self, header: dict, payload: bytes = b"") -> None:
         """An event to this subscriber. A subscriber that does not keep up loses events
-        (counted), never slows the wire: the daemon does not wait for it."""
+        (counted, and shown in its counters), never slows the wire: the daemon does not wait for it."""
         if self.writer.transport.get_write_buffer_size() > self.daemon.limits.reply_high_water:
             self.events_dropped += 1
             return
@@ -124,8 +121,8 @@ class ControlSession:
     def _handle(self, fr) -> None:
         rid = fr.header.get("id") if isinstance(fr.header.get("id"), int) else 0
         try:
-            verb, rid, args = control.check_request(fr.header)
-            result = self.verbs.call(verb, args, fr.payload, rid)
+            rid, request = control.decode_request(fr.header, fr.payload)
+            result = self.verbs.call(request, rid)
             if result is not None:
                 payload = result.pop("_payload", b"")
                 self.reply(rid, payload, **result)
