@@ -552,17 +552,6 @@ def decode_request(header: dict, payload: memoryview) -> tuple[int, Request]:
     return rid, cls.decode(header, payload)
 
 
-def check_request(header: dict) -> tuple[str, int, dict]:
-    """(verb, id, fields) of a control request checked against ``REQUESTS`` without
-    decoding its nested fields, or FrameError("EPROTO") naming the fault."""
-    rid = field(header, "id", int, min=0, max=U32)
-    verb = header["t"]
-    schema = REQUESTS.get(verb)
-    if schema is None:
-        raise FrameError("EPROTO", f"unknown control request {verb!r}"[:120])
-    return verb, rid, check_fields(header, schema, f"request '{verb}'")
-
-
 # -- attribute structs -------------------------------------------------------------
 
 # Which fields hold a nested struct, per struct.
@@ -706,6 +695,6 @@ __all__ = [
     "BY_VERB", "CONFIGURE_CALL", "EVENT_KINDS", "MAX_CONFIGURE_ENTRIES", "MAX_CQE",
     "MAX_CREDITS", "MAX_SGE", "MAX_WRS_PER_POST", "QP_ATTR", "REQUESTS", "SETTERS", "U8",
     "U16", "U32", "U64", "ConfigureCall", "MkeyConfAttr", "Request", "SetterCall",
-    "attr_from_wire", "attr_to_wire", "check_fields", "check_request", "decode_request",
+    "attr_from_wire", "attr_to_wire", "check_fields", "decode_request",
     "setter_from_wire", "sge_to_wire", "sges_from_wire",
 ]
