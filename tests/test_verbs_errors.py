@@ -1,4 +1,4 @@
-"""Values the verbs API itself refuses are EINVAL in the verbs' words (issue 16, item 4);
+"""Values the verbs API itself refuses are EINVAL in the verbs' words;
 EPROTO stays for what breaks the protocol: a field of the wrong type, one that no C
 type of the call could hold, an unknown field or verb, a malformed frame."""
 
