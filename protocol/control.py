@@ -1,4 +1,4 @@
-"""Control-plane messages: one schema per request, the reply shapes, attribute codecs.
+"""Control-plane messages: one typed request per verb, the reply shapes, attribute codecs.
 
 A request is one frame ``{"t": <verb>, "id": <u32>, <fields>...}`` (payload: the
 bytes of ``mr_write``). Every request gets exactly one reply with the same id:
@@ -6,18 +6,22 @@ bytes of ``mr_write``). Every request gets exactly one reply with the same id:
 - ``{"t": "ok", "id": n, <result fields>...}`` (payload: the bytes of ``mr_read``),
 - ``{"t": "err", "id": n, "errno": "EINVAL", "msg": "<sentence>"}``.
 
-``REQUESTS`` names each verb's fields with their types and bounds; ``check_request``
-validates a header against it before the daemon looks at anything, so a handler
-only ever sees well-typed, in-range values, and an unknown verb or field is refused
-with EPROTO naming it. The attribute structs (``protocol.attrs``) travel as maps with
-their C field names, nested the way the C structs nest; ``attr_to_wire`` /
-``attr_from_wire`` convert, refusing unknown fields and wrong leaf types.
+Each verb is a frozen dataclass below (``OpenDevice`` for ``open_device``, ...) whose
+fields carry their wire types and bounds; ``decode_request`` turns a header into one
+of them before the daemon looks at anything, so a handler only ever sees well-typed,
+in-range values, the nested ones (WRs, configure calls, QP attributes, CQ credits)
+already decoded, and an unknown verb or field is refused with EPROTO naming it.
+``REQUESTS`` is the same specs as a table by verb name. The attribute structs
+(``protocol.attrs``) travel as maps with their C field names, nested the way the C
+structs nest; ``attr_to_wire`` / ``attr_from_wire`` convert, refusing unknown fields
+and wrong leaf types.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from .attrs import (
     SGE,
@@ -29,98 +33,28 @@ from .attrs import (
     SigCrc,
     SigT10dif,
 )
+from .errors import einval
 from .frames import FrameError, field
+from .records import RecvWR, SendWR
+from .schema import I32, MAX_SGE, U8, U16, U32, U64, check_fields, sge_to_wire, sges_from_wire
 
-U8, U16, U32, U64 = (1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
-I32 = (1 << 31) - 1
-MAX_SGE = 32
 # WRs in one post_send / post_recv request: decoding and posting them is one stretch of
 # the daemon's event loop, kept to a few milliseconds (the client splits longer lists).
 MAX_WRS_PER_POST = 256
 # [cq, n] pairs in one cq_credit frame (a client sends one per CQ it polled since the last).
 MAX_CREDITS = 1024
+# ibv_query_device(3) max_cqe: the most entries a CQ may be created with (and so the
+# most one cq_credit pair may give back).
+MAX_CQE = 1 << 22
+# Layout entries (SGEs and interleaved entries) one mkey_configure request may carry:
+# decoding and checking them is one stretch of the event loop (some 5 ms at this size).
+MAX_CONFIGURE_ENTRIES = 4096
 
 # Field spec: (type(s), min, max, required).
 _H = (int, 1, U32, True)          # a session handle
 _U32 = (int, 0, U32, True)
 _U64 = (int, 0, U64, True)
 _BOOL = (bool, None, None, True)
-
-REQUESTS: dict[str, dict[str, tuple]] = {
-    "devices": {},
-    "open_device": {"name": (str, 1, 64, True)},
-    "query_device": {"ctx": _H},
-    "close_device": {"ctx": _H},
-    "alloc_pd": {"ctx": _H},
-    "dealloc_pd": {"pd": _H},
-    # The bounds here are what the call's C types hold (a size_t length, an int cqe):
-    # beyond them a request is malformed (EPROTO). What the verbs themselves refuse
-    # inside those types (ibv_reg_mr of 0 bytes, a cqe over max_cqe) is the handler's
-    # and the engine's, EINVAL in the verbs' words.
-    "reg_mr": {"pd": _H, "length": _U64, "access": _U32},
-    "dereg_mr": {"mr": _H},
-    "mr_write": {"mr": _H, "offset": _U64},
-    "mr_read": {"mr": _H, "offset": _U64, "length": _U64},
-    # push: the daemon sends this CQ's completions to the session as it makes them
-    # ("wc" frames); the client polls them locally and returns room with cq_credit.
-    "create_cq": {"ctx": _H, "cqe": (int, 0, I32, True), "push": (bool, None, None, False)},
-    "destroy_cq": {"cq": _H},
-    # The entries of pushed CQs the application has polled, [[cq, n], ...]: room the
-    # daemon gives back. No reply when accepted (the client sends id 0 and does not
-    # wait); an error reply (EPROTO, ENOENT) with the frame's id otherwise.
-    "cq_credit": {"credits": (list, 1, MAX_CREDITS, True)},
-    "poll_cq": {"cq": _H, "num": (int, 1, 1 << 16, True),
-                "timeout": ((int, float), 0, 3600, True)},
-    "create_qp": {"pd": _H, "scq": _H, "rcq": _H, "qp_type": _U32,
-                  "max_send_wr": (int, 1, 1 << 16, True), "max_recv_wr": (int, 1, 1 << 16, True),
-                  "max_send_sge": (int, 0, MAX_SGE, True), "max_recv_sge": (int, 0, MAX_SGE, True),
-                  "max_inline_data": (int, 0, 1 << 16, True), "sq_sig_all": _BOOL,
-                  "send_ops_flags": _U64, "create_flags": (int, 0, U32, False)},
-    "destroy_qp": {"qp": _H},
-    "modify_qp": {"qp": _H, "attr": (dict, 0, 32, True), "mask": _U32},
-    "query_qp": {"qp": _H},
-    # Each of "wrs" is a protocol.records.SEND_WR / RECV_WR.
-    "post_send": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
-    "post_recv": {"qp": _H, "wrs": (list, 1, MAX_WRS_PER_POST, True)},
-    "create_mkey": {"pd": _H, "create_flags": _U32, "max_entries": (int, 0, 1 << 16, True)},
-    "destroy_mkey": {"mkey": _H},
-    "mkey_configure": {"qp": _H, "calls": (list, 0, 2048, True)},
-    "mkey_check": {"mkey": _H},
-    # key is char key[128] (wrapped 256-bit with keytag: 80); crypto_login is a
-    # create_crypto_login handle, 0 for NULL.
-    "create_dek": {"ctx": _H, "pd": _H, "key_size": _U32, "key": (bytes, 0, 128, True),
-                   "has_keytag": _BOOL, "keytag": (bytes, 0, 8, True),
-                   "key_purpose": _U32, "opaque": (bytes, 0, 8, False),
-                   "comp_mask": (int, 0, U64, False), "crypto_login": (int, 0, U32, False)},
-    "destroy_dek": {"dek": _H},
-    "query_dek": {"dek": _H},
-    "query_mlx5_device": {"ctx": _H},
-    # mlx5dv_crypto_login(3) (a session of the context) and mlx5dv_crypto_login_create(3)
-    # (an object): the credential as given, wrapped (48 bytes for this device).
-    "crypto_login": {"ctx": _H, "credential": (bytes, 0, 4096, True), "import_kek_id": _U32,
-                     "credential_id": (int, 0, U32, False), "comp_mask": (int, 0, U64, False)},
-    "crypto_login_query_state": {"ctx": _H},
-    "crypto_logout": {"ctx": _H},
-    "create_crypto_login": {"ctx": _H, "credential": (bytes, 0, 4096, True),
-                            "import_kek_id": _U32, "credential_id": (int, 0, U32, False),
-                            "comp_mask": (int, 0, U64, False)},
-    "crypto_login_query": {"login": _H},
-    # ibv_get_async_event(3): the oldest event of the context, waiting up to timeout s
-    # (reply event: null when none came); ibv_ack_async_event(3) by the event's id.
-    "get_async_event": {"ctx": _H, "timeout": ((int, float), 0, 3600, True)},
-    "ack_async_event": {"event": _H},
-    "cancel_posted_send_wrs": {"qp": _H, "wr_id": _U64},
-    "destroy_crypto_login": {"login": _H},
-    # Fault injection (server/faults.py validates the rule's own fields).
-    # daemon_wide: the rule matches every session's QPs and outlives this session.
-    "faults_add": {"rule": (dict, 1, 32, True), "daemon_wide": (bool, None, None, False)},
-    "faults_list": {},
-    "faults_clear": {"rule_id": (int, 1, U32, False), "daemon_wide": (bool, None, None, False)},
-    "counters": {},
-    # Pushed events: {"t": "event", "kind": "packets" | "trace", ...} frames without an id.
-    # daemon_wide: every session's traffic, not only this session's QPs'.
-    "subscribe": {"events": (list, 0, 2, True), "daemon_wide": (bool, None, None, False)},
-}
 
 # mkey_configure's "calls" replay the ibv_wr_* calls made between ibv_wr_start and
 # ibv_wr_complete, in order, so the daemon reports the error the same sequence gives
@@ -140,43 +74,491 @@ QP_ATTR = {"qp_state": (int, 0, 6, False), "path_mtu": (int, 1, 5, False),
            "dest_dev": (str, 1, 64, False), "cur_qp_state": (int, 0, 6, False),
            "en_sqd_async_notify": (int, 0, 1, False)}
 
-
-def check_fields(header: dict, schema: dict[str, tuple], what: str) -> dict:
-    """Validate ``header`` against ``schema``; unknown fields are refused."""
-    extra = set(header) - set(schema) - {"t", "id"}
-    if extra:
-        raise FrameError("EPROTO", f"{what} has unknown field(s): "
-                                   f"{', '.join(sorted(map(str, extra)))[:120]}")
-    out = {}
-    for name, (typ, lo, hi, required) in schema.items():
-        out[name] = field(header, name, typ, min=lo, max=hi, required=required)
-    return out
+# The event kinds a session may subscribe to.
+EVENT_KINDS = frozenset({"packets", "trace"})
 
 
-def check_request(header: dict) -> tuple[str, int, dict]:
-    """(verb, id, fields) of a control request, or FrameError("EPROTO") naming the fault."""
+# -- the nested fields' decoders ---------------------------------------------------------
+
+def credits_from_wire(credits: list, max_count: int = MAX_CQE) -> dict[int, int]:
+    """A ``cq_credit`` request's ``[[cq handle, count], ...]`` as counts per handle, or
+    FrameError(EPROTO) naming the first malformed pair. The one check of credits: the
+    client's session builds them, the daemon's decodes them with it."""
+    total: dict[int, int] = {}
+    for i, c in enumerate(credits):
+        if not (isinstance(c, list) and len(c) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in c)
+                and 1 <= c[0] <= U32 and 1 <= c[1] <= max_count):
+            raise FrameError("EPROTO", f"cq_credit: credits[{i}] must be [cq handle, "
+                                       f"count 1..{max_count}]")
+        total[c[0]] = total.get(c[0], 0) + c[1]
+    return total
+
+
+def _credits(credits: list) -> tuple[tuple[int, int], ...]:
+    """cq_credit's [[cq handle, count], ...], checked whole, one (handle, sum) per CQ."""
+    return tuple(credits_from_wire(credits).items())
+
+
+def _qp_attr(attr: dict) -> dict[str, Any]:
+    """modify_qp's attr: the fields given (struct ibv_qp_attr's, checked)."""
+    v = check_fields({"t": "modify_qp.attr", **attr}, QP_ATTR, "modify_qp attr")
+    return {k: x for k, x in v.items() if x is not None}
+
+
+def _send_wrs(wrs: list) -> tuple[SendWR, ...]:
+    # Decoded whole: a malformed WR refuses the request and posts nothing.
+    return tuple(SendWR.from_wire(w, f"send_wr[{i}]") for i, w in enumerate(wrs))
+
+
+def _recv_wrs(wrs: list) -> tuple[RecvWR, ...]:
+    return tuple(RecvWR.from_wire(w, f"recv_wr[{i}]") for i, w in enumerate(wrs))
+
+
+def _event_kinds(events: list) -> frozenset[str]:
+    kinds = set(events)
+    unknown = kinds - EVENT_KINDS
+    if unknown or not all(isinstance(k, str) for k in kinds):
+        raise einval(f"subscribe: unknown event kind(s) {sorted(map(str, unknown))}; "
+                     "the kinds are 'packets' and 'trace'")
+    return frozenset(kinds)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigureCall:
+    """mlx5dv_wr_mkey_configure(3) in an mkey_configure request, with the WR's id and
+    flags set before it (``mkey``: the session's handle)."""
+
+    wr_id: int
+    wr_flags: int
+    mkey: int
+    num_setters: int
+    conf_flags: int
+    comp_mask: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SetterCall:
+    """One mlx5dv_wr_set_mkey_* setter: ``kind`` (one of SETTERS) and its decoded
+    argument (``setter_from_wire``; a crypto setter's DEK is the session's handle)."""
+
+    kind: str
+    value: Any
+
+
+_CONFIGURE_NAMES = ("wr_id", "wr_flags", "mkey", "num_setters", "conf_flags", "comp_mask")
+
+
+def _layout_entries(kind: str, value: Any) -> int:
+    """The entries a layout setter's wire value carries (0 if malformed: the decoder says
+    why): a list of SGEs, or [repeat_count, entries]."""
+    if kind == "layout_interleaved":
+        value = value[1] if isinstance(value, list) and len(value) == 2 else None
+    return len(value) if isinstance(value, list) else 0
+
+
+def _configure_call(c: list, what: str) -> ConfigureCall:
+    if len(c) != len(CONFIGURE_CALL):
+        raise FrameError("EPROTO", f"{what}: configure takes wr_id, wr_flags, "
+                                   "mkey, num_setters, conf_flags, comp_mask")
+    v = check_fields({"t": what, **dict(zip(_CONFIGURE_NAMES, c[1:], strict=True))},
+                     dict(zip(_CONFIGURE_NAMES, CONFIGURE_CALL[1:], strict=True)), what)
+    return ConfigureCall(**v)
+
+
+def _configure_calls(calls: list) -> tuple[ConfigureCall | SetterCall, ...]:
+    """mkey_configure's calls, decoded in order; the layouts' entries are bounded."""
+    out: list[ConfigureCall | SetterCall] = []
+    entries = 0
+    for i, c in enumerate(calls):
+        what = f"mkey_configure call {i}"
+        if not isinstance(c, list) or not c:
+            raise FrameError("EPROTO", f"{what} must be a non-empty list")
+        if c[0] == "configure":
+            out.append(_configure_call(c, what))
+        elif len(c) == 2:
+            if c[0] in ("layout_list", "layout_interleaved"):
+                entries += _layout_entries(c[0], c[1])
+                if entries > MAX_CONFIGURE_ENTRIES:
+                    raise einval(f"{what}: more than {MAX_CONFIGURE_ENTRIES} layout "
+                                 "entries in one mkey_configure request (post the WRs "
+                                 "in several)")
+            out.append(SetterCall(*setter_from_wire(c[0], c[1], what)))
+        else:
+            raise FrameError("EPROTO", f"{what}: a setter is [kind, value]")
+    return tuple(out)
+
+
+# -- the requests ---------------------------------------------------------------------------
+
+def _wire(typ: type | tuple[type, ...], lo: int | float | None = None,
+          hi: int | float | None = None, *, required: bool = True, default: Any = None,
+          decode: Callable[[Any], Any] | None = None) -> Any:
+    """A request field: its wire type and bounds; ``default`` stands for an optional
+    field that is absent, ``decode`` turns a nested value into what the handler takes."""
+    return dataclasses.field(metadata={"spec": (typ, lo, hi, required), "default": default,
+                                       "decode": decode})
+
+
+def _handle() -> Any:
+    return _wire(int, 1, U32)
+
+
+def _u32() -> Any:
+    return _wire(int, 0, U32)
+
+
+def _u64() -> Any:
+    return _wire(int, 0, U64)
+
+
+def _payload() -> Any:
+    """The frame's payload (not a header field)."""
+    return dataclasses.field(metadata={"payload": True})
+
+
+class Request:
+    """A decoded control request; ``VERB`` is its wire name (the frame's "t")."""
+
+    VERB: ClassVar[str] = ""
+    # Filled by _request from the fields: the header schema, the decoders of nested
+    # fields, the defaults of absent optional ones, the field that takes the payload.
+    SCHEMA: ClassVar[dict[str, tuple]] = {}
+    _decoders: ClassVar[tuple[tuple[str, Callable[[Any], Any]], ...]] = ()
+    _defaults: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    _payload_field: ClassVar[str | None] = None
+
+    @classmethod
+    def decode(cls, header: dict, payload: memoryview) -> Request:
+        """The request ``header`` (and ``payload``) carry; FrameError("EPROTO") naming
+        the fault, or the verbs' own error (EINVAL) for a value C would refuse."""
+        v = check_fields(header, cls.SCHEMA, f"request '{cls.VERB}'")
+        for name, default in cls._defaults:
+            if v[name] is None:
+                v[name] = default
+        for name, decode in cls._decoders:
+            v[name] = decode(v[name])
+        if cls._payload_field is not None:
+            v[cls._payload_field] = payload
+        return cls(**v)
+
+
+BY_VERB: dict[str, type[Request]] = {}
+
+
+def _request(verb: str) -> Callable[[type], type]:
+    def register(cls: type) -> type:
+        cls = dataclasses.dataclass(frozen=True)(cls)
+        cls.VERB = verb
+        fields = dataclasses.fields(cls)
+        cls.SCHEMA = {f.name: f.metadata["spec"] for f in fields if "spec" in f.metadata}
+        cls._decoders = tuple((f.name, f.metadata["decode"]) for f in fields
+                              if f.metadata.get("decode") is not None)
+        cls._defaults = tuple((f.name, f.metadata["default"]) for f in fields
+                              if f.metadata.get("default") is not None)
+        cls._payload_field = next((f.name for f in fields if f.metadata.get("payload")), None)
+        BY_VERB[verb] = cls
+        return cls
+    return register
+
+
+# -- device and memory
+@_request("devices")
+class Devices(Request):
+    pass
+
+
+@_request("open_device")
+class OpenDevice(Request):
+    name: str = _wire(str, 1, 64)
+
+
+@_request("query_device")
+class QueryDevice(Request):
+    ctx: int = _handle()
+
+
+@_request("close_device")
+class CloseDevice(Request):
+    ctx: int = _handle()
+
+
+@_request("alloc_pd")
+class AllocPd(Request):
+    ctx: int = _handle()
+
+
+@_request("dealloc_pd")
+class DeallocPd(Request):
+    pd: int = _handle()
+
+
+# The bounds here are what the call's C types hold (a size_t length, an int cqe): beyond
+# them a request is malformed (EPROTO). What the verbs themselves refuse inside those
+# types (ibv_reg_mr of 0 bytes, a cqe over max_cqe) is the handler's and the engine's,
+# EINVAL in the verbs' words.
+@_request("reg_mr")
+class RegMr(Request):
+    pd: int = _handle()
+    length: int = _u64()
+    access: int = _u32()
+
+
+@_request("dereg_mr")
+class DeregMr(Request):
+    mr: int = _handle()
+
+
+@_request("mr_write")
+class MrWrite(Request):
+    mr: int = _handle()
+    offset: int = _u64()
+    data: memoryview = _payload()
+
+
+@_request("mr_read")
+class MrRead(Request):
+    mr: int = _handle()
+    offset: int = _u64()
+    length: int = _u64()
+
+
+# -- CQ and QP
+# push: the daemon sends this CQ's completions to the session as it makes them ("wc"
+# frames); the client polls them locally and returns room with cq_credit.
+@_request("create_cq")
+class CreateCq(Request):
+    ctx: int = _handle()
+    cqe: int = _wire(int, 0, I32)
+    push: bool = _wire(bool, required=False, default=False)
+
+
+@_request("destroy_cq")
+class DestroyCq(Request):
+    cq: int = _handle()
+
+
+# The entries of pushed CQs the application has polled, [[cq, n], ...]: room the daemon
+# gives back. No reply when accepted (the client sends id 0 and does not wait); an error
+# reply (EPROTO, ENOENT) with the frame's id otherwise.
+@_request("cq_credit")
+class CqCredit(Request):
+    credits: tuple[tuple[int, int], ...] = _wire(list, 1, MAX_CREDITS, decode=_credits)
+
+
+@_request("poll_cq")
+class PollCq(Request):
+    cq: int = _handle()
+    num: int = _wire(int, 1, 1 << 16)
+    timeout: float = _wire((int, float), 0, 3600)
+
+
+@_request("create_qp")
+class CreateQp(Request):
+    pd: int = _handle()
+    scq: int = _handle()
+    rcq: int = _handle()
+    qp_type: int = _u32()
+    max_send_wr: int = _wire(int, 1, 1 << 16)
+    max_recv_wr: int = _wire(int, 1, 1 << 16)
+    max_send_sge: int = _wire(int, 0, MAX_SGE)
+    max_recv_sge: int = _wire(int, 0, MAX_SGE)
+    max_inline_data: int = _wire(int, 0, 1 << 16)
+    sq_sig_all: bool = _wire(bool)
+    send_ops_flags: int = _u64()
+    create_flags: int = _wire(int, 0, U32, required=False, default=0)
+
+
+@_request("destroy_qp")
+class DestroyQp(Request):
+    qp: int = _handle()
+
+
+@_request("modify_qp")
+class ModifyQp(Request):
+    qp: int = _handle()
+    attr: dict[str, Any] = _wire(dict, 0, 32, decode=_qp_attr)
+    mask: int = _u32()
+
+
+@_request("query_qp")
+class QueryQp(Request):
+    qp: int = _handle()
+
+
+# Each of "wrs" is a protocol.records.SEND_WR / RECV_WR.
+@_request("post_send")
+class PostSend(Request):
+    qp: int = _handle()
+    wrs: tuple[SendWR, ...] = _wire(list, 1, MAX_WRS_PER_POST, decode=_send_wrs)
+
+
+@_request("post_recv")
+class PostRecv(Request):
+    qp: int = _handle()
+    wrs: tuple[RecvWR, ...] = _wire(list, 1, MAX_WRS_PER_POST, decode=_recv_wrs)
+
+
+# -- mlx5dv: MKEYs and DEKs
+@_request("create_mkey")
+class CreateMkey(Request):
+    pd: int = _handle()
+    create_flags: int = _u32()
+    max_entries: int = _wire(int, 0, 1 << 16)
+
+
+@_request("destroy_mkey")
+class DestroyMkey(Request):
+    mkey: int = _handle()
+
+
+@_request("mkey_configure")
+class MkeyConfigure(Request):
+    qp: int = _handle()
+    calls: tuple[ConfigureCall | SetterCall, ...] = _wire(list, 0, 2048,
+                                                          decode=_configure_calls)
+
+
+@_request("mkey_check")
+class MkeyCheck(Request):
+    mkey: int = _handle()
+
+
+# key is char key[128] (wrapped 256-bit with keytag: 80); crypto_login is a
+# create_crypto_login handle, 0 for NULL.
+@_request("create_dek")
+class CreateDek(Request):
+    ctx: int = _handle()
+    pd: int = _handle()
+    key_size: int = _u32()
+    key: bytes = _wire(bytes, 0, 128)
+    has_keytag: bool = _wire(bool)
+    keytag: bytes = _wire(bytes, 0, 8)
+    key_purpose: int = _u32()
+    opaque: bytes = _wire(bytes, 0, 8, required=False, default=b"")
+    comp_mask: int = _wire(int, 0, U64, required=False, default=0)
+    crypto_login: int = _wire(int, 0, U32, required=False, default=0)
+
+
+@_request("destroy_dek")
+class DestroyDek(Request):
+    dek: int = _handle()
+
+
+@_request("query_dek")
+class QueryDek(Request):
+    dek: int = _handle()
+
+
+@_request("query_mlx5_device")
+class QueryMlx5Device(Request):
+    ctx: int = _handle()
+
+
+# mlx5dv_crypto_login(3) (a session of the context) and mlx5dv_crypto_login_create(3)
+# (an object): the credential as given, wrapped (48 bytes for this device).
+@_request("crypto_login")
+class CryptoLoginReq(Request):
+    ctx: int = _handle()
+    credential: bytes = _wire(bytes, 0, 4096)
+    import_kek_id: int = _u32()
+    credential_id: int = _wire(int, 0, U32, required=False, default=0)
+    comp_mask: int = _wire(int, 0, U64, required=False, default=0)
+
+
+@_request("crypto_login_query_state")
+class CryptoLoginQueryState(Request):
+    ctx: int = _handle()
+
+
+@_request("crypto_logout")
+class CryptoLogout(Request):
+    ctx: int = _handle()
+
+
+@_request("create_crypto_login")
+class CreateCryptoLogin(Request):
+    ctx: int = _handle()
+    credential: bytes = _wire(bytes, 0, 4096)
+    import_kek_id: int = _u32()
+    credential_id: int = _wire(int, 0, U32, required=False, default=0)
+    comp_mask: int = _wire(int, 0, U64, required=False, default=0)
+
+
+@_request("crypto_login_query")
+class CryptoLoginQuery(Request):
+    login: int = _handle()
+
+
+# ibv_get_async_event(3): the oldest event of the context, waiting up to timeout s (reply
+# event: null when none came); ibv_ack_async_event(3) by the event's id.
+@_request("get_async_event")
+class GetAsyncEvent(Request):
+    ctx: int = _handle()
+    timeout: float = _wire((int, float), 0, 3600)
+
+
+@_request("ack_async_event")
+class AckAsyncEvent(Request):
+    event: int = _handle()
+
+
+@_request("cancel_posted_send_wrs")
+class CancelPostedSendWrs(Request):
+    qp: int = _handle()
+    wr_id: int = _u64()
+
+
+@_request("destroy_crypto_login")
+class DestroyCryptoLogin(Request):
+    login: int = _handle()
+
+
+# -- the daemon's: fault injection (server/faults.py validates the rule's own fields),
+# counters, pushed events. daemon_wide: the rule matches every session's QPs and
+# outlives this session; the subscription sees every session's traffic.
+@_request("faults_add")
+class FaultsAdd(Request):
+    rule: dict = _wire(dict, 1, 32)
+    daemon_wide: bool = _wire(bool, required=False, default=False)
+
+
+@_request("faults_list")
+class FaultsList(Request):
+    pass
+
+
+@_request("faults_clear")
+class FaultsClear(Request):
+    rule_id: int | None = _wire(int, 1, U32, required=False)
+    daemon_wide: bool = _wire(bool, required=False, default=False)
+
+
+@_request("counters")
+class Counters(Request):
+    pass
+
+
+# Pushed events: {"t": "event", "kind": "packets" | "trace", ...} frames without an id.
+@_request("subscribe")
+class Subscribe(Request):
+    events: frozenset[str] = _wire(list, 0, 2, decode=_event_kinds)
+    daemon_wide: bool = _wire(bool, required=False, default=False)
+
+
+# Every verb's header fields: (type(s), min, max, required) by name.
+REQUESTS: dict[str, dict[str, tuple]] = {verb: cls.SCHEMA for verb, cls in BY_VERB.items()}
+
+
+def decode_request(header: dict, payload: memoryview) -> tuple[int, Request]:
+    """(id, typed request) of a control request, or FrameError("EPROTO") naming the
+    fault (the verbs' EINVAL for a value C itself would refuse)."""
     rid = field(header, "id", int, min=0, max=U32)
     verb = header["t"]
-    schema = REQUESTS.get(verb)
-    if schema is None:
+    cls = BY_VERB.get(verb)
+    if cls is None:
         raise FrameError("EPROTO", f"unknown control request {verb!r}"[:120])
-    return verb, rid, check_fields(header, schema, f"request '{verb}'")
-
-
-def sges_from_wire(items: list, what: str) -> list[SGE]:
-    out = []
-    for i, s in enumerate(items):
-        if (not isinstance(s, list) or len(s) != 3
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in s)
-                or not (0 <= s[0] <= U64 and 0 <= s[1] <= U32 and 0 <= s[2] <= U32)):
-            raise FrameError("EPROTO", f"{what} SGE {i} must be [addr u64, length u32, "
-                                       f"lkey u32]")
-        out.append(SGE(*s))
-    return out
-
-
-def sge_to_wire(s: SGE) -> list:
-    return [int(s.addr), int(s.length), int(s.lkey)]
+    return rid, cls.decode(header, payload)
 
 
 # -- attribute structs -------------------------------------------------------------
@@ -266,40 +648,62 @@ def _wanted(default: Any, value: Any) -> str:
     return f"must be {want}, got {type(value).__name__}"
 
 
+def _access_flags(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= U64:
+        raise FrameError("EPROTO", f"{what}: access_flags must be an unsigned int")
+    return value
+
+
+def _layout_list(value: Any, what: str) -> list:
+    if not isinstance(value, list):
+        raise FrameError("EPROTO", f"{what}: layout_list must be a list of SGEs")
+    return sges_from_wire(value, what)
+
+
+def _is_u(v: Any, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= hi
+
+
+def _layout_interleaved(value: Any, what: str) -> tuple[int, list[MrInterleaved]]:
+    if (not isinstance(value, list) or len(value) != 2 or not _is_u(value[0], U32)
+            or not isinstance(value[1], list)):
+        raise FrameError("EPROTO", f"{what}: layout_interleaved must be "
+                                   f"[repeat_count, entries]")
+    entries = []
+    for i, e in enumerate(value[1]):
+        if not isinstance(e, list) or len(e) != 4 or not all(_is_u(v, U64) for v in e):
+            raise FrameError("EPROTO", f"{what}: interleaved entry {i} must be "
+                                       f"[addr, bytes_count, bytes_skip, lkey]")
+        entries.append(MrInterleaved(*e))
+    return value[0], entries
+
+
+def _sig_block(value: Any, what: str) -> SigBlockAttr:
+    return attr_from_wire(SigBlockAttr, value, f"{what} sig_block")
+
+
+def _crypto(value: Any, what: str) -> CryptoAttr:
+    return attr_from_wire(CryptoAttr, value, f"{what} crypto")
+
+
+# Each setter's decoder, by its wire name (SETTERS).
+_SETTER_DECODERS: dict[str, Callable[[Any, str], Any]] = {
+    "access_flags": _access_flags, "layout_list": _layout_list,
+    "layout_interleaved": _layout_interleaved, "sig_block": _sig_block, "crypto": _crypto}
+
+
 def setter_from_wire(kind: Any, value: Any, what: str) -> tuple[str, Any]:
     """One [kind, value] setter of a configure WR, decoded to the engine's argument."""
-    if kind == "access_flags":
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= U64:
-            raise FrameError("EPROTO", f"{what}: access_flags must be an unsigned int")
-        return kind, value
-    if kind == "layout_list":
-        if not isinstance(value, list):
-            raise FrameError("EPROTO", f"{what}: layout_list must be a list of SGEs")
-        return kind, sges_from_wire(value, what)
-    if kind == "layout_interleaved":
-        if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], int)
-                or isinstance(value[0], bool) or not 0 <= value[0] <= U32
-                or not isinstance(value[1], list)):
-            raise FrameError("EPROTO", f"{what}: layout_interleaved must be "
-                                       f"[repeat_count, entries]")
-        entries = []
-        for i, e in enumerate(value[1]):
-            if (not isinstance(e, list) or len(e) != 4
-                    or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= U64
-                               for v in e)):
-                raise FrameError("EPROTO", f"{what}: interleaved entry {i} must be "
-                                           f"[addr, bytes_count, bytes_skip, lkey]")
-            entries.append(MrInterleaved(*e))
-        return kind, (value[0], entries)
-    if kind == "sig_block":
-        return kind, attr_from_wire(SigBlockAttr, value, f"{what} sig_block")
-    if kind == "crypto":
-        return kind, attr_from_wire(CryptoAttr, value, f"{what} crypto")
-    raise FrameError("EPROTO", f"{what}: unknown setter {kind!r}"[:120])
+    decode = _SETTER_DECODERS.get(kind) if isinstance(kind, str) else None
+    if decode is None:
+        raise FrameError("EPROTO", f"{what}: unknown setter {kind!r}"[:120])
+    return kind, decode(value, what)
 
 
 __all__ = [
-    "CONFIGURE_CALL", "MAX_CREDITS", "MAX_SGE", "MAX_WRS_PER_POST", "MkeyConfAttr", "QP_ATTR", "REQUESTS", "SETTERS",
-    "attr_from_wire", "attr_to_wire", "check_fields", "check_request",
+    "BY_VERB", "CONFIGURE_CALL", "EVENT_KINDS", "MAX_CONFIGURE_ENTRIES", "MAX_CQE",
+    "MAX_CREDITS", "MAX_SGE", "MAX_WRS_PER_POST", "QP_ATTR", "REQUESTS", "SETTERS", "U8",
+    "U16", "U32", "U64", "ConfigureCall", "MkeyConfAttr", "Request", "SetterCall",
+    "attr_from_wire", "attr_to_wire", "check_fields", "decode_request",
     "setter_from_wire", "sge_to_wire", "sges_from_wire",
 ]

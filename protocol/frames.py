@@ -279,20 +279,32 @@ def field(header: dict, name: str, typ: type | tuple[type, ...], *,
             raise FrameError("EPROTO", f"field '{name}' of '{kind}' is missing")
         return None
     value = header[name]
-    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
-    if ok and (min is not None or max is not None):
-        measure = len(value) if isinstance(value, _SIZED) else value
-        ok = (min is None or measure >= min) and (max is None or measure <= max)
-    if not ok:
-        wanted = " or ".join(t.__name__ for t in types)
-        if min is not None or max is not None:
-            lo = "-inf" if min is None else min
-            hi = "inf" if max is None else max
-            by_length = all(issubclass(t, _SIZED) for t in types)
-            wanted += f" of length in [{lo}, {hi}]" if by_length else f" in [{lo}, {hi}]"
-        raise FrameError("EPROTO", f"field '{name}' of '{kind}' must be {wanted}, "
-                                   f"got {_describe(value)}")
+    if not _fits(value, types, min, max):
+        raise FrameError("EPROTO", f"field '{name}' of '{kind}' must be "
+                                   f"{_wanted(types, min, max)}, got {_describe(value)}")
     return value
+
+
+def _fits(value: Any, types: tuple[type, ...], lo: int | float | None,
+          hi: int | float | None) -> bool:
+    """Whether ``value`` has one of ``types`` (a bool only where bool is named) and its
+    value, or its length for a str, bytes or list, lies in [lo, hi]."""
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        return False
+    if lo is None and hi is None:
+        return True
+    measure = len(value) if isinstance(value, _SIZED) else value
+    return (lo is None or measure >= lo) and (hi is None or measure <= hi)
+
+
+def _wanted(types: tuple[type, ...], lo: int | float | None, hi: int | float | None) -> str:
+    """What a field takes, as the refusal says it: its types and their bounds."""
+    wanted = " or ".join(t.__name__ for t in types)
+    if lo is None and hi is None:
+        return wanted
+    by_length = all(issubclass(t, _SIZED) for t in types)
+    bounds = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    return wanted + (f" of length in {bounds}" if by_length else f" in {bounds}")
 
 
 _SIZED = (str, bytes, list, dict)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .attrs import SGE, CryptoAttr, MkeyConfAttr, MrInterleaved, SigBlockAttr
-from .control import MAX_SGE, U32, U64, check_fields, sge_to_wire, sges_from_wire
 from .enums import SendFlags, WcOpcode, WcStatus, WrOpcode
 from .errors import einval
 from .frames import FrameError
+from .schema import MAX_SGE, U32, U64, check_fields, sge_to_wire, sges_from_wire
 
 __all__ = ["RECV_WR", "SEND_WR", "WC", "RecvWR", "SendWR", "build_configure_wr"]
 

@@ -35,6 +35,7 @@ from .kinds import FrameKind
 
 __all__ = [
     "Broken",
+    "Call",
     "Closed",
     "Completions",
     "ControlSession",
@@ -42,10 +43,8 @@ __all__ = [
     "Pushed",
     "Refused",
     "Reply",
-    "Request",
     "Role",
     "SessionEvent",
-    "credits_from_wire",
 ]
 
 
@@ -91,13 +90,11 @@ class Pushed:
 
 
 @dataclass(frozen=True)
-class Request:
-    """Server: a request whose fields passed its schema (protocol/control.py)."""
+class Call:
+    """Server: a request decoded into its typed form (protocol/control.py), to run."""
 
     rid: int
-    verb: str
-    args: dict
-    payload: memoryview
+    request: control.Request
 
 
 @dataclass(frozen=True)
@@ -128,21 +125,7 @@ class Closed:
     failed: tuple[int, ...] = ()
 
 
-SessionEvent = Reply | Failed | Completions | Pushed | Request | Refused | Broken | Closed
-
-
-def credits_from_wire(credits: list, max_count: int) -> dict[int, int]:
-    """A ``cq_credit`` request's ``[[cq handle, count], ...]`` as counts per handle, or
-    FrameError(EPROTO) naming the first malformed pair."""
-    total: dict[int, int] = {}
-    for i, c in enumerate(credits):
-        if not (isinstance(c, list) and len(c) == 2
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in c)
-                and 1 <= c[0] <= control.U32 and 1 <= c[1] <= max_count):
-            raise FrameError("EPROTO", f"cq_credit: credits[{i}] must be [cq handle, "
-                                       f"count 1..{max_count}]")
-        total[c[0]] = total.get(c[0], 0) + c[1]
-    return total
+SessionEvent = Reply | Failed | Completions | Pushed | Call | Refused | Broken | Closed
 
 
 class ControlSession:
@@ -362,11 +345,11 @@ class ControlSession:
         if not isinstance(rid, int) or isinstance(rid, bool):
             rid = 0
         try:
-            verb, rid, args = control.check_request(fr.header)
+            rid, request = control.decode_request(fr.header, fr.payload)
         except RDMAError as e:
             events.append(Refused(rid, e))
             return
-        events.append(Request(rid, verb, args, fr.payload))
+        events.append(Call(rid, request))
 
     def _require(self, role: Role) -> None:
         if self.role is not role:

@@ -7,7 +7,7 @@ wire for it, as protocol/roce.py encodes it.
 Two ways to capture:
 
 * ``softhca capture --target HOST:PORT --out FILE``: a client subscribing to a running
-  daemon's "packets" events (``Daemon.subscribe``); the events name the daemon but not
+  daemon's "packets" events (``Taps.subscribe``); the events name the daemon but not
   its peers, so the peer side of each frame is 127.0.0.x unless ``--peer`` says.
 * ``softhca serve --capture FILE`` (``CaptureTap``): the daemon itself, from its wire
   taps; it knows every QP's peer daemon, so both addresses are the real ones.

@@ -1,30 +1,28 @@
 """A control session's transport: one application's connection to the daemon.
 
-It reads request frames, checks each against its schema (protocol/control.py), hands
+It reads request frames, decodes each into its typed request (protocol/control.py), hands
 it to the session's verbs (server/verbs.py) and writes the one reply; it pushes
-subscribed events and the completions of pushed CQs. Back-pressure: a session whose unsent replies pass the daemon's
-``reply_high_water`` is not read again until the client reads, and events beyond it
-are dropped (counted), so neither a flooding client nor a slow subscriber can grow
-the daemon or slow the wire.
+subscribed events and the completions of pushed CQs. Back-pressure: a session whose
+unsent replies pass the daemon's ``reply_high_water`` is not read again until the client
+reads, and events beyond it are dropped (counted, and shown in the session's counters),
+so neither a flooding client nor a slow subscriber can grow the daemon or slow the wire.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..protocol import control
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameDecoder, encode_frame
 from ..protocol.kinds import FrameKind
-from ..protocol.session import Broken, Closed, Refused, Request, Role
+from ..protocol.session import Broken, Call, Closed, Refused, Role
 from ..protocol.session import ControlSession as Protocol
+from .hosts import Node
 from .logs import kv, log
 from .verbs import Verbs
-
-if TYPE_CHECKING:
-    from .daemon import Daemon
-
 
 # How long one session may run requests before the event loop serves the others.
 TURN_S = 0.002
@@ -36,8 +34,8 @@ REQUEST_CHUNK = 1 << 15
 def _reply_size(ev) -> int:
     """The payload bytes a request's reply will carry (what the reply budget is charged
     before the request runs): an mr_read's length; the rest reply with a small header."""
-    if isinstance(ev, Request) and ev.verb == "mr_read":
-        return ev.args["length"]
+    if isinstance(ev, Call) and isinstance(ev.request, control.MrRead):
+        return ev.request.length
     return 0
 
 
@@ -52,7 +50,7 @@ class ControlSession:
     """One application's connection: its requests in, replies and events out. The
     protocol is protocol/session.py's, in its server role; this is its transport."""
 
-    def __init__(self, daemon: Daemon, reader, writer, decoder: FrameDecoder, peer: str) -> None:
+    def __init__(self, daemon: Node, reader, writer, decoder: FrameDecoder, peer: str) -> None:
         self.daemon = daemon
         self.reader, self.writer = reader, writer
         self.protocol = Protocol(Role.SERVER, decoder=decoder, peer=peer)
@@ -122,7 +120,8 @@ class ControlSession:
 
     def push(self, header: dict, payload: bytes = b"") -> None:
         """An event to this subscriber. A subscriber that does not keep up loses events
-        (counted), never slows the wire: the daemon does not wait for it."""
+        (counted, and shown in its counters), never slows the wire: the daemon does not
+        wait for it."""
         if self.writer.transport.get_write_buffer_size() > self.daemon.limits.reply_high_water:
             self.events_dropped += 1
             return
@@ -131,7 +130,7 @@ class ControlSession:
 
     def push_wcs(self, cq: int, wcs: list) -> None:
         """Completions of pushed CQ ``cq`` to the client, one frame per batch. Never
-        dropped, unlike events: the CQ's cqe bounds what is unpolled (server/verbs.py
+        dropped, unlike events: the CQ's cqe bounds what is unpolled (server/hosts.py
         CQHost.pushed), so a client that never reads holds at most that much here, and
         the bytes count against reply_high_water like replies (past it the session's
         requests, the posts that make more completions, are not read)."""
@@ -142,7 +141,7 @@ class ControlSession:
         self.protocol.reply(rid, payload, **result)
         self._flush()
 
-    def _handle(self, ev: Request | Refused) -> None:
+    def _handle(self, ev: Call | Refused) -> None:
         proto = self.protocol
         if isinstance(ev, Refused):
             proto.send_error(ev.rid, ev.error)
@@ -150,7 +149,7 @@ class ControlSession:
             return
         rid = ev.rid
         try:
-            result = self.verbs.call(ev.verb, ev.args, ev.payload, rid)
+            result = self.verbs.call(ev.request, rid)
             if result is not None:
                 payload = result.pop("_payload", b"")
                 proto.reply(rid, payload, **result)

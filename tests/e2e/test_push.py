@@ -31,9 +31,9 @@ def record_verbs(session) -> list[str]:
     seen: list[str] = []
     call = session.verbs.call
 
-    def recording(verb, a, payload, rid):
-        seen.append(verb)
-        return call(verb, a, payload, rid)
+    def recording(request, rid):
+        seen.append(request.VERB)
+        return call(request, rid)
 
     session.verbs.call = recording
     return seen

@@ -1,4 +1,4 @@
-"""Values the verbs API itself refuses are EINVAL in the verbs' words (issue 16, item 4);
+"""Values the verbs API itself refuses are EINVAL in the verbs' words;
 EPROTO stays for what breaks the protocol: a field of the wrong type, one that no C
 type of the call could hold, an unknown field or verb, a malformed frame."""
 
@@ -46,3 +46,58 @@ async def test_protocol_violations_stay_eproto():
             assert err.errno_name == "EPROTO", (fields, err)
         err = await refused(node.request("create_cq", ctx=ctx.handle, cqe=1 << 40))
         assert err.errno_name == "EPROTO", err
+
+
+def test_every_request_is_a_typed_call_with_a_handler():
+    """Each verb of the protocol decodes into its own frozen dataclass, and the server's
+    dispatch table has exactly one handler per request type."""
+    import dataclasses
+
+    from softhca.protocol import control
+    from softhca.server.verbs import HANDLERS
+
+    assert set(control.BY_VERB) == set(control.REQUESTS)
+    for verb, cls in control.BY_VERB.items():
+        assert cls.VERB == verb and dataclasses.is_dataclass(cls)
+        assert cls.__dataclass_params__.frozen, verb
+    assert set(HANDLERS) == set(control.BY_VERB.values())
+
+
+def test_nested_fields_are_decoded_before_a_handler_runs():
+    from softhca.protocol import control
+    from softhca.protocol.errors import RDMAError
+    from softhca.protocol.records import SendWR
+
+    empty = memoryview(b"")
+    rid, req = control.decode_request({"t": "cq_credit", "id": 0, "credits": [[3, 2]]}, empty)
+    assert (rid, req) == (0, control.CqCredit(credits=((3, 2),)))
+    _, req = control.decode_request({"t": "post_send", "id": 7, "qp": 1, "wrs": [
+        SendWR(wr_id=5).to_wire()]}, empty)
+    assert type(req.wrs[0]) is SendWR and req.wrs[0].wr_id == 5
+    _, req = control.decode_request({"t": "mkey_configure", "id": 1, "qp": 1, "calls": [
+        ["configure", 9, 0, 2, 1, 0, 0], ["access_flags", 7]]}, empty)
+    assert req.calls == (control.ConfigureCall(9, 0, 2, 1, 0, 0),
+                         control.SetterCall("access_flags", 7))
+    refusals = [
+        ({"t": "cq_credit", "id": 1, "credits": [[3, 0]]}, "EPROTO",
+         f"cq_credit: credits[0] must be [cq handle, count 1..{1 << 22}]"),
+        ({"t": "mkey_configure", "id": 1, "qp": 1, "calls": [["configure", 1]]}, "EPROTO",
+         "mkey_configure call 0: configure takes wr_id, wr_flags, mkey, num_setters, "
+         "conf_flags, comp_mask"),
+        ({"t": "mkey_configure", "id": 1, "qp": 1, "calls": [["mystery", 1]]}, "EPROTO",
+         "mkey_configure call 0: unknown setter 'mystery'"),
+        ({"t": "subscribe", "id": 1, "events": ["wire"]}, "EINVAL",
+         "subscribe: unknown event kind(s) ['wire']; the kinds are 'packets' and 'trace'"),
+        ({"t": "modify_qp", "id": 1, "qp": 1, "mask": 0, "attr": {"qp_state": 9}}, "EPROTO",
+         "field 'qp_state' of 'modify_qp.attr' must be int in [0, 6], got int 9"),
+    ]
+    for header, errno, message in refusals:
+        with pytest.raises(RDMAError) as e:
+            control.decode_request(header, empty)
+        assert (e.value.errno_name, e.value.message) == (errno, message), header
+
+
+async def test_the_counters_show_the_sessions_dropped_events():
+    async with sh.embedded() as node:
+        counters = await node.counters()
+        assert counters["events_dropped"] == 0

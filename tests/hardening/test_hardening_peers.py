@@ -362,7 +362,7 @@ async def test_a_qp_connected_by_host_name_takes_its_peers_packets_once_resolved
         pytest.skip(f"this host's name {name} does not resolve to loopback")
     async with sh.embedded() as inode, sh.embedded() as tnode:
         i, t = await make_side(inode), await make_side(tnode)
-        # The host's name is not an address: the daemons resolve it (Daemon.set_origins).
+        # The host's name is not an address: the daemons resolve it (WirePlane.set_origins, server/wire.py).
         ti, it = t.qp.info(), i.qp.info()
         await i.qp.connect(sh.QPInfo(name, ti.port, ti.dev, ti.qp_num, 0))
         await t.qp.connect(sh.QPInfo(name, it.port, it.dev, it.qp_num, 0))

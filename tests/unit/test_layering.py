@@ -154,3 +154,114 @@ def test_the_engine_modules_import_each_other_without_a_cycle():
 
     for mod in sorted(graph):
         visit(mod, ())
+
+
+# -- no import cycle inside a package ------------------------------------------------------
+
+# The packages whose modules must import each other without a cycle. Every import counts:
+# those under ``if TYPE_CHECKING:`` and those inside functions too, since both still tie
+# the modules together (a cycle there is a cycle moved out of sight, not removed).
+CYCLE_FREE = ["server"]
+
+
+def module_name(pkg_root: Path, path: Path) -> str:
+    """A module's dotted name inside its package: wire.py -> "wire", pyverbs/_sync.py ->
+    "pyverbs._sync", the package's own __init__.py -> ""."""
+    parts = list(path.relative_to(pkg_root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_imports(pkg_root: Path, path: Path, modules: set[str]) -> set[str]:
+    """The modules of the same package that ``path`` imports, anywhere in it."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = list(path.relative_to(pkg_root).parts[:-1])       # the module's subpackage
+    found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        if node.level - 1 > len(here):
+            continue                    # above the package: another floor of the tower
+        base = here[: len(here) - (node.level - 1)]
+        target = base + (node.module.split(".") if node.module else [])
+        names = [".".join(target + [a.name]) for a in node.names]
+        subs = [n for n in names if n in modules]
+        if subs:                        # from . import wire / from .sub import mod
+            found.update(subs)
+        elif ".".join(target) in modules:
+            found.add(".".join(target))
+    return found
+
+
+def import_graph(pkg_root: Path) -> dict[str, set[str]]:
+    paths = {module_name(pkg_root, p): p for p in pkg_root.rglob("*.py")}
+    modules = set(paths)
+    return {mod: package_imports(pkg_root, p, modules) - {mod} for mod, p in paths.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each import cycle found, as "a -> b -> a" (one per strongly tied group met)."""
+    cycles: list[str] = []
+    state: dict[str, int] = {}          # 1: on the current path, 2: done
+
+    def visit(mod: str, path: list[str]) -> None:
+        state[mod] = 1
+        for dep in sorted(graph.get(mod, ())):
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join([*path[path.index(dep):], dep]))
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[mod] = 2
+
+    for mod in sorted(graph):
+        if mod not in state:
+            visit(mod, [mod])
+    return cycles
+
+
+@pytest.mark.parametrize("package", CYCLE_FREE)
+def test_a_package_has_no_import_cycle(package):
+    assert import_cycles(import_graph(ROOT / package)) == []
+
+
+CYCLES = [
+    ("plain", {"a.py": "from .b import x\n", "b.py": "from .a import y\n"}),
+    ("type_checking", {"a.py": "from .b import x\n",
+                       "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from .a import Y\n"}),
+    ("in_a_function", {"a.py": "from . import b\n",
+                       "b.py": "def f():\n    from .c import z\n",
+                       "c.py": "from .a import w\n"}),
+    ("subpackage", {"a.py": "from .sub.d import x\n", "sub/__init__.py": "",
+                    "sub/d.py": "from .. import a\n"}),
+]
+
+
+@pytest.mark.parametrize("name, files", CYCLES, ids=[c[0] for c in CYCLES])
+def test_the_cycle_walker_catches_a_cycle(tmp_path, name, files):
+    pkg = tmp_path / "server"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    # Imports of other floors and of the standard library are no edges.
+    (pkg / "ok.py").write_text("import asyncio\nfrom ..engine import rc\nfrom . import a\n")
+    for rel, source in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(source)
+    cycles = import_cycles(import_graph(pkg))
+    assert len(cycles) == 1 and cycles[0].startswith("a -> ") and cycles[0].endswith(" -> a"), \
+        cycles
+
+
+def test_the_cycle_walker_passes_a_tree_without_one(tmp_path):
+    pkg = tmp_path / "server"
+    (pkg / "sub").mkdir(parents=True)
+    for rel, source in {"__init__.py": "", "a.py": "from .b import x\nfrom .sub import d\n",
+                        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from .c import Y\n",
+                        "c.py": "", "sub/__init__.py": "", "sub/d.py": "from ..c import z\n"
+                        }.items():
+        (pkg / rel).write_text(source)
+    graph = import_graph(pkg)
+    assert graph["a"] == {"b", "sub.d"} and graph["b"] == {"c"} and graph["sub.d"] == {"c"}
+    assert import_cycles(graph) == []

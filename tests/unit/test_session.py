@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import pytest
 
+from softhca.protocol import control
+from softhca.protocol.control import credits_from_wire
 from softhca.protocol.errors import RDMAError
 from softhca.protocol.frames import FrameError, frame_bytes
 from softhca.protocol.kinds import FrameKind
 from softhca.protocol.session import (
     Broken,
+    Call,
     Closed,
     Completions,
     ControlSession,
@@ -18,9 +21,7 @@ from softhca.protocol.session import (
     Pushed,
     Refused,
     Reply,
-    Request,
     Role,
-    credits_from_wire,
 )
 
 
@@ -49,7 +50,7 @@ def test_a_request_and_its_reply():
     rid = client.send_request("open_device", name="mlx5_0")
     assert client.outstanding == 1
     [req] = carry(client, server)
-    assert req == Request(rid, "open_device", {"name": "mlx5_0"}, req.payload)
+    assert req == Call(rid, control.OpenDevice(name="mlx5_0"))
     server.reply(rid, b"data", ctx=1, name="mlx5_0")
     [rep] = carry(server, client)
     assert isinstance(rep, Reply) and rep.rid == rid
@@ -156,14 +157,13 @@ def test_pushed_completions_are_kept_until_polled_and_their_room_credited():
     # The credits go in front of the next request...
     rid = client.send_request("devices")
     credit, req = carry(client, server)
-    assert credit == Request(0, "cq_credit", {"credits": [[4, 2], [6, 1]]}, credit.payload)
+    assert credit == Call(0, control.CqCredit(credits=((4, 2), (6, 1))))
     assert req.rid == rid and not client.credits_owed
     # ... or on their own when the driver flushes them.
     client.take_completions(4, 1)
     assert client.flush_credits() and not client.flush_credits()
     [credit] = carry(client, server)
-    assert credit.args == {"credits": [[4, 1]]}
-    assert credits_from_wire(credit.args["credits"], 64) == {4: 1}
+    assert credit.request.credits == ((4, 1),)
 
 
 def test_a_destroyed_cq_takes_its_completions_and_credits_with_it():
@@ -193,7 +193,7 @@ def test_many_credits_go_in_frames_the_daemon_accepts():
         client.take_completions(cq, 1)
     client.flush_credits()
     frames = carry(client, server)
-    assert [len(f.args["credits"]) for f in frames] == [1024, 1024, 451]
+    assert [len(f.request.credits) for f in frames] == [1024, 1024, 451]
 
 
 def test_pushed_events():
@@ -213,7 +213,7 @@ def test_a_request_that_breaks_its_schema_is_refused_and_the_session_goes_on():
     assert isinstance(r1, Refused) and r1.error.errno_name == "EPROTO"
     assert "no_such_verb" in r1.error.message and r1.rid == 1
     assert isinstance(r2, Refused) and r2.rid == 2
-    assert isinstance(r3, Request) and r3.rid == ok
+    assert isinstance(r3, Call) and r3.rid == ok
     assert server.closed is None and wire(server) == b""
     server.send_error(r1.rid, r1.error)
     [failed] = carry(server, client)
@@ -262,7 +262,7 @@ def test_frames_split_anywhere_decode_alike():
     for k in range(5):
         client.send_request("mr_write", b"\x01" * k * 7, mr=1, offset=k)
     reqs = carry(client, server, bytewise=True)
-    assert [(r.args["offset"], bytes(r.payload)) for r in reqs] == \
+    assert [(r.request.offset, bytes(r.request.data)) for r in reqs] == \
         [(k, b"\x01" * k * 7) for k in range(5)]
 
 

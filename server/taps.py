@@ -1,0 +1,135 @@
+"""What watches a daemon's traffic: wire taps (callables seeing every packet it sends or
+accepts: captures, the demo's wire images) and the control sessions subscribed to
+pushed events (``packets``: the RC packets of its QPs; ``trace``: the engine's trace
+of their messages, stage by stage).
+
+A session sees the events of its own QPs, or with ``daemon_wide`` every session's.
+Packets are watched and the QPs' trace hooks installed only while someone listens,
+so that without subscribers neither costs anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any
+
+from ..protocol.packets import Packet, packet_header
+from .hosts import QPHost, Session
+
+# A wire tap: called with the direction ("tx" | "rx"), the device and the packet.
+Tap = Callable[[str, str, Packet], None]
+
+
+def plain(v: Any) -> Any:
+    """A trace detail as msgpack can carry it: enums as names, records as maps, integers
+    past 64 bits (XTS tweaks) as hex strings."""
+    if isinstance(v, bool) or v is None or isinstance(v, (str, bytes, float)):
+        return v
+    if isinstance(v, enum.Enum):
+        return v.name
+    if isinstance(v, int):
+        return int(v) if -(1 << 63) <= v < (1 << 64) else hex(v)
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if dataclasses.is_dataclass(v):
+        return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if hasattr(v, "item"):          # numpy scalars
+        return plain(v.item())
+    return str(v)
+
+
+class Taps:
+    """The wire taps and event subscribers of one daemon, whose QPs are ``qps`` and
+    whose address (named in every event) ``address()`` says."""
+
+    def __init__(self, qps: dict[tuple[str, int], QPHost], address: Callable[[], str]) -> None:
+        self.qps = qps
+        self.address = address
+        # Wire taps: empty, they cost one truth test per batch.
+        self.taps: list[Tap] = []
+        # Sessions that asked for pushed events: session -> ({"packets", "trace"},
+        # daemon_wide).
+        self.subscribers: dict[Session, tuple[set[str], bool]] = {}
+        # Whether any session wants packets (kept, as it is asked for every batch).
+        self.packet_watch = False
+
+    @property
+    def watching(self) -> bool:
+        """Whether anything must see the packets one by one (a tap or a subscriber)."""
+        return bool(self.taps) or self.packet_watch
+
+    def subscribe(self, session: Session, kinds: set[str] | frozenset[str],
+                  daemon_wide: bool = False) -> None:
+        """Push ``kinds`` of events to ``session``: those of its own QPs, or with
+        ``daemon_wide`` every session's (a tap of every session shows their payloads,
+        so it is asked for by name)."""
+        if kinds:
+            self.subscribers[session] = (set(kinds), daemon_wide)
+        else:
+            self.subscribers.pop(session, None)
+        self._rewire()
+
+    def unsubscribe(self, session: Session) -> None:
+        """The session ended: its subscriptions go."""
+        if session in self.subscribers:
+            self.subscribe(session, set())
+
+    def wants(self, kind: str, owner: Session | None = None) -> list[Session]:
+        """The subscribers to ``kind`` that may see an event of ``owner``'s QP (any
+        subscriber when ``owner`` is None and the question is whether anyone listens)."""
+        return [s for s, (k, wide) in self.subscribers.items()
+                if kind in k and not s.gone and (wide or owner is None or s is owner)]
+
+    def _rewire(self) -> None:
+        """Watch packets and install the QPs' trace hooks only while someone listens."""
+        self.packet_watch = bool(self.wants("packets"))
+        tracing = bool(self.wants("trace"))
+        for qph in self.qps.values():
+            qph.rcqp.trace = self._hook(qph) if tracing else None
+
+    def trace_hook(self, qph: QPHost) -> Callable[[dict, Any], None] | None:
+        """The RCQP trace hook of ``qph``: None while nobody subscribes to traces."""
+        return self._hook(qph) if self.wants("trace") else None
+
+    def _hook(self, qph: QPHost) -> Callable[[dict, Any], None]:
+        dev, owner = qph.hca.name, qph.session
+        return lambda ctx, ev: self._trace_event(dev, ctx, ev, owner)
+
+    def seen(self, direction: str, dev: str, pkts: list[Packet],
+             owner: Session | None) -> None:
+        """Packets of ``owner``'s QP (None: of no QP here) sent ("tx") or accepted ("rx"):
+        to the wire taps, then to the subscribers."""
+        for p in pkts:
+            for tap in self.taps:
+                tap(direction, dev, p)
+        if self.packet_watch:
+            for p in pkts:
+                self._packet_event(direction, dev, p, owner)
+
+    def _packet_event(self, direction: str, dev: str, p: Packet,
+                      owner: Session | None) -> None:
+        subs = [s for s in self.wants("packets", owner)
+                if owner is not None or self.subscribers[s][1]]
+        if not subs:
+            return
+        header = {"t": "event", "kind": "packet", "dir": direction, "dev": dev,
+                  "time": asyncio.get_running_loop().time(), "daemon": self.address(),
+                  "pkt": packet_header(dev, p)}
+        for s in subs:
+            s.push(header, p.payload)
+
+    def _trace_event(self, dev: str, ctx: dict, ev, owner: Session) -> None:
+        subs = self.wants("trace", owner)
+        if not subs:
+            return
+        header = {"t": "event", "kind": "trace", "dev": dev, "daemon": self.address(),
+                  "time": asyncio.get_running_loop().time(), **plain(ctx),
+                  "direction": ev.direction, "stage": ev.stage, "key": ev.key,
+                  "stream": ev.stream, "offset": ev.offset, "detail": plain(ev.detail)}
+        for s in subs:
+            s.push(header, ev.data)

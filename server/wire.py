@@ -1,0 +1,430 @@
+"""The wire plane of a daemon: RC packets between its QPs and other daemons' over TCP.
+
+Packets to a daemon go on an outgoing ``WireLink`` this daemon opens to it (its HELLO
+is protocol/link.py's ``open_link``, as a client's is); each daemon only reads packets
+from the links others opened to it (``WirePlane.wire_in``), so the two directions of a
+QP pair never share a socket. On both ways the packets pass the wire taps and
+subscribers (server/taps.py) and the fault rules (server/faults.py, with the
+reordering they hold back); an accepted packet goes to its QP only from the daemon and
+QP its address vector names.
+
+The plane does not drive the QPs: after packets reach a QP it calls the daemon's
+``service`` (server/daemon.py), which lets the QP answer, and ``transmit`` is what
+``service`` calls with the packets a QP sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import Callable
+
+from ..protocol.errors import RDMAError
+from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
+from ..protocol.opcodes import Op, with_flags
+from ..protocol.packets import (
+    IntegrityError,
+    Packet,
+    Run,
+    count,
+    decode,
+    packet_check,
+    packet_header,
+    split,
+    train_header,
+)
+from .faults import REORDER_FLUSH_S, Emit, Faults
+from .hosts import QPHost
+from .link import READ_CHUNK, open_link, read_frames
+from .logs import kv, log
+from .session import send_error
+from .taps import Taps
+
+# The packets that begin a SEND: the ones that would take a receive.
+_SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST)
+
+HANDSHAKE_TIMEOUT = 10.0
+# What a queued packet costs beside its payload (the Packet, its header map, the frame).
+PACKET_OVERHEAD = 256
+# Room a train frame's prefix and header take beside its payload (a header is well under).
+TRAIN_HEADROOM = 1024
+
+
+class WirePlane:
+    """The wire links of one daemon and what its packets go through on the way."""
+
+    def __init__(self, *, counters: dict[str, int], qps: dict[tuple[str, int], QPHost],
+                 faults: Faults, taps: Taps, service: Callable[[QPHost], None],
+                 trains: bool, peer_token: bytes | None, max_frame: int,
+                 address: Callable[[], str]) -> None:
+        self.counters = counters
+        self.qps = qps
+        self.faults = faults
+        self.events = taps
+        self.taps = taps.taps
+        self.service = service
+        self.trains = trains
+        self.peer_token = peer_token
+        self.max_frame = max_frame
+        self.address = address
+        self.links: dict[tuple[str, int], WireLink] = {}
+        self.resolving: set[asyncio.Task] = set()
+        self._reorder_timer: asyncio.TimerHandle | None = None
+
+    # -- inbound --------------------------------------------------------------------------
+    async def wire_in(self, reader, writer, decoder: FrameDecoder, first: list,
+                      peer: str, origin: tuple[str, int] | None) -> None:
+        self.counters["wire_connections"] += 1
+        log.info("wire link up %s", kv(event="wire_in", peer=peer))
+        frames = first
+        try:
+            while True:
+                touched: dict[int, QPHost] = {}
+                now = asyncio.get_running_loop().time()
+                for fr in frames:
+                    try:
+                        dev, run = decode(fr.header, fr.payload)
+                    except IntegrityError as e:
+                        # A link error: dropped and counted; the requester's
+                        # retransmission recovers it (docs/architecture.md, wire plane).
+                        self.counters["packets_bad_icrc"] += e.packets
+                        continue
+                    self._take_run(dev, run, fr.header.get("sqp"), origin, now, touched)
+                for qph in touched.values():
+                    self.service(qph)
+                frames = await read_frames(reader, decoder)
+                if not frames:
+                    return
+        except FrameError as e:
+            self.counters["wire_protocol_errors"] += 1
+            log.warning("wire peer disconnected %s", kv(event="wire_protocol_error", peer=peer,
+                                                        errno=e.errno_name, reason=e.message))
+            send_error(writer, 0, e)
+
+    def _take_run(self, dev: str, run: Run, sqp, origin, now: float, touched: dict) -> None:
+        """A run (a frame's packets) accepted from a wire link: given whole to its QP
+        (RCQP.receive) when nothing here needs its packets; cut into packets, each
+        observed and checked on its own, where a tap, a ``packets`` subscriber or a fault
+        rule must see them, or where its packets may exceed the QP's path MTU (the
+        over-MTU drop is per packet). Counters count packets either way."""
+        qph = self.qps.get((dev, run.dest_qp))
+        if self.events.watching or self.faults.rules or (
+                qph is not None and run.mtu > qph.rcqp.mtu):
+            for pkt in run.packets():
+                self._observe(dev, pkt, qph, sqp, origin, now, touched)
+            return
+        self.counters["packets_received"] += run.n
+        if qph is None:
+            self.counters["packets_unknown_qp"] += run.n
+        elif origin not in qph.origins or sqp != qph.rcqp.dest_qp:
+            self.counters["packets_wrong_peer"] += run.n
+        else:
+            qph.rcqp.receive(run, now)
+            touched[id(qph)] = qph
+
+    def _observe(self, dev: str, pkt: Packet, qph: QPHost | None, sqp, origin, now: float,
+                 touched: dict) -> None:
+        """One packet of a run cut for observation: taps, the source and MTU checks,
+        fault rules, then its QP."""
+        self.counters["packets_received"] += 1
+        if self.events.watching:
+            self.events.seen("rx", dev, [pkt], qph.session if qph is not None else None)
+        if qph is None:
+            self.counters["packets_unknown_qp"] += 1
+            return
+        if origin not in qph.origins or sqp != qph.rcqp.dest_qp:
+            # A connected QP takes packets only from the daemon and QP of its address
+            # vector, as an HCA drops a packet whose source does not match the QP's
+            # context (so a forged packet cannot reach another session's QP).
+            self.counters["packets_wrong_peer"] += 1
+            return
+        if len(pkt.payload) > qph.rcqp.mtu:
+            # IBTA 9.6.3: a packet longer than the path MTU is silently dropped.
+            self.counters["packets_over_mtu"] += 1
+            return
+        if self.faults.rules:
+            for e in self.faults.apply("in", qph.rcqp.qp_num, qph.rcqp.mtu, [pkt],
+                                       on_rnr=self._refuse_rnr(qph), route=qph,
+                                       owner=qph.session):
+                self._emit_in(e, now, touched)
+            self._arm_reorder_flush()
+        else:
+            qph.rcqp.receive(Run.of(pkt), now)
+            touched[id(qph)] = qph
+
+    def _refuse_rnr(self, qph: QPHost):
+        def refuse(p: Packet) -> bool:
+            # Only a SEND that would take a receive now can be refused with RNR.
+            if p.opcode not in _SEND_FIRSTS:
+                return False
+            qph.rcqp.refuse_rnr = 1
+            return True
+        return refuse
+
+    def _emit_in(self, e: Emit, now: float, touched: dict | None) -> None:
+        qph: QPHost = e.route
+        if e.stale_icrc_of is not None:
+            # A link error on the way in: the integrity check fails, the packet goes.
+            self.counters["packets_bad_icrc"] += 1
+            return
+        if e.delay:
+            asyncio.get_running_loop().call_later(e.delay, self._deliver_late, e)
+            return
+        if qph.session.gone:
+            return
+        qph.rcqp.receive(Run.of(e.packet), now)
+        qph.rcqp.refuse_rnr = 0
+        if touched is None:
+            self.service(qph)
+        else:
+            touched[id(qph)] = qph
+
+    def _deliver_late(self, e: Emit) -> None:
+        e.delay = 0.0
+        self._emit_in(e, asyncio.get_running_loop().time(), None)
+
+    # -- outbound -------------------------------------------------------------------------
+    def transmit(self, qph: QPHost, pkts: list[Packet | Run]) -> None:
+        """Packets (and trains) QP ``qph`` sends, towards its peer: past the taps, the
+        subscribers and the fault rules, onto the link to the peer's daemon."""
+        if qph.dest is None:
+            return
+        host, port, dev = qph.dest
+        if not self.trains or self.events.watching or self.faults.rules:
+            # Trains are cut into their packets where packets are needed: each tap
+            # and subscriber sees, and each fault rule matches, the packets the QP
+            # would have sent one by one (GSO segmentation before a tap).
+            pkts = split(pkts)
+        if self.events.watching:
+            self.events.seen("tx", dev, pkts, qph.session)
+        if self.faults.rules:
+            for e in self.faults.apply("out", qph.rcqp.qp_num, qph.rcqp.mtu, pkts,
+                                       route=(*qph.dest, qph.rcqp.qp_num),
+                                       owner=qph.session):
+                self._emit_out(e)
+            self._arm_reorder_flush()
+        else:
+            self.link_to(host, port).send(dev, pkts, src_qp=qph.rcqp.qp_num, owner=qph)
+            self.counters["packets_sent"] += count(pkts)
+
+    def _emit_out(self, e: Emit) -> None:
+        if e.delay:
+            delay, e.delay = e.delay, 0.0
+            asyncio.get_running_loop().call_later(delay, self._emit_out, e)
+            return
+        host, port, dev, src_qp = e.route
+        override = packet_check(dev, e.stale_icrc_of) if e.stale_icrc_of is not None else None
+        self.link_to(host, port).send(dev, [e.packet], override, src_qp=src_qp)
+        self.counters["packets_sent"] += 1
+
+    def _arm_reorder_flush(self) -> None:
+        if self.faults.holding and self._reorder_timer is None:
+            self._reorder_timer = asyncio.get_running_loop().call_later(
+                REORDER_FLUSH_S, self._flush_reordered)
+
+    def _flush_reordered(self) -> None:
+        self._reorder_timer = None
+        now = asyncio.get_running_loop().time()
+        for direction, e in self.faults.flush_held():
+            if direction == "out":
+                self._emit_out(e)
+            else:
+                self._emit_in(e, now, None)
+
+    # -- links ------------------------------------------------------------------------------
+    def link_to(self, host: str, port: int) -> WireLink:
+        link = self.links.get((host, port))
+        if link is None or link.closed:
+            link = WireLink(self, host, port)
+            self.links[(host, port)] = link
+        return link
+
+    def connect(self, qph: QPHost, host: str, port: int) -> None:
+        """QP ``qph`` is connected to a QP of the daemon at ``host:port``: it takes packets
+        from there only, and the link opens now, so that the first packet does not spend
+        its ACK timeout on TCP and HELLO set-up."""
+        self.set_origins(qph, host, port)
+        self.link_to(host, port)
+
+    def release(self, qps: set) -> None:
+        """A session closed: its QPs' queued packets go, and a link no live QP sends on
+        any more is closed, so a peer that never reads keeps nothing of it."""
+        for link in list(self.links.values()):
+            link.forget(qps)
+        wanted = {(q.dest[0], q.dest[1]) for q in self.qps.values() if q.dest is not None}
+        for key, link in list(self.links.items()):
+            if key not in wanted:
+                # Nobody sends on it any more: what it still holds is lost on the wire,
+                # as for a link that is cut, and freed now.
+                link.close(abort=True)
+                del self.links[key]
+
+    def close(self) -> None:
+        """The daemon stops: every link closes, no peer name is resolved any more."""
+        for link in list(self.links.values()):
+            link.close()
+        for task in self.resolving:
+            task.cancel()
+
+    def set_origins(self, qph: QPHost, host: str, port: int) -> None:
+        """The (host, port) pairs a QP connected to ``host:port`` takes packets from;
+        a host name is resolved in the background (until then the QP takes none, and
+        the peer's retransmission covers the wait)."""
+        cls = host_class(host)
+        qph.origins = frozenset()
+        if cls == "loopback" or _is_ip(host):
+            qph.origins = frozenset({(cls, port)})
+            return
+
+        async def resolve() -> None:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port)
+            except OSError as e:
+                log.warning("peer address unresolved %s", kv(event="resolve_failed",
+                                                             host=host, reason=str(e)))
+                return
+            if qph.dest is not None and qph.dest[:2] == (host, port):
+                qph.origins = frozenset((host_class(i[4][0]), port) for i in infos)
+
+        task = asyncio.get_running_loop().create_task(resolve())
+        self.resolving.add(task)
+        task.add_done_callback(self.resolving.discard)
+
+
+class WireLink:
+    """An outgoing wire connection to another daemon; packets queue until it is up.
+
+    Its send buffer is bounded (``MAX_BUFFERED`` bytes, queued or unsent): past it the
+    packets are lost on the wire, counted, and RC recovers them or, when the peer
+    never reads, the QPs run out of retries (IBV_WC_RETRY_EXC_ERR), as over a cable
+    nobody drains."""
+
+    MAX_BUFFERED = 4 << 20
+
+    def __init__(self, plane: WirePlane, host: str, port: int) -> None:
+        self.plane = plane
+        # The daemon it leaves from, as its HELLO names it (host:port).
+        self.daemon = plane.address()
+        self.host, self.port = host, port
+        self.writer: asyncio.StreamWriter | None = None
+        # (dev, packet or train, icrc override, source QPN, the QP that sent it) until
+        # the link is up.
+        self.queued: list[tuple[str, Packet | Run, int | None, int, object]] = []
+        self.queued_bytes = 0
+        # The largest frame the peer takes (its welcome says): a train that would be
+        # larger goes as its packets.
+        self.peer_max_frame = DEFAULT_MAX_FRAME
+        self.closed = False
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def buffered(self) -> int:
+        """Bytes this link holds: queued before it is up, or unsent in its socket."""
+        if self.writer is None:
+            return self.queued_bytes
+        return self.writer.transport.get_write_buffer_size()
+
+    def send(self, dev: str, pkts: list[Packet | Run], icrc_value: int | None = None, *,
+             src_qp: int, owner: object = None) -> None:
+        """Frame and write ``pkts`` (packets and trains) of QP ``src_qp``; ``icrc_value``
+        (one packet) overrides its check; ``owner`` (the sending QP) lets a closing
+        session take back its queued packets."""
+        if self.closed:
+            return      # lost on the wire; RC retransmission or its retry limit follows
+        room = self.MAX_BUFFERED - self.buffered()
+        if room <= 0:
+            self.plane.counters["packets_dropped_link_full"] += count(pkts)
+            return
+        if self.writer is None:
+            for p in pkts:
+                self.queued.append((dev, p, icrc_value, src_qp, owner))
+                self.queued_bytes += len(p.payload) + PACKET_OVERHEAD
+            return
+        bufs = []
+        if any(type(p) is Run and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame
+               for p in pkts):
+            pkts = [x for p in pkts for x in (
+                p.packets() if type(p) is Run
+                and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])]
+        for p in pkts:
+            # The source QP, which the receiver checks against its QP's dest_qp_num
+            # (the BTH does not carry it; an HCA knows it from the QP context).
+            h = (train_header(dev, p) if type(p) is Run
+                 else packet_header(dev, p, icrc_value=icrc_value))
+            h["sqp"] = src_qp
+            bufs.extend(encode_frame(h, p.payload))
+        self.writer.writelines(bufs)
+
+    def forget(self, owners: set) -> None:
+        """Drop the queued packets of ``owners`` (the QPs of a closing session)."""
+        if self.queued:
+            self.queued = [q for q in self.queued if q[4] not in owners]
+            self.queued_bytes = sum(len(q[1].payload) + PACKET_OVERHEAD for q in self.queued)
+
+    def close(self, abort: bool = False) -> None:
+        """Close the link; with ``abort``, drop what its socket has not sent (a close
+        waits for the peer to take it, which a peer that never reads never does)."""
+        self.closed = True
+        self.task.cancel()
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                if abort:
+                    self.writer.transport.abort()
+                else:
+                    self.writer.close()
+
+    async def _run(self) -> None:
+        where = f"{self.host}:{self.port}"
+        try:
+            link = await open_link(self.host, self.port, "wire", self.plane.peer_token,
+                                   timeout=HANDSHAKE_TIMEOUT, max_frame=self.plane.max_frame,
+                                   src=self.daemon)
+            reader, writer = link.reader, link.writer
+            peer_max = link.welcome.get("max_frame")
+            if type(peer_max) is int and peer_max > 0:
+                self.peer_max_frame = peer_max
+            self.writer = writer
+            queued, self.queued, self.queued_bytes = self.queued, [], 0
+            for dev, p, icrc_value, src_qp, owner in queued:
+                self.send(dev, [p], icrc_value, src_qp=src_qp, owner=owner)
+            log.info("wire link up %s", kv(event="wire_out", peer=where))
+            # Nothing is expected back on this direction; reading notices the close.
+            while await reader.read(READ_CHUNK):
+                pass
+        except asyncio.CancelledError:
+            raise
+        except (OSError, ConnectionError, asyncio.TimeoutError, RDMAError) as e:
+            log.warning("wire link failed %s", kv(event="wire_out_failed", peer=where,
+                                                   reason=str(e) or type(e).__name__))
+        finally:
+            self.closed = True
+            self.queued, self.queued_bytes = [], 0
+
+
+def host_class(ip: str) -> str:
+    """A host as the wire check compares it: every loopback address is one host, and an
+    IPv4-mapped IPv6 address (a dual-stack listener's view) is its IPv4 address."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%")[0])
+    except ValueError:
+        return "loopback" if ip == "localhost" else ip
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return "loopback" if addr.is_loopback else str(addr)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+        return True
+    except ValueError:
+        return False
+
+
+def link_origin(peer, src: str | None) -> tuple[str, int] | None:
+    """Where an incoming wire link comes from: the host its TCP connection comes from
+    (which a remote sender cannot choose) and the port its hello says its daemon
+    listens on. None for a link that names no daemon: its packets match no QP."""
+    if src is None or not peer:
+        return None
+    return host_class(peer[0]), int(src.rpartition(":")[2])
