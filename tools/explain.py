@@ -929,7 +929,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--crypto", type=parse_crypto, metavar="SPEC",
                    help="the crypto attributes (default none)")
     p.add_argument("--json", action="store_true", help="print a JSON document")
-    p.set_defaults(func=cmd_explain, mem=_UNSET, wire=_UNSET, crypto=_UNSET)
+    p.set_defaults(func=run, mem=_UNSET, wire=_UNSET, crypto=_UNSET)
 
 
 class _Unset:
@@ -967,7 +967,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
                   value("crypto"))
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         doc = explain(config_from_args(args))
     except ConfigError as e:

@@ -452,7 +452,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     color.add_argument("--no-color", action="store_true", help="never colour the output")
     color.add_argument("--color", action="store_true",
                        help="colour the output even when it is not a terminal")
-    p.set_defaults(func=cmd_trace)
+    p.set_defaults(func=run)
 
 
 
@@ -486,8 +486,8 @@ class Printer:
         self.grouper.flush()
 
 
-async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
-              err: TextIO) -> int:
+async def _follow(args: argparse.Namespace, token: bytes | None, printer: Printer,
+                  err: TextIO) -> int:
     from .. import client as sh
 
     try:
@@ -540,12 +540,12 @@ async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
     return EXIT_OK
 
 
-def cmd_trace(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     token = read_token(args.token_file)
     style = Style(use_color(sys.stdout, args.color, args.no_color))
     printer = Printer(sys.stdout, args.json, style, args.max_bytes, args.blocks)
     try:
-        return asyncio.run(run(args, token, printer, sys.stderr))
+        return asyncio.run(_follow(args, token, printer, sys.stderr))
     except KeyboardInterrupt:
         printer.flush()
         return EXIT_OK
