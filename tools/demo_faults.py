@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from .. import client as sh
-from ..protocol.attrs import SGE, SigBlockAttr, SigBlockDomain, SigT10dif
+from ..protocol.attrs import (
+    SGE,
+    T10DIF_PI_FIELDS,
+    SigBlockAttr,
+    SigBlockDomain,
+    SigT10dif,
+    t10dif_pi_field,
+)
 from ..protocol.enums import (
     BlockSize,
     MkeyErrType,
@@ -74,8 +81,8 @@ CIPHER = Shape(512, SIG, "all")
 # -- the oracle: the rule's change, and the check a device must make ---------------------
 
 # docs/semantics.md 2: a T10-DIF PI is guard (2 bytes), app tag (2), ref tag (4), big-endian,
-# after the block's data.
-FIELD_AT = {"guard": (512, 514), "app_tag": (514, 516), "ref_tag": (516, 520)}
+# after the block's data: each field's [start, end) within a 520-byte wire block.
+FIELD_AT = {name: (512 + lo, 512 + hi) for name, (lo, hi) in T10DIF_PI_FIELDS.items()}
 
 
 def corrupt(image: bytes, block: int, field: str, *, xor: int | None = None,
@@ -103,8 +110,7 @@ def dif_check(image: bytes, d: SigBlockDomain) -> Check:
     ``d`` (check_mask 0xFF): docs/semantics.md 6.1 and 7."""
     for b in range(len(image) // W):
         blk, pi = image[b * W:b * W + 512], image[b * W + 512:(b + 1) * W]
-        guard, app, ref = (int.from_bytes(pi[0:2], "big"), int.from_bytes(pi[2:4], "big"),
-                           int.from_bytes(pi[4:8], "big"))
+        guard, app, ref = (t10dif_pi_field(pi, f) for f in ("guard", "app_tag", "ref_tag"))
         if d.dif.flags & SigT10difFlags.APP_ESCAPE and app == 0xFFFF:
             continue
         computed = guard_of(d, blk)

@@ -268,17 +268,31 @@ def parse_domain(spec: str) -> SigBlockDomain | None:
     block = kv.get("block", kv.get("block_size"))
     if "block" in kv and "block_size" in kv:
         raise argparse.ArgumentTypeError("block and block_size name the same field")
-    bs = _block("block", block) if block is not None else 512
+    size = BLOCK_SIZES.index(_block("block", block) if block is not None else 512)
     if kind != "t10dif":
-        seed = 0
-        if "seed" in kv:
-            text = kv["seed"].lower()
-            crc_type = CRCS[kind][0]
-            width = 64 if crc_type == SigCrcType.CRC64_XP10 else 32
-            seed = (1 << width) - 1 if text in ("ones", "~0", "-1", "all") \
-                else _int("seed", kv["seed"])
-        return SigBlockDomain(sig_type=SigType.CRC, block_size=BLOCK_SIZES.index(bs),
-                              crc=SigCrc(CRCS[kind][0], seed))
+        return SigBlockDomain(sig_type=SigType.CRC, block_size=size,
+                              crc=SigCrc(CRCS[kind][0], _crc_seed(kind, kv)))
+    bg_type, bg = _t10dif_guard(kv)
+    flags = _t10dif_flags(kv.get("flags", ""))
+    dif = SigT10dif(bg_type=SigT10difBgType[bg_type.upper()], bg=bg,
+                    app_tag=_either(kv, "app", "app_tag"), ref_tag=_either(kv, "ref", "ref_tag"),
+                    flags=flags)
+    return SigBlockDomain(sig_type=SigType.T10DIF, block_size=size, dif=dif)
+
+
+def _crc_seed(kind: str, kv: dict[str, str]) -> int:
+    """A CRC domain's seed: 0 unless given, as a number or as all ones."""
+    if "seed" not in kv:
+        return 0
+    width = 64 if CRCS[kind][0] == SigCrcType.CRC64_XP10 else 32
+    if kv["seed"].lower() in ("ones", "~0", "-1", "all"):
+        return (1 << width) - 1
+    return _int("seed", kv["seed"])
+
+
+def _t10dif_guard(kv: dict[str, str]) -> tuple[str, int]:
+    """The guard type and seed of a T10-DIF domain, from bg_type, bg (a type or a seed)
+    and seed."""
     bg_type, bg = "crc", 0
     for key in ("bg_type", "bg"):
         if key not in kv:
@@ -298,28 +312,30 @@ def parse_domain(spec: str) -> SigBlockDomain | None:
         if any(k == "bg" and kv[k].lower() not in ("crc", "csum") for k in kv):
             raise argparse.ArgumentTypeError("bg=<number> and seed both give the guard seed")
         bg = _int("seed", kv["seed"])
+    return bg_type, bg
+
+
+def _t10dif_flags(text: str) -> int:
+    """T10-DIF flag names joined by '|' or '+' (with or without the enum's prefix)."""
     flags = 0
-    if "flags" in kv:
-        for name in kv["flags"].replace("+", "|").split("|"):
-            name = name.strip().lower()
-            name = name[len("mlx5dv_sig_t10dif_flag_"):] \
-                if name.startswith("mlx5dv_sig_t10dif_flag_") else name
-            if name in ("", "0", "none"):
-                continue
-            if name not in T10DIF_FLAG_NAMES:
-                raise argparse.ArgumentTypeError(
-                    f"unknown T10-DIF flag {name!r}; the flags are "
-                    + ", ".join(T10DIF_FLAG_NAMES) + " (join several with '|' or '+')")
-            flags |= T10DIF_FLAG_NAMES[name]
+    for name in text.replace("+", "|").split("|"):
+        name = name.strip().lower()
+        name = name.removeprefix("mlx5dv_sig_t10dif_flag_")
+        if name in ("", "0", "none"):
+            continue
+        if name not in T10DIF_FLAG_NAMES:
+            raise argparse.ArgumentTypeError(
+                f"unknown T10-DIF flag {name!r}; the flags are "
+                + ", ".join(T10DIF_FLAG_NAMES) + " (join several with '|' or '+')")
+        flags |= T10DIF_FLAG_NAMES[name]
+    return flags
 
-    def pick(a: str, b: str) -> int:
-        if a in kv and b in kv:
-            raise argparse.ArgumentTypeError(f"{a} and {b} name the same field")
-        return _int(a, kv[a]) if a in kv else _int(b, kv[b]) if b in kv else 0
 
-    dif = SigT10dif(bg_type=SigT10difBgType[bg_type.upper()], bg=bg,
-                    app_tag=pick("app", "app_tag"), ref_tag=pick("ref", "ref_tag"), flags=flags)
-    return SigBlockDomain(sig_type=SigType.T10DIF, block_size=BLOCK_SIZES.index(bs), dif=dif)
+def _either(kv: dict[str, str], a: str, b: str) -> int:
+    """The number under key ``a`` or its alias ``b`` (0 when neither), not both."""
+    if a in kv and b in kv:
+        raise argparse.ArgumentTypeError(f"{a} and {b} name the same field")
+    return _int(a, kv[a]) if a in kv else _int(b, kv[b]) if b in kv else 0
 
 
 def parse_mask(text: str) -> int:
