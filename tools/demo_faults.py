@@ -2,8 +2,8 @@
 
 The T10-PI end-to-end promise: protection information generated where the data is
 born travels with it and is checked where the data lands, so a corruption anywhere
-in between is caught, at the block it hit. This walk-through tests the promise the
-way issue 4 asks: two embedded daemons (a *target* and an *initiator*, as in
+in between is caught, at the block it hit. This walk-through tests the promise
+end to end: two embedded daemons (a *target* and an *initiator*, as in
 ``softhca demo``), fault rules installed through the client (``node.faults.add``) on
 one daemon's wire path, and for each case the rule, the wire block it hit as the
 daemon taps saw it before the rule (the sender's "tx" tap) and after it (the
@@ -88,7 +88,7 @@ FIELD_AT = {name: (512 + lo, 512 + hi) for name, (lo, hi) in T10DIF_PI_FIELDS.it
 def corrupt(image: bytes, block: int, field: str, *, xor: int | None = None,
             set: int | None = None, offset: int = 0) -> bytes:
     """``image`` with the rule's change: one data byte at ``offset``, or a PI field,
-    xored with ``xor`` or set to ``set`` (issue 4's corrupt action)."""
+    xored with ``xor`` or set to ``set`` (a fault rule's corrupt action)."""
     lo, hi = (offset, offset + 1) if field == "data" else FIELD_AT[field]
     a, b = block * W + lo, block * W + hi
     old = int.from_bytes(image[a:b], "big")

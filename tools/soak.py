@@ -266,8 +266,8 @@ class Soak:
                 refused = any(f.header.get("t") == "err" for f in frames)
             writer.close()
 
-        # Issue 13: polls past a session's bound are refused (ENOMEM or EAGAIN); memory
-        # that stays flat is not enough, the quadratic cleanup froze every client.
+        # Polls past a session's bound are refused (ENOMEM or EAGAIN); memory that stays
+        # flat is not enough: a cleanup quadratic in the polls would freeze every client.
         contained = await self._contained(flood)
         return refused and contained
 
