@@ -12,8 +12,9 @@ the daemons' recovery counters (``node.counters()``) before and after.
 
 What each case must produce is computed here independently of the engine: the wire
 image with crcmod's T10-DIF and cryptography's XTS (softhca.tools.oracle), the corrupted
-image by applying the rule's change to it, and the mkey_check a device must report by checking that image as docs/semantics.md sections
-6 and 7 say (escapes, GUARD then APPTAG then REFTAG, the first failing block).
+image by applying the rule's change to it, and the mkey_check a device must report by
+checking that image as docs/semantics.md sections 6 and 7 say (escapes, GUARD then APPTAG
+then REFTAG, the first failing block).
 """
 
 from __future__ import annotations

@@ -107,7 +107,8 @@ def block_text(blk: bytes, shape: Shape, style: Style) -> str:
     head = style("enc", f"enc {len(data)}B") if shape.enc == "data" else f"data {len(data)}B"
     text = f"{head} {preview(data)}"
     if shape.sig is not None and pi:
-        text += " | " + style("pi", " ".join(f"{n} 0x{v:0{w}x}" for n, v, w in pi_fields(shape.sig, pi)))
+        fields = " ".join(f"{n} 0x{v:0{w}x}" for n, v, w in pi_fields(shape.sig, pi))
+        text += " | " + style("pi", fields)
     return text
 
 
@@ -121,7 +122,8 @@ def image_lines(buf: bytes, shape: Shape, style: Style) -> list[str]:
         if b is None:
             lines.append(style("dim", f"... {n - 4} more blocks ..."))
         else:
-            lines.append(f"blk {b:<2} @{b * w:<6} " + block_text(buf[b * w:(b + 1) * w], shape, style))
+            blk = buf[b * w:(b + 1) * w]
+            lines.append(f"blk {b:<2} @{b * w:<6} " + block_text(blk, shape, style))
     if tail:
         lines.append(f"tail   @{n * w:<6} data {tail}B {preview(buf[n * w:])} (plain: no PI)")
     return lines
