@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..protocol.attrs import SigBlockAttr, SigBlockDomain
+from ..protocol.attrs import T10DIF_PI_FIELDS, SigBlockAttr, SigBlockDomain
 from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
     CRC_PI_BYTES,
@@ -38,10 +38,9 @@ T10DIF_BG_SEEDS = (0, 0xFFFF)
 T10DIF_FLAGS = int(SigT10difFlags.REF_REMAP | SigT10difFlags.APP_ESCAPE
                 | SigT10difFlags.APP_REF_ESCAPE)
 
-# T10DIF PI = guard (2) | app_tag (2) | ref_tag (4); check_mask / copy_mask bit 7 is byte 0.
-GUARD_COLS = (0, 1)
-APP_COLS = (2, 3)
-REF_COLS = (4, 5, 6, 7)
+# The T10DIF PI's byte columns of each field (protocol/attrs.py's layout).
+GUARD_COLS, APP_COLS, REF_COLS = (tuple(range(*T10DIF_PI_FIELDS[f]))
+                                  for f in ("guard", "app_tag", "ref_tag"))
 APP_ESCAPE_TAG = 0xFFFF
 REF_ESCAPE_TAG = 0xFFFFFFFF
 

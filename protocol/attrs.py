@@ -95,6 +95,18 @@ def pi_size(d: SigBlockDomain | None) -> int:
     return CRC_PI_BYTES[d.crc.crc_type]
 
 
+# The T10-DIF PI after each block, big-endian: guard (2 bytes), app tag (2), ref tag (4).
+# [start, end) of each field within the PI; check_mask / copy_mask bit 7 is PI byte 0.
+T10DIF_PI_FIELDS = {"guard": (0, 2), "app_tag": (2, 4), "ref_tag": (4, 8)}
+
+
+def t10dif_pi_field(pi: bytes, name: str) -> int:
+    """The value of the T10-DIF PI field ``name`` ("guard", "app_tag", "ref_tag") in
+    ``pi``, the PI's bytes."""
+    lo, hi = T10DIF_PI_FIELDS[name]
+    return int.from_bytes(pi[lo:hi], "big")
+
+
 @dataclass(frozen=True)
 class SigBlockAttr:
     """struct mlx5dv_sig_block_attr: ``mem`` / ``wire`` None means no signature there."""

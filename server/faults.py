@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.rc_common import psn_diff
+from ..protocol.attrs import T10DIF_PI_FIELDS
+from ..protocol.enums import T10DIF_PI_BYTES
 from ..protocol.errors import RDMAError
 from ..protocol.opcodes import NAMES, Op, with_any, with_flags
 from ..protocol.packets import Packet
@@ -133,11 +135,10 @@ class FaultRule:
         if f == "data":
             off = self.spec.get("offset", 0)
             return off, off + 1
-        if f == "guard":
-            return w - pi, w - pi + (2 if pi == 8 else pi)
-        if f == "app_tag":
-            return w - 6, w - 4
-        return w - 4, w            # ref_tag
+        if f == "guard" and pi != T10DIF_PI_BYTES:
+            return w - pi, w       # a CRC's PI is its guard, whole
+        lo, hi = T10DIF_PI_FIELDS[f]
+        return w - T10DIF_PI_BYTES + lo, w - T10DIF_PI_BYTES + hi
 
 
 def validate_rule(spec: Any) -> dict:

@@ -129,10 +129,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "daemons (default: a 127.0.0.x stand-in; the events do not name them)")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no line per packet, only the final count")
-    p.set_defaults(func=cmd_capture)
+    p.set_defaults(func=run)
 
 
-def cmd_capture(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from .. import client as sh
 
     token = read_token(args.token_file)

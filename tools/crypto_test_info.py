@@ -80,10 +80,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the device crypto configuration (JSON; default: the built-in "
                    "import KEK and credential)")
     p.add_argument("--out", required=True, metavar="FILE", help="the JSON file to write")
-    p.set_defaults(func=cmd_crypto_test_info)
+    p.set_defaults(func=run)
 
 
-def cmd_crypto_test_info(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..server.crypto_config import load_crypto_config
 
     try:

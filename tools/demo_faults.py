@@ -2,8 +2,8 @@
 
 The T10-PI end-to-end promise: protection information generated where the data is
 born travels with it and is checked where the data lands, so a corruption anywhere
-in between is caught, at the block it hit. This walk-through tests the promise the
-way issue 4 asks: two embedded daemons (a *target* and an *initiator*, as in
+in between is caught, at the block it hit. This walk-through tests the promise
+end to end: two embedded daemons (a *target* and an *initiator*, as in
 ``softhca demo``), fault rules installed through the client (``node.faults.add``) on
 one daemon's wire path, and for each case the rule, the wire block it hit as the
 daemon taps saw it before the rule (the sender's "tx" tap) and after it (the
@@ -12,8 +12,9 @@ the daemons' recovery counters (``node.counters()``) before and after.
 
 What each case must produce is computed here independently of the engine: the wire
 image with crcmod's T10-DIF and cryptography's XTS (softhca.tools.oracle), the corrupted
-image by applying the rule's change to it, and the mkey_check a device must report by checking that image as docs/semantics.md sections
-6 and 7 say (escapes, GUARD then APPTAG then REFTAG, the first failing block).
+image by applying the rule's change to it, and the mkey_check a device must report by
+checking that image as docs/semantics.md sections 6 and 7 say (escapes, GUARD then APPTAG
+then REFTAG, the first failing block).
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from .. import client as sh
-from ..protocol.attrs import SGE, SigBlockAttr, SigBlockDomain, SigT10dif
+from ..protocol.attrs import (
+    SGE,
+    T10DIF_PI_FIELDS,
+    SigBlockAttr,
+    SigBlockDomain,
+    SigT10dif,
+    t10dif_pi_field,
+)
 from ..protocol.enums import (
     BlockSize,
     MkeyErrType,
@@ -74,14 +82,14 @@ CIPHER = Shape(512, SIG, "all")
 # -- the oracle: the rule's change, and the check a device must make ---------------------
 
 # docs/semantics.md 2: a T10-DIF PI is guard (2 bytes), app tag (2), ref tag (4), big-endian,
-# after the block's data.
-FIELD_AT = {"guard": (512, 514), "app_tag": (514, 516), "ref_tag": (516, 520)}
+# after the block's data: each field's [start, end) within a 520-byte wire block.
+FIELD_AT = {name: (512 + lo, 512 + hi) for name, (lo, hi) in T10DIF_PI_FIELDS.items()}
 
 
 def corrupt(image: bytes, block: int, field: str, *, xor: int | None = None,
             set: int | None = None, offset: int = 0) -> bytes:
     """``image`` with the rule's change: one data byte at ``offset``, or a PI field,
-    xored with ``xor`` or set to ``set`` (issue 4's corrupt action)."""
+    xored with ``xor`` or set to ``set`` (a fault rule's corrupt action)."""
     lo, hi = (offset, offset + 1) if field == "data" else FIELD_AT[field]
     a, b = block * W + lo, block * W + hi
     old = int.from_bytes(image[a:b], "big")
@@ -103,8 +111,7 @@ def dif_check(image: bytes, d: SigBlockDomain) -> Check:
     ``d`` (check_mask 0xFF): docs/semantics.md 6.1 and 7."""
     for b in range(len(image) // W):
         blk, pi = image[b * W:b * W + 512], image[b * W + 512:(b + 1) * W]
-        guard, app, ref = (int.from_bytes(pi[0:2], "big"), int.from_bytes(pi[2:4], "big"),
-                           int.from_bytes(pi[4:8], "big"))
+        guard, app, ref = (t10dif_pi_field(pi, f) for f in ("guard", "app_tag", "ref_tag"))
         if d.dif.flags & SigT10difFlags.APP_ESCAPE and app == 0xFFFF:
             continue
         computed = guard_of(d, blk)

@@ -504,7 +504,8 @@ class Example:
         def text(e: tuple[int, int, int, int]) -> str:
             if e[0] == MkeyErrType.NO_ERR:
                 return "NO_ERR"
-            # Values are 16, 32 or 64 bits wide (docs/semantics.md 7): pad to the width that holds both.
+            # Values are 16, 32 or 64 bits wide (docs/semantics.md 7): pad to the width
+            # that holds both.
             digits = len(f"{max(e[1], e[2]):x}")
             w = 4 if digits <= 4 else 8 if digits <= 8 else 16
             return (f"{MkeyErrType(e[0]).name} actual 0x{e[1]:0{w}x} expected "

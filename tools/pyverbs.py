@@ -22,9 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "(token: SOFTHCA_TOKEN_FILE), or an embedded daemon with a device "
                        "mlx5_0 started in the process.")
     p.add_argument("what", choices=["path"], help="'path': print the directory")
-    p.set_defaults(func=cmd_pyverbs)
+    p.set_defaults(func=run)
 
 
-def cmd_pyverbs(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     print(path())
     return 0

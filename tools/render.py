@@ -12,7 +12,14 @@ import os
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain, pi_size
+from ..protocol.attrs import (
+    T10DIF_PI_FIELDS,
+    CryptoAttr,
+    SigBlockAttr,
+    SigBlockDomain,
+    pi_size,
+    t10dif_pi_field,
+)
 from ..protocol.enums import (
     BLOCK_SIZE_BYTES,
     SigCrcType,
@@ -74,12 +81,20 @@ class Shape:
         return self.block + pi_size(self.sig)
 
 
+# The short names a T10-DIF PI's fields are shown by.
+T10DIF_LABELS = {"guard": "guard", "app_tag": "app", "ref_tag": "ref"}
+
+
+def t10dif_fields(pi: bytes) -> list[tuple[str, int, int]]:
+    """(name, value, hex digits) of each field of a T10-DIF PI."""
+    return [(T10DIF_LABELS[field], t10dif_pi_field(pi, field), 2 * (hi - lo))
+            for field, (lo, hi) in T10DIF_PI_FIELDS.items()]
+
+
 def pi_fields(sig: SigBlockDomain, pi: bytes) -> list[tuple[str, int, int]]:
     """(name, value, hex digits) of each PI field."""
     if sig.sig_type == SigType.T10DIF:
-        return [("guard", int.from_bytes(pi[0:2], "big"), 4),
-                ("app", int.from_bytes(pi[2:4], "big"), 4),
-                ("ref", int.from_bytes(pi[4:8], "big"), 8)]
+        return t10dif_fields(pi)
     name = {SigCrcType.CRC32: "crc32", SigCrcType.CRC32C: "crc32c",
             SigCrcType.CRC64_XP10: "crc64"}[sig.crc.crc_type]
     return [(name, int.from_bytes(pi, "big"), 2 * len(pi))]
@@ -92,7 +107,8 @@ def block_text(blk: bytes, shape: Shape, style: Style) -> str:
     head = style("enc", f"enc {len(data)}B") if shape.enc == "data" else f"data {len(data)}B"
     text = f"{head} {preview(data)}"
     if shape.sig is not None and pi:
-        text += " | " + style("pi", " ".join(f"{n} 0x{v:0{w}x}" for n, v, w in pi_fields(shape.sig, pi)))
+        fields = " ".join(f"{n} 0x{v:0{w}x}" for n, v, w in pi_fields(shape.sig, pi))
+        text += " | " + style("pi", fields)
     return text
 
 
@@ -106,7 +122,8 @@ def image_lines(buf: bytes, shape: Shape, style: Style) -> list[str]:
         if b is None:
             lines.append(style("dim", f"... {n - 4} more blocks ..."))
         else:
-            lines.append(f"blk {b:<2} @{b * w:<6} " + block_text(buf[b * w:(b + 1) * w], shape, style))
+            blk = buf[b * w:(b + 1) * w]
+            lines.append(f"blk {b:<2} @{b * w:<6} " + block_text(blk, shape, style))
     if tail:
         lines.append(f"tail   @{n * w:<6} data {tail}B {preview(buf[n * w:])} (plain: no PI)")
     return lines

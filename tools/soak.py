@@ -1,10 +1,10 @@
 """``softhca soak --seconds N``: valid traffic beside a rotating set of attacks.
 
-Two ``softhca serve`` processes on loopback (tools/bench.py's ``Daemons``). One RC QP
+Two ``softhca serve`` processes on loopback (tools/daemons.py's ``Daemons``). One RC QP
 pair between them carries RDMA WRITEs of random bytes, each read back and compared
 (bytes verified); a probe session asks the target for its devices every 50 ms (the
 slowest answer is reported). Beside them, one attack after another, in turn, against
-the target daemon (issue 13):
+the target daemon:
 
 - ``injection``: a wire link forges an RDMA_WRITE_ONLY into the pair's MR (dropped:
   ``packets_wrong_peer``);
@@ -26,6 +26,7 @@ of each daemon.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -40,12 +41,14 @@ from .. import client as sh
 from ..protocol.frames import FrameDecoder, frame_bytes
 from ..protocol.handshake import make_hello
 from ..protocol.packets import Packet, packet_header
+from ..server.cliargs import positive_float
 from ..server.link import read_frames
-from .bench import Daemons
-from .cli import SOAK_ATTACKS as ATTACKS
+from .daemons import Daemons
 from .harness import Side
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+ATTACKS = ("injection", "huge_layout", "poll_flood", "mr_read_flood", "idle_sockets",
+           "rule_flood", "malformed")
 CHUNK = 64 << 10
 # A flood is contained when the daemon grew by less than this while it ran.
 CONTAINED_RSS = 64 << 20
@@ -263,8 +266,8 @@ class Soak:
                 refused = any(f.header.get("t") == "err" for f in frames)
             writer.close()
 
-        # Issue 13: polls past a session's bound are refused (ENOMEM or EAGAIN); memory
-        # that stays flat is not enough, the quadratic cleanup froze every client.
+        # Polls past a session's bound are refused (ENOMEM or EAGAIN); memory that stays
+        # flat is not enough: a cleanup quadratic in the polls would freeze every client.
         contained = await self._contained(flood)
         return refused and contained
 
@@ -384,8 +387,25 @@ def soak(seconds: float, attacks: list[str] | None = None, seed: int = 0) -> Rep
             return report
 
 
-def cmd_soak(args) -> int:
-    """``softhca soak`` (its parser is tools/cli.py's ``add_soak``)."""
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("soak", help="valid traffic beside rotating attacks on two daemons",
+                       description="Start two 'softhca serve' processes, run verified RDMA "
+                       "WRITEs between them beside a rotating set of attacks on one (a "
+                       "forged wire packet, a huge MKEY layout, request floods, idle sockets, "
+                       "malformed frames), and report valid WRs, bytes verified, attacks "
+                       "refused, the slowest answer to a second client and the daemons' peak "
+                       "RSS. Exit 0 when every attack was refused and every byte verified.")
+    p.add_argument("--seconds", type=positive_float, default=30.0, metavar="N",
+                   help="how long to run (default 30)")
+    p.add_argument("--attacks", metavar="A,B,...", default=",".join(ATTACKS),
+                   help=f"which attacks, in turn (default all: {','.join(ATTACKS)})")
+    p.add_argument("--seed", type=int, default=0, help="the valid traffic's bytes (default 0)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``softhca soak``."""
     attacks = [a for a in args.attacks.split(",") if a]
     unknown = sorted(set(attacks) - set(ATTACKS))
     if unknown or not attacks:

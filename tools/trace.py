@@ -27,14 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ..protocol.enums import BLOCK_SIZE_BYTES, MkeyErrType
+from ..protocol.enums import BLOCK_SIZE_BYTES, T10DIF_PI_BYTES, MkeyErrType
 from ..server.cliargs import (
     nonneg_int,
     positive_float,
     positive_int,
     read_token,
 )
-from .render import Style, preview, use_color
+from .render import Style, preview, t10dif_fields, use_color
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 TX, RX = "TX", "RX"
@@ -159,18 +159,7 @@ def geometry(t: Transfer) -> Geometry | None:
     sig = [s for s in t.stages if s.name in SIG_STAGES]
     if not sig:
         return None
-    src, dst = ("memory", "wire") if t.direction == TX else ("wire", "memory")
-    pi = {"memory": 0, "wire": 0}
-    n = None
-    for s in sig:
-        d = s.detail
-        if s.name == "check":
-            pi[src] = int(d.get("domain_pi", 0))
-            n = len(d.get("results") or [])
-        elif s.name == "strip":
-            pi[src] = int(d.get("pi_size", 0))
-        else:
-            pi[dst] = int(d.get("pi_size", 0))
+    pi, n = _pi_sizes(t, sig)
     mem, wire = _stream_event(t, "memory"), _stream_event(t, "wire")
     if mem is None or wire is None:
         return None
@@ -183,6 +172,36 @@ def geometry(t: Transfer) -> Geometry | None:
         n = (lm - lw) // (pm - pw)
     if n <= 0:
         return None
+    bs = _block_size(n, (lm, om, pm), (lw, ow, pw))
+    if bs is None:
+        return None
+    kinds = {side: _kind(t, side, bs, pi[side]) for side in ("memory", "wire")}
+    return Geometry(bs, pi, kinds, n, ow // (bs + pw))
+
+
+def _pi_sizes(t: Transfer, sig: list[Stage]) -> tuple[dict, int | None]:
+    """The PI bytes per block of each stream, and the number of blocks when a check
+    stage reported one result per block."""
+    src, dst = ("memory", "wire") if t.direction == TX else ("wire", "memory")
+    pi = {"memory": 0, "wire": 0}
+    n = None
+    for s in sig:
+        d = s.detail
+        if s.name == "check":
+            pi[src] = int(d.get("domain_pi", 0))
+            n = len(d.get("results") or [])
+        elif s.name == "strip":
+            pi[src] = int(d.get("pi_size", 0))
+        else:
+            pi[dst] = int(d.get("pi_size", 0))
+    return pi, n
+
+
+def _block_size(n: int, memory: tuple[int, int, int], wire: tuple[int, int, int]) -> int | None:
+    """The block size that cuts both streams ((length, offset, PI bytes per block) each)
+    into ``n`` blocks at the same block index, with the shortest tail; failing that, the
+    wire's length shared out over ``n`` blocks (None when it does not divide)."""
+    (lm, om, pm), (lw, ow, pw) = memory, wire
     best = None
     for bs in BLOCK_SIZES:
         m, w = bs + pm, bs + pw
@@ -193,16 +212,12 @@ def geometry(t: Transfer) -> Geometry | None:
             continue
         if best is None or tail < best[1]:
             best = (bs, tail)
-    if best is None:
-        if (lw - n * pw) % n:
-            return None
-        bs = (lw - n * pw) // n
-        if bs <= 0:
-            return None
-    else:
-        bs = best[0]
-    kinds = {side: _kind(t, side, bs, pi[side]) for side in ("memory", "wire")}
-    return Geometry(bs, pi, kinds, n, ow // (bs + pw))
+    if best is not None:
+        return best[0]
+    if (lw - n * pw) % n:
+        return None
+    bs = (lw - n * pw) // n
+    return bs if bs > 0 else None
 
 
 def _kind(t: Transfer, side: str, bs: int, pi: int) -> str:
@@ -265,10 +280,9 @@ def cipher_states(t: Transfer) -> list[tuple[bool, bool]]:
 # -- rendering ----------------------------------------------------------------------------
 
 def pi_text(pi: bytes, kind: str, style: Style) -> str:
-    if kind == "t10dif" and len(pi) == 8:
-        return " ".join([style("guard", f"guard 0x{int.from_bytes(pi[0:2], 'big'):04x}"),
-                         style("app", f"app 0x{int.from_bytes(pi[2:4], 'big'):04x}"),
-                         style("ref", f"ref 0x{int.from_bytes(pi[4:8], 'big'):08x}")])
+    if kind == "t10dif" and len(pi) == T10DIF_PI_BYTES:
+        return " ".join(style(name, f"{name} 0x{value:0{digits}x}")
+                        for name, value, digits in t10dif_fields(pi))
     name = "crc64" if kind == "crc64" else "crc"
     return style("crc", f"{name} 0x{int.from_bytes(pi, 'big'):0{2 * len(pi)}x}")
 
@@ -452,7 +466,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     color.add_argument("--no-color", action="store_true", help="never colour the output")
     color.add_argument("--color", action="store_true",
                        help="colour the output even when it is not a terminal")
-    p.set_defaults(func=cmd_trace)
+    p.set_defaults(func=run)
 
 
 
@@ -486,8 +500,8 @@ class Printer:
         self.grouper.flush()
 
 
-async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
-              err: TextIO) -> int:
+async def _follow(args: argparse.Namespace, token: bytes | None, printer: Printer,
+                  err: TextIO) -> int:
     from .. import client as sh
 
     try:
@@ -540,12 +554,12 @@ async def run(args: argparse.Namespace, token: bytes | None, printer: Printer,
     return EXIT_OK
 
 
-def cmd_trace(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     token = read_token(args.token_file)
     style = Style(use_color(sys.stdout, args.color, args.no_color))
     printer = Printer(sys.stdout, args.json, style, args.max_bytes, args.blocks)
     try:
-        return asyncio.run(run(args, token, printer, sys.stderr))
+        return asyncio.run(_follow(args, token, printer, sys.stderr))
     except KeyboardInterrupt:
         printer.flush()
         return EXIT_OK

@@ -1,0 +1,214 @@
+"""``--compare``: a saved run beside a new one.
+
+Speeds on a shared machine move with its load; a ratio to a ceiling measured in the same
+run moves much less. So a change is read as a ratio of ratios: the row's ratio in the new
+run over its ratio in the saved run. For the end-to-end bench the ratio is to the TCP
+stream by default: no softhca change moves that ceiling (the engine ceiling moves with
+the engine itself), so new/saved is the row's own change, the machine's speed divided out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+from .common import DEFAULT_MTU, LATENCY_BYTES, sig4, size_text
+from .output import table_lines
+
+E2E_KIND, ENGINE_KIND = "softhca end to end", "engine"
+
+
+class CompareError(ValueError):
+    """A document ``--compare`` cannot use; the message is the reason."""
+
+
+def load_saved(path: str) -> dict:
+    """A saved ``softhca bench [engine] --json`` document, checked for what a comparison
+    reads; CompareError (reason first, then the file) when it is missing or malformed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise CompareError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise CompareError(f"is a directory, not a saved --json document: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise CompareError(f"cannot read ({reason}): {path}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CompareError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno}): "
+                           f"{path}") from None
+    compare_rows(doc, "tcp_stream", path)
+    return doc
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _positive(x) -> bool:
+    return _number(x) and x > 0
+
+
+def doc_kind(doc, path: str = "the document") -> str:
+    kind = doc.get("benchmark") if isinstance(doc, dict) else None
+    if kind not in (E2E_KIND, ENGINE_KIND):
+        raise CompareError(f'not a saved `softhca bench --json` or `softhca bench engine '
+                           f'--json` document (its "benchmark" is neither {E2E_KIND!r} nor '
+                           f'{ENGINE_KIND!r}): {path}')
+    return kind
+
+
+def compare_rows(doc, ratio: str = "tcp_stream",
+                 path: str = "the document") -> dict[str, dict]:
+    """label -> {figure, unit, ratio, better} for every row a comparison reads."""
+    if doc_kind(doc, path) == ENGINE_KIND:
+        return _engine_rows(doc, path)
+    return {**_goodput_rows(doc, ratio, path), **_latency_rows(doc, path)}
+
+
+def _engine_rows(doc: dict, path: str) -> dict[str, dict]:
+    results = doc.get("results")
+    if not isinstance(results, list) or not results:
+        raise CompareError(f'no "results" rows: {path}')
+    rows = {}
+    for k, r in enumerate(results):
+        if not (isinstance(r, dict) and isinstance(r.get("name"), str)
+                and _number(r.get("engine_mb_s")) and _positive(r.get("ratio"))):
+            raise CompareError(f"results row {k} lacks a name, a numeric engine_mb_s or a "
+                               f"positive ratio: {path}")
+        # From the figures when they are there: the ratio of documents saved before
+        # it had four significant digits was rounded to three decimals.
+        p = r.get("primitive_mb_s")
+        ratio_ = r["engine_mb_s"] / p if _positive(p) and r["engine_mb_s"] > 0 else r["ratio"]
+        rows[r["name"]] = {"figure": r["engine_mb_s"], "unit": "MB/s", "ratio": ratio_,
+                           "better": "higher"}
+    return rows
+
+
+def _goodput_row_ok(g, ratio: str, setup_mtu: int) -> bool:
+    return (isinstance(g, dict) and isinstance(g.get("op"), str)
+            and isinstance(g.get("config"), str) and isinstance(g.get("size"), int)
+            and g["size"] > 0 and _number(g.get("mb_s")) and isinstance(g.get("ratio"), dict)
+            and _positive(g["ratio"].get(ratio))
+            and isinstance(g.get("path_mtu", setup_mtu), int))
+
+
+def _goodput_rows(doc: dict, ratio: str, path: str) -> dict[str, dict]:
+    goodput = doc.get("goodput")
+    if not isinstance(goodput, list) or not goodput:
+        raise CompareError(f'no "goodput" rows: {path}')
+    setup = doc.get("setup")
+    setup_mtu = setup.get("path_mtu", DEFAULT_MTU) if isinstance(setup, dict) else DEFAULT_MTU
+    rows = {}
+    for k, g in enumerate(goodput):
+        if not _goodput_row_ok(g, ratio, setup_mtu):
+            raise CompareError(f"goodput row {k} lacks an op, a config, a size, a numeric "
+                               f"mb_s or a positive ratio.{ratio}: {path}")
+        mtu = g.get("path_mtu", setup_mtu)
+        label = (f"{g['op']} {size_text(g['size'])} {g['config']}"
+                 + ("" if mtu == DEFAULT_MTU else f" MTU {mtu}"))
+        rows[label] = {"figure": g["mb_s"], "unit": "MB/s", "ratio": g["ratio"][ratio],
+                       "better": "higher"}
+    return rows
+
+
+def _latency_rows(doc: dict, path: str) -> dict[str, dict]:
+    lat = doc.get("latency")
+    if lat is None:
+        return {}
+    ratios = lat.get("ratio") if isinstance(lat, dict) else None
+    rows = {}
+    for p in ("p50", "p99"):
+        r = ratios.get(f"{p}_to_tcp_round_trip") if isinstance(ratios, dict) else None
+        if not (_number(lat.get(f"{p}_us") if isinstance(lat, dict) else None)
+                and _positive(r)):
+            raise CompareError(f"latency lacks a numeric {p}_us or a positive "
+                               f"ratio.{p}_to_tcp_round_trip: {path}")
+        label = f"latency {lat.get('size', LATENCY_BYTES)} B {p}"
+        rows[label] = {"figure": lat[f"{p}_us"], "unit": "us", "ratio": r, "better": "lower"}
+        # The same figure over the chain of the same hops, in runs that measured it.
+        rc = ratios.get(f"{p}_to_tcp_chain")
+        if _positive(rc):
+            rows[f"{label} / chain"] = {"figure": lat[f"{p}_us"], "unit": "us", "ratio": rc,
+                                        "better": "lower"}
+    return rows
+
+
+def compare(saved: dict, new: dict, ratio: str = "tcp_stream", saved_path: str = "saved",
+            new_path: str = "this run") -> dict:
+    """Each row of either run: its figure and ratio in both, and new ratio / saved ratio."""
+    kinds = doc_kind(saved, saved_path), doc_kind(new, new_path)
+    if kinds[0] != kinds[1]:
+        raise CompareError(f"the two runs are different benches ({kinds[0]!r} and "
+                           f"{kinds[1]!r}): {saved_path} and {new_path}")
+    a = compare_rows(saved, ratio, saved_path)
+    b = compare_rows(new, ratio, new_path)
+    rows, higher = [], []
+    for label in [*a, *(k for k in b if k not in a)]:
+        old, cur = a.get(label), b.get(label)
+        rows.append({"row": label, "better": (old or cur)["better"],
+                     "unit": (old or cur)["unit"],
+                     "saved": None if old is None else {"figure": old["figure"],
+                                                        "ratio": old["ratio"]},
+                     "new": None if cur is None else {"figure": cur["figure"],
+                                                      "ratio": cur["ratio"]},
+                     "ratio_of_ratios": None if old is None or cur is None
+                     else sig4(cur["ratio"] / old["ratio"])})
+        if old is not None and cur is not None and old["better"] == "higher":
+            higher.append(cur["ratio"] / old["ratio"])
+    summary = None if not higher else {
+        "rows": len(higher), "geometric_mean": sig4(math.exp(statistics.fmean(
+            math.log(x) for x in higher))), "min": sig4(min(higher)), "max": sig4(max(higher))}
+    return {"benchmark": kinds[0], "ratio": "engine/primitive" if kinds[0] == ENGINE_KIND
+            else ratio, "saved": saved_path, "new": new_path,
+            "load_average": {"saved": _load(saved), "new": _load(new)}, "rows": rows,
+            "higher_is_better_summary": summary}
+
+
+def _load(doc: dict):
+    m = doc.get("machine")
+    return m.get("load_average_at_start") if isinstance(m, dict) else None
+
+
+RATIO_TEXT = {"tcp_stream": "goodput / TCP stream ceiling", "engine":
+              "goodput / engine ceiling", "min": "goodput / the lower ceiling",
+              "engine/primitive": "engine / one call of the primitive"}
+
+
+def compare_to_table(c: dict) -> str:
+    def fig(side: dict | None, unit: str) -> str:
+        return "-" if side is None else f"{side['figure']:.1f} {unit}"
+
+    def rat(side: dict | None) -> str:
+        return "-" if side is None else f"{side['ratio']:.4g}"
+
+    rows = [[r["row"], fig(r["saved"], r["unit"]), fig(r["new"], r["unit"]), rat(r["saved"]),
+             rat(r["new"]), "-" if r["ratio_of_ratios"] is None
+             else f"{r['ratio_of_ratios']:.4g}", r["better"]]
+            for r in c["rows"]]
+    load = c["load_average"]
+    out = [f"compare: saved {c['saved']} beside {c['new']}; ratio = {RATIO_TEXT[c['ratio']]} "
+           "of the same run; new/saved = new ratio / saved ratio (the change, each run's "
+           "machine speed divided out)"]
+    if load["saved"] or load["new"]:
+        out.append("load average at start: saved "
+                   + (" ".join(str(x) for x in load["saved"]) if load["saved"] else "unknown")
+                   + ", new " + (" ".join(str(x) for x in load["new"]) if load["new"]
+                                 else "unknown"))
+    out += ["", *table_lines(["row", "saved", "new", "saved ratio", "new ratio", "new/saved",
+                         "better"], rows)]
+    s = c["higher_is_better_summary"]
+    if s:
+        out += ["", f"{s['rows']} rows in both runs where higher is better: new/saved "
+                f"geometric mean {s['geometric_mean']:.4g}, min {s['min']:.4g}, max "
+                f"{s['max']:.4g}"]
+    only = [r["row"] for r in c["rows"] if r["ratio_of_ratios"] is None]
+    if only:
+        out.append("in one run only: " + ", ".join(only))
+    return "\n".join(out)
+
+

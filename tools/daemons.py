@@ -1,0 +1,97 @@
+"""``softhca serve`` processes and other helper processes, started on loopback and always
+ended: the daemons the bench and the soak drive, and the ready files they announce their
+ports in."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+READY_TIMEOUT = 30.0
+
+
+class ProcessError(RuntimeError):
+    """A process did not start (it exited early, or was not ready in time)."""
+
+
+def wait_file(path: str, procs: list[subprocess.Popen], what: str,
+               timeout: float = READY_TIMEOUT) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                text = f.read()
+            if text.endswith("\n"):
+                return text.strip()
+        except FileNotFoundError:
+            pass
+        for p in procs:
+            if p.poll() is not None:
+                raise ProcessError(f"{what} exited with status {p.returncode} before it was ready")
+        time.sleep(0.02)
+    raise ProcessError(f"{what} was not ready within {timeout:g} s")
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """End the processes this bench started: SIGTERM, then SIGKILL after a grace period."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(OSError):
+                p.terminate()
+    deadline = time.monotonic() + 5.0
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                p.kill()
+            p.wait()
+
+
+
+class Daemons:
+    """``softhca serve`` processes on loopback port 0 (``with Daemons(2, dir) as addrs``);
+    leaving the block ends them, whatever happened inside."""
+
+    def __init__(self, n: int, workdir: str, extra: tuple[str, ...] = ()) -> None:
+        self.n, self.workdir, self.extra = n, workdir, extra
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[str] = []
+
+    def __enter__(self) -> list[str]:
+        try:
+            addresses = []
+            for i in range(self.n):
+                ready = os.path.join(self.workdir, f"daemon{i}.ready")
+                log_path = os.path.join(self.workdir, f"daemon{i}.log")
+                self.logs.append(log_path)
+                with open(log_path, "wb") as log_file:
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "softhca.tools.cli", "serve",
+                         "--listen", "127.0.0.1:0", "--ready-file", ready,
+                         "--log-level", "warning", *self.extra],
+                        stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file))
+                addresses.append(wait_file(ready, self.procs[-1:], f"daemon {i}"))
+            return addresses
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        stop_all(self.procs)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 5) -> str:
+        out = []
+        for path in self.logs:
+            with contextlib.suppress(OSError), open(path, errors="replace") as f:
+                out += [f"{os.path.basename(path)}: {line.rstrip()}"
+                        for line in f.readlines()[-lines:]]
+        return "\n".join(out)
+
+
