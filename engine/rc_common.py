@@ -1,5 +1,6 @@
 """What the roles of an RC QP (engine/rc_requester.py, rc_completer.py, rc_responder.py)
-share: PSN arithmetic in the 24-bit space, the send WR as the send queue tracks it
+share: the QP context they read and act on (``QPContext``), PSN arithmetic in the 24-bit
+space, the send WR as the send queue tracks it
 (``SendRequest``, which the requester transmits and the completer completes), and the
 scatter of arriving bytes over SGEs.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol.attrs import SGE
 from ..protocol.enums import WcOpcode, WcStatus, WrOpcode
@@ -22,6 +23,50 @@ if TYPE_CHECKING:
 
 PSN_MOD = 1 << 24
 _HALF = 1 << 23
+
+
+class QPContext(Protocol):
+    """The QP context the roles share, as rxe's requester, completer and responder share
+    struct rxe_qp: its state and attributes, its PD, its counters, and the few actions
+    that touch more than one role. engine/rc.py's RCQP is the one implementation; the
+    roles name it by this interface so that rc.py alone imports them (rc -> roles), never
+    the other way round."""
+
+    state: Any
+    pd: PD
+    stats: dict[str, int]
+    events: list
+    dest_qp: int
+    mtu: int
+    timeout_s: float
+    retry_cnt: int
+    rnr_retry: int
+    rnr_timer_s: float
+    sq_depth: int
+    rq_depth: int
+    sq_sig_all: bool
+    max_inline_data: int
+    max_rd_atomic: int
+    max_dest_rd_atomic: int
+    qp_access_flags: int
+    sig_pipelining: bool
+    # The completer's view of the send queue: the requester (rc_requester.Requester).
+    requester: Any
+
+    def trace_for(self, **ctx) -> Callable | None: ...
+
+    def enter_err(self) -> None: ...
+
+    def enter_sqd(self, notify: bool) -> None: ...
+
+    def invalidate(self, key: int | None, remote: bool) -> bool: ...
+
+    def complete_send(self, wr_id: int, status: WcStatus, opcode: WcOpcode,
+                      byte_len: int = 0) -> None: ...
+
+    def complete_recv(self, wr_id: int, status: WcStatus, opcode: WcOpcode, byte_len: int = 0,
+                      imm_data: int | None = None, wc_flags: int = 0,
+                      invalidated_rkey: int = 0) -> None: ...
 
 
 def psn_add(psn: int, n: int) -> int:

@@ -20,10 +20,9 @@ from ..protocol.packets import Run
 from . import transfer
 from .completion import TransferError
 from .qp_state import SENDING
-from .rc_common import SendRequest, psn_add, psn_diff, scatter
+from .rc_common import QPContext, SendRequest, psn_add, psn_diff, scatter
 
 if TYPE_CHECKING:
-    from .rc import RCQP
     from .rc_requester import Requester
 
 # ibv_modify_qp(3): rnr_retry 7 means retry forever.
@@ -39,7 +38,7 @@ _NAK_STATUS = {"NAK_REM_ACCESS": WcStatus.REM_ACCESS_ERR,
 class Completer:
     """The completion side of ``qp``'s send queue."""
 
-    def __init__(self, qp: RCQP) -> None:
+    def __init__(self, qp: QPContext) -> None:
         self.qp = qp
         self._rnr_count = 0
 

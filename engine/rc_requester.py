@@ -27,11 +27,10 @@ from . import qp_state, transfer
 from .completion import TransferError
 from .hca import MR
 from .qp_state import SENDING
-from .rc_common import PSN_MOD, SendRequest, psn_add
+from .rc_common import PSN_MOD, QPContext, SendRequest, psn_add
 
 if TYPE_CHECKING:
     from ..protocol.records import SendWR
-    from .rc import RCQP
 
 # Unacknowledged packets the requester may have on the wire: 128, rxe's
 # RXE_MAX_UNACKED_PSNS. With packet trains a window of 64 (256 KiB at MTU 4096) held one
@@ -54,7 +53,7 @@ LOCAL_INV_FAILED = WcStatus.LOC_QP_OP_ERR
 class Requester:
     """The send queue side of ``qp``."""
 
-    def __init__(self, qp: RCQP) -> None:
+    def __init__(self, qp: QPContext) -> None:
         self.qp = qp
         # Posted WRs in order; the completer (engine/rc_completer.py) retires them.
         self.queue: deque[SendRequest] = deque()

@@ -35,11 +35,10 @@ from ..protocol.opcodes import (
 from ..protocol.packets import Packet, Run
 from . import qp_state, transfer
 from .completion import Fault, TransferError
-from .rc_common import PSN_MOD, psn_add, psn_diff, scatter
+from .rc_common import PSN_MOD, QPContext, psn_add, psn_diff, scatter
 
 if TYPE_CHECKING:
     from ..protocol.records import RecvWR
-    from .rc import RCQP
 
 # The responder ACKs at least this often within a long message.
 ACK_EVERY = 16
@@ -90,7 +89,7 @@ class _Inbound:
 class Responder:
     """The receive queue side of ``qp``."""
 
-    def __init__(self, qp: RCQP) -> None:
+    def __init__(self, qp: QPContext) -> None:
         self.qp = qp
         self._rq: deque[RecvWR] = deque()
         self._epsn = 0
