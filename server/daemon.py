@@ -27,6 +27,7 @@ from ..protocol.enums import QpState
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, hello_src, make_challenge, verify_hello
+from ..protocol.kinds import FrameKind
 from .faults import Faults
 from .hosts import Limits, QPHost
 from .link import READ_CHUNK, read_frames
@@ -200,7 +201,7 @@ class Daemon:
                 return
             self.connections += 1
             authenticated = True
-            writer.writelines(encode_frame({"t": "welcome", "role": role,
+            writer.writelines(encode_frame({"t": FrameKind.WELCOME, "role": role,
                                             "devices": list(self.hcas),
                                             "max_frame": self.max_frame}))
             rest = frames[1:]

@@ -16,6 +16,7 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
+from ..protocol.kinds import FrameKind
 from ..protocol.packets import Packet, packet_header
 from .hosts import QPHost, Session
 
@@ -117,7 +118,7 @@ class Taps:
                 if owner is not None or self.subscribers[s][1]]
         if not subs:
             return
-        header = {"t": "event", "kind": "packet", "dir": direction, "dev": dev,
+        header = {"t": FrameKind.EVENT, "kind": "packet", "dir": direction, "dev": dev,
                   "time": asyncio.get_running_loop().time(), "daemon": self.address(),
                   "pkt": packet_header(dev, p)}
         for s in subs:
@@ -127,7 +128,7 @@ class Taps:
         subs = self.wants("trace", owner)
         if not subs:
             return
-        header = {"t": "event", "kind": "trace", "dev": dev, "daemon": self.address(),
+        header = {"t": FrameKind.EVENT, "kind": "trace", "dev": dev, "daemon": self.address(),
                   "time": asyncio.get_running_loop().time(), **plain(ctx),
                   "direction": ev.direction, "stage": ev.stage, "key": ev.key,
                   "stream": ev.stream, "offset": ev.offset, "detail": plain(ev.detail)}

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from .. import client as sh
 from ..protocol.frames import FrameDecoder, frame_bytes
 from ..protocol.handshake import make_hello
+from ..protocol.kinds import FrameKind
 from ..protocol.packets import Packet, packet_header
 from ..server.cliargs import positive_float
 from ..server.link import read_frames
@@ -198,7 +199,7 @@ class Soak:
         if role is not None:
             writer.write(frame_bytes(make_hello(frames[0].header, role, None, src)))
             frames = frames[1:] or await asyncio.wait_for(read_frames(reader, dec), 10)
-            if frames[0].header.get("t") != "welcome":
+            if frames[0].header.get("t") != FrameKind.WELCOME:
                 raise sh.RDMAError("EPROTO", f"hello refused: {frames[0].header}")
         return reader, writer, dec
 
@@ -263,7 +264,7 @@ class Soak:
             await writer.drain()
             with contextlib.suppress(asyncio.TimeoutError):
                 frames = await asyncio.wait_for(read_frames(reader, dec), 0.5)
-                refused = any(f.header.get("t") == "err" for f in frames)
+                refused = any(f.header.get("t") == FrameKind.ERR for f in frames)
             writer.close()
 
         # Polls past a session's bound are refused (ENOMEM or EAGAIN); memory that stays
@@ -341,7 +342,7 @@ class Soak:
                 break
             got += frames
         writer.close()
-        return len(got) == len(bad) and all(f.header.get("t") == "err" for f in got)
+        return len(got) == len(bad) and all(f.header.get("t") == FrameKind.ERR for f in got)
 
     async def attack_loop(self) -> None:
         loop = asyncio.get_running_loop()
