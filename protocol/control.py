@@ -36,7 +36,7 @@ from .attrs import (
 from .errors import einval
 from .frames import FrameError, field
 from .records import RecvWR, SendWR
-from .schema import I32, MAX_SGE, U8, U16, U32, U64, check_fields, sge_to_wire, sges_from_wire
+from .schema import I32, MAX_SGE, U32, U64, check_fields, sge_to_wire, sges_from_wire
 
 # WRs in one post_send / post_recv request: decoding and posting them is one stretch of
 # the daemon's event loop, kept to a few milliseconds (the client splits longer lists).
@@ -702,8 +702,8 @@ def setter_from_wire(kind: Any, value: Any, what: str) -> tuple[str, Any]:
 
 __all__ = [
     "BY_VERB", "CONFIGURE_CALL", "EVENT_KINDS", "MAX_CONFIGURE_ENTRIES", "MAX_CQE",
-    "MAX_CREDITS", "MAX_SGE", "MAX_WRS_PER_POST", "QP_ATTR", "REQUESTS", "SETTERS", "U8",
-    "U16", "U32", "U64", "ConfigureCall", "MkeyConfAttr", "Request", "SetterCall",
+    "MAX_CREDITS", "MAX_SGE", "MAX_WRS_PER_POST", "QP_ATTR", "REQUESTS", "SETTERS",
+    "U32", "U64", "ConfigureCall", "MkeyConfAttr", "Request", "SetterCall",
     "attr_from_wire", "attr_to_wire", "check_fields", "decode_request",
     "setter_from_wire", "sge_to_wire", "sges_from_wire",
 ]

@@ -11,12 +11,12 @@ from __future__ import annotations
 from .attrs import SGE
 from .frames import FrameError, field
 
-U8, U16, U32, U64 = (1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
+U32, U64 = (1 << 32) - 1, (1 << 64) - 1
 I32 = (1 << 31) - 1
 # ibv_query_device(3) max_sge: SGEs in one WR.
 MAX_SGE = 32
 
-__all__ = ["I32", "MAX_SGE", "U8", "U16", "U32", "U64", "check_fields", "sge_to_wire",
+__all__ = ["I32", "MAX_SGE", "U32", "U64", "check_fields", "sge_to_wire",
            "sges_from_wire"]
 
 

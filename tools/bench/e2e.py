@@ -120,7 +120,6 @@ class _Pair:
         self.memory = np.random.default_rng(4791).integers(0, 256, self.top,
                                                            dtype=np.uint8).tobytes()
         self.rq = 4 * opts.depth
-        self.recvs_posted = 0
 
     @classmethod
     async def create(cls, config: str, tnode: sh.Node, inode: sh.Node,
