@@ -1,6 +1,7 @@
 """softhca.engine: the device model, pure and synchronous (no sockets, no clocks).
 
-- ``hca``: the HCA and what it owns (PD, MR = host memory, DEK), the key table.
+- ``hca``: the HCA and what it owns (DEKs, MKEYs), the key table; ``memory``: PD and
+  MR (host memory as the device sees it).
 - ``mkey``: the MKEY and its layouts; ``mkey_configure``: the configure WR builder.
 - ``signature``: the sig setter's rules and per-block check / copy / generate / strip.
 - ``guards``: T10-DIF, CRC32, CRC32C, CRC64_XP10 and IP checksum guards, many blocks a call.

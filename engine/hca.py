@@ -107,7 +107,7 @@ class HCA:
         self._handles = itertools.count(1)
         # Key index in the upper 24 bits, an 8-bit variant in the lower, as mlx5
         # keys look. Both start at unpredictable values, so that an rkey cannot be
-        # guessed from the order of registrations (issue 13: a guessed rkey let a forged
+        # guessed from the order of registrations (a guessed rkey would let a forged
         # packet write into another session's MR); never index 0, so that a zero key
         # is always unknown.
         self._key_index = itertools.count(secrets.randbelow(_KEY_INDEXES - 0x100) + 0x100)

@@ -3,7 +3,7 @@ logins, the device's mlx5 caps and canceling posted send WRs (mlx5dv.h).
 
 ``Mlx5dvVerbs`` is mixed into server/verbs.py's ``Verbs``, whose object table it uses
 (``get``, ``add``, ``destroy_handle``, ``objects``), so that each stays a class of one
-concern; its handlers are in ``Verbs.HANDLERS`` with the others.
+concern; its handlers are in server/verbs.py's ``HANDLERS`` with the others.
 """
 
 from __future__ import annotations

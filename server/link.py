@@ -1,7 +1,7 @@
 """Opening a connection to a daemon: TCP, then the HELLO exchange (protocol.handshake).
 
 ``open_link`` is the connecting side for both roles: a client's control session
-(``client.connect``) and a daemon's outgoing wire link (``server.daemon.WireLink``).
+(``client.connect``) and a daemon's outgoing wire link (``server.wire.WireLink``).
 It lives above protocol/, which holds the bytes and never a socket.
 ``read_frames`` is the bounded frame reader every stream of the protocol is read with:
 the decoder refuses a frame over its limit (EMSGSIZE) before buffering it.

@@ -3,7 +3,7 @@ own objects: fault rules (server/faults.py), the daemon's counters and subscript
 pushed events (server/taps.py).
 
 ``NodeVerbs`` is mixed into server/verbs.py's ``Verbs`` (its ``daemon``, ``session`` and
-``peer``); its handlers are in ``Verbs``' table ``HANDLERS`` with the others.
+``peer``); its handlers are in server/verbs.py's ``HANDLERS`` with the others.
 """
 
 from __future__ import annotations

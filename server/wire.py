@@ -1,7 +1,7 @@
 """The wire plane of a daemon: RC packets between its QPs and other daemons' over TCP.
 
 Packets to a daemon go on an outgoing ``WireLink`` this daemon opens to it (its HELLO
-is protocol/link.py's ``open_link``, as a client's is); each daemon only reads packets
+is server/link.py's ``open_link``, as a client's is); each daemon only reads packets
 from the links others opened to it (``WirePlane.wire_in``), so the two directions of a
 QP pair never share a socket. On both ways the packets pass the wire taps and
 subscribers (server/taps.py) and the fault rules (server/faults.py, with the

@@ -71,8 +71,8 @@ CONF_PAGE = "mlx5dv_wr_mkey_configure(3)"
 M32 = 0xFFFFFFFF
 
 
-# The configurations are those of tests/test_sig_block_examples.py and
-# tests/test_crypto_examples.py, so the demo shows what the tests assert.
+# The configurations are those of tests/unit/test_sig_block_examples.py and
+# tests/unit/test_crypto_examples.py, so the demo shows what the tests assert.
 CRC32_512 = SigBlockDomain(sig_type=SigType.CRC, crc=SigCrc(SigCrcType.CRC32, M32),
                            block_size=BlockSize.SIZE_512)
 DIF_4K = SigBlockDomain(sig_type=SigType.T10DIF, block_size=BlockSize.SIZE_4096,

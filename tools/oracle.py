@@ -1,7 +1,7 @@
 """What the man pages say the bytes are, computed without the engine.
 
 The demo judges the daemons' wire images with this, and the tests take their expected
-values from it; so nothing here imports softhca.engine (tests/test_layering.py checks
+values from it; so nothing here imports softhca.engine (tests/unit/test_layering.py checks
 that). The PI comes from crcmod (another CRC implementation than the engine's fast
 path) with the parameters of docs/semantics.md section 3 and a plain RFC 1071 sum;
 AES-XTS from cryptography's own XTS mode, one context per data unit, straight from

@@ -1,4 +1,4 @@
-"""rdma-core's own pyverbs tests, unmodified, on softhca's pyverbs (issue 12).
+"""rdma-core's own pyverbs tests, unmodified, on softhca's pyverbs layer.
 
 The tests come from Debian's ``python3-pyverbs`` (``apt-get download`` + ``dpkg -x`` into
 a temporary directory; nothing of rdma-core is kept in this repository). They run in a

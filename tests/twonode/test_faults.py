@@ -1,4 +1,4 @@
-"""The fault-injection cases of issue 4 across two hosts.
+"""The fault-injection cases (docs/architecture.md, "Fault injection") across two hosts.
 
 Each test runs the very case function of the single-host suite (tests/e2e/test_e2e_faults.py)
 on a pair whose target is the remote daemon at SOFTHCA_TARGET: the rules go on the

@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "RDMA_WRITE at path MTU 1024, each beside its ceilings "
         "measured in the same run (an asyncio TCP stream between two processes, the engine's "
         "transform alone); 64-byte latency p50/p99; many QPs over many control sessions.")
-    # The defaults are bench.E2EOptions' (tests/test_bench.py holds them equal); written
+    # The defaults are bench.E2EOptions' (tests/tools/test_bench.py holds them equal); written
     # out here so that building the parser never imports the bench.
     p.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
     p.add_argument("--json-out", metavar="FILE",
