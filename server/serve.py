@@ -161,6 +161,11 @@ async def serve(o: ServeOptions) -> None:
                else f"any host that can reach {daemon.address}")
         log.warning("no token %s", kv(event="no_auth", address=daemon.address,
                                        note=f"{who} can use this daemon"))
+    if daemon.peer_token_generated:
+        log.info("peer token generated %s", kv(
+            event="peer_token", source="generated",
+            note="no other daemon can open a wire link here: give the daemons of a "
+                 "fabric one --peer-token-file"))
     if o.ready_file:
         Path(o.ready_file).write_text(daemon.address + "\n")
     stop = asyncio.Event()
