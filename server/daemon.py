@@ -244,7 +244,8 @@ class Daemon:
             for k, v in qph.rcqp.stats.items():
                 total[k] = total.get(k, 0) + v
         for name in ("retransmissions", "retransmitted_packets", "ack_timeouts", "rnr_retries",
-                     "duplicates_discarded", "psn_seq_naks_sent"):
+                     "duplicates_discarded", "psn_seq_naks_sent", "duplicate_reads_answered",
+                     "duplicate_reads_dropped"):
             total.setdefault(name, 0)
         total["fault_rules"] = len(self.faults.rules)
         total.update(self.partial_block_counts())
