@@ -93,7 +93,7 @@ class Daemon:
         # Wire taps and pushed events; ``taps``: callables (direction "tx" | "rx", dev,
         # Packet) seeing every packet this daemon sends or accepts (the demo's wire
         # images, captures).
-        self.events = Taps(self.qps, lambda: self.address)
+        self.events = Taps(self.qps, lambda: self.address, self.counters)
         self.taps = self.events.taps
         self.wire = WirePlane(counters=self.counters, qps=self.qps, faults=self.faults,
                               taps=self.events, service=self.service, trains=trains,
