@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -403,6 +404,10 @@ class QP(_Closable):
 
     def __init__(self, pd: PD, handle: int, qp_num: int, init_attr: QPInitAttr) -> None:
         self.pd, self.handle, self.qp_num, self.init_attr = pd, handle, qp_num, init_attr
+        # The first PSN this QP sends with (``info``, ``connect``): random, as rdma_cm
+        # picks it, so that a packet forged with a guessed PSN of 0 finds nothing to
+        # take it.
+        self.psn = secrets.randbelow(1 << 24)
         pd.ctx._qps[handle] = self
         self.sq_sig_all = bool(init_attr.sq_sig_all)
         self.wr_id = 0
@@ -415,11 +420,13 @@ class QP(_Closable):
         """The Node (control session) the QP belongs to."""
         return self.pd.node
 
-    def info(self, psn: int = 0) -> QPInfo:
+    def info(self, psn: int | None = None) -> QPInfo:
         """What a peer needs to connect to this QP: QPInfo(host, port, dev, qp_num,
-        psn), ``psn`` the first PSN this QP will expect (default 0). Not awaited;
-        sends nothing and raises nothing."""
-        return QPInfo(self.node.host, self.node.port, self.pd.ctx.name, self.qp_num, psn)
+        psn), ``psn`` the first PSN this QP sends with, which the peer expects (default
+        ``self.psn``, random per QP, as ``connect``'s ``sq_psn``). Not awaited; sends
+        nothing and raises nothing."""
+        return QPInfo(self.node.host, self.node.port, self.pd.ctx.name, self.qp_num,
+                      self.psn if psn is None else psn)
 
     # -- ibv_modify_qp -----------------------------------------------------------------
     async def modify(self, attr: QPAttr, mask: int = 0) -> int:
@@ -470,14 +477,16 @@ class QP(_Closable):
         h, _ = await self.node.request("query_qp", qp=self.handle)
         return h["attr"]
 
-    async def connect(self, peer: QPInfo, path_mtu: int = Mtu.MTU_1024, *, sq_psn: int = 0,
+    async def connect(self, peer: QPInfo, path_mtu: int = Mtu.MTU_1024, *,
+                      sq_psn: int | None = None,
                       timeout: int = 17, retry_cnt: int = 7, rnr_retry: int = 7,
                       min_rnr_timer: int = 12) -> None:
         """RESET -> INIT -> RTR -> RTS towards ``peer`` (``peer_qp.info()``). ``timeout`` is
         ibv_qp_attr's exponent (4.096 us * 2^timeout; 17 is about half a second, 0
         infinite); ``retry_cnt`` and ``rnr_retry`` are 3-bit counts (``rnr_retry`` 7
         retries forever); ``min_rnr_timer`` the IBTA RNR timer code (12 = 0.64 ms);
-        ``path_mtu`` an IBV_MTU_* (default 1024); ``sq_psn`` this QP's first PSN.
+        ``path_mtu`` an IBV_MTU_* (default 1024); ``sq_psn`` this QP's first PSN
+        (default ``self.psn``, the one ``info`` gives the peer).
 
         Errors: as ``modify`` at the step that failed (EINVAL when the QP is past
         INIT; EPROTO for a value outside its width); the earlier steps stay done."""
@@ -485,8 +494,9 @@ class QP(_Closable):
         await self.to_rtr(QPAttr(path_mtu=path_mtu, dest_qp_num=peer.qp_num, rq_psn=peer.psn,
                                  dest_host=peer.host, dest_port=peer.port, dest_dev=peer.dev,
                                  min_rnr_timer=min_rnr_timer))
-        await self.to_rts(QPAttr(sq_psn=sq_psn, timeout=timeout, retry_cnt=retry_cnt,
-                                 rnr_retry=rnr_retry, min_rnr_timer=min_rnr_timer))
+        await self.to_rts(QPAttr(sq_psn=self.psn if sq_psn is None else sq_psn,
+                                 timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
+                                 min_rnr_timer=min_rnr_timer))
 
     async def cancel_posted_send_wrs(self, wr_id: int) -> int:
         """mlx5dv_qp_cancel_posted_send_wrs(3): in SQD, the not yet started WRs with

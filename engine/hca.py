@@ -105,12 +105,12 @@ class HCA:
         self.strict_blocks = strict_blocks
         self.partial_blocks = {"partial_block_transfers": 0, "partial_block_layouts": 0}
         self._handles = itertools.count(1)
-        # Key index in the upper 24 bits, an 8-bit variant in the lower, as mlx5
-        # keys look. Both start at unpredictable values, so that an rkey cannot be
-        # guessed from the order of registrations (a guessed rkey would let a forged
-        # packet write into another session's MR); never index 0, so that a zero key
-        # is always unknown.
-        self._key_index = itertools.count(secrets.randbelow(_KEY_INDEXES - 0x100) + 0x100)
+        # Key index in the upper 24 bits, an 8-bit variant in the lower, as mlx5 keys
+        # look. Both are drawn at random from their whole space, and an index is never
+        # given twice while its key lives: a key learnt from one's own registration
+        # says nothing of a neighbour's (counted indexes left only the variant to
+        # guess). Never index 0, so that a zero key is always unknown.
+        self._live_indexes: set[int] = set()
         self._next_va = VA_BASE
         self.keys: dict[int, object] = {}
         self.pds: dict[int, PD] = {}
@@ -118,11 +118,21 @@ class HCA:
 
     # -- allocation ---------------------------------------------------------
     def new_key(self) -> int:
+        """A fresh lkey/rkey: a random key index in use by no live MR or MKEY of this
+        device, and a random variant. The caller's table entry (``keys``) and
+        ``release_key`` keep the index reserved exactly while the key lives."""
+        if len(self._live_indexes) >= _KEY_INDEXES - 1:
+            raise RDMAError("ENOMEM", f"{self.name} has no free key index")
         while True:
-            index = next(self._key_index) % _KEY_INDEXES
-            key = (index << 8) | secrets.randbelow(256)
-            if index and key not in self.keys:
-                return key
+            index = secrets.randbelow(_KEY_INDEXES - 1) + 1
+            if index not in self._live_indexes:
+                self._live_indexes.add(index)
+                return (index << 8) | secrets.randbelow(256)
+
+    def release_key(self, key: int) -> None:
+        """The key's object is gone: its index may be drawn again."""
+        if self.keys.pop(key, None) is not None:
+            self._live_indexes.discard(key >> 8)
 
     def alloc_pd(self) -> PD:
         pd = PD(self, next(self._handles))
@@ -147,7 +157,7 @@ class HCA:
 
     def dereg_mr(self, mr: MR) -> None:
         mr.valid = False
-        self.keys.pop(mr.lkey, None)
+        self.release_key(mr.lkey)
 
     def create_dek(self, attr: DEKInitAttr, session_login: CryptoLogin | None = None) -> DEK:
         """mlx5dv_dek_create(3). The key is plaintext or wrapped as the crypto login says:
@@ -241,4 +251,4 @@ class HCA:
 
     def destroy_mkey(self, mkey: MKey) -> None:
         mkey.invalidate()
-        self.keys.pop(mkey.lkey, None)
+        self.release_key(mkey.lkey)

@@ -101,6 +101,10 @@ class Responder:
         self._resp_out: list[Packet | Run] = []
         # PSN -> (original value, MSN) of the atomics executed most recently.
         self._atomic_results: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        # First PSN -> (packets, rkey, va, length, MSN) of the READs answered most
+        # recently: a duplicate READ is answered only from these (rxe_resp.c's read
+        # resources), never with whatever RETH it carries.
+        self._read_records: OrderedDict[int, tuple[int, int, int, int, int]] = OrderedDict()
         # Receives refused with an RNR NAK before the receive queue is looked at
         # (fault injection: "answer the next N messages with RNR").
         self.refuse_rnr = 0
@@ -181,7 +185,7 @@ class Responder:
             return True
         self.qp.stats["duplicates_discarded"] += run.n
         if run.kind == RDMA_READ_REQUEST:
-            self._answer_read(run, first_time=False)
+            self._replay_read(run)
         elif run.kind in _ATOMICS:
             self._replay_atomic(run)
         else:
@@ -361,10 +365,13 @@ class Responder:
                                   len(data), imm_data, int(WcFlags.WITH_IMM))
         return True
 
-    def _answer_read(self, pkt: Run, first_time: bool) -> None:
-        rkey, addr, length = pkt.reth
+    def _answer_read(self, pkt: Run, first_time: bool, reth: tuple | None = None,
+                     msn: int | None = None) -> None:
+        rkey, addr, length = reth or pkt.reth
         try:
-            data = transfer.tx(self.qp.pd, rkey, addr, length, remote=True,
+            # A view of an MR's memory, not a copy: the responses are read as the link
+            # sends them, so a READ costs no second copy of what it reads.
+            data = transfer.tx(self.qp.pd, rkey, addr, length, remote=True, view=True,
                                trace=self.qp.trace_for(role="responder", psn=pkt.psn, op="RDMA_READ"))
         except TransferError as err:
             self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
@@ -375,6 +382,8 @@ class Responder:
             self._accept(n)
             self._msn = (self._msn + 1) % PSN_MOD
             self._unacked = 0
+            self._record_read(pkt.psn, n, rkey, addr, length)
+        aeth = ("ACK", self._msn if msn is None else msn)
         # The responses as runs over one view of the data: at most READ_RESPONSE_RUN_MAX
         # packets each, never across the PSN wrap; a run of one goes as its packet.
         view = memoryview(data)
@@ -383,9 +392,37 @@ class Responder:
             psn = psn_add(pkt.psn, a)
             k = min(n - a, READ_RESPONSE_RUN_MAX, PSN_MOD - psn)
             t = Run(self.qp.dest_qp, psn, k, "RDMA_READ_RESPONSE", a == 0, a + k == n, mtu,
-                    view[a * mtu:(a + k) * mtu], aeth=("ACK", self._msn))
+                    view[a * mtu:(a + k) * mtu], aeth=aeth)
             self._resp_out.append(t if k > 1 else t.packet(0))
             a += k
+
+    def _record_read(self, psn: int, n: int, rkey: int, addr: int, length: int) -> None:
+        """Keep what a READ asked for, for its duplicates: max_dest_rd_atomic records
+        (the responder's resources for incoming READs and atomics, ibv_modify_qp(3)), the
+        oldest forgotten first, as rxe reuses its read resources."""
+        self._read_records[psn] = (n, rkey, addr, length, self._msn)
+        while len(self._read_records) > max(1, self.qp.max_dest_rd_atomic):
+            self._read_records.popitem(last=False)
+
+    def _replay_read(self, pkt: Run) -> None:
+        """A duplicate READ request, answered only from the record of the READ it
+        repeats, as rxe_resp.c does: its PSN within that READ's responses, its rkey the
+        same, and its range within the original range (the requester re-requests the
+        rest of a READ from the first response it lacks). Anything else is dropped and
+        counted: a READ request is never answered twice with a RETH it did not have."""
+        for first, (n, rkey, addr, length, msn) in self._read_records.items():
+            off = psn_diff(pkt.psn, first)
+            if not 0 <= off < n:
+                continue
+            p_rkey, p_addr, p_len = pkt.reth
+            if (p_rkey == rkey and addr <= p_addr and p_len <= length
+                    and p_addr + p_len <= addr + length):
+                self.qp.stats["duplicate_reads_answered"] += 1
+                self._answer_read(pkt, first_time=False, reth=(p_rkey, p_addr, p_len),
+                                  msn=msn)
+                return
+            break
+        self.qp.stats["duplicate_reads_dropped"] += 1
 
     def _execute_atomic(self, pkt: Run) -> None:
         if pkt.atomic is None:

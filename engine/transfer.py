@@ -186,18 +186,20 @@ def _crypt(mkey: MKey, data: np.ndarray, cs, direction: str, t: _Tracer,
 
 
 def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
-       trace: Trace = None, sig_errors: list | None = None) -> bytes:
+       trace: Trace = None, sig_errors: list | None = None, view: bool = False):
     """Memory to wire: the wire bytes of ``length`` at ``offset`` through ``key``.
     ``offset`` is a virtual address for an MR and an offset for an MKEY. A signature
     error is latched on the MKEY and, given ``sig_errors``, appended to it too (signature
-    pipelining stops the send queue on an error of this transfer, whatever is latched)."""
+    pipelining stops the send queue on an error of this transfer, whatever is latched).
+    With ``view``, an MR's bytes come as a view of its memory, read when they are sent
+    (as an HCA DMAs READ response data as it sends it), not a copy."""
     obj = _resolve(pd, key, AccessFlags.REMOTE_READ if remote else 0, remote)
     t = _Tracer(trace, TX, key)
     if isinstance(obj, MR):
         start = _mr_range(obj, offset, length)
         data = obj.buf[start:start + length]
         t.emit("gather", "memory", start, data)
-        return data.tobytes()
+        return data if view else data.tobytes()
     p = plan(obj, offset, length)
     cs = _precheck(obj, p)
     kp = plan_of(obj)

@@ -8,13 +8,15 @@ T10-DIF generated for every 4096 bytes.
 
 Without options it starts its own target daemon, as you would on a storage node:
 
-    softhca serve --listen 127.0.0.1:0 --token-file TOKEN --ready-file READY
+    softhca serve --listen 127.0.0.1:0 --token-file TOKEN --peer-token-file TOKEN \
+                  --ready-file READY
 
 on a free loopback port (port 0; the daemon writes the port it got to READY), the token
 a fresh random one in a private file. With ``--target HOST:PORT [--token-file FILE]``
 it uses a daemon you started instead, and with ``--initiator HOST:PORT`` a second one
 as the initiator; otherwise the initiator is a daemon embedded in this process, with
-the same token (daemons prove it to each other too), reachable by the target at
+the same token, which it also proves as the peer token of its wire link (the target
+must have been started with ``--peer-token-file`` naming that file), reachable at
 ``--listen`` (default 127.0.0.1; give an address the target can reach when it is on
 another host).
 
@@ -63,7 +65,8 @@ def serve_process(workdir: Path):
     ready, log = workdir / "ready", workdir / "serve.log"
     # `python -m softhca.tools.cli` is the `softhca` command, found without PATH.
     cmd = [sys.executable, "-m", "softhca.tools.cli", "serve", "--listen", "127.0.0.1:0",
-           "--token-file", str(token_file), "--ready-file", str(ready)]
+           "--token-file", str(token_file), "--peer-token-file", str(token_file),
+           "--ready-file", str(ready)]
     with open(log, "w") as log_out:
         proc = subprocess.Popen(cmd, stdout=log_out, stderr=subprocess.STDOUT)
     try:
@@ -97,7 +100,7 @@ async def run(target_address: str, initiator_address: str | None, token: bytes |
                 await sh.connect(initiator_address, token=token))
         else:
             initiator_node = await stack.enter_async_context(
-                sh.embedded(token=token, host=listen))
+                sh.embedded(token=token, host=listen, peer_token=token))
         print(f"target daemon {target_node.address}, initiator daemon "
               f"{initiator_node.address}" + ("" if initiator_address else " (in this process)"))
         target, initiator = await rc_pair(target_node, initiator_node)

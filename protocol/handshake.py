@@ -17,8 +17,10 @@ connection (another nonce) or replayed with another role does not verify.
 A daemon's wire link names, in ``src``, the address its own daemon listens on: the
 QPs there are the ones its packets may come from. The proof binds it too, so a hello
 cannot be given another daemon's name on the way. A wire hello is checked against the
-daemon's peer token (``serve --peer-token-file``), which need not be the clients'
-token: with a separate one, a client's token opens no wire link.
+daemon's peer token (``serve --peer-token-file``; without it a daemon makes one at
+start), never the clients' token unless a deployment gives the same one: a client's
+token opens no wire link. ``auth`` in the challenge says whether a *control* hello
+needs a proof; a wire hello always proves the peer token.
 
 These functions only build and check headers; sending them, and the error
 frame plus close on failure, is the caller's business.

@@ -38,6 +38,9 @@ class CaptureTap:
 
     def __init__(self, daemon, path) -> None:
         self.daemon = daemon
+        self.name = f"capture {getattr(path, 'path', path)}"
+        # Why the capture stopped early (the disk filled, ...); None while it runs.
+        self.error: BaseException | None = None
         self.writer = path if isinstance(path, PcapWriter) else PcapWriter(path, autoflush=True)
         self._peers: dict[tuple[str, str, int], Endpoint | None] = {}
         daemon.taps.append(self)
@@ -80,7 +83,15 @@ class CaptureTap:
                               ident=self.writer.count)
         self.writer.write(time.time(), frame)
 
+    def stopped(self, e: BaseException) -> None:
+        """The daemon stopped this tap (a write failed): the file is closed with what it
+        holds; the daemon's traffic goes on without it."""
+        self.error = e
+        with contextlib.suppress(OSError):
+            self.writer.close()
+
     def close(self) -> None:
         with contextlib.suppress(ValueError):
             self.daemon.taps.remove(self)
-        self.writer.close()
+        with contextlib.suppress(OSError):
+            self.writer.close()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import secrets
 
 from ..engine.crypto_login import DeviceCrypto
@@ -39,8 +38,12 @@ from .wire import WireLink, WirePlane, host_class, link_origin
 __all__ = ["DEFAULT_PORT", "Daemon", "Limits", "WireLink", "host_class", "kv", "plain"]
 
 DEFAULT_PORT = 4791
-# Daemon(peer_token=...) not given: wire links prove the clients' token.
-SAME_TOKEN = object()
+# The peer credential of the daemons of this process that were given none: made at
+# start, so that daemons in one process (``embedded``) link to each other and no other
+# process's daemon, and never a client's token, opens a wire link to them. Daemons in
+# other processes share one with ``serve --peer-token-file`` (docs/protocol.md).
+PROCESS_PEER_TOKEN = secrets.token_bytes(32)
+GENERATED = object()
 QPN_MOD = 1 << 24
 # QPs that go to ERR within this many seconds of each other share one malloc_trim.
 TRIM_DELAY_S = 0.1
@@ -53,7 +56,7 @@ class Daemon:
                  port: int = DEFAULT_PORT, token: bytes | None = None,
                  max_frame: int | None = None, limits: Limits | None = None,
                  crypto: DeviceCrypto | None = None, strict_blocks: bool = False,
-                 peer_token: bytes | None | object = SAME_TOKEN, trains: bool = True) -> None:
+                 peer_token: bytes | None | object = GENERATED, trains: bool = True) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
         limits = limits or Limits()
@@ -67,8 +70,10 @@ class Daemon:
         self.host = host
         self.port = port
         self.token = token
-        # Wire links (other daemons) prove the peer token; by default the clients' one.
-        self.peer_token = token if peer_token is SAME_TOKEN else peer_token
+        # Wire links (other daemons) prove the peer token, never the clients' one unless
+        # given as it; None: wire links are not authenticated.
+        self.peer_token = PROCESS_PEER_TOKEN if peer_token is GENERATED else peer_token
+        self.peer_token_generated = peer_token is GENERATED
         self.max_frame = limits.max_frame
         # Packet trains (docs/protocol.md): runs of one WR's packets go as one frame.
         # Off (``serve --no-trains``), every request packet goes as its own frame; READ
@@ -89,7 +94,7 @@ class Daemon:
         # Wire taps and pushed events; ``taps``: callables (direction "tx" | "rx", dev,
         # Packet) seeing every packet this daemon sends or accepts (the demo's wire
         # images, captures).
-        self.events = Taps(self.qps, lambda: self.address)
+        self.events = Taps(self.qps, lambda: self.address, self.counters)
         self.taps = self.events.taps
         self.wire = WirePlane(counters=self.counters, qps=self.qps, faults=self.faults,
                               taps=self.events, service=self.service, trains=trains,
@@ -99,9 +104,6 @@ class Daemon:
         # RC statistics of QPs already destroyed, so daemon totals never go backwards.
         self._gone_qp_stats: dict[str, int] = {}
         self._trim_timer: asyncio.TimerHandle | None = None
-        # QP numbers start at an unpredictable 24-bit value: QPNs counted from a fixed
-        # start would let a forged packet name another session's QP without looking.
-        self._qpn = itertools.count(secrets.randbelow(QPN_MOD))
         self._server: asyncio.AbstractServer | None = None
         self._conn_tasks: set[asyncio.Task] = set()
         self._closing = False
@@ -182,8 +184,9 @@ class Daemon:
         self._pre_hello[writer] = None
         authenticated = False
         try:
-            challenge, nonce = make_challenge(self.token is not None
-                                              or self.peer_token is not None)
+            # ``auth`` tells a client whether its hello needs the token; a wire hello
+            # proves the peer credential whatever it says.
+            challenge, nonce = make_challenge(self.token is not None)
             writer.writelines(encode_frame(challenge))
             frames = await asyncio.wait_for(read_frames(reader, decoder), limits.hello_timeout)
             if not frames:
@@ -242,7 +245,8 @@ class Daemon:
             for k, v in qph.rcqp.stats.items():
                 total[k] = total.get(k, 0) + v
         for name in ("retransmissions", "retransmitted_packets", "ack_timeouts", "rnr_retries",
-                     "duplicates_discarded", "psn_seq_naks_sent"):
+                     "duplicates_discarded", "psn_seq_naks_sent", "duplicate_reads_answered",
+                     "duplicate_reads_dropped"):
             total.setdefault(name, 0)
         total["fault_rules"] = len(self.faults.rules)
         total.update(self.partial_block_counts())
@@ -337,10 +341,12 @@ class Daemon:
 
     def new_qpn(self) -> int:
         """A 24-bit QP number in use on none of this daemon's HCAs; never QP0 or QP1,
-        which IBA reserves for management."""
+        which IBA reserves for management. Drawn at random from the whole space: a QPN
+        counted from the last one would let a co-tenant name its neighbour's QP from
+        its own (docs/protocol.md, trust model)."""
         while True:
-            qpn = next(self._qpn) % QPN_MOD
-            if qpn > 1 and not any((dev, qpn) in self.qps for dev in self.hcas):
+            qpn = secrets.randbelow(QPN_MOD - 2) + 2
+            if not any((dev, qpn) in self.qps for dev in self.hcas):
                 return qpn
 
 

@@ -4,7 +4,9 @@ Logs are one line per event on stderr, ``time level logger message key=value...`
 greppable and parseable. SIGTERM and SIGINT stop the daemon gracefully: every QP of
 every session goes to ERR (outstanding WRs flushed), then every connection closes.
 With ``--capture FILE`` the daemon writes every packet it sends and accepts to FILE as
-a pcap of RoCEv2 frames (``server/capture.py``), closed whole at the stop.
+a pcap of RoCEv2 frames (``server/capture.py``), closed whole at the stop; a file that
+cannot be written at start is refused (``capture_failed``), and one that stops growing
+later (a full disk) stops the capture alone, with one ``side_feature_stopped`` line.
 """
 
 from __future__ import annotations
@@ -144,12 +146,21 @@ async def serve(o: ServeOptions) -> None:
                     **({"peer_token": o.peer_token} if o.peer_token_given else {}))
     for rule in o.faults:
         daemon.faults.add(rule)
-    await daemon.start()
     tap = None
     if o.capture:
         from .capture import CaptureTap
 
-        tap = CaptureTap(daemon, o.capture)
+        # Opened (and its pcap header written) before listening: a file that cannot
+        # be written is refused at start, named as the cause.
+        try:
+            tap = CaptureTap(daemon, o.capture)
+        except OSError as e:
+            raise StartError("capture_failed", o.capture, e) from None
+    try:
+        await daemon.start()
+    except OSError as e:
+        raise StartError("listen_failed", f"{o.host}:{o.port}", e) from None
+    if tap is not None:
         log.info("capturing %s", kv(event="capture", file=o.capture))
     log.info("crypto %s", kv(event="crypto", mode="wrapped" if daemon.crypto.wrapped
                               else "plaintext", import_kek_id=daemon.crypto.import_kek_id,
@@ -161,6 +172,11 @@ async def serve(o: ServeOptions) -> None:
                else f"any host that can reach {daemon.address}")
         log.warning("no token %s", kv(event="no_auth", address=daemon.address,
                                        note=f"{who} can use this daemon"))
+    if daemon.peer_token_generated:
+        log.info("peer token generated %s", kv(
+            event="peer_token", source="generated",
+            note="no other daemon can open a wire link here: give the daemons of a "
+                 "fabric one --peer-token-file"))
     if o.ready_file:
         Path(o.ready_file).write_text(daemon.address + "\n")
     stop = asyncio.Event()
@@ -174,8 +190,18 @@ async def serve(o: ServeOptions) -> None:
         if tap is not None:
             tap.close()
             log.info("capture closed %s", kv(event="capture_closed", file=o.capture,
-                                              packets=tap.count))
+                                              packets=tap.count,
+                                              stopped_early=tap.error is not None))
     log.info("stopped %s", kv(event="stopped", **daemon.counters))
+
+
+class StartError(Exception):
+    """The daemon could not start: ``event`` (listen_failed, capture_failed), what it
+    was about (an address, a file) and the OSError that says why."""
+
+    def __init__(self, event: str, what: str, error: OSError) -> None:
+        super().__init__(event, what, error)
+        self.event, self.what, self.error = event, what, error
 
 
 def run(o: ServeOptions) -> int:
@@ -189,8 +215,9 @@ def run(o: ServeOptions) -> int:
             uvloop.run(serve(o))
         else:
             asyncio.run(serve(o))
-    except OSError as e:
-        log.error("cannot serve %s", kv(event="listen_failed", address=f"{o.host}:{o.port}",
-                                         reason=e.strerror or str(e)))
+    except StartError as e:
+        field = "address" if e.event == "listen_failed" else "file"
+        log.error("cannot serve %s", kv(event=e.event, **{field: e.what},
+                                         reason=e.error.strerror or str(e.error)))
         return 1
     return 0

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import errno
 from collections.abc import Callable
 from typing import Any
 
 from ..protocol.kinds import FrameKind
 from ..protocol.packets import Packet, packet_header
 from .hosts import QPHost, Session
+from .logs import kv, log
 
 # A wire tap: called with the direction ("tx" | "rx"), the device and the packet.
 Tap = Callable[[str, str, Packet], None]
@@ -48,9 +50,13 @@ class Taps:
     """The wire taps and event subscribers of one daemon, whose QPs are ``qps`` and
     whose address (named in every event) ``address()`` says."""
 
-    def __init__(self, qps: dict[tuple[str, int], QPHost], address: Callable[[], str]) -> None:
+    def __init__(self, qps: dict[tuple[str, int], QPHost], address: Callable[[], str],
+                 counters: dict[str, int] | None = None) -> None:
         self.qps = qps
         self.address = address
+        # ``side_features_stopped``: taps and subscribers stopped because they failed.
+        self.counters = counters if counters is not None else {}
+        self.counters.setdefault("side_features_stopped", 0)
         # Wire taps: empty, they cost one truth test per batch.
         self.taps: list[Tap] = []
         # Sessions that asked for pushed events: session -> ({"packets", "trace"},
@@ -104,10 +110,17 @@ class Taps:
     def seen(self, direction: str, dev: str, pkts: list[Packet],
              owner: Session | None) -> None:
         """Packets of ``owner``'s QP (None: of no QP here) sent ("tx") or accepted ("rx"):
-        to the wire taps, then to the subscribers."""
-        for p in pkts:
-            for tap in self.taps:
-                tap(direction, dev, p)
+        to the wire taps, then to the subscribers. A tap that fails is stopped, never
+        the packets."""
+        failed = None
+        for tap in self.taps:
+            try:
+                for p in pkts:
+                    tap(direction, dev, p)
+            except Exception as e:      # noqa: BLE001 - any failure of a tap stops it alone
+                failed = [*(failed or []), (tap, e)]
+        for tap, e in failed or ():
+            self.stop_tap(tap, e)
         if self.packet_watch:
             for p in pkts:
                 self._packet_event(direction, dev, p, owner)
@@ -122,7 +135,7 @@ class Taps:
                   "time": asyncio.get_running_loop().time(), "daemon": self.address(),
                   "pkt": packet_header(dev, p)}
         for s in subs:
-            s.push(header, p.payload)
+            self._push(s, header, p.payload)
 
     def _trace_event(self, dev: str, ctx: dict, ev, owner: Session) -> None:
         subs = self.wants("trace", owner)
@@ -133,4 +146,39 @@ class Taps:
                   "direction": ev.direction, "stage": ev.stage, "key": ev.key,
                   "stream": ev.stream, "offset": ev.offset, "detail": plain(ev.detail)}
         for s in subs:
-            s.push(header, ev.data)
+            self._push(s, header, ev.data)
+
+    def _push(self, s: Session, header: dict, payload) -> None:
+        """An event to subscriber ``s``; one that fails (its event cannot be encoded,
+        its connection broke) is unsubscribed, never the traffic that made the event.
+        A slow one loses events (Session.push counts them)."""
+        try:
+            s.push(header, payload)
+        except Exception as e:          # noqa: BLE001 - a failing subscriber stops alone
+            self.unsubscribe(s)
+            self._stopped("subscriber", e)
+
+    def stop_tap(self, tap: Tap, e: BaseException) -> None:
+        """A wire tap failed (a capture file's disk is full, EFBIG, EIO ...): it is
+        removed and told (its ``stopped``, if it has one), with one log line and
+        ``side_features_stopped`` counted; the packets go on."""
+        if tap in self.taps:
+            self.taps.remove(tap)
+        stopped = getattr(tap, "stopped", None)
+        if stopped is not None:
+            try:
+                stopped(e)
+            except Exception:           # noqa: BLE001 - already stopped; nothing more to do
+                pass
+        self._stopped(getattr(tap, "name", type(tap).__name__), e)
+
+    def _stopped(self, what: str, e: BaseException) -> None:
+        self.counters["side_features_stopped"] += 1
+        reason = (f"{e.strerror} ({errno_name(e)})" if isinstance(e, OSError) and e.strerror
+                  else f"{type(e).__name__}: {e}")
+        log.warning("side feature stopped %s", kv(event="side_feature_stopped", what=what,
+                                                   reason=reason, traffic="continues"))
+
+
+def errno_name(e: OSError) -> str:
+    return errno.errorcode.get(e.errno or 0, str(e.errno))

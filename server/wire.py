@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+from collections import deque
 from collections.abc import Callable
 
 from ..protocol.errors import RDMAError
@@ -293,14 +294,19 @@ class WirePlane:
 
 
 class WireLink:
-    """An outgoing wire connection to another daemon; packets queue until it is up.
+    """An outgoing wire connection to another daemon.
 
-    Its send buffer is bounded (``MAX_BUFFERED`` bytes, queued or unsent): past it the
-    packets are lost on the wire, counted, and RC recovers them or, when the peer
-    never reads, the QPs run out of retries (IBV_WC_RETRY_EXC_ERR), as over a cable
-    nobody drains."""
+    Everything sent goes through one backlog, before the link is up and after: the
+    backlog is bounded (``MAX_BACKLOG`` bytes) *before* it grows, and past it packets
+    are lost on the wire, counted (``packets_dropped_link_full``), and RC recovers them
+    or, when the peer never reads, the QPs run out of retries (IBV_WC_RETRY_EXC_ERR),
+    as over a cable nobody drains. The backlog moves to the socket only while its
+    unsent bytes are under ``MAX_BUFFERED``, and again each time the socket drains; so
+    a READ's responses, views of the memory read, are read as they are sent and never
+    copied whole into a socket buffer."""
 
     MAX_BUFFERED = 4 << 20
+    MAX_BACKLOG = 64 << 20
 
     def __init__(self, plane: WirePlane, host: str, port: int) -> None:
         self.plane = plane
@@ -308,64 +314,91 @@ class WireLink:
         self.daemon = plane.address()
         self.host, self.port = host, port
         self.writer: asyncio.StreamWriter | None = None
-        # (dev, packet or train, icrc override, source QPN, the QP that sent it) until
-        # the link is up.
-        self.queued: list[tuple[str, Packet | Run, int | None, int, object]] = []
-        self.queued_bytes = 0
+        # (dev, packet or train, icrc override, source QPN, the QP that sent it), in the
+        # order they go.
+        self.backlog: deque[tuple[str, Packet | Run, int | None, int, object]] = deque()
+        self.backlog_bytes = 0
         # The largest frame the peer takes (its welcome says): a train that would be
         # larger goes as its packets.
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self.closed = False
+        self._draining: asyncio.Task | None = None
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def buffered(self) -> int:
-        """Bytes this link holds: queued before it is up, or unsent in its socket."""
-        if self.writer is None:
-            return self.queued_bytes
-        return self.writer.transport.get_write_buffer_size()
+        """Bytes this link holds: its backlog and what its socket has not sent."""
+        unsent = self.writer.transport.get_write_buffer_size() if self.writer is not None else 0
+        return self.backlog_bytes + unsent
 
     def send(self, dev: str, pkts: list[Packet | Run], icrc_value: int | None = None, *,
              src_qp: int, owner: object = None) -> None:
-        """Frame and write ``pkts`` (packets and trains) of QP ``src_qp``; ``icrc_value``
-        (one packet) overrides its check; ``owner`` (the sending QP) lets a closing
-        session take back its queued packets."""
+        """Queue ``pkts`` (packets and trains) of QP ``src_qp`` behind what waits and move
+        what the socket takes; ``icrc_value`` (one packet) overrides its check;
+        ``owner`` (the sending QP) lets a closing session take back its queued packets."""
         if self.closed:
             return      # lost on the wire; RC retransmission or its retry limit follows
-        room = self.MAX_BUFFERED - self.buffered()
-        if room <= 0:
+        size = sum(len(p.payload) + PACKET_OVERHEAD for p in pkts)
+        if self.backlog_bytes + size > self.MAX_BACKLOG:
             self.plane.counters["packets_dropped_link_full"] += count(pkts)
             return
-        if self.writer is None:
-            for p in pkts:
-                self.queued.append((dev, p, icrc_value, src_qp, owner))
-                self.queued_bytes += len(p.payload) + PACKET_OVERHEAD
-            return
-        bufs = []
-        if any(type(p) is Run and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame
-               for p in pkts):
-            pkts = [x for p in pkts for x in (
-                p.packets() if type(p) is Run
-                and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])]
         for p in pkts:
-            # The source QP, which the receiver checks against its QP's dest_qp_num
-            # (the BTH does not carry it; an HCA knows it from the QP context).
-            h = (train_header(dev, p) if type(p) is Run
-                 else packet_header(dev, p, icrc_value=icrc_value))
-            h["sqp"] = src_qp
-            bufs.extend(encode_frame(h, p.payload))
-        self.writer.writelines(bufs)
+            self.backlog.append((dev, p, icrc_value, src_qp, owner))
+        self.backlog_bytes += size
+        self._pump()
+
+    def _pump(self) -> None:
+        """Move what the socket takes now; a drainer moves the rest as it drains."""
+        self._write_some()
+        if self.backlog and self.writer is not None and self._draining is None:
+            self._draining = asyncio.get_running_loop().create_task(self._drain())
+
+    def _write_some(self) -> None:
+        """Frame and write the backlog while the socket's unsent bytes are under
+        MAX_BUFFERED."""
+        w = self.writer
+        if w is None or self.closed:
+            return
+        transport = w.transport
+        while self.backlog and transport.get_write_buffer_size() < self.MAX_BUFFERED:
+            dev, p, icrc_value, src_qp, _ = self.backlog.popleft()
+            self.backlog_bytes -= len(p.payload) + PACKET_OVERHEAD
+            items = (p.packets() if type(p) is Run
+                     and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])
+            bufs: list = []
+            for x in items:
+                # The source QP, which the receiver checks against its QP's dest_qp_num
+                # (the BTH does not carry it; an HCA knows it from the QP context).
+                h = (train_header(dev, x) if type(x) is Run
+                     else packet_header(dev, x, icrc_value=icrc_value))
+                h["sqp"] = src_qp
+                bufs.extend(encode_frame(h, x.payload))
+            w.writelines(bufs)
+
+    async def _drain(self) -> None:
+        try:
+            while self.backlog and not self.closed:
+                await self.writer.drain()
+                self._write_some()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._draining = None
 
     def forget(self, owners: set) -> None:
         """Drop the queued packets of ``owners`` (the QPs of a closing session)."""
-        if self.queued:
-            self.queued = [q for q in self.queued if q[4] not in owners]
-            self.queued_bytes = sum(len(q[1].payload) + PACKET_OVERHEAD for q in self.queued)
+        if self.backlog:
+            self.backlog = deque(q for q in self.backlog if q[4] not in owners)
+            self.backlog_bytes = sum(len(q[1].payload) + PACKET_OVERHEAD for q in self.backlog)
 
     def close(self, abort: bool = False) -> None:
         """Close the link; with ``abort``, drop what its socket has not sent (a close
         waits for the peer to take it, which a peer that never reads never does)."""
         self.closed = True
         self.task.cancel()
+        if self._draining is not None:
+            self._draining.cancel()
+        self.backlog.clear()
+        self.backlog_bytes = 0
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 if abort:
@@ -383,10 +416,10 @@ class WireLink:
             peer_max = link.welcome.get("max_frame")
             if type(peer_max) is int and peer_max > 0:
                 self.peer_max_frame = peer_max
+            # drain() waits while more than MAX_BUFFERED is unsent, until a quarter is.
+            writer.transport.set_write_buffer_limits(high=self.MAX_BUFFERED)
             self.writer = writer
-            queued, self.queued, self.queued_bytes = self.queued, [], 0
-            for dev, p, icrc_value, src_qp, owner in queued:
-                self.send(dev, [p], icrc_value, src_qp=src_qp, owner=owner)
+            self._pump()
             log.info("wire link up %s", kv(event="wire_out", peer=where))
             # Nothing is expected back on this direction; reading notices the close.
             while await reader.read(READ_CHUNK):
@@ -398,7 +431,8 @@ class WireLink:
                                                    reason=str(e) or type(e).__name__))
         finally:
             self.closed = True
-            self.queued, self.queued_bytes = [], 0
+            self.backlog.clear()
+            self.backlog_bytes = 0
 
 
 def host_class(ip: str) -> str:

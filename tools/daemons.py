@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -63,6 +64,12 @@ class Daemons:
 
     def __enter__(self) -> list[str]:
         try:
+            # One peer token for the daemons started here, so that they link to each
+            # other (a daemon given none makes its own and takes no other's links).
+            peer = os.path.join(self.workdir, "peer_token")
+            fd = os.open(peer, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
             addresses = []
             for i in range(self.n):
                 ready = os.path.join(self.workdir, f"daemon{i}.ready")
@@ -72,7 +79,7 @@ class Daemons:
                     self.procs.append(subprocess.Popen(
                         [sys.executable, "-m", "softhca.tools.cli", "serve",
                          "--listen", "127.0.0.1:0", "--ready-file", ready,
-                         "--log-level", "warning", *self.extra],
+                         "--log-level", "warning", "--peer-token-file", peer, *self.extra],
                         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file))
                 addresses.append(wait_file(ready, self.procs[-1:], f"daemon {i}"))
             return addresses

@@ -204,17 +204,29 @@ class Soak:
         return reader, writer, dec
 
     async def injection(self) -> bool:
-        before = (await self.counters())["packets_wrong_peer"]
-        _, writer, _ = await self._raw("wire")
-        evil = b"INJECTED BY ATTACKER!"
-        for psn in range(4):
-            h = packet_header("mlx5_0", Packet(self.t.qp.qp_num, psn, "RDMA_WRITE_ONLY", evil,
-                                               reth=(self.dst.rkey, self.dst.addr, len(evil))))
-            writer.write(frame_bytes(h, evil))
-        await writer.drain()
-        await asyncio.sleep(0.05)
-        writer.close()
-        return (await self.counters())["packets_wrong_peer"] >= before + 4
+        """The co-tenant injection: a client (no peer token) opens a wire link to the
+        target claiming the initiator's daemon and SENDs a forged RDMA_WRITE_ONLY into
+        the pair's MR with the pair's real QP numbers. Refused at the HELLO (EACCES)."""
+        host, port = self.target_addr.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        dec = FrameDecoder(1 << 20)
+        try:
+            frames = await asyncio.wait_for(read_frames(reader, dec), 10)
+            writer.write(frame_bytes(make_hello(frames[0].header, "wire", None,
+                                                self.initiator_addr)))
+            answer = await asyncio.wait_for(read_frames(reader, dec), 10)
+            if answer and answer[0].header.get("t") == "welcome":
+                evil = b"INJECTED BY ATTACKER!"
+                h = packet_header("mlx5_0", Packet(self.t.qp.qp_num, self.i.qp.psn,
+                                                   "RDMA_WRITE_ONLY", evil,
+                                                   reth=(self.dst.rkey, self.dst.addr,
+                                                         len(evil))))
+                h["sqp"] = self.i.qp.qp_num
+                writer.write(frame_bytes(h, evil))
+                await writer.drain()
+        finally:
+            writer.close()
+        return bool(answer) and answer[0].header.get("errno") == "EACCES"
 
     async def _attacker_side(self) -> tuple[sh.Node, Side]:
         node = await sh.connect(self.target_addr)

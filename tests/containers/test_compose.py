@@ -74,6 +74,8 @@ def target_up(stack, monkeypatch):
         dc.run(["docker", "start", cid], check=True)
     dc.wait_healthy([cid])
     monkeypatch.setenv("SOFTHCA_TOKEN_FILE", str(dc.TOKEN_FILE))
+    monkeypatch.setenv("SOFTHCA_PEER_TOKEN_FILE", str(dc.PEER_TOKEN_FILE))
+    monkeypatch.delenv("SOFTHCA_PEER_TOKEN", raising=False)
     monkeypatch.delenv("SOFTHCA_TOKEN", raising=False)
     monkeypatch.delenv("SOFTHCA_INITIATOR_ADDR", raising=False)
     return cid

@@ -23,7 +23,8 @@ async def _server(handler):
 
 @pytest.mark.parametrize("role", ["control", "wire"])
 async def test_both_roles_are_welcomed(role):
-    d = Daemon(("mlx5_0", "mlx5_1"), token=b"tok")
+    # Clients prove the token, wire links the peer token.
+    d = Daemon(("mlx5_0", "mlx5_1"), token=b"tok", peer_token=b"tok")
     await d.start()
     try:
         link = await open_link(d.host, d.port, role, b"tok", timeout=5, max_frame=MAX)

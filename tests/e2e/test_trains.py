@@ -610,11 +610,15 @@ async def test_daemons_with_and_without_trains_agree():
 
 def _streams(r: dict) -> dict:
     """The data packets each daemon's tap saw, per (daemon, direction), with QP numbers
-    and keys (random per daemon) named by the order they first appear."""
+    and keys (random per daemon) named by the order they first appear, and PSNs (random
+    per QP) counted from each QP's first."""
     names: dict[int, int] = {}
+    first_psn: dict[int, int] = {}
     out: dict = {}
     for node, d, dev, p in r["data_pkts"]:
-        p = dataclasses.replace(p, dest_qp=names.setdefault(("qp", p.dest_qp), len(names)))
+        base = first_psn.setdefault(p.dest_qp, p.psn)
+        p = dataclasses.replace(p, dest_qp=names.setdefault(("qp", p.dest_qp), len(names)),
+                                psn=(p.psn - base) % (1 << 24))
         if p.reth is not None:
             p = dataclasses.replace(p, reth=(names.setdefault(("key", p.reth[0]), len(names)),
                                              0, p.reth[2]))

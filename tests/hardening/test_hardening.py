@@ -20,7 +20,7 @@ import softhca.client as sh
 from softhca.protocol.frames import FrameDecoder, FrameError, encode_frame, frame_bytes
 from softhca.protocol.handshake import make_hello
 from softhca.protocol.packets import Packet, decode_packet, packet_header
-from softhca.server.daemon import Limits
+from softhca.server.daemon import PROCESS_PEER_TOKEN, Limits
 
 from e2e import connect_pair, make_side, rdma, sge, whole
 
@@ -196,7 +196,8 @@ async def test_a_thousand_malformed_frames_beside_a_valid_transfer():
             writer.close()
             # Wire-plane garbage: dropped and counted, or the peer is disconnected.
             for n in range(150):
-                reader, writer, dec = await raw(tnode.address, role="wire")
+                reader, writer, dec = await raw(tnode.address, role="wire",
+                                                token=PROCESS_PEER_TOKEN)
                 for h in bad_packets(t.qp.qp_num)[:2]:
                     writer.write(frame_bytes(h))
                 writer.write(frame_bytes(bad_packets(t.qp.qp_num)[2 + n % 4]))

@@ -20,13 +20,14 @@ import softhca.client as sh
 from softhca.protocol.frames import FrameDecoder, frame_bytes
 from softhca.protocol.handshake import make_hello
 from softhca.protocol.packets import Packet, packet_header
-from softhca.server.daemon import host_class
+from softhca.server.daemon import PROCESS_PEER_TOKEN, host_class
 
 from e2e import connect_pair, make_side, rdma, sge
 
 
-async def wire_link(address: str, src: str | None, token: bytes | None = None):
-    """A raw wire link past the HELLO, naming ``src`` as its daemon (or none)."""
+async def wire_link(address: str, src: str | None, token: bytes | None = PROCESS_PEER_TOKEN):
+    """A raw wire link past the HELLO, naming ``src`` as its daemon (or none); by default
+    proving the peer token of this process's daemons (an insider, past the first check)."""
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     dec = FrameDecoder(1 << 20)
@@ -125,7 +126,7 @@ async def test_a_separate_peer_token_keeps_client_tokens_off_the_wire_plane():
 async def test_idle_sockets_never_lock_out_a_token_holder_or_a_peer_daemon():
     from softhca.server.link import open_link
 
-    async with sh.embedded(token=b"tok") as node:
+    async with sh.embedded(token=b"tok", peer_token=b"peer") as node:
         host, port = node.address.rsplit(":", 1)
         idle = [await asyncio.open_connection(host, int(port)) for _ in range(1024)]
         await asyncio.sleep(0.05)
@@ -135,7 +136,7 @@ async def test_idle_sockets_never_lock_out_a_token_holder_or_a_peer_daemon():
         t0 = time.perf_counter()
         client, link = await asyncio.gather(
             sh.connect(node.address, token=b"tok"),
-            open_link(host, int(port), "wire", b"tok", timeout=5, max_frame=1 << 20,
+            open_link(host, int(port), "wire", b"peer", timeout=5, max_frame=1 << 20,
                       src="127.0.0.1:1"))
         took = time.perf_counter() - t0
         print(f"\n1024 idle sockets: a token holder and a peer link got in within "
@@ -364,8 +365,8 @@ async def test_a_qp_connected_by_host_name_takes_its_peers_packets_once_resolved
         i, t = await make_side(inode), await make_side(tnode)
         # The host's name is not an address: the daemons resolve it (WirePlane.set_origins, server/wire.py).
         ti, it = t.qp.info(), i.qp.info()
-        await i.qp.connect(sh.QPInfo(name, ti.port, ti.dev, ti.qp_num, 0))
-        await t.qp.connect(sh.QPInfo(name, it.port, it.dev, it.qp_num, 0))
+        await i.qp.connect(sh.QPInfo(name, ti.port, ti.dev, ti.qp_num, ti.psn))
+        await t.qp.connect(sh.QPInfo(name, it.port, it.dev, it.qp_num, it.psn))
         src, dst = await i.reg_mr(b"resolved" * 8), await t.reg_mr(64)
         await asyncio.sleep(0.1)
         await i.qp.post_send(rdma(sh.IBV_WR_RDMA_WRITE, [sge(src)], dst.rkey, dst.addr))

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 PROJECT = "softhca-twonode"
 TOKEN_FILE = ROOT / "docker" / "token.example"
+PEER_TOKEN_FILE = ROOT / "docker" / "peer-token.example"
 TARGET_IP, INITIATOR_IP = "10.200.0.1", "10.200.0.2"
 TARGET = f"{TARGET_IP}:4791"
 
@@ -88,7 +89,8 @@ def machine_lock():
 def compose(*args: str, timeout: float = 300, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     argv = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
-    full_env = {**os.environ, "SOFTHCA_TOKEN_SECRET": str(TOKEN_FILE), **(env or {})}
+    full_env = {**os.environ, "SOFTHCA_TOKEN_SECRET": str(TOKEN_FILE),
+                "SOFTHCA_PEER_TOKEN_SECRET": str(PEER_TOKEN_FILE), **(env or {})}
     return run(argv, timeout=timeout, check=check, env=full_env)
 
 

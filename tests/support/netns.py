@@ -108,6 +108,7 @@ class Topology:
     target_addr: str = TARGET_ADDR
     initiator_addr: str = INITIATOR_ADDR
     token_file: Path | None = None
+    peer_token_file: Path | None = None
     daemon: subprocess.Popen | None = None
     daemon_log: Path | None = None
     pids: set[int] = field(default_factory=set)   # every process started in a namespace
@@ -132,6 +133,7 @@ class Topology:
         env = {k: v for k, v in os.environ.items()
                if k not in ("SOFTHCA_TOKEN", "SOFTHCA_INITIATOR_ADDR", "PYTEST_ADDOPTS")}
         env.update(SOFTHCA_TARGET=target or self.target, SOFTHCA_TOKEN_FILE=str(self.token_file),
+                   SOFTHCA_PEER_TOKEN_FILE=str(self.peer_token_file),
                    PYTHONDONTWRITEBYTECODE="1")
         argv = self.exec_argv(self.initiator_ns, [
             sys.executable, "-m", "pytest", "-m", "twonode", "tests/twonode",
@@ -205,11 +207,17 @@ def _start_daemon(t: Topology) -> None:
     t.token_file = t.workdir / "softhca_token"
     t.token_file.write_text(secrets.token_hex(16) + "\n")
     t.token_file.chmod(0o600)
+    # The daemons' own credential, which the initiator's daemon proves on its wire link
+    # (a client's token opens none).
+    t.peer_token_file = t.workdir / "softhca_peer_token"
+    t.peer_token_file.write_text(secrets.token_hex(16) + "\n")
+    t.peer_token_file.chmod(0o600)
     ready = t.workdir / "ready"
     t.daemon_log = t.workdir / "daemon.log"
     argv = t.exec_argv(t.target_ns, [
         sys.executable, "-m", "softhca.tools.cli", "serve", "--listen", t.target,
-        "--token-file", str(t.token_file), "--ready-file", str(ready)])
+        "--token-file", str(t.token_file), "--peer-token-file", str(t.peer_token_file),
+        "--ready-file", str(ready)])
     with open(t.daemon_log, "wb") as log:
         # `ip netns exec` execs the command in place: this pid is the daemon's.
         t.daemon = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,

@@ -306,7 +306,7 @@ def expected_requests(start_psn: int = 0) -> list[tuple[str, int]]:
     out, psn = [], start_psn
     for op, n in REQUESTS:
         out.append((op, psn))
-        psn += n
+        psn = (psn + n) % (1 << 24)
     return out
 
 
@@ -397,8 +397,10 @@ async def test_captured_traffic_decodes_in_tshark(tshark, tmp_path):
         await make_side(inode)          # a first QP, so that the two QP numbers differ
         initiator = await make_side(inode)
         assert target.qp.qp_num != initiator.qp.qp_num
-        await target.qp.connect(initiator.qp.info(), path_mtu=sh.IBV_MTU_1024)
-        await initiator.qp.connect(target.qp.info(), path_mtu=sh.IBV_MTU_1024)
+        # The initiator starts at PSN 0 (given, not its random default), so that the
+        # PSNs below are the table's.
+        await target.qp.connect(initiator.qp.info(psn=0), path_mtu=sh.IBV_MTU_1024)
+        await initiator.qp.connect(target.qp.info(), path_mtu=sh.IBV_MTU_1024, sq_psn=0)
         pair = Pair(target, initiator)
 
         files = {name: tmp_path / f"{name}.pcap"
@@ -475,7 +477,10 @@ def ib_fields(frame: bytes) -> tuple[int, int, int]:
 
 async def test_serve_capture_option_writes_the_daemons_traffic(tmp_path):
     pcap = tmp_path / "serve.pcap"
-    proc, address = start_serve(tmp_path, "--capture", str(pcap))
+    peer = tmp_path / "peer_token"
+    peer.write_bytes(b"capture-test-peer-token")
+    peer.chmod(0o600)
+    proc, address = start_serve(tmp_path, "--capture", str(pcap), "--peer-token-file", str(peer))
     try:
         cli_pcap = tmp_path / "cli.pcap"
         cli = await asyncio.create_subprocess_exec(
@@ -483,7 +488,8 @@ async def test_serve_capture_option_writes_the_daemons_traffic(tmp_path):
             "--out", str(cli_pcap), "--count", "2", "--quiet",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         assert b"capturing" in await asyncio.wait_for(cli.stderr.readline(), 30)
-        async with await sh.connect(address) as snode, sh.embedded() as inode:
+        async with await sh.connect(address) as snode, \
+                sh.embedded(peer_token=b"capture-test-peer-token") as inode:
             target = await make_side(snode)
             initiator = await make_side(inode)
             await target.qp.connect(initiator.qp.info())
@@ -497,8 +503,8 @@ async def test_serve_capture_option_writes_the_daemons_traffic(tmp_path):
             assert cli.returncode == 0 and out.decode().strip() == \
                 f"2 packet(s) written to {cli_pcap}"
             frames = [f for _, f in read_pcap(pcap)]       # flushed per packet
-            want = [(OP["RDMA_WRITE_ONLY"], target.qp.qp_num, 0),
-                    (OP["ACKNOWLEDGE"], initiator.qp.qp_num, 0)]
+            want = [(OP["RDMA_WRITE_ONLY"], target.qp.qp_num, initiator.qp.psn),
+                    (OP["ACKNOWLEDGE"], initiator.qp.qp_num, initiator.qp.psn)]
             assert [ib_fields(f) for f in frames] == want
             assert [ib_fields(f) for _, f in read_pcap(cli_pcap)] == want
             # rx from the embedded initiator (its real address), tx back to it.

@@ -169,7 +169,7 @@ async def test_crypto_row_c_read_shows_data_unit_tweak_and_ciphertext(rng):
             rc, out, err = await tr.finish()
     assert rc == 0, err
     lines = out.splitlines()
-    assert re.match(r"QP 0x[0-9a-f]+ RDMA_READ responder psn 0x0, rkey 0x[0-9a-f]+, TX", lines[0])
+    assert re.match(r"QP 0x[0-9a-f]+ RDMA_READ responder psn 0x[0-9a-f]+, rkey 0x[0-9a-f]+, TX", lines[0])
     stage_lines = [ln for ln in lines[1:] if re.match(r"  \S", ln)]
     assert [ln.split()[0] for ln in stage_lines] == ["gather", "generate", "encrypt", "wire"]
     assert f"data_unit_size 520B, first tweak 0x{crypto_table.TWEAK:032x}" in stage_lines[2]

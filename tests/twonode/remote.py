@@ -6,8 +6,10 @@ Environment:
   out). Several, comma-separated, run every test against each; a DNS name stands for all
   of its IPv4 addresses (compose's ``--scale`` gives one name many addresses).
 - ``SOFTHCA_TOKEN_FILE`` (trailing whitespace ignored, as ``serve --token-file``) or
-  ``SOFTHCA_TOKEN``: the shared token. The initiator's own daemon uses it too, because
-  the target's daemon must prove it when it opens its wire link back.
+  ``SOFTHCA_TOKEN``: the clients' token (the initiator's own daemon takes it too).
+- ``SOFTHCA_PEER_TOKEN_FILE`` (or ``SOFTHCA_PEER_TOKEN``): the daemons' peer token, the
+  target's ``serve --peer-token-file``; the initiator's daemon proves it on its wire
+  link to the target and the target's on its link back. Unset: the clients' token.
 - ``SOFTHCA_INITIATOR_ADDR``: the address the initiator's daemon binds and advertises to
   the target; by default the local address of the route to the target.
 - ``SOFTHCA_CONNECT_TIMEOUT`` (s, default 5) bounds the connection and handshake;
@@ -98,6 +100,18 @@ def token() -> bytes | None:
     return value.encode() if value else None
 
 
+def peer_token() -> bytes | None:
+    path = os.environ.get("SOFTHCA_PEER_TOKEN_FILE", "").strip()
+    if path:
+        try:
+            return Path(path).read_bytes().rstrip() or None
+        except OSError as e:
+            raise sh.RDMAError("EACCES", f"cannot read SOFTHCA_PEER_TOKEN_FILE {path}: "
+                                         f"{e.strerror}") from None
+    value = os.environ.get("SOFTHCA_PEER_TOKEN", "")
+    return value.encode() if value else token()
+
+
 def initiator_address(target: str) -> str:
     """The local address packets to ``target`` leave from (SOFTHCA_INITIATOR_ADDR wins).
 
@@ -136,7 +150,7 @@ async def remote_two_nodes(target: str, *, mtu: int = sh.IBV_MTU_1024,
         pytest.fail(reason, pytrace=False)
     tnode = None
     try:
-        tok = token()
+        tok, peer = token(), peer_token()
         local = initiator_address(target)
         tnode = await sh.connect(target, token=tok, timeout=CONNECT_TIMEOUT)
     except sh.RDMAError as e:
@@ -145,7 +159,7 @@ async def remote_two_nodes(target: str, *, mtu: int = sh.IBV_MTU_1024,
     if tnode is None:
         pytest.fail(_unusable[target], pytrace=False)
     try:
-        async with sh.embedded(token=tok, host=local) as inode:
+        async with sh.embedded(token=tok, host=local, peer_token=peer) as inode:
             async def setup() -> Pair:
                 t = await make_side(tnode, **side_kw)
                 i = await make_side(inode, **side_kw)

@@ -18,11 +18,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hca", action="append", metavar="NAME",
                    help="an HCA to host (default mlx5_0); may be repeated")
     p.add_argument("--token-file", metavar="FILE",
-                   help="file holding the shared token that control sessions and peer "
-                   "daemons must prove (HMAC over a nonce); trailing whitespace is ignored")
+                   help="file holding the token control sessions (clients) must prove "
+                   "(HMAC over a nonce); trailing whitespace is ignored")
     p.add_argument("--peer-token-file", metavar="FILE",
-                   help="file holding the token peer daemons' wire links must prove (default: "
-                   "the --token-file); with its own, a client's token opens no wire link")
+                   help="file holding the token peer daemons' wire links must prove; give "
+                   "the daemons of a fabric the same one (default: a random one made at "
+                   "start, so no other daemon links here; a client's token never does)")
     p.add_argument("--allow-readable-token", action="store_true",
                    help="accept a token file that every user may read (refused otherwise, as "
                    "ssh refuses such a private key)")

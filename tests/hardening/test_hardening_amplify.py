@@ -1,0 +1,173 @@
+"""No amplification: duplicate READ requests and duplicate trains cost a bounded amount.
+
+A peer daemon (a holder of the peer token, the only one that can open a wire link) that
+misbehaves: it replays READ requests it never reads the answers of, or floods a QP with
+trains of packets it already sent. The target daemon is a ``softhca serve`` process,
+so its RSS is measured alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from pathlib import Path
+
+from test_hardening import read_frames
+
+import softhca.client as sh
+from softhca.protocol.frames import FrameDecoder, frame_bytes
+from softhca.protocol.handshake import make_challenge, make_hello
+from softhca.protocol.packets import Packet, packet_header
+from softhca.tools.daemons import Daemons
+from softhca.tools.soak import rss
+
+PEER_TOKEN = b"amplification-test-peer-token"
+READ_LEN = 64 << 20
+
+
+def peer_token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "attacker_peer_token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(PEER_TOKEN)
+    return path
+
+
+async def silent_peer():
+    """A fake peer daemon: it welcomes every wire link, then never reads."""
+    writers = []
+
+    async def on_conn(reader, writer):
+        writers.append(writer)
+        challenge, _ = make_challenge(False)
+        writer.write(frame_bytes(challenge))
+        dec = FrameDecoder()
+        frames = []
+        while not frames:
+            data = await reader.read(4096)
+            if not data:
+                return
+            frames = dec.feed(data)
+        writer.write(frame_bytes({"t": "welcome", "role": "wire", "devices": ["mlx5_0"],
+                                  "max_frame": 16 << 20}))
+        writer.transport.pause_reading()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], writers
+
+
+async def wire_in(address: str, src: str):
+    """A wire link into ``address`` proving the peer token, naming ``src``."""
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    dec = FrameDecoder(1 << 20)
+    (challenge,) = await read_frames(reader, dec)
+    writer.write(frame_bytes(make_hello(challenge.header, "wire", PEER_TOKEN, src)))
+    (welcome,) = await read_frames(reader, dec)
+    assert welcome.header["t"] == "welcome", welcome.header
+    return writer
+
+
+async def probe(address: str, stop: asyncio.Event) -> list[float]:
+    """A second client's round trips (seconds) until ``stop``."""
+    node = await sh.connect(address)
+    times = []
+    try:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            await node.request("devices")
+            times.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.005)
+    finally:
+        await node.close()
+    return times
+
+
+async def victim_qp(node: sh.Node, peer_port: int, peer_qpn: int, peer_psn: int,
+                    mr_len: int):
+    """A QP on ``node`` connected to the fake peer, remote READ allowed, and an MR."""
+    ctx = await node.open_device()
+    pd = await ctx.alloc_pd()
+    cq = await ctx.create_cq(64)
+    mr = await pd.reg_mr(mr_len, sh.IBV_ACCESS_LOCAL_WRITE | sh.IBV_ACCESS_REMOTE_READ
+                         | sh.IBV_ACCESS_REMOTE_WRITE)
+    qp = await pd.create_qp(sh.QPInitAttr(
+        qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq,
+        cap=sh.QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)))
+    await qp.to_init(sh.QPAttr(qp_access_flags=sh.IBV_ACCESS_REMOTE_READ
+                               | sh.IBV_ACCESS_REMOTE_WRITE))
+    await qp.to_rtr(sh.QPAttr(path_mtu=sh.IBV_MTU_4096, dest_qp_num=peer_qpn,
+                              rq_psn=peer_psn, dest_host="127.0.0.1", dest_port=peer_port,
+                              dest_dev="mlx5_0", max_dest_rd_atomic=4))
+    await qp.to_rts(sh.QPAttr(sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=7))
+    return qp, mr
+
+
+def read_request(qpn: int, psn: int, rkey: int, addr: int, length: int, sqp: int) -> bytes:
+    h = packet_header("mlx5_0", Packet(qpn, psn, "RDMA_READ_REQUEST", b"",
+                                       reth=(rkey, addr, length)))
+    h["sqp"] = sqp
+    return frame_bytes(h)
+
+
+async def test_duplicate_read_requests_are_answered_only_from_the_original_record(tmp_path):
+    """The attack: one 64 MiB READ request, then 16 duplicates of it and 16 'duplicates'
+    naming other ranges, to a QP whose peer never reads the answers. The daemon's RSS
+    stays within +64 MiB of what it held before, the forged-RETH duplicates are dropped
+    and counted, and a second client is answered meanwhile."""
+    server, port, _ = await silent_peer()
+    peer_qpn, peer_psn = 0x4242, 0x100
+    daemons = Daemons(1, str(tmp_path), ("--peer-token-file", str(peer_token_file(tmp_path))))
+    with daemons as (address,):
+        pid = daemons.procs[0].pid
+        node = await sh.connect(address)
+        qp, mr = await victim_qp(node, port, peer_qpn, peer_psn, READ_LEN)
+        # Memory with bytes in it (resident), as a READ of real data reads.
+        chunk = os.urandom(4 << 20)
+        for off in range(0, READ_LEN, len(chunk)):
+            await mr.write(chunk, off)
+        w = await wire_in(address, f"127.0.0.1:{port}")
+        await asyncio.sleep(0.3)
+        before = rss(pid)
+        stop = asyncio.Event()
+        prober = asyncio.create_task(probe(address, stop))
+        await asyncio.sleep(0.1)
+        # The original READ, then sixteen exact duplicates of it ...
+        w.write(read_request(qp.qp_num, peer_psn, mr.rkey, mr.addr, READ_LEN, peer_qpn))
+        await w.drain()
+        await asyncio.sleep(0.5)
+        peak = rss(pid)
+        for _ in range(16):
+            w.write(read_request(qp.qp_num, peer_psn, mr.rkey, mr.addr, READ_LEN, peer_qpn))
+            await w.drain()
+            await asyncio.sleep(0.05)
+            peak = max(peak, rss(pid))
+        # ... and sixteen at an old PSN naming another range than the original's.
+        for k in range(16):
+            w.write(read_request(qp.qp_num, peer_psn, mr.rkey, mr.addr + 4096 * (k + 1),
+                                 READ_LEN, peer_qpn))
+        await w.drain()
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            peak = max(peak, rss(pid))
+        stop.set()
+        times = await prober
+        after = rss(pid)
+        c = await node.counters()
+        grew = peak - before
+        print(f"\n16 duplicate 64 MiB READ requests (+16 with another RETH) to a peer that "
+              f"never reads: daemon RSS {before / 2**20:.0f} MiB before, peak "
+              f"{peak / 2**20:.0f} MiB (+{grew / 2**20:.0f} MiB, bound +64 MiB), "
+              f"{after / 2**20:.0f} MiB after; duplicate READs answered "
+              f"{c.get('duplicate_reads_answered', 0)}, dropped "
+              f"{c.get('duplicate_reads_dropped', 0)}; packets dropped at the full link "
+              f"{c['packets_dropped_link_full']}; second client slowest "
+              f"{max(times) * 1e3:.1f} ms, median {statistics.median(times) * 1e3:.2f} ms")
+        assert grew <= 64 << 20
+        assert c["duplicate_reads_dropped"] >= 16
+        assert max(times) < 0.5
+        w.close()
+        await node.close()
+    server.close()
