@@ -304,6 +304,20 @@ class RegMr(Request):
     access: int = _u32()
 
 
+# ibv_reg_mr of a local program's own memory (the UNIX socket only): ``fd`` is the
+# number, in the program, of a sealed memfd holding the registered pages, and the
+# registration is its bytes [offset, offset + length), at the program's virtual
+# address ``addr`` (the MR's iova).
+@_request("reg_mr_shared")
+class RegMrShared(Request):
+    pd: int = _handle()
+    addr: int = _u64()
+    length: int = _u64()
+    access: int = _u32()
+    fd: int = _wire(int, 0, I32)
+    offset: int = _u64()
+
+
 @_request("dereg_mr")
 class DeregMr(Request):
     mr: int = _handle()

@@ -46,6 +46,8 @@ class ServeOptions:
     peer_token_given: bool = False
     # Packet trains (docs/protocol.md); ``serve --no-trains`` sends packet by packet.
     trains: bool = True
+    # A UNIX socket for local programs (server/unix.py), beside the TCP port.
+    unix: str | None = None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -135,7 +137,8 @@ def options_from_args(args) -> ServeOptions:
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
                         args.log_level, args.ready_file, faults, capture or None, crypto,
                         bool(getattr(args, "strict_blocks", False)), peer_token,
-                        bool(peer_token_file), not getattr(args, "no_trains", False))
+                        bool(peer_token_file), not getattr(args, "no_trains", False),
+                        getattr(args, "unix", None))
 
 
 async def serve(o: ServeOptions) -> None:
@@ -145,6 +148,12 @@ async def serve(o: ServeOptions) -> None:
     for rule in o.faults:
         daemon.faults.add(rule)
     await daemon.start()
+    unix = None
+    if o.unix:
+        from .unix import UnixListener
+
+        unix = UnixListener(daemon, o.unix)
+        await unix.start()
     tap = None
     if o.capture:
         from .capture import CaptureTap
@@ -169,6 +178,8 @@ async def serve(o: ServeOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        if unix is not None:
+            await unix.close()
         await daemon.close()
     finally:
         if tap is not None:
