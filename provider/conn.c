@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "softhca.h"
@@ -258,6 +259,8 @@ static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 			if (!mp_next(&w))
 				break;
 		}
+		if (n)
+			pthread_cond_broadcast(&c->wc_cond);
 		if (n && cq->armed && cq->chan_wfd >= 0) {
 			uint64_t ptr = (uintptr_t)&cq->cq;
 
@@ -311,6 +314,7 @@ static void *reader_main(void *arg)
 	pthread_mutex_lock(&c->lock);
 	c->dead = 1;
 	pthread_cond_broadcast(&c->cond);
+	pthread_cond_broadcast(&c->wc_cond);
 	pthread_mutex_unlock(&c->lock);
 	return NULL;
 }
@@ -345,6 +349,14 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 	c->next_id = 1;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&c->wc_cond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	pthread_mutex_init(&c->call_lock, NULL);
 	pthread_mutex_init(&c->send_lock, NULL);
 	if (strlen(path) >= sizeof(sa.sun_path)) {

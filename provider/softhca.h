@@ -31,6 +31,7 @@ struct shca_conn {
 	int reader_started;
 	pthread_mutex_t lock;       /* the fields below, and every CQ ring */
 	pthread_cond_t cond;
+	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC) */
 	pthread_mutex_t call_lock;  /* one request in flight at a time */
 	pthread_mutex_t send_lock;  /* whole frames on the socket */
 	uint32_t next_id;
