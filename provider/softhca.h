@@ -91,10 +91,9 @@ struct shca_qp {
 	uint32_t nwrs;
 	int wr_error;
 	int wr_open;        /* a WR was started but its SGEs are not set yet */
+	int cur_bounced;    /* its SGE is inline data already in the bounce pages */
 	struct ibv_send_wr cur;
-	struct ibv_sge cur_sge[16];
-	uint8_t *inline_buf;   /* ibv_wr_set_inline_data(_list) bytes of the current WR */
-	size_t inline_len;
+	struct ibv_sge cur_sge[32];
 	struct shca_mr *bounce;  /* registered bytes inline data is copied into */
 	uint8_t *bounce_buf;
 	size_t bounce_used;
@@ -129,7 +128,9 @@ void shca_mem_release_all(struct shca_context *ctx);
 
 /* qp_ex.c */
 void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);
-int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr);
+int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
+			int bounced);
+int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
 int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n);
 
 /* verbs.c */

@@ -687,7 +687,6 @@ static int shca_destroy_qp(struct ibv_qp *ibqp)
 		shca_dereg(qp->bounce);
 	free(qp->bounce_buf);
 	mp_free(&qp->wrs);
-	free(qp->inline_buf);
 	free(qp);
 	return 0;
 }
@@ -892,8 +891,8 @@ static void encode_sges(struct mp_buf *b, const struct ibv_sge *sg, int n)
  * lkey is not checked), and the daemon reads them at post time. They are copied into
  * the QP's own registered bounce pages, which the daemon has read before the post's
  * reply comes back, so one post at a time may use them. */
-static int inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
-		      struct ibv_sge *out)
+int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
+		    struct ibv_sge *out)
 {
 	size_t total = 0, need;
 	int i;
@@ -931,7 +930,8 @@ static int inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
 	return 0;
 }
 
-int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr)
+int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
+			int bounced)
 {
 	int imm = wr->opcode == IBV_WR_SEND_WITH_IMM ||
 		  wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -948,8 +948,8 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 	mp_map(b, imm ? 10 : 9);
 	mp_kv_uint(b, "wr_id", wr->wr_id);
 	mp_kv_uint(b, "opcode", wr->opcode);
-	if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge) {
-		rc = inline_sge(qp, wr->sg_list, wr->num_sge, &one);
+	if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge && !bounced) {
+		rc = shca_inline_sge(qp, wr->sg_list, wr->num_sge, &one);
 		if (rc)
 			return rc;
 		encode_sges(b, &one, 1);
@@ -1009,7 +1009,7 @@ static int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		n = 0;
 		qp->bounce_used = 0;
 		for (; wr && n < MAX_WRS_PER_POST; wr = wr->next, n++) {
-			rc = shca_encode_send_wr(qp, &wrs, wr);
+			rc = shca_encode_send_wr(qp, &wrs, wr, 0);
 			if (rc)
 				break;
 		}
