@@ -20,6 +20,8 @@
 
 #include "softhca.h"
 
+#define MEMFD_NAME "softhca-mr"
+
 struct shca_mem {
 	uintptr_t start, end;
 	int fd;
@@ -60,7 +62,11 @@ static int check_maps(uintptr_t start, uintptr_t end, void *addr, size_t length)
 			rc = EINVAL;
 			goto out;
 		}
-		if (perms[0] != 'r' || perms[1] != 'w' || perms[3] != 'p') {
+		/* pages an earlier, since deregistered, registration moved are the
+		 * program's own too */
+		if (perms[0] != 'r' || perms[1] != 'w' ||
+		    (perms[3] != 'p' && strncmp(name, "/memfd:" MEMFD_NAME " ",
+						 strlen(MEMFD_NAME) + 8))) {
 			shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages are mapped %s %s, not "
 				 "the program's own writable private memory, which is what softhca "
 				 "can share with its daemon", addr, length, perms, name);
@@ -89,7 +95,7 @@ static struct shca_mem *remap(uintptr_t start, uintptr_t end)
 
 	if (!m)
 		return NULL;
-	fd = memfd_create("softhca-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	fd = memfd_create(MEMFD_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		goto fail;
 	if (ftruncate(fd, (off_t)size) ||
@@ -114,76 +120,117 @@ fail:
 	return NULL;
 }
 
+/* The segment holding page address p, or NULL; *next is the start of the first
+ * segment above p (or UINTPTR_MAX). Called with mem_lock held. */
+static struct shca_mem *segment_at(struct shca_context *ctx, uintptr_t p, uintptr_t *next)
+{
+	struct shca_mem *m;
+
+	*next = UINTPTR_MAX;
+	for (m = ctx->mems; m; m = m->next) {
+		if (m->start <= p && p < m->end)
+			return m;
+		if (m->start > p && m->start < *next)
+			*next = m->start;
+	}
+	return NULL;
+}
+
+static void unref(struct shca_context *ctx, struct shca_mem *mem)
+{
+	struct shca_mem **pp;
+
+	if (--mem->refs)
+		return;
+	for (pp = &ctx->mems; *pp; pp = &(*pp)->next) {
+		if (*pp == mem) {
+			*pp = mem->next;
+			break;
+		}
+	}
+	close(mem->fd);
+	free(mem);
+}
+
+/* The registration's pages as pieces of memfds, in address order: pages an earlier
+ * registration already moved are shared through its memfd (two buffers from malloc
+ * may share a page), the others move onto a new one. The daemon maps the pieces
+ * side by side, so the registration is one range there as here. */
 int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
-		   struct shca_mem **out, int *fd, uint64_t *offset)
+		   struct shca_memref *ref, struct mp_buf *pieces, uint64_t *offset)
 {
 	uintptr_t ps = page_size();
 	uintptr_t a = (uintptr_t)addr;
 	uintptr_t start = a & ~(ps - 1);
-	uintptr_t end;
+	uintptr_t end, p, next;
 	struct shca_mem *m;
+	struct mp_buf items;
 	int rc = 0;
 
+	memset(ref, 0, sizeof(*ref));
 	if (!length || a + length < a) {
 		shca_log("ibv_reg_mr(%p, %zu): EINVAL: length must be positive and the range "
 			 "must not wrap", addr, length);
 		return EINVAL;
 	}
 	end = (a + length + ps - 1) & ~(ps - 1);
+	mp_init(&items);
 	pthread_mutex_lock(&ctx->mem_lock);
-	for (m = ctx->mems; m; m = m->next) {
-		if (m->start <= start && end <= m->end)
-			break;
-		if (start < m->end && m->start < end) {
-			/* Two memfds cannot back one page; the earlier registration's
-			 * memfd would have to grow under the daemon's mapping. */
-			shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages overlap an earlier "
-				 "registration's [%#lx, %#lx) without lying inside it", addr,
-				 length, (unsigned long)m->start, (unsigned long)m->end);
+	for (p = start; p < end && !rc;) {
+		uintptr_t stop;
+
+		if (ref->n == SHCA_MAX_PIECES) {
+			shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages are spread over more than "
+				 "%d earlier registrations", addr, length, SHCA_MAX_PIECES);
 			rc = EINVAL;
-			goto out;
+			break;
 		}
-	}
-	if (m) {
-		m->refs++;
-	} else {
-		rc = check_maps(start, end, addr, length);
-		if (rc)
-			goto out;
-		m = remap(start, end);
-		if (!m) {
-			rc = EFAULT;
-			goto out;
+		m = segment_at(ctx, p, &next);
+		if (m) {
+			m->refs++;
+		} else {
+			stop = next < end ? next : end;
+			rc = check_maps(p, stop, addr, length);
+			if (rc)
+				break;
+			m = remap(p, stop);
+			if (!m) {
+				rc = EFAULT;
+				break;
+			}
+			m->next = ctx->mems;
+			ctx->mems = m;
 		}
-		m->next = ctx->mems;
-		ctx->mems = m;
+		stop = m->end < end ? m->end : end;
+		ref->seg[ref->n++] = m;
+		mp_arr(&items, 3);
+		mp_uint(&items, (uint64_t)m->fd);
+		mp_uint(&items, p - m->start);
+		mp_uint(&items, stop - p);
+		p = stop;
 	}
-	*out = m;
-	*fd = m->fd;
-	*offset = a - m->start;
-out:
+	if (rc) {
+		while (ref->n)
+			unref(ctx, ref->seg[--ref->n]);
+	}
 	pthread_mutex_unlock(&ctx->mem_lock);
+	if (!rc) {
+		mp_arr(pieces, (uint32_t)ref->n);
+		mp_raw(pieces, items.p, items.len);
+		*offset = a - start;
+	}
+	mp_free(&items);
 	return rc;
 }
 
-/* The last registration of the pages went: the memfd is closed. The pages stay
- * mapped from it (they are the program's memory, with its data), and a later
- * registration of them shares them anew. */
-void shca_mem_release(struct shca_context *ctx, struct shca_mem *mem)
+/* The registration went: each memfd no registration uses any more is closed. The
+ * pages stay mapped from it (they are the program's memory, with its data), and a
+ * later registration of them moves them anew. */
+void shca_mem_release(struct shca_context *ctx, struct shca_memref *ref)
 {
-	struct shca_mem **pp;
-
 	pthread_mutex_lock(&ctx->mem_lock);
-	if (--mem->refs == 0) {
-		for (pp = &ctx->mems; *pp; pp = &(*pp)->next) {
-			if (*pp == mem) {
-				*pp = mem->next;
-				break;
-			}
-		}
-		close(mem->fd);
-		free(mem);
-	}
+	while (ref->n)
+		unref(ctx, ref->seg[--ref->n]);
 	pthread_mutex_unlock(&ctx->mem_lock);
 }
 

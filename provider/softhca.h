@@ -44,6 +44,13 @@ struct shca_conn {
 
 struct shca_mem;
 
+/* The memfd segments one registration's pages lie on (mem.c). */
+#define SHCA_MAX_PIECES 16
+struct shca_memref {
+	int n;
+	struct shca_mem *seg[SHCA_MAX_PIECES];
+};
+
 struct shca_context {
 	struct verbs_context vctx; /* libibverbs' part first... */
 	struct shca_conn conn;
@@ -67,7 +74,7 @@ struct shca_pd {
 struct shca_mr {
 	struct verbs_mr vmr;
 	uint32_t handle;
-	struct shca_mem *mem;
+	struct shca_memref mem;
 };
 
 struct shca_cq {
@@ -122,8 +129,8 @@ int shca_errno(const char *name, uint32_t n);
 
 /* mem.c */
 int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
-		   struct shca_mem **out, int *fd, uint64_t *offset);
-void shca_mem_release(struct shca_context *ctx, struct shca_mem *mem);
+		   struct shca_memref *ref, struct mp_buf *pieces, uint64_t *offset);
+void shca_mem_release(struct shca_context *ctx, struct shca_memref *ref);
 void shca_mem_release_all(struct shca_context *ctx);
 
 /* qp_ex.c */

@@ -300,15 +300,18 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 	struct shca_mr *mr = calloc(1, sizeof(*mr));
 	struct mp_buf b;
 	struct shca_reply r;
+	struct mp_buf pieces;
 	uint64_t offset;
-	int fd, rc;
+	int rc;
 
 	if (!mr) {
 		errno = ENOMEM;
 		return NULL;
 	}
-	rc = shca_mem_share(ctx, addr, length, &mr->mem, &fd, &offset);
+	mp_init(&pieces);
+	rc = shca_mem_share(ctx, addr, length, &mr->mem, &pieces, &offset);
 	if (rc) {
+		mp_free(&pieces);
 		free(mr);
 		errno = rc;
 		return NULL;
@@ -318,8 +321,11 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 	mp_kv_uint(&b, "addr", iova);
 	mp_kv_uint(&b, "length", length);
 	mp_kv_uint(&b, "access", (uint32_t)access);
-	mp_kv_uint(&b, "fd", (uint32_t)fd);
 	mp_kv_uint(&b, "offset", offset);
+	mp_str(&b, "pieces");
+	mp_raw(&b, pieces.p, pieces.len);
+	b.failed |= pieces.failed;
+	mp_free(&pieces);
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = get_u32(&r, "mr", &mr->handle);
@@ -330,7 +336,7 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 		shca_reply_free(&r);
 	}
 	if (rc) {
-		shca_mem_release(ctx, mr->mem);
+		shca_mem_release(ctx, &mr->mem);
 		free(mr);
 		errno = rc;
 		return NULL;
@@ -352,7 +358,7 @@ int shca_dereg(struct shca_mr *mr)
 
 	if (rc)
 		return rc;
-	shca_mem_release(ctx, mr->mem);
+	shca_mem_release(ctx, &mr->mem);
 	free(mr);
 	return 0;
 }
