@@ -5,8 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.installed-lint
 
-.PHONY: all demo test test-unit test-e2e test-hardening test-tools test-pyverbs lint lint-docker \
-        images bench bench-engine clean
+.PHONY: all demo test test-unit test-e2e test-hardening test-tools test-pyverbs test-native \
+        lint lint-docker images bench bench-engine clean provider native-packages
 
 all: test
 
@@ -32,12 +32,35 @@ demo: $(STAMP)
 	$(VENV)/bin/softhca demo
 
 # Everything, as CI runs it (.ci/run): every folder of tests/, each kind marked.
-test: $(STAMP)
+test: $(STAMP) provider
 	$(PY) -m pytest -q
+
+# The libibverbs provider (provider/) and the Debian packages that build and judge it:
+# libibverbs-dev (headers, libibverbs), ibverbs-utils (ibv_devinfo, ibv_rc_pingpong),
+# perftest (ib_write_bw ...). Installed when missing and root (CI is); otherwise the
+# provider is skipped with a note and tests/native skips, saying why.
+NATIVE_PKGS := libibverbs-dev ibverbs-utils perftest
+native-packages:
+	@missing=""; for p in $(NATIVE_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "provider: missing$$missing (not root: not installed; tests/native will skip)"; fi; \
+	fi
+
+provider: native-packages
+	@if [ -e /usr/include/infiniband/verbs.h ]; then $(MAKE) -s -C provider; \
+	else echo "provider: no <infiniband/verbs.h>; not built"; fi
 
 # One kind of test, its folder of tests/ (README, "Tests"); test-unit is seconds, no daemon.
 test-unit test-e2e test-hardening test-tools test-pyverbs: test-%: $(STAMP)
 	$(PY) -m pytest -q tests/$*
+
+test-native: $(STAMP) provider
+	$(PY) -m pytest -q tests/native
 
 lint: $(STAMP) lint-docker
 	$(PY) -m ruff check engine protocol server client tools tests examples
@@ -65,3 +88,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	$(MAKE) -s -C provider clean

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -139,7 +140,10 @@ class HCA:
         self.pds[pd.handle] = pd
         return pd
 
-    def reg_mr(self, pd: PD, length: int, access: int) -> MR:
+    def reg_mr(self, pd: PD, length: int, access: int, at: tuple[int, Any] | None = None
+               ) -> MR:
+        """ibv_reg_mr(3): ``length`` bytes of fresh device-side memory, or with ``at``
+        (address, buffer) the caller's ``length`` bytes, registered at that address."""
         if length <= 0:
             raise einval(f"ibv_reg_mr length {length} must be positive")
         if access & ~MR_ACCESS:
@@ -149,9 +153,12 @@ class HCA:
         for flag in (AccessFlags.REMOTE_WRITE, AccessFlags.REMOTE_ATOMIC):
             if access & flag and not access & AccessFlags.LOCAL_WRITE:
                 raise einval(f"IBV_ACCESS_{flag.name} requires IBV_ACCESS_LOCAL_WRITE")
-        addr = self._next_va
-        self._next_va += (length + PAGE - 1) // PAGE * PAGE + PAGE
-        mr = MR(pd, addr, length, access, self.new_key(), np.zeros(length, dtype=np.uint8))
+        if at is None:
+            addr, buf = self._next_va, np.zeros(length, dtype=np.uint8)
+            self._next_va += (length + PAGE - 1) // PAGE * PAGE + PAGE
+        else:
+            addr, buf = at
+        mr = MR(pd, addr, length, access, self.new_key(), buf)
         self.keys[mr.lkey] = mr
         return mr
 

@@ -48,6 +48,8 @@ class ServeOptions:
     peer_token_given: bool = False
     # Packet trains (docs/protocol.md); ``serve --no-trains`` sends packet by packet.
     trains: bool = True
+    # A UNIX socket for local programs (server/unix.py), beside the TCP port.
+    unix: str | None = None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -137,7 +139,8 @@ def options_from_args(args) -> ServeOptions:
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
                         args.log_level, args.ready_file, faults, capture or None, crypto,
                         bool(getattr(args, "strict_blocks", False)), peer_token,
-                        bool(peer_token_file), not getattr(args, "no_trains", False))
+                        bool(peer_token_file), not getattr(args, "no_trains", False),
+                        getattr(args, "unix", None))
 
 
 async def serve(o: ServeOptions) -> None:
@@ -160,6 +163,18 @@ async def serve(o: ServeOptions) -> None:
         await daemon.start()
     except OSError as e:
         raise StartError("listen_failed", f"{o.host}:{o.port}", e) from None
+    unix = None
+    if o.unix:
+        from .unix import UnixListener
+
+        unix = UnixListener(daemon, o.unix)
+        try:
+            await unix.start()
+        except OSError as e:
+            await daemon.close()
+            if tap is not None:
+                tap.close()
+            raise StartError("listen_failed", o.unix, e) from None
     if tap is not None:
         log.info("capturing %s", kv(event="capture", file=o.capture))
     log.info("crypto %s", kv(event="crypto", mode="wrapped" if daemon.crypto.wrapped
@@ -185,6 +200,8 @@ async def serve(o: ServeOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        if unix is not None:
+            await unix.close()
         await daemon.close()
     finally:
         if tap is not None:

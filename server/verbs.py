@@ -29,6 +29,7 @@ from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
 from .node_verbs import NodeVerbs
+from .shared_mr import op_reg_mr_shared
 
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
 # scatter to CQE (softhca never scatters into a CQE, so there is nothing to disable).
@@ -39,7 +40,8 @@ QP_CREATE_FLAGS = int(Mlx5dvQpCreateFlags.SIG_PIPELINING
 READ_HEADROOM = 4096
 
 # The requests that create an object (and so count against a session's object limit).
-_CREATORS = frozenset([control.OpenDevice, control.AllocPd, control.RegMr, control.CreateCq,
+_CREATORS = frozenset([control.OpenDevice, control.AllocPd, control.RegMr,
+                       control.RegMrShared, control.CreateCq,
                        control.CreateQp, control.CreateMkey, control.CreateDek,
                        control.CryptoLoginReq, control.CreateCryptoLogin])
 
@@ -206,7 +208,18 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
 
     def op_reg_mr(self, r: control.RegMr, rid: int) -> dict | None:
         pd = self.get(r.pd, "pd")
-        lim, n = self.daemon.limits, r.length
+        n = r.length
+        self.charge_registration(n)
+        mr = pd.hca.reg_mr(pd, n, r.access)
+        self.registered_bytes += n
+        self.daemon.registered_bytes += n
+        return {"mr": self.add("mr", mr), "lkey": mr.lkey, "rkey": mr.rkey, "addr": mr.addr,
+                "length": mr.length}
+
+    def charge_registration(self, n: int) -> None:
+        """ENOMEM when ``n`` more registered bytes pass the session's or the daemon's
+        limit (checked before anything is allocated)."""
+        lim = self.daemon.limits
         if self.registered_bytes + n > lim.max_session_bytes:
             raise RDMAError("ENOMEM", f"ibv_reg_mr of {n} bytes: this session has "
                                       f"{self.registered_bytes} registered, its limit is "
@@ -215,11 +228,6 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
             raise RDMAError("ENOMEM", f"ibv_reg_mr of {n} bytes: the daemon has "
                                       f"{self.daemon.registered_bytes} registered, its limit "
                                       f"is {lim.max_daemon_bytes}")
-        mr = pd.hca.reg_mr(pd, n, r.access)
-        self.registered_bytes += n
-        self.daemon.registered_bytes += n
-        return {"mr": self.add("mr", mr), "lkey": mr.lkey, "rkey": mr.rkey, "addr": mr.addr,
-                "length": mr.length}
 
     def op_dereg_mr(self, r: control.DeregMr, rid: int) -> dict | None:
         return self.destroy_handle(r.mr, "mr")
@@ -427,6 +435,7 @@ HANDLERS: dict[type[control.Request], Callable[[Any, Any, int], dict | None]] = 
     control.AllocPd: Verbs.op_alloc_pd,
     control.DeallocPd: Verbs.op_dealloc_pd,
     control.RegMr: Verbs.op_reg_mr,
+    control.RegMrShared: op_reg_mr_shared,
     control.DeregMr: Verbs.op_dereg_mr,
     control.MrWrite: Verbs.op_mr_write,
     control.MrRead: Verbs.op_mr_read,

@@ -76,7 +76,7 @@ class EngineNode:
 HERE = Path(__file__).resolve().parent
 # The folders of tests/, one per kind of test; each is also the marker of its tests
 # (registered in pyproject.toml), so `pytest -m e2e` selects what `pytest tests/e2e` runs.
-KINDS = ("unit", "e2e", "hardening", "tools", "pyverbs", "twonode", "containers")
+KINDS = ("unit", "e2e", "hardening", "tools", "pyverbs", "twonode", "containers", "native")
 
 
 def pytest_collection_modifyitems(config, items):

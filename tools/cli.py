@@ -17,12 +17,12 @@ from collections.abc import Sequence
 
 from ..server.cliargs import TokenFileError
 from . import capture, crypto_test_info, explain, pyverbs, soak, trace
-from .commands import EXIT_FAIL, EXIT_OK, EXIT_USAGE, bench, demo, faults, serve
+from .commands import EXIT_FAIL, EXIT_OK, EXIT_USAGE, bench, demo, faults, run, serve
 
 __all__ = ["EXIT_FAIL", "EXIT_OK", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
 
-SUBCOMMANDS = (serve, faults, demo, bench, soak, trace, explain, capture, crypto_test_info,
-               pyverbs)
+SUBCOMMANDS = (serve, run, faults, demo, bench, soak, trace, explain, capture,
+               crypto_test_info, pyverbs)
 
 
 # -- the parser and main -------------------------------------------------------------

@@ -174,16 +174,19 @@ def _pids_in(ns: str) -> set[int]:
 
 
 @contextlib.contextmanager
-def two_node_topology(workdir: Path, *, port: int = PORT) -> Iterator[Topology]:
-    """The two namespaces, the veth pair, the addresses, and a ready ``softhca serve`` in
-    the target's namespace; all of it removed by name on the way out, even on an error."""
+def two_node_topology(workdir: Path, *, port: int = PORT,
+                      daemon: bool = True) -> Iterator[Topology]:
+    """The two namespaces, the veth pair, the addresses, and (unless ``daemon`` is
+    False) a ready ``softhca serve`` in the target's namespace; all of it removed by
+    name on the way out, even on an error."""
     pid, k = os.getpid(), next(_counter)
     topo = Topology(target_ns=f"shca-tgt-{pid}-{k}", initiator_ns=f"shca-ini-{pid}-{k}",
                     target_veth=f"shv{pid}t{k}", initiator_veth=f"shv{pid}i{k}",
                     workdir=workdir, port=port)
     try:
         _build(topo)
-        _start_daemon(topo)
+        if daemon:
+            _start_daemon(topo)
         yield topo
     finally:
         _teardown(topo)

@@ -15,6 +15,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "and the wire plane (RC packets from other daemons) on one TCP port.")
     p.add_argument("--listen", default="127.0.0.1:4791", metavar="HOST:PORT",
                    help="address to listen on (default 127.0.0.1:4791; port 0 picks one)")
+    p.add_argument("--unix", metavar="PATH",
+                   help="also serve local programs' control sessions on a UNIX socket at PATH "
+                   "(created mode 0600; only this user's and root's processes are served, by "
+                   "SO_PEERCRED); the libibverbs provider connects there")
     p.add_argument("--hca", action="append", metavar="NAME",
                    help="an HCA to host (default mlx5_0); may be repeated")
     p.add_argument("--token-file", metavar="FILE",

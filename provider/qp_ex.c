@@ -1,0 +1,308 @@
+/* The extended post-send API (ibv_wr_post(3)): between ibv_wr_start and
+ * ibv_wr_complete each builder opens a WR with the QP's wr_id and wr_flags and the
+ * setters give it its data; ibv_wr_complete posts them all in one post_send request
+ * (the daemon applies a batch in order; ibv_wr_abort drops it). A failed setter or a
+ * builder this device does not model makes ibv_wr_complete fail, posting nothing. */
+#include <errno.h>
+#include <string.h>
+
+#include "softhca.h"
+
+#define MAX_WRS_PER_POST 256
+
+static struct shca_qp *of(struct ibv_qp_ex *qpx)
+{
+	return (struct shca_qp *)qpx;
+}
+
+/* The WR being built goes into the batch (at the next builder or at complete). */
+static void close_wr(struct shca_qp *qp)
+{
+	int rc;
+
+	if (!qp->wr_open)
+		return;
+	qp->wr_open = 0;
+	if (qp->wr_error)
+		return;
+	if (qp->nwrs >= MAX_WRS_PER_POST) {
+		shca_log("ibv_wr_complete: ENOMEM: more than %d WRs in one batch",
+			 MAX_WRS_PER_POST);
+		qp->wr_error = ENOMEM;
+		return;
+	}
+	rc = shca_encode_send_wr(qp, &qp->wrs, &qp->cur, qp->cur_bounced);
+	if (rc)
+		qp->wr_error = rc;
+	else
+		qp->nwrs++;
+}
+
+static void open_wr(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op)
+{
+	struct shca_qp *qp = of(qpx);
+
+	close_wr(qp);
+	memset(&qp->cur, 0, sizeof(qp->cur));
+	qp->cur.wr_id = qpx->wr_id;
+	qp->cur.send_flags = qpx->wr_flags;
+	qp->cur.opcode = op;
+	qp->cur.sg_list = qp->cur_sge;
+	qp->cur_bounced = 0;
+	qp->wr_open = 1;
+}
+
+static void wr_start(struct ibv_qp_ex *qpx)
+{
+	struct shca_qp *qp = of(qpx);
+
+	mp_free(&qp->wrs);
+	qp->nwrs = 0;
+	qp->wr_error = 0;
+	qp->wr_open = 0;
+	qp->bounce_used = 0;
+}
+
+static int wr_complete(struct ibv_qp_ex *qpx)
+{
+	struct shca_qp *qp = of(qpx);
+	int rc;
+
+	close_wr(qp);
+	rc = qp->wr_error;
+	if (!rc && qp->nwrs)
+		rc = shca_post_send_batch(qp, &qp->wrs, qp->nwrs);
+	mp_free(&qp->wrs);
+	qp->nwrs = 0;
+	return rc;
+}
+
+static void wr_abort(struct ibv_qp_ex *qpx)
+{
+	struct shca_qp *qp = of(qpx);
+
+	mp_free(&qp->wrs);
+	qp->nwrs = 0;
+	qp->wr_open = 0;
+}
+
+static void wr_send(struct ibv_qp_ex *qpx)
+{
+	open_wr(qpx, IBV_WR_SEND);
+}
+
+static void wr_send_imm(struct ibv_qp_ex *qpx, __be32 imm)
+{
+	open_wr(qpx, IBV_WR_SEND_WITH_IMM);
+	of(qpx)->cur.imm_data = imm;
+}
+
+static void wr_send_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
+{
+	open_wr(qpx, IBV_WR_SEND_WITH_INV);
+	of(qpx)->cur.invalidate_rkey = rkey;
+}
+
+static void wr_rdma(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op, uint32_t rkey,
+		    uint64_t addr)
+{
+	open_wr(qpx, op);
+	of(qpx)->cur.wr.rdma.rkey = rkey;
+	of(qpx)->cur.wr.rdma.remote_addr = addr;
+}
+
+static void wr_rdma_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
+{
+	wr_rdma(qpx, IBV_WR_RDMA_WRITE, rkey, addr);
+}
+
+static void wr_rdma_write_imm(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr,
+			      __be32 imm)
+{
+	wr_rdma(qpx, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr);
+	of(qpx)->cur.imm_data = imm;
+}
+
+static void wr_rdma_read(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
+{
+	wr_rdma(qpx, IBV_WR_RDMA_READ, rkey, addr);
+}
+
+static void wr_atomic(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op, uint32_t rkey,
+		      uint64_t addr, uint64_t compare_add, uint64_t swap)
+{
+	struct shca_qp *qp = of(qpx);
+
+	open_wr(qpx, op);
+	qp->cur.wr.atomic.rkey = rkey;
+	qp->cur.wr.atomic.remote_addr = addr;
+	qp->cur.wr.atomic.compare_add = compare_add;
+	qp->cur.wr.atomic.swap = swap;
+}
+
+static void wr_atomic_cmp_swp(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr,
+			      uint64_t compare, uint64_t swap)
+{
+	wr_atomic(qpx, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, addr, compare, swap);
+}
+
+static void wr_atomic_fetch_add(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr,
+				uint64_t add)
+{
+	wr_atomic(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, addr, add, 0);
+}
+
+static void unsupported(struct ibv_qp_ex *qpx, const char *what)
+{
+	struct shca_qp *qp = of(qpx);
+
+	close_wr(qp);
+	shca_log("%s: EOPNOTSUPP: not modelled on an RC QP of softhca", what);
+	qp->wr_error = EOPNOTSUPP;
+}
+
+static void wr_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
+{
+	(void)rkey;
+	unsupported(qpx, "ibv_wr_local_inv");
+}
+
+static void wr_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw, uint32_t rkey,
+		       const struct ibv_mw_bind_info *info)
+{
+	(void)mw;
+	(void)rkey;
+	(void)info;
+	unsupported(qpx, "ibv_wr_bind_mw");
+}
+
+static void wr_send_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t sz, uint16_t mss)
+{
+	(void)hdr;
+	(void)sz;
+	(void)mss;
+	unsupported(qpx, "ibv_wr_send_tso");
+}
+
+static void wr_set_ud_addr(struct ibv_qp_ex *qpx, struct ibv_ah *ah, uint32_t qpn,
+			   uint32_t qkey)
+{
+	(void)ah;
+	(void)qpn;
+	(void)qkey;
+	unsupported(qpx, "ibv_wr_set_ud_addr");
+}
+
+static void wr_set_xrc_srqn(struct ibv_qp_ex *qpx, uint32_t srqn)
+{
+	(void)srqn;
+	unsupported(qpx, "ibv_wr_set_xrc_srqn");
+}
+
+static void wr_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr,
+			    const void *data)
+{
+	(void)rkey;
+	(void)addr;
+	(void)data;
+	unsupported(qpx, "ibv_wr_atomic_write");
+}
+
+static int need_open(struct shca_qp *qp, const char *what)
+{
+	if (qp->wr_open)
+		return 1;
+	shca_log("%s: EINVAL: no WR was started by a builder", what);
+	qp->wr_error = EINVAL;
+	return 0;
+}
+
+static void wr_set_sge_list(struct ibv_qp_ex *qpx, size_t n, const struct ibv_sge *sg)
+{
+	struct shca_qp *qp = of(qpx);
+
+	if (!need_open(qp, "ibv_wr_set_sge_list"))
+		return;
+	if (n > sizeof(qp->cur_sge) / sizeof(qp->cur_sge[0])) {
+		qp->wr_error = EINVAL;
+		return;
+	}
+	memcpy(qp->cur_sge, sg, n * sizeof(*sg));
+	qp->cur.num_sge = (int)n;
+	qp->cur.send_flags &= ~IBV_SEND_INLINE;
+	qp->cur_bounced = 0;
+}
+
+static void wr_set_sge(struct ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint32_t len)
+{
+	struct ibv_sge sge = {.addr = addr, .length = len, .lkey = lkey};
+
+	wr_set_sge_list(qpx, 1, &sge);
+}
+
+/* ibv_wr_set_inline_data(3): the bytes are copied now, the buffer is the caller's again
+ * when the call returns. */
+static void wr_set_inline_data_list(struct ibv_qp_ex *qpx, size_t n,
+				    const struct ibv_data_buf *bufs)
+{
+	struct shca_qp *qp = of(qpx);
+	struct ibv_sge sg[32];
+	size_t i;
+	int rc;
+
+	if (!need_open(qp, "ibv_wr_set_inline_data"))
+		return;
+	if (n > sizeof(sg) / sizeof(sg[0])) {
+		qp->wr_error = EINVAL;
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		sg[i].addr = (uintptr_t)bufs[i].addr;
+		sg[i].length = (uint32_t)bufs[i].length;
+		sg[i].lkey = 0;
+	}
+	rc = shca_inline_sge(qp, sg, (int)n, &qp->cur_sge[0]);
+	if (rc) {
+		qp->wr_error = rc;
+		return;
+	}
+	qp->cur.num_sge = 1;
+	qp->cur.send_flags |= IBV_SEND_INLINE;
+	qp->cur_bounced = 1;
+}
+
+static void wr_set_inline_data(struct ibv_qp_ex *qpx, void *addr, size_t len)
+{
+	struct ibv_data_buf b = {.addr = addr, .length = len};
+
+	wr_set_inline_data_list(qpx, 1, &b);
+}
+
+void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags)
+{
+	struct ibv_qp_ex *x = &qp->vqp.qp_ex;
+
+	(void)send_ops_flags;
+	mp_init(&qp->wrs);
+	x->wr_start = wr_start;
+	x->wr_complete = wr_complete;
+	x->wr_abort = wr_abort;
+	x->wr_send = wr_send;
+	x->wr_send_imm = wr_send_imm;
+	x->wr_send_inv = wr_send_inv;
+	x->wr_rdma_write = wr_rdma_write;
+	x->wr_rdma_write_imm = wr_rdma_write_imm;
+	x->wr_rdma_read = wr_rdma_read;
+	x->wr_atomic_cmp_swp = wr_atomic_cmp_swp;
+	x->wr_atomic_fetch_add = wr_atomic_fetch_add;
+	x->wr_local_inv = wr_local_inv;
+	x->wr_bind_mw = wr_bind_mw;
+	x->wr_send_tso = wr_send_tso;
+	x->wr_set_ud_addr = wr_set_ud_addr;
+	x->wr_set_xrc_srqn = wr_set_xrc_srqn;
+	x->wr_atomic_write = wr_atomic_write;
+	x->wr_set_sge = wr_set_sge;
+	x->wr_set_sge_list = wr_set_sge_list;
+	x->wr_set_inline_data = wr_set_inline_data;
+	x->wr_set_inline_data_list = wr_set_inline_data_list;
+}

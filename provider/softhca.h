@@ -1,0 +1,150 @@
+/* The softhca provider: libibverbs calls become softhca control requests
+ * (docs/protocol.md) on a UNIX socket to a local daemon, which keeps every QP, its
+ * state and its transport. The program's registered memory is shared with the daemon
+ * (mem.c); completions are pushed by the daemon into per-CQ rings that poll_cq reads
+ * without a round trip (conn.c's reader thread fills them). */
+#ifndef SOFTHCA_PROVIDER_H
+#define SOFTHCA_PROVIDER_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "abi.h"
+#include "mp.h"
+
+#define SHCA_MAX_DEVICES 16
+#define SHCA_NAME_MAX 64
+
+struct shca_reply {
+	uint8_t *frame;         /* the header bytes, malloc'ed */
+	size_t len;
+	struct mp_val hdr;
+	uint8_t *payload;
+	size_t payload_len;
+};
+
+struct shca_conn {
+	int fd;
+	pthread_t reader;
+	int reader_started;
+	pthread_mutex_t lock;       /* the fields below, and every CQ ring */
+	pthread_cond_t cond;
+	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC) */
+	pthread_mutex_t call_lock;  /* one request in flight at a time */
+	pthread_mutex_t send_lock;  /* whole frames on the socket */
+	uint32_t next_id;
+	uint32_t want_id;
+	struct shca_reply reply;
+	int reply_ready;
+	int dead;
+	struct shca_context *ctx;
+};
+
+struct shca_mem;
+
+/* The memfd segments one registration's pages lie on (mem.c). */
+#define SHCA_MAX_PIECES 16
+struct shca_memref {
+	int n;
+	struct shca_mem *seg[SHCA_MAX_PIECES];
+};
+
+struct shca_context {
+	struct verbs_context vctx; /* libibverbs' part first... */
+	struct shca_conn conn;
+	uint32_t handle;           /* the daemon's ctx handle */
+	char devices[SHCA_MAX_DEVICES][SHCA_NAME_MAX];
+	int ndevices;
+	char address[128];         /* the daemon's wire address, HOST:PORT */
+	struct ibv_device_attr attr;
+	uint64_t max_msg_sz;
+	struct shca_cq *cqs;       /* under conn.lock */
+	struct shca_mem *mems;     /* under mem_lock */
+	pthread_mutex_t mem_lock;
+	int async_pipe[2];
+};
+
+struct shca_pd {
+	struct ibv_pd pd;
+	uint32_t handle;
+};
+
+struct shca_mr {
+	struct verbs_mr vmr;
+	uint32_t handle;
+	struct shca_memref mem;
+};
+
+struct shca_cq {
+	struct ibv_cq cq;
+	uint32_t handle;
+	struct ibv_wc *ring;
+	uint32_t cap, head, count;
+	int armed;
+	int chan_wfd;       /* write end of the completion channel's pipe, or -1 */
+	struct shca_cq *next;
+};
+
+struct shca_qp {
+	struct verbs_qp vqp;
+	uint32_t handle;
+	uint32_t max_inline;
+	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge;
+	int sq_sig_all;
+	/* the ibv_wr_* API (qp_ex.c): WRs built since ibv_wr_start */
+	struct mp_buf wrs;
+	uint32_t nwrs;
+	int wr_error;
+	int wr_open;        /* a WR was started but its SGEs are not set yet */
+	int cur_bounced;    /* its SGE is inline data already in the bounce pages */
+	struct ibv_send_wr cur;
+	struct ibv_sge cur_sge[32];
+	struct shca_mr *bounce;  /* registered bytes inline data is copied into */
+	uint8_t *bounce_buf;
+	size_t bounce_used;
+};
+
+/* struct ibv_context is the last member of struct verbs_context (verbs.h): the
+ * extension fields grow before it. */
+static inline struct shca_context *to_sctx(struct ibv_context *c)
+{
+	return (struct shca_context *)((char *)c - offsetof(struct shca_context, vctx.context));
+}
+
+/* conn.c */
+int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx,
+		 struct mp_buf *welcome_out);
+void shca_disconnect(struct shca_conn *c);
+/* Starts a request: a map of nfields + 2 entries whose "t" and "id" are written. */
+void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields);
+/* Sends it and waits for its reply. 0 with *r filled (free with shca_reply_free) on
+ * "ok"; a positive errno on "err" (its message logged) or a lost daemon. */
+int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
+	      struct shca_reply *r);
+void shca_reply_free(struct shca_reply *r);
+int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
+int shca_errno(const char *name, uint32_t n);
+
+/* mem.c */
+int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
+		   struct shca_memref *ref, struct mp_buf *pieces, uint64_t *offset);
+void shca_mem_release(struct shca_context *ctx, struct shca_memref *ref);
+void shca_mem_release_all(struct shca_context *ctx);
+
+/* qp_ex.c */
+void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);
+int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
+			int bounced);
+int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
+int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n);
+
+/* verbs.c */
+struct ibv_mr *shca_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+			   int access);
+int shca_dereg(struct shca_mr *mr);
+
+#define shca_log(fmt, ...) fprintf(stderr, "softhca: " fmt "\n", ##__VA_ARGS__)
+
+#endif

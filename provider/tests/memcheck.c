@@ -1,0 +1,426 @@
+/* memcheck: what a peer's verbs do to a program's malloc'ed memory, byte by byte, and
+ * the registrations softhca must refuse.
+ *
+ *   memcheck transfer   two processes (fork), each with its own device context, QP and
+ *                       malloc'ed buffers at unaligned addresses: A RDMA_WRITEs into B's
+ *                       buffer, SENDs into B's receive buffer, RDMA_READs from B's
+ *                       buffer; each side checks every byte, and that the bytes around
+ *                       the targets are untouched.
+ *   memcheck stack      ibv_reg_mr of a stack buffer must fail with EINVAL or EFAULT.
+ *   memcheck forged     a post whose SGE leaves its registration, and an RDMA WRITE
+ *                       whose remote range leaves the peer's, must not move a byte.
+ *   memcheck hold       registers 64 MiB and posts, prints "ready", then waits to be
+ *                       killed (the daemon must clean up after it).
+ *
+ * Expected values are computed here from the patterns, never read back from softhca.
+ * Exit 0 when every check holds; each check prints one line. */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define LEN 10000          /* not a multiple of anything */
+#define HALO 512           /* bytes around each target that must stay as they were */
+#define BUF (LEN + 2 * HALO)
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
+		IBV_ACCESS_REMOTE_ATOMIC)
+
+struct side {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	uint8_t *buf, *rbuf;       /* malloc'ed, deliberately unaligned */
+	struct ibv_mr *mr, *rmr;
+	union ibv_gid gid;
+};
+
+struct peer_info {
+	uint32_t qpn;
+	uint32_t rkey;
+	uint64_t addr;
+	union ibv_gid gid;
+};
+
+static int failures;
+
+#define CHECK(cond, ...) do { \
+	if (cond) { printf("memcheck: ok: " __VA_ARGS__); printf("\n"); } \
+	else { printf("memcheck: FAIL: " __VA_ARGS__); printf("\n"); failures++; } \
+} while (0)
+
+static uint8_t pat(int which, size_t i)
+{
+	return (uint8_t)(i * (2 * which + 5) + 17 * which + (i >> 8));
+}
+
+static void die(const char *what)
+{
+	printf("memcheck: FAIL: %s: %s\n", what, strerror(errno));
+	exit(2);
+}
+
+static void open_side(struct side *s)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_qp_init_attr qa = {0};
+
+	if (!list || !list[0])
+		die("no device");
+	s->ctx = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	if (!s->ctx)
+		die("ibv_open_device");
+	s->pd = ibv_alloc_pd(s->ctx);
+	s->cq = ibv_create_cq(s->ctx, 64, NULL, NULL, 0);
+	if (!s->pd || !s->cq)
+		die("pd/cq");
+	qa.send_cq = qa.recv_cq = s->cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	s->qp = ibv_create_qp(s->pd, &qa);
+	if (!s->qp)
+		die("ibv_create_qp");
+	if (ibv_query_gid(s->ctx, 1, 0, &s->gid))
+		die("ibv_query_gid");
+}
+
+static void connect_qp(struct side *s, const struct peer_info *p)
+{
+	struct ibv_qp_attr a = {0};
+
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qp_access_flags = ACCESS;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			  IBV_QP_ACCESS_FLAGS))
+		die("INIT");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = p->qpn;
+	a.rq_psn = 0;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = p->gid;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+			  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+			  IBV_QP_MIN_RNR_TIMER))
+		die("RTR");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = 0;
+	a.max_rd_atomic = 1;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		die("RTS");
+}
+
+static struct ibv_wc wait_wc(struct side *s)
+{
+	struct ibv_wc wc;
+	int n;
+
+	do {
+		n = ibv_poll_cq(s->cq, 1, &wc);
+	} while (n == 0);
+	if (n < 0)
+		die("ibv_poll_cq");
+	return wc;
+}
+
+static void xfer(int fd, void *p, size_t n, int out)
+{
+	ssize_t r = out ? write(fd, p, n) : read(fd, p, n);
+
+	if (r != (ssize_t)n)
+		die("pipe");
+}
+
+/* A malloc'ed buffer whose start is not page aligned, filled with a pattern. */
+static uint8_t *unaligned(size_t n, int which)
+{
+	uint8_t *p = malloc(n + 123);
+	size_t i;
+
+	if (!p)
+		die("malloc");
+	p += 123;
+	for (i = 0; i < n; i++)
+		p[i] = pat(which, i);
+	return p;
+}
+
+static int post(struct side *s, enum ibv_wr_opcode op, void *local, uint32_t len,
+		uint32_t lkey, uint64_t raddr, uint32_t rkey)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)local, .length = len, .lkey = lkey};
+	struct ibv_send_wr wr = {0}, *bad;
+
+	wr.wr_id = op;
+	wr.opcode = op;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(s->qp, &wr, &bad);
+}
+
+static void side_a(int rd, int wr_fd)
+{
+	struct side s = {0};
+	struct peer_info me, peer;
+	struct ibv_wc wc;
+	uint8_t go;
+	size_t i, bad;
+
+	open_side(&s);
+	s.buf = unaligned(BUF, 1);          /* what A writes and sends: pattern 1 */
+	s.rbuf = unaligned(BUF, 9);         /* where A's READ lands: pattern 9 until then */
+	s.mr = ibv_reg_mr(s.pd, s.buf, BUF, ACCESS);
+	s.rmr = ibv_reg_mr(s.pd, s.rbuf, BUF, ACCESS);
+	if (!s.mr || !s.rmr)
+		die("A: ibv_reg_mr");
+	me = (struct peer_info){s.qp->qp_num, s.mr->rkey, (uintptr_t)s.buf, s.gid};
+	xfer(wr_fd, &me, sizeof(me), 1);
+	xfer(rd, &peer, sizeof(peer), 0);
+	connect_qp(&s, &peer);
+	xfer(rd, &go, 1, 0);                /* B has posted its receive */
+
+	if (post(&s, IBV_WR_RDMA_WRITE, s.buf + HALO, LEN, s.mr->lkey, peer.addr + HALO,
+		 peer.rkey))
+		die("post RDMA_WRITE");
+	wc = wait_wc(&s);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE,
+	      "A: RDMA_WRITE of %d bytes completed (status %d)", LEN, wc.status);
+	if (post(&s, IBV_WR_SEND, s.buf, LEN, s.mr->lkey, 0, 0))
+		die("post SEND");
+	wc = wait_wc(&s);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND,
+	      "A: SEND of %d bytes completed (status %d)", LEN, wc.status);
+	/* READ B's bytes [HALO + LEN/2, ...): B wrote pattern 2 there before starting
+	 * and A's WRITE covered only [HALO, HALO + LEN) of B's buffer, so the expected
+	 * bytes are A's pattern for the part the WRITE covered. */
+	if (post(&s, IBV_WR_RDMA_READ, s.rbuf + HALO, LEN, s.rmr->lkey, peer.addr + HALO,
+		 peer.rkey))
+		die("post RDMA_READ");
+	wc = wait_wc(&s);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ,
+	      "A: RDMA_READ of %d bytes completed (status %d)", LEN, wc.status);
+	for (bad = 0, i = 0; i < LEN; i++)
+		bad += s.rbuf[HALO + i] != pat(1, HALO + i);
+	CHECK(bad == 0, "A: RDMA_READ put the peer's %d bytes into malloc'ed memory (%zu "
+	      "differ)", LEN, bad);
+	for (bad = 0, i = 0; i < HALO; i++)
+		bad += s.rbuf[i] != pat(9, i) || s.rbuf[HALO + LEN + i] != pat(9, HALO + LEN + i);
+	CHECK(bad == 0, "A: the %d bytes around the READ's target are untouched (%zu differ)",
+	      2 * HALO, bad);
+	go = 1;
+	xfer(wr_fd, &go, 1, 1);
+}
+
+static void side_b(int rd, int wr_fd)
+{
+	struct side s = {0};
+	struct peer_info me, peer;
+	struct ibv_recv_wr rwr = {0}, *bad_r;
+	struct ibv_sge sge;
+	struct ibv_wc wc;
+	uint8_t go;
+	size_t i, bad;
+
+	open_side(&s);
+	s.buf = unaligned(BUF, 2);          /* A writes into it */
+	s.rbuf = unaligned(BUF, 3);         /* A's SEND lands in it */
+	s.mr = ibv_reg_mr(s.pd, s.buf, BUF, ACCESS);
+	s.rmr = ibv_reg_mr(s.pd, s.rbuf, BUF, IBV_ACCESS_LOCAL_WRITE);
+	if (!s.mr || !s.rmr)
+		die("B: ibv_reg_mr");
+	me = (struct peer_info){s.qp->qp_num, s.mr->rkey, (uintptr_t)s.buf, s.gid};
+	xfer(rd, &peer, sizeof(peer), 0);
+	xfer(wr_fd, &me, sizeof(me), 1);
+	connect_qp(&s, &peer);
+	sge = (struct ibv_sge){(uintptr_t)(s.rbuf + HALO), LEN, s.rmr->lkey};
+	rwr.wr_id = 7;
+	rwr.sg_list = &sge;
+	rwr.num_sge = 1;
+	if (ibv_post_recv(s.qp, &rwr, &bad_r))
+		die("post_recv");
+	go = 1;
+	xfer(wr_fd, &go, 1, 1);
+	wc = wait_wc(&s);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.byte_len == LEN,
+	      "B: the SEND arrived: %u bytes (status %d)", wc.byte_len, wc.status);
+	xfer(rd, &go, 1, 0);                /* A is done */
+	for (bad = 0, i = 0; i < LEN; i++)
+		bad += s.buf[HALO + i] != pat(1, HALO + i);
+	CHECK(bad == 0, "B: RDMA_WRITE put %d bytes into malloc'ed memory (%zu differ)", LEN,
+	      bad);
+	for (bad = 0, i = 0; i < HALO; i++)
+		bad += s.buf[i] != pat(2, i) || s.buf[HALO + LEN + i] != pat(2, HALO + LEN + i);
+	CHECK(bad == 0, "B: the %d bytes around the WRITE's target are untouched (%zu "
+	      "differ)", 2 * HALO, bad);
+	for (bad = 0, i = 0; i < LEN; i++)
+		bad += s.rbuf[HALO + i] != pat(1, i);
+	CHECK(bad == 0, "B: SEND put %d bytes into malloc'ed memory (%zu differ)", LEN, bad);
+	for (bad = 0, i = 0; i < HALO; i++)
+		bad += s.rbuf[i] != pat(3, i) || s.rbuf[HALO + LEN + i] != pat(3, HALO + LEN + i);
+	CHECK(bad == 0, "B: the %d bytes around the receive buffer are untouched (%zu differ)",
+	      2 * HALO, bad);
+}
+
+static int transfer(void)
+{
+	int a2b[2], b2a[2], status;
+	pid_t pid;
+
+	if (pipe(a2b) || pipe(b2a))
+		die("pipe");
+	fflush(stdout);
+	pid = fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		side_b(a2b[0], b2a[1]);
+		fflush(stdout);
+		_exit(failures ? 1 : 0);
+	}
+	side_a(b2a[0], a2b[1]);
+	if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status))
+		failures++;
+	return failures ? 1 : 0;
+}
+
+static int stack(void)
+{
+	struct side s = {0};
+	uint8_t on_stack[4096];
+	struct ibv_mr *mr;
+
+	open_side(&s);
+	memset(on_stack, 1, sizeof(on_stack));
+	errno = 0;
+	mr = ibv_reg_mr(s.pd, on_stack, sizeof(on_stack), IBV_ACCESS_LOCAL_WRITE);
+	CHECK(!mr && (errno == EINVAL || errno == EFAULT),
+	      "ibv_reg_mr of a stack buffer fails: %s (errno %d)", mr ? "registered" :
+	      strerror(errno), errno);
+	CHECK(on_stack[0] == 1 && on_stack[4095] == 1, "the stack buffer is intact");
+	return failures ? 1 : 0;
+}
+
+static int forged(void)
+{
+	struct side s = {0};
+	struct peer_info self;
+	uint8_t *buf, *far;
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	size_t i, bad;
+	int rc;
+
+	open_side(&s);
+	buf = unaligned(8192, 4);
+	far = unaligned(8192, 5);           /* registered nowhere */
+	mr = ibv_reg_mr(s.pd, buf, 4096, ACCESS);
+	if (!mr)
+		die("ibv_reg_mr");
+	self = (struct peer_info){s.qp->qp_num, mr->rkey, (uintptr_t)buf, s.gid};
+	connect_qp(&s, &self);              /* the QP is its own peer */
+	/* A local SGE past the registration's end */
+	rc = post(&s, IBV_WR_RDMA_WRITE, buf + 4000, 200, mr->lkey, (uintptr_t)buf, mr->rkey);
+	if (!rc) {
+		wc = wait_wc(&s);
+		CHECK(wc.status == IBV_WC_LOC_PROT_ERR, "an SGE leaving its MR completes with "
+		      "%s", ibv_wc_status_str(wc.status));
+	} else {
+		CHECK(rc == EINVAL, "an SGE leaving its MR is refused by ibv_post_send: %s",
+		      strerror(rc));
+	}
+	for (bad = 0, i = 0; i < 8192; i++)
+		bad += buf[i] != pat(4, i) || far[i] != pat(5, i);
+	CHECK(bad == 0, "no byte moved (%zu differ)", bad);
+	return failures ? 1 : 0;
+}
+
+static int forged_remote(void)
+{
+	struct side a = {0}, b = {0};
+	struct peer_info ia, ib;
+	uint8_t *src, *dst;
+	struct ibv_mr *smr, *dmr;
+	struct ibv_wc wc;
+	size_t i, bad;
+	int rc;
+
+	open_side(&a);
+	open_side(&b);
+	src = unaligned(8192, 6);
+	dst = unaligned(8192, 7);
+	smr = ibv_reg_mr(a.pd, src, 4096, ACCESS);
+	dmr = ibv_reg_mr(b.pd, dst, 4096, ACCESS);
+	if (!smr || !dmr)
+		die("ibv_reg_mr");
+	ia = (struct peer_info){a.qp->qp_num, smr->rkey, (uintptr_t)src, a.gid};
+	ib = (struct peer_info){b.qp->qp_num, dmr->rkey, (uintptr_t)dst, b.gid};
+	connect_qp(&a, &ib);
+	connect_qp(&b, &ia);
+	/* The remote range runs past the peer's registration: the responder refuses it */
+	rc = post(&a, IBV_WR_RDMA_WRITE, src, 200, smr->lkey, (uintptr_t)dst + 4000, dmr->rkey);
+	CHECK(rc == 0, "the post itself is accepted (the remote range is the peer's to judge)");
+	wc = wait_wc(&a);
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "an RDMA WRITE past the peer's MR completes "
+	      "with %s", ibv_wc_status_str(wc.status));
+	for (bad = 0, i = 0; i < 8192; i++)
+		bad += src[i] != pat(6, i) || dst[i] != pat(7, i);
+	CHECK(bad == 0, "no byte moved (%zu differ)", bad);
+	return failures ? 1 : 0;
+}
+
+static int hold(void)
+{
+	struct side s = {0};
+	size_t n = 64u << 20;
+	uint8_t *buf = malloc(n);
+	struct ibv_mr *mr;
+
+	open_side(&s);
+	if (!buf)
+		die("malloc");
+	memset(buf, 0x5a, n);
+	mr = ibv_reg_mr(s.pd, buf, n, ACCESS);
+	if (!mr)
+		die("ibv_reg_mr");
+	printf("memcheck: ready pid %d\n", (int)getpid());
+	fflush(stdout);
+	pause();
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *mode = argc > 1 ? argv[1] : "transfer";
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (!strcmp(mode, "transfer"))
+		return transfer();
+	if (!strcmp(mode, "stack"))
+		return stack();
+	if (!strcmp(mode, "forged"))
+		return forged() | forged_remote();
+	if (!strcmp(mode, "hold"))
+		return hold();
+	fprintf(stderr, "usage: memcheck transfer|stack|forged|hold\n");
+	return 2;
+}

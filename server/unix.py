@@ -1,0 +1,142 @@
+"""The UNIX-socket control listener (``softhca serve --unix PATH``): local programs'
+verbs calls, above all the libibverbs provider's (provider/).
+
+Authentication is the kernel's, not a token: the socket file is created owner-only
+(mode 0600, under a umask of 0177, so there is no moment when others may connect), and
+each connection's SO_PEERCRED must name the daemon's own user or root; any other is
+refused with EACCES before its HELLO. The HELLO is the TCP one (docs/protocol.md)
+without a token; only the ``control`` role is served here. The welcome also names the
+daemon's wire address, the one a program's GID carries.
+
+The peer's credentials stay with its session: the pid is how the daemon reaches the
+memfds that back the program's registrations (server/shared_mr.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import stat
+import struct
+
+from ..protocol.errors import RDMAError
+from ..protocol.frames import FrameDecoder, FrameError, encode_frame
+from ..protocol.handshake import HandshakeError, make_challenge, verify_hello
+from .link import READ_CHUNK, read_frames
+from .logs import kv, log
+from .session import ControlSession, send_error
+
+_CRED = struct.Struct("3i")
+
+
+def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a UNIX stream."""
+    sock = writer.get_extra_info("socket")
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+    pid, uid, gid = _CRED.unpack(raw)
+    return pid, uid, gid
+
+
+class UnixListener:
+    """Control sessions on a UNIX socket, served by ``daemon`` (server/daemon.py)."""
+
+    def __init__(self, daemon, path: str) -> None:
+        self.daemon = daemon
+        self.path = path
+        self._server: asyncio.AbstractServer | None = None
+        self.refused = 0
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            # A socket left by a daemon that died is replaced; any other file is not.
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+        old = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._on_connection, self.path,
+                                                           limit=READ_CHUNK)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        log.info("listening %s", kv(event="listen_unix", path=self.path,
+                                     uid=os.geteuid()))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    async def _on_connection(self, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        d = self.daemon
+        task = asyncio.current_task()
+        if task is not None:
+            # The daemon's close cancels it with the TCP connections.
+            d._conn_tasks.add(task)
+            task.add_done_callback(d._conn_tasks.discard)
+        try:
+            pid, uid, gid = peer_credentials(writer)
+        except OSError:
+            writer.close()
+            return
+        peer = f"unix:pid={pid},uid={uid}"
+        if uid not in (os.geteuid(), 0):
+            self.refused += 1
+            d.counters["connections_refused"] += 1
+            log.warning("refused %s", kv(event="refused", peer=peer, errno="EACCES",
+                                          reason="another user's process"))
+            send_error(writer, 0, RDMAError("EACCES", f"uid {uid} may not use this "
+                                                      f"daemon (it serves uid {os.geteuid()})"))
+            writer.close()
+            return
+        await self._serve(reader, writer, peer, (pid, uid, gid))
+
+    async def _serve(self, reader, writer, peer: str, cred: tuple[int, int, int]) -> None:
+        d = self.daemon
+        decoder = FrameDecoder(d.max_frame)
+        counted = False
+        try:
+            challenge, nonce = make_challenge(False)
+            writer.writelines(encode_frame(challenge))
+            frames = await asyncio.wait_for(read_frames(reader, decoder),
+                                            d.limits.hello_timeout)
+            if not frames:
+                return
+            role = verify_hello(frames[0].header, nonce, None, None)
+            if role != "control":
+                raise HandshakeError("EPROTO", f"role {role!r}: the UNIX socket serves "
+                                               "control sessions only")
+            if d.connections >= d.limits.max_connections:
+                d.counters["connections_refused"] += 1
+                send_error(writer, 0, RDMAError("EBUSY", "this daemon serves at most "
+                                                         f"{d.limits.max_connections} "
+                                                         "connections"))
+                return
+            d.connections += 1
+            counted = True
+            writer.writelines(encode_frame({"t": "welcome", "role": role,
+                                            "devices": list(d.hcas),
+                                            "max_frame": d.max_frame,
+                                            "address": d.address}))
+            session = ControlSession(d, reader, writer, decoder, peer)
+            session.peer_cred = cred
+            await session.run(frames[1:])
+        except (HandshakeError, FrameError) as e:
+            log.warning("refused %s", kv(event="refused", peer=peer, errno=e.errno_name,
+                                          reason=e.message))
+            send_error(writer, 0, e)
+        except asyncio.TimeoutError:
+            send_error(writer, 0, RDMAError("ETIMEDOUT", "no hello within "
+                                                          f"{d.limits.hello_timeout:g} s"))
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            if counted:
+                d.connections -= 1
+            with contextlib.suppress(Exception):
+                writer.close()

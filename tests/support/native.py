@@ -1,0 +1,136 @@
+"""Running Debian's unmodified verbs programs on softhca (``softhca run``), one per side,
+each with its own embedded daemon: in two network namespaces joined by a veth pair
+(tests/support/netns.py) where they can be made, else both on loopback.
+
+``unavailable()`` says why these tests cannot run here (a skip reason): they need root
+(a mount namespace for the device nodes), the provider built by ``make provider``, and
+the Debian programs (the Makefile installs them when root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import netns
+
+REPO = Path(__file__).resolve().parents[2]
+PROVIDER = REPO / "provider" / "build" / "libsofthca-rdmav34.so"
+MEMCHECK = REPO / "provider" / "build" / "memcheck"
+PROGRAM_TIMEOUT = 120.0
+
+
+def unavailable(*programs: str) -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "the provider is for Linux's libibverbs"
+    if os.geteuid() != 0:
+        return ("needs root: softhca run makes the device nodes in a private mount "
+                f"namespace (CI runs as root); running as uid {os.geteuid()}")
+    if shutil.which("unshare") is None:
+        return "util-linux's unshare is not installed"
+    if not PROVIDER.is_file():
+        return f"the provider is not built ({PROVIDER}): `make provider` builds it"
+    missing = [p for p in programs if shutil.which(p) is None]
+    if missing:
+        return (f"{', '.join(missing)} not installed (Debian's ibverbs-utils / perftest; "
+                "`make provider` installs them as root)")
+    return None
+
+
+@dataclass
+class Side:
+    """Where one program runs: a network namespace (or None: this one) and the address
+    its daemon listens on, which its GID carries."""
+
+    ns: str | None
+    addr: str
+
+
+@dataclass
+class Done:
+    argv: list[str]
+    returncode: int
+    output: str
+
+
+class Place:
+    """Two sides: ``server`` and ``client`` (the client reaches the server's programs at
+    ``server.addr``)."""
+
+    def __init__(self, server: Side, client: Side, kind: str) -> None:
+        self.server, self.client, self.kind = server, client, kind
+
+    def argv(self, side: Side, program: Sequence[str], *, run_args: Sequence[str] = (),
+             port: int = 0) -> list[str]:
+        cmd = [sys.executable, "-m", "softhca.tools.cli", "run", "--listen",
+               f"{side.addr}:{port}", *run_args, "--", *program]
+        return (["ip", "netns", "exec", side.ns, *cmd]) if side.ns else cmd
+
+    def run(self, side: Side, program: Sequence[str], *, run_args: Sequence[str] = (),
+            port: int = 0, timeout: float = PROGRAM_TIMEOUT) -> Done:
+        argv = self.argv(side, program, run_args=run_args, port=port)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        return Done(argv, r.returncode, r.stdout + r.stderr)
+
+    def pair(self, server_prog: Sequence[str], client_prog: Sequence[str], tcp_port: int, *,
+             server_run_args: Sequence[str] = (), client_run_args: Sequence[str] = (),
+             timeout: float = PROGRAM_TIMEOUT) -> tuple[Done, Done]:
+        """The server program, then, once it listens on ``tcp_port`` for its peer's
+        address exchange, the client; both waited for."""
+        argv = self.argv(self.server, server_prog, run_args=server_run_args)
+        srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, cwd=REPO)
+        try:
+            _wait_listening(srv, tcp_port, timeout=30)
+            cli = self.run(self.client, client_prog, run_args=client_run_args,
+                           timeout=timeout)
+            out, _ = srv.communicate(timeout=timeout)
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.communicate()
+        return Done(argv, srv.returncode, out), cli
+
+
+def _listening(pid: int, port: int) -> bool:
+    """True when a socket in ``pid``'s network namespace listens on TCP ``port``."""
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def _wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not _listening(proc.pid, port):
+        if proc.poll() is not None:
+            out, _ = proc.communicate()
+            raise AssertionError(f"the server exited ({proc.returncode}) before listening "
+                                 f"on {port}:\n{out}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the server did not listen on {port} within {timeout} s")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def place(workdir: Path) -> Iterator[Place]:
+    """Two network namespaces when they can be made here, else loopback."""
+    if netns.unavailable() is None:
+        with netns.two_node_topology(workdir, daemon=False) as t:
+            yield Place(Side(t.target_ns, t.target_addr), Side(t.initiator_ns, t.initiator_addr),
+                        "netns")
+    else:
+        yield Place(Side(None, "127.0.0.1"), Side(None, "127.0.0.1"), "loopback")

@@ -1,0 +1,56 @@
+"""``softhca run -- PROGRAM [ARGS...]``: an unmodified verbs program on a softhca device
+(tools/native.py does the work)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import EXIT_USAGE
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="run an unmodified libibverbs program on softhca devices",
+        description="Run PROGRAM (ibv_devinfo, ibv_rc_pingpong, perftest, your own) against "
+        "softhca: a sysfs tree naming the devices (SYSFS_PATH), the device nodes in a "
+        "private mount namespace, the provider (RDMAV_DRIVERS) and a daemon on a UNIX "
+        "socket, started here unless --target names one. Needs root (a mount namespace). "
+        "The exit status is PROGRAM's.")
+    p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                   help="the embedded daemon's wire address, the one the devices' GIDs carry "
+                   "(default 127.0.0.1, a free port); peers reach it there")
+    p.add_argument("--target", metavar="SOCKET",
+                   help="use the daemon already serving this UNIX socket (serve --unix) "
+                   "instead of starting one")
+    p.add_argument("--hca", action="append", metavar="NAME",
+                   help="the embedded daemon's HCAs (default mlx5_0); may be repeated")
+    p.add_argument("--provider", metavar="DIR",
+                   help="the directory holding libsofthca-rdmav34.so (default: the source "
+                   "tree's provider/build, built by make)")
+    p.add_argument("--faults", metavar="FILE",
+                   help="fault rules for the embedded daemon, as 'serve --faults'")
+    p.add_argument("--capture", metavar="FILE",
+                   help="the embedded daemon's packets to a pcap, as 'serve --capture'")
+    p.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error"],
+                   help="the embedded daemon's log level (default warning)")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import native
+
+    argv = list(args.program)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("softhca run: name a program: softhca run -- PROGRAM [ARGS...]",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return native.run(args, argv)
+    except native.RunError as e:
+        print(f"softhca run: {e}", file=sys.stderr)
+        return EXIT_USAGE

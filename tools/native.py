@@ -1,0 +1,225 @@
+"""What ``softhca run`` prepares so that an unmodified libibverbs program finds softhca
+devices, with no RDMA kernel module:
+
+- a sysfs tree, read through ``SYSFS_PATH`` (libibverbs reads the device list, node
+  type, GIDs, GID types and P_Keys there when netlink has no RDMA devices to tell):
+  ``class/infiniband_verbs/uverbsN/{ibdev,dev,abi_version}`` and
+  ``class/infiniband/<dev>/...``, GID 0 the softhca GID of the daemon and device
+  (fe80::<IPv4>:<port>:<device index>, as the pyverbs layer's), typed "RoCE v2";
+- ``/dev/infiniband/uverbsN``, which libibverbs opens and checks is a character device
+  of the numbers sysfs gives (1:3, the null device: the provider sends it nothing).
+  They exist only in the program's private mount namespace (``unshare -m``), on a
+  tmpfs over /dev that carries bind mounts of the real /dev's entries; the host's /dev
+  is never written;
+- ``RDMAV_DRIVERS``, naming the provider (provider/build/libsofthca), and
+  ``SOFTHCA_SOCKET``, the daemon's UNIX socket;
+- the daemon: embedded in this process (on ``--listen``) unless ``--target`` names the
+  UNIX socket of one that runs already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from pathlib import Path
+
+from ..protocol.frames import FrameDecoder, encode_frame
+
+PROVIDER_DIR = Path(__file__).resolve().parents[1] / "provider" / "build"
+PROVIDER_LIB = "libsofthca-rdmav34.so"
+# The null device's numbers: libibverbs only checks that the node has sysfs' numbers.
+NODE_DEV = "1:3"
+
+# Runs inside the new mount namespace, as root: a tmpfs over /dev holding bind mounts
+# of the real /dev's entries, then the device nodes. $1: the number of nodes; the rest:
+# the program.
+_NS_SCRIPT = r"""
+set -e
+n=$1; shift
+old=$(mktemp -d /tmp/softhca-dev.XXXXXX)
+mount --bind /dev "$old"
+mount -t tmpfs -o mode=0755,nosuid softhca-dev /dev
+for e in "$old"/* ; do
+  name=${e##*/}
+  [ "$name" = infiniband ] && continue
+  if [ -L "$e" ]; then cp -P "$e" "/dev/$name"
+  elif [ -d "$e" ]; then mkdir "/dev/$name"; mount --rbind "$e" "/dev/$name"
+  else : > "/dev/$name"; mount --bind "$e" "/dev/$name"
+  fi
+done
+umount -l "$old"; rmdir "$old"
+mkdir /dev/infiniband
+i=0
+while [ "$i" -lt "$n" ]; do mknod "/dev/infiniband/uverbs$i" c 1 3; i=$((i + 1)); done
+exec "$@"
+"""
+
+
+class RunError(Exception):
+    """``softhca run`` cannot set the program up (said before it starts)."""
+
+
+def gid(host: str, port: int, index: int) -> str:
+    """The sysfs form of a softhca GID: fe80::<IPv4>:<port>:<device index>."""
+    try:
+        v4 = socket.inet_aton(socket.gethostbyname(host))
+    except OSError:
+        raise RunError(f"the daemon's address {host!r} has no IPv4 address, which a "
+                       "softhca GID carries") from None
+    raw = bytes.fromhex("fe80000000000000") + v4 + port.to_bytes(2, "big") \
+        + index.to_bytes(2, "big")
+    h = raw.hex()
+    return ":".join(h[i:i + 4] for i in range(0, 32, 4))
+
+
+def write_sysfs(root: Path, devices: list[str], host: str, port: int) -> None:
+    verbs = root / "class" / "infiniband_verbs"
+    verbs.mkdir(parents=True)
+    (verbs / "abi_version").write_text("6\n")
+    for i, dev in enumerate(devices):
+        uv = verbs / f"uverbs{i}"
+        uv.mkdir()
+        (uv / "ibdev").write_text(dev + "\n")
+        (uv / "dev").write_text(NODE_DEV + "\n")
+        (uv / "abi_version").write_text("1\n")
+        ib = root / "class" / "infiniband" / dev
+        files = {
+            "node_type": "1: CA", "node_guid": _guid(host, port, i),
+            "sys_image_guid": _guid(host, port, i), "fw_ver": "softhca-1",
+            "board_id": "SOFTHCA0001", "hca_type": "softhca", "hw_rev": "0",
+            "device/modalias": "softhca:",
+            "ports/1/gids/0": gid(host, port, i), "ports/1/gid_attrs/types/0": "RoCE v2",
+            "ports/1/gid_attrs/ndevs/0": "lo", "ports/1/pkeys/0": "0xffff",
+            "ports/1/link_layer": "Ethernet", "ports/1/state": "4: ACTIVE",
+            "ports/1/phys_state": "5: LinkUp", "ports/1/lid": "0x0", "ports/1/sm_lid": "0x0",
+            "ports/1/lid_mask_count": "0", "ports/1/rate": "100 Gb/sec (4X EDR)",
+            "ports/1/cap_mask": "0x00010000",
+        }
+        for rel, text in files.items():
+            path = ib / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text + "\n")
+
+
+def _guid(host: str, port: int, index: int) -> str:
+    v = int.from_bytes(socket.inet_aton(socket.gethostbyname(host)), "big") << 32 \
+        | port << 16 | index
+    h = f"{v:016x}"
+    return ":".join(h[i:i + 4] for i in range(0, 16, 4))
+
+
+def welcome_of(path: str) -> dict:
+    """The welcome of the daemon serving UNIX socket ``path`` (its devices and address)."""
+    dec = FrameDecoder(1 << 20)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        try:
+            s.connect(path)
+        except OSError as e:
+            raise RunError(f"no daemon at {path}: {e.strerror}") from None
+
+        def frame() -> dict:
+            while True:
+                frames = dec.feed(s.recv(65536) or b"")
+                if frames:
+                    return frames[0].header
+
+        challenge = frame()
+        if challenge.get("auth"):
+            raise RunError(f"the daemon at {path} asks for a token on its UNIX socket")
+        for buf in encode_frame({"t": "hello", "version": 1, "role": "control"}):
+            s.sendall(buf)
+        w = frame()
+    if w.get("t") != "welcome" or "address" not in w:
+        raise RunError(f"the daemon at {path} refused: {w.get('msg', w)}")
+    return w
+
+
+def program_env(sysfs: Path, sock: str, provider: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SYSFS_PATH"] = str(sysfs)
+    env["RDMAV_DRIVERS"] = str(provider / "libsofthca")
+    env["SOFTHCA_SOCKET"] = sock
+    return env
+
+
+async def _run_program(argv: list[str], env: dict[str, str], ndev: int) -> int:
+    proc = await asyncio.create_subprocess_exec(
+        "unshare", "--mount", "--propagation", "private", "sh", "-c", _NS_SCRIPT,
+        "softhca-run", str(ndev), *argv, env=env)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, proc.send_signal, sig)
+    try:
+        return await proc.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
+    from ..server.daemon import Daemon
+    from ..server.serve import parse_listen
+    from ..server.unix import UnixListener
+
+    host, port = parse_listen(args.listen)
+    daemon = Daemon(tuple(args.hca or ["mlx5_0"]), host, port)
+    if args.faults:
+        import json
+
+        for rule in json.loads(Path(args.faults).read_text()):
+            daemon.faults.add(rule)
+    await daemon.start()
+    tap = None
+    if args.capture:
+        from ..server.capture import CaptureTap
+
+        tap = CaptureTap(daemon, args.capture)
+    sock = str(tmp / "softhca.sock")
+    unix = UnixListener(daemon, sock)
+    await unix.start()
+    try:
+        devices = list(daemon.hcas)
+        write_sysfs(tmp / "sys", devices, daemon.host, daemon.port)
+        return await _run_program(argv, program_env(tmp / "sys", sock, provider),
+                                  len(devices))
+    finally:
+        await unix.close()
+        await daemon.close()
+        if tap is not None:
+            tap.close()
+
+
+async def _targeted(args, argv: list[str], tmp: Path, provider: Path) -> int:
+    w = welcome_of(args.target)
+    host, _, port = str(w["address"]).rpartition(":")
+    devices = [str(d) for d in w.get("devices", [])]
+    write_sysfs(tmp / "sys", devices, host, int(port))
+    return await _run_program(argv, program_env(tmp / "sys", args.target, provider),
+                              len(devices))
+
+
+def run(args, argv: list[str]) -> int:
+    provider = (Path(args.provider) if args.provider else PROVIDER_DIR).resolve()
+    if not (provider / PROVIDER_LIB).is_file():
+        raise RunError(f"no provider at {provider / PROVIDER_LIB}: build it with `make "
+                       "provider` (or name its directory with --provider)")
+    if shutil.which("unshare") is None or shutil.which(argv[0]) is None and \
+            not Path(argv[0]).exists():
+        raise RunError(f"cannot find {'unshare' if shutil.which('unshare') is None else argv[0]}")
+    from ..server.logs import setup_logging
+
+    setup_logging(args.log_level)
+    tmp = Path(tempfile.mkdtemp(prefix="softhca-run."))
+    try:
+        work = _targeted if args.target else _embedded
+        rc = asyncio.run(work(args, argv, tmp, provider))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    # A program killed by a signal: the shell's convention, 128 + the signal.
+    return rc if rc >= 0 else 128 - rc
+
