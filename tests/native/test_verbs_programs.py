@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import os
 import re
+import subprocess
+import sys
+import time
 
 import native
 import pytest
+
+from softhca.tools.pyverbs import path as pyverbs_path
 
 _ports = itertools.count(20100)
 # ibv_rc_pingpong's result lines (rdma-core libibverbs/examples/rc_pingpong.c)
@@ -80,5 +86,51 @@ def test_ibv_rc_pingpong(where, args, size, iters):
         assert int(b.group(1)) == 2 * size * iters, r.output
         assert int(it.group(1)) == iters, r.output
         assert float(b.group(3)) > 0, r.output
+    # -c: the client checks the pages it received and says so when one is wrong
+    assert "invalid data" not in cli.output, cli.output
     # Each side's GID names the other's daemon.
     assert "remote address" in cli.output and "remote address" in srv.output
+
+
+def test_pyverbs_program_and_ibv_rc_pingpong(where, tmp_path):
+    """softhca's pyverbs layer on the server side (rc_pingpong's exchange and ping-pong,
+    written in pyverbs: tests/support/pyverbs_pingpong.py), Debian's ibv_rc_pingpong on
+    the client side through the provider; each with its own daemon."""
+    port, size, iters = next(_ports), 4096, 200
+    ready = tmp_path / "ready"
+    serve = where.exec_argv(where.server, [
+        sys.executable, "-m", "softhca.tools.cli", "serve", "--listen",
+        f"{where.server.addr}:{WIRE_PORT + 1}", "--allow-no-auth",
+        "--ready-file", str(ready)])
+    daemon = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert daemon.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        env = dict(os.environ, SOFTHCA_TARGET=f"{where.server.addr}:{WIRE_PORT + 1}",
+                   PYTHONPATH=str(pyverbs_path()))
+        peer = where.exec_argv(where.server, [
+            sys.executable, str(native.REPO / "tests" / "support" / "pyverbs_pingpong.py"),
+            str(port), str(size), str(iters)])
+        srv = subprocess.Popen(peer, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        try:
+            native.wait_listening(srv, port, timeout=30)
+            cli = where.run(where.client, ["ibv_rc_pingpong", "-g", "0", "-p", str(port),
+                                           "-s", str(size), "-n", str(iters),
+                                           where.server.addr])
+            out, _ = srv.communicate(timeout=60)
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.communicate()
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+    assert cli.returncode == 0, cli.output
+    b = BYTES.search(cli.output)
+    assert b and int(b.group(1)) == 2 * size * iters, cli.output
+    assert srv.returncode == 0, out
+    assert (f"pyverbs_pingpong: {iters} messages of {size} bytes received, 0 bytes differ "
+            f"from 0x7b; {iters} sent") in out, out

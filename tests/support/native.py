@@ -67,11 +67,16 @@ class Place:
     def __init__(self, server: Side, client: Side, kind: str) -> None:
         self.server, self.client, self.kind = server, client, kind
 
+    @staticmethod
+    def exec_argv(side: Side, argv: Sequence[str]) -> list[str]:
+        """``argv`` run on ``side``'s network namespace."""
+        return ["ip", "netns", "exec", side.ns, *argv] if side.ns else list(argv)
+
     def argv(self, side: Side, program: Sequence[str], *, run_args: Sequence[str] = (),
              port: int = 0) -> list[str]:
         cmd = [sys.executable, "-m", "softhca.tools.cli", "run", "--listen",
                f"{side.addr}:{port}", *run_args, "--", *program]
-        return (["ip", "netns", "exec", side.ns, *cmd]) if side.ns else cmd
+        return self.exec_argv(side, cmd)
 
     def run(self, side: Side, program: Sequence[str], *, run_args: Sequence[str] = (),
             port: int = 0, timeout: float = PROGRAM_TIMEOUT) -> Done:
@@ -88,7 +93,7 @@ class Place:
         srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, cwd=REPO)
         try:
-            _wait_listening(srv, tcp_port, timeout=30)
+            wait_listening(srv, tcp_port, timeout=30)
             cli = self.run(self.client, client_prog, run_args=client_run_args,
                            timeout=timeout)
             out, _ = srv.communicate(timeout=timeout)
@@ -113,7 +118,7 @@ def _listening(pid: int, port: int) -> bool:
     return False
 
 
-def _wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not _listening(proc.pid, port):
         if proc.poll() is not None:
