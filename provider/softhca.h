@@ -36,6 +36,8 @@ struct shca_conn {
 	pthread_mutex_t send_lock;  /* whole frames on the socket */
 	uint32_t next_id;
 	uint32_t want_id;
+	uint32_t async_id;          /* the get_async_event waiting on the daemon, or 0 */
+	uint32_t own_ids;           /* ids of the reader thread's own requests */
 	struct shca_reply reply;
 	int reply_ready;
 	int dead;
@@ -61,6 +63,7 @@ struct shca_context {
 	struct ibv_device_attr attr;
 	uint64_t max_msg_sz;
 	struct shca_cq *cqs;       /* under conn.lock */
+	struct shca_qp *qps;       /* under conn.lock */
 	struct shca_mem *mems;     /* under mem_lock */
 	pthread_mutex_t mem_lock;
 	int async_pipe[2];
@@ -101,6 +104,7 @@ struct shca_qp {
 	int cur_bounced;    /* its SGE is inline data already in the bounce pages */
 	struct ibv_send_wr cur;
 	struct ibv_sge cur_sge[32];
+	struct shca_qp *next;    /* the context's QPs */
 	struct shca_mr *bounce;  /* registered bytes inline data is copied into */
 	uint8_t *bounce_buf;
 	size_t bounce_used;
@@ -125,6 +129,8 @@ int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t
 	      struct shca_reply *r);
 void shca_reply_free(struct shca_reply *r);
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
+/* Asks the daemon for the context's next asynchronous event (answered when one comes). */
+int shca_async_arm(struct shca_conn *c);
 int shca_errno(const char *name, uint32_t n);
 
 /* mem.c */

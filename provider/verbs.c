@@ -179,9 +179,12 @@ static struct verbs_context *shca_alloc_context(struct ibv_device *ibdev, int cm
 	/* libibverbs asks the kernel for an async event fd unless the provider set one;
 	 * there is no kernel here, so the provider's own socket pair is it. */
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
+		fcntl(sv[1], F_SETFL, O_NONBLOCK);
 		ctx->async_pipe[0] = sv[0];
 		ctx->async_pipe[1] = sv[1];
 		ctx->vctx.context.async_fd = sv[0];
+		/* The daemon answers this wait with the context's next event. */
+		shca_async_arm(&ctx->conn);
 	}
 	verbs_set_ops(&ctx->vctx, &shca_ops);
 	return &ctx->vctx;
@@ -640,6 +643,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		qp->vqp.comp_mask |= VERBS_QP_EX;
 		shca_qp_ex_init(qp, send_ops_flags);
 	}
+	pthread_mutex_lock(&ctx->conn.lock);
+	qp->next = ctx->qps;
+	ctx->qps = qp;
+	pthread_mutex_unlock(&ctx->conn.lock);
 	return &qp->vqp.qp;
 }
 
@@ -684,11 +691,20 @@ static struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx,
 
 static int shca_destroy_qp(struct ibv_qp *ibqp)
 {
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
-	int rc = call_simple(to_sctx(ibqp->context), "destroy_qp", "qp", qp->handle);
+	struct shca_context *ctx = to_sctx(ibqp->context);
+	struct shca_qp *qp = (struct shca_qp *)ibqp, **pp;
+	int rc = call_simple(ctx, "destroy_qp", "qp", qp->handle);
 
 	if (rc)
 		return rc;
+	pthread_mutex_lock(&ctx->conn.lock);
+	for (pp = &ctx->qps; *pp; pp = &(*pp)->next) {
+		if (*pp == qp) {
+			*pp = qp->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ctx->conn.lock);
 	if (qp->bounce)
 		shca_dereg(qp->bounce);
 	free(qp->bounce_buf);

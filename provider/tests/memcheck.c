@@ -9,6 +9,8 @@
  *   memcheck stack      ibv_reg_mr of a stack buffer must fail with EINVAL or EFAULT.
  *   memcheck forged     a post whose SGE leaves its registration, and an RDMA WRITE
  *                       whose remote range leaves the peer's, must not move a byte.
+ *   memcheck events     a CQ that overruns gives its context IBV_EVENT_CQ_ERR naming it
+ *                       (ibv_get_async_event), and its QP's WRs stop.
  *   memcheck hold       registers 64 MiB and posts, prints "ready", then waits to be
  *                       killed (the daemon must clean up after it).
  *
@@ -388,6 +390,53 @@ static int forged_remote(void)
 	return failures ? 1 : 0;
 }
 
+static int events(void)
+{
+	struct side s = {0};
+	struct peer_info self;
+	struct ibv_async_event ev;
+	struct ibv_qp_init_attr qa = {0};
+	struct ibv_cq *small;
+	uint8_t *buf;
+	struct ibv_mr *mr;
+	int i, rc;
+
+	open_side(&s);
+	/* a second QP whose send CQ holds 2 entries: its 4 signaled WRs overrun it */
+	small = ibv_create_cq(s.ctx, 2, NULL, NULL, 0);
+	if (!small)
+		die("ibv_create_cq");
+	qa.send_cq = small;
+	qa.recv_cq = s.cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	ibv_destroy_qp(s.qp);
+	s.qp = ibv_create_qp(s.pd, &qa);
+	if (!s.qp)
+		die("ibv_create_qp");
+	buf = unaligned(8192, 8);
+	mr = ibv_reg_mr(s.pd, buf, 8192, ACCESS);
+	if (!mr)
+		die("ibv_reg_mr");
+	self = (struct peer_info){s.qp->qp_num, mr->rkey, (uintptr_t)buf, s.gid};
+	connect_qp(&s, &self);
+	for (i = 0; i < 4; i++) {
+		rc = post(&s, IBV_WR_RDMA_WRITE, buf, 64, mr->lkey, (uintptr_t)buf + 4096,
+			  mr->rkey);
+		if (rc)
+			break;
+	}
+	CHECK(i >= 3, "%d RDMA WRITEs posted to a QP whose send CQ holds 2", i);
+	rc = ibv_get_async_event(s.ctx, &ev);
+	CHECK(rc == 0 && ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == small,
+	      "ibv_get_async_event: %s on the overrun CQ", rc ? strerror(errno) :
+	      ibv_event_type_str(ev.event_type));
+	if (!rc)
+		ibv_ack_async_event(&ev);
+	return failures ? 1 : 0;
+}
+
 static int hold(void)
 {
 	struct side s = {0};
@@ -419,8 +468,10 @@ int main(int argc, char **argv)
 		return stack();
 	if (!strcmp(mode, "forged"))
 		return forged() | forged_remote();
+	if (!strcmp(mode, "events"))
+		return events();
 	if (!strcmp(mode, "hold"))
 		return hold();
-	fprintf(stderr, "usage: memcheck transfer|stack|forged|hold\n");
+	fprintf(stderr, "usage: memcheck transfer|stack|forged|events|hold\n");
 	return 2;
 }

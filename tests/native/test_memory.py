@@ -64,6 +64,12 @@ def test_forged_addresses_move_nothing(where):
     assert r.output.count("memcheck: ok: no byte moved (0 differ)") == 2, r.output
 
 
+def test_async_event_of_an_overrun_cq(where):
+    r = memcheck(where, "events")
+    assert r.returncode == 0, r.output
+    assert "memcheck: ok: ibv_get_async_event: CQ error on the overrun CQ" in r.output, r.output
+
+
 def test_private_abi_matches_the_installed_libibverbs():
     """provider/abi.h declares the structures of private ABI 34; the installed libibverbs
     must export every private symbol the provider takes, at that version."""
