@@ -9,6 +9,7 @@ import ipaddress
 import itertools
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -134,3 +135,29 @@ def test_pyverbs_program_and_ibv_rc_pingpong(where, tmp_path):
     assert srv.returncode == 0, out
     assert (f"pyverbs_pingpong: {iters} messages of {size} bytes received, 0 bytes differ "
             f"from 0x7b; {iters} sent") in out, out
+
+
+def test_capture_sees_a_c_programs_packets(where, tmp_path):
+    """The daemon's capture applies to a C program's traffic as to any: the client's
+    embedded daemon writes every RoCEv2 packet it sends and accepts to a pcap."""
+    port, iters = next(_ports), 20
+    pcap = tmp_path / "client.pcap"
+    common = ["ibv_rc_pingpong", "-g", "0", "-p", str(port), "-s", "64", "-n", str(iters)]
+    srv, cli = where.pair(common, [*common, where.server.addr], port,
+                          client_run_args=["--capture", str(pcap)])
+    assert srv.returncode == 0 and cli.returncode == 0, srv.output + cli.output
+    data = pcap.read_bytes()
+    magic, _, _, _, _, _, linktype = struct.unpack("<IHHiIII", data[:24])
+    assert magic == 0xA1B2C3D4 and linktype == 1, (hex(magic), linktype)  # libpcap, Ethernet
+    records, pos, roce = 0, 24, 0
+    while pos + 16 <= len(data):
+        incl = struct.unpack("<IIII", data[pos:pos + 16])[2]
+        frame = data[pos + 16:pos + 16 + incl]
+        records += 1
+        # Ethernet + IPv4 (20-byte header) + UDP: destination port 4791 is RoCEv2
+        if len(frame) >= 38 and frame[12:14] == b"\x08\x00":
+            roce += struct.unpack(">H", frame[36:38])[0] == 4791
+        pos += 16 + incl
+    assert pos == len(data), "the pcap ends inside a record"
+    # each iteration: the client's SEND out, the server's SEND in, and their ACKs
+    assert roce == records and records >= 2 * iters, (records, roce)
