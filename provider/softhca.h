@@ -96,6 +96,7 @@ struct shca_qp {
 	uint32_t max_inline;
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge;
 	int sq_sig_all;
+	pthread_mutex_t post_lock;   /* ibv_post_send's use of the bounce pages */
 	/* the ibv_wr_* API (qp_ex.c): WRs built since ibv_wr_start */
 	struct mp_buf wrs;
 	uint32_t nwrs;
@@ -141,12 +142,25 @@ void shca_mem_release_all(struct shca_context *ctx);
 
 /* qp_ex.c */
 void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);
+
+/* qp.c */
+struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax);
+int shca_destroy_qp(struct ibv_qp *ibqp);
+int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask);
+int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
+		  struct ibv_qp_init_attr *init);
+int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
 			int bounced);
 int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
 int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n);
 
 /* verbs.c */
+int shca_get_u32(struct shca_reply *r, const char *key, uint32_t *out);
+int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
+		     uint32_t handle);
 struct ibv_mr *shca_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 			   int access);
 int shca_dereg(struct shca_mr *mr);
