@@ -65,12 +65,13 @@ async def test_shared_mr_is_the_programs_memory_both_ways(tmp_path):
         async with unix_daemon(tmp_path) as (d, u):
             raw = await Raw.open_unix(u.path)
             pd = await session_pd(raw)
-            # 5000 bytes from offset 100 of the two pieces side by side (3 pages)
+            # 5000 bytes from offset 100 of two pieces side by side: the first page of
+            # one memfd, the second page of another
             mr = await raw.call("reg_mr_shared", pd=pd, addr=0x7F0000001064, length=5000,
                                 access=1, offset=100,
-                                pieces=[[fds[0], 0, PAGE], [fds[1], 0, 2 * PAGE]])
+                                pieces=[[fds[0], 0, PAGE], [fds[1], PAGE, PAGE]])
             assert mr["addr"] == 0x7F0000001064 and mr["length"] == 5000
-            whole = os.pread(fds[0], PAGE, 0) + os.pread(fds[1], 2 * PAGE, 0)
+            whole = os.pread(fds[0], PAGE, 0) + os.pread(fds[1], PAGE, PAGE)
             raw.writer.write(raw.frame("mr_read", mr=mr["mr"], offset=0, length=5000))
             got = await raw.next()
             assert got.header["t"] == "ok" and bytes(got.payload) == whole[100:5100]
@@ -80,7 +81,7 @@ async def test_shared_mr_is_the_programs_memory_both_ways(tmp_path):
                                           "mr": mr["mr"], "offset": PAGE - 100 - 20}, data))
             assert (await raw.next()).header["t"] == "ok"
             assert os.pread(fds[0], 20, PAGE - 20) == data[:20]
-            assert os.pread(fds[1], 20, 0) == data[20:]
+            assert os.pread(fds[1], 20, PAGE) == data[20:]
             # a read past the registration is refused, as for any MR
             h = await raw.refused("mr_read", mr=mr["mr"], offset=4990, length=20)
             assert h["errno"] == "EINVAL", h
@@ -143,7 +144,14 @@ async def test_range_beyond_the_pieces_and_quota_are_refused(tmp_path):
             pd = await session_pd(raw)
             h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=PAGE,
                                   access=1, offset=1, pieces=[[fd, 0, PAGE]])
-            assert h["errno"] == "EINVAL" and "leave the 4096 bytes" in h["msg"], h
+            assert h["errno"] == "EINVAL" and "the pieces named hold 4096" in h["msg"], h
+            # pieces beyond the registration's pages are not mapped either
+            h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=100,
+                                  access=1, offset=0, pieces=[[fd, 0, 1 << 40]])
+            assert h["errno"] == "EINVAL" and "the pieces named hold" in h["msg"], h
+            h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=100,
+                                  access=1, offset=PAGE, pieces=[[fd, 0, 2 * PAGE]])
+            assert h["errno"] == "EINVAL", h
             h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=9 * PAGE,
                                   access=1, offset=0, pieces=[[fd, 0, 9 * PAGE]])
             assert h["errno"] == "ENOMEM" and "this session" in h["msg"], h
