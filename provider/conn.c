@@ -272,7 +272,7 @@ static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 
 			cq->armed = 0;
 			/* ibv_get_cq_event reads the CQ's pointer from the channel's fd. */
-			if (write(cq->chan_wfd, &ptr, sizeof(ptr)) != sizeof(ptr))
+			if (send(cq->chan_wfd, &ptr, sizeof(ptr), MSG_NOSIGNAL) != sizeof(ptr))
 				shca_log("completion channel write failed: %s", strerror(errno));
 		}
 	}
@@ -351,7 +351,8 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 			 d.event_type);
 		return;
 	}
-	if (ctx->async_pipe[1] < 0 || write(ctx->async_pipe[1], &d, sizeof(d)) != sizeof(d))
+	if (ctx->async_pipe[1] < 0 ||
+	    send(ctx->async_pipe[1], &d, sizeof(d), MSG_NOSIGNAL) != sizeof(d))
 		shca_log("asynchronous event %u lost: the context's async fd is full",
 			 d.event_type);
 }

@@ -370,7 +370,7 @@ static int shca_dereg_mr(struct verbs_mr *vmr)
  * ibv_destroy_comp_channel closes it. */
 struct chan {
 	struct ibv_comp_channel *ch;
-	int wfd;
+	int rfd, wfd;
 	struct chan *next;
 };
 static struct chan *chans;
@@ -378,13 +378,23 @@ static pthread_mutex_t chans_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int channel_wfd(struct ibv_comp_channel *ch)
 {
-	struct chan *c;
+	struct chan *c, **pp;
 	int sv[2], wfd = -1;
 
 	pthread_mutex_lock(&chans_lock);
-	for (c = chans; c; c = c->next)
-		if (c->ch == ch)
+	for (pp = &chans; (c = *pp); pp = &c->next) {
+		if (c->ch != ch)
+			continue;
+		if (ch->fd == c->rfd)
 			break;
+		/* A channel destroyed (its fd closed by libibverbs) and a new one at the
+		 * same address: the old pair's write end goes. */
+		*pp = c->next;
+		close(c->wfd);
+		free(c);
+		c = NULL;
+		break;
+	}
 	if (c) {
 		wfd = c->wfd;
 	} else if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
@@ -392,6 +402,7 @@ static int channel_wfd(struct ibv_comp_channel *ch)
 		if (c) {
 			fcntl(sv[1], F_SETFL, O_NONBLOCK);
 			c->ch = ch;
+			c->rfd = sv[0];
 			c->wfd = wfd = sv[1];
 			c->next = chans;
 			chans = c;
