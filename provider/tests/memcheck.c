@@ -6,7 +6,8 @@
  *                       buffer, SENDs into B's receive buffer, RDMA_READs from B's
  *                       buffer; each side checks every byte, and that the bytes around
  *                       the targets are untouched.
- *   memcheck stack      ibv_reg_mr of a stack buffer must fail with EINVAL or EFAULT.
+ *   memcheck refuse     ibv_reg_mr of a stack buffer and of read-only memory must fail
+ *                       with EINVAL, of an unmapped range with EFAULT.
  *   memcheck forged     a post whose SGE leaves its registration, and an RDMA WRITE
  *                       whose remote range leaves the peer's, must not move a byte.
  *   memcheck events     a CQ that overruns gives its context IBV_EVENT_CQ_ERR naming it
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -305,20 +307,36 @@ static int transfer(void)
 	return failures ? 1 : 0;
 }
 
-static int stack(void)
+static int refuse(void)
 {
 	struct side s = {0};
 	uint8_t on_stack[4096];
 	struct ibv_mr *mr;
+	uint8_t *ro, *gone;
 
 	open_side(&s);
 	memset(on_stack, 1, sizeof(on_stack));
 	errno = 0;
 	mr = ibv_reg_mr(s.pd, on_stack, sizeof(on_stack), IBV_ACCESS_LOCAL_WRITE);
-	CHECK(!mr && (errno == EINVAL || errno == EFAULT),
-	      "ibv_reg_mr of a stack buffer fails: %s (errno %d)", mr ? "registered" :
-	      strerror(errno), errno);
+	CHECK(!mr && errno == EINVAL, "ibv_reg_mr of a stack buffer fails: %s (errno %d)",
+	      mr ? "registered" : strerror(errno), errno);
 	CHECK(on_stack[0] == 1 && on_stack[4095] == 1, "the stack buffer is intact");
+
+	ro = mmap(NULL, 8192, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (ro == MAP_FAILED)
+		die("mmap");
+	errno = 0;
+	mr = ibv_reg_mr(s.pd, ro, 8192, 0);
+	CHECK(!mr && errno == EINVAL, "ibv_reg_mr of read-only memory fails: %s (errno %d)",
+	      mr ? "registered" : strerror(errno), errno);
+
+	gone = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (gone == MAP_FAILED || munmap(gone, 8192))
+		die("mmap");
+	errno = 0;
+	mr = ibv_reg_mr(s.pd, gone, 8192, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(!mr && errno == EFAULT, "ibv_reg_mr of unmapped addresses fails: %s (errno %d)",
+	      mr ? "registered" : strerror(errno), errno);
 	return failures ? 1 : 0;
 }
 
@@ -464,14 +482,14 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (!strcmp(mode, "transfer"))
 		return transfer();
-	if (!strcmp(mode, "stack"))
-		return stack();
+	if (!strcmp(mode, "refuse"))
+		return refuse();
 	if (!strcmp(mode, "forged"))
 		return forged() | forged_remote();
 	if (!strcmp(mode, "events"))
 		return events();
 	if (!strcmp(mode, "hold"))
 		return hold();
-	fprintf(stderr, "usage: memcheck transfer|stack|forged|events|hold\n");
+	fprintf(stderr, "usage: memcheck transfer|refuse|forged|events|hold\n");
 	return 2;
 }

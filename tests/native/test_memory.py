@@ -46,13 +46,19 @@ def test_peer_verbs_land_in_malloced_memory(where):
         assert f"memcheck: ok: {line}" in r.output, r.output
 
 
-def test_stack_buffer_is_refused_with_a_reason(where):
-    r = memcheck(where, "stack")
+def test_unshareable_memory_is_refused_with_a_reason(where):
+    r = memcheck(where, "refuse")
     assert r.returncode == 0, r.output
     assert "memcheck: ok: ibv_reg_mr of a stack buffer fails: Invalid argument" in r.output
-    # the provider's line saying why
+    assert "memcheck: ok: ibv_reg_mr of read-only memory fails: Invalid argument" in r.output
+    assert "memcheck: ok: ibv_reg_mr of unmapped addresses fails: Bad address" in r.output
+    # the provider's lines saying why
     assert re.search(r"softhca: ibv_reg_mr\(0x[0-9a-f]+, 4096\): EINVAL: the buffer is on "
                      r"the stack", r.output), r.output
+    assert re.search(r"softhca: ibv_reg_mr\(0x[0-9a-f]+, 8192\): EINVAL: the pages are "
+                     r"mapped r--p \(anonymous\)", r.output), r.output
+    assert re.search(r"softhca: ibv_reg_mr\(0x[0-9a-f]+, 8192\): EFAULT: address 0x[0-9a-f]+ "
+                     r"is not mapped", r.output), r.output
 
 
 def test_forged_addresses_move_nothing(where):
