@@ -101,7 +101,7 @@ struct shca_qp {
 	struct mp_buf wrs;
 	uint32_t nwrs;
 	int wr_error;
-	int wr_open;        /* a WR was started but its SGEs are not set yet */
+	int wr_open;        /* a builder started a WR that is not in the batch yet */
 	int cur_bounced;    /* its SGE is inline data already in the bounce pages */
 	struct ibv_send_wr cur;
 	struct ibv_sge cur_sge[32];

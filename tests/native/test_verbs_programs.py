@@ -23,7 +23,6 @@ _ports = itertools.count(20100)
 # ibv_rc_pingpong's result lines (rdma-core libibverbs/examples/rc_pingpong.c)
 BYTES = re.compile(r"^(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec$", re.M)
 ITERS = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter$", re.M)
-WIRE_PORT = 4791
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +42,14 @@ def expected_gid(addr: str, port: int, index: int = 0) -> str:
 
 
 def test_ibv_devices_lists_the_device(where):
-    r = where.run(where.server, ["ibv_devices"], port=WIRE_PORT)
+    r = where.run(where.server, ["ibv_devices"], port=native.free_port())
     assert r.returncode == 0, r.output
     assert re.search(r"^\s+mlx5_0\s+[0-9a-f]{16}$", r.output, re.M), r.output
 
 
 def test_ibv_devinfo_v(where):
-    r = where.run(where.server, ["ibv_devinfo", "-v"], port=WIRE_PORT)
+    wire_port = native.free_port()
+    r = where.run(where.server, ["ibv_devinfo", "-v"], port=wire_port)
     assert r.returncode == 0, r.output
     out = r.output
     assert re.search(r"^hca_id:\s+mlx5_0$", out, re.M), out
@@ -58,7 +58,7 @@ def test_ibv_devinfo_v(where):
     assert re.search(r"^\s+phys_port_cnt:\s+1$", out, re.M), out
     assert re.search(r"^\s+state:\s+PORT_ACTIVE \(4\)$", out, re.M), out
     assert re.search(r"^\s+link_layer:\s+Ethernet$", out, re.M), out
-    gid = expected_gid(where.server.addr, WIRE_PORT)
+    gid = expected_gid(where.server.addr, wire_port)
     assert re.search(rf"^\s+GID\[\s*0\]:\s+{re.escape(gid)}, RoCE v2$", out, re.M), (gid, out)
 
 
@@ -98,10 +98,11 @@ def test_pyverbs_program_and_ibv_rc_pingpong(where, tmp_path):
     written in pyverbs: tests/support/pyverbs_pingpong.py), Debian's ibv_rc_pingpong on
     the client side through the provider; each with its own daemon."""
     port, size, iters = next(_ports), 4096, 200
+    wire_port = native.free_port()
     ready = tmp_path / "ready"
     serve = where.exec_argv(where.server, [
         sys.executable, "-m", "softhca.tools.cli", "serve", "--listen",
-        f"{where.server.addr}:{WIRE_PORT + 1}", "--allow-no-auth",
+        f"{where.server.addr}:{wire_port}", "--allow-no-auth",
         "--ready-file", str(ready)])
     daemon = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
@@ -109,7 +110,7 @@ def test_pyverbs_program_and_ibv_rc_pingpong(where, tmp_path):
         while not ready.exists():
             assert daemon.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        env = dict(os.environ, SOFTHCA_TARGET=f"{where.server.addr}:{WIRE_PORT + 1}",
+        env = dict(os.environ, SOFTHCA_TARGET=f"{where.server.addr}:{wire_port}",
                    PYTHONPATH=str(pyverbs_path()))
         peer = where.exec_argv(where.server, [
             sys.executable, str(native.REPO / "tests" / "support" / "pyverbs_pingpong.py"),

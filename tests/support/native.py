@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 PROVIDER = REPO / "provider" / "build" / "libsofthca-rdmav34.so"
 MEMCHECK = REPO / "provider" / "build" / "memcheck"
 PROGRAM_TIMEOUT = 120.0
+
+
+def free_port() -> int:
+    """A TCP port free here (and so in a new network namespace too)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def unavailable(*programs: str) -> str | None:
