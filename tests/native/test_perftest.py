@@ -82,3 +82,16 @@ def test_ib_write_bw_recovers_from_dropped_packets(where, tmp_path):
     # A lost packet is recovered only by retransmitting it: the run completed, and the
     # retransmissions that did it are counted.
     assert s["retransmissions"] > 0 and s["retransmitted_packets"] > 0, s
+
+
+def test_bench_provider_rows():
+    """`softhca bench --provider`'s two rows: perftest's own figures, read from its rows."""
+    from softhca.tools.bench.provider import provider_rows, unavailable
+
+    if unavailable():
+        pytest.skip(unavailable())
+    rows = provider_rows()
+    assert "skipped" not in rows, rows
+    bw, lat = rows["ib_write_bw"], rows["ib_send_lat"]
+    assert bw["size"] == 1 << 20 and bw["iterations"] == 1000 and bw["mb_s"] > 0
+    assert lat["size"] == 64 and 0 < lat["typical_us"] <= lat["p99_us"]
