@@ -47,7 +47,8 @@ native-packages:
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } \
+	      || echo "provider: could not install$$missing (tests/native will skip, saying why)"; \
 	  else echo "provider: missing$$missing (not root: not installed; tests/native will skip)"; fi; \
 	fi
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import errno as _errno
 
-# The errno names the daemon may answer with (docs/architecture.md, control plane).
+# The errno names the daemon may answer with (docs/architecture.md, control plane);
+# EFAULT: memory a local program named that the daemon cannot reach (docs/native.md).
 ERRNO_NAMES = ("EINVAL", "EOPNOTSUPP", "ENOENT", "EEXIST", "ENOMEM", "EACCES", "EPROTO",
                "EBUSY", "E2BIG", "EMSGSIZE", "EPERM", "ETIMEDOUT", "ECONNRESET",
-               "ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH")
+               "ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EFAULT")
 
 
 class RDMAError(Exception):

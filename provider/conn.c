@@ -16,6 +16,11 @@
 
 /* The daemon refuses frames above its max_frame; a reply above this is a broken peer. */
 #define MAX_FRAME (64u << 20)
+/* Request ids from here up are the reader thread's (the asynchronous event wait and its
+ * acknowledgements); a program's calls use the ids below. */
+#define OWN_IDS 0x80000000u
+/* How long one get_async_event waits on the daemon before it is asked anew (s). */
+#define ASYNC_WAIT_S 3600
 
 static const struct { const char *name; int err; } errnos[] = {
 	{"EPERM", EPERM}, {"ENOENT", ENOENT}, {"EIO", EIO}, {"EAGAIN", EAGAIN},
@@ -139,7 +144,8 @@ void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_
 	mp_str(b, "t");
 	mp_str(b, verb);
 	c->want_id = c->next_id++;
-	if (!c->next_id)
+	/* the ids above are the reader thread's own requests' (OWN_IDS) */
+	if (c->next_id >= OWN_IDS)
 		c->next_id = 1;
 	mp_kv_uint(b, "id", c->want_id);
 }
@@ -266,11 +272,89 @@ static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 
 			cq->armed = 0;
 			/* ibv_get_cq_event reads the CQ's pointer from the channel's fd. */
-			if (write(cq->chan_wfd, &ptr, sizeof(ptr)) != sizeof(ptr))
+			if (send(cq->chan_wfd, &ptr, sizeof(ptr), MSG_NOSIGNAL) != sizeof(ptr))
 				shca_log("completion channel write failed: %s", strerror(errno));
 		}
 	}
 	pthread_mutex_unlock(&c->lock);
+}
+
+static uint32_t own_id(struct shca_conn *c)
+{
+	uint32_t id = OWN_IDS | (c->own_ids++ & ~OWN_IDS);
+
+	return id ? id : OWN_IDS;
+}
+
+int shca_async_arm(struct shca_conn *c)
+{
+	struct mp_buf b;
+
+	c->async_id = own_id(c);
+	mp_init(&b);
+	mp_map(&b, 4);
+	mp_str(&b, "t");
+	mp_str(&b, "get_async_event");
+	mp_kv_uint(&b, "id", c->async_id);
+	mp_kv_uint(&b, "ctx", c->ctx->handle);
+	mp_kv_uint(&b, "timeout", ASYNC_WAIT_S);
+	return shca_send_oneway(c, &b);
+}
+
+/* struct ib_uverbs_async_event_desc, what ibv_get_async_event reads from async_fd */
+struct async_desc {
+	uint64_t element;
+	uint32_t event_type;
+	uint32_t reserved;
+};
+
+/* An event the daemon handed out: acknowledged at once (libibverbs' own
+ * ibv_ack_async_event never reaches a provider), then written to the context's
+ * async fd with its element as libibverbs expects it: the QP's or CQ's pointer, or the
+ * port number. */
+static void take_async(struct shca_conn *c, struct mp_val hdr)
+{
+	struct shca_context *ctx = c->ctx;
+	struct async_desc d = {.element = 1};
+	struct mp_val ev;
+	uint64_t id, type, h;
+	struct mp_buf b;
+
+	if (!mp_find(hdr, "event", &ev) || mp_kind(ev) != MP_MAP ||
+	    !mp_find_uint(ev, "event", &id) || !mp_find_uint(ev, "event_type", &type))
+		return;
+	mp_init(&b);
+	mp_map(&b, 3);
+	mp_str(&b, "t");
+	mp_str(&b, "ack_async_event");
+	mp_kv_uint(&b, "id", own_id(c));
+	mp_kv_uint(&b, "event", id);
+	shca_send_oneway(c, &b);
+	d.event_type = (uint32_t)type;
+	pthread_mutex_lock(&c->lock);
+	if (mp_find_uint(ev, "qp", &h)) {
+		struct shca_qp *qp;
+
+		for (qp = ctx->qps; qp && qp->handle != h; qp = qp->next)
+			;
+		d.element = qp ? (uintptr_t)&qp->vqp.qp : 0;
+	} else if (mp_find_uint(ev, "cq", &h)) {
+		struct shca_cq *cq;
+
+		for (cq = ctx->cqs; cq && cq->handle != h; cq = cq->next)
+			;
+		d.element = cq ? (uintptr_t)&cq->cq : 0;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (!d.element) {
+		shca_log("asynchronous event %u of an object already destroyed: dropped",
+			 d.event_type);
+		return;
+	}
+	if (ctx->async_pipe[1] < 0 ||
+	    send(ctx->async_pipe[1], &d, sizeof(d), MSG_NOSIGNAL) != sizeof(d))
+		shca_log("asynchronous event %u lost: the context's async fd is full",
+			 d.event_type);
 }
 
 static void *reader_main(void *arg)
@@ -290,6 +374,13 @@ static void *reader_main(void *arg)
 			shca_reply_free(&r);
 			continue;
 		}
+		if (mp_str_eq(t, "ok") && mp_find_uint(r.hdr, "id", &id) && c->async_id &&
+		    id == c->async_id) {
+			take_async(c, r.hdr);
+			shca_reply_free(&r);
+			shca_async_arm(c);
+			continue;
+		}
 		if ((mp_str_eq(t, "ok") || mp_str_eq(t, "err")) && mp_find_uint(r.hdr, "id", &id)
 		    && id == c->want_id && id != 0) {
 			pthread_mutex_lock(&c->lock);
@@ -300,7 +391,9 @@ static void *reader_main(void *arg)
 			pthread_mutex_unlock(&c->lock);
 			continue;
 		}
-		if (mp_str_eq(t, "err")) {
+		if (mp_str_eq(t, "ok"))
+			;       /* the reply of an acknowledgement */
+		else if (mp_str_eq(t, "err")) {
 			struct mp_val v;
 			const char *s;
 			uint32_t n;

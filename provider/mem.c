@@ -67,9 +67,10 @@ static int check_maps(uintptr_t start, uintptr_t end, void *addr, size_t length)
 		if (perms[0] != 'r' || perms[1] != 'w' ||
 		    (perms[3] != 'p' && strncmp(name, "/memfd:" MEMFD_NAME " ",
 						 strlen(MEMFD_NAME) + 8))) {
-			shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages are mapped %s %s, not "
-				 "the program's own writable private memory, which is what softhca "
-				 "can share with its daemon", addr, length, perms, name);
+			shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages are mapped %s (%s), "
+				 "not the program's own writable private memory, which is what "
+				 "softhca can share with its daemon", addr, length, perms,
+				 *name ? name : "anonymous");
 			rc = EINVAL;
 			goto out;
 		}

@@ -229,10 +229,6 @@ static bool head(const uint8_t *p, const uint8_t *end, struct head *h)
 		h->n = (uint64_t)(((int64_t)(h->n << shift)) >> shift);
 	}
 	h->body += w;
-	if (h->kind == MP_UINT || h->kind == MP_INT || h->kind == MP_FLOAT) {
-		/* the value is the w bytes just read */
-		h->body = h->body;
-	}
 	return true;
 }
 

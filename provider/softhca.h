@@ -36,6 +36,8 @@ struct shca_conn {
 	pthread_mutex_t send_lock;  /* whole frames on the socket */
 	uint32_t next_id;
 	uint32_t want_id;
+	uint32_t async_id;          /* the get_async_event waiting on the daemon, or 0 */
+	uint32_t own_ids;           /* ids of the reader thread's own requests */
 	struct shca_reply reply;
 	int reply_ready;
 	int dead;
@@ -61,6 +63,7 @@ struct shca_context {
 	struct ibv_device_attr attr;
 	uint64_t max_msg_sz;
 	struct shca_cq *cqs;       /* under conn.lock */
+	struct shca_qp *qps;       /* under conn.lock */
 	struct shca_mem *mems;     /* under mem_lock */
 	pthread_mutex_t mem_lock;
 	int async_pipe[2];
@@ -93,14 +96,16 @@ struct shca_qp {
 	uint32_t max_inline;
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge;
 	int sq_sig_all;
+	pthread_mutex_t post_lock;   /* ibv_post_send's use of the bounce pages */
 	/* the ibv_wr_* API (qp_ex.c): WRs built since ibv_wr_start */
 	struct mp_buf wrs;
 	uint32_t nwrs;
 	int wr_error;
-	int wr_open;        /* a WR was started but its SGEs are not set yet */
+	int wr_open;        /* a builder started a WR that is not in the batch yet */
 	int cur_bounced;    /* its SGE is inline data already in the bounce pages */
 	struct ibv_send_wr cur;
 	struct ibv_sge cur_sge[32];
+	struct shca_qp *next;    /* the context's QPs */
 	struct shca_mr *bounce;  /* registered bytes inline data is copied into */
 	uint8_t *bounce_buf;
 	size_t bounce_used;
@@ -125,6 +130,8 @@ int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t
 	      struct shca_reply *r);
 void shca_reply_free(struct shca_reply *r);
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
+/* Asks the daemon for the context's next asynchronous event (answered when one comes). */
+int shca_async_arm(struct shca_conn *c);
 int shca_errno(const char *name, uint32_t n);
 
 /* mem.c */
@@ -135,12 +142,25 @@ void shca_mem_release_all(struct shca_context *ctx);
 
 /* qp_ex.c */
 void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);
+
+/* qp.c */
+struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax);
+int shca_destroy_qp(struct ibv_qp *ibqp);
+int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask);
+int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
+		  struct ibv_qp_init_attr *init);
+int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
 			int bounced);
 int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
 int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n);
 
 /* verbs.c */
+int shca_get_u32(struct shca_reply *r, const char *key, uint32_t *out);
+int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
+		     uint32_t handle);
 struct ibv_mr *shca_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 			   int access);
 int shca_dereg(struct shca_mr *mr);

@@ -121,9 +121,11 @@ def op_reg_mr_shared(verbs, r: control.RegMrShared, rid: int) -> dict | None:
     if n <= 0:
         raise einval(f"ibv_reg_mr length {n} must be positive")
     total = sum(length for _, _, length in r.pieces)
-    if r.offset + n > total:
-        raise einval(f"ibv_reg_mr: {n} bytes at offset {r.offset} leave the {total} bytes "
-                     "of the pieces named")
+    # The pieces are exactly the registration's pages: nothing more is mapped.
+    pages = (r.offset + n + PAGE - 1) // PAGE * PAGE
+    if r.offset >= PAGE or total != pages:
+        raise einval(f"ibv_reg_mr: {n} bytes at offset {r.offset} are {pages} bytes of "
+                     f"pages, the pieces named hold {total}")
     verbs.charge_registration(n)
     buf = _map(cred[0], r.pieces)[r.offset:r.offset + n]
     mr = pd.hca.reg_mr(pd, n, r.access, at=(r.addr, buf))

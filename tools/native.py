@@ -20,6 +20,7 @@ devices, with no RDMA kernel module:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -27,6 +28,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameDecoder, encode_frame
 
 PROVIDER_DIR = Path(__file__).resolve().parents[1] / "provider" / "build"
@@ -168,11 +170,8 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
 
     host, port = parse_listen(args.listen)
     daemon = Daemon(tuple(args.hca or ["mlx5_0"]), host, port)
-    if args.faults:
-        import json
-
-        for rule in json.loads(Path(args.faults).read_text()):
-            daemon.faults.add(rule)
+    for rule in _fault_rules(args.faults):
+        daemon.faults.add(rule)
     await daemon.start()
     tap = None
     if args.capture:
@@ -192,6 +191,25 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
         await daemon.close()
         if tap is not None:
             tap.close()
+        if args.stats:
+            Path(args.stats).write_text(json.dumps(daemon.stats(), indent=1) + "\n")
+
+
+def _fault_rules(path: str | None) -> list:
+    """The rules of ``--faults`` FILE, each checked, refused before anything starts."""
+    if not path:
+        return []
+    from ..server.faults import validate_rule
+
+    try:
+        rules = json.loads(Path(path).read_text())
+        if not isinstance(rules, list):
+            raise ValueError("the file must hold a JSON list of rules")
+        for rule in rules:
+            validate_rule(rule)
+    except (OSError, ValueError, RDMAError) as e:
+        raise RunError(f"--faults {path}: {getattr(e, 'message', e)}") from None
+    return rules
 
 
 async def _targeted(args, argv: list[str], tmp: Path, provider: Path) -> int:

@@ -6,9 +6,12 @@
  *                       buffer, SENDs into B's receive buffer, RDMA_READs from B's
  *                       buffer; each side checks every byte, and that the bytes around
  *                       the targets are untouched.
- *   memcheck stack      ibv_reg_mr of a stack buffer must fail with EINVAL or EFAULT.
+ *   memcheck refuse     ibv_reg_mr of a stack buffer and of read-only memory must fail
+ *                       with EINVAL, of an unmapped range with EFAULT.
  *   memcheck forged     a post whose SGE leaves its registration, and an RDMA WRITE
  *                       whose remote range leaves the peer's, must not move a byte.
+ *   memcheck events     a CQ that overruns gives its context IBV_EVENT_CQ_ERR naming it
+ *                       (ibv_get_async_event), and its QP's WRs stop.
  *   memcheck hold       registers 64 MiB and posts, prints "ready", then waits to be
  *                       killed (the daemon must clean up after it).
  *
@@ -20,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -303,20 +307,36 @@ static int transfer(void)
 	return failures ? 1 : 0;
 }
 
-static int stack(void)
+static int refuse(void)
 {
 	struct side s = {0};
 	uint8_t on_stack[4096];
 	struct ibv_mr *mr;
+	uint8_t *ro, *gone;
 
 	open_side(&s);
 	memset(on_stack, 1, sizeof(on_stack));
 	errno = 0;
 	mr = ibv_reg_mr(s.pd, on_stack, sizeof(on_stack), IBV_ACCESS_LOCAL_WRITE);
-	CHECK(!mr && (errno == EINVAL || errno == EFAULT),
-	      "ibv_reg_mr of a stack buffer fails: %s (errno %d)", mr ? "registered" :
-	      strerror(errno), errno);
+	CHECK(!mr && errno == EINVAL, "ibv_reg_mr of a stack buffer fails: %s (errno %d)",
+	      mr ? "registered" : strerror(errno), errno);
 	CHECK(on_stack[0] == 1 && on_stack[4095] == 1, "the stack buffer is intact");
+
+	ro = mmap(NULL, 8192, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (ro == MAP_FAILED)
+		die("mmap");
+	errno = 0;
+	mr = ibv_reg_mr(s.pd, ro, 8192, 0);
+	CHECK(!mr && errno == EINVAL, "ibv_reg_mr of read-only memory fails: %s (errno %d)",
+	      mr ? "registered" : strerror(errno), errno);
+
+	gone = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (gone == MAP_FAILED || munmap(gone, 8192))
+		die("mmap");
+	errno = 0;
+	mr = ibv_reg_mr(s.pd, gone, 8192, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(!mr && errno == EFAULT, "ibv_reg_mr of unmapped addresses fails: %s (errno %d)",
+	      mr ? "registered" : strerror(errno), errno);
 	return failures ? 1 : 0;
 }
 
@@ -388,6 +408,53 @@ static int forged_remote(void)
 	return failures ? 1 : 0;
 }
 
+static int events(void)
+{
+	struct side s = {0};
+	struct peer_info self;
+	struct ibv_async_event ev;
+	struct ibv_qp_init_attr qa = {0};
+	struct ibv_cq *small;
+	uint8_t *buf;
+	struct ibv_mr *mr;
+	int i, rc;
+
+	open_side(&s);
+	/* a second QP whose send CQ holds 2 entries: its 4 signaled WRs overrun it */
+	small = ibv_create_cq(s.ctx, 2, NULL, NULL, 0);
+	if (!small)
+		die("ibv_create_cq");
+	qa.send_cq = small;
+	qa.recv_cq = s.cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	ibv_destroy_qp(s.qp);
+	s.qp = ibv_create_qp(s.pd, &qa);
+	if (!s.qp)
+		die("ibv_create_qp");
+	buf = unaligned(8192, 8);
+	mr = ibv_reg_mr(s.pd, buf, 8192, ACCESS);
+	if (!mr)
+		die("ibv_reg_mr");
+	self = (struct peer_info){s.qp->qp_num, mr->rkey, (uintptr_t)buf, s.gid};
+	connect_qp(&s, &self);
+	for (i = 0; i < 4; i++) {
+		rc = post(&s, IBV_WR_RDMA_WRITE, buf, 64, mr->lkey, (uintptr_t)buf + 4096,
+			  mr->rkey);
+		if (rc)
+			break;
+	}
+	CHECK(i >= 3, "%d RDMA WRITEs posted to a QP whose send CQ holds 2", i);
+	rc = ibv_get_async_event(s.ctx, &ev);
+	CHECK(rc == 0 && ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == small,
+	      "ibv_get_async_event: %s on the overrun CQ", rc ? strerror(errno) :
+	      ibv_event_type_str(ev.event_type));
+	if (!rc)
+		ibv_ack_async_event(&ev);
+	return failures ? 1 : 0;
+}
+
 static int hold(void)
 {
 	struct side s = {0};
@@ -415,12 +482,14 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (!strcmp(mode, "transfer"))
 		return transfer();
-	if (!strcmp(mode, "stack"))
-		return stack();
+	if (!strcmp(mode, "refuse"))
+		return refuse();
 	if (!strcmp(mode, "forged"))
 		return forged() | forged_remote();
+	if (!strcmp(mode, "events"))
+		return events();
 	if (!strcmp(mode, "hold"))
 		return hold();
-	fprintf(stderr, "usage: memcheck transfer|stack|forged|hold\n");
+	fprintf(stderr, "usage: memcheck transfer|refuse|forged|events|hold\n");
 	return 2;
 }

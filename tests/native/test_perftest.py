@@ -7,6 +7,7 @@ result row for the size and iteration count it was given."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
 import native
@@ -60,3 +61,37 @@ def test_perftest_bw_sizes(where, program, size):
 @pytest.mark.parametrize("program", ["ib_write_lat", "ib_send_lat", "ib_read_lat"])
 def test_perftest_lat_64(where, program):
     run_pair(where, program, 64, [])
+
+
+def test_ib_write_bw_recovers_from_dropped_packets(where, tmp_path):
+    """A fault rule drops 5% of the client daemon's outgoing packets for the whole run:
+    ib_write_bw still completes its 5000 writes on both sides, and the daemon's RC
+    statistics show the go-back-N retransmissions that recovered them."""
+    rules = tmp_path / "faults.json"
+    rules.write_text(json.dumps([{"action": "drop", "probability": 0.05, "seed": 7}]))
+    stats = tmp_path / "stats.json"
+    port = next(_ports)
+    args = ["ib_write_bw", "-p", str(port), "-n", "5000", "-s", "4096"]
+    srv, cli = where.pair(args, [*args, where.server.addr], port,
+                          client_run_args=["--faults", str(rules), "--stats", str(stats)])
+    assert srv.returncode == 0 and cli.returncode == 0, srv.output + cli.output
+    rows = [m for m in ROW.finditer(cli.output) if int(m.group(1)) == 4096]
+    assert rows and int(rows[0].group(2)) == 5000, cli.output
+    s = json.loads(stats.read_text())
+    assert s["fault_rules"] == 1
+    # A lost packet is recovered only by retransmitting it: the run completed, and the
+    # retransmissions that did it are counted.
+    assert s["retransmissions"] > 0 and s["retransmitted_packets"] > 0, s
+
+
+def test_bench_provider_rows():
+    """`softhca bench --provider`'s two rows: perftest's own figures, read from its rows."""
+    from softhca.tools.bench.provider import provider_rows, unavailable
+
+    if unavailable():
+        pytest.skip(unavailable())
+    rows = provider_rows()
+    assert "skipped" not in rows, rows
+    bw, lat = rows["ib_write_bw"], rows["ib_send_lat"]
+    assert bw["size"] == 1 << 20 and bw["iterations"] == 1000 and bw["mb_s"] > 0
+    assert lat["size"] == 64 and 0 < lat["typical_us"] <= lat["p99_us"]

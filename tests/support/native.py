@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 PROVIDER = REPO / "provider" / "build" / "libsofthca-rdmav34.so"
 MEMCHECK = REPO / "provider" / "build" / "memcheck"
 PROGRAM_TIMEOUT = 120.0
+
+
+def free_port() -> int:
+    """A TCP port free here (and so in a new network namespace too)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def unavailable(*programs: str) -> str | None:
@@ -67,11 +75,16 @@ class Place:
     def __init__(self, server: Side, client: Side, kind: str) -> None:
         self.server, self.client, self.kind = server, client, kind
 
+    @staticmethod
+    def exec_argv(side: Side, argv: Sequence[str]) -> list[str]:
+        """``argv`` run on ``side``'s network namespace."""
+        return ["ip", "netns", "exec", side.ns, *argv] if side.ns else list(argv)
+
     def argv(self, side: Side, program: Sequence[str], *, run_args: Sequence[str] = (),
              port: int = 0) -> list[str]:
         cmd = [sys.executable, "-m", "softhca.tools.cli", "run", "--listen",
                f"{side.addr}:{port}", *run_args, "--", *program]
-        return (["ip", "netns", "exec", side.ns, *cmd]) if side.ns else cmd
+        return self.exec_argv(side, cmd)
 
     def run(self, side: Side, program: Sequence[str], *, run_args: Sequence[str] = (),
             port: int = 0, timeout: float = PROGRAM_TIMEOUT) -> Done:
@@ -88,7 +101,7 @@ class Place:
         srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, cwd=REPO)
         try:
-            _wait_listening(srv, tcp_port, timeout=30)
+            wait_listening(srv, tcp_port, timeout=30)
             cli = self.run(self.client, client_prog, run_args=client_run_args,
                            timeout=timeout)
             out, _ = srv.communicate(timeout=timeout)
@@ -113,7 +126,7 @@ def _listening(pid: int, port: int) -> bool:
     return False
 
 
-def _wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not _listening(proc.pid, port):
         if proc.poll() is not None:

@@ -26,6 +26,25 @@ class Raw:
         assert (await raw.next()).kind == "welcome"
         return raw
 
+    @classmethod
+    async def open_unix(cls, path: str) -> Raw:
+        """A session on a daemon's UNIX socket (serve --unix): no token there."""
+        r, w = await asyncio.open_unix_connection(path, limit=1 << 20)
+        raw = cls(r, w)
+        challenge = await raw.next()
+        w.write(frame_bytes(make_hello(challenge.header, "control", None)))
+        welcome = await raw.next()
+        assert welcome.kind == "welcome", welcome.header
+        raw.welcome = welcome.header
+        return raw
+
+    async def refused(self, verb: str, **fields) -> dict:
+        """The err reply of a request the daemon must refuse."""
+        self.writer.write(self.frame(verb, **fields))
+        h = (await self.next()).header
+        assert h["t"] == "err", h
+        return h
+
     async def next(self, timeout: float = 30.0):
         while not self.frames:
             data = await asyncio.wait_for(self.reader.read(1 << 20), timeout)

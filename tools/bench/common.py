@@ -65,6 +65,8 @@ class E2EOptions:
     quick: bool = False
     # Packet trains on the daemons' wire (`softhca serve --no-trains` when False).
     trains: bool = True
+    # perftest through the libibverbs provider beside the client's rows (provider.py).
+    provider: bool = False
 
 
 QUICK = E2EOptions(seconds=0.02, mib=1.0, depth=8, inflight_mib=2.0, latency_samples=50,

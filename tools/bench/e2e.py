@@ -503,7 +503,7 @@ def run_e2e(opts: E2EOptions | None = None, progress=None) -> dict:
                     "p99_to_tcp_round_trip": sig4(lat["p99_us"] / tcp_rtt["p99_us"]),
                     "p50_to_tcp_chain": sig4(lat["p50_us"] / chain["p50_us"]),
                     "p99_to_tcp_chain": sig4(lat["p99_us"] / chain["p99_us"])}
-    return {
+    doc = {
         "benchmark": "softhca end to end",
         "unit": "MB/s = 1e6 bytes of application (memory-domain) data per second",
         "machine": machine,
@@ -517,7 +517,30 @@ def run_e2e(opts: E2EOptions | None = None, progress=None) -> dict:
         **measured,
         "ceilings": {"tcp_stream": tcp, "engine": engine, "tcp_round_trip": tcp_rtt,
                      "tcp_chain": chain},
-        "total_seconds": round(time.perf_counter() - start, 1),
     }
+    if opts.provider:
+        doc["provider"] = _provider_section(measured, progress)
+    doc["total_seconds"] = round(time.perf_counter() - start, 1)
+    return doc
+
+
+def _provider_section(measured: dict, progress) -> dict:
+    """perftest through the provider, with its ratios to the client's own rows."""
+    from .provider import provider_rows
+
+    p = provider_rows(progress)
+    if "skipped" in p:
+        return p
+    plain = next((g for g in measured["goodput"] if g["op"] == "RDMA_WRITE"
+                  and g["config"] == "plain" and g["size"] == MIB), None)
+    if plain is not None:
+        bw = p["ib_write_bw"]
+        bw["client_mb_s"] = plain["mb_s"]
+        bw["tcp_stream_mb_s"] = plain["ceilings"]["tcp_stream"]
+        bw["to_client"] = sig4(bw["mb_s"] / plain["mb_s"])
+        bw["to_tcp_stream"] = sig4(bw["mb_s"] / plain["ceilings"]["tcp_stream"])
+    lat = p["ib_send_lat"]
+    lat["client_p50_us"] = measured["latency"]["p50_us"]
+    return p
 
 

@@ -142,9 +142,30 @@ def e2e_to_table(doc: dict) -> str:
         f"wire (goodput and latency runs): {w['packets_sent']} packets sent, "
         f"{w['retransmitted_packets']} retransmitted, {w['ack_timeouts']} ACK timeouts, "
         f"{w['rnr_retries']} RNR retries",
+        *_provider_lines(doc.get("provider")),
         f"total {doc['total_seconds']:.1f} s",
     ]
     return "\n".join(out)
+
+
+def _provider_lines(p: dict | None) -> list[str]:
+    """``--provider``: perftest through the libibverbs provider, beside the client."""
+    if p is None:
+        return []
+    if "skipped" in p:
+        return [f"provider (perftest through libibverbs): skipped: {p['skipped']}"]
+    bw, lat = p["ib_write_bw"], p["ib_send_lat"]
+    line = (f"provider (perftest through libibverbs, each side its own daemon): ib_write_bw "
+            f"{size_text(bw['size'])} x {bw['iterations']}: {bw['mb_s']:.1f} MB/s")
+    if "client_mb_s" in bw:
+        line += (f" (client's plain RDMA_WRITE {size_text(bw['size'])}: "
+                 f"{bw['client_mb_s']:.1f} MB/s, ratio {bw['to_client']:.3g}; TCP ceiling "
+                 f"{bw['tcp_stream_mb_s']:.1f} MB/s, ratio {bw['to_tcp_stream']:.3g})")
+    return [line, f"  ib_send_lat {lat['size']} B x {lat['iterations']}: typical "
+            f"{lat['typical_us']:.1f} us, average {lat['avg_us']:.1f} us, 99% "
+            f"{lat['p99_us']:.1f} us (a SEND's one-way time, half a round trip; the "
+            f"client's RDMA_WRITE latency above, a full round trip: p50 "
+            f"{lat['client_p50_us']:.1f} us)"]
 
 
 def _chain_lines(lat: dict) -> list[str]:

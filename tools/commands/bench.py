@@ -48,6 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-trains", action="store_true",
                    help="run the daemons with `softhca serve --no-trains` (every packet its "
                    "own frame), to compare with packet trains")
+    p.add_argument("--provider", action="store_true",
+                   help="also run perftest's ib_write_bw (1 MiB) and ib_send_lat (64 B) through "
+                   "the libibverbs provider, each side under `softhca run`, beside the "
+                   "client's rows (root, the built provider and perftest; skipped otherwise)")
     _add_compare(p, "softhca bench --json")
     p.add_argument("--compare-ratio", choices=("tcp_stream", "engine", "min"),
                    default="tcp_stream",
@@ -145,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if getattr(args, "no_trains", False):
         given["trains"] = False
+    if getattr(args, "provider", False):
+        given["provider"] = True
     opts = dataclasses.replace(base, **given)
 
     def progress(what: str) -> None:

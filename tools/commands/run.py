@@ -32,6 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fault rules for the embedded daemon, as 'serve --faults'")
     p.add_argument("--capture", metavar="FILE",
                    help="the embedded daemon's packets to a pcap, as 'serve --capture'")
+    p.add_argument("--stats", metavar="FILE",
+                   help="when PROGRAM has ended, write the embedded daemon's counters and RC "
+                   "statistics (packets, retransmissions, ...) to FILE as JSON")
     p.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"],
                    help="the embedded daemon's log level (default warning)")

@@ -1,0 +1,547 @@
+/* RC queue pairs: create (plain and extended), modify (the address vector's softhca
+ * GID decoded into the peer daemon), query, destroy, and the two post verbs. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "softhca.h"
+
+/* What a QP offers for IBV_SEND_INLINE when asked for less (ibv_create_qp(3): the
+ * provider may return more than requested); ConnectX's own figure for RC. */
+#define DEFAULT_INLINE 236
+#define MAX_INLINE 1024
+#define MAX_WRS_PER_POST 256
+#define MAX_SGE 32
+
+/* -- QP --------------------------------------------------------------------------- */
+
+static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
+				struct ibv_qp_init_attr *attr, uint64_t send_ops_flags,
+				int extended)
+{
+	struct shca_context *ctx = to_sctx(ibctx);
+	struct shca_qp *qp;
+	struct mp_buf b;
+	struct shca_reply r;
+	uint32_t inl = attr->cap.max_inline_data, qpn = 0;
+	int rc;
+
+	if (attr->srq) {
+		shca_log("ibv_create_qp: EOPNOTSUPP: shared receive queues are not modelled");
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (inl > MAX_INLINE) {
+		shca_log("ibv_create_qp: EINVAL: max_inline_data %u exceeds the device's %d",
+			 inl, MAX_INLINE);
+		errno = EINVAL;
+		return NULL;
+	}
+	if (inl < DEFAULT_INLINE)
+		inl = DEFAULT_INLINE;
+	qp = calloc(1, sizeof(*qp));
+	if (!qp) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	shca_begin(&ctx->conn, &b, "create_qp", 11);
+	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
+	mp_kv_uint(&b, "scq", ((struct shca_cq *)attr->send_cq)->handle);
+	mp_kv_uint(&b, "rcq", ((struct shca_cq *)attr->recv_cq)->handle);
+	mp_kv_uint(&b, "qp_type", attr->qp_type);
+	mp_kv_uint(&b, "max_send_wr", attr->cap.max_send_wr ? attr->cap.max_send_wr : 1);
+	mp_kv_uint(&b, "max_recv_wr", attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1);
+	mp_kv_uint(&b, "max_send_sge", attr->cap.max_send_sge);
+	mp_kv_uint(&b, "max_recv_sge", attr->cap.max_recv_sge);
+	mp_kv_uint(&b, "max_inline_data", inl);
+	mp_str(&b, "sq_sig_all");
+	mp_bool(&b, attr->sq_sig_all != 0);
+	mp_kv_uint(&b, "send_ops_flags", send_ops_flags);
+	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	if (!rc) {
+		rc = shca_get_u32(&r, "qp", &qp->handle);
+		if (!rc)
+			rc = shca_get_u32(&r, "qp_num", &qpn);
+		shca_reply_free(&r);
+	}
+	if (rc) {
+		free(qp);
+		errno = rc;
+		return NULL;
+	}
+	attr->cap.max_inline_data = inl;
+	qp->max_inline = inl;
+	qp->max_send_wr = attr->cap.max_send_wr;
+	qp->max_recv_wr = attr->cap.max_recv_wr;
+	qp->max_send_sge = attr->cap.max_send_sge;
+	qp->max_recv_sge = attr->cap.max_recv_sge;
+	qp->sq_sig_all = attr->sq_sig_all;
+	qp->vqp.qp.context = ibctx;
+	qp->vqp.qp.qp_context = attr->qp_context;
+	qp->vqp.qp.pd = ibpd;
+	qp->vqp.qp.send_cq = attr->send_cq;
+	qp->vqp.qp.recv_cq = attr->recv_cq;
+	qp->vqp.qp.srq = NULL;
+	qp->vqp.qp.handle = qp->handle;
+	qp->vqp.qp.qp_num = qpn;
+	qp->vqp.qp.state = IBV_QPS_RESET;
+	qp->vqp.qp.qp_type = attr->qp_type;
+	pthread_mutex_init(&qp->vqp.qp.mutex, NULL);
+	pthread_mutex_init(&qp->post_lock, NULL);
+	pthread_cond_init(&qp->vqp.qp.cond, NULL);
+	if (extended) {
+		qp->vqp.comp_mask |= VERBS_QP_EX;
+		shca_qp_ex_init(qp, send_ops_flags);
+	}
+	pthread_mutex_lock(&ctx->conn.lock);
+	qp->next = ctx->qps;
+	ctx->qps = qp;
+	pthread_mutex_unlock(&ctx->conn.lock);
+	return &qp->vqp.qp;
+}
+
+struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+	return create_qp(pd->context, pd, attr, 0, 0);
+}
+
+struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx,
+					struct ibv_qp_init_attr_ex *ax)
+{
+	struct ibv_qp_init_attr a;
+	struct ibv_qp *qp;
+	uint64_t ops = 0;
+
+	if (!(ax->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (ax->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+		shca_log("ibv_create_qp_ex: EOPNOTSUPP: comp_mask %#x names attributes that "
+			 "are not modelled", ax->comp_mask);
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	memset(&a, 0, sizeof(a));
+	a.qp_context = ax->qp_context;
+	a.send_cq = ax->send_cq;
+	a.recv_cq = ax->recv_cq;
+	a.srq = ax->srq;
+	a.cap = ax->cap;
+	a.qp_type = ax->qp_type;
+	a.sq_sig_all = ax->sq_sig_all;
+	if (ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+		ops = ax->send_ops_flags;
+	qp = create_qp(ibctx, ax->pd, &a, ops, (ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+		       != 0);
+	if (qp)
+		ax->cap = a.cap;
+	return qp;
+}
+
+int shca_destroy_qp(struct ibv_qp *ibqp)
+{
+	struct shca_context *ctx = to_sctx(ibqp->context);
+	struct shca_qp *qp = (struct shca_qp *)ibqp, **pp;
+	int rc = shca_call_simple(ctx, "destroy_qp", "qp", qp->handle);
+
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&ctx->conn.lock);
+	for (pp = &ctx->qps; *pp; pp = &(*pp)->next) {
+		if (*pp == qp) {
+			*pp = qp->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ctx->conn.lock);
+	if (qp->bounce)
+		shca_dereg(qp->bounce);
+	free(qp->bounce_buf);
+	mp_free(&qp->wrs);
+	free(qp);
+	return 0;
+}
+
+/* The address vector's dgid is a softhca GID, fe80::<IPv4>:<port>:<device index>: the
+ * daemon and device the peer QP lives on (the address resolution RoCE does with ARP
+ * or ND, done here by decoding). */
+static int av_dest(struct shca_context *ctx, const struct ibv_ah_attr *ah, char *host,
+		   size_t hlen, unsigned *port, const char **dev)
+{
+	const uint8_t *g = ah->grh.dgid.raw;
+	unsigned idx;
+	int i;
+
+	if (!ah->is_global) {
+		shca_log("ibv_modify_qp: EINVAL: a RoCE address vector needs a GRH (is_global "
+			 "1 and a dgid; ibv_rc_pingpong: -g 0)");
+		return EINVAL;
+	}
+	for (i = 0; i < 8; i++) {
+		if (g[i] != (i == 0 ? 0xfe : i == 1 ? 0x80 : 0)) {
+			shca_log("ibv_modify_qp: EINVAL: dgid is not a softhca GID (fe80::<IPv4>:"
+				 "<port>:<device>): no daemon is reachable through it");
+			return EINVAL;
+		}
+	}
+	snprintf(host, hlen, "%u.%u.%u.%u", g[8], g[9], g[10], g[11]);
+	*port = (unsigned)g[12] << 8 | g[13];
+	idx = (unsigned)g[14] << 8 | g[15];
+	/* Daemons name their devices alike (mlx5_0, ...): index i of the peer is the
+	 * device this daemon lists at i. */
+	if ((int)idx >= ctx->ndevices) {
+		shca_log("ibv_modify_qp: EINVAL: dgid names device %u; the daemon has %d", idx,
+			 ctx->ndevices);
+		return EINVAL;
+	}
+	*dev = ctx->devices[idx];
+	return 0;
+}
+
+struct qp_field {
+	int bit;
+	const char *name;
+	size_t off;
+	size_t size;
+};
+
+#define F(bit, name, member) {bit, name, offsetof(struct ibv_qp_attr, member), \
+			      sizeof(((struct ibv_qp_attr *)0)->member)}
+static const struct qp_field qp_fields[] = {
+	F(IBV_QP_STATE, "qp_state", qp_state),
+	F(IBV_QP_EN_SQD_ASYNC_NOTIFY, "en_sqd_async_notify", en_sqd_async_notify),
+	F(IBV_QP_ACCESS_FLAGS, "qp_access_flags", qp_access_flags),
+	F(IBV_QP_PATH_MTU, "path_mtu", path_mtu),
+	F(IBV_QP_TIMEOUT, "timeout", timeout),
+	F(IBV_QP_RETRY_CNT, "retry_cnt", retry_cnt),
+	F(IBV_QP_RNR_RETRY, "rnr_retry", rnr_retry),
+	F(IBV_QP_RQ_PSN, "rq_psn", rq_psn),
+	F(IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic", max_rd_atomic),
+	F(IBV_QP_MIN_RNR_TIMER, "min_rnr_timer", min_rnr_timer),
+	F(IBV_QP_SQ_PSN, "sq_psn", sq_psn),
+	F(IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic", max_dest_rd_atomic),
+	F(IBV_QP_DEST_QPN, "dest_qp_num", dest_qp_num),
+};
+#undef F
+
+static uint64_t field_value(const struct ibv_qp_attr *a, const struct qp_field *f)
+{
+	const uint8_t *p = (const uint8_t *)a + f->off;
+
+	switch (f->size) {
+	case 1: return *p;
+	case 2: return *(const uint16_t *)p;
+	case 4: return *(const uint32_t *)p;
+	default: return 0;
+	}
+}
+
+int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
+{
+	struct shca_context *ctx = to_sctx(ibqp->context);
+	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	/* The port, the P_Key index and the current state the caller asserts are
+	 * checked here: the device has one port and one P_Key. */
+	const int local = IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_CUR_STATE;
+	char host[32];
+	unsigned port = 0;
+	const char *dev = NULL;
+	struct mp_buf b;
+	struct shca_reply r;
+	uint32_t n = 0, state;
+	size_t i;
+	int rc;
+
+	if ((mask & IBV_QP_PORT) && attr->port_num != 1) {
+		shca_log("ibv_modify_qp: EINVAL: port %u does not exist (the device has port 1)",
+			 attr->port_num);
+		return EINVAL;
+	}
+	if ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index != 0) {
+		shca_log("ibv_modify_qp: EINVAL: P_Key index %u is outside the one-entry table",
+			 attr->pkey_index);
+		return EINVAL;
+	}
+	if (mask & IBV_QP_AV) {
+		rc = av_dest(ctx, &attr->ah_attr, host, sizeof(host), &port, &dev);
+		if (rc)
+			return rc;
+		n += 3;
+	}
+	for (i = 0; i < sizeof(qp_fields) / sizeof(qp_fields[0]); i++)
+		if (mask & qp_fields[i].bit)
+			n++;
+	shca_begin(&ctx->conn, &b, "modify_qp", 3);
+	mp_kv_uint(&b, "qp", qp->handle);
+	mp_kv_uint(&b, "mask", (uint32_t)(mask & ~local));
+	mp_str(&b, "attr");
+	mp_map(&b, n);
+	for (i = 0; i < sizeof(qp_fields) / sizeof(qp_fields[0]); i++)
+		if (mask & qp_fields[i].bit)
+			mp_kv_uint(&b, qp_fields[i].name, field_value(attr, &qp_fields[i]));
+	if (mask & IBV_QP_AV) {
+		mp_str(&b, "dest_host");
+		mp_str(&b, host);
+		mp_kv_uint(&b, "dest_port", port);
+		mp_str(&b, "dest_dev");
+		mp_str(&b, dev);
+	}
+	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	if (rc)
+		return rc;
+	if (!shca_get_u32(&r, "state", &state))
+		ibqp->state = (enum ibv_qp_state)state;
+	shca_reply_free(&r);
+	return 0;
+}
+
+int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
+			 struct ibv_qp_init_attr *init)
+{
+	struct shca_context *ctx = to_sctx(ibqp->context);
+	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct mp_buf b;
+	struct shca_reply r;
+	struct mp_val a;
+	uint64_t v;
+	int rc;
+
+	(void)mask;
+	shca_begin(&ctx->conn, &b, "query_qp", 1);
+	mp_kv_uint(&b, "qp", qp->handle);
+	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	if (rc)
+		return rc;
+	memset(attr, 0, sizeof(*attr));
+	memset(init, 0, sizeof(*init));
+	if (mp_find(r.hdr, "attr", &a)) {
+		if (mp_find_uint(a, "qp_state", &v))
+			attr->qp_state = attr->cur_qp_state = (enum ibv_qp_state)v;
+		if (mp_find_uint(a, "path_mtu", &v))
+			attr->path_mtu = (enum ibv_mtu)v;
+		if (mp_find_uint(a, "dest_qp_num", &v))
+			attr->dest_qp_num = (uint32_t)v;
+		if (mp_find_uint(a, "timeout", &v))
+			attr->timeout = (uint8_t)v;
+		if (mp_find_uint(a, "retry_cnt", &v))
+			attr->retry_cnt = (uint8_t)v;
+		if (mp_find_uint(a, "rnr_retry", &v))
+			attr->rnr_retry = (uint8_t)v;
+	}
+	shca_reply_free(&r);
+	attr->port_num = 1;
+	attr->cap.max_send_wr = qp->max_send_wr;
+	attr->cap.max_recv_wr = qp->max_recv_wr;
+	attr->cap.max_send_sge = qp->max_send_sge;
+	attr->cap.max_recv_sge = qp->max_recv_sge;
+	attr->cap.max_inline_data = qp->max_inline;
+	init->qp_context = ibqp->qp_context;
+	init->send_cq = ibqp->send_cq;
+	init->recv_cq = ibqp->recv_cq;
+	init->cap = attr->cap;
+	init->qp_type = ibqp->qp_type;
+	init->sq_sig_all = qp->sq_sig_all;
+	return 0;
+}
+
+static void encode_sges(struct mp_buf *b, const struct ibv_sge *sg, int n)
+{
+	int i;
+
+	mp_str(b, "sg");
+	mp_arr(b, (uint32_t)n);
+	for (i = 0; i < n; i++) {
+		mp_arr(b, 3);
+		mp_uint(b, sg[i].addr);
+		mp_uint(b, sg[i].length);
+		mp_uint(b, sg[i].lkey);
+	}
+}
+
+/* IBV_SEND_INLINE: the bytes may be in memory no MR covers (ibv_post_send(3): the
+ * lkey is not checked), and the daemon reads them at post time. They are copied into
+ * the QP's own registered bounce pages, which the daemon has read before the post's
+ * reply comes back, so one post at a time may use them. */
+int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
+		    struct ibv_sge *out)
+{
+	size_t total = 0, need;
+	int i;
+
+	for (i = 0; i < n; i++)
+		total += sg[i].length;
+	if (total > qp->max_inline) {
+		shca_log("ibv_post_send: EINVAL: %zu bytes of inline data exceed max_inline_data "
+			 "%u", total, qp->max_inline);
+		return EINVAL;
+	}
+	need = (size_t)qp->max_inline * MAX_WRS_PER_POST;
+	if (!qp->bounce) {
+		struct ibv_mr *mr;
+
+		if (posix_memalign((void **)&qp->bounce_buf, 4096, need))
+			return ENOMEM;
+		mr = shca_reg_mr(qp->vqp.qp.pd, qp->bounce_buf, need,
+				 (uintptr_t)qp->bounce_buf, 0);
+		if (!mr) {
+			free(qp->bounce_buf);
+			qp->bounce_buf = NULL;
+			return errno;
+		}
+		qp->bounce = (struct shca_mr *)mr;
+	}
+	out->addr = (uintptr_t)qp->bounce_buf + qp->bounce_used;
+	out->length = (uint32_t)total;
+	out->lkey = qp->bounce->vmr.ibv_mr.lkey;
+	for (i = 0; i < n; i++) {
+		memcpy(qp->bounce_buf + qp->bounce_used, (void *)(uintptr_t)sg[i].addr,
+		       sg[i].length);
+		qp->bounce_used += sg[i].length;
+	}
+	return 0;
+}
+
+int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
+			int bounced)
+{
+	int imm = wr->opcode == IBV_WR_SEND_WITH_IMM ||
+		  wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	int atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	struct ibv_sge one = {0};
+	int rc;
+
+	if (wr->num_sge < 0 || wr->num_sge > MAX_SGE || (uint32_t)wr->num_sge > qp->max_send_sge) {
+		shca_log("ibv_post_send: EINVAL: num_sge %d exceeds the QP's max_send_sge %u",
+			 wr->num_sge, qp->max_send_sge);
+		return EINVAL;
+	}
+	mp_map(b, imm ? 10 : 9);
+	mp_kv_uint(b, "wr_id", wr->wr_id);
+	mp_kv_uint(b, "opcode", wr->opcode);
+	if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge && !bounced) {
+		rc = shca_inline_sge(qp, wr->sg_list, wr->num_sge, &one);
+		if (rc)
+			return rc;
+		encode_sges(b, &one, 1);
+	} else {
+		encode_sges(b, wr->sg_list, wr->num_sge);
+	}
+	mp_kv_uint(b, "send_flags", wr->send_flags);
+	if (imm)
+		mp_kv_uint(b, "imm_data", ntohl(wr->imm_data));
+	if (atomic) {
+		mp_kv_uint(b, "rkey", wr->wr.atomic.rkey);
+		mp_kv_uint(b, "remote_addr", wr->wr.atomic.remote_addr);
+		mp_kv_uint(b, "compare_add", wr->wr.atomic.compare_add);
+		mp_kv_uint(b, "swap", wr->wr.atomic.swap);
+	} else {
+		mp_kv_uint(b, "rkey", wr->wr.rdma.rkey);
+		mp_kv_uint(b, "remote_addr", wr->wr.rdma.remote_addr);
+		mp_kv_uint(b, "compare_add", 0);
+		mp_kv_uint(b, "swap", 0);
+	}
+	mp_kv_uint(b, "invalidate_rkey",
+		   wr->opcode == IBV_WR_SEND_WITH_INV ? wr->invalidate_rkey : 0);
+	return 0;
+}
+
+int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n)
+{
+	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
+	struct mp_buf b;
+	struct shca_reply r;
+	int rc;
+
+	shca_begin(&ctx->conn, &b, "post_send", 2);
+	mp_kv_uint(&b, "qp", qp->handle);
+	mp_str(&b, "wrs");
+	mp_arr(&b, n);
+	mp_raw(&b, wrs->p, wrs->len);
+	b.failed |= wrs->failed;
+	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	if (!rc)
+		shca_reply_free(&r);
+	return rc;
+}
+
+int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+			  struct ibv_send_wr **bad)
+{
+	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct ibv_send_wr *first = wr;
+	struct mp_buf wrs;
+	uint32_t n = 0;
+	int rc = 0;
+
+	/* the bounce pages are the QP's: one post at a time fills them */
+	pthread_mutex_lock(&qp->post_lock);
+	while (wr) {
+		first = wr;
+		mp_init(&wrs);
+		n = 0;
+		qp->bounce_used = 0;
+		for (; wr && n < MAX_WRS_PER_POST; wr = wr->next, n++) {
+			rc = shca_encode_send_wr(qp, &wrs, wr, 0);
+			if (rc)
+				break;
+		}
+		if (!rc)
+			rc = shca_post_send_batch(qp, &wrs, n);
+		mp_free(&wrs);
+		if (rc) {
+			/* The daemon takes a post's WRs in order and stops at the first it
+			 * refuses; the WRs before it are posted. */
+			*bad = wr ? wr : first;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&qp->post_lock);
+	return rc;
+}
+
+int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
+			  struct ibv_recv_wr **bad)
+{
+	struct shca_context *ctx = to_sctx(ibqp->context);
+	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct ibv_recv_wr *w, *first;
+	struct mp_buf b;
+	struct shca_reply r;
+	uint32_t n;
+	int rc;
+
+	while (wr) {
+		first = wr;
+		for (n = 0, w = wr; w && n < MAX_WRS_PER_POST; w = w->next, n++) {
+			if (w->num_sge < 0 || w->num_sge > MAX_SGE ||
+			    (uint32_t)w->num_sge > qp->max_recv_sge) {
+				shca_log("ibv_post_recv: EINVAL: num_sge %d exceeds the QP's "
+					 "max_recv_sge %u", w->num_sge, qp->max_recv_sge);
+				*bad = w;
+				return EINVAL;
+			}
+		}
+		shca_begin(&ctx->conn, &b, "post_recv", 2);
+		mp_kv_uint(&b, "qp", qp->handle);
+		mp_str(&b, "wrs");
+		mp_arr(&b, n);
+		for (w = wr; w != NULL && n; w = w->next, n--) {
+			mp_map(&b, 2);
+			mp_kv_uint(&b, "wr_id", w->wr_id);
+			encode_sges(&b, w->sg_list, w->num_sge);
+			wr = w->next;
+		}
+		rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+		if (rc) {
+			*bad = first;
+			return rc;
+		}
+		shca_reply_free(&r);
+	}
+	return 0;
+}
+

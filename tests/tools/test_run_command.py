@@ -1,0 +1,46 @@
+"""``softhca run``'s refusals, said before anything starts (tools/native.py), and the sysfs
+tree it writes, read back as libibverbs reads it."""
+
+from __future__ import annotations
+
+import json
+
+from softhca.tools import native
+from softhca.tools.cli import main
+
+
+def test_no_program_is_a_usage_error(capsys):
+    assert main(["run"]) == 2
+    assert "name a program: softhca run -- PROGRAM" in capsys.readouterr().err
+
+
+def test_missing_provider_is_said(tmp_path, capsys):
+    assert main(["run", "--provider", str(tmp_path), "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "no provider at" in err and "make provider" in err
+
+
+def test_bad_fault_rules_are_refused(tmp_path, capsys):
+    lib = tmp_path / native.PROVIDER_LIB
+    lib.write_bytes(b"")
+    rules = tmp_path / "faults.json"
+    rules.write_text(json.dumps([{"action": "explode"}]))
+    assert main(["run", "--provider", str(tmp_path), "--faults", str(rules), "--",
+                 "true"]) == 2
+    assert f"--faults {rules}" in capsys.readouterr().err
+
+
+def test_sysfs_tree(tmp_path):
+    native.write_sysfs(tmp_path, ["mlx5_0", "mlx5_1"], "10.200.0.1", 4791)
+    verbs = tmp_path / "class" / "infiniband_verbs"
+    assert (verbs / "abi_version").read_text() == "6\n"
+    assert (verbs / "uverbs1" / "ibdev").read_text() == "mlx5_1\n"
+    assert (verbs / "uverbs0" / "dev").read_text() == "1:3\n"
+    port = tmp_path / "class" / "infiniband" / "mlx5_1" / "ports" / "1"
+    # fe80:: then 10.200.0.1, port 4791 (0x12b7), device index 1
+    assert (port / "gids" / "0").read_text() == "fe80:0000:0000:0000:0ac8:0001:12b7:0001\n"
+    assert (port / "gid_attrs" / "types" / "0").read_text() == "RoCE v2\n"
+    assert (port / "pkeys" / "0").read_text() == "0xffff\n"
+    dev = tmp_path / "class" / "infiniband" / "mlx5_0"
+    assert (dev / "node_type").read_text() == "1: CA\n"
+    assert (dev / "device" / "modalias").read_text() == "softhca:\n"
