@@ -20,6 +20,7 @@ devices, with no RDMA kernel module:
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import shutil
@@ -39,6 +40,9 @@ NODE_DEV = "1:3"
 # Runs inside the new mount namespace, as root: a tmpfs over /dev holding bind mounts
 # of the real /dev's entries, then the device nodes. $1: the number of nodes; the rest:
 # the program.
+# prctl(2) option: the signal the calling process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
 _NS_SCRIPT = r"""
 set -e
 n=$1; shift
@@ -149,10 +153,22 @@ def program_env(sysfs: Path, sock: str, provider: Path) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when ``softhca run`` dies, however it dies.
+    The program's daemon lives in ``softhca run``; a program left without it would spin
+    on its CQs for good (and keep its parent's pipes open). The setting survives the
+    ``exec`` of unshare, sh and the program (none is set-user-ID)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() == 1:       # the parent died before prctl took effect
+        os._exit(1)
+
+
 async def _run_program(argv: list[str], env: dict[str, str], ndev: int) -> int:
     proc = await asyncio.create_subprocess_exec(
         "unshare", "--mount", "--propagation", "private", "sh", "-c", _NS_SCRIPT,
-        "softhca-run", str(ndev), *argv, env=env)
+        "softhca-run", str(ndev), *argv, env=env, preexec_fn=_die_with_parent)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, proc.send_signal, sig)
@@ -165,11 +181,18 @@ async def _run_program(argv: list[str], env: dict[str, str], ndev: int) -> int:
 
 async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     from ..server.daemon import Daemon
-    from ..server.serve import parse_listen
+    from ..server.serve import parse_listen, read_secret
     from ..server.unix import UnixListener
 
     host, port = parse_listen(args.listen)
-    daemon = Daemon(tuple(args.hca or ["mlx5_0"]), host, port)
+    peer = {}
+    if args.peer_token_file:
+        try:
+            peer["peer_token"] = read_secret("--peer-token-file", args.peer_token_file,
+                                             allow_readable=False)
+        except ValueError as e:
+            raise RunError(str(e)) from None
+    daemon = Daemon(tuple(args.hca or ["mlx5_0"]), host, port, **peer)
     for rule in _fault_rules(args.faults):
         daemon.faults.add(rule)
     await daemon.start()

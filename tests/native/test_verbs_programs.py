@@ -103,6 +103,7 @@ def test_pyverbs_program_and_ibv_rc_pingpong(where, tmp_path):
     serve = where.exec_argv(where.server, [
         sys.executable, "-m", "softhca.tools.cli", "serve", "--listen",
         f"{where.server.addr}:{wire_port}", "--allow-no-auth",
+        "--peer-token-file", str(where.peer_token_file),
         "--ready-file", str(ready)])
     daemon = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -72,8 +74,11 @@ class Place:
     """Two sides: ``server`` and ``client`` (the client reaches the server's programs at
     ``server.addr``)."""
 
-    def __init__(self, server: Side, client: Side, kind: str) -> None:
+    def __init__(self, server: Side, client: Side, kind: str, peer_token_file: Path) -> None:
         self.server, self.client, self.kind = server, client, kind
+        # Both sides' daemons prove this token on their wire links (softhca run
+        # --peer-token-file): a daemon's own generated one would refuse the other.
+        self.peer_token_file = peer_token_file
 
     @staticmethod
     def exec_argv(side: Side, argv: Sequence[str]) -> list[str]:
@@ -83,14 +88,19 @@ class Place:
     def argv(self, side: Side, program: Sequence[str], *, run_args: Sequence[str] = (),
              port: int = 0) -> list[str]:
         cmd = [sys.executable, "-m", "softhca.tools.cli", "run", "--listen",
-               f"{side.addr}:{port}", *run_args, "--", *program]
+               f"{side.addr}:{port}", "--peer-token-file", str(self.peer_token_file),
+               *run_args, "--", *program]
         return self.exec_argv(side, cmd)
 
     def run(self, side: Side, program: Sequence[str], *, run_args: Sequence[str] = (),
             port: int = 0, timeout: float = PROGRAM_TIMEOUT) -> Done:
         argv = self.argv(side, program, run_args=run_args, port=port)
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-        return Done(argv, r.returncode, r.stdout + r.stderr)
+        proc = _start(argv, stderr=subprocess.PIPE)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            _reap(proc)
+        return Done(argv, proc.returncode, out + err)
 
     def pair(self, server_prog: Sequence[str], client_prog: Sequence[str], tcp_port: int, *,
              server_run_args: Sequence[str] = (), client_run_args: Sequence[str] = (),
@@ -98,18 +108,32 @@ class Place:
         """The server program, then, once it listens on ``tcp_port`` for its peer's
         address exchange, the client; both waited for."""
         argv = self.argv(self.server, server_prog, run_args=server_run_args)
-        srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, cwd=REPO)
+        srv = _start(argv, stderr=subprocess.STDOUT)
         try:
             wait_listening(srv, tcp_port, timeout=30)
             cli = self.run(self.client, client_prog, run_args=client_run_args,
                            timeout=timeout)
             out, _ = srv.communicate(timeout=timeout)
         finally:
-            if srv.poll() is None:
-                srv.kill()
-                srv.communicate()
+            _reap(srv)
         return Done(argv, srv.returncode, out), cli
+
+
+def _start(argv: list[str], *, stderr: int) -> subprocess.Popen:
+    """``argv`` in a process group of its own, so that ``_reap`` ends everything it
+    started: ``ip netns exec``, ``softhca run`` and the program under it."""
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            cwd=REPO, start_new_session=True)
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Kill what is left of ``proc``'s process group and collect it. A program that
+    outlived its parent would otherwise hold the output pipe open, and the test would
+    wait on it for good instead of failing."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
+        proc.communicate(timeout=10)
 
 
 def _listening(pid: int, port: int) -> bool:
@@ -141,9 +165,12 @@ def wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
 @contextlib.contextmanager
 def place(workdir: Path) -> Iterator[Place]:
     """Two network namespaces when they can be made here, else loopback."""
+    token = workdir / "peer-token"
+    token.write_bytes(secrets.token_hex(32).encode() + b"\n")
+    token.chmod(0o600)
     if netns.unavailable() is None:
         with netns.two_node_topology(workdir, daemon=False) as t:
             yield Place(Side(t.target_ns, t.target_addr), Side(t.initiator_ns, t.initiator_addr),
-                        "netns")
+                        "netns", token)
     else:
-        yield Place(Side(None, "127.0.0.1"), Side(None, "127.0.0.1"), "loopback")
+        yield Place(Side(None, "127.0.0.1"), Side(None, "127.0.0.1"), "loopback", token)

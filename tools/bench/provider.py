@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,7 +61,16 @@ def _listening(pid: int, port: int) -> bool:
 def _pair(program: list[str]) -> str:
     """The client's output of ``program`` run as a server and a client on loopback."""
     port = _free_port()
-    run = [sys.executable, "-m", "softhca.tools.cli", "run", "--"]
+    # The two ends' daemons are two processes: they link with a peer token both know.
+    with tempfile.NamedTemporaryFile("w", prefix="softhca-peer-") as token:
+        token.write(secrets.token_hex(32) + "\n")
+        token.flush()
+        run = [sys.executable, "-m", "softhca.tools.cli", "run",
+               "--peer-token-file", token.name, "--"]
+        return _pair_with(program, port, run)
+
+
+def _pair_with(program: list[str], port: int, run: list[str]) -> str:
     args = [*program, "-p", str(port)]
     srv = subprocess.Popen([*run, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)

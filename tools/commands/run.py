@@ -23,6 +23,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", metavar="SOCKET",
                    help="use the daemon already serving this UNIX socket (serve --unix) "
                    "instead of starting one")
+    p.add_argument("--peer-token-file", metavar="FILE",
+                   help="the token the embedded daemon and its peers prove to each other on "
+                   "their wire links, as 'serve --peer-token-file' (default: one of its own, "
+                   "so that only daemons of this process can link to it); give the daemons "
+                   "of both ends the same file")
     p.add_argument("--hca", action="append", metavar="NAME",
                    help="the embedded daemon's HCAs (default mlx5_0); may be repeated")
     p.add_argument("--provider", metavar="DIR",
