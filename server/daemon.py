@@ -24,7 +24,7 @@ from ..engine.crypto_login import DeviceCrypto
 from ..engine.hca import HCA
 from ..protocol.enums import QpState
 from ..protocol.errors import RDMAError
-from ..protocol.frames import FrameDecoder, FrameError, encode_frame
+from ..protocol.frames import REQUEST_LIMITS, FrameDecoder, FrameError, encode_frame
 from ..protocol.handshake import HandshakeError, hello_src, make_challenge, verify_hello
 from .faults import Faults
 from .hosts import Limits, QPHost
@@ -170,7 +170,9 @@ class Daemon:
                           writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
-        decoder = FrameDecoder(self.max_frame)
+        # Requests and packets are unpacked under the structural limits: a header that
+        # breaks one is refused after bounded work (protocol/frames.py REQUEST_LIMITS).
+        decoder = FrameDecoder(self.max_frame, REQUEST_LIMITS)
         limits = self.limits
         if len(self._pre_hello) >= limits.max_pre_hello:
             # Sockets that never say hello must not lock everyone out. The oldest of
