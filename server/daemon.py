@@ -88,7 +88,8 @@ class Daemon:
             "packets_sent": 0, "packets_received": 0, "packets_bad_icrc": 0,
             "packets_unknown_qp": 0, "packets_over_mtu": 0, "wire_protocol_errors": 0,
             "control_sessions": 0, "wire_connections": 0, "connections_refused": 0,
-            "packets_dropped_link_full": 0, "packets_wrong_peer": 0, "pre_hello_evicted": 0}
+            "packets_dropped_link_full": 0, "packets_wrong_peer": 0, "pre_hello_evicted": 0,
+            "wire_bytes_discarded": 0, "wire_throttle_ms": 0}
         self.faults = Faults()
         # Wire taps and pushed events; ``taps``: callables (direction "tx" | "rx", dev,
         # Packet) seeing every packet this daemon sends or accepts (the demo's wire
@@ -247,7 +248,8 @@ class Daemon:
                 total[k] = total.get(k, 0) + v
         for name in ("retransmissions", "retransmitted_packets", "ack_timeouts", "rnr_retries",
                      "duplicates_discarded", "psn_seq_naks_sent", "duplicate_reads_answered",
-                     "duplicate_reads_dropped"):
+                     "duplicate_reads_dropped", "duplicate_runs_discarded",
+                     "out_of_window_discarded"):
             total.setdefault(name, 0)
         total["fault_rules"] = len(self.faults.rules)
         total.update(self.partial_block_counts())

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from test_hardening import read_frames
 import softhca.client as sh
 from softhca.protocol.frames import FrameDecoder, frame_bytes
 from softhca.protocol.handshake import make_challenge, make_hello
-from softhca.protocol.packets import Packet, packet_header
+from softhca.protocol.packets import Packet, Run, packet_header, train_header
 from softhca.tools.daemons import Daemons
 from softhca.tools.soak import rss
 
@@ -168,6 +170,84 @@ async def test_duplicate_read_requests_are_answered_only_from_the_original_recor
         assert grew <= 64 << 20
         assert c["duplicate_reads_dropped"] >= 16
         assert max(times) < 0.5
+        w.close()
+        await node.close()
+    server.close()
+
+
+def write_train(qpn: int, psn: int, n: int, mtu: int, rkey: int, addr: int, sqp: int) -> bytes:
+    """One RDMA WRITE of ``n`` packets as a train frame (a whole message)."""
+    payload = bytes(n * mtu)
+    run = Run(qpn, psn, n, "RDMA_WRITE", True, True, mtu, memoryview(payload),
+              reth=(rkey, addr, n * mtu))
+    h = train_header("mlx5_0", run)
+    h["sqp"] = sqp
+    return frame_bytes(h, payload)
+
+
+async def median_probe(address: str, seconds: float) -> list[float]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(probe(address, stop))
+    await asyncio.sleep(seconds)
+    stop.set()
+    return await task
+
+
+async def test_duplicate_trains_are_dropped_at_o1_and_another_client_keeps_its_latency(
+        tmp_path):
+    """The attack: 4,096-packet trains of a WRITE the QP already took (and trains far
+    ahead of its window), as fast as the link takes them. Each is dropped whole (counted
+    once), and a second client's median answer stays within 3x its baseline, both
+    measured here."""
+    server, port, _ = await silent_peer()
+    peer_qpn, peer_psn, n, mtu = 0x5151, 0x200, 4096, 1024
+    daemons = Daemons(1, str(tmp_path), ("--peer-token-file", str(peer_token_file(tmp_path))))
+    with daemons as (address,):
+        node = await sh.connect(address)
+        qp, mr = await victim_qp(node, port, peer_qpn, peer_psn, n * mtu)
+        w = await wire_in(address, f"127.0.0.1:{port}")
+        dup = write_train(qp.qp_num, peer_psn, n, mtu, mr.rkey, mr.addr, peer_qpn)
+        w.write(dup)            # the original: taken, the expected PSN moves past it
+        await w.drain()
+        await asyncio.sleep(0.5)
+        base = await median_probe(address, 1.5)
+        ahead = write_train(qp.qp_num, (peer_psn + (1 << 22)) % (1 << 24), n, mtu, mr.rkey,
+                            mr.addr, peer_qpn)
+        # The flood comes from a thread on a blocking socket (the link's, duplicated),
+        # so that this process's event loop, where the probe runs, is not the sender.
+        sock = socket.socket(fileno=os.dup(w.get_extra_info("socket").fileno()))
+        sock.setblocking(True)
+        halt = threading.Event()
+        sent = [0]
+
+        def flood() -> None:
+            while not halt.is_set():
+                sock.sendall(dup if sent[0] % 4 else ahead)
+                sent[0] += 1
+
+        thread = threading.Thread(target=flood, daemon=True)
+        t0 = time.perf_counter()
+        thread.start()
+        flooded = await median_probe(address, 3.0)
+        halt.set()
+        await asyncio.to_thread(thread.join, 10)
+        took = time.perf_counter() - t0
+        sent = sent[0]
+        await asyncio.sleep(0.5)
+        c = await node.counters()
+        b_med, f_med = statistics.median(base), statistics.median(flooded)
+        print(f"\nduplicate-train flood: {sent} trains of {n} packets ({sent * n * mtu / 2**20:.0f}"
+              f" MiB) in {took:.1f} s; duplicate_runs_discarded="
+              f"{c['duplicate_runs_discarded']}, duplicates_discarded="
+              f"{c['duplicates_discarded']}, out_of_window_discarded="
+              f"{c['out_of_window_discarded']}, psn_seq_naks_sent={c['psn_seq_naks_sent']}, "
+              f"wire_bytes_discarded={c['wire_bytes_discarded']} (throttled "
+              f"{c['wire_throttle_ms']} ms); "
+              f"second client median {b_med * 1e3:.2f} ms baseline, {f_med * 1e3:.2f} ms "
+              f"during the flood (bound 3x), slowest {max(flooded) * 1e3:.1f} ms")
+        assert c["duplicate_runs_discarded"] >= sent * 3 // 4 - 2
+        assert f_med <= 3 * b_med
+        sock.close()
         w.close()
         await node.close()
     server.close()
