@@ -250,6 +250,10 @@ class FrameDecoder:
         self.max_frame = max_frame
         # Structural limits on headers (a daemon's REQUEST_LIMITS); None: only sizes.
         self.limits = limits
+        # Bytes fed and frames completed so far: what a watchdog compares over time to
+        # tell an idle connection from one stuck in the middle of a frame.
+        self.fed = 0
+        self.frames_done = 0
         self._buf = bytearray()
         self._error: FrameError | None = None
 
@@ -273,6 +277,7 @@ class FrameDecoder:
                              f"decoder stopped after an earlier error: {self._error.message}")
         # A buffer the caller may change later is copied once; bytes are used in place.
         src = memoryview(data if type(data) is bytes else bytes(data))
+        self.fed += len(src)
         if src.ndim != 1 or src.format != "B":
             src = src.cast("B")
         frames: list[Frame] = []
@@ -293,6 +298,7 @@ class FrameDecoder:
             self._error = exc
             self._buf = bytearray()  # nothing in it will ever be used
             raise
+        self.frames_done += len(frames)
         return frames
 
     def _complete_pending(self, src: memoryview, frames: list[Frame]) -> int:
