@@ -41,6 +41,12 @@ class Completer:
     def __init__(self, qp: QPContext) -> None:
         self.qp = qp
         self._rnr_count = 0
+        # The PSN the last sequence-error NAK rewound the send queue to, until the
+        # acknowledgements pass it: a NAK for it or an older PSN meanwhile is the
+        # responder's answer to packets sent before the rewind, and is not acted on
+        # again (IBTA: go-back-N once per outstanding window; rxe's completer likewise
+        # ignores NAKs while a retry it started is under way).
+        self._rewound_to: int | None = None
 
     @property
     def _req(self) -> Requester:
@@ -71,6 +77,10 @@ class Completer:
         if self.qp.state not in SENDING or self._head_holds(run.psn) is None:
             return      # stale: about a PSN already dealt with
         if syndrome == "NAK_PSN_SEQ":
+            if self._rewound_to is not None and psn_diff(run.psn, self._rewound_to) <= 0:
+                self.qp.stats["psn_seq_naks_ignored"] += 1
+                return
+            self._rewound_to = run.psn
             self.qp.stats["retransmissions"] += 1
             self._req.go_back()
         elif syndrome == "RNR":
@@ -119,6 +129,8 @@ class Completer:
             break
         if progress:
             req.progress(now)
+            if self._rewound_to is not None and psn_diff(psn, self._rewound_to) >= 0:
+                self._rewound_to = None     # the rewind's first packet is acknowledged
         req.retire_head()
         return progress
 

@@ -287,7 +287,7 @@ class Daemon:
         for name in ("retransmissions", "retransmitted_packets", "ack_timeouts", "rnr_retries",
                      "duplicates_discarded", "psn_seq_naks_sent", "duplicate_reads_answered",
                      "duplicate_reads_dropped", "duplicate_runs_discarded",
-                     "out_of_window_discarded"):
+                     "out_of_window_discarded", "psn_seq_naks_ignored"):
             total.setdefault(name, 0)
         total["fault_rules"] = len(self.faults.rules)
         total.update(self.partial_block_counts())

@@ -251,3 +251,85 @@ async def test_duplicate_trains_are_dropped_at_o1_and_another_client_keeps_its_l
         w.close()
         await node.close()
     server.close()
+
+
+async def reading_peer():
+    """A fake peer daemon that welcomes wire links and reads (and counts) what comes."""
+    got = [0]
+
+    async def on_conn(reader, writer):
+        challenge, _ = make_challenge(False)
+        writer.write(frame_bytes(challenge))
+        await reader.read(4096)
+        writer.write(frame_bytes({"t": "welcome", "role": "wire", "devices": ["mlx5_0"],
+                                  "max_frame": 16 << 20}))
+        while data := await reader.read(1 << 20):
+            got[0] += len(data)
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], got
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_a_nak_storm_rewinds_once_per_window(tmp_path):
+    """The attack: 20,000 "PSN sequence error" NAKs naming the first PSN of a 32 MiB
+    WRITE outstanding to a peer that never acknowledges. IBTA go-back-N rewinds once per
+    outstanding window: one retransmission, the rest of the NAKs ignored and counted;
+    the daemon's CPU and a second client's answers stay bounded."""
+    server, port, got = await reading_peer()
+    peer_qpn, size = 0x6161, 32 << 20
+    daemons = Daemons(1, str(tmp_path), ("--peer-token-file", str(peer_token_file(tmp_path))))
+    with daemons as (address,):
+        pid = daemons.procs[0].pid
+        node = await sh.connect(address)
+        ctx = await node.open_device()
+        pd = await ctx.alloc_pd()
+        cq = await ctx.create_cq(16)
+        mr = await pd.reg_mr(size, sh.IBV_ACCESS_LOCAL_WRITE)
+        qp = await pd.create_qp(sh.QPInitAttr(
+            qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq,
+            cap=sh.QPCap(max_send_wr=4, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)))
+        await qp.connect(sh.QPInfo("127.0.0.1", port, "mlx5_0", peer_qpn, 0),
+                         path_mtu=sh.IBV_MTU_4096, timeout=20, retry_cnt=7)
+        wr = sh.SendWR(wr_id=1, opcode=sh.IBV_WR_RDMA_WRITE,
+                       sg=[sh.SGE(mr.addr, size, mr.lkey)])
+        wr.set_wr_rdma(0x1234, 0x10000)
+        await qp.post_send(wr)
+        await asyncio.sleep(1.0)
+        sent_before = got[0]
+        w = await wire_in(address, f"127.0.0.1:{port}")
+        nak = packet_header("mlx5_0", Packet(qp.qp_num, qp.psn, "ACKNOWLEDGE", b"",
+                                             aeth=("NAK_PSN_SEQ", 0)))
+        nak["sqp"] = peer_qpn
+        one = frame_bytes(nak)
+        stop = asyncio.Event()
+        prober = asyncio.create_task(probe(address, stop))
+        cpu0, t0 = cpu_s(pid), time.perf_counter()
+        for _ in range(20):
+            w.write(one * 1000)
+            await w.drain()
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        cpu, took = cpu_s(pid) - cpu0, time.perf_counter() - t0
+        stop.set()
+        times = await prober
+        c = await node.counters()
+        resent = got[0] - sent_before
+        print(f"\nNAK storm: 20,000 PSN-sequence-error NAKs against a 32 MiB WRITE "
+              f"outstanding: retransmissions={c['retransmissions']}, "
+              f"psn_seq_naks_ignored={c['psn_seq_naks_ignored']}, retransmitted_packets="
+              f"{c['retransmitted_packets']}, bytes on the link meanwhile "
+              f"{resent / 2**20:.1f} MiB; daemon CPU {cpu:.2f} s in {took:.1f} s; second "
+              f"client median {statistics.median(times) * 1e3:.2f} ms, slowest "
+              f"{max(times) * 1e3:.1f} ms")
+        assert c["retransmissions"] <= 2
+        assert c["psn_seq_naks_ignored"] >= 20_000 - 2
+        assert resent <= 2 * size + (8 << 20)
+        assert statistics.median(times) < 0.02
+        w.close()
+        await node.close()
+    server.close()
