@@ -311,6 +311,9 @@ class FrameDecoder:
             return pos
         (length,) = _U32.unpack_from(buf, 0)
         self._check_length(length)
+        if len(buf) < _PREFIX + _HLEN and len(src) - pos >= _PREFIX + _HLEN - len(buf):
+            head = bytes(buf) + bytes(src[pos:pos + _PREFIX + _HLEN - len(buf)])
+            self._check_hlen(length, _U32.unpack_from(head, _PREFIX)[0])
         take = min(_PREFIX + length - len(buf), len(src) - pos)
         buf += src[pos:pos + take]
         pos += take
@@ -329,6 +332,16 @@ class FrameDecoder:
             raise FrameError("EPROTO", f"frame length {length} is too short to hold "
                                        f"the {_HLEN}-byte header length")
 
+    def _check_hlen(self, length: int, hlen: int) -> None:
+        """The H field, checked as soon as it arrives: a header larger than the frame,
+        or than the structural limits allow, is refused before the frame is buffered."""
+        if hlen > length - _HLEN:
+            raise FrameError("EPROTO", f"header length {hlen} exceeds the {length - _HLEN} "
+                                       f"bytes the frame has after it")
+        if self.limits is not None and hlen > self.limits.max_header:
+            raise FrameError("EMSGSIZE", f"frame header of {hlen} bytes exceeds the "
+                                         f"{self.limits.max_header}-byte limit")
+
     def _parse_one(self, view: memoryview, pos: int) -> tuple[Frame | None, int]:
         """The frame at ``pos`` of ``view`` (a buffer nothing will change), its payload a
         read-only view into it; (None, 0) when the frame is not whole yet."""
@@ -337,12 +350,11 @@ class FrameDecoder:
             return None, 0
         (length,) = _U32.unpack_from(view, pos)
         self._check_length(length)
+        if avail >= _PREFIX + _HLEN:
+            (hlen,) = _U32.unpack_from(view, pos + _PREFIX)
+            self._check_hlen(length, hlen)
         if avail < _PREFIX + length:
             return None, 0
-        (hlen,) = _U32.unpack_from(view, pos + _PREFIX)
-        if hlen > length - _HLEN:
-            raise FrameError("EPROTO", f"header length {hlen} exceeds the {length - _HLEN} "
-                                       f"bytes the frame has after it")
         start = pos + _PREFIX + _HLEN
         header = _unpack_header(view[start:start + hlen], self.limits)
         # Unpacked with ext types refused and str/bin map keys only, a header holds

@@ -169,7 +169,11 @@ class Round3Attacks:
 
     async def msgpack_bomb(self) -> bool:
         errnos = []
-        for bomb in _bombs():
+        bombs = getattr(self, "_bomb_frames", None)
+        if bombs is None:
+            # Built once, off this loop (the probe's answers are timed on it).
+            bombs = self._bomb_frames = await asyncio.to_thread(_bombs)
+        for bomb in bombs:
             reader, writer, dec = await self._raw("control")
             writer.write(bomb)
             with contextlib.suppress(ConnectionError):

@@ -110,3 +110,20 @@ async def test_a_daemon_refuses_each_bomb_and_keeps_serving():
         assert all(e in ("EPROTO", "EMSGSIZE") for e in refused.values()), refused
 
 
+
+
+def test_an_oversized_header_is_refused_from_its_first_eight_bytes():
+    """The H field of a frame announcing a header over the limit is refused as soon as
+    it arrives, before any of the frame is buffered (fed in two pieces too)."""
+    bomb = frame(BOMBS["8M-item array"])
+    for cut in (8, 5):
+        dec = FrameDecoder(16 << 20, REQUEST_LIMITS)
+        try:
+            dec.feed(bomb[:cut])
+            dec.feed(bomb[cut:8])
+            verdict = "accepted"
+        except FrameError as e:
+            verdict = f"{e.errno_name}: {e.message}"
+        print(f"\nfirst 8 bytes of an 8 MB header (cut at {cut}): {verdict}; buffered "
+              f"{dec.buffered} bytes")
+        assert verdict.startswith("EMSGSIZE") and dec.buffered == 0
