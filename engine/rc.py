@@ -202,7 +202,9 @@ class RCQP:
         # the responder answered without applying, sequence-error NAKs sent.
         self.stats = {"retransmissions": 0, "retransmitted_packets": 0, "ack_timeouts": 0, "rnr_retries": 0,
                       "duplicates_discarded": 0, "psn_seq_naks_sent": 0, "read_rerequests": 0,
-                      "duplicate_reads_answered": 0, "duplicate_reads_dropped": 0}
+                      "duplicate_reads_answered": 0, "duplicate_reads_dropped": 0,
+                      "duplicate_runs_discarded": 0, "out_of_window_discarded": 0,
+                      "psn_seq_naks_ignored": 0}
         # A subscriber to the pipeline's trace: called with (context, TraceEvent), the
         # context naming the QP, the WR or PSN and the operation. None: no trace work.
         self.trace: Callable[[dict, transfer.TraceEvent], None] | None = None

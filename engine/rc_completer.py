@@ -41,6 +41,12 @@ class Completer:
     def __init__(self, qp: QPContext) -> None:
         self.qp = qp
         self._rnr_count = 0
+        # The PSN the last sequence-error NAK rewound the send queue to, until the
+        # acknowledgements pass it: a NAK for it or an older PSN meanwhile is the
+        # responder's answer to packets sent before the rewind, and is not acted on
+        # again (IBTA: go-back-N once per outstanding window; rxe's completer likewise
+        # ignores NAKs while a retry it started is under way).
+        self._rewound_to: int | None = None
 
     @property
     def _req(self) -> Requester:
@@ -71,6 +77,10 @@ class Completer:
         if self.qp.state not in SENDING or self._head_holds(run.psn) is None:
             return      # stale: about a PSN already dealt with
         if syndrome == "NAK_PSN_SEQ":
+            if self._rewound_to is not None and psn_diff(run.psn, self._rewound_to) <= 0:
+                self.qp.stats["psn_seq_naks_ignored"] += 1
+                return
+            self._rewound_to = run.psn
             self.qp.stats["retransmissions"] += 1
             self._req.go_back()
         elif syndrome == "RNR":
@@ -119,6 +129,8 @@ class Completer:
             break
         if progress:
             req.progress(now)
+            if self._rewound_to is not None and psn_diff(psn, self._rewound_to) >= 0:
+                self._rewound_to = None     # the rewind's first packet is acknowledged
         req.retire_head()
         return progress
 
@@ -152,7 +164,7 @@ class Completer:
         if run.n > 1 and (owner is None or owner is not self._req.queue[0]
                           or psn_diff(run.psn, owner.psn) != owner.acked
                           or owner.acked + run.n > owner.npsn):
-            return False
+            return self._read_run_off_head(run, owner, now)
         if owner is None or not self._at_head(owner, now):
             return True
         ahead = psn_diff(run.psn, owner.psn) - owner.acked
@@ -178,6 +190,34 @@ class Completer:
         self._req.queue.popleft()
         self._req.progress(now)
         self._finish_read(owner, run.payload if whole else memoryview(owner.read_buf))
+        return True
+
+    def _read_run_off_head(self, run: Run, owner: SendRequest | None, now: float) -> bool:
+        """A run of several READ responses that is not exactly the next ones of the READ
+        at the head: decided in O(1) where its packets one by one would all be dropped
+        or all but one (a duplicate run, a run behind a gap, one for no READ), the new
+        part of a run partly duplicate taken as a run; False (one by one) otherwise."""
+        if owner is None:
+            if self._read_owner(run.sub(run.n - 1, run.n)) is None:
+                self.qp.stats["duplicate_runs_discarded"] += 1
+                return True     # every packet is for no READ: each would be dropped
+            return False
+        if owner is not self._req.queue[0]:
+            return False
+        off = psn_diff(run.psn, owner.psn)
+        end = off + run.n
+        if end > owner.npsn:
+            return False
+        if end <= owner.acked:
+            self.qp.stats["duplicate_runs_discarded"] += 1
+            return True         # all duplicates
+        if off < owner.acked:
+            # Partly duplicate: the new part is the next responses.
+            self.qp.stats["duplicate_runs_discarded"] += 1
+            return self._read_responses(run.sub(owner.acked - off, run.n), now) or False
+        # Behind a gap: its first packet asks again for the missing ones (once), the
+        # rest are dropped as each would be.
+        self._read_responses(run.sub(0, 1), now)
         return True
 
     def _finish_read(self, owner: SendRequest, data) -> None:

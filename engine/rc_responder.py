@@ -174,16 +174,28 @@ class Responder:
     def _chk_psn(self, run: Run, d: int) -> bool:
         """A run not at the expected PSN: a duplicate is answered again, nothing of it
         applied (IBTA); one ahead gets one sequence-error NAK per gap, and later packets
-        of the gap are dropped silently. A run partly duplicate goes one by one."""
+        of the gap are dropped silently; each in O(1), whatever the run's length. A run
+        partly duplicate is answered for its duplicate part and its new part taken as
+        a run of its own."""
         if d < 0 < d + run.n:
-            return False
+            # The duplicate part first (answered as one), then the new part, as its
+            # packets one by one would be taken.
+            self._chk_psn(run.sub(0, -d), d)
+            rest = run.sub(-d, run.n)
+            if not self.receive(rest):
+                for one in rest.one_by_one():
+                    self.receive(one)
+            return True
         if d > 0:
+            self.qp.stats["out_of_window_discarded"] += run.n
             if not self._nak_pending:
                 self._nak_pending = True
                 self.qp.stats["psn_seq_naks_sent"] += 1
                 self._nak(self._epsn, "NAK_PSN_SEQ")
             return True
         self.qp.stats["duplicates_discarded"] += run.n
+        if run.n > 1:
+            self.qp.stats["duplicate_runs_discarded"] += 1
         if run.kind == RDMA_READ_REQUEST:
             self._replay_read(run)
         elif run.kind in _ATOMICS:

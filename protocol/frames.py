@@ -33,6 +33,8 @@ __all__ = [
     "Frame",
     "FrameDecoder",
     "FrameError",
+    "HeaderLimits",
+    "REQUEST_LIMITS",
     "encode_frame",
     "field",
     "frame_bytes",
@@ -71,6 +73,16 @@ class Frame:
     payload: memoryview
 
 
+def _check_kind(header: Any) -> str:
+    """``header["t"]``, after checking that the header is a map with a str ``"t"``."""
+    if not isinstance(header, dict):
+        raise FrameError("EPROTO", f"frame header must be a map, not {type(header).__name__}")
+    kind = header.get("t")
+    if not isinstance(kind, str):
+        raise FrameError("EPROTO", "frame header must have a str field 't' naming its kind")
+    return kind
+
+
 def _check_header(header: Any) -> str:
     """Return ``header["t"]`` after checking the header is a map of plain data only.
 
@@ -79,11 +91,7 @@ def _check_header(header: Any) -> str:
     here twice (encode and decode), so the common case, a flat map of scalars, is
     decided by exact type lookups; only containers and subclasses take the slow path.
     """
-    if not isinstance(header, dict):
-        raise FrameError("EPROTO", f"frame header must be a map, not {type(header).__name__}")
-    kind = header.get("t")
-    if not isinstance(kind, str):
-        raise FrameError("EPROTO", "frame header must have a str field 't' naming its kind")
+    kind = _check_kind(header)
     stack: list[Any] = [header]
     while stack:
         obj = stack.pop()
@@ -133,26 +141,97 @@ def frame_bytes(header: dict, payload: bytes | bytearray | memoryview = b"") -> 
     return b"".join(encode_frame(header, payload))
 
 
-def _unpack_header(raw: memoryview) -> dict:
+@dataclass(frozen=True)
+class HeaderLimits:
+    """Structural limits a header must keep while it is unpacked, so that a frame is
+    refused after a bounded amount of work, whatever its bytes say (a few bytes of
+    msgpack can announce millions of containers; building each costs some 300 ns).
+
+    ``max_header``: bytes of one header; ``max_array``, ``max_map``, ``max_str``,
+    ``max_bin``: the entries or bytes of one array, map, str or bin; ``max_containers``:
+    arrays and maps in one header in all (counted as they are built, the unpacking
+    stops at the first one over).
+
+    Nesting is bounded as it is unpacked by msgpack's parse stack (1,024 levels,
+    refused the moment it is reached, after at most 1,024 containers); no request nests
+    more than 9 levels, and a value nested deeper than its field expects fails that
+    field's check. A tighter depth check would need a pass over every value (some 26 ns
+    each, 7 ms for a header at ``max_header``), more than the whole unpacking may cost."""
+
+    max_header: int
+    max_array: int
+    max_map: int
+    max_str: int
+    max_bin: int
+    max_containers: int
+
+
+# What the daemon takes from clients and peer daemons, from the largest real requests:
+# - a post_send of MAX_WRS_PER_POST (256) WRs of MAX_SGE (32) SGEs each: 256 WR maps,
+#   256 SG lists and 8,192 SGE lists ([addr, length, lkey], about 20 bytes each), some
+#   175 KB of header, nesting header > wrs > WR > sg > SGE (5 levels);
+# - an mkey_configure of MAX_CONFIGURE_ENTRIES (4,096) layout entries and up to 2,048
+#   calls: about 6,200 lists, one layout list of 4,096 entries;
+# - the widest map: a QP attribute map (ibv_qp_attr, some 30 fields);
+# - the longest str: a host name (255 bytes); the longest bin: a crypto login
+#   credential (up to 4,096 bytes).
+# Each bound is twice what the schema allows, so that a request just over a schema
+# limit (4,097 layout entries, 257 WRs) gets that limit's own error and keeps its
+# session; only a header no request could be breaks the framing. The costliest header
+# they admit (16,384 empty containers, or 256 KiB of the cheapest values) unpacks in
+# about 2 ms.
+REQUEST_LIMITS = HeaderLimits(max_header=256 << 10, max_array=8192, max_map=128,
+                              max_str=4096, max_bin=8192, max_containers=16384)
+
+
+class _TooManyContainers(Exception):
+    pass
+
+
+def _refuse_ext(code: int, data: bytes):
+    # max_ext_len=0 refuses every ext with a body; this refuses the empty ones.
+    raise ValueError(f"ext type {code} is not allowed (only nil, bool, int, float, str, "
+                     "bytes, list and map)")
+
+
+
+def _unpack_header(raw: memoryview, limits: HeaderLimits | None = None) -> dict:
     size = len(raw)
-    try:
-        # Every limit is bounded by the header's own size (an element of a
-        # container takes at least one byte, a map entry two), so a few bytes
+    if limits is None:
+        # Without structural limits every bound is the header's own size (an element
+        # of a container takes at least one byte, a map entry two), so a few bytes
         # announcing a 4-billion-entry array cannot make the unpacker allocate.
-        header = msgpack.unpackb(
-            raw,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_str_len=size,
-            max_bin_len=size,
-            max_array_len=size,
-            max_map_len=size // 2,
-            max_ext_len=0,
-        )
+        bounds = dict(max_str_len=size, max_bin_len=size, max_array_len=size,
+                      max_map_len=size // 2)
+    else:
+        if size > limits.max_header:
+            raise FrameError("EMSGSIZE", f"frame header of {size} bytes exceeds the "
+                                         f"{limits.max_header}-byte limit")
+        left = [limits.max_containers]
+
+        def count(container):
+            left[0] -= 1
+            if left[0] < 0:
+                raise _TooManyContainers
+            return container
+
+        bounds = dict(max_str_len=min(size, limits.max_str),
+                      max_bin_len=min(size, limits.max_bin),
+                      max_array_len=min(size, limits.max_array),
+                      max_map_len=min(size // 2, limits.max_map),
+                      list_hook=count, object_hook=count)
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True,
+                                 max_ext_len=0, ext_hook=_refuse_ext, **bounds)
+    except _TooManyContainers:
+        raise FrameError("EPROTO", f"frame header has more than {limits.max_containers} "
+                                   "arrays and maps") from None
+    except msgpack.StackError:
+        raise FrameError("EPROTO", "frame header nests deeper than msgpack's parse stack "
+                                   "(1024 levels)") from None
     except Exception as exc:  # any unpack failure at all means a malformed header
         raise FrameError("EPROTO", f"frame header is not valid msgpack ({exc!s} "
-                                   f"[{type(exc).__name__}])") from None
+                                   f"[{type(exc).__name__}])"[:300]) from None
     return header
 
 
@@ -164,10 +243,17 @@ class FrameDecoder:
     has arrived, so a peer cannot make us buffer a huge body first.
     """
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME,
+                 limits: HeaderLimits | None = None) -> None:
         if max_frame < _HLEN:
             raise ValueError(f"max_frame must be at least {_HLEN}")
         self.max_frame = max_frame
+        # Structural limits on headers (a daemon's REQUEST_LIMITS); None: only sizes.
+        self.limits = limits
+        # Bytes fed and frames completed so far: what a watchdog compares over time to
+        # tell an idle connection from one stuck in the middle of a frame.
+        self.fed = 0
+        self.frames_done = 0
         self._buf = bytearray()
         self._error: FrameError | None = None
 
@@ -191,6 +277,7 @@ class FrameDecoder:
                              f"decoder stopped after an earlier error: {self._error.message}")
         # A buffer the caller may change later is copied once; bytes are used in place.
         src = memoryview(data if type(data) is bytes else bytes(data))
+        self.fed += len(src)
         if src.ndim != 1 or src.format != "B":
             src = src.cast("B")
         frames: list[Frame] = []
@@ -211,6 +298,7 @@ class FrameDecoder:
             self._error = exc
             self._buf = bytearray()  # nothing in it will ever be used
             raise
+        self.frames_done += len(frames)
         return frames
 
     def _complete_pending(self, src: memoryview, frames: list[Frame]) -> int:
@@ -223,6 +311,9 @@ class FrameDecoder:
             return pos
         (length,) = _U32.unpack_from(buf, 0)
         self._check_length(length)
+        if len(buf) < _PREFIX + _HLEN and len(src) - pos >= _PREFIX + _HLEN - len(buf):
+            head = bytes(buf) + bytes(src[pos:pos + _PREFIX + _HLEN - len(buf)])
+            self._check_hlen(length, _U32.unpack_from(head, _PREFIX)[0])
         take = min(_PREFIX + length - len(buf), len(src) - pos)
         buf += src[pos:pos + take]
         pos += take
@@ -241,6 +332,16 @@ class FrameDecoder:
             raise FrameError("EPROTO", f"frame length {length} is too short to hold "
                                        f"the {_HLEN}-byte header length")
 
+    def _check_hlen(self, length: int, hlen: int) -> None:
+        """The H field, checked as soon as it arrives: a header larger than the frame,
+        or than the structural limits allow, is refused before the frame is buffered."""
+        if hlen > length - _HLEN:
+            raise FrameError("EPROTO", f"header length {hlen} exceeds the {length - _HLEN} "
+                                       f"bytes the frame has after it")
+        if self.limits is not None and hlen > self.limits.max_header:
+            raise FrameError("EMSGSIZE", f"frame header of {hlen} bytes exceeds the "
+                                         f"{self.limits.max_header}-byte limit")
+
     def _parse_one(self, view: memoryview, pos: int) -> tuple[Frame | None, int]:
         """The frame at ``pos`` of ``view`` (a buffer nothing will change), its payload a
         read-only view into it; (None, 0) when the frame is not whole yet."""
@@ -249,15 +350,16 @@ class FrameDecoder:
             return None, 0
         (length,) = _U32.unpack_from(view, pos)
         self._check_length(length)
+        if avail >= _PREFIX + _HLEN:
+            (hlen,) = _U32.unpack_from(view, pos + _PREFIX)
+            self._check_hlen(length, hlen)
         if avail < _PREFIX + length:
             return None, 0
-        (hlen,) = _U32.unpack_from(view, pos + _PREFIX)
-        if hlen > length - _HLEN:
-            raise FrameError("EPROTO", f"header length {hlen} exceeds the {length - _HLEN} "
-                                       f"bytes the frame has after it")
         start = pos + _PREFIX + _HLEN
-        header = _unpack_header(view[start:start + hlen])
-        kind = _check_header(header)
+        header = _unpack_header(view[start:start + hlen], self.limits)
+        # Unpacked with ext types refused and str/bin map keys only, a header holds
+        # plain data already: only its top needs a look (no walk over every value).
+        kind = _check_kind(header)
         payload = view[start + hlen:pos + _PREFIX + length].toreadonly()
         return Frame(kind, header, payload), _PREFIX + length
 

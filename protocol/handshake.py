@@ -42,6 +42,7 @@ __all__ = [
     "ROLES",
     "HandshakeError",
     "compute_proof",
+    "hello_credential",
     "hello_src",
     "make_challenge",
     "make_hello",
@@ -112,13 +113,14 @@ def make_hello(challenge_header: dict, role: str, token: bytes | None,
 _SAME = object()
 
 
-def verify_hello(header: dict, nonce: bytes, token: bytes | None,
+def verify_hello(header: dict, nonce: bytes, token: bytes | tuple[bytes, ...] | None,
                  peer_token: bytes | None | object = _SAME) -> str:
     """Check a client's hello against this connection's nonce; return its role.
 
-    A control hello is checked against ``token``, a wire hello against ``peer_token``
-    (by default the same). None means that role needs no authentication and any
-    proof is ignored. The version is checked first so that a client of another
+    A control hello is checked against ``token`` (or any of a tuple of tokens, one per
+    tenant: ``hello_credential`` says which), a wire hello against ``peer_token`` (by
+    default the same). None means that role needs no authentication and any proof is
+    ignored. The version is checked first so that a client of another
     version gets the version message, not a complaint about a field it
     spells differently.
     """
@@ -130,18 +132,36 @@ def verify_hello(header: dict, nonce: bytes, token: bytes | None,
         raise HandshakeError("EPROTO", f"role {role!r} is not one of {', '.join(ROLES)}")
     if role == "wire" and peer_token is not _SAME:
         token = peer_token
-    src = hello_src(header)
+    hello_src(header)       # a malformed src is refused even where no token is checked
     if token is not None:
         proof = header.get("proof")
         if not isinstance(proof, bytes):
             raise HandshakeError("EACCES", "this daemon requires a token: the hello carries "
                                            "no proof")
         # Constant-time: a timing difference would let a peer find the MAC byte by byte.
-        if not hmac.compare_digest(proof, compute_proof(token, nonce, role, src)):
+        if hello_credential(header, nonce, token, role) is None:
             raise HandshakeError("EACCES", f"the hello's proof does not match this daemon's "
                                            f"{'peer ' if role == 'wire' else ''}token and "
                                            "this connection's nonce")
     return role
+
+
+def hello_credential(header: dict, nonce: bytes, tokens: bytes | tuple[bytes, ...],
+                     role: str | None = None) -> int | None:
+    """Which of ``tokens`` (one token: index 0) the hello's proof was made with, every
+    one compared in constant time; None when none."""
+    if isinstance(tokens, bytes):
+        tokens = (tokens,)
+    proof = header.get("proof")
+    if not isinstance(proof, bytes):
+        return None
+    role = role or header.get("role")
+    src = hello_src(header)
+    found = None
+    for i, tok in enumerate(tokens):
+        if hmac.compare_digest(proof, compute_proof(tok, nonce, role, src)) and found is None:
+            found = i
+    return found
 
 
 def hello_src(header: dict) -> str | None:

@@ -24,14 +24,20 @@ from ..engine.crypto_login import DeviceCrypto
 from ..engine.hca import HCA
 from ..protocol.enums import QpState
 from ..protocol.errors import RDMAError
-from ..protocol.frames import FrameDecoder, FrameError, encode_frame
-from ..protocol.handshake import HandshakeError, hello_src, make_challenge, verify_hello
+from ..protocol.frames import REQUEST_LIMITS, FrameDecoder, encode_frame
+from ..protocol.handshake import (
+    hello_credential,
+    hello_src,
+    make_challenge,
+    verify_hello,
+)
 from ..protocol.kinds import FrameKind
 from .faults import Faults
 from .hosts import Limits, QPHost
 from .link import READ_CHUNK, read_frames
 from .logs import kv, log
 from .session import ControlSession, send_error
+from .shares import Shares, Watchdog
 from .taps import Taps, plain
 from .wire import WireLink, WirePlane, host_class, link_origin
 
@@ -53,7 +59,7 @@ class Daemon:
     """``softhca serve``: the HCAs of one node, served on ``host:port``."""
 
     def __init__(self, hcas: tuple[str, ...] | list[str] = ("mlx5_0",), host: str = "127.0.0.1",
-                 port: int = DEFAULT_PORT, token: bytes | None = None,
+                 port: int = DEFAULT_PORT, token: bytes | tuple[bytes, ...] | None = None,
                  max_frame: int | None = None, limits: Limits | None = None,
                  crypto: DeviceCrypto | None = None, strict_blocks: bool = False,
                  peer_token: bytes | None | object = GENERATED, trains: bool = True) -> None:
@@ -69,6 +75,7 @@ class Daemon:
         self.hcas = {name: HCA(name, self.crypto, strict_blocks=strict_blocks) for name in hcas}
         self.host = host
         self.port = port
+        # The client token, or a tuple of them (one per tenant: each its own credential).
         self.token = token
         # Wire links (other daemons) prove the peer token, never the clients' one unless
         # given as it; None: wire links are not authenticated.
@@ -81,6 +88,8 @@ class Daemon:
         self.trains = trains
         self.registered_bytes = 0
         self.connections = 0
+        # What each credential holds, and the daemon's memory in use (server/shares.py).
+        self.shares = Shares(limits)
         # Connections still in the HELLO, oldest first (a dict keeps insertion order).
         self._pre_hello: dict[asyncio.StreamWriter, None] = {}
         self.qps: dict[tuple[str, int], QPHost] = {}
@@ -89,7 +98,8 @@ class Daemon:
             "packets_sent": 0, "packets_received": 0, "packets_bad_icrc": 0,
             "packets_unknown_qp": 0, "packets_over_mtu": 0, "wire_protocol_errors": 0,
             "control_sessions": 0, "wire_connections": 0, "connections_refused": 0,
-            "packets_dropped_link_full": 0, "packets_wrong_peer": 0, "pre_hello_evicted": 0}
+            "packets_dropped_link_full": 0, "packets_wrong_peer": 0, "pre_hello_evicted": 0,
+            "wire_bytes_discarded": 0, "wire_throttle_ms": 0}
         self.faults = Faults()
         # Wire taps and pushed events; ``taps``: callables (direction "tx" | "rx", dev,
         # Packet) seeing every packet this daemon sends or accepts (the demo's wire
@@ -161,17 +171,23 @@ class Daemon:
                              writer: asyncio.StreamWriter) -> None:
         # A coroutine, so that asyncio runs it as a task this daemon can find and
         # cancel on close (a plain callback has no current task).
+        self.track_connection()
+        await self._connection(reader, writer)
+
+    def track_connection(self) -> None:
+        """The current task serves a connection (of any listener): close cancels it."""
         task = asyncio.current_task()
         if task is not None:
             self._conn_tasks.add(task)
             task.add_done_callback(self._conn_tasks.discard)
-        await self._connection(reader, writer)
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
-        decoder = FrameDecoder(self.max_frame)
+        # Requests and packets are unpacked under the structural limits: a header that
+        # breaks one is refused after bounded work (protocol/frames.py REQUEST_LIMITS).
+        decoder = FrameDecoder(self.max_frame, REQUEST_LIMITS)
         limits = self.limits
         if len(self._pre_hello) >= limits.max_pre_hello:
             # Sockets that never say hello must not lock everyone out. The oldest of
@@ -182,7 +198,7 @@ class Daemon:
             with contextlib.suppress(Exception):
                 oldest.transport.abort()
         self._pre_hello[writer] = None
-        authenticated = False
+        authenticated = ""
         try:
             # ``auth`` tells a client whether its hello needs the token; a wire hello
             # proves the peer credential whatever it says.
@@ -194,27 +210,22 @@ class Daemon:
             hello = frames[0].header
             role = verify_hello(hello, nonce, self.token, self.peer_token)
             self._pre_hello.pop(writer, None)
+            credential = self._credential(role, hello, nonce)
             if self.connections >= limits.max_connections:
-                self.counters["connections_refused"] += 1
-                log.warning("refused %s", kv(event="refused", peer=peer_s, errno="EBUSY",
-                                              reason="connection limit"))
-                send_error(writer, 0, RDMAError("EBUSY", f"this daemon serves at most "
-                                                          f"{limits.max_connections} "
-                                                          "connections"))
-                return
+                raise RDMAError("EBUSY", f"this daemon serves at most "
+                                         f"{limits.max_connections} connections")
+            self.shares.admit(credential)
             self.connections += 1
-            authenticated = True
+            authenticated = credential
             writer.writelines(encode_frame({"t": FrameKind.WELCOME, "role": role,
                                             "devices": list(self.hcas),
                                             "max_frame": self.max_frame}))
-            rest = frames[1:]
-            if role == "control":
-                session = ControlSession(self, reader, writer, decoder, peer_s)
-                await session.run(rest)
-            else:
-                origin = link_origin(peer, hello_src(hello))
-                await self.wire.wire_in(reader, writer, decoder, rest, peer_s, origin)
-        except (HandshakeError, FrameError) as e:
+            await self._serve_connection(role, credential, reader, writer, decoder,
+                                         frames[1:], peer, peer_s, hello)
+        except RDMAError as e:
+            # The HELLO refused (HandshakeError), a frame broken before it, a limit.
+            if e.errno_name == "EBUSY":
+                self.counters["connections_refused"] += 1
             log.warning("refused %s", kv(event="refused", peer=peer_s, errno=e.errno_name,
                                           reason=e.message))
             send_error(writer, 0, e)
@@ -233,8 +244,42 @@ class Daemon:
             self._pre_hello.pop(writer, None)
             if authenticated:
                 self.connections -= 1
+                self.shares.leave(authenticated)
             with contextlib.suppress(Exception):
                 writer.close()
+
+    def _credential(self, role: str, hello: dict, nonce: bytes) -> str:
+        """The credential a verified hello proved: "peer" (wire links), "client" on a
+        daemon with one client token or none, "client#N" for the Nth of several."""
+        if role != "control":
+            return "peer"
+        if isinstance(self.token, tuple) and len(self.token) > 1:
+            return f"client#{hello_credential(hello, nonce, self.token, role)}"
+        return "client"
+
+    async def _serve_connection(self, role: str, credential: str, reader, writer,
+                                decoder: FrameDecoder, rest: list, peer, peer_s: str,
+                                hello: dict) -> None:
+        """An authenticated connection, watched (server/shares.py Watchdog) until it ends."""
+        def close(e: RDMAError) -> None:
+            send_error(writer, 0, e)
+            writer.transport.abort()
+
+        if role == "control":
+            session = ControlSession(self, reader, writer, decoder, peer_s, credential)
+            watch = Watchdog(decoder, self.limits, close, lambda: not session.verbs.waits,
+                             peer_s)
+            try:
+                await session.run(rest)
+            finally:
+                watch.stop()
+        else:
+            watch = Watchdog(decoder, self.limits, close, None, peer_s)
+            try:
+                origin = link_origin(peer, hello_src(hello))
+                await self.wire.wire_in(reader, writer, decoder, rest, peer_s, origin)
+            finally:
+                watch.stop()
 
     def stats(self) -> dict[str, int]:
         """The daemon's counters and the RC statistics summed over its QPs, past and present."""
@@ -246,7 +291,8 @@ class Daemon:
                 total[k] = total.get(k, 0) + v
         for name in ("retransmissions", "retransmitted_packets", "ack_timeouts", "rnr_retries",
                      "duplicates_discarded", "psn_seq_naks_sent", "duplicate_reads_answered",
-                     "duplicate_reads_dropped"):
+                     "duplicate_reads_dropped", "duplicate_runs_discarded",
+                     "out_of_window_discarded", "psn_seq_naks_ignored"):
             total.setdefault(name, 0)
         total["fault_rules"] = len(self.faults.rules)
         total.update(self.partial_block_counts())

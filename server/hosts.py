@@ -26,6 +26,32 @@ from ..protocol.records import WC
 from .async_events import wait_woken, wake
 from .faults import Faults
 
+# Objects per session and per credential (a client token; all clients share one when
+# the daemon has none), by kind: (per session, per credential). A device-wide pool
+# (ibv_query_device's max_qp, max_cq, max_mr, max_pd; mlx5's DEKs and MKEYs) is shared
+# by every tenant, so no credential may take more than a share of it.
+DEFAULT_QUOTAS: dict[str, tuple[int, int]] = {
+    "ctx": (256, 1024), "pd": (16384, 65536), "mr": (65536, 262144), "cq": (16384, 65536),
+    "qp": (16384, 65536), "mkey": (65536, 262144), "dek": (16384, 32768),
+    "crypto_login": (256, 1024)}
+
+# What an object costs the daemon beside its buffers, as charged against the memory
+# budget (measured: a QP with its queues and RC state some 4 KiB, rounded up).
+OBJECT_BYTES: dict[str, int] = {"ctx": 1024, "pd": 256, "mr": 512, "cq": 1024, "qp": 8192,
+                                "mkey": 1024, "dek": 1024, "crypto_login": 512}
+
+
+def default_memory_budget() -> int:
+    """Half of the machine's memory (MemTotal in /proc/meminfo); 8 GiB where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError):
+        pass
+    return 8 << 30
+
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -49,6 +75,20 @@ class Limits:
     reply_high_water: int = 8 << 20
     # poll_cq / get_async_event requests one session may have waiting (ENOMEM past it).
     max_waits: int = 1024
+    # Connections one credential (a client token, the peer token) may hold at once:
+    # past it EBUSY, so that one tenant cannot take every slot.
+    max_credential_connections: int = 256
+    # Seconds a frame may take to arrive once its first bytes have (ETIMEDOUT, close):
+    # a half-sent frame holds no slot longer.
+    frame_deadline: float = 10.0
+    # Seconds a control session may send nothing while no request of it waits
+    # (ETIMEDOUT, close; its objects go as at any close).
+    idle_timeout: float = 3600.0
+    # Per kind: (per session, per credential) object quotas (ENOMEM past either).
+    quotas: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_QUOTAS))
+    # Bytes of objects (OBJECT_BYTES each) and registered memory in the daemon in all
+    # (ENOMEM past it); default half of the machine's memory.
+    memory_budget: int = dataclasses.field(default_factory=default_memory_budget)
 
 
 class Session(Protocol):
@@ -56,6 +96,8 @@ class Session(Protocol):
     and subscriptions, and takes replies, completions and events for its client."""
 
     peer: str
+    # What its HELLO proved: its objects count against that credential's quotas.
+    credential: str
     # Pushed events it lost because it did not read them fast enough.
     events_dropped: int
 
@@ -180,6 +222,8 @@ class Node(Protocol):
     sessions: set
     faults: Faults
     events: Subscriptions
+    # server/shares.py Shares: per-credential connections and objects, memory in use.
+    shares: Any
 
     def service(self, qph: QPHost) -> None: ...
 

@@ -92,6 +92,10 @@ def options_from_args(args) -> ServeOptions:
     allow_readable = getattr(args, "allow_readable_token", False)
     if args.token_file:
         token = read_secret("--token-file", args.token_file, allow_readable)
+        # One token per line: several are several tenants, each its own credential.
+        tokens = tuple(t.strip() for t in token.splitlines() if t.strip())
+        if len(tokens) > 1:
+            token = tokens
     peer_token_file = getattr(args, "peer_token_file", None)
     peer_token = None
     if peer_token_file:
@@ -135,12 +139,36 @@ def options_from_args(args) -> ServeOptions:
                     max_objects=args.max_objects,
                     max_session_bytes=args.max_session_bytes,
                     max_daemon_bytes=args.max_daemon_bytes, max_frame=args.max_frame,
-                    max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr)
+                    max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr,
+                    **share_limits(args))
     return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
                         args.log_level, args.ready_file, faults, capture or None, crypto,
                         bool(getattr(args, "strict_blocks", False)), peer_token,
                         bool(peer_token_file), not getattr(args, "no_trains", False),
                         getattr(args, "unix", None))
+
+
+def share_limits(args) -> dict:
+    """The fair-share limits of ``serve`` (server/shares.py) that were given."""
+    from .hosts import DEFAULT_QUOTAS
+
+    out: dict = {}
+    for name in ("max_credential_connections", "frame_deadline", "idle_timeout",
+                 "memory_budget"):
+        value = getattr(args, name, None)
+        if value is not None:
+            out[name] = value
+    quotas = dict(DEFAULT_QUOTAS)
+    for item in getattr(args, "quota", None) or []:
+        kind, sep, values = item.partition("=")
+        parts = values.split(",")
+        if not sep or kind not in quotas or len(parts) != 2 or not all(
+                p.strip().isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--quota {item!r} is not KIND=SESSION,CREDENTIAL with KIND one "
+                             f"of {', '.join(quotas)} and two positive counts")
+        quotas[kind] = (int(parts[0]), int(parts[1]))
+    out["quotas"] = quotas
+    return out
 
 
 async def serve(o: ServeOptions) -> None:

@@ -50,8 +50,11 @@ class ControlSession:
     """One application's connection: its requests in, replies and events out. The
     protocol is protocol/session.py's, in its server role; this is its transport."""
 
-    def __init__(self, daemon: Node, reader, writer, decoder: FrameDecoder, peer: str) -> None:
+    def __init__(self, daemon: Node, reader, writer, decoder: FrameDecoder, peer: str,
+                 credential: str = "client") -> None:
         self.daemon = daemon
+        # What its HELLO proved (server/shares.py): its objects count against its share.
+        self.credential = credential
         self.reader, self.writer = reader, writer
         self.protocol = Protocol(Role.SERVER, decoder=decoder, peer=peer)
         self.peer = peer

@@ -22,11 +22,13 @@ import stat
 import struct
 
 from ..protocol.errors import RDMAError
-from ..protocol.frames import FrameDecoder, FrameError, encode_frame
+from ..protocol.frames import REQUEST_LIMITS, FrameDecoder, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, verify_hello
+from ..protocol.kinds import FrameKind
 from .link import READ_CHUNK, read_frames
 from .logs import kv, log
 from .session import ControlSession, send_error
+from .shares import Watchdog
 
 _CRED = struct.Struct("3i")
 
@@ -74,11 +76,8 @@ class UnixListener:
     async def _on_connection(self, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
         d = self.daemon
-        task = asyncio.current_task()
-        if task is not None:
-            # The daemon's close cancels it with the TCP connections.
-            d._conn_tasks.add(task)
-            task.add_done_callback(d._conn_tasks.discard)
+        # The daemon's close cancels it with the TCP connections.
+        d.track_connection()
         try:
             pid, uid, gid = peer_credentials(writer)
         except OSError:
@@ -98,7 +97,10 @@ class UnixListener:
 
     async def _serve(self, reader, writer, peer: str, cred: tuple[int, int, int]) -> None:
         d = self.daemon
-        decoder = FrameDecoder(d.max_frame)
+        # Headers unpacked under the same structural limits as on the TCP port.
+        decoder = FrameDecoder(d.max_frame, REQUEST_LIMITS)
+        # A local user is one credential: its connections and objects share one quota.
+        credential = f"uid:{cred[1]}"
         counted = False
         try:
             challenge, nonce = make_challenge(False)
@@ -117,16 +119,26 @@ class UnixListener:
                                                          f"{d.limits.max_connections} "
                                                          "connections"))
                 return
+            d.shares.admit(credential)
             d.connections += 1
             counted = True
-            writer.writelines(encode_frame({"t": "welcome", "role": role,
+            writer.writelines(encode_frame({"t": FrameKind.WELCOME, "role": role,
                                             "devices": list(d.hcas),
                                             "max_frame": d.max_frame,
                                             "address": d.address}))
-            session = ControlSession(d, reader, writer, decoder, peer)
+            session = ControlSession(d, reader, writer, decoder, peer, credential)
             session.peer_cred = cred
-            await session.run(frames[1:])
-        except (HandshakeError, FrameError) as e:
+
+            def close(e: RDMAError) -> None:
+                send_error(writer, 0, e)
+                writer.transport.abort()
+
+            watch = Watchdog(decoder, d.limits, close, lambda: not session.verbs.waits, peer)
+            try:
+                await session.run(frames[1:])
+            finally:
+                watch.stop()
+        except RDMAError as e:      # the HELLO refused, a frame broken before it, a share
             log.warning("refused %s", kv(event="refused", peer=peer, errno=e.errno_name,
                                           reason=e.message))
             send_error(writer, 0, e)
@@ -138,5 +150,6 @@ class UnixListener:
         finally:
             if counted:
                 d.connections -= 1
+                d.shares.leave(credential)
             with contextlib.suppress(Exception):
                 writer.close()

@@ -40,10 +40,22 @@ QP_CREATE_FLAGS = int(Mlx5dvQpCreateFlags.SIG_PIPELINING
 READ_HEADROOM = 4096
 
 # The requests that create an object (and so count against a session's object limit).
-_CREATORS = frozenset([control.OpenDevice, control.AllocPd, control.RegMr,
-                       control.RegMrShared, control.CreateCq,
-                       control.CreateQp, control.CreateMkey, control.CreateDek,
-                       control.CryptoLoginReq, control.CreateCryptoLogin])
+# The requests that create an object, and the kind of object each creates (its quota's).
+_CREATORS = {control.OpenDevice: "ctx", control.AllocPd: "pd", control.RegMr: "mr",
+             control.RegMrShared: "mr",
+             control.CreateCq: "cq", control.CreateQp: "qp", control.CreateMkey: "mkey",
+             control.CreateDek: "dek", control.CryptoLoginReq: "crypto_login",
+             control.CreateCryptoLogin: "crypto_login"}
+
+
+def _buffer_bytes(request: control.Request) -> int:
+    """The buffer bytes a creating request will allocate beside its object."""
+    return request.length if isinstance(request, control.RegMr) else 0
+
+
+def _object_bytes(kind: str, obj: Any) -> int:
+    """The buffer bytes an object holds beside itself (an MR's memory)."""
+    return obj.length if kind == "mr" else 0
 
 
 class Verbs(Mlx5dvVerbs, NodeVerbs):
@@ -56,6 +68,8 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         self.session = session
         self.peer = session.peer
         self.objects: dict[int, tuple[str, Any]] = {}
+        # Objects of each kind this session holds (its quotas, server/shares.py).
+        self.counts: dict[str, int] = {}
         self._handles = itertools.count(1)
         # poll_cq and get_async_event requests waiting (the daemon's close lets their
         # replies go out before it closes the connection).
@@ -71,16 +85,25 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         replies later."""
         kind = type(request)
         # Checked before the engine allocates anything, so a refusal leaks nothing.
-        if kind in _CREATORS and len(self.objects) >= self.daemon.limits.max_objects:
-            raise RDMAError("ENOMEM", f"{request.VERB}: this session holds "
-                                      f"{len(self.objects)} objects, the daemon's limit per "
-                                      "session")
+        creates = _CREATORS.get(kind)
+        if creates is not None:
+            if len(self.objects) >= self.daemon.limits.max_objects:
+                raise RDMAError("ENOMEM", f"{request.VERB}: this session holds "
+                                          f"{len(self.objects)} objects, the daemon's limit "
+                                          "per session")
+            try:
+                self.daemon.shares.check(self.session.credential, self.counts, creates,
+                                         _buffer_bytes(request))
+            except RDMAError as e:
+                raise RDMAError(e.errno_name, f"{request.VERB}: {e.message}") from None
         return HANDLERS[kind](self, request, rid)
 
     # -- object table -------------------------------------------------------------------
     def add(self, kind: str, obj: Any) -> int:
         handle = next(self._handles)
         self.objects[handle] = (kind, obj)
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.daemon.shares.take(self.session.credential, kind, _object_bytes(kind, obj))
         return handle
 
     def get(self, handle: int, kind: str) -> Any:
@@ -141,6 +164,8 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
 
     def _destroy(self, kind: str, obj: Any) -> None:
         d = self.daemon
+        self.counts[kind] -= 1
+        d.shares.give_back(self.session.credential, kind, _object_bytes(kind, obj))
         if kind == "qp":
             obj.rcqp.modify_to_err()
             if obj.timer is not None:

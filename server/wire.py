@@ -46,6 +46,12 @@ from .taps import Taps
 _SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST)
 
 HANDSHAKE_TIMEOUT = 10.0
+# Bytes per second of packets a wire link may bring that are dropped on arrival
+# (duplicates, outside the window, for no QP or from the wrong peer): past it the link
+# is read more slowly, so that a peer flooding what is thrown away costs the daemon a
+# bounded share of its time. Go-back-N after a loss resends what was taken already,
+# well under this.
+WASTE_RATE = 64 << 20
 # What a queued packet costs beside its payload (the Packet, its header map, the frame).
 PACKET_OVERHEAD = 256
 # Room a train frame's prefix and header take beside its payload (a header is well under).
@@ -83,6 +89,7 @@ class WirePlane:
             while True:
                 touched: dict[int, QPHost] = {}
                 now = asyncio.get_running_loop().time()
+                waste = 0
                 for fr in frames:
                     try:
                         dev, run = decode(fr.header, fr.payload)
@@ -91,9 +98,12 @@ class WirePlane:
                         # retransmission recovers it (docs/architecture.md, wire plane).
                         self.counters["packets_bad_icrc"] += e.packets
                         continue
-                    self._take_run(dev, run, fr.header.get("sqp"), origin, now, touched)
+                    waste += self._take_run(dev, run, fr.header.get("sqp"), origin, now,
+                                            touched)
                 for qph in touched.values():
                     self.service(qph)
+                if waste:
+                    await self._throttle(waste)
                 frames = await read_frames(reader, decoder)
                 if not frames:
                     return
@@ -103,26 +113,41 @@ class WirePlane:
                                                         errno=e.errno_name, reason=e.message))
             send_error(writer, 0, e)
 
-    def _take_run(self, dev: str, run: Run, sqp, origin, now: float, touched: dict) -> None:
+    async def _throttle(self, waste: int) -> None:
+        """``waste`` bytes just read were dropped on arrival: count them, and read this
+        link no faster than WASTE_RATE of them (the sender's TCP window fills)."""
+        self.counters["wire_bytes_discarded"] += waste
+        delay = waste / WASTE_RATE
+        if delay >= 0.001:
+            self.counters["wire_throttle_ms"] += int(delay * 1000)
+            await asyncio.sleep(delay)
+
+    def _take_run(self, dev: str, run: Run, sqp, origin, now: float, touched: dict) -> int:
         """A run (a frame's packets) accepted from a wire link: given whole to its QP
         (RCQP.receive) when nothing here needs its packets; cut into packets, each
         observed and checked on its own, where a tap, a ``packets`` subscriber or a fault
         rule must see them, or where its packets may exceed the QP's path MTU (the
-        over-MTU drop is per packet). Counters count packets either way."""
+        over-MTU drop is per packet). Counters count packets either way. Returns the
+        payload bytes dropped on arrival (the fast path's)."""
         qph = self.qps.get((dev, run.dest_qp))
         if self.events.watching or self.faults.rules or (
                 qph is not None and run.mtu > qph.rcqp.mtu):
             for pkt in run.packets():
                 self._observe(dev, pkt, qph, sqp, origin, now, touched)
-            return
+            return 0
         self.counters["packets_received"] += run.n
         if qph is None:
             self.counters["packets_unknown_qp"] += run.n
-        elif origin not in qph.origins or sqp != qph.rcqp.dest_qp:
+            return len(run.payload)
+        if origin not in qph.origins or sqp != qph.rcqp.dest_qp:
             self.counters["packets_wrong_peer"] += run.n
-        else:
-            qph.rcqp.receive(run, now)
-            touched[id(qph)] = qph
+            return len(run.payload)
+        stats = qph.rcqp.stats
+        before = stats["duplicates_discarded"] + stats["out_of_window_discarded"]
+        qph.rcqp.receive(run, now)
+        touched[id(qph)] = qph
+        dropped = stats["duplicates_discarded"] + stats["out_of_window_discarded"] - before
+        return len(run.payload) if dropped >= run.n else dropped * run.mtu
 
     def _observe(self, dev: str, pkt: Packet, qph: QPHost | None, sqp, origin, now: float,
                  touched: dict) -> None:

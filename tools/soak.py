@@ -6,15 +6,21 @@ pair between them carries RDMA WRITEs of random bytes, each read back and compar
 slowest answer is reported). Beside them, one attack after another, in turn, against
 the target daemon:
 
-- ``injection``: a wire link forges an RDMA_WRITE_ONLY into the pair's MR (dropped:
-  ``packets_wrong_peer``);
+- ``injection``: a co-tenant opens a wire link with its client token to forge an
+  RDMA_WRITE_ONLY into the pair's MR (refused at the HELLO: EACCES);
 - ``huge_layout``: mkey_configure with an interleaved layout of repeat_count 2^32-1;
 - ``poll_flood``: thousands of pipelined ``poll_cq(timeout=3600)`` on an empty CQ, then
   a disconnect;
 - ``mr_read_flood``: sixty 8 MiB ``mr_read`` requests in one write, never read;
 - ``idle_sockets``: 1,024 sockets that never say hello, then a new client connects;
 - ``rule_flood``: fault rules until the daemon says ENOMEM;
-- ``malformed``: malformed frames on a control session.
+- ``malformed``: malformed frames on a control session;
+- and those of tools/soak_attacks.py: duplicate READs, duplicate trains, a NAK storm,
+  msgpack bombs, a subscriber that never reads, a tenant holding its connection share
+  with stalled frames, a DEK flood.
+
+The daemons' token file names two tenants, the valid traffic's and the attacker's, and
+they share a peer token, as a deployment runs them.
 
 An attack counts as refused when the daemon refused it (an error reply, a drop it
 counted, an evicted socket) and, for the floods, contained it: the daemon's RSS grew by
@@ -46,10 +52,11 @@ from ..server.cliargs import positive_float
 from ..server.link import read_frames
 from .daemons import Daemons
 from .harness import Side
+from .soak_attacks import ROUND3, Credentials, Round3Attacks
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 ATTACKS = ("injection", "huge_layout", "poll_flood", "mr_read_flood", "idle_sockets",
-           "rule_flood", "malformed")
+           "rule_flood", "malformed", *ROUND3)
 CHUNK = 64 << 10
 # A flood is contained when the daemon grew by less than this while it ran.
 CONTAINED_RSS = 64 << 20
@@ -113,10 +120,14 @@ class Report:
         return "\n".join(lines)
 
 
-class Soak:
+class Soak(Round3Attacks):
     def __init__(self, seconds: float, addresses: list[str], pids: list[int],
-                 attacks: list[str], seed: int = 0) -> None:
+                 attacks: list[str], seed: int = 0, creds: Credentials | None = None) -> None:
         self.report = Report(seconds)
+        # The tenants' tokens (the valid traffic's and the attacker's) and the daemons'
+        # peer token (what an attacker past the HELLO would need).
+        self.creds = creds or Credentials(None, None, None)
+        self.initiator_pid = pids[1] if len(pids) > 1 else pids[0]
         self.target_addr, self.initiator_addr = addresses
         self.target_pid = pids[0]
         self.attacks = attacks
@@ -126,8 +137,8 @@ class Soak:
 
     # -- the valid traffic and the probe --------------------------------------------------
     async def setup(self) -> None:
-        self.tnode = await sh.connect(self.target_addr)
-        self.inode = await sh.connect(self.initiator_addr)
+        self.tnode = await sh.connect(self.target_addr, token=self.creds.valid)
+        self.inode = await sh.connect(self.initiator_addr, token=self.creds.valid)
         self.t = await Side.open("target", self.tnode)
         self.i = await Side.open("initiator", self.inode)
         await self.i.qp.connect(self.t.qp.info(), path_mtu=sh.IBV_MTU_4096)
@@ -163,7 +174,7 @@ class Soak:
             n += 1
 
     async def probe(self) -> None:
-        node = await sh.connect(self.target_addr)
+        node = await sh.connect(self.target_addr, token=self.creds.valid)
         loop = asyncio.get_running_loop()
         try:
             while loop.time() < self.deadline:
@@ -191,28 +202,32 @@ class Soak:
     async def counters(self) -> dict:
         return await self.tnode.counters()
 
-    async def _raw(self, role: str | None, src: str | None = None):
-        host, port = self.target_addr.rsplit(":", 1)
+    async def _raw(self, role: str | None, src: str | None = None, token: bytes | None = None,
+                   address: str | None = None):
+        host, port = (address or self.target_addr).rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
         dec = FrameDecoder(64 << 20)
         frames = await asyncio.wait_for(read_frames(reader, dec), 10)
         if role is not None:
-            writer.write(frame_bytes(make_hello(frames[0].header, role, None, src)))
+            if token is None and role == "control":
+                token = self.creds.attacker
+            writer.write(frame_bytes(make_hello(frames[0].header, role, token, src)))
             frames = frames[1:] or await asyncio.wait_for(read_frames(reader, dec), 10)
             if frames[0].header.get("t") != FrameKind.WELCOME:
                 raise sh.RDMAError("EPROTO", f"hello refused: {frames[0].header}")
         return reader, writer, dec
 
     async def injection(self) -> bool:
-        """The co-tenant injection: a client (no peer token) opens a wire link to the
-        target claiming the initiator's daemon and SENDs a forged RDMA_WRITE_ONLY into
-        the pair's MR with the pair's real QP numbers. Refused at the HELLO (EACCES)."""
+        """The co-tenant injection: a client (its tenant's token, no peer token) opens a
+        wire link to the target claiming the initiator's daemon and SENDs a forged
+        RDMA_WRITE_ONLY into the pair's MR with the pair's real QP numbers and PSN.
+        Refused at the HELLO (EACCES)."""
         host, port = self.target_addr.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
         dec = FrameDecoder(1 << 20)
         try:
             frames = await asyncio.wait_for(read_frames(reader, dec), 10)
-            writer.write(frame_bytes(make_hello(frames[0].header, "wire", None,
+            writer.write(frame_bytes(make_hello(frames[0].header, "wire", self.creds.attacker,
                                                 self.initiator_addr)))
             answer = await asyncio.wait_for(read_frames(reader, dec), 10)
             if answer and answer[0].header.get("t") == "welcome":
@@ -229,7 +244,7 @@ class Soak:
         return bool(answer) and answer[0].header.get("errno") == "EACCES"
 
     async def _attacker_side(self) -> tuple[sh.Node, Side]:
-        node = await sh.connect(self.target_addr)
+        node = await sh.connect(self.target_addr, token=self.creds.attacker)
         return node, await Side.open("attacker", node)
 
     async def huge_layout(self) -> bool:
@@ -311,7 +326,7 @@ class Soak:
             for _ in range(1024):
                 idle.append(await asyncio.open_connection(host, int(port)))
             t0 = time.perf_counter()
-            node = await sh.connect(self.target_addr, timeout=5)
+            node = await sh.connect(self.target_addr, token=self.creds.attacker, timeout=5)
             took = time.perf_counter() - t0
             await node.close()
         except sh.RDMAError:
@@ -322,7 +337,7 @@ class Soak:
         return took < 1.0 and (await self.counters())["pre_hello_evicted"] > before
 
     async def rule_flood(self) -> bool:
-        node = await sh.connect(self.target_addr)
+        node = await sh.connect(self.target_addr, token=self.creds.attacker)
         refused = False
         try:
             for n in range(1 << 16):
@@ -388,12 +403,15 @@ class Soak:
 
 
 def soak(seconds: float, attacks: list[str] | None = None, seed: int = 0) -> Report:
-    """Run the soak against two fresh ``softhca serve`` processes."""
+    """Run the soak against two fresh ``softhca serve`` processes, whose token file names
+    two tenants: the valid traffic's and the attacker's."""
     with tempfile.TemporaryDirectory(prefix="softhca-soak-") as workdir:
-        daemons = Daemons(2, workdir)
+        creds = Credentials.make(workdir)
+        daemons = Daemons(2, workdir, creds.serve_args(workdir))
         with daemons as addresses:
             pids = [p.pid for p in daemons.procs]
-            s = Soak(seconds, addresses, pids, list(attacks or ATTACKS), seed)
+            creds.peer = Credentials.read_peer(workdir)
+            s = Soak(seconds, addresses, pids, list(attacks or ATTACKS), seed, creds)
             report = asyncio.run(s.run())
             report.peak_rss = {"target": rss(pids[0], "VmHWM"),
                                "initiator": rss(pids[1], "VmHWM")}
@@ -404,8 +422,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("soak", help="valid traffic beside rotating attacks on two daemons",
                        description="Start two 'softhca serve' processes, run verified RDMA "
                        "WRITEs between them beside a rotating set of attacks on one (a "
-                       "forged wire packet, a huge MKEY layout, request floods, idle sockets, "
-                       "malformed frames), and report valid WRs, bytes verified, attacks "
+                       "co-tenant's forged wire packet, a huge MKEY layout, request floods, "
+                       "idle sockets, malformed frames, duplicate READs and trains, a NAK "
+                       "storm, msgpack bombs, a stalled subscriber, connection and DEK "
+                       "floods), and report valid WRs, bytes verified, attacks "
                        "refused, the slowest answer to a second client and the daemons' peak "
                        "RSS. Exit 0 when every attack was refused and every byte verified.")
     p.add_argument("--seconds", type=positive_float, default=30.0, metavar="N",

@@ -116,7 +116,10 @@ class Resource(PyverbsCM):
             return
         self._obj = None
         loop = _sync._loop
-        if loop is not None and not loop.is_closed():
+        # No coroutine is made for a loop that will not run it (stopped at exit, or a
+        # forked child's copy): it would be reported "never awaited".
+        if (loop is not None and not loop.is_closed() and loop.is_running()
+                and not _sync._stopped and not _sync._forked()):
             try:
                 asyncio.run_coroutine_threadsafe(_quiet(obj.close()), loop)
             except RuntimeError:

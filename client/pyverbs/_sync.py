@@ -8,13 +8,22 @@ are two sessions whose QPs connect to each other through the daemon.
 
 The daemon is ``SOFTHCA_TARGET`` (``host:port``, with the token of ``SOFTHCA_TOKEN_FILE``
 when it requires one); without it, an embedded daemon hosting ``mlx5_0`` starts in the
-same background thread the first time a device is needed.
+same background thread the first time a device is needed, once however many threads
+ask at the same time.
+
+A call waits for its coroutine as a blocking system call waits: Ctrl-C (KeyboardInterrupt)
+or the call's timeout (``SOFTHCA_CALL_TIMEOUT`` seconds, unset: none) cancels the
+coroutine on the loop before the exception reaches the caller. A call made on the loop's
+own thread (a callback of the loop) would wait for itself: it is refused (EDEADLK). Once
+the interpreter is exiting and the loop has stopped, calls are refused (EIO) and their
+coroutines closed unrun, never left "never awaited".
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import errno as _errno
 import os
@@ -28,10 +37,17 @@ from .pyverbs_error import PyverbsRDMAError
 
 TARGET_ENV = "SOFTHCA_TARGET"
 TOKEN_ENV = "SOFTHCA_TOKEN_FILE"
+TIMEOUT_ENV = "SOFTHCA_CALL_TIMEOUT"
 EMBEDDED_DEVICES = ("mlx5_0",)
 
 _lock = threading.Lock()
+# Held while the daemon's address is found (and the embedded daemon started): the
+# first callers of many threads wait for one start, not one each.
+_target_lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_loop_thread: threading.Thread | None = None
+# Set once the loop has stopped at interpreter exit: no call may be handed to it.
+_stopped = False
 # The process whose thread runs _loop. fork(2) copies only the calling thread: a child
 # has the loop object and every object made through it, but nothing runs the loop, so a
 # call handed to it would wait forever. The child's calls are refused instead.
@@ -50,15 +66,18 @@ def _forked() -> bool:
 
 
 def _start_loop() -> asyncio.AbstractEventLoop:
-    global _loop, _loop_pid
+    global _loop, _loop_pid, _loop_thread
     if _forked():       # before the lock: a fork may have copied it held
         raise PyverbsRDMAError(FORKED.format(pid=_loop_pid), _errno.EIO)
+    if _stopped:
+        raise PyverbsRDMAError("softhca's pyverbs event loop has stopped: the interpreter "
+                               "is exiting", _errno.EIO)
     with _lock:
         if _loop is None:
             loop = asyncio.new_event_loop()
             t = threading.Thread(target=loop.run_forever, name="softhca-pyverbs", daemon=True)
             t.start()
-            _loop, _loop_pid = loop, os.getpid()
+            _loop, _loop_pid, _loop_thread = loop, os.getpid(), t
         return _loop
 
 
@@ -66,42 +85,75 @@ def errno_of(e: RDMAError) -> int:
     return getattr(_errno, e.errno_name, _errno.EIO)
 
 
-def run(coro, what: str | None = None):
+def call_timeout() -> float | None:
+    """``SOFTHCA_CALL_TIMEOUT`` in seconds; None (wait as long as it takes) when unset."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        value = float(text) if text else None
+    except ValueError:
+        raise PyverbsRDMAError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds",
+                               _errno.EINVAL) from None
+    return value if value is None or value > 0 else None
+
+
+def run(coro, what: str | None = None, timeout: float | None = None):
     """Run ``coro`` on the bridge's loop and return its result; a daemon error becomes
     PyverbsRDMAError carrying the errno, its message prefixed with ``what`` (pyverbs'
-    own "Failed to ..." sentence) when given."""
+    own "Failed to ..." sentence) when given. ``timeout`` (default ``call_timeout()``):
+    past it the coroutine is cancelled and ETIMEDOUT raised; Ctrl-C cancels it too."""
     try:
         loop = _start_loop()
+        if threading.current_thread() is _loop_thread:
+            raise PyverbsRDMAError(
+                "a softhca pyverbs call was made on softhca's own event loop thread (from "
+                "a callback of that loop): it would wait for itself forever; make the "
+                "call from another thread, or await the softhca.client coroutine there",
+                _errno.EDEADLK)
+        if timeout is None:
+            timeout = call_timeout()
     except PyverbsRDMAError:
         coro.close()
         raise
     fut = asyncio.run_coroutine_threadsafe(coro, loop)
     try:
-        return fut.result()
+        return fut.result(timeout)
     except RDMAError as e:
         msg = f"{what}: {e.message}" if what else e.message
         raise PyverbsRDMAError(msg, errno_of(e)) from None
+    except concurrent.futures.TimeoutError:
+        fut.cancel()
+        raise PyverbsRDMAError(f"{what + ': ' if what else ''}no answer within {timeout:g} s "
+                               f"({TIMEOUT_ENV}); the call was cancelled",
+                               _errno.ETIMEDOUT) from None
+    except BaseException:
+        # KeyboardInterrupt (Ctrl-C) and the like: the coroutine must not run on.
+        fut.cancel()
+        raise
 
 
 def target() -> tuple[str, bytes | None]:
     """The daemon's address and token, starting the embedded daemon when needed."""
     global _address, _token, _embedded
-    with _lock:
+    if _address is not None:
+        return _address, _token
+    if _forked():       # before the lock: a fork may have copied it held
+        raise PyverbsRDMAError(FORKED.format(pid=_loop_pid), _errno.EIO)
+    with _target_lock:
+        # Held while the embedded daemon starts: the threads that asked at the same
+        # time find its address here once it is up.
         if _address is not None:
             return _address, _token
-    env = os.environ.get(TARGET_ENV)
-    if env:
-        try:
-            token = read_token(os.environ.get(TOKEN_ENV))
-        except TokenFileError as e:
-            raise PyverbsRDMAError(f"{TOKEN_ENV}: {e}", _errno.EACCES) from None
-        with _lock:
-            _address, _token = env, token
-        return env, token
-    daemon = run(_start_embedded())
-    with _lock:
-        _embedded, _address, _token = daemon, daemon.address, None
-    return _address, None
+        env = os.environ.get(TARGET_ENV)
+        if env:
+            try:
+                token = read_token(os.environ.get(TOKEN_ENV))
+            except TokenFileError as e:
+                raise PyverbsRDMAError(f"{TOKEN_ENV}: {e}", _errno.EACCES) from None
+            _token, _address = token, env
+            return env, token
+        daemon = run(_start_embedded())
+        _embedded, _token, _address = daemon, None, daemon.address
+        return _address, None
 
 
 async def _start_embedded():
@@ -132,8 +184,8 @@ def close_session(node: api.Node, wait: bool = True) -> None:
     thread (the loop's own included) and must not block."""
     _sessions.discard(node)
     loop = _loop
-    if loop is None or loop.is_closed() or _forked():
-        return
+    if loop is None or loop.is_closed() or _forked() or _stopped:
+        return      # (no coroutine made: none is left unawaited)
     try:
         fut = asyncio.run_coroutine_threadsafe(node.close(), loop)
         if wait:
@@ -159,8 +211,12 @@ def _shutdown() -> None:
             with contextlib.suppress(Exception):
                 await _embedded.close()
 
+    global _stopped
     with contextlib.suppress(Exception):
         asyncio.run_coroutine_threadsafe(close_all(), loop).result(10)
+    # From here on, finalizers that run later (objects still alive at exit) make no
+    # coroutine for a loop that will not run it.
+    _stopped = True
     loop.call_soon_threadsafe(loop.stop)
 
 

@@ -1,4 +1,4 @@
-"""``softhca soak``: a few seconds of valid traffic beside the attacks of issue 13."""
+"""``softhca soak``: some seconds of valid traffic beside every attack in rotation."""
 
 from __future__ import annotations
 
@@ -6,13 +6,16 @@ import json
 import subprocess
 import sys
 
-# Every attack of issue 13: packet injection, idle pre-HELLO sockets, fault rule floods,
-# malformed frames, a huge interleaved layout, pipelined polls and an mr_read flood.
-ATTACKS = "injection,idle_sockets,rule_flood,malformed,huge_layout,poll_flood,mr_read_flood"
+# Every attack: a co-tenant's packet injection, idle pre-HELLO sockets, fault rule
+# floods, malformed frames, a huge interleaved layout, pipelined polls, an mr_read flood,
+# duplicate READs and trains, a NAK storm, msgpack bombs, a subscriber that never reads,
+# a tenant holding its connection share, a DEK flood.
+ATTACKS = ("injection,idle_sockets,rule_flood,malformed,huge_layout,poll_flood,mr_read_flood,"
+           "dup_read,dup_trains,nak_storm,msgpack_bomb,slow_subscriber,slot_hog,dek_flood")
 
 
 def test_soak_runs_valid_traffic_beside_the_attacks_and_reports():
-    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "8",
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "16",
                         "--attacks", ATTACKS, "--json"],
                        capture_output=True, text=True, timeout=180)
     report = json.loads(r.stdout)

@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="an HCA to host (default mlx5_0); may be repeated")
     p.add_argument("--token-file", metavar="FILE",
                    help="file holding the token control sessions (clients) must prove "
-                   "(HMAC over a nonce); trailing whitespace is ignored")
+                   "(HMAC over a nonce), or several, one per line: one per tenant, each a "
+                   "credential with its own shares; trailing whitespace is ignored")
     p.add_argument("--peer-token-file", metavar="FILE",
                    help="file holding the token peer daemons' wire links must prove; give "
                    "the daemons of a fabric the same one (default: a random one made at "
@@ -54,6 +55,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="bytes in one message, the port's max_msg_sz (default 2 GiB)")
     limits.add_argument("--max-qp-wr", type=positive_int, default=1 << 14, metavar="N",
                         help="max_send_wr / max_recv_wr of a QP (default 16384)")
+    limits.add_argument("--max-credential-connections", type=positive_int, default=256,
+                        metavar="N", help="connections one credential (a client token, the "
+                        "peer token) may hold at once (default 256; EBUSY past it)")
+    limits.add_argument("--frame-deadline", type=positive_float, default=10.0, metavar="S",
+                        help="seconds a frame may take once its first bytes arrived (default "
+                        "10; then ETIMEDOUT and the connection closes)")
+    limits.add_argument("--idle-timeout", type=positive_float, default=3600.0, metavar="S",
+                        help="seconds a control session may send nothing while none of its "
+                        "requests waits (default 3600; then ETIMEDOUT and it closes)")
+    limits.add_argument("--quota", action="append", default=[], metavar="KIND=S,C",
+                        help="objects of KIND (ctx, pd, mr, cq, qp, mkey, dek, crypto_login) "
+                        "one session (S) and one credential (C) may hold; may be repeated "
+                        "(defaults: README, Limits; ENOMEM past either)")
+    limits.add_argument("--memory-budget", type=positive_int, default=None, metavar="BYTES",
+                        help="bytes of objects and registered memory in the daemon in all "
+                        "(default half of the machine's memory; ENOMEM past it)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--ready-file", metavar="FILE",
