@@ -175,7 +175,10 @@ class Round3Attacks:
             bombs = self._bomb_frames = await asyncio.to_thread(_bombs)
         for bomb in bombs:
             reader, writer, dec = await self._raw("control")
-            writer.write(bomb)
+            # A header over the size limit is refused from its first 8 bytes, and the
+            # daemon closes: the rest of it is not sent into a reset connection (which
+            # would lose the refusal on the way back).
+            writer.write(bomb[:300_000])
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
             frames = await asyncio.wait_for(read_frames(reader, dec), 10)
