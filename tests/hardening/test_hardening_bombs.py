@@ -30,7 +30,7 @@ def big_array(n: int) -> bytes:
 
 
 BOMBS = {
-    # The issue's: an 8-million-item array within the frame size rule.
+    # An 8-million-item array, within the frame size rule.
     "8M-item array": big_array(8_000_000) + b"\xc0" * 8_000_000,
     "1M-entry map": b"\x82\xa1t\xa1x\xa1a\xdf" + (1 << 20).to_bytes(4, "big")
                     + b"\xa1a\xc0" * (1 << 20),
