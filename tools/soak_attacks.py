@@ -201,10 +201,13 @@ class Round3Attacks:
         return contained and self.report.wrs > wrs
 
     async def slot_hog(self) -> bool:
+        """Connections of the attacker's credential, each stalled half-way through a
+        frame, until refused: EBUSY by the 257th (its share is 256; a connection of an
+        attack just before may still hold one), and the valid tenant still gets in."""
         held, answers = [], []
         try:
             host, port = self.target_addr.rsplit(":", 1)
-            for _ in range(257):
+            while len(answers) < 300 and "EBUSY" not in answers:
                 reader, writer = await asyncio.open_connection(host, int(port))
                 held.append(writer)
                 dec = FrameDecoder(1 << 20)
@@ -220,7 +223,7 @@ class Round3Attacks:
         finally:
             for w in held:
                 w.close()
-        return answers.count("welcome") == 256 and answers[-1] == "EBUSY" and ok
+        return answers[-1:] == ["EBUSY"] and len(answers) <= 257 and ok
 
     async def dek_flood(self) -> bool:
         node, side = await self._attacker_side()
