@@ -249,10 +249,11 @@ class Daemon:
                 writer.close()
 
     def _credential(self, role: str, hello: dict, nonce: bytes) -> str:
-        """The credential a verified hello proved: "peer" (wire links), "client" on a
-        daemon with one client token or none, "client#N" for the Nth of several."""
+        """The credential a verified hello proved: "peer HOST:PORT" (a wire link, by the
+        daemon it names: each peer daemon its own share), "client" on a daemon with one
+        client token or none, "client#N" for the Nth of several."""
         if role != "control":
-            return "peer"
+            return f"peer {hello_src(hello)}"
         if isinstance(self.token, tuple) and len(self.token) > 1:
             return f"client#{hello_credential(hello, nonce, self.token, role)}"
         return "client"
@@ -267,8 +268,7 @@ class Daemon:
 
         if role == "control":
             session = ControlSession(self, reader, writer, decoder, peer_s, credential)
-            watch = Watchdog(decoder, self.limits, close, lambda: not session.verbs.waits,
-                             peer_s)
+            watch = Watchdog(decoder, self.limits, close, session.idle, peer_s)
             try:
                 await session.run(rest)
             finally:

@@ -81,9 +81,9 @@ class Limits:
     # Seconds a frame may take to arrive once its first bytes have (ETIMEDOUT, close):
     # a half-sent frame holds no slot longer.
     frame_deadline: float = 10.0
-    # Seconds a control session may send nothing while no request of it waits
-    # (ETIMEDOUT, close; its objects go as at any close).
-    idle_timeout: float = 3600.0
+    # Seconds a control session that holds nothing (no object, no waiting request, no
+    # subscription) may send nothing (ETIMEDOUT, close).
+    idle_timeout: float = 600.0
     # Per kind: (per session, per credential) object quotas (ENOMEM past either).
     quotas: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_QUOTAS))
     # Bytes of objects (OBJECT_BYTES each) and registered memory in the daemon in all

@@ -61,6 +61,13 @@ class ControlSession:
         self.events_dropped = 0
         self.verbs = Verbs(daemon, self)
 
+    def idle(self) -> bool:
+        """Whether the session holds its slot for nothing: no objects, no request
+        waiting, no subscription (the watchdog's idle timeout closes only such a one; a
+        session whose QPs live is using its slot however quiet it is)."""
+        return (not self.verbs.objects and not self.verbs.waits
+                and self not in self.daemon.events.subscribers)
+
     @property
     def gone(self) -> bool:
         """The session ended and its objects were destroyed."""

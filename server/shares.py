@@ -9,8 +9,9 @@ bytes of objects and registered memory in the whole daemon; each limit (server/h
 ENOMEM (objects, memory), naming the limit.
 
 ``Watchdog`` closes a connection that has started a frame and not finished it within
-``frame_deadline``, or a control session that has sent nothing for ``idle_timeout``
-while none of its requests waits: a slot is held by a client that uses it.
+``frame_deadline``, or a control session that holds nothing (no object, no waiting
+request, no subscription) and has sent nothing for ``idle_timeout``: a slot is held by
+a client that uses it.
 """
 
 from __future__ import annotations

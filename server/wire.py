@@ -322,8 +322,9 @@ class WireLink:
     """An outgoing wire connection to another daemon.
 
     Everything sent goes through one backlog, before the link is up and after: the
-    backlog is bounded (``MAX_BACKLOG`` bytes) *before* it grows, and past it packets
-    are lost on the wire, counted (``packets_dropped_link_full``), and RC recovers them
+    backlog is bounded (``MAX_BACKLOG`` bytes, as ``_charge`` counts them) *before* it
+    grows, and past it packets are lost on the wire, counted
+    (``packets_dropped_link_full``), and RC recovers them
     or, when the peer never reads, the QPs run out of retries (IBV_WC_RETRY_EXC_ERR),
     as over a cable nobody drains. The backlog moves to the socket only while its
     unsent bytes are under ``MAX_BUFFERED``, and again each time the socket drains; so
@@ -362,13 +363,17 @@ class WireLink:
         ``owner`` (the sending QP) lets a closing session take back its queued packets."""
         if self.closed:
             return      # lost on the wire; RC retransmission or its retry limit follows
-        size = sum(len(p.payload) + PACKET_OVERHEAD for p in pkts)
-        if self.backlog_bytes + size > self.MAX_BACKLOG:
-            self.plane.counters["packets_dropped_link_full"] += count(pkts)
-            return
-        for p in pkts:
+        room = self.MAX_BACKLOG - self.backlog_bytes
+        for k, p in enumerate(pkts):
+            size = _charge(p)
+            if size > room:
+                # What does not fit is lost on the wire (a READ's later responses: the
+                # requester asks again from the first it lacks).
+                self.plane.counters["packets_dropped_link_full"] += count(pkts[k:])
+                break
             self.backlog.append((dev, p, icrc_value, src_qp, owner))
-        self.backlog_bytes += size
+            room -= size
+        self.backlog_bytes = self.MAX_BACKLOG - room
         self._pump()
 
     def _pump(self) -> None:
@@ -386,7 +391,7 @@ class WireLink:
         transport = w.transport
         while self.backlog and transport.get_write_buffer_size() < self.MAX_BUFFERED:
             dev, p, icrc_value, src_qp, _ = self.backlog.popleft()
-            self.backlog_bytes -= len(p.payload) + PACKET_OVERHEAD
+            self.backlog_bytes -= _charge(p)
             items = (p.packets() if type(p) is Run
                      and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])
             bufs: list = []
@@ -413,7 +418,7 @@ class WireLink:
         """Drop the queued packets of ``owners`` (the QPs of a closing session)."""
         if self.backlog:
             self.backlog = deque(q for q in self.backlog if q[4] not in owners)
-            self.backlog_bytes = sum(len(q[1].payload) + PACKET_OVERHEAD for q in self.backlog)
+            self.backlog_bytes = sum(_charge(q[1]) for q in self.backlog)
 
     def close(self, abort: bool = False) -> None:
         """Close the link; with ``abort``, drop what its socket has not sent (a close
@@ -458,6 +463,17 @@ class WireLink:
             self.closed = True
             self.backlog.clear()
             self.backlog_bytes = 0
+
+
+def _charge(p: Packet | Run) -> int:
+    """What a packet or train costs a link's backlog: its framing, and its payload
+    unless that is a view of memory held anyway (an MR's, which a READ's responses read
+    as they are sent); a payload of its own (a copy made for it: an MKEY's READ
+    responses, a WR's gathered message) counts whole."""
+    n = p.n if type(p) is Run else 1
+    data = p.payload
+    owned = not isinstance(data, memoryview) or isinstance(data.obj, (bytes, bytearray))
+    return n * PACKET_OVERHEAD + (len(data) if owned else 0)
 
 
 def host_class(ip: str) -> str:

@@ -175,7 +175,10 @@ class Round3Attacks:
             bombs = self._bomb_frames = await asyncio.to_thread(_bombs)
         for bomb in bombs:
             reader, writer, dec = await self._raw("control")
-            writer.write(bomb)
+            # A header over the size limit is refused from its first 8 bytes, and the
+            # daemon closes: the rest of it is not sent into a reset connection (which
+            # would lose the refusal on the way back).
+            writer.write(bomb[:300_000])
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
             frames = await asyncio.wait_for(read_frames(reader, dec), 10)
@@ -198,10 +201,13 @@ class Round3Attacks:
         return contained and self.report.wrs > wrs
 
     async def slot_hog(self) -> bool:
+        """Connections of the attacker's credential, each stalled half-way through a
+        frame, until refused: EBUSY by the 257th (its share is 256; a connection of an
+        attack just before may still hold one), and the valid tenant still gets in."""
         held, answers = [], []
         try:
             host, port = self.target_addr.rsplit(":", 1)
-            for _ in range(257):
+            while len(answers) < 300 and "EBUSY" not in answers:
                 reader, writer = await asyncio.open_connection(host, int(port))
                 held.append(writer)
                 dec = FrameDecoder(1 << 20)
@@ -217,7 +223,7 @@ class Round3Attacks:
         finally:
             for w in held:
                 w.close()
-        return answers.count("welcome") == 256 and answers[-1] == "EBUSY" and ok
+        return answers[-1:] == ["EBUSY"] and len(answers) <= 257 and ok
 
     async def dek_flood(self) -> bool:
         node, side = await self._attacker_side()

@@ -30,7 +30,7 @@ def big_array(n: int) -> bytes:
 
 
 BOMBS = {
-    # The issue's: an 8-million-item array within the frame size rule.
+    # An 8-million-item array, within the frame size rule.
     "8M-item array": big_array(8_000_000) + b"\xc0" * 8_000_000,
     "1M-entry map": b"\x82\xa1t\xa1x\xa1a\xdf" + (1 << 20).to_bytes(4, "big")
                     + b"\xa1a\xc0" * (1 << 20),
@@ -99,7 +99,10 @@ async def test_a_daemon_refuses_each_bomb_and_keeps_serving():
             if name.startswith("256 KiB of ints") or name.startswith("256 KiB of 1-char"):
                 continue        # within every limit: a malformed request, not a bomb
             reader, writer, dec = await raw(node.address)
-            writer.write(frame(header))
+            # An oversized header is refused from the frame's first 8 bytes and the
+            # connection closed: the rest is not sent into the reset (which could lose
+            # the refusal on its way back).
+            writer.write(frame(header)[:300_000])
             frames = await read_frames(reader, dec)
             refused[name] = frames[0].header.get("errno") if frames else None
             writer.close()

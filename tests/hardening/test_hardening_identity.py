@@ -76,7 +76,7 @@ async def test_co_tenant_injection_by_counting_is_refused_and_the_victims_data_i
         guesses = {"dest qp": (x2.qp.qp_num - 1) & 0xFFFFFF,
                    "source qp": (x1.qp.qp_num - 1) & 0xFFFFFF}
         evil = b"INJECTED BY A CO-TENANT"
-        # The attack (guessed numbers), then the strongest form of it: the
+        # The attack with guessed numbers, then its strongest form: the
         # victim's real numbers, as if the attacker had learnt them.
         answers = [await forge_send(d2, d1, token, guesses["dest qp"], guesses["source qp"],
                                     evil),

@@ -182,8 +182,8 @@ async def test_an_idle_session_is_closed_and_a_waiting_one_is_not():
         await asyncio.sleep(1.5)
         with_wait = len(node.daemon.sessions)
         wcs = await poll
-        print(f"\nidle timeout 0.5 s: after 1.5 s, {with_wait} session left (the one whose "
-              f"poll_cq waits); the idle ones closed")
+        print(f"\nidle timeout 0.5 s: after 1.5 s, {with_wait} session left (the one that "
+              f"holds a CQ and whose poll_cq waits); the idle ones, holding nothing, closed")
         assert with_wait == 1 and wcs == []
         try:
             await idle.request("devices")

@@ -61,9 +61,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     limits.add_argument("--frame-deadline", type=positive_float, default=10.0, metavar="S",
                         help="seconds a frame may take once its first bytes arrived (default "
                         "10; then ETIMEDOUT and the connection closes)")
-    limits.add_argument("--idle-timeout", type=positive_float, default=3600.0, metavar="S",
-                        help="seconds a control session may send nothing while none of its "
-                        "requests waits (default 3600; then ETIMEDOUT and it closes)")
+    limits.add_argument("--idle-timeout", type=positive_float, default=600.0, metavar="S",
+                        help="seconds a control session that holds nothing (no object, no "
+                        "waiting request, no subscription) may send nothing (default 600; "
+                        "then ETIMEDOUT and it closes)")
     limits.add_argument("--quota", action="append", default=[], metavar="KIND=S,C",
                         help="objects of KIND (ctx, pd, mr, cq, qp, mkey, dek, crypto_login) "
                         "one session (S) and one credential (C) may hold; may be repeated "
