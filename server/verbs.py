@@ -50,7 +50,9 @@ _CREATORS = {control.OpenDevice: "ctx", control.AllocPd: "pd", control.RegMr: "m
 
 def _buffer_bytes(request: control.Request) -> int:
     """The buffer bytes a creating request will allocate beside its object."""
-    return request.length if isinstance(request, control.RegMr) else 0
+    # A shared MR's pages are the program's, but the MR is charged its length like any
+    # other (Verbs.add), so it is checked against the same budget first.
+    return request.length if isinstance(request, (control.RegMr, control.RegMrShared)) else 0
 
 
 def _object_bytes(kind: str, obj: Any) -> int:
