@@ -73,10 +73,10 @@ lint-docker: $(LINT_STAMP)
 	$(VENV)/bin/hadolint --failure-threshold warning docker/Dockerfile
 	@echo "hadolint: docker/Dockerfile ok (failure threshold: warning)"
 
-# softhca:daemon and softhca:tests with no container registry: the base is python:3.11-slim
+# softhca:daemon and softhca:tests with no container registry: the base is python:3.11-slim-bookworm
 # when the engine has it or can pull it, else a debootstrapped Debian bookworm; the wheels
 # are built here; each step cached by a hash of its inputs (docker/README.md).
-images: $(STAMP)
+images: $(STAMP) provider
 	PY=$(PY) bash docker/build-images.sh
 
 bench-engine: $(STAMP)

@@ -2,18 +2,20 @@
 # make images: softhca's two images (softhca:daemon, softhca:tests) with no container
 # registry. Each step is cached by a hash of its inputs, so a second run only checks.
 #
-#   1. the base: PYTHON_IMAGE (default python:3.11-slim) if the engine has it or can pull
+#   1. the base: PYTHON_IMAGE (default python:3.11-slim-bookworm) if the engine has it or can pull
 #      it; otherwise a Debian bookworm root filesystem made with debootstrap (python3,
 #      python3-venv) and loaded with `docker import` as softhca-base:bookworm;
 #   2. the wheelhouse: softhca's wheel and every dependency of its fast and test extras,
 #      built on the host into build/wheelhouse (crcmod has only an sdist: its wheel is
 #      built here, so the image needs no compiler);
-#   3. docker/Dockerfile's daemon and tests stages, installing only from the wheelhouse.
+#   3. docker/Dockerfile's daemon and tests stages, installing softhca only from the
+#      wheelhouse, with the provider `make provider` built on the host (provider/build)
+#      and Debian's ibverbs-utils and perftest from the Debian archive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PY:-.venv/bin/python}
-WANT_BASE=${PYTHON_IMAGE:-python:3.11-slim}
+WANT_BASE=${PYTHON_IMAGE:-python:3.11-slim-bookworm}
 DEBIAN_BASE=softhca-base:bookworm
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ROOTFS_DIR=${ROOTFS_DIR:-/var/tmp/softhca-rootfs}
@@ -67,8 +69,10 @@ else
 fi
 
 # -- 3. the images ----------------------------------------------------------------------
+PROVIDER=provider/build/libsofthca-rdmav34.so
+[ -f "$PROVIDER" ] || { echo "images: no $PROVIDER: \`make provider\` builds it (libibverbs-dev)" >&2; exit 1; }
 mapfile -t tests < <(find tests -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
-image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile .dockerignore pyproject.toml "${tests[@]}"; } | sha256sum | cut -c1-16)
+image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile docker/softhca-node .dockerignore pyproject.toml "$PROVIDER" "${tests[@]}"; } | sha256sum | cut -c1-16)
 for stage in daemon tests; do
     if [ "$(label "softhca:$stage" softhca.inputs)" = "$image_inputs" ]; then
         say "softhca:$stage up to date (inputs $image_inputs)"

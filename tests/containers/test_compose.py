@@ -18,8 +18,10 @@ Skipped, with the reason, where no Docker engine answers; the network-namespace 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -133,6 +135,119 @@ def test_man_page_examples_against_every_target_at_once(stack):
 
 
 # -- node loss, driven from the host ------------------------------------------------------------
+
+# -- Debian's verbs programs, unmodified, from the initiator container to the target's ----
+
+NODE = "softhca-twonode-node2"
+TARGET_IP = "10.200.0.1"
+# ibv_rc_pingpong's result lines (rdma-core libibverbs/examples/rc_pingpong.c)
+PP_BYTES = re.compile(r"^(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec$", re.M)
+PP_ITERS = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter$", re.M)
+# perftest's result row: "#bytes #iterations BW peak BW average ..."
+PERF_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", re.M)
+
+
+def _exec_output(cid: str, argv: list[str], timeout: float = 60):
+    return dc.run(["docker", "exec", cid, *argv], timeout=timeout)
+
+
+def _wait_device(cid: str, timeout: float = 60) -> str:
+    """``ibv_devices`` in the container once its softhca-node has written the tree."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = _exec_output(cid, ["ibv_devices"])
+        if r.returncode == 0 and "mlx5_0" in r.stdout:
+            return r.stdout
+        if time.monotonic() > deadline:
+            logs = dc.run(["docker", "logs", cid]).stdout
+            raise AssertionError(f"no device in {cid}: {r.stdout}{r.stderr}\n{logs}")
+        time.sleep(0.5)
+
+
+def _listening(cid: str, port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = _exec_output(cid, ["cat", "/proc/net/tcp", "/proc/net/tcp6"])
+        for line in r.stdout.splitlines()[1:]:
+            f = line.split()
+            if len(f) > 3 and f[3] == "0A" and f[1].rsplit(":", 1)[-1] == f"{port:04X}":
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"nothing listens on port {port} in {cid}")
+
+
+def _exec_pair(target: str, node: str, program: list[str], port: int):
+    """``program`` as the server in the target container, then, once it listens, as the
+    client in the initiator's, naming the target; both waited for."""
+    srv = subprocess.Popen(["docker", "exec", target, *program], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _listening(target, port)
+        cli = _exec_output(node, [*program, TARGET_IP], timeout=300)
+        out, _ = srv.communicate(timeout=120)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    return (srv.returncode, out), (cli.returncode, cli.stdout + cli.stderr)
+
+
+@pytest.fixture
+def verbs_nodes(target_up):
+    """The target container, and the initiator run as a node (its image's softhca-node:
+    a daemon on its own address and UNIX socket, the device node and sysfs tree), each
+    ready for a plain ``docker exec`` of a verbs program."""
+    (target,) = dc.container_ids("target")
+    dc.run(["docker", "rm", "-f", NODE])
+    dc.compose("run", "-d", "--name", NODE, "--entrypoint", "softhca-node", "initiator",
+               "--token-file", "/run/secrets/softhca_token",
+               "--peer-token-file", "/run/secrets/softhca_peer_token",
+               "--allow-readable-token")
+    try:
+        _wait_device(target)
+        _wait_device(NODE)
+        yield target, NODE
+    finally:
+        dc.run(["docker", "rm", "-f", NODE])
+
+
+def test_ibv_rc_pingpong_between_containers(verbs_nodes):
+    """Debian's ibv_rc_pingpong, unmodified, each side exec'd in its container and served
+    by that container's daemon over its UNIX socket; -c: each side checks the bytes it
+    received against the pattern the other sent."""
+    target, node = verbs_nodes
+    size, iters, port = 4096, 1000, 18515
+    prog = ["ibv_rc_pingpong", "-g", "0", "-c", "-s", str(size), "-n", str(iters),
+            "-p", str(port)]
+    (src, sout), (crc, cout) = _exec_pair(target, node, prog, port)
+    for name, rc, out in (("target", src, sout), ("initiator", crc, cout)):
+        assert rc == 0, f"{name}:\n{out}"
+        b, it = PP_BYTES.search(out), PP_ITERS.search(out)
+        assert b and it, f"{name} printed no figures:\n{out}"
+        # Each iteration's send and receive: 2 * size * iters bytes.
+        assert int(b.group(1)) == 2 * size * iters and int(it.group(1)) == iters, out
+        dc.report(f"ibv_rc_pingpong {name} container: {b.group(0)}; {it.group(0)}")
+    assert "invalid data" not in cout and "invalid data" not in sout, cout + sout
+    # The target's GID, as the initiator's program read it, carries the target daemon's
+    # address: fe80::<IPv4>:<port>:<device index>, printed by inet_ntop.
+    gid = ipaddress.IPv6Address(bytes.fromhex("fe80" + "00" * 6) + ipaddress.IPv4Address(
+        TARGET_IP).packed + (4791).to_bytes(2, "big") + bytes(2))
+    assert f"GID {gid}" in cout, cout
+
+
+def test_ib_write_bw_between_containers(verbs_nodes):
+    """perftest's ib_write_bw, unmodified, initiator container to target container."""
+    target, node = verbs_nodes
+    size, iters, port = 65536, 1000, 18516
+    prog = ["ib_write_bw", "-s", str(size), "-n", str(iters), "-p", str(port)]
+    (src, sout), (crc, cout) = _exec_pair(target, node, prog, port)
+    assert src == 0, f"target:\n{sout}"
+    assert crc == 0, f"initiator:\n{cout}"
+    rows = [m for m in PERF_ROW.finditer(cout) if int(m.group(1)) == size]
+    assert rows, f"ib_write_bw printed no row for {size} bytes:\n{cout}"
+    assert int(rows[0].group(2)) == iters and float(rows[0].group(4)) > 0, cout
+    dc.report(f"ib_write_bw initiator container: {rows[0].group(0).strip()}")
+
 
 async def _pair(*, timeout: int, retry_cnt: int):
     return remote.remote_two_nodes(dc.TARGET, connect_kw={"timeout": timeout,

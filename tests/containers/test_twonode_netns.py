@@ -116,13 +116,16 @@ def test_netns_topology_is_the_compose_topology():
     serve and expect that port: CI proves the topology the compose file describes."""
     compose = (netns.REPO / "docker" / "compose.yaml").read_text()
     dockerfile = (netns.REPO / "docker" / "Dockerfile").read_text()
+    node = (netns.REPO / "docker" / "softhca-node").read_text()
     assert f"subnet: 10.200.0.0/{netns.PREFIX_LEN}" in compose
     assert re.search(rf"target:\n(?:    .*\n|\n)*?        ipv4_address: "
                      rf"{re.escape(netns.TARGET_ADDR)}\n", compose)
     assert re.search(rf"initiator:\n(?:    .*\n|\n)*?        ipv4_address: "
                      rf"{re.escape(netns.INITIATOR_ADDR)}\n", compose)
     assert f"SOFTHCA_TARGET: ${{SOFTHCA_TARGET:-{netns.TARGET_ADDR}:{netns.PORT}}}" in compose
-    assert f'"--listen", "0.0.0.0:{netns.PORT}"' in compose
+    # The daemons listen where softhca-node puts them: the container's address, this port.
+    assert "--listen" not in compose
+    assert 'ENTRYPOINT ["softhca-node"]' in dockerfile
+    assert f"):{netns.PORT}}}" in node
     assert f"EXPOSE {netns.PORT}" in dockerfile
-    assert f'CMD ["--listen", "0.0.0.0:{netns.PORT}"' in dockerfile
     assert re.search(r"^USER \d+:\d+$", dockerfile, re.M), "a non-root numeric user"
