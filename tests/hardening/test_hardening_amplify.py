@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from rawclient import silent_peer
 from test_hardening import read_frames
 
 import softhca.client as sh
@@ -35,29 +36,6 @@ def peer_token_file(tmp_path: Path) -> Path:
     with os.fdopen(fd, "wb") as f:
         f.write(PEER_TOKEN)
     return path
-
-
-async def silent_peer():
-    """A fake peer daemon: it welcomes every wire link, then never reads."""
-    writers = []
-
-    async def on_conn(reader, writer):
-        writers.append(writer)
-        challenge, _ = make_challenge(False)
-        writer.write(frame_bytes(challenge))
-        dec = FrameDecoder()
-        frames = []
-        while not frames:
-            data = await reader.read(4096)
-            if not data:
-                return
-            frames = dec.feed(data)
-        writer.write(frame_bytes({"t": "welcome", "role": "wire", "devices": ["mlx5_0"],
-                                  "max_frame": 16 << 20}))
-        writer.transport.pause_reading()
-
-    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1], writers
 
 
 async def wire_in(address: str, src: str):

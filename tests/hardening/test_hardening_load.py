@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rawclient import Raw
+from rawclient import Raw, silent_peer
 
 import softhca.client as sh
 from softhca.engine import transfer
@@ -24,7 +24,6 @@ from softhca.engine.hca import MAX_MR_SIZE
 from softhca.protocol.attrs import SGE, MrInterleaved
 from softhca.protocol.enums import AccessFlags, MkeyInitAttrFlags
 from softhca.protocol.errors import RDMAError
-from softhca.protocol.frames import FrameDecoder, frame_bytes
 
 from e2e import make_side, rdma, two_nodes, whole
 
@@ -329,30 +328,6 @@ def test_a_configure_field_out_of_range_says_the_range(value, says):
 
 
 # -- defect 6: a peer daemon that never reads ------------------------------------------
-
-async def silent_peer():
-    """A fake peer daemon: it completes the HELLO of every wire link, then never reads."""
-    from softhca.protocol.handshake import make_challenge
-
-    writers = []
-
-    async def on_conn(reader, writer):
-        writers.append(writer)
-        challenge, _ = make_challenge(False)
-        writer.write(frame_bytes(challenge))
-        dec = FrameDecoder()
-        frames = []
-        while not frames:
-            data = await reader.read(4096)
-            if not data:
-                return
-            frames = dec.feed(data)
-        writer.write(frame_bytes({"t": "welcome", "role": "wire", "devices": ["mlx5_0"],
-                                  "max_frame": 16 << 20}))
-        writer.transport.pause_reading()
-
-    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1], writers
 
 
 async def test_a_peer_that_never_reads_bounds_the_link_and_the_qps_fail():

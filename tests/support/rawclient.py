@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from softhca.protocol.frames import FrameDecoder, frame_bytes
-from softhca.protocol.handshake import make_hello
+from softhca.protocol.handshake import make_challenge, make_hello
 
 
 class Raw:
@@ -60,3 +60,27 @@ class Raw:
         h = (await self.next()).header
         assert h["t"] == "ok", h
         return h
+
+
+async def silent_peer():
+    """A fake peer daemon on loopback: it completes the HELLO of every wire link (asking
+    no token), then never reads again. Returns (server, port, the links' writers)."""
+    writers = []
+
+    async def on_conn(reader, writer):
+        writers.append(writer)
+        challenge, _ = make_challenge(False)
+        writer.write(frame_bytes(challenge))
+        dec = FrameDecoder()
+        frames = []
+        while not frames:
+            data = await reader.read(4096)
+            if not data:
+                return
+            frames = dec.feed(data)
+        writer.write(frame_bytes({"t": "welcome", "role": "wire", "devices": ["mlx5_0"],
+                                  "max_frame": 16 << 20}))
+        writer.transport.pause_reading()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], writers
