@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rawclient import silent_peer
 from test_hardening import read_frames
+from test_hardening_load import probe
 
 import softhca.client as sh
 from softhca.protocol.frames import FrameDecoder, frame_bytes
@@ -48,21 +49,6 @@ async def wire_in(address: str, src: str):
     (welcome,) = await read_frames(reader, dec)
     assert welcome.header["t"] == "welcome", welcome.header
     return writer
-
-
-async def probe(address: str, stop: asyncio.Event) -> list[float]:
-    """A second client's round trips (seconds) until ``stop``."""
-    node = await sh.connect(address)
-    times = []
-    try:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            await node.request("devices")
-            times.append(time.perf_counter() - t0)
-            await asyncio.sleep(0.005)
-    finally:
-        await node.close()
-    return times
 
 
 async def victim_qp(node: sh.Node, peer_port: int, peer_qpn: int, peer_psn: int,
