@@ -42,8 +42,11 @@ def run_pair(where, program: str, size: int, extra: list[str]) -> None:
     if program != "ib_atomic_bw":
         args += ["-s", str(size)]
     srv, cli = where.pair(args, [*args, where.server.addr], port)
+    # Both sides' output on a failure: the side that failed first is often the other one
+    # (its daemon gone, this side ends in RETRY_EXC_ERR).
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
     for name, r in (("server", srv), ("client", cli)):
-        assert r.returncode == 0, f"{program} {name} ({where.kind}):\n{r.output}"
+        assert r.returncode == 0, f"{program} {name} exited {r.returncode} ({where.kind}):\n{both}"
     rows = [m for m in ROW.finditer(cli.output) if int(m.group(1)) == size]
     assert rows, f"{program} client printed no row for {size} bytes:\n{cli.output}"
     assert int(rows[0].group(2)) == ITERS, cli.output
