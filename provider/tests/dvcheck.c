@@ -25,6 +25,7 @@
  *   dvcheck pipelining  a QP with MLX5DV_QP_CREATE_SIG_PIPELINING moved to SQD with
  *                       en_sqd_async_notify: IBV_EVENT_SQ_DRAINED via
  *                       ibv_get_async_event, then mlx5dv_qp_cancel_posted_send_wrs.
+ *   dvcheck absent      without softhca run (no provider): the calls answer unsupported.
  *
  * Each check prints one line, "dvcheck: ok: ..." or "dvcheck: FAIL: ..."; exit 0 when
  * every check holds. Nothing here computes a CRC or a cipher: the test does. */
@@ -474,8 +475,62 @@ static int bad(void)
 	CHECK(p == NULL && errno == EOPNOTSUPP,
 	      "mlx5dv_create_qp with MLX5DV_QP_EX_WITH_RAW_WQE: NULL, errno %s", strerror(errno));
 
+	/* the limit of one mkey_configure request: 2048 calls in a row; one more is
+	 * refused with ENOMEM, as more send WRs than one post takes are */
+	{
+		int i;
+
+		ibv_wr_start(s.qpx);
+		s.qpx->wr_flags = IBV_SEND_INLINE;
+		for (i = 0; i < 1024; i++) {
+			mlx5dv_wr_mkey_configure(s.mqp, plain, 1, &conf);
+			mlx5dv_wr_set_mkey_access_flags(s.mqp, ACCESS);
+		}
+		mlx5dv_wr_mkey_configure(s.mqp, plain, 0, &conf);
+		rc = ibv_wr_complete(s.qpx);
+		CHECK(rc == ENOMEM, "2049 MKEY configure calls in one batch: ibv_wr_complete %s",
+		      strerror(rc));
+	}
+
 	CHECK(mlx5dv_destroy_mkey(plain) == 0 && mlx5dv_destroy_mkey(sigk) == 0,
 	      "the MKEYs are destroyed");
+	return failures ? 1 : 0;
+}
+
+/* -- no provider ------------------------------------------------------------------------------ */
+
+/* Run without `softhca run` (no provider loaded, no device): every call answers as on a
+ * device libmlx5 does not support, and nothing is dereferenced. */
+static int absent(void)
+{
+	struct mlx5dv_mkey_init_attr ma = {0};
+	struct mlx5dv_crypto_login_attr la = {0};
+	struct mlx5dv_context dc = {0};
+	enum mlx5dv_crypto_login_state st;
+	void *p;
+	int rc;
+
+	CHECK(!mlx5dv_is_supported(NULL), "mlx5dv_is_supported is false");
+	rc = mlx5dv_query_device(NULL, &dc);
+	CHECK(rc == EOPNOTSUPP, "mlx5dv_query_device: %s", strerror(rc));
+	errno = 0;
+	p = mlx5dv_create_mkey(&ma);
+	CHECK(p == NULL && errno == EOPNOTSUPP, "mlx5dv_create_mkey: NULL, errno %s",
+	      strerror(errno));
+	errno = 0;
+	p = mlx5dv_qp_ex_from_ibv_qp_ex(NULL);
+	CHECK(p == NULL && errno == EOPNOTSUPP, "mlx5dv_qp_ex_from_ibv_qp_ex: NULL, errno %s",
+	      strerror(errno));
+	rc = mlx5dv_crypto_login(NULL, &la);
+	CHECK(rc == EOPNOTSUPP, "mlx5dv_crypto_login: %s", strerror(rc));
+	rc = mlx5dv_crypto_login_query_state(NULL, &st);
+	CHECK(rc == EOPNOTSUPP, "mlx5dv_crypto_login_query_state: %s", strerror(rc));
+	rc = mlx5dv_qp_cancel_posted_send_wrs(NULL, 1);
+	CHECK(rc == -EOPNOTSUPP, "mlx5dv_qp_cancel_posted_send_wrs: %d (-EOPNOTSUPP)", rc);
+	errno = 0;
+	rc = (int)mlx5dv_devx_get_event(NULL, NULL, 0);
+	CHECK(rc == -1 && errno == EOPNOTSUPP, "mlx5dv_devx_get_event: -1, errno %s",
+	      strerror(errno));
 	return failures ? 1 : 0;
 }
 
@@ -689,7 +744,9 @@ int main(int argc, char **argv)
 		return crypto(argv[2], argv[3]);
 	if (argc == 2 && !strcmp(argv[1], "pipelining"))
 		return pipelining();
+	if (argc == 2 && !strcmp(argv[1], "absent"))
+		return absent();
 	fprintf(stderr, "usage: dvcheck caps | sig | bad | dek CRED KEY | crypto KEY TWEAK | "
-		"pipelining\n");
+		"pipelining | absent\n");
 	return 2;
 }

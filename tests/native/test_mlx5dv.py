@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import secrets
 import subprocess
@@ -149,11 +150,28 @@ def test_bad_input_gets_the_man_pages_errno(where):
             "mlx5dv_init_obj: Operation not supported",
             "mlx5dv_create_qp of a DCI: NULL, errno Operation not supported",
             "mlx5dv_create_qp with MLX5DV_QP_EX_WITH_RAW_WQE: NULL, errno Operation not "
-            "supported"):
+            "supported",
+            "2049 MKEY configure calls in one batch: ibv_wr_complete Cannot allocate memory"):
         assert f"dvcheck: ok: {line}" in r.output, r.output
     # each refusal says why, on stderr
     assert "softhca: mlx5dv_wr_mkey_configure: EINVAL: 3 setters announced, 2 called" in r.output
     assert "softhca libmlx5: mlx5dv_create_flow_matcher: EOPNOTSUPP" in r.output
+    assert "ibv_wr_complete: ENOMEM: more than 2048 MKEY configure calls in a row" in r.output
+
+
+def test_without_the_provider_every_call_is_unsupported():
+    """Without softhca run no provider is loaded: softhca's libmlx5 (taken first from
+    LD_LIBRARY_PATH, as its own log lines show) answers each call as on a device it does
+    not support, as the man pages say (EOPNOTSUPP; NULL with errno; -1 with errno)."""
+    if not (native.DVCHECK.is_file() and native.LIBMLX5.is_file()):
+        pytest.skip("provider/build/dvcheck or libmlx5.so.1 is not built (`make provider`)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RDMAV_", "SOFTHCA_"))}
+    env["LD_LIBRARY_PATH"] = str(native.LIBMLX5.parent)
+    r = subprocess.run([str(native.DVCHECK), "absent"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
+    assert r.stdout.count("dvcheck: ok:") == 8, r.stdout
+    assert "softhca libmlx5: mlx5dv_create_mkey: EOPNOTSUPP" in r.stderr, r.stderr
 
 
 def test_dek_and_crypto_login_on_a_wrapped_import_device(where, tmp_path):
