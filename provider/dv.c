@@ -423,8 +423,6 @@ static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_
 		errno = EINVAL;
 		return NULL;
 	}
-	/* The daemon's QP takes configure WRs if any MKEY builder is allowed; which one the
-	 * application may call is checked by the builders, against ops. */
 	return shca_create_qp_dv(context, qp_attr, ops, flags & MLX5DV_QP_CREATE_SIG_PIPELINING);
 }
 

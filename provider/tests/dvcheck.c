@@ -15,6 +15,8 @@
  *   dvcheck sig-peer PORT [HOST]   the same MKEY on a server (no HOST), written by a
  *                       client's RDMA WRITE through its own daemon (a TCP exchange on
  *                       PORT gives each side the other's QP, GID and the MKEY's rkey).
+ *   dvcheck layouts     mlx5dv_wr_mr_interleaved and mlx5dv_wr_mr_list on a QP made for
+ *                       them; prints what RDMA READs through the MKEYs bring.
  *   dvcheck bad         the calls that must fail, each with the man page's errno.
  *   dvcheck dek CRED KEY   on a device whose DEKs are imported wrapped: a DEK outside
  *                       a crypto login fails EINVAL; then a login session with the
@@ -519,6 +521,114 @@ static int sig_peer(int port, const char *host)
 	return failures ? 1 : 0;
 }
 
+/* -- the older layout builders ----------------------------------------------------------------- */
+
+/* dvcheck layouts: on a QP created with MLX5DV_QP_EX_WITH_MR_INTERLEAVED and _MR_LIST
+ * (not _MKEY_CONFIGURE), mlx5dv_wr_mr_interleaved and mlx5dv_wr_mr_list register
+ * layouts over a patterned buffer; an RDMA READ through each MKEY brings what the
+ * layout maps ("interleaved: HEX", "list: HEX"; the test computes them from the man
+ * page). mlx5dv_wr_mkey_configure on that QP is EOPNOTSUPP. */
+static int layouts(void)
+{
+	struct side s = {0};
+	struct ibv_qp_init_attr_ex qa = {0};
+	struct mlx5dv_qp_init_attr dv = {0};
+	struct mlx5dv_mkey_conf_attr conf = {0};
+	struct mlx5dv_mr_interleaved il[2];
+	struct ibv_sge list[2];
+	struct mlx5dv_mkey *mki, *mkl;
+	struct mlx5dv_mkey_init_attr ma = {0};
+	struct ibv_mr *mr, *out_mr;
+	struct ibv_wc wc;
+	uint8_t *buf, *out;
+	size_t i;
+	int rc;
+
+	open_ctx(&s);
+	qa.send_cq = qa.recv_cq = s.cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 32;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa.pd = s.pd;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qa.send_ops_flags = IBV_QP_EX_WITH_RDMA_READ;
+	dv.comp_mask = MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS;
+	dv.send_ops_flags = MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MR_LIST;
+	s.qp = mlx5dv_create_qp(s.ctx, &qa, &dv);
+	if (!s.qp)
+		die("mlx5dv_create_qp");
+	s.qpx = ibv_qp_to_qp_ex(s.qp);
+	s.mqp = mlx5dv_qp_ex_from_ibv_qp_ex(s.qpx);
+	connect_self(&s);
+	buf = malloc(4096);
+	out = calloc(1, 4096);
+	if (!buf || !out)
+		die("malloc");
+	for (i = 0; i < 4096; i++)
+		buf[i] = (uint8_t)(i * 5 + 3);
+	mr = ibv_reg_mr(s.pd, buf, 4096, ACCESS);
+	out_mr = ibv_reg_mr(s.pd, out, 4096, ACCESS);
+	if (!mr || !out_mr)
+		die("ibv_reg_mr");
+	ma.pd = s.pd;
+	ma.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT;
+	ma.max_entries = 3;         /* two entries and the strided header */
+	mki = mlx5dv_create_mkey(&ma);
+	ma.max_entries = 2;
+	mkl = mlx5dv_create_mkey(&ma);
+	if (!mki || !mkl)
+		die("mlx5dv_create_mkey");
+	il[0] = (struct mlx5dv_mr_interleaved){.addr = (uintptr_t)buf, .bytes_count = 16,
+					       .bytes_skip = 48, .lkey = mr->lkey};
+	il[1] = (struct mlx5dv_mr_interleaved){.addr = (uintptr_t)buf + 1000, .bytes_count = 8,
+					       .bytes_skip = 8, .lkey = mr->lkey};
+	list[0] = (struct ibv_sge){.addr = (uintptr_t)buf + 100, .length = 50, .lkey = mr->lkey};
+	list[1] = (struct ibv_sge){.addr = (uintptr_t)buf + 3000, .length = 30, .lkey = mr->lkey};
+
+	ibv_wr_start(s.qpx);
+	s.qpx->wr_id = 1;
+	s.qpx->wr_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+	mlx5dv_wr_mr_interleaved(s.mqp, mki, ACCESS, 3, 2, il);
+	s.qpx->wr_id = 2;
+	mlx5dv_wr_mr_list(s.mqp, mkl, ACCESS, 2, list);
+	rc = ibv_wr_complete(s.qpx);
+	CHECK(rc == 0, "mlx5dv_wr_mr_interleaved and mlx5dv_wr_mr_list: ibv_wr_complete %s",
+	      strerror(rc));
+	for (i = 1; i <= 2; i++) {
+		wc = wait_wc(&s);
+		CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == i &&
+		      wc.opcode == (enum ibv_wc_opcode)MLX5DV_WC_UMR,
+		      "registration %zu completes with MLX5DV_WC_UMR: %s", i,
+		      ibv_wc_status_str(wc.status));
+	}
+	ibv_wr_start(s.qpx);
+	s.qpx->wr_id = 3;
+	s.qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_read(s.qpx, mki->rkey, 0);
+	ibv_wr_set_sge(s.qpx, out_mr->lkey, (uintptr_t)out, 72);
+	s.qpx->wr_id = 4;
+	ibv_wr_rdma_read(s.qpx, mkl->rkey, 0);
+	ibv_wr_set_sge(s.qpx, out_mr->lkey, (uintptr_t)out + 1024, 80);
+	rc = ibv_wr_complete(s.qpx);
+	CHECK(rc == 0, "two RDMA READs through the MKEYs: ibv_wr_complete %s", strerror(rc));
+	for (i = 0; i < 2; i++) {
+		wc = wait_wc(&s);
+		CHECK(wc.status == IBV_WC_SUCCESS, "RDMA READ %llu completes: %s",
+		      (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+	}
+	print_hex("interleaved", out, 72);
+	print_hex("list", out + 1024, 80);
+
+	ibv_wr_start(s.qpx);
+	s.qpx->wr_flags = IBV_SEND_INLINE;
+	mlx5dv_wr_mkey_configure(s.mqp, mkl, 1, &conf);
+	mlx5dv_wr_set_mkey_access_flags(s.mqp, ACCESS);
+	rc = ibv_wr_complete(s.qpx);
+	CHECK(rc == EOPNOTSUPP, "mlx5dv_wr_mkey_configure on a QP without "
+	      "MLX5DV_QP_EX_WITH_MKEY_CONFIGURE: ibv_wr_complete %s", strerror(rc));
+	return failures ? 1 : 0;
+}
+
 /* -- bad input ----------------------------------------------------------------------------- */
 
 static int bad(void)
@@ -925,9 +1035,11 @@ int main(int argc, char **argv)
 		return pipelining();
 	if (argc == 2 && !strcmp(argv[1], "absent"))
 		return absent();
+	if (argc == 2 && !strcmp(argv[1], "layouts"))
+		return layouts();
 	if ((argc == 3 || argc == 4) && !strcmp(argv[1], "sig-peer"))
 		return sig_peer(atoi(argv[2]), argc == 4 ? argv[3] : NULL);
 	fprintf(stderr, "usage: dvcheck caps | sig | bad | dek CRED KEY | crypto KEY TWEAK | "
-		"pipelining | absent | sig-peer PORT [HOST]\n");
+		"pipelining | absent | layouts | sig-peer PORT [HOST]\n");
 	return 2;
 }

@@ -140,6 +140,23 @@ def test_t10dif_mkey_written_by_a_peer(where):
     check_t10dif_memory(hex_line(srv.output, "data"))
 
 
+def test_mr_interleaved_and_mr_list_layouts(where):
+    """mlx5dv_wr_post(3): an interleaved layout is its entries' bytes_count bytes, entry
+    after entry, repeated repeat_count times, repetition r of an entry starting
+    r * (bytes_count + bytes_skip) after its addr; a list layout is its SGEs end to end.
+    dvcheck's buffer holds byte i = 5 i + 3."""
+    r = dvcheck(where, "layouts")
+    buf = bytes((5 * i + 3) & 0xFF for i in range(4096))
+    entries = [(0, 16, 48), (1000, 8, 8)]            # (offset, bytes_count, bytes_skip)
+    want = b"".join(buf[off + rep * (n + skip):off + rep * (n + skip) + n]
+                    for rep in range(3) for off, n, skip in entries)
+    assert hex_line(r.output, "interleaved") == want
+    assert hex_line(r.output, "list") == buf[100:150] + buf[3000:3030]
+    assert ("dvcheck: ok: mlx5dv_wr_mkey_configure on a QP without "
+            "MLX5DV_QP_EX_WITH_MKEY_CONFIGURE: ibv_wr_complete Operation not supported") \
+        in r.output, r.output
+
+
 def test_aes_xts_through_a_crypto_mkey(where):
     """An RDMA READ through an MKEY with crypto (encrypt on TX, 512-byte data units)
     brings the memory's bytes encrypted: unit k with tweak initial_tweak + k (little
