@@ -275,3 +275,16 @@ def test_perftest_runs_with_softhcas_libmlx5(where, program):
     assert str(native.LIBMLX5) in mapped, sorted(p for p in mapped if "mlx5" in p)
     rows = re.findall(r"^\s*4096\s+200\s+[\d.]+\s+([\d.]+)", cli.output, re.M)
     assert rows and float(rows[0]) > 0, cli.output
+
+
+def test_perftest_dc_is_refused_by_mlx5dv_create_qp(where):
+    """perftest's DC connection type goes through mlx5dv_create_qp with a DC init
+    attribute: softhca's libmlx5 answers EOPNOTSUPP (saying why) and the program stops."""
+    if native.unavailable("ib_write_bw"):
+        pytest.skip(native.unavailable("ib_write_bw"))
+    port = next(_ports)
+    args = ["ib_write_bw", "-c", "DC", "-p", str(port), "-n", "10"]
+    srv, cli = where.pair(args, [*args, where.server.addr], port, timeout=60)
+    assert cli.returncode != 0 and srv.returncode != 0, srv.output + cli.output
+    assert ("softhca: mlx5dv_create_qp: EOPNOTSUPP: comp_mask 0x2 (DC, DCI streams) is not "
+            "modelled") in cli.output, cli.output
