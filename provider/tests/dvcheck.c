@@ -720,6 +720,33 @@ static int bad(void)
 		      "ibv_wr_complete fails %s", strerror(rc));
 	}
 
+	/* the caveat of a mixed batch (docs/native.md): a run the daemon refuses (the
+	 * sig_block of an MKEY without BLOCK_SIGNATURE) fails ibv_wr_complete, and the run
+	 * of send WRs before it stays posted */
+	{
+		struct mlx5dv_sig_t10dif dif = {.bg_type = MLX5DV_SIG_T10DIF_CRC};
+		struct mlx5dv_sig_block_domain d = {.sig_type = MLX5DV_SIG_TYPE_T10DIF,
+						    .sig.dif = &dif,
+						    .block_size = MLX5DV_BLOCK_SIZE_512};
+		struct mlx5dv_sig_block_attr sa = {.mem = &d};
+		struct ibv_wc wc;
+
+		ibv_wr_start(s.qpx);
+		s.qpx->wr_id = 55;
+		s.qpx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(s.qpx, mr->rkey, (uintptr_t)buf + 4096);
+		ibv_wr_set_sge(s.qpx, mr->lkey, (uintptr_t)buf, 64);
+		s.qpx->wr_flags = IBV_SEND_INLINE;
+		mlx5dv_wr_mkey_configure(s.mqp, plain, 1, &conf);
+		mlx5dv_wr_set_mkey_sig_block(s.mqp, &sa);
+		rc = ibv_wr_complete(s.qpx);
+		wc = wait_wc(&s);
+		CHECK(rc == EINVAL && wc.wr_id == 55 && wc.status == IBV_WC_SUCCESS,
+		      "RDMA WRITE + a configure the daemon refuses: ibv_wr_complete fails %s, the "
+		      "WRITE before it completes (wr_id %llu, %s)", strerror(rc),
+		      (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+	}
+
 	/* DC is not modelled: the builder's error is the batch's */
 	ibv_wr_start(s.qpx);
 	s.qpx->wr_flags = IBV_SEND_SIGNALED;

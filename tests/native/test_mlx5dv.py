@@ -183,6 +183,8 @@ def test_bad_input_gets_the_man_pages_errno(where):
             "argument and nothing completes (0)",
             "sig_block on an MKEY without BLOCK_SIGNATURE: ibv_wr_complete fails Invalid "
             "argument",
+            "RDMA WRITE + a configure the daemon refuses: ibv_wr_complete fails Invalid "
+            "argument, the WRITE before it completes (wr_id 55, success)",
             "mlx5dv_wr_set_dc_addr: ibv_wr_complete fails Operation not supported",
             "mlx5dv_mkey_check of an MKEY without BLOCK_SIGNATURE: Invalid argument",
             "mlx5dv_create_flow_matcher: NULL, errno Operation not supported",
