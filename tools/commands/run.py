@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fault rules for the embedded daemon, as 'serve --faults'")
     p.add_argument("--capture", metavar="FILE",
                    help="the embedded daemon's packets to a pcap, as 'serve --capture'")
+    p.add_argument("--crypto-config", metavar="FILE",
+                   help="the embedded daemon's devices' crypto configuration, as 'serve "
+                   "--crypto-config' (default: plaintext DEK import)")
     p.add_argument("--stats", metavar="FILE",
                    help="when PROGRAM has ended, write the embedded daemon's counters and RC "
                    "statistics (packets, retransmissions, ...) to FILE as JSON")

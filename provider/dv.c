@@ -1,0 +1,476 @@
+/* mlx5dv on a softhca device: mlx5dv_create_qp, the MKEY configure WR builders of
+ * struct mlx5dv_qp_ex and signature pipelining's cancel (MKEYs, DEKs, crypto logins and
+ * the caps are in dv_keys.c); softhca's libmlx5.so.1 (provider/mlx5/) reaches them
+ * through `softhca_mlx5dv_ops` (dv_bridge.h), defined here. Each is a control request
+ * to the daemon (protocol/control.py), encoded the way the Python client encodes it.
+ *
+ * The builders only record: mlx5dv_wr_mkey_configure and its setters append calls to
+ * the QP's ibv_wr_* batch (qp_ex.c), and ibv_wr_complete posts each run of them as one
+ * mkey_configure request, which the daemon validates whole and applies whole. What can
+ * be told without the daemon (a setter with no open configure, more or fewer setters
+ * than announced, a builder the QP was not created for) is caught here, before anything
+ * of the batch is posted. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "softhca.h"
+
+/* Calls in one mkey_configure request (protocol/control.py MkeyConfigure). */
+#define MAX_CONFIGURE_CALLS 2048
+/* The man pages' MKEY builders, each needing its mlx5dv send_ops_flags bit. */
+#define MKEY_OPS (MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MR_LIST | \
+		  MLX5DV_QP_EX_WITH_MKEY_CONFIGURE)
+
+static struct shca_qp *dvq(struct mlx5dv_qp_ex *m)
+{
+	return shca_container_of(m, struct shca_qp, dv);
+}
+
+/* -- the MKEY configure builders ---------------------------------------------------- */
+
+void shca_dv_end_configure(struct shca_qp *qp)
+{
+	if (!qp->cfg_open)
+		return;
+	qp->cfg_open = 0;
+	if (qp->cfg_got < qp->cfg_need) {
+		shca_log("mlx5dv_wr_mkey_configure: EINVAL: %u setters announced, %u called",
+			 qp->cfg_need, qp->cfg_got);
+		shca_wr_fail(qp, EINVAL);
+	}
+}
+
+/* Room for one more configure call in the batch's open configure run, or an error. */
+static int add_call(struct shca_qp *qp)
+{
+	int rc;
+
+	if (qp->wr_error)
+		return qp->wr_error;
+	rc = shca_batch_run(qp, SHCA_RUN_CONFIGURE);
+	if (!rc && qp->nwrs >= MAX_CONFIGURE_CALLS) {
+		shca_log("ibv_wr_complete: ENOMEM: more than %d MKEY configure calls in a row",
+			 MAX_CONFIGURE_CALLS);
+		rc = ENOMEM;
+	}
+	if (rc)
+		shca_wr_fail(qp, rc);
+	return rc;
+}
+
+static void configure(struct mlx5dv_qp_ex *m, struct mlx5dv_mkey *mkey,
+		      unsigned num_setters, const struct mlx5dv_mkey_conf_attr *attr,
+		      uint64_t needed, const char *what)
+{
+	struct shca_qp *qp = dvq(m);
+	struct ibv_qp_ex *qpx = &qp->vqp.qp_ex;
+
+	shca_wr_close(qp);
+	shca_dv_end_configure(qp);
+	if (!(qp->dv_send_ops & needed)) {
+		shca_log("%s: EOPNOTSUPP: the QP was not created with its mlx5dv send_ops_flags "
+			 "bit (%#llx)", what, (unsigned long long)needed);
+		shca_wr_fail(qp, EOPNOTSUPP);
+		return;
+	}
+	if (!mkey || !attr) {
+		shca_log("%s: EINVAL: no MKEY or no mkey_conf_attr", what);
+		shca_wr_fail(qp, EINVAL);
+		return;
+	}
+	if (add_call(qp))
+		return;
+	mp_arr(&qp->wrs, 7);
+	mp_str(&qp->wrs, "configure");
+	mp_uint(&qp->wrs, qpx->wr_id);
+	mp_uint(&qp->wrs, qpx->wr_flags);
+	mp_uint(&qp->wrs, shca_to_mkey(mkey)->handle);
+	mp_uint(&qp->wrs, num_setters);
+	mp_uint(&qp->wrs, attr->conf_flags);
+	mp_uint(&qp->wrs, attr->comp_mask);
+	qp->nwrs++;
+	qp->cfg_open = 1;
+	qp->cfg_need = num_setters;
+	qp->cfg_got = 0;
+}
+
+static void wr_mkey_configure(struct mlx5dv_qp_ex *m, struct mlx5dv_mkey *mkey,
+			      uint8_t num_setters, struct mlx5dv_mkey_conf_attr *attr)
+{
+	configure(m, mkey, num_setters, attr, MLX5DV_QP_EX_WITH_MKEY_CONFIGURE,
+		  "mlx5dv_wr_mkey_configure");
+}
+
+/* A setter's call, [kind, value], is begun in the open run: 1, or 0 with the batch's
+ * error recorded (mlx5dv_wr_mkey_configure(3): setters follow their configure, as many
+ * as it announced). */
+static int setter(struct mlx5dv_qp_ex *m, const char *kind, const void *arg)
+{
+	struct shca_qp *qp = dvq(m);
+
+	shca_wr_close(qp);
+	if (qp->wr_error)       /* the batch fails already; its first error is reported */
+		return 0;
+	if (!qp->cfg_open) {
+		shca_log("mlx5dv_wr_set_mkey_%s: EINVAL: no mlx5dv_wr_mkey_configure is open",
+			 kind);
+		shca_wr_fail(qp, EINVAL);
+		return 0;
+	}
+	if (qp->cfg_got >= qp->cfg_need) {
+		shca_log("mlx5dv_wr_set_mkey_%s: EINVAL: more setters than the %u announced",
+			 kind, qp->cfg_need);
+		shca_wr_fail(qp, EINVAL);
+		return 0;
+	}
+	qp->cfg_got++;
+	if (!arg) {
+		shca_log("mlx5dv_wr_set_mkey_%s: EINVAL: no attributes", kind);
+		shca_wr_fail(qp, EINVAL);
+		return 0;
+	}
+	if (add_call(qp))
+		return 0;
+	mp_arr(&qp->wrs, 2);
+	mp_str(&qp->wrs, kind);
+	qp->nwrs++;
+	return 1;
+}
+
+static void wr_set_mkey_access_flags(struct mlx5dv_qp_ex *m, uint32_t access_flags)
+{
+	if (setter(m, "access_flags", m))
+		mp_uint(&dvq(m)->wrs, access_flags);
+}
+
+static void wr_set_mkey_layout_list(struct mlx5dv_qp_ex *m, uint16_t num_sges,
+				    const struct ibv_sge *sge)
+{
+	struct mp_buf *b = &dvq(m)->wrs;
+	uint16_t i;
+
+	if (!setter(m, "layout_list", num_sges ? (const void *)sge : m))
+		return;
+	mp_arr(b, num_sges);
+	for (i = 0; i < num_sges; i++) {
+		mp_arr(b, 3);
+		mp_uint(b, sge[i].addr);
+		mp_uint(b, sge[i].length);
+		mp_uint(b, sge[i].lkey);
+	}
+}
+
+static void wr_set_mkey_layout_interleaved(struct mlx5dv_qp_ex *m, uint32_t repeat_count,
+					   uint16_t num_interleaved,
+					   const struct mlx5dv_mr_interleaved *data)
+{
+	struct mp_buf *b = &dvq(m)->wrs;
+	uint16_t i;
+
+	if (!setter(m, "layout_interleaved", num_interleaved ? (const void *)data : m))
+		return;
+	mp_arr(b, 2);
+	mp_uint(b, repeat_count);
+	mp_arr(b, num_interleaved);
+	for (i = 0; i < num_interleaved; i++) {
+		mp_arr(b, 4);
+		mp_uint(b, data[i].addr);
+		mp_uint(b, data[i].bytes_count);
+		mp_uint(b, data[i].bytes_skip);
+		mp_uint(b, data[i].lkey);
+	}
+}
+
+/* struct mlx5dv_sig_block_domain as protocol/attrs.py SigBlockDomain; the union's member
+ * the sig_type names is sent, an unknown sig_type with neither (the daemon refuses it). */
+static void sig_domain(struct mp_buf *b, const struct mlx5dv_sig_block_domain *d)
+{
+	if (!d) {
+		mp_nil(b);
+		return;
+	}
+	mp_map(b, 5);
+	mp_kv_uint(b, "sig_type", d->sig_type);
+	mp_str(b, "dif");
+	if (d->sig_type == MLX5DV_SIG_TYPE_T10DIF && d->sig.dif) {
+		mp_map(b, 5);
+		mp_kv_uint(b, "bg_type", d->sig.dif->bg_type);
+		mp_kv_uint(b, "bg", d->sig.dif->bg);
+		mp_kv_uint(b, "app_tag", d->sig.dif->app_tag);
+		mp_kv_uint(b, "ref_tag", d->sig.dif->ref_tag);
+		mp_kv_uint(b, "flags", d->sig.dif->flags);
+	} else {
+		mp_nil(b);
+	}
+	mp_str(b, "crc");
+	if (d->sig_type == MLX5DV_SIG_TYPE_CRC && d->sig.crc) {
+		mp_map(b, 2);
+		mp_kv_uint(b, "crc_type", d->sig.crc->type);
+		mp_kv_uint(b, "seed", d->sig.crc->seed);
+	} else {
+		mp_nil(b);
+	}
+	mp_kv_uint(b, "block_size", d->block_size);
+	mp_kv_uint(b, "comp_mask", d->comp_mask);
+}
+
+static void wr_set_mkey_sig_block(struct mlx5dv_qp_ex *m,
+				  const struct mlx5dv_sig_block_attr *attr)
+{
+	struct mp_buf *b = &dvq(m)->wrs;
+
+	if (!setter(m, "sig_block", attr))
+		return;
+	mp_map(b, 6);
+	mp_str(b, "mem");
+	sig_domain(b, attr->mem);
+	mp_str(b, "wire");
+	sig_domain(b, attr->wire);
+	mp_kv_uint(b, "flags", attr->flags);
+	mp_kv_uint(b, "check_mask", attr->check_mask);
+	mp_kv_uint(b, "copy_mask", attr->copy_mask);
+	mp_kv_uint(b, "comp_mask", attr->comp_mask);
+}
+
+static void wr_set_mkey_crypto(struct mlx5dv_qp_ex *m, const struct mlx5dv_crypto_attr *attr)
+{
+	struct mp_buf *b = &dvq(m)->wrs;
+
+	if (!setter(m, "crypto", attr))
+		return;
+	mp_map(b, 8);
+	mp_kv_uint(b, "crypto_standard", attr->crypto_standard);
+	mp_str(b, "encrypt_on_tx");
+	mp_bool(b, attr->encrypt_on_tx);
+	mp_kv_uint(b, "signature_crypto_order", attr->signature_crypto_order);
+	mp_kv_uint(b, "data_unit_size", attr->data_unit_size);
+	mp_str(b, "initial_tweak");
+	mp_bin(b, attr->initial_tweak, sizeof(attr->initial_tweak));
+	mp_str(b, "dek");
+	if (attr->dek)
+		mp_uint(b, attr->dek->handle);
+	else
+		mp_nil(b);
+	mp_str(b, "keytag");
+	mp_bin(b, attr->keytag, sizeof(attr->keytag));
+	mp_kv_uint(b, "comp_mask", attr->comp_mask);
+}
+
+/* mlx5dv_wr_post(3)'s older builders: a configure WR with its access flags and layout. */
+static void wr_mr_list(struct mlx5dv_qp_ex *m, struct mlx5dv_mkey *mkey,
+		       uint32_t access_flags, uint16_t num_sges, struct ibv_sge *sge)
+{
+	struct mlx5dv_mkey_conf_attr attr = {0};
+
+	configure(m, mkey, 2, &attr, MLX5DV_QP_EX_WITH_MR_LIST, "mlx5dv_wr_mr_list");
+	if (!dvq(m)->cfg_open)
+		return;
+	wr_set_mkey_access_flags(m, access_flags);
+	wr_set_mkey_layout_list(m, num_sges, sge);
+}
+
+static void wr_mr_interleaved(struct mlx5dv_qp_ex *m, struct mlx5dv_mkey *mkey,
+			      uint32_t access_flags, uint32_t repeat_count,
+			      uint16_t num_interleaved, struct mlx5dv_mr_interleaved *data)
+{
+	struct mlx5dv_mkey_conf_attr attr = {0};
+
+	configure(m, mkey, 2, &attr, MLX5DV_QP_EX_WITH_MR_INTERLEAVED,
+		  "mlx5dv_wr_mr_interleaved");
+	if (!dvq(m)->cfg_open)
+		return;
+	wr_set_mkey_access_flags(m, access_flags);
+	wr_set_mkey_layout_interleaved(m, repeat_count, num_interleaved, data);
+}
+
+static void dv_unsupported(struct mlx5dv_qp_ex *m, const char *what)
+{
+	struct shca_qp *qp = dvq(m);
+
+	shca_wr_close(qp);
+	shca_dv_end_configure(qp);
+	shca_log("%s: EOPNOTSUPP: not modelled by softhca", what);
+	shca_wr_fail(qp, EOPNOTSUPP);
+}
+
+/* The DC address setters give the open WR its destination: they fail the batch, and
+ * the WR stays open for its other setters (as a setter of any WR does). */
+static void dc_unsupported(struct mlx5dv_qp_ex *m, const char *what)
+{
+	shca_log("%s: EOPNOTSUPP: DC QPs are not modelled by softhca", what);
+	shca_wr_fail(dvq(m), EOPNOTSUPP);
+}
+
+static void wr_set_dc_addr(struct mlx5dv_qp_ex *m, struct ibv_ah *ah, uint32_t remote_dctn,
+			   uint64_t remote_dc_key)
+{
+	(void)ah;
+	(void)remote_dctn;
+	(void)remote_dc_key;
+	dc_unsupported(m, "mlx5dv_wr_set_dc_addr");
+}
+
+static void wr_set_dc_addr_stream(struct mlx5dv_qp_ex *m, struct ibv_ah *ah,
+				  uint32_t remote_dctn, uint64_t remote_dc_key,
+				  uint16_t stream_id)
+{
+	(void)ah;
+	(void)remote_dctn;
+	(void)remote_dc_key;
+	(void)stream_id;
+	dc_unsupported(m, "mlx5dv_wr_set_dc_addr_stream");
+}
+
+static void wr_raw_wqe(struct mlx5dv_qp_ex *m, const void *wqe)
+{
+	(void)wqe;
+	dv_unsupported(m, "mlx5dv_wr_raw_wqe");
+}
+
+static void wr_memcpy(struct mlx5dv_qp_ex *m, uint32_t dest_lkey, uint64_t dest_addr,
+		      uint32_t src_lkey, uint64_t src_addr, size_t length)
+{
+	(void)dest_lkey;
+	(void)dest_addr;
+	(void)src_lkey;
+	(void)src_addr;
+	(void)length;
+	dv_unsupported(m, "mlx5dv_wr_memcpy");
+}
+
+void shca_dv_qp_init(struct shca_qp *qp)
+{
+	struct mlx5dv_qp_ex *m = &qp->dv;
+
+	m->comp_mask = 0;
+	m->wr_set_dc_addr = wr_set_dc_addr;
+	m->wr_mr_interleaved = wr_mr_interleaved;
+	m->wr_mr_list = wr_mr_list;
+	m->wr_mkey_configure = wr_mkey_configure;
+	m->wr_set_mkey_access_flags = wr_set_mkey_access_flags;
+	m->wr_set_mkey_layout_list = wr_set_mkey_layout_list;
+	m->wr_set_mkey_layout_interleaved = wr_set_mkey_layout_interleaved;
+	m->wr_set_mkey_sig_block = wr_set_mkey_sig_block;
+	m->wr_raw_wqe = wr_raw_wqe;
+	m->wr_set_dc_addr_stream = wr_set_dc_addr_stream;
+	m->wr_memcpy = wr_memcpy;
+	m->wr_set_mkey_crypto = wr_set_mkey_crypto;
+}
+
+int shca_dv_post_configure(struct shca_qp *qp, struct shca_run *run)
+{
+	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
+	struct mp_buf b;
+	struct shca_reply r;
+	int rc;
+
+	shca_begin(&ctx->conn, &b, "mkey_configure", 2);
+	mp_kv_uint(&b, "qp", qp->handle);
+	mp_str(&b, "calls");
+	mp_arr(&b, run->n);
+	mp_raw(&b, run->buf.p, run->buf.len);
+	b.failed |= run->buf.failed;
+	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	if (!rc)
+		shca_reply_free(&r);
+	return rc;
+}
+
+/* -- QPs ---------------------------------------------------------------------------- */
+
+static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *qp_attr,
+				struct mlx5dv_qp_init_attr *dv)
+{
+	const uint64_t known = MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS |
+			       MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS;
+	/* DISABLE_SCATTER_TO_CQE only changes where hardware puts small receives, never
+	 * what the application sees; softhca never scatters into a CQE. */
+	const uint32_t flags_ok = MLX5DV_QP_CREATE_SIG_PIPELINING |
+				  MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE;
+	uint64_t ops = 0;
+	uint32_t flags = 0;
+
+	if (!qp_attr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (dv && dv->comp_mask & ~known) {
+		shca_log("mlx5dv_create_qp: EOPNOTSUPP: comp_mask %#llx (DC, DCI streams) is not "
+			 "modelled", (unsigned long long)(dv->comp_mask & ~known));
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (dv && dv->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS)
+		flags = dv->create_flags;
+	if (flags & ~flags_ok) {
+		shca_log("mlx5dv_create_qp: EOPNOTSUPP: create_flags %#x are not modelled",
+			 flags & ~flags_ok);
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (dv && dv->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS)
+		ops = dv->send_ops_flags;
+	if (ops & ~(uint64_t)MKEY_OPS) {
+		shca_log("mlx5dv_create_qp: EOPNOTSUPP: send_ops_flags %#llx (raw WQEs, memcpy) "
+			 "are not modelled", (unsigned long long)(ops & ~(uint64_t)MKEY_OPS));
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (ops && !(qp_attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+		shca_log("mlx5dv_create_qp: EINVAL: mlx5dv send_ops_flags need an extended QP "
+			 "(IBV_QP_INIT_ATTR_SEND_OPS_FLAGS in qp_attr->comp_mask)");
+		errno = EINVAL;
+		return NULL;
+	}
+	return shca_create_qp_dv(context, qp_attr, ops, flags & MLX5DV_QP_CREATE_SIG_PIPELINING);
+}
+
+static struct mlx5dv_qp_ex *qp_ex_from_ibv_qp_ex(struct ibv_qp_ex *qpx)
+{
+	return &((struct shca_qp *)qpx)->dv;
+}
+
+/* Number of WRs canceled, or -errno (mlx5dv_qp_cancel_posted_send_wrs(3)). */
+static int cancel_posted_send_wrs(struct mlx5dv_qp_ex *m, uint64_t wr_id)
+{
+	struct shca_qp *qp = dvq(m);
+	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
+	struct mp_buf b;
+	struct shca_reply r;
+	uint32_t n = 0;
+	int rc;
+
+	shca_begin(&ctx->conn, &b, "cancel_posted_send_wrs", 2);
+	mp_kv_uint(&b, "qp", qp->handle);
+	mp_kv_uint(&b, "wr_id", wr_id);
+	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	if (rc)
+		return -rc;
+	rc = shca_get_u32(&r, "canceled", &n);
+	shca_reply_free(&r);
+	return rc ? -rc : (int)n;
+}
+
+const struct softhca_mlx5dv_ops softhca_mlx5dv_ops = {
+	.version = SOFTHCA_MLX5DV_OPS_VERSION,
+	.size = sizeof(struct softhca_mlx5dv_ops),
+	.owns_device = shca_owns_device,
+	.owns = shca_owns,
+	.query_device = shca_dv_query_device,
+	.create_qp = create_qp,
+	.qp_ex_from_ibv_qp_ex = qp_ex_from_ibv_qp_ex,
+	.qp_cancel_posted_send_wrs = cancel_posted_send_wrs,
+	.create_mkey = shca_dv_create_mkey,
+	.destroy_mkey = shca_dv_destroy_mkey,
+	.mkey_check = shca_dv_mkey_check,
+	.crypto_login = shca_dv_crypto_login,
+	.crypto_login_query_state = shca_dv_crypto_login_query_state,
+	.crypto_logout = shca_dv_crypto_logout,
+	.crypto_login_create = shca_dv_crypto_login_create,
+	.crypto_login_query = shca_dv_crypto_login_query,
+	.crypto_login_destroy = shca_dv_crypto_login_destroy,
+	.dek_create = shca_dv_dek_create,
+	.dek_query = shca_dv_dek_query,
+	.dek_destroy = shca_dv_dek_destroy,
+};
