@@ -17,9 +17,13 @@
 
 /* -- QP --------------------------------------------------------------------------- */
 
+/* send_ops_flags: the ibv_wr_* builders the application asked for (ibv_qp_ex; the
+ * provider offers them all), dv_send_ops: mlx5dv_create_qp's (the daemon takes MKEY
+ * configure WRs on a QP made with MLX5DV_QP_EX_WITH_MKEY_CONFIGURE), create_flags:
+ * mlx5dv_create_qp's. */
 static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 				struct ibv_qp_init_attr *attr, uint64_t send_ops_flags,
-				int extended)
+				int extended, uint64_t dv_send_ops, uint32_t create_flags)
 {
 	struct shca_context *ctx = to_sctx(ibctx);
 	struct shca_qp *qp;
@@ -46,7 +50,7 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "create_qp", 11);
+	shca_begin(&ctx->conn, &b, "create_qp", 12);
 	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
 	mp_kv_uint(&b, "scq", ((struct shca_cq *)attr->send_cq)->handle);
 	mp_kv_uint(&b, "rcq", ((struct shca_cq *)attr->recv_cq)->handle);
@@ -58,7 +62,8 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	mp_kv_uint(&b, "max_inline_data", inl);
 	mp_str(&b, "sq_sig_all");
 	mp_bool(&b, attr->sq_sig_all != 0);
-	mp_kv_uint(&b, "send_ops_flags", send_ops_flags);
+	mp_kv_uint(&b, "send_ops_flags", dv_send_ops);
+	mp_kv_uint(&b, "create_flags", create_flags);
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "qp", &qp->handle);
@@ -95,6 +100,8 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		qp->vqp.comp_mask |= VERBS_QP_EX;
 		shca_qp_ex_init(qp, send_ops_flags);
 	}
+	qp->dv_send_ops = dv_send_ops;
+	shca_dv_qp_init(qp);
 	pthread_mutex_lock(&ctx->conn.lock);
 	qp->next = ctx->qps;
 	ctx->qps = qp;
@@ -104,11 +111,17 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 
 struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
-	return create_qp(pd->context, pd, attr, 0, 0);
+	return create_qp(pd->context, pd, attr, 0, 0, 0, 0);
 }
 
 struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx,
 					struct ibv_qp_init_attr_ex *ax)
+{
+	return shca_create_qp_dv(ibctx, ax, 0, 0);
+}
+
+struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax,
+				 uint64_t dv_send_ops, uint32_t create_flags)
 {
 	struct ibv_qp_init_attr a;
 	struct ibv_qp *qp;
@@ -135,7 +148,7 @@ struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx,
 	if (ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
 		ops = ax->send_ops_flags;
 	qp = create_qp(ibctx, ax->pd, &a, ops, (ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
-		       != 0);
+		       != 0, dv_send_ops, create_flags);
 	if (qp)
 		ax->cap = a.cap;
 	return qp;
@@ -160,7 +173,7 @@ int shca_destroy_qp(struct ibv_qp *ibqp)
 	if (qp->bounce)
 		shca_dereg(qp->bounce);
 	free(qp->bounce_buf);
-	mp_free(&qp->wrs);
+	shca_batch_free(qp);
 	free(qp);
 	return 0;
 }

@@ -1,9 +1,15 @@
 /* The extended post-send API (ibv_wr_post(3)): between ibv_wr_start and
  * ibv_wr_complete each builder opens a WR with the QP's wr_id and wr_flags and the
- * setters give it its data; ibv_wr_complete posts them all in one post_send request
- * (the daemon applies a batch in order; ibv_wr_abort drops it). A failed setter or a
- * builder this device does not model makes ibv_wr_complete fail, posting nothing. */
+ * setters give it its data. mlx5dv's MKEY configure builders (dv.c) add their calls to
+ * the same batch. ibv_wr_complete posts the batch in order, as runs: consecutive send
+ * WRs in one post_send request, consecutive configure calls in one mkey_configure
+ * request; the daemon applies a request whole or refuses it whole (ibv_wr_abort drops
+ * the batch). A failed setter, a misplaced call or a builder this device does not model
+ * makes ibv_wr_complete fail, posting nothing. A batch that mixes both kinds is not one
+ * request, though: when the daemon refuses a later run (say a configure whose values
+ * are wrong), the runs before it stay posted (docs/native.md). */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "softhca.h"
@@ -15,8 +21,57 @@ static struct shca_qp *of(struct ibv_qp_ex *qpx)
 	return (struct shca_qp *)qpx;
 }
 
+void shca_wr_fail(struct shca_qp *qp, int err)
+{
+	if (!qp->wr_error)
+		qp->wr_error = err;
+}
+
+int shca_batch_run(struct shca_qp *qp, int kind)
+{
+	struct shca_run *r;
+
+	if (qp->run_kind == kind || !qp->nwrs) {
+		qp->run_kind = kind;
+		return 0;
+	}
+	if (qp->nruns == qp->cap_runs) {
+		uint32_t cap = qp->cap_runs ? qp->cap_runs * 2 : 4;
+
+		r = realloc(qp->runs, cap * sizeof(*r));
+		if (!r)
+			return ENOMEM;
+		qp->runs = r;
+		qp->cap_runs = cap;
+	}
+	r = &qp->runs[qp->nruns++];
+	r->kind = qp->run_kind;
+	r->buf = qp->wrs;
+	r->n = qp->nwrs;
+	mp_init(&qp->wrs);
+	qp->nwrs = 0;
+	qp->run_kind = kind;
+	return 0;
+}
+
+void shca_batch_free(struct shca_qp *qp)
+{
+	uint32_t i;
+
+	for (i = 0; i < qp->nruns; i++)
+		mp_free(&qp->runs[i].buf);
+	free(qp->runs);
+	qp->runs = NULL;
+	qp->nruns = qp->cap_runs = 0;
+	mp_free(&qp->wrs);
+	qp->nwrs = 0;
+	qp->run_kind = 0;
+	qp->batch_sends = 0;
+	qp->cfg_open = 0;
+}
+
 /* The WR being built goes into the batch (at the next builder or at complete). */
-static void close_wr(struct shca_qp *qp)
+void shca_wr_close(struct shca_qp *qp)
 {
 	int rc;
 
@@ -25,24 +80,30 @@ static void close_wr(struct shca_qp *qp)
 	qp->wr_open = 0;
 	if (qp->wr_error)
 		return;
-	if (qp->nwrs >= MAX_WRS_PER_POST) {
-		shca_log("ibv_wr_complete: ENOMEM: more than %d WRs in one batch",
+	/* the bounce pages hold the inline data of this many WRs */
+	if (qp->batch_sends >= MAX_WRS_PER_POST) {
+		shca_log("ibv_wr_complete: ENOMEM: more than %d send WRs in one batch",
 			 MAX_WRS_PER_POST);
-		qp->wr_error = ENOMEM;
+		shca_wr_fail(qp, ENOMEM);
 		return;
 	}
-	rc = shca_encode_send_wr(qp, &qp->wrs, &qp->cur, qp->cur_bounced);
-	if (rc)
-		qp->wr_error = rc;
-	else
+	rc = shca_batch_run(qp, SHCA_RUN_SEND);
+	if (!rc)
+		rc = shca_encode_send_wr(qp, &qp->wrs, &qp->cur, qp->cur_bounced);
+	if (rc) {
+		shca_wr_fail(qp, rc);
+	} else {
 		qp->nwrs++;
+		qp->batch_sends++;
+	}
 }
 
 static void open_wr(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op)
 {
 	struct shca_qp *qp = of(qpx);
 
-	close_wr(qp);
+	shca_wr_close(qp);
+	shca_dv_end_configure(qp);
 	memset(&qp->cur, 0, sizeof(qp->cur));
 	qp->cur.wr_id = qpx->wr_id;
 	qp->cur.send_flags = qpx->wr_flags;
@@ -56,24 +117,36 @@ static void wr_start(struct ibv_qp_ex *qpx)
 {
 	struct shca_qp *qp = of(qpx);
 
-	mp_free(&qp->wrs);
-	qp->nwrs = 0;
+	shca_batch_free(qp);
 	qp->wr_error = 0;
 	qp->wr_open = 0;
 	qp->bounce_used = 0;
 }
 
+static int post_run(struct shca_qp *qp, struct shca_run *r)
+{
+	if (!r->n)
+		return 0;
+	if (r->kind == SHCA_RUN_CONFIGURE)
+		return shca_dv_post_configure(qp, r);
+	return shca_post_send_batch(qp, &r->buf, r->n);
+}
+
 static int wr_complete(struct ibv_qp_ex *qpx)
 {
 	struct shca_qp *qp = of(qpx);
+	uint32_t i;
 	int rc;
 
-	close_wr(qp);
+	shca_wr_close(qp);
+	shca_dv_end_configure(qp);
 	rc = qp->wr_error;
-	if (!rc && qp->nwrs)
-		rc = shca_post_send_batch(qp, &qp->wrs, qp->nwrs);
-	mp_free(&qp->wrs);
-	qp->nwrs = 0;
+	if (!rc)
+		rc = shca_batch_run(qp, 0);     /* closes the open run */
+	for (i = 0; !rc && i < qp->nruns; i++)
+		rc = post_run(qp, &qp->runs[i]);
+	shca_batch_free(qp);
+	qp->wr_error = 0;
 	return rc;
 }
 
@@ -81,9 +154,9 @@ static void wr_abort(struct ibv_qp_ex *qpx)
 {
 	struct shca_qp *qp = of(qpx);
 
-	mp_free(&qp->wrs);
-	qp->nwrs = 0;
+	shca_batch_free(qp);
 	qp->wr_open = 0;
+	qp->wr_error = 0;
 }
 
 static void wr_send(struct ibv_qp_ex *qpx)
@@ -156,9 +229,10 @@ static void unsupported(struct ibv_qp_ex *qpx, const char *what)
 {
 	struct shca_qp *qp = of(qpx);
 
-	close_wr(qp);
+	shca_wr_close(qp);
+	shca_dv_end_configure(qp);
 	shca_log("%s: EOPNOTSUPP: not modelled on an RC QP of softhca", what);
-	qp->wr_error = EOPNOTSUPP;
+	shca_wr_fail(qp, EOPNOTSUPP);
 }
 
 static void wr_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
@@ -213,7 +287,7 @@ static int need_open(struct shca_qp *qp, const char *what)
 	if (qp->wr_open)
 		return 1;
 	shca_log("%s: EINVAL: no WR was started by a builder", what);
-	qp->wr_error = EINVAL;
+	shca_wr_fail(qp, EINVAL);
 	return 0;
 }
 

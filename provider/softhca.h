@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "abi.h"
+#include "dv_bridge.h"
 #include "mp.h"
 
 #define SHCA_MAX_DEVICES 16
@@ -90,6 +91,15 @@ struct shca_cq {
 	struct shca_cq *next;
 };
 
+/* A run of an ibv_wr_* batch: consecutive send WRs, posted as one post_send request, or
+ * MKEY configure calls, posted as one mkey_configure request. */
+enum { SHCA_RUN_SEND = 1, SHCA_RUN_CONFIGURE = 2 };
+struct shca_run {
+	int kind;
+	struct mp_buf buf;       /* the encoded WRs or calls */
+	uint32_t n;
+};
+
 struct shca_qp {
 	struct verbs_qp vqp;
 	uint32_t handle;
@@ -97,14 +107,26 @@ struct shca_qp {
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge;
 	int sq_sig_all;
 	pthread_mutex_t post_lock;   /* ibv_post_send's use of the bounce pages */
-	/* the ibv_wr_* API (qp_ex.c): WRs built since ibv_wr_start */
+	/* the ibv_wr_* API (qp_ex.c): what was built since ibv_wr_start, as runs of one
+	 * kind each (send WRs or MKEY configure calls); the open run is wrs/nwrs */
 	struct mp_buf wrs;
 	uint32_t nwrs;
+	int run_kind;            /* SHCA_RUN_SEND or SHCA_RUN_CONFIGURE, 0 before any */
+	struct shca_run *runs;   /* the closed runs, in order */
+	uint32_t nruns, cap_runs;
+	uint32_t batch_sends;    /* send WRs in the whole batch (the bounce pages' bound) */
 	int wr_error;
 	int wr_open;        /* a builder started a WR that is not in the batch yet */
 	int cur_bounced;    /* its SGE is inline data already in the bounce pages */
 	struct ibv_send_wr cur;
 	struct ibv_sge cur_sge[32];
+	/* mlx5dv (dv.c): what mlx5dv_qp_ex_from_ibv_qp_ex hands out, the mlx5dv
+	 * send_ops_flags the QP was made with, and the open mlx5dv_wr_mkey_configure's
+	 * count of setters announced and called */
+	struct mlx5dv_qp_ex dv;
+	uint64_t dv_send_ops;
+	int cfg_open;
+	unsigned cfg_need, cfg_got;
 	struct shca_qp *next;    /* the context's QPs */
 	struct shca_mr *bounce;  /* registered bytes inline data is copied into */
 	uint8_t *bounce_buf;
@@ -142,9 +164,26 @@ void shca_mem_release_all(struct shca_context *ctx);
 
 /* qp_ex.c */
 void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);
+/* The WR a send builder opened goes into the batch. */
+void shca_wr_close(struct shca_qp *qp);
+/* The open run becomes one of `kind` (the other kind's run is closed); 0 or an errno. */
+int shca_batch_run(struct shca_qp *qp, int kind);
+/* The batch's first error is the one ibv_wr_complete returns. */
+void shca_wr_fail(struct shca_qp *qp, int err);
+void shca_batch_free(struct shca_qp *qp);
+
+/* dv.c */
+void shca_dv_qp_init(struct shca_qp *qp);
+/* The open mlx5dv_wr_mkey_configure got all its setters (EINVAL into the batch if not). */
+void shca_dv_end_configure(struct shca_qp *qp);
+int shca_dv_post_configure(struct shca_qp *qp, struct shca_run *run);
+extern const struct softhca_mlx5dv_ops softhca_mlx5dv_ops;
 
 /* qp.c */
 struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+/* ibv_create_qp_ex with mlx5dv_create_qp's send_ops_flags and create_flags. */
+struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax,
+				 uint64_t dv_send_ops, uint32_t create_flags);
 struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax);
 int shca_destroy_qp(struct ibv_qp *ibqp);
 int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask);
@@ -158,6 +197,8 @@ int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct 
 int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n);
 
 /* verbs.c */
+bool shca_owns_device(struct ibv_device *device);
+bool shca_owns(struct ibv_context *context);
 int shca_get_u32(struct shca_reply *r, const char *key, uint32_t *out);
 int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
 		     uint32_t handle);

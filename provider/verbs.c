@@ -619,6 +619,16 @@ static const struct verbs_device_ops shca_dev_ops = {
 	.alloc_context = shca_alloc_context,
 };
 
+bool shca_owns_device(struct ibv_device *device)
+{
+	return device && ((struct verbs_device *)device)->ops == &shca_dev_ops;
+}
+
+bool shca_owns(struct ibv_context *context)
+{
+	return context && shca_owns_device(context->device);
+}
+
 static __attribute__((constructor)) void shca_register(void)
 {
 	verbs_register_driver_34(&shca_dev_ops);

@@ -20,12 +20,31 @@ from ..engine.mkey import MKey
 from ..engine.mkey_configure import MkeyConfigureBuilder
 from ..protocol import control
 from ..protocol.attrs import DEKInitAttr, MkeyConfAttr
-from ..protocol.enums import CryptoLoginState, WcOpcode
+from ..protocol.enums import (
+    BLOCK_SIZE_BYTES,
+    CRC_PI_BYTES,
+    CryptoLoginState,
+    SigT10difBgType,
+    SigType,
+    WcOpcode,
+)
 from ..protocol.errors import RDMAError, einval
 from .hosts import QPHost
 
-# mlx5dv.h enum mlx5dv_context_comp_mask: crypto_caps is filled.
+# mlx5dv.h enum mlx5dv_context_comp_mask: sig_caps and crypto_caps are filled.
+MLX5DV_CONTEXT_MASK_SIGNATURE_OFFLOAD = 1 << 10
 MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD = 1 << 13
+
+
+def _bits(values) -> int:
+    """A caps mask (mlx5dv.h's *_caps enums: bit 1 << value) of the values modelled."""
+    return sum(1 << int(v) for v in values)
+
+
+# struct mlx5dv_sig_caps of every softhca device: what engine/signature.py computes
+# (each mlx5dv_block_size, T10-DIF with CRC or IP checksum guards, the three CRCs).
+SIG_CAPS = {"block_size": _bits(BLOCK_SIZE_BYTES), "block_prot": _bits(SigType),
+            "t10dif_bg": _bits(SigT10difBgType), "crc_type": _bits(CRC_PI_BYTES)}
 
 
 def _set_layout_interleaved(b: MkeyConfigureBuilder, value: tuple) -> None:
@@ -147,8 +166,9 @@ class Mlx5dvVerbs:
     def op_query_mlx5_device(self, r: control.QueryMlx5Device, rid: int) -> dict | None:
         hca: HCA = self.get(r.ctx, "ctx")
         return {"attr": {"version": 1, "flags": 0,
-                         "comp_mask": MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD,
-                         "crypto_caps": hca.crypto.caps()}}
+                         "comp_mask": MLX5DV_CONTEXT_MASK_SIGNATURE_OFFLOAD
+                         | MLX5DV_CONTEXT_MASK_CRYPTO_OFFLOAD,
+                         "sig_caps": dict(SIG_CAPS), "crypto_caps": hca.crypto.caps()}}
 
     def _login_entry(self, ctx: int, api: str) -> LoginEntry | None:
         for kind, o in self.objects.values():

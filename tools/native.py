@@ -13,6 +13,9 @@ devices, with no RDMA kernel module:
   is never written;
 - ``RDMAV_DRIVERS``, naming the provider (provider/build/libsofthca), and
   ``SOFTHCA_SOCKET``, the daemon's UNIX socket;
+- ``LD_LIBRARY_PATH`` with provider/build first (the user's entries kept after it), so
+  that a program linked with Debian's libmlx5.so.1 gets softhca's (provider/mlx5/),
+  which serves the mlx5dv calls on softhca devices;
 - the daemon: embedded in this process (on ``--listen``) unless ``--target`` names the
   UNIX socket of one that runs already.
 """
@@ -150,6 +153,9 @@ def program_env(sysfs: Path, sock: str, provider: Path) -> dict[str, str]:
     env["SYSFS_PATH"] = str(sysfs)
     env["RDMAV_DRIVERS"] = str(provider / "libsofthca")
     env["SOFTHCA_SOCKET"] = sock
+    # softhca's libmlx5.so.1 ahead of Debian's (ld.so searches LD_LIBRARY_PATH first).
+    keep = env.get("LD_LIBRARY_PATH", "")
+    env["LD_LIBRARY_PATH"] = str(provider) + (":" + keep if keep else "")
     return env
 
 
@@ -185,14 +191,20 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     from ..server.unix import UnixListener
 
     host, port = parse_listen(args.listen)
-    peer = {}
+    opts: dict = {}     # the Daemon's keyword options
     if args.peer_token_file:
         try:
-            peer["peer_token"] = read_secret("--peer-token-file", args.peer_token_file,
+            opts["peer_token"] = read_secret("--peer-token-file", args.peer_token_file,
                                              allow_readable=False)
         except ValueError as e:
             raise RunError(str(e)) from None
-    daemon = Daemon(tuple(args.hca or ["mlx5_0"]), host, port, **peer)
+    if getattr(args, "crypto_config", None):
+        from ..server.crypto_config import CryptoConfigError, load_crypto_config
+        try:
+            opts["crypto"] = load_crypto_config(args.crypto_config)
+        except CryptoConfigError as e:
+            raise RunError(str(e)) from None
+    daemon = Daemon(tuple(args.hca or ["mlx5_0"]), host, port, **opts)
     for rule in _fault_rules(args.faults):
         daemon.faults.add(rule)
     await daemon.start()

@@ -236,8 +236,12 @@ def test_ibv_rc_pingpong_between_containers(verbs_nodes):
 
 
 def test_ib_write_bw_between_containers(verbs_nodes):
-    """perftest's ib_write_bw, unmodified, initiator container to target container."""
+    """perftest's ib_write_bw, unmodified, initiator container to target container; it
+    links libmlx5.so.1, which the image's LD_LIBRARY_PATH makes softhca's."""
     target, node = verbs_nodes
+    for cid in (target, node):
+        r = _exec_output(cid, ["ldd", "/usr/bin/ib_write_bw"])
+        assert "libmlx5.so.1 => /opt/softhca-provider/libmlx5.so.1" in r.stdout, r.stdout
     size, iters, port = 65536, 1000, 18516
     prog = ["ib_write_bw", "-s", str(size), "-n", str(iters), "-p", str(port)]
     (src, sout), (crc, cout) = _exec_pair(target, node, prog, port)

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,8 @@ import netns
 REPO = Path(__file__).resolve().parents[2]
 PROVIDER = REPO / "provider" / "build" / "libsofthca-rdmav34.so"
 MEMCHECK = REPO / "provider" / "build" / "memcheck"
+DVCHECK = REPO / "provider" / "build" / "dvcheck"
+LIBMLX5 = REPO / "provider" / "build" / "libmlx5.so.1"
 PROGRAM_TIMEOUT = 120.0
 
 
@@ -104,19 +106,40 @@ class Place:
 
     def pair(self, server_prog: Sequence[str], client_prog: Sequence[str], tcp_port: int, *,
              server_run_args: Sequence[str] = (), client_run_args: Sequence[str] = (),
-             timeout: float = PROGRAM_TIMEOUT) -> tuple[Done, Done]:
+             timeout: float = PROGRAM_TIMEOUT,
+             on_listening: Callable[[], None] | None = None) -> tuple[Done, Done]:
         """The server program, then, once it listens on ``tcp_port`` for its peer's
-        address exchange, the client; both waited for."""
+        address exchange (and ``on_listening`` has looked at it), the client; both
+        waited for."""
         argv = self.argv(self.server, server_prog, run_args=server_run_args)
         srv = _start(argv, stderr=subprocess.STDOUT)
         try:
             wait_listening(srv, tcp_port, timeout=30)
+            if on_listening is not None:
+                on_listening()
             cli = self.run(self.client, client_prog, run_args=client_run_args,
                            timeout=timeout)
             out, _ = srv.communicate(timeout=timeout)
         finally:
             _reap(srv)
         return Done(argv, srv.returncode, out), cli
+
+
+def processes_of(program: str, *args: str) -> list[int]:
+    """The pids of the running processes whose argv is ``program`` followed by ``args``
+    among its arguments (a program under ``softhca run``, found by its command line)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        if words and Path(words[0]).name == program and all(a in words for a in args):
+            pids.append(int(d.name))
+    return pids
 
 
 def _start(argv: list[str], *, stderr: int) -> subprocess.Popen:

@@ -41,6 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the embedded daemon's pipeline stages of every transfer (the "
                    "program's MKEY blocks: data, guard, app tag, ref tag, ciphertext) to FILE, "
                    "as 'softhca trace' prints them")
+    p.add_argument("--crypto-config", metavar="FILE",
+                   help="the embedded daemon's devices' crypto configuration, as 'serve "
+                   "--crypto-config' (default: plaintext DEK import)")
     p.add_argument("--stats", metavar="FILE",
                    help="when PROGRAM has ended, write the embedded daemon's counters and RC "
                    "statistics (packets, retransmissions, ...) to FILE as JSON")
