@@ -20,7 +20,6 @@ static void target(struct cex *c)
 	uint8_t *mem = cex_alloc(UNITS * DU), *data = cex_alloc(UNITS * DU), key[KEY_LEN];
 	struct mlx5dv_crypto_attr crypto;
 	struct mlx5dv_mkey *mkey;
-	struct mlx5dv_mkey_err e;
 	struct mlx5dv_dek *dek;
 	struct ibv_mr *mr;
 	struct ibv_sge sge;
@@ -55,8 +54,7 @@ static void target(struct cex *c)
 	cex_barrier(c, "recv posted");
 	cex_send(c, mkey->lkey, 0, UNITS * DU);
 	cex_barrier(c, "sent");
-	e = cex_mkey_check(c, "after_send", mkey);
-	cex_check(c, e.err_type == MLX5DV_MKEY_NO_ERR, "mkey_check finds nothing");
+	/* no mlx5dv_mkey_check: it is for MKEYs with signature attributes only */
 	mlx5dv_destroy_mkey(mkey);
 	mlx5dv_dek_destroy(dek);
 	ibv_dereg_mr(mr);

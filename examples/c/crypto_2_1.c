@@ -43,6 +43,8 @@ static void target(struct cex *c)
 		  "memory holds the data alone: decrypt(encrypt(x)) == x, T10-DIF stripped");
 	e = cex_mkey_check(c, "after_write", mkey);
 	cex_check(c, e.err_type == MLX5DV_MKEY_NO_ERR, "every T10-DIF was valid after decryption");
+	/* the damaged write waits for this check and the memory's comparison */
+	cex_barrier(c, "checked clean");
 	cex_barrier(c, "written again");
 	e = cex_mkey_check(c, "tampered", mkey);
 	cex_check(c, e.err_type == MLX5DV_MKEY_SIG_BLOCK_BAD_GUARD &&
@@ -79,6 +81,7 @@ static void initiator(struct cex *c)
 	cex_rdma_write(c, mr->lkey, (uintptr_t)buf, BLOCKS * ROW_C_UNIT, c->peer.rkey,
 		       c->peer.addr);
 	cex_barrier(c, "written");
+	cex_barrier(c, "checked clean");
 	buf[BAD_UNIT * ROW_C_UNIT + 17] ^= 0x80;
 	printf("tamper unit %d: ciphertext byte %d flipped\n", BAD_UNIT, BAD_UNIT * ROW_C_UNIT + 17);
 	cex_image("initiator_memory_tampered", buf, BLOCKS * ROW_C_UNIT);

@@ -86,6 +86,10 @@ static void target(struct cex *c)
 
 		cex_barrier(c, d->name);
 		e = cex_mkey_check(c, d->name, mkey);
+		/* The next write waits for this check: the MKEY keeps its first error until it
+		 * is read, so an error of the next write found before this read would be lost
+		 * behind this one. */
+		cex_barrier(c, "checked");
 		cex_check(c, !memcmp(mem, data, BLOCKS * BLK), "%s: the data was stored all the same",
 			  d->name);
 		if (d->block < 0) {
@@ -117,7 +121,7 @@ static void target(struct cex *c)
 			  d->block, (unsigned long long)actual, (unsigned long long)expected,
 			  d->block * (BLK + PI));
 	}
-	cex_barrier(c, "checked");
+	cex_barrier(c, "done");
 	mlx5dv_destroy_mkey(mkey);
 	ibv_dereg_mr(mr);
 }
@@ -140,8 +144,9 @@ static void initiator(struct cex *c)
 		cex_rdma_write(c, mr->lkey, (uintptr_t)img, BLOCKS * (BLK + PI), c->peer.rkey,
 			       c->peer.addr);
 		cex_barrier(c, ROUNDS[r].name);
+		cex_barrier(c, "checked");
 	}
-	cex_barrier(c, "checked");
+	cex_barrier(c, "done");
 	ibv_dereg_mr(mr);
 }
 
