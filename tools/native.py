@@ -221,7 +221,10 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
         if args.trace:
             from .trace import Follower
 
-            follower = await Follower.start(daemon.address, args.trace)
+            try:
+                follower = await Follower.start(daemon.address, args.trace)
+            except OSError as e:
+                raise RunError(f"--trace {args.trace}: {e.strerror or e}") from None
         devices = list(daemon.hcas)
         write_sysfs(tmp / "sys", devices, daemon.host, daemon.port)
         return await _run_program(argv, program_env(tmp / "sys", sock, provider),
