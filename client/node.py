@@ -287,9 +287,10 @@ class Context(_Closable):
         return DEK(self, h["dek"])
 
     async def query_mlx5_device(self) -> dict:
-        """mlx5dv_query_device(3): a dict with ``version``, ``flags``, ``comp_mask`` and
-        ``crypto_caps`` (failed_selftests, crypto_engines, wrapped_import_method,
-        log_max_num_deks, flags) as struct mlx5dv_crypto_caps.
+        """mlx5dv_query_device(3): a dict with ``version``, ``flags``, ``comp_mask``,
+        ``sig_caps`` (block_size, block_prot, t10dif_bg, crc_type) as struct
+        mlx5dv_sig_caps and ``crypto_caps`` (failed_selftests, crypto_engines,
+        wrapped_import_method, log_max_num_deks, flags) as struct mlx5dv_crypto_caps.
 
         Errors: ENOENT after ``ctx.close()``."""
         h, _ = await self.node.request("query_mlx5_device", ctx=self.handle)

@@ -62,7 +62,12 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	mp_kv_uint(&b, "max_inline_data", inl);
 	mp_str(&b, "sq_sig_all");
 	mp_bool(&b, attr->sq_sig_all != 0);
-	mp_kv_uint(&b, "send_ops_flags", dv_send_ops);
+	/* The daemon's QP takes configure WRs (what each MKEY builder posts) when any MKEY
+	 * builder is allowed; which one the application may call the builders check. */
+	mp_kv_uint(&b, "send_ops_flags",
+		   dv_send_ops & (MLX5DV_QP_EX_WITH_MKEY_CONFIGURE | MLX5DV_QP_EX_WITH_MR_LIST |
+				  MLX5DV_QP_EX_WITH_MR_INTERLEAVED) ?
+		   MLX5DV_QP_EX_WITH_MKEY_CONFIGURE : 0);
 	mp_kv_uint(&b, "create_flags", create_flags);
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {

@@ -172,12 +172,57 @@ int shca_batch_run(struct shca_qp *qp, int kind);
 void shca_wr_fail(struct shca_qp *qp, int err);
 void shca_batch_free(struct shca_qp *qp);
 
+/* dv.c, dv_keys.c: mlx5dv. The objects the application sees as mlx5dv.h's (an MKEY's
+ * lkey and rkey; DEKs and login objects only as pointers, declared incomplete there). */
+#define shca_container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
+
+struct shca_mkey {
+	struct mlx5dv_mkey dv;   /* what the application sees: lkey, rkey */
+	struct shca_context *ctx;
+	uint32_t handle;
+};
+
+struct mlx5dv_dek {
+	struct shca_context *ctx;
+	uint32_t handle;
+};
+
+struct mlx5dv_crypto_login_obj {
+	struct shca_context *ctx;
+	uint32_t handle;
+};
+
+static inline struct shca_mkey *shca_to_mkey(struct mlx5dv_mkey *m)
+{
+	return shca_container_of(m, struct shca_mkey, dv);
+}
+
 /* dv.c */
 void shca_dv_qp_init(struct shca_qp *qp);
 /* The open mlx5dv_wr_mkey_configure got all its setters (EINVAL into the batch if not). */
 void shca_dv_end_configure(struct shca_qp *qp);
 int shca_dv_post_configure(struct shca_qp *qp, struct shca_run *run);
 extern const struct softhca_mlx5dv_ops softhca_mlx5dv_ops;
+
+/* dv_keys.c: the calls of softhca_mlx5dv_ops on MKEYs, caps, crypto login and DEKs */
+struct mlx5dv_mkey *shca_dv_create_mkey(struct mlx5dv_mkey_init_attr *attr);
+int shca_dv_destroy_mkey(struct mlx5dv_mkey *mkey);
+int shca_dv_mkey_check(struct mlx5dv_mkey *mkey, struct mlx5dv_mkey_err *err_info,
+		       size_t err_info_size);
+int shca_dv_query_device(struct ibv_context *context, struct mlx5dv_context *attrs);
+int shca_dv_crypto_login(struct ibv_context *context, struct mlx5dv_crypto_login_attr *a);
+int shca_dv_crypto_login_query_state(struct ibv_context *context,
+				     enum mlx5dv_crypto_login_state *state);
+int shca_dv_crypto_logout(struct ibv_context *context);
+struct mlx5dv_crypto_login_obj *shca_dv_crypto_login_create(
+	struct ibv_context *context, struct mlx5dv_crypto_login_attr_ex *a);
+int shca_dv_crypto_login_query(struct mlx5dv_crypto_login_obj *o,
+			       struct mlx5dv_crypto_login_query_attr *q);
+int shca_dv_crypto_login_destroy(struct mlx5dv_crypto_login_obj *o);
+struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
+				      struct mlx5dv_dek_init_attr *a);
+int shca_dv_dek_query(struct mlx5dv_dek *dek, struct mlx5dv_dek_attr *attr);
+int shca_dv_dek_destroy(struct mlx5dv_dek *dek);
 
 /* qp.c */
 struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);

@@ -75,10 +75,11 @@ static const struct softhca_mlx5dv_ops *of_ctx(struct ibv_context *context)
 	return o && context && o->owns(context) ? o : NULL;
 }
 
-/* The table for an object only the table makes (NULL only without a provider). */
+/* The table for an object only the table makes (NULL without a provider). */
 static const struct softhca_mlx5dv_ops *of_obj(const void *obj)
 {
-	return obj ? shca_dv_ops() : NULL;
+	(void)obj;
+	return shca_dv_ops();
 }
 
 /* -- device and context -------------------------------------------------------------- */
@@ -146,6 +147,8 @@ int mlx5dv_qp_cancel_posted_send_wrs(struct mlx5dv_qp_ex *mqp, uint64_t wr_id)
 
 	if (!o)
 		return -shca_dv_unsupported("mlx5dv_qp_cancel_posted_send_wrs");
+	if (!mqp)
+		return -EINVAL;
 	return o->qp_cancel_posted_send_wrs(mqp, wr_id);
 }
 
@@ -192,6 +195,8 @@ int mlx5dv_destroy_mkey(struct mlx5dv_mkey *mkey)
 
 	if (!o)
 		return shca_dv_unsupported("mlx5dv_destroy_mkey");
+	if (!mkey)
+		return EINVAL;
 	return o->destroy_mkey(mkey);
 }
 
@@ -202,6 +207,8 @@ int _mlx5dv_mkey_check(struct mlx5dv_mkey *mkey, struct mlx5dv_mkey_err *err_inf
 
 	if (!o)
 		return shca_dv_unsupported("mlx5dv_mkey_check");
+	if (!mkey)
+		return EINVAL;
 	return o->mkey_check(mkey, err_info, err_info_size);
 }
 
@@ -253,6 +260,8 @@ int mlx5dv_crypto_login_query(struct mlx5dv_crypto_login_obj *crypto_login,
 
 	if (!o)
 		return shca_dv_unsupported("mlx5dv_crypto_login_query");
+	if (!crypto_login)
+		return EINVAL;
 	return o->crypto_login_query(crypto_login, query_attr);
 }
 
@@ -262,6 +271,8 @@ int mlx5dv_crypto_login_destroy(struct mlx5dv_crypto_login_obj *crypto_login)
 
 	if (!o)
 		return shca_dv_unsupported("mlx5dv_crypto_login_destroy");
+	if (!crypto_login)
+		return EINVAL;
 	return o->crypto_login_destroy(crypto_login);
 }
 
@@ -281,6 +292,8 @@ int mlx5dv_dek_query(struct mlx5dv_dek *dek, struct mlx5dv_dek_attr *attr)
 
 	if (!o)
 		return shca_dv_unsupported("mlx5dv_dek_query");
+	if (!dek)
+		return EINVAL;
 	return o->dek_query(dek, attr);
 }
 
@@ -290,5 +303,7 @@ int mlx5dv_dek_destroy(struct mlx5dv_dek *dek)
 
 	if (!o)
 		return shca_dv_unsupported("mlx5dv_dek_destroy");
+	if (!dek)
+		return EINVAL;
 	return o->dek_destroy(dek);
 }

@@ -12,6 +12,11 @@
  *                       which the test checks with its own CRC), then reads the blocks
  *                       back through the MKEY (the PI checked and stripped) and
  *                       mlx5dv_mkey_check.
+ *   dvcheck sig-peer PORT [HOST]   the same MKEY on a server (no HOST), written by a
+ *                       client's RDMA WRITE through its own daemon (a TCP exchange on
+ *                       PORT gives each side the other's QP, GID and the MKEY's rkey).
+ *   dvcheck layouts     mlx5dv_wr_mr_interleaved and mlx5dv_wr_mr_list on a QP made for
+ *                       them; prints what RDMA READs through the MKEYs bring.
  *   dvcheck bad         the calls that must fail, each with the man page's errno.
  *   dvcheck dek CRED KEY   on a device whose DEKs are imported wrapped: a DEK outside
  *                       a crypto login fails EINVAL; then a login session with the
@@ -29,8 +34,11 @@
  *
  * Each check prints one line, "dvcheck: ok: ..." or "dvcheck: FAIL: ..."; exit 0 when
  * every check holds. Nothing here computes a CRC or a cipher: the test does. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/mlx5dv.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -337,6 +345,287 @@ static int sig(void)
 	      "mlx5dv_mkey_check: %d, err_type %d (MLX5DV_MKEY_NO_ERR)", rc, err.err_type);
 	rc = mlx5dv_destroy_mkey(mk);
 	CHECK(rc == 0, "mlx5dv_destroy_mkey: %d", rc);
+	return failures ? 1 : 0;
+}
+
+/* -- sig against a peer ---------------------------------------------------------------------- */
+
+struct peer_info {
+	uint32_t qpn;
+	uint32_t rkey;     /* the server's MKEY */
+	union ibv_gid gid;
+};
+
+/* The server's side of the exchange: listens on port, returns the connected socket. */
+static int tcp_server(int port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0), c;
+
+	if (fd < 0)
+		die("socket");
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) || listen(fd, 1))
+		die("bind/listen");
+	c = accept(fd, NULL, NULL);
+	if (c < 0)
+		die("accept");
+	close(fd);
+	return c;
+}
+
+static int tcp_client(const char *host, int port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	if (fd < 0 || inet_pton(AF_INET, host, &a.sin_addr) != 1)
+		die("socket/address");
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)))
+		die("connect");
+	return fd;
+}
+
+static void xfer(int fd, void *p, size_t n, int out)
+{
+	ssize_t r = out ? write(fd, p, n) : recv(fd, p, n, MSG_WAITALL);
+
+	if (r != (ssize_t)n)
+		die("tcp exchange");
+}
+
+/* Connects the side's QP to the peer's (INIT, RTR, RTS). */
+static void connect_peer(struct side *s, const struct peer_info *p)
+{
+	struct ibv_qp_attr a = {0};
+
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qp_access_flags = ACCESS;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			  IBV_QP_ACCESS_FLAGS))
+		die("INIT");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = p->qpn;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = p->gid;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+			  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+			  IBV_QP_MIN_RNR_TIMER))
+		die("RTR");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		die("RTS");
+}
+
+/* dvcheck sig-peer PORT [HOST]: the server (no HOST) configures a T10-DIF MKEY over its
+ * memory and hands its rkey to the client, whose RDMA WRITE of plain blocks crosses the
+ * two daemons into it; the server then prints its memory ("data: HEX") and checks the
+ * MKEY. The client's QP is a plain RC QP of Debian's verbs. */
+static int sig_peer(int port, const char *host)
+{
+	struct side s = {0};
+	struct peer_info me, peer;
+	struct ibv_wc wc;
+	struct ibv_mr *mr;
+	uint8_t *buf, done = 1;
+	size_t i, n = host ? BLOCKS * BLOCK : BLOCKS * (BLOCK + PI);
+	int fd, rc;
+
+	open_ctx(&s);
+	s.qp = dv_qp(&s, 0);
+	if (!s.qp)
+		die("mlx5dv_create_qp");
+	s.qpx = ibv_qp_to_qp_ex(s.qp);
+	s.mqp = mlx5dv_qp_ex_from_ibv_qp_ex(s.qpx);
+	buf = calloc(1, n);
+	if (!buf || !s.mqp)
+		die("setup");
+	for (i = 0; host && i < n; i++)
+		buf[i] = (uint8_t)(i * 7 + (i >> 9) * 13 + 1);
+	mr = ibv_reg_mr(s.pd, buf, n, ACCESS);
+	if (!mr)
+		die("ibv_reg_mr");
+	me = (struct peer_info){.qpn = s.qp->qp_num, .gid = s.gid};
+	if (host) {
+		fd = tcp_client(host, port);
+		xfer(fd, &peer, sizeof(peer), 0);
+		xfer(fd, &me, sizeof(me), 1);
+		connect_peer(&s, &peer);
+		xfer(fd, &done, 1, 0);          /* the server's QP is ready too */
+		ibv_wr_start(s.qpx);
+		s.qpx->wr_id = 9;
+		s.qpx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(s.qpx, peer.rkey, 0);
+		ibv_wr_set_sge(s.qpx, mr->lkey, (uintptr_t)buf, (uint32_t)n);
+		rc = ibv_wr_complete(s.qpx);
+		CHECK(rc == 0, "client: ibv_wr_complete of the RDMA WRITE: %s", strerror(rc));
+		wc = wait_wc(&s);
+		CHECK(wc.status == IBV_WC_SUCCESS, "client: the RDMA WRITE into the peer's MKEY "
+		      "completes: %s", ibv_wc_status_str(wc.status));
+		xfer(fd, &done, 1, 1);
+	} else {
+		struct mlx5dv_sig_t10dif dif = {.bg_type = MLX5DV_SIG_T10DIF_CRC, .bg = 0,
+						.app_tag = APP_TAG, .ref_tag = REF_TAG,
+						.flags = MLX5DV_SIG_T10DIF_FLAG_REF_REMAP};
+		struct mlx5dv_sig_block_domain mem = {.sig_type = MLX5DV_SIG_TYPE_T10DIF,
+						      .sig.dif = &dif,
+						      .block_size = MLX5DV_BLOCK_SIZE_512};
+		struct mlx5dv_sig_block_attr sa = {.mem = &mem};
+		struct mlx5dv_mkey_conf_attr conf = {0};
+		struct mlx5dv_mkey_err err;
+		struct mlx5dv_mkey *mk = new_mkey(&s, MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE);
+		struct ibv_sge layout = {.addr = (uintptr_t)buf, .length = (uint32_t)n,
+					 .lkey = mr->lkey};
+
+		/* the configure WR needs an RTS QP: the peer's address first */
+		fd = tcp_server(port);
+		me.rkey = mk->rkey;
+		xfer(fd, &me, sizeof(me), 1);
+		xfer(fd, &peer, sizeof(peer), 0);
+		connect_peer(&s, &peer);
+		ibv_wr_start(s.qpx);
+		s.qpx->wr_id = 1;
+		s.qpx->wr_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+		mlx5dv_wr_mkey_configure(s.mqp, mk, 3, &conf);
+		mlx5dv_wr_set_mkey_access_flags(s.mqp, ACCESS);
+		mlx5dv_wr_set_mkey_layout_list(s.mqp, 1, &layout);
+		mlx5dv_wr_set_mkey_sig_block(s.mqp, &sa);
+		rc = ibv_wr_complete(s.qpx);
+		CHECK(rc == 0, "server: ibv_wr_complete of the configure: %s", strerror(rc));
+		wc = wait_wc(&s);
+		CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == (enum ibv_wc_opcode)MLX5DV_WC_UMR,
+		      "server: the configure completes: %s", ibv_wc_status_str(wc.status));
+		xfer(fd, &done, 1, 1);
+		xfer(fd, &done, 1, 0);          /* the client's WRITE completed */
+		print_hex("data", buf, n);
+		memset(&err, 0xff, sizeof(err));
+		rc = mlx5dv_mkey_check(mk, &err);
+		CHECK(rc == 0 && err.err_type == MLX5DV_MKEY_NO_ERR,
+		      "server: mlx5dv_mkey_check: %d, err_type %d (MLX5DV_MKEY_NO_ERR)", rc,
+		      err.err_type);
+	}
+	close(fd);
+	return failures ? 1 : 0;
+}
+
+/* -- the older layout builders ----------------------------------------------------------------- */
+
+/* dvcheck layouts: on a QP created with MLX5DV_QP_EX_WITH_MR_INTERLEAVED and _MR_LIST
+ * (not _MKEY_CONFIGURE), mlx5dv_wr_mr_interleaved and mlx5dv_wr_mr_list register
+ * layouts over a patterned buffer; an RDMA READ through each MKEY brings what the
+ * layout maps ("interleaved: HEX", "list: HEX"; the test computes them from the man
+ * page). mlx5dv_wr_mkey_configure on that QP is EOPNOTSUPP. */
+static int layouts(void)
+{
+	struct side s = {0};
+	struct ibv_qp_init_attr_ex qa = {0};
+	struct mlx5dv_qp_init_attr dv = {0};
+	struct mlx5dv_mkey_conf_attr conf = {0};
+	struct mlx5dv_mr_interleaved il[2];
+	struct ibv_sge list[2];
+	struct mlx5dv_mkey *mki, *mkl;
+	struct mlx5dv_mkey_init_attr ma = {0};
+	struct ibv_mr *mr, *out_mr;
+	struct ibv_wc wc;
+	uint8_t *buf, *out;
+	size_t i;
+	int rc;
+
+	open_ctx(&s);
+	qa.send_cq = qa.recv_cq = s.cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 32;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa.pd = s.pd;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qa.send_ops_flags = IBV_QP_EX_WITH_RDMA_READ;
+	dv.comp_mask = MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS;
+	dv.send_ops_flags = MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MR_LIST;
+	s.qp = mlx5dv_create_qp(s.ctx, &qa, &dv);
+	if (!s.qp)
+		die("mlx5dv_create_qp");
+	s.qpx = ibv_qp_to_qp_ex(s.qp);
+	s.mqp = mlx5dv_qp_ex_from_ibv_qp_ex(s.qpx);
+	connect_self(&s);
+	buf = malloc(4096);
+	out = calloc(1, 4096);
+	if (!buf || !out)
+		die("malloc");
+	for (i = 0; i < 4096; i++)
+		buf[i] = (uint8_t)(i * 5 + 3);
+	mr = ibv_reg_mr(s.pd, buf, 4096, ACCESS);
+	out_mr = ibv_reg_mr(s.pd, out, 4096, ACCESS);
+	if (!mr || !out_mr)
+		die("ibv_reg_mr");
+	ma.pd = s.pd;
+	ma.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT;
+	ma.max_entries = 3;         /* two entries and the strided header */
+	mki = mlx5dv_create_mkey(&ma);
+	ma.max_entries = 2;
+	mkl = mlx5dv_create_mkey(&ma);
+	if (!mki || !mkl)
+		die("mlx5dv_create_mkey");
+	il[0] = (struct mlx5dv_mr_interleaved){.addr = (uintptr_t)buf, .bytes_count = 16,
+					       .bytes_skip = 48, .lkey = mr->lkey};
+	il[1] = (struct mlx5dv_mr_interleaved){.addr = (uintptr_t)buf + 1000, .bytes_count = 8,
+					       .bytes_skip = 8, .lkey = mr->lkey};
+	list[0] = (struct ibv_sge){.addr = (uintptr_t)buf + 100, .length = 50, .lkey = mr->lkey};
+	list[1] = (struct ibv_sge){.addr = (uintptr_t)buf + 3000, .length = 30, .lkey = mr->lkey};
+
+	ibv_wr_start(s.qpx);
+	s.qpx->wr_id = 1;
+	s.qpx->wr_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+	mlx5dv_wr_mr_interleaved(s.mqp, mki, ACCESS, 3, 2, il);
+	s.qpx->wr_id = 2;
+	mlx5dv_wr_mr_list(s.mqp, mkl, ACCESS, 2, list);
+	rc = ibv_wr_complete(s.qpx);
+	CHECK(rc == 0, "mlx5dv_wr_mr_interleaved and mlx5dv_wr_mr_list: ibv_wr_complete %s",
+	      strerror(rc));
+	for (i = 1; i <= 2; i++) {
+		wc = wait_wc(&s);
+		CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == i &&
+		      wc.opcode == (enum ibv_wc_opcode)MLX5DV_WC_UMR,
+		      "registration %zu completes with MLX5DV_WC_UMR: %s", i,
+		      ibv_wc_status_str(wc.status));
+	}
+	ibv_wr_start(s.qpx);
+	s.qpx->wr_id = 3;
+	s.qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_read(s.qpx, mki->rkey, 0);
+	ibv_wr_set_sge(s.qpx, out_mr->lkey, (uintptr_t)out, 72);
+	s.qpx->wr_id = 4;
+	ibv_wr_rdma_read(s.qpx, mkl->rkey, 0);
+	ibv_wr_set_sge(s.qpx, out_mr->lkey, (uintptr_t)out + 1024, 80);
+	rc = ibv_wr_complete(s.qpx);
+	CHECK(rc == 0, "two RDMA READs through the MKEYs: ibv_wr_complete %s", strerror(rc));
+	for (i = 0; i < 2; i++) {
+		wc = wait_wc(&s);
+		CHECK(wc.status == IBV_WC_SUCCESS, "RDMA READ %llu completes: %s",
+		      (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+	}
+	print_hex("interleaved", out, 72);
+	print_hex("list", out + 1024, 80);
+
+	ibv_wr_start(s.qpx);
+	s.qpx->wr_flags = IBV_SEND_INLINE;
+	mlx5dv_wr_mkey_configure(s.mqp, mkl, 1, &conf);
+	mlx5dv_wr_set_mkey_access_flags(s.mqp, ACCESS);
+	rc = ibv_wr_complete(s.qpx);
+	CHECK(rc == EOPNOTSUPP, "mlx5dv_wr_mkey_configure on a QP without "
+	      "MLX5DV_QP_EX_WITH_MKEY_CONFIGURE: ibv_wr_complete %s", strerror(rc));
 	return failures ? 1 : 0;
 }
 
@@ -746,7 +1035,11 @@ int main(int argc, char **argv)
 		return pipelining();
 	if (argc == 2 && !strcmp(argv[1], "absent"))
 		return absent();
+	if (argc == 2 && !strcmp(argv[1], "layouts"))
+		return layouts();
+	if ((argc == 3 || argc == 4) && !strcmp(argv[1], "sig-peer"))
+		return sig_peer(atoi(argv[2]), argc == 4 ? argv[3] : NULL);
 	fprintf(stderr, "usage: dvcheck caps | sig | bad | dek CRED KEY | crypto KEY TWEAK | "
-		"pipelining | absent\n");
+		"pipelining | absent | layouts | sig-peer PORT [HOST]\n");
 	return 2;
 }

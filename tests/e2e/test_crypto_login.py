@@ -171,6 +171,17 @@ def test_dek_table_is_bounded_by_log_max_num_deks(monkeypatch):
 
 # -- through the daemon ----------------------------------------------------------------
 
+async def test_query_mlx5_device_names_the_signature_caps():
+    """struct mlx5dv_sig_caps as mlx5dv.h's *_caps enums spell what softhca computes:
+    every mlx5dv_block_size, T10-DIF and CRC, both T10-DIF guards, all three CRCs."""
+    async with sh.embedded() as node:
+        ctx = await node.open_device()
+        attr = await ctx.query_mlx5_device()
+        # MLX5DV_CONTEXT_MASK_SIGNATURE_OFFLOAD 1 << 10, _CRYPTO_OFFLOAD 1 << 13
+        assert attr["comp_mask"] == (1 << 10) | (1 << 13)
+        assert attr["sig_caps"] == {"block_size": 0x1F, "block_prot": 0x3, "t10dif_bg": 0x3,
+                                    "crc_type": 0x7}
+
 async def test_login_session_as_test_mlx5_dek_management_uses_it():
     async with sh.embedded(crypto_config=WRAPPED) as node:
         ctx = await node.open_device()

@@ -97,12 +97,22 @@ def test_caps_are_the_modelled_signature_and_crypto(where):
 
 
 def test_t10dif_memory_domain_generates_the_pi(where):
-    """An RDMA WRITE of 4 blocks into an MKEY whose memory domain is T10-DIF: the memory
-    holds each block followed by its PI (guard = CRC-16 T10-DIF of the block, the app
-    tag, the ref tag incremented per block, big-endian); reading back through the MKEY
-    strips the PI, and mlx5dv_mkey_check finds nothing."""
+    """An RDMA WRITE of 4 blocks into an MKEY whose memory domain is T10-DIF (its QP
+    connected to itself), in the batch that configures it: the memory holds each block
+    followed by its PI; reading back through the MKEY strips the PI, and
+    mlx5dv_mkey_check finds nothing."""
     r = dvcheck(where, "sig")
-    mem = hex_line(r.output, "data")
+    check_t10dif_memory(hex_line(r.output, "data"))
+    for line in ("the configure WR completes first: wr_id 1 opcode 135",
+                 "the RDMA READ through the MKEY brings the data without PI: success, 0 bytes",
+                 "mlx5dv_mkey_check: 0, err_type 0 (MLX5DV_MKEY_NO_ERR)"):
+        assert f"dvcheck: ok: {line}" in r.output, r.output
+
+
+def check_t10dif_memory(mem: bytes) -> None:
+    """dvcheck's 4 blocks, each followed by the PI mlx5dv_wr_set_mkey_sig_block(3) and
+    T10 SBC-3 give it: guard = CRC-16 T10-DIF of the block (seed 0), the app tag, the ref
+    tag plus the block's index (REF_REMAP), big-endian."""
     assert len(mem) == BLOCKS * (BLOCK + PI)
     src = bytes((i * 7 + (i >> 9) * 13 + 1) & 0xFF for i in range(BLOCKS * BLOCK))
     for b in range(BLOCKS):
@@ -112,10 +122,39 @@ def test_t10dif_memory_domain_generates_the_pi(where):
         assert int.from_bytes(pi[0:2], "big") == t10dif_crc(data), f"block {b} guard"
         assert int.from_bytes(pi[2:4], "big") == APP_TAG, f"block {b} app tag"
         assert int.from_bytes(pi[4:8], "big") == REF_TAG + b, f"block {b} ref tag"
-    for line in ("the configure WR completes first: wr_id 1 opcode 135",
-                 "the RDMA READ through the MKEY brings the data without PI: success, 0 bytes",
-                 "mlx5dv_mkey_check: 0, err_type 0 (MLX5DV_MKEY_NO_ERR)"):
-        assert f"dvcheck: ok: {line}" in r.output, r.output
+
+
+def test_t10dif_mkey_written_by_a_peer(where):
+    """The same MKEY on the server, written by the client's RDMA WRITE from the other
+    network namespace, through both daemons: the server's memory holds the blocks and
+    the PI its MKEY generated, and mlx5dv_mkey_check finds nothing."""
+    port = next(_ports)
+    srv, cli = where.pair([str(native.DVCHECK), "sig-peer", str(port)],
+                          [str(native.DVCHECK), "sig-peer", str(port), where.server.addr],
+                          port)
+    for r in (srv, cli):
+        assert r.returncode == 0 and "dvcheck: FAIL" not in r.output, srv.output + cli.output
+    assert "dvcheck: ok: client: the RDMA WRITE into the peer's MKEY completes: success" \
+        in cli.output, cli.output
+    assert "dvcheck: ok: server: mlx5dv_mkey_check: 0, err_type 0" in srv.output, srv.output
+    check_t10dif_memory(hex_line(srv.output, "data"))
+
+
+def test_mr_interleaved_and_mr_list_layouts(where):
+    """mlx5dv_wr_post(3): an interleaved layout is its entries' bytes_count bytes, entry
+    after entry, repeated repeat_count times, repetition r of an entry starting
+    r * (bytes_count + bytes_skip) after its addr; a list layout is its SGEs end to end.
+    dvcheck's buffer holds byte i = 5 i + 3."""
+    r = dvcheck(where, "layouts")
+    buf = bytes((5 * i + 3) & 0xFF for i in range(4096))
+    entries = [(0, 16, 48), (1000, 8, 8)]            # (offset, bytes_count, bytes_skip)
+    want = b"".join(buf[off + rep * (n + skip):off + rep * (n + skip) + n]
+                    for rep in range(3) for off, n, skip in entries)
+    assert hex_line(r.output, "interleaved") == want
+    assert hex_line(r.output, "list") == buf[100:150] + buf[3000:3030]
+    assert ("dvcheck: ok: mlx5dv_wr_mkey_configure on a QP without "
+            "MLX5DV_QP_EX_WITH_MKEY_CONFIGURE: ibv_wr_complete Operation not supported") \
+        in r.output, r.output
 
 
 def test_aes_xts_through_a_crypto_mkey(where):

@@ -64,3 +64,25 @@ def test_sysfs_tree(tmp_path):
     dev = tmp_path / "class" / "infiniband" / "mlx5_0"
     assert (dev / "node_type").read_text() == "1: CA\n"
     assert (dev / "device" / "modalias").read_text() == "softhca:\n"
+
+
+def test_bad_crypto_config_is_refused(tmp_path, capsys):
+    (tmp_path / native.PROVIDER_LIB).write_bytes(b"")
+    cfg = tmp_path / "crypto.json"
+    cfg.write_text(json.dumps({"mode": "sealed"}))
+    assert main(["run", "--provider", str(tmp_path), "--crypto-config", str(cfg), "--",
+                 "true"]) == 2
+    err = capsys.readouterr().err
+    assert f"crypto configuration {cfg}" in err and "'sealed'" in err, err
+
+
+def test_program_env_puts_softhcas_libmlx5_first(tmp_path, monkeypatch):
+    """provider/build goes first on LD_LIBRARY_PATH (softhca's libmlx5.so.1 before
+    Debian's), and the user's entries stay after it."""
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/a:/opt/b")
+    env = native.program_env(tmp_path / "sys", "/run/x.sock", tmp_path)
+    assert env["LD_LIBRARY_PATH"] == f"{tmp_path}:/opt/a:/opt/b"
+    assert env["RDMAV_DRIVERS"] == f"{tmp_path}/libsofthca"
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert native.program_env(tmp_path / "sys", "/run/x.sock", tmp_path)[
+        "LD_LIBRARY_PATH"] == str(tmp_path)
