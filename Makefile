@@ -52,9 +52,12 @@ native-packages:
 	  else echo "provider: missing$$missing (not root: not installed; tests/native will skip)"; fi; \
 	fi
 
+# The provider, then the MKEY examples in C (examples/c), which tests/native runs on it.
 provider: native-packages
 	@if [ -e /usr/include/infiniband/verbs.h ]; then $(MAKE) -s -C provider; \
 	else echo "provider: no <infiniband/verbs.h>; not built"; fi
+	@if [ -e /usr/include/infiniband/mlx5dv.h ]; then $(MAKE) -s -C examples/c; \
+	else echo "examples/c: no <infiniband/mlx5dv.h>; not built"; fi
 
 # One kind of test, its folder of tests/ (README, "Tests"); test-unit is seconds, no daemon.
 test-unit test-e2e test-hardening test-tools test-pyverbs: test-%: $(STAMP)
@@ -90,3 +93,4 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
 	$(MAKE) -s -C provider clean
+	$(MAKE) -s -C examples/c clean

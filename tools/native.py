@@ -216,12 +216,22 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     sock = str(tmp / "softhca.sock")
     unix = UnixListener(daemon, sock)
     await unix.start()
+    follower = None
     try:
+        if args.trace:
+            from .trace import Follower
+
+            try:
+                follower = await Follower.start(daemon.address, args.trace)
+            except OSError as e:
+                raise RunError(f"--trace {args.trace}: {e.strerror or e}") from None
         devices = list(daemon.hcas)
         write_sysfs(tmp / "sys", devices, daemon.host, daemon.port)
         return await _run_program(argv, program_env(tmp / "sys", sock, provider),
                                   len(devices))
     finally:
+        if follower is not None:
+            await follower.stop()
         await unix.close()
         await daemon.close()
         if tap is not None:
@@ -266,6 +276,9 @@ def run(args, argv: list[str]) -> int:
         raise RunError(f"cannot find {'unshare' if shutil.which('unshare') is None else argv[0]}")
     from ..server.logs import setup_logging
 
+    if args.target and getattr(args, "trace", None):
+        raise RunError("--trace is the embedded daemon's; with --target, run `softhca trace "
+                       "--target HOST:PORT` against that daemon's TCP address")
     setup_logging(args.log_level)
     tmp = Path(tempfile.mkdtemp(prefix="softhca-run."))
     try:

@@ -554,6 +554,67 @@ async def _follow(args: argparse.Namespace, token: bytes | None, printer: Printe
     return EXIT_OK
 
 
+class Follower:
+    """The trace of a daemon this process runs, written to a file as ``softhca trace``
+    prints it (``softhca run --trace FILE``: the daemon ``softhca run`` embeds has no
+    address a separate ``softhca trace`` could know before the program starts). A
+    control session of the daemon's own, subscribed daemon-wide before the program
+    starts, so that none of the program's transfers is missed."""
+
+    def __init__(self, node, sub, printer: Printer, out: TextIO) -> None:
+        self.node, self.sub, self.printer, self.out = node, sub, printer, out
+        self.events = 0
+        self.task = asyncio.ensure_future(self._pump())
+
+    @classmethod
+    async def start(cls, address: str, path: str, token: bytes | None = None,
+                    as_json: bool = False) -> Follower:
+        from .. import client as sh
+
+        out = open(path, "w")  # noqa: SIM115 - closed by stop()
+        try:
+            node = await sh.connect(address, token=token)
+            try:
+                sub = await node.subscribe("trace", daemon_wide=True)
+            except BaseException:
+                await node.close()
+                raise
+        except BaseException:
+            out.close()
+            raise
+        return cls(node, sub, Printer(out, as_json, Style(False), 64, 3), out)
+
+    async def _pump(self) -> None:
+        while True:
+            try:
+                ev = await asyncio.wait_for(anext(self.sub), IDLE)
+            except asyncio.TimeoutError:
+                self.printer.flush()
+                continue
+            except StopAsyncIteration:
+                return
+            if ev.kind == "trace":
+                self.events += 1
+                self.printer.event(ev.header, ev.data)
+
+    async def stop(self) -> int:
+        """Takes what is still coming (until the stream is quiet for IDLE), closes the
+        session and the file; the number of events written."""
+        seen = -1
+        while seen != self.events and not self.task.done():
+            seen = self.events
+            await asyncio.sleep(IDLE)
+        self.task.cancel()
+        try:
+            await self.task
+        except (asyncio.CancelledError, Exception):  # noqa: S110 - the session is ending
+            pass
+        self.printer.flush()
+        await self.node.close()
+        self.out.close()
+        return self.events
+
+
 def run(args: argparse.Namespace) -> int:
     token = read_token(args.token_file)
     style = Style(use_color(sys.stdout, args.color, args.no_color))

@@ -30,6 +30,26 @@ def test_bad_fault_rules_are_refused(tmp_path, capsys):
     assert f"--faults {rules}" in capsys.readouterr().err
 
 
+def test_trace_with_target_is_refused(tmp_path, capsys):
+    """--trace is the embedded daemon's; a running daemon is traced by softhca trace."""
+    (tmp_path / native.PROVIDER_LIB).write_bytes(b"")
+    assert main(["run", "--provider", str(tmp_path), "--target", str(tmp_path / "sock"),
+                 "--trace", str(tmp_path / "t.txt"), "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "--trace is the embedded daemon's" in err and "softhca trace --target" in err
+    assert not (tmp_path / "t.txt").exists()
+
+
+def test_an_unwritable_trace_file_is_refused_before_the_program_runs(tmp_path, capsys):
+    (tmp_path / native.PROVIDER_LIB).write_bytes(b"")
+    marker = tmp_path / "ran"
+    bad = tmp_path / "no-such-dir" / "t.txt"
+    assert main(["run", "--provider", str(tmp_path), "--trace", str(bad), "--", "touch",
+                 str(marker)]) == 2
+    assert f"--trace {bad}: No such file or directory" in capsys.readouterr().err
+    assert not marker.exists()
+
+
 def test_sysfs_tree(tmp_path):
     native.write_sysfs(tmp_path, ["mlx5_0", "mlx5_1"], "10.200.0.1", 4791)
     verbs = tmp_path / "class" / "infiniband_verbs"

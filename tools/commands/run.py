@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fault rules for the embedded daemon, as 'serve --faults'")
     p.add_argument("--capture", metavar="FILE",
                    help="the embedded daemon's packets to a pcap, as 'serve --capture'")
+    p.add_argument("--trace", metavar="FILE",
+                   help="the embedded daemon's pipeline stages of every transfer (the "
+                   "program's MKEY blocks: data, guard, app tag, ref tag, ciphertext) to FILE, "
+                   "as 'softhca trace' prints them")
     p.add_argument("--crypto-config", metavar="FILE",
                    help="the embedded daemon's devices' crypto configuration, as 'serve "
                    "--crypto-config' (default: plaintext DEK import)")

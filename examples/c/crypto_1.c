@@ -1,0 +1,95 @@
+/* mlx5dv_wr_set_mkey_crypto(3), example 1: the target's memory holds ciphertext
+ * (AES-256-XTS, a 64-byte plaintext DEK the program chose, 512-byte data units) and a
+ * SEND with the crypto MKEY as the local key decrypts it on its way to the wire
+ * (encrypt_on_tx false). The ciphertext was stored through the same MKEY first: the
+ * initiator SENT the plaintext and the target RECEIVED it through the MKEY, which
+ * encrypted it (example 1.1's direction). The initiator checks the plaintext it gets. */
+#include "cex.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define UNITS 8
+#define DU 512
+#define SEED 101
+#define KEY_SEED 102
+#define KEY_LEN 64
+
+static void target(struct cex *c)
+{
+	uint8_t *mem = cex_alloc(UNITS * DU), *data = cex_alloc(UNITS * DU), key[KEY_LEN];
+	struct mlx5dv_crypto_attr crypto;
+	struct mlx5dv_mkey *mkey;
+	struct mlx5dv_dek *dek;
+	struct ibv_mr *mr;
+	struct ibv_sge sge;
+	int u, clear = 0;
+
+	cex_pattern(data, UNITS * DU, SEED);
+	cex_pattern(key, KEY_LEN, KEY_SEED);
+	mr = cex_reg_mr(c, mem, UNITS * DU);
+	dek = cex_create_dek(c, key, KEY_LEN);
+	crypto = cex_crypto_attr(dek, false,
+				 MLX5DV_SIGNATURE_CRYPTO_ORDER_SIGNATURE_BEFORE_CRYPTO_ON_TX,
+				 MLX5DV_BLOCK_SIZE_512);
+	mkey = cex_create_mkey(c, MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT |
+			       MLX5DV_MKEY_INIT_ATTR_FLAGS_CRYPTO, 1);
+	sge = (struct ibv_sge){ .addr = (uintptr_t)mem, .length = UNITS * DU, .lkey = mr->lkey };
+	cex_connect(c, 0, 0, 0);
+	/* a configure WR needs the QP in RTS; the peer waits for it */
+	cex_configure(c, mkey, IBV_ACCESS_LOCAL_WRITE,
+		      &(struct cex_layout){ .num_sges = 1, .sges = &sge }, NULL, &crypto);
+	cex_barrier(c, "configured");
+
+	/* storing: the plaintext arrives and is kept encrypted */
+	cex_post_recv(c, mkey->lkey, 0, UNITS * DU);
+	cex_barrier(c, "store");
+	cex_wait_recv(c, UNITS * DU);
+	cex_image("target_memory", mem, UNITS * DU);
+	for (u = 0; u < UNITS; u++)
+		clear += !memcmp(mem + u * DU, data + u * DU, DU);
+	cex_check(c, clear == 0, "memory holds no data unit of the plaintext in the clear");
+
+	/* example 1: SEND with the MKEY as lkey, decrypted on TX */
+	cex_barrier(c, "recv posted");
+	cex_send(c, mkey->lkey, 0, UNITS * DU);
+	cex_barrier(c, "sent");
+	/* no mlx5dv_mkey_check: it is for MKEYs with signature attributes only */
+	mlx5dv_destroy_mkey(mkey);
+	mlx5dv_dek_destroy(dek);
+	ibv_dereg_mr(mr);
+}
+
+static void initiator(struct cex *c)
+{
+	uint8_t *data = cex_alloc(UNITS * DU), *got = cex_alloc(UNITS * DU);
+	struct ibv_mr *mr = cex_reg_mr(c, data, UNITS * DU), *gmr = cex_reg_mr(c, got, UNITS * DU);
+
+	cex_pattern(data, UNITS * DU, SEED);
+	cex_connect(c, 0, 0, 0);
+	cex_barrier(c, "configured");
+	cex_barrier(c, "store");
+	cex_send(c, mr->lkey, (uintptr_t)data, UNITS * DU);
+	cex_post_recv(c, gmr->lkey, (uintptr_t)got, UNITS * DU);
+	cex_barrier(c, "recv posted");
+	cex_wait_recv(c, UNITS * DU);
+	cex_image("initiator_memory", got, UNITS * DU);
+	cex_check(c, !memcmp(got, data, UNITS * DU),
+		  "the SEND carried the plaintext: decrypt(encrypt(x)) == x");
+	cex_barrier(c, "sent");
+	ibv_dereg_mr(gmr);
+	ibv_dereg_mr(mr);
+}
+
+int main(int argc, char **argv)
+{
+	struct cex c;
+
+	cex_args(&c, argc, argv);
+	cex_open(&c);
+	if (cex_is_target(&c))
+		target(&c);
+	else
+		initiator(&c);
+	return cex_finish(&c);
+}
