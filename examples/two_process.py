@@ -120,6 +120,8 @@ async def run(target_address: str, initiator_address: str | None, token: bytes |
         wc = await initiator.rdma_write(src, mkey.rkey)
         check(f"RDMA_WRITE of {len(image)} bytes, data and PI, completes", wc.status,
               sh.IBV_WC_SUCCESS)
+        if wc.status != sh.IBV_WC_SUCCESS:
+            print(f"      {wc}")      # its vendor_err says why, when the daemon knows
         check("the target daemon's memory holds the data alone", await disk.read(), data)
         # The writer's completion says nothing about the PI (a signature error is not a
         # transport error): only the target's mkey_check does.

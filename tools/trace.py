@@ -546,7 +546,19 @@ async def _follow(args: argparse.Namespace, token: bytes | None, printer: Printe
                 print(f"softhca trace: the daemon at {node.address} closed the connection",
                       file=err, flush=True)
                 break
-            if ev.kind != "trace":
+            if ev.kind == "notice" and not printer.as_json:
+                # What the daemon says about a QP beside its transfers (a peer that
+                # cannot connect back, server/return_path.py).
+                printer.flush()
+                h = ev.header
+                qp = h.get("qp")
+                printer.out.write(printer.style("bad", f"QP {qp:#x} " if isinstance(qp, int)
+                                                else "") + f"{h.get('event')}: "
+                                  f"{h.get('message')}  [{h.get('dev')} {h.get('daemon')}]\n")
+                printer.out.flush()
+                seen += 1
+                continue
+            if ev.kind not in ("trace", "notice"):
                 continue
             seen += 1
             printer.event(ev.header, ev.data)
