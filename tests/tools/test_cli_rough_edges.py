@@ -226,3 +226,13 @@ def test_an_unreadable_token_file_names_the_daemons_uid():
     assert r.stderr.startswith(f"softhca serve: cannot read --token-file {token}: "
                                "Permission denied (this daemon runs as uid 10001"), r.stderr
     assert "owned by uid 0, gid 0, mode 0600" in r.stderr, r.stderr
+
+
+def test_serve_help_says_what_strict_blocks_refuses(capsys):
+    """The sentence used to end "a transfer through it as a misaligned one is"."""
+    assert main(["serve", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("a signature MKEY's layout at configure (EINVAL), and a transfer through it "
+            "that is not whole blocks, which fails as one with a misaligned start does "
+            "(docs/blocks.md)") in text, text
+    assert "as a misaligned one is" not in text
