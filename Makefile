@@ -67,7 +67,7 @@ test-native: $(STAMP) provider
 	$(PY) -m pytest -q tests/native
 
 lint: $(STAMP) lint-docker
-	$(PY) -m ruff check engine protocol server client tools tests examples
+	$(PY) -m ruff check softhca engine protocol server client tools tests examples
 
 # Offline: the compose file against the compose specification schema check-jsonschema
 # carries, the Dockerfile with hadolint at warning level.

@@ -36,6 +36,7 @@ from .api import (
     Subscription,
     connect,
     embedded,
+    route_address,
 )
 
 # pyverbs' names for the mlx5dv attribute structs.
@@ -55,5 +56,6 @@ __all__ = [
     "MkeyErr", "Mlx5CryptoAttr", "Mlx5DEKInitAttr", "Mlx5MkeyConfAttr", "Mlx5MrInterleaved",
     "Mlx5SigBlockAttr", "Mlx5SigBlockDomain", "Mlx5SigCrc", "Mlx5SigT10Dif", "Mlx5SigT10dif",
     "Node", "PyverbsRDMAError", "QPAttr", "QPCap", "QPInfo", "QPInitAttr", "RDMAError",
-    "RecvWR", "SendWR", "SigErr", "connect", "embedded", *attrs.__all__, *C_NAMES,
+    "RecvWR", "SendWR", "SigErr", "connect", "embedded", "route_address", *attrs.__all__,
+    *C_NAMES,
 ]

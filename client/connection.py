@@ -79,8 +79,12 @@ class Connection:
     async def open(cls, host: str, port: int, token: bytes | None, *,
                    timeout: float) -> Connection:
         """TCP to ``host:port`` and the HELLO as a control session (server/link.py)."""
+        # The address dialed, in the HELLO's src: the daemon takes a QP peer named by it
+        # for itself, however the daemon was reached (a forwarded or published port it
+        # cannot connect to itself; docs/protocol.md, "The HELLO").
+        dialed = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         link = await open_link(host, port, "control", token, timeout=timeout,
-                               max_frame=CLIENT_MAX_FRAME)
+                               max_frame=CLIENT_MAX_FRAME, src=dialed)
         return cls(link, f"{host}:{port}")
 
     @property

@@ -17,7 +17,32 @@ from .connection import DEFAULT_PORT, IO_CHUNK, Connection
 from .objects import CQ, DEK, PD, QP, AsyncEvent, CryptoLogin, _Closable
 from .records import Event
 
-__all__ = ["Context", "Faults", "Node", "Subscription", "connect", "embedded"]
+__all__ = ["Context", "Faults", "Node", "Subscription", "connect", "embedded", "route_address"]
+
+
+def route_address(peer: str) -> str:
+    """This host's address on the route to the daemon at ``peer`` (``"host:port"``):
+    where a daemon here must listen for that daemon to reach it back. The kernel picks
+    it as for any connection (a UDP ``connect()``, which sends nothing); 127.0.0.1 for a
+    daemon on this host.
+
+    Errors: EHOSTUNREACH when ``peer`` cannot be resolved, ENETUNREACH when no route
+    leads there."""
+    import socket
+
+    host, port = split_address(peer, DEFAULT_PORT)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError as e:
+        raise RDMAError("EHOSTUNREACH", f"cannot resolve host {host!r}: {e}") from None
+    family, _, _, _, sockaddr = infos[0]
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(sockaddr)
+            return s.getsockname()[0]
+    except OSError as e:
+        raise RDMAError("ENETUNREACH", f"no route from this host to {peer}: "
+                                       f"{e.strerror or e}") from None
 
 
 async def connect(address: str, token: bytes | str | None = None, *,
@@ -359,17 +384,22 @@ class embedded:  # noqa: N801 - a function-like async context manager, as docs/a
     (docs/crypto-import.md): a dict such as ``{"mode": "wrapped"}``, a JSON file's path
     or JSON text; without it, the environment variable SOFTHCA_CRYPTO_CONFIG (the
     same forms), else plaintext import. ``hcas`` names the devices (default
-    ``("mlx5_0",)``), ``token`` the daemon's token, ``host`` its address;
+    ``("mlx5_0",)``), ``token`` the daemon's token, ``host`` its address; ``peer``
+    (``"host:port"``) a daemon on another host that this one's QPs will talk to: without
+    ``host`` the daemon then listens on the address that routes there
+    (``route_address``), so that the peer can connect back, not on loopback;
     ``daemon_options`` go to server.daemon.Daemon (``max_frame=``, ``limits=``,
-    ``strict_blocks=``).
+    ``strict_blocks=``, ``peer_token=``).
 
     Errors: EINVAL for a crypto configuration that cannot be read or is not valid;
-    those of ``connect`` if the session cannot be opened."""
+    EHOSTUNREACH or ENETUNREACH when ``peer`` has no route; those of ``connect`` if the
+    session cannot be opened."""
 
     def __init__(self, hcas: tuple[str, ...] = ("mlx5_0",), *, token: bytes | None = None,
-                 host: str = "127.0.0.1", crypto_config: Any = None,
+                 host: str | None = None, peer: str | None = None, crypto_config: Any = None,
                  **daemon_options: Any) -> None:
-        self.hcas, self.token, self.host, self.options = hcas, token, host, daemon_options
+        self.hcas, self.token, self.options = hcas, token, daemon_options
+        self.host, self.peer = host, peer
         self.crypto_config = crypto_config
         self.daemon = None
         self.node: Node | None = None
@@ -385,8 +415,8 @@ class embedded:  # noqa: N801 - a function-like async context manager, as docs/a
                       else load_crypto_config(self.crypto_config))
         except ValueError as e:
             raise RDMAError("EINVAL", str(e)) from None
-        self.daemon = Daemon(self.hcas, self.host, 0, self.token, crypto=crypto,
-                             **self.options)
+        host = self.host or (route_address(self.peer) if self.peer else "127.0.0.1")
+        self.daemon = Daemon(self.hcas, host, 0, self.token, crypto=crypto, **self.options)
         await self.daemon.start()
         try:
             self.node = await connect(self.daemon.address, self.token)

@@ -16,9 +16,9 @@ a fresh random one in a private file. With ``--target HOST:PORT [--token-file FI
 it uses a daemon you started instead, and with ``--initiator HOST:PORT`` a second one
 as the initiator; otherwise the initiator is a daemon embedded in this process, with
 the same token, which it also proves as the peer token of its wire link (the target
-must have been started with ``--peer-token-file`` naming that file), reachable at
-``--listen`` (default 127.0.0.1; give an address the target can reach when it is on
-another host).
+must have been started with ``--peer-token-file`` naming that file), listening on
+the address that routes to the target (``sh.embedded(peer=...)``), so that a target on
+another host or in a container can connect back; ``--listen IP`` names another.
 
 Run: python examples/two_process.py [--target HOST:PORT [--initiator HOST:PORT]
                                      [--token-file FILE]] [--listen IP]
@@ -90,7 +90,7 @@ def serve_process(workdir: Path):
 
 
 async def run(target_address: str, initiator_address: str | None, token: bytes | None,
-              listen: str) -> int:
+              listen: str | None) -> int:
     check = Checks()
     async with contextlib.AsyncExitStack() as stack:
         target_node = await stack.enter_async_context(
@@ -100,7 +100,7 @@ async def run(target_address: str, initiator_address: str | None, token: bytes |
                 await sh.connect(initiator_address, token=token))
         else:
             initiator_node = await stack.enter_async_context(
-                sh.embedded(token=token, host=listen, peer_token=token))
+                sh.embedded(token=token, host=listen, peer=target_address, peer_token=token))
         print(f"target daemon {target_node.address}, initiator daemon "
               f"{initiator_node.address}" + ("" if initiator_address else " (in this process)"))
         target, initiator = await rc_pair(target_node, initiator_node)
@@ -120,6 +120,8 @@ async def run(target_address: str, initiator_address: str | None, token: bytes |
         wc = await initiator.rdma_write(src, mkey.rkey)
         check(f"RDMA_WRITE of {len(image)} bytes, data and PI, completes", wc.status,
               sh.IBV_WC_SUCCESS)
+        if wc.status != sh.IBV_WC_SUCCESS:
+            print(f"      {wc}")      # its vendor_err says why, when the daemon knows
         check("the target daemon's memory holds the data alone", await disk.read(), data)
         # The writer's completion says nothing about the PI (a signature error is not a
         # transport error): only the target's mkey_check does.
@@ -143,8 +145,9 @@ def main() -> int:
                         help="with --target: a running daemon for the initiator (default: "
                         "one embedded in this process)")
     parser.add_argument("--token-file", metavar="FILE", help="the daemons' token")
-    parser.add_argument("--listen", default="127.0.0.1", metavar="IP",
-                        help="where this process's daemon listens for the target's packets")
+    parser.add_argument("--listen", metavar="IP",
+                        help="where this process's daemon listens for the target's packets "
+                        "(default: this host's address on the route to the target)")
     args = parser.parse_args()
     if args.target:
         # As `softhca serve --token-file` reads it: trailing whitespace is not the token.

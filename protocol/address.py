@@ -15,4 +15,6 @@ def split_address(address: str, default_port: int = 0) -> tuple[str, int]:
         return address.strip("[]"), default_port
     if not port.isdigit():
         raise ValueError(f"{address!r} is not HOST:PORT (the port is not a number)")
+    if int(port) > 65535:
+        raise ValueError(f"{address!r}: port {int(port)} is out of range (0 to 65535)")
     return host.strip("[]"), int(port)

@@ -27,7 +27,20 @@ from .errors import einval
 from .frames import FrameError
 from .schema import MAX_SGE, U32, U64, check_fields, sge_to_wire, sges_from_wire
 
-__all__ = ["RECV_WR", "SEND_WR", "WC", "RecvWR", "SendWR", "build_configure_wr"]
+__all__ = ["RECV_WR", "SEND_WR", "VENDOR_ERRORS", "VENDOR_ERR_NO_RETURN_LINK", "WC", "RecvWR",
+           "SendWR", "build_configure_wr"]
+
+# softhca's ibv_wc.vendor_err values (a device's own syndromes; 0: nothing more to say),
+# docs/semantics.md section 9. NO_RETURN_LINK: a WR ended in IBV_WC_RETRY_EXC_ERR while
+# this daemon's link to the peer's daemon was up and that daemon never opened one back:
+# the peer could not connect back to the address this QP gave it (a daemon listening on
+# loopback, or on an address the peer cannot route to).
+VENDOR_ERR_NO_RETURN_LINK = 0x5F01
+VENDOR_ERRORS = {
+    VENDOR_ERR_NO_RETURN_LINK: "NO_RETURN_LINK: the peer's daemon never connected back to "
+                               "this daemon (its packets cannot reach the address this QP "
+                               "gave it)",
+}
 
 _U32 = (int, 0, U32, True)
 _U64 = (int, 0, U64, True)
@@ -216,7 +229,10 @@ class WC:
                 f"opcode=IBV_WC_{self.opcode.name}, byte_len={self.byte_len}, "
                 f"qp_num={self.qp_num:#x}"
                 + (f", imm_data={self.imm_data:#x}" if self.imm_data is not None else "")
-                + (f", wc_flags={self.wc_flags:#x}" if self.wc_flags else "") + ")")
+                + (f", wc_flags={self.wc_flags:#x}" if self.wc_flags else "")
+                + (f", vendor_err={self.vendor_err:#x} "
+                   f"({VENDOR_ERRORS.get(self.vendor_err, 'unknown')})"
+                   if self.vendor_err else "") + ")")
 
 
 def build_configure_wr(qp: Any, mkey: Any, *, access: int | None = None,

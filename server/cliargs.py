@@ -41,6 +41,18 @@ def positive_float(text: str) -> float:
     return value
 
 
+def daemon_address(text: str) -> str:
+    """A daemon's ``HOST:PORT`` (--target), checked as the client will read it, so that
+    a port out of range is a usage error before anything connects."""
+    from ..protocol.address import split_address
+
+    try:
+        split_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 class TokenFileError(ValueError):
     """The token file named on the command line cannot be read."""
 

@@ -36,10 +36,11 @@ from .faults import Faults
 from .hosts import Limits, QPHost
 from .link import READ_CHUNK, read_frames
 from .logs import kv, log
+from .return_path import explain_retry_exceeded
 from .session import ControlSession, send_error
 from .shares import Shares, Watchdog
 from .taps import Taps, plain
-from .wire import WireLink, WirePlane, host_class, link_origin
+from .wire import WireLink, WirePlane, host_class, link_origin, self_route
 
 __all__ = ["DEFAULT_PORT", "Daemon", "Limits", "WireLink", "host_class", "kv", "plain"]
 
@@ -268,6 +269,10 @@ class Daemon:
 
         if role == "control":
             session = ControlSession(self, reader, writer, decoder, peer_s, credential)
+            src = hello_src(hello)
+            if src is not None:
+                host, _, port = src.rpartition(":")
+                session.dialed = (host.strip("[]"), int(port))
             watch = Watchdog(decoder, self.limits, close, session.idle, peer_s)
             try:
                 await session.run(rest)
@@ -324,6 +329,13 @@ class Daemon:
         self.qps[(qph.hca.name, qph.rcqp.qp_num)] = qph
         qph.rcqp.trace = self.events.trace_hook(qph)
 
+    def route(self, host: str, port: int, dialed: tuple[str, int] | None) -> tuple[str, int]:
+        """Where a QP of a session that reached this daemon at ``dialed`` sends to reach
+        the daemon at ``host:port``: this daemon's own address when that is ``dialed``,
+        which may be a forwarded or published port this daemon cannot connect to itself
+        (`docker run -p 127.0.0.1:14796:4791`); else ``host:port``."""
+        return self_route(self.host, self.port, dialed, host, port)
+
     def connect(self, qph: QPHost, host: str, port: int) -> None:
         """QP ``qph``'s address vector names the daemon at ``host:port``."""
         self.wire.connect(qph, host, port)
@@ -355,11 +367,11 @@ class Daemon:
             qph.timer = None if deadline is None else loop.call_at(deadline, self._fire, qph)
             qph.timer_at = deadline
 
-    @staticmethod
-    def _deliver(qph: QPHost) -> None:
+    def _deliver(self, qph: QPHost) -> None:
         """The QP's completions and asynchronous events, to the sinks its session gave."""
         scq = qph.rcqp.poll_send_cq()
         if scq:
+            scq = explain_retry_exceeded(self.wire, self.events, qph, scq, self.address)
             qph.completions(qph.scq, scq)
         rcq = qph.rcqp.poll_recv_cq()
         if rcq:

@@ -15,8 +15,8 @@ A rule watches the packets one daemon sends (``direction: "out"``) or accepts
 - ``rnr``: the receiving QP answers a SEND with an RNR NAK, as if no receive were posted.
 
 Matching: ``qp`` (this daemon's QP number: the sender for "out", the receiver for
-"in"), ``opcode`` (an opcode name or its prefix: "RDMA_WRITE" matches
-RDMA_WRITE_FIRST ... _LAST_WITH_IMM), ``message`` (the n-th message of that QP's
+"in"), ``opcode`` (a whole opcode name, or a family of them: "RDMA_WRITE" matches
+RDMA_WRITE_FIRST ... _LAST_WITH_IMM; also SEND, RDMA_READ, RDMA_READ_RESPONSE), ``message`` (the n-th message of that QP's
 stream, from 1), ``packet`` (the n-th packet of the message, from 1), ``block``
 (only packets that carry bytes of the field in that block), ``probability`` with
 ``seed`` (a rule's own random generator, so the same rules, seed and traffic give
@@ -60,12 +60,15 @@ _RESPONSES = with_any(Op.RESPONSE)
 MAX_RULES = 1024
 # A packet held for reordering goes anyway after this long without traffic behind it.
 REORDER_FLUSH_S = 0.02
-# A rule's ``opcode`` names an opcode or a prefix of names ending at a "_": each one
-# allowed, with the opcodes it matches, decided here once.
-_OPCODE_STEMS = sorted({op.rsplit("_", 1)[0] for op in NAMES} | set(NAMES)
-                       | {"SEND", "RDMA_WRITE", "RDMA_READ_RESPONSE", "RDMA_READ"})
-_MATCHING = {stem: frozenset(op for op in NAMES if op == stem or op.startswith(stem + "_"))
-             for stem in _OPCODE_STEMS}
+# A rule's ``opcode`` names one opcode (exactly: RDMA_WRITE_ONLY is not
+# RDMA_WRITE_ONLY_WITH_IMM) or one of the families a person means by an operation's
+# name (RDMA_READ: the request and its responses), each with the opcodes it matches,
+# decided here once. Only whole names: an error lists what may be given.
+OPCODE_FAMILIES = ("SEND", "RDMA_WRITE", "RDMA_READ", "RDMA_READ_RESPONSE")
+_MATCHING = {name: frozenset({name}) for name in NAMES} | {
+    family: frozenset(op for op in NAMES if op.startswith(family + "_"))
+    for family in OPCODE_FAMILIES}
+_OPCODE_STEMS = sorted(_MATCHING)
 
 # Every field a rule may have: (type, check, default).
 _U = (int, lambda v: v >= 0)
@@ -85,8 +88,10 @@ _SCHEMA: dict[str, tuple] = {
 # What a field takes, said when a value is refused (a typo such as action=corupt is
 # answered with the list to pick from).
 _NAMED = {"action": ACTIONS, "direction": ("out", "in"), "field": FIELDS,
-          "icrc": ("recompute", "stale"), "pi_size": (4, 8), "opcode": _OPCODE_STEMS}
+          "icrc": ("recompute", "stale"), "pi_size": (4, 8)}
 _VALID = {name: "one of " + ", ".join(map(str, _NAMED[name])) for name in _NAMED} | {
+    "opcode": "one of the opcode families " + ", ".join(OPCODE_FAMILIES) + " or an opcode: "
+              + ", ".join(sorted(NAMES)),
     "qp": "an integer >= 0", "block": "an integer >= 0", "offset": "an integer >= 0",
     "message": "an integer >= 1", "packet": "an integer >= 1", "count": "an integer >= 1",
     "block_size": "an integer in [1, 65536]", "window": "an integer in [1, 1024]",

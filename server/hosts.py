@@ -200,6 +200,8 @@ class QPHost:
     attrs: dict = dataclasses.field(default_factory=dict)
     # The session's handle of the context the QP was created on: its async events go there.
     ctx: int = 0
+    # Whether its peer's daemon not connecting back was logged (server/return_path.py).
+    no_return_said: bool = False
 
 
 class Subscriptions(Protocol):
@@ -234,6 +236,9 @@ class Node(Protocol):
     def forget_qp(self, qph: QPHost) -> None: ...
 
     def connect(self, qph: QPHost, host: str, port: int) -> None: ...
+
+    def route(self, host: str, port: int,
+              dialed: tuple[str, int] | None) -> tuple[str, int]: ...
 
     def release_links(self, qps: set) -> None: ...
 

@@ -16,6 +16,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import stat
 from dataclasses import dataclass, field
@@ -54,9 +55,38 @@ class ServeOptions:
 
 def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isdigit():
         raise ValueError(f"--listen {text!r} is not HOST:PORT")
+    if int(port) > 65535:
+        raise ValueError(f"--listen {text!r}: port {int(port)} is out of range (0 to 65535; "
+                         "0 picks a free one)")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+# The smallest --max-frame: one RC packet of the largest path MTU (4096 bytes) with its
+# headers in a frame, and a control reply's header beside an MR read's chunk (the client
+# reads in chunks of max_frame - 4096 bytes, and only above 8 KiB). Below it the daemon
+# would start and then fail every transfer or read.
+MIN_MAX_FRAME = 64 << 10
+# What a device name may be: as a Linux RDMA device's (ibv_get_device_name(3), a
+# directory of /sys/class/infiniband, at most 63 bytes), in letters, digits and "_.-",
+# since the name is also a path component of `softhca run`'s sysfs tree and a word of
+# the log lines.
+HCA_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,62}")
+
+
+def check_hcas(names: list[str] | None) -> tuple[str, ...]:
+    """The --hca names, refused at start when one is malformed or given twice."""
+    names = list(names or ["mlx5_0"])
+    for name in names:
+        if not HCA_NAME.fullmatch(name):
+            raise ValueError(f"--hca {name!r} is not a device name: 1 to 63 letters, digits, "
+                             "'_', '.' or '-', not beginning with '.' (e.g. mlx5_0)")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"--hca {repeated[0]} is given {names.count(repeated[0])} times: each "
+                         "device needs a name of its own")
+    return tuple(names)
 
 
 def is_loopback(host: str) -> bool:
@@ -75,6 +105,8 @@ def read_secret(option: str, path: str, allow_readable: bool) -> bytes:
         with open(path, "rb") as f:
             mode = os.fstat(f.fileno()).st_mode
             token = f.read().rstrip()
+    except PermissionError as e:
+        raise ValueError(f"cannot read {option} {path}: {e.strerror}{_whose(path)}") from None
     except OSError as e:
         raise ValueError(f"cannot read {option} {path}: {e.strerror}") from None
     if mode & 0o006 and not allow_readable:
@@ -86,8 +118,26 @@ def read_secret(option: str, path: str, allow_readable: bool) -> bytes:
     return token
 
 
+def _whose(path: str) -> str:
+    """Why a token file cannot be read, in uids: the daemon's and the file's (a secret
+    mounted into the daemon's container is often root's and mode 0600, while the daemon
+    runs as uid 10001 there, docker/README.md)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return f" (this daemon runs as uid {os.geteuid()})"
+    return (f" (this daemon runs as uid {os.geteuid()}, gid {os.getegid()}; the file is owned "
+            f"by uid {st.st_uid}, gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}: "
+            f"make it readable by uid {os.geteuid()}, e.g. chown {os.geteuid()} it)")
+
+
 def options_from_args(args) -> ServeOptions:
     host, port = parse_listen(args.listen)
+    hcas = check_hcas(args.hca)
+    if args.max_frame < MIN_MAX_FRAME:
+        raise ValueError(f"--max-frame {args.max_frame} is too small: at least {MIN_MAX_FRAME} "
+                         "(64 KiB: a 4096-byte packet with its headers, a control reply with "
+                         "a chunk of memory)")
     token = None
     allow_readable = getattr(args, "allow_readable_token", False)
     if args.token_file:
@@ -141,7 +191,7 @@ def options_from_args(args) -> ServeOptions:
                     max_daemon_bytes=args.max_daemon_bytes, max_frame=args.max_frame,
                     max_msg_size=args.max_msg_size, max_qp_wr=args.max_qp_wr,
                     **share_limits(args))
-    return ServeOptions(host, port, tuple(args.hca or ["mlx5_0"]), token, limits,
+    return ServeOptions(host, port, hcas, token, limits,
                         args.log_level, args.ready_file, faults, capture or None, crypto,
                         bool(getattr(args, "strict_blocks", False)), peer_token,
                         bool(peer_token_file), not getattr(args, "no_trains", False),

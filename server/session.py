@@ -55,6 +55,9 @@ class ControlSession:
         self.daemon = daemon
         # What its HELLO proved (server/shares.py): its objects count against its share.
         self.credential = credential
+        # The address its client dialed to reach this daemon (the HELLO's src), when it
+        # said: a QP peer named by it is on this daemon (Daemon.route).
+        self.dialed: tuple[str, int] | None = None
         self.reader, self.writer = reader, writer
         self.protocol = Protocol(Role.SERVER, decoder=decoder, peer=peer)
         self.peer = peer

@@ -148,6 +148,19 @@ class Taps:
         for s in subs:
             self._push(s, header, ev.data)
 
+    def notice(self, qph: QPHost, fields: dict) -> None:
+        """Something a trace subscriber should be told about QP ``qph`` beside its
+        transfers (server/return_path.py: a peer that cannot connect back): an event of
+        kind "notice" to those subscribed to "trace"."""
+        subs = self.wants("trace", qph.session)
+        if not subs:
+            return
+        header = {"t": FrameKind.EVENT, "kind": "notice", "dev": qph.hca.name,
+                  "daemon": self.address(), "time": asyncio.get_running_loop().time(),
+                  **plain(fields)}
+        for s in subs:
+            self._push(s, header, b"")
+
     def _push(self, s: Session, header: dict, payload) -> None:
         """An event to subscriber ``s``; one that fails (its event cannot be encoded,
         its connection broke) is unsubscribed, never the traffic that made the event.

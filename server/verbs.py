@@ -380,8 +380,11 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         mask = r.mask & ~QpAttrMask.AV | qp_state.mask_of(attr)
         qph.rcqp.modify(attr, mask)
         if mask & QpAttrMask.AV:
-            qph.dest = (attr["dest_host"], attr["dest_port"], attr.get("dest_dev", qph.hca.name))
-            self.daemon.connect(qph, attr["dest_host"], attr["dest_port"])
+            # The peer's daemon; this one when named by the address the session dialed.
+            host, port = self.daemon.route(attr["dest_host"], attr["dest_port"],
+                                           self.session.dialed)
+            qph.dest = (host, port, attr.get("dest_dev", qph.hca.name))
+            self.daemon.connect(qph, host, port)
         qph.attrs.update(attr)
         self.daemon.service(qph)
         return {"state": int(qph.rcqp.state)}

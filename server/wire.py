@@ -75,6 +75,12 @@ class WirePlane:
         self.peer_token = peer_token
         self.max_frame = max_frame
         self.address = address
+        # Which daemons this one's links reached ((host, port) as a QP named it), and
+        # which daemons opened a link here (their origin): a QP whose retries run out
+        # towards a daemon it reached but that never opened a link back was not heard
+        # because that daemon cannot connect back (Daemon.explain_retry_exceeded).
+        self.reached: set[tuple[str, int]] = set()
+        self.heard_from: set[tuple[str, int]] = set()
         self.links: dict[tuple[str, int], WireLink] = {}
         self.resolving: set[asyncio.Task] = set()
         self._reorder_timer: asyncio.TimerHandle | None = None
@@ -83,6 +89,8 @@ class WirePlane:
     async def wire_in(self, reader, writer, decoder: FrameDecoder, first: list,
                       peer: str, origin: tuple[str, int] | None) -> None:
         self.counters["wire_connections"] += 1
+        if origin is not None:
+            self.heard_from.add(origin)
         log.info("wire link up %s", kv(event="wire_in", peer=peer))
         frames = first
         try:
@@ -293,6 +301,11 @@ class WirePlane:
         for task in self.resolving:
             task.cancel()
 
+    def cannot_hear(self, host: str, port: int) -> bool:
+        """Whether the daemon at ``host:port`` was reached by a link from here but never
+        opened one back (so its packets, the ACKs included, cannot come)."""
+        return (host, port) in self.reached and (host_class(host), port) not in self.heard_from
+
     def set_origins(self, qph: QPHost, host: str, port: int) -> None:
         """The (host, port) pairs a QP connected to ``host:port`` takes packets from;
         a host name is resolved in the background (until then the QP takes none, and
@@ -449,6 +462,7 @@ class WireLink:
             # drain() waits while more than MAX_BUFFERED is unsent, until a quarter is.
             writer.transport.set_write_buffer_limits(high=self.MAX_BUFFERED)
             self.writer = writer
+            self.plane.reached.add((self.host, self.port))
             self._pump()
             log.info("wire link up %s", kv(event="wire_out", peer=where))
             # Nothing is expected back on this direction; reading notices the close.
@@ -486,6 +500,22 @@ def host_class(ip: str) -> str:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
     return "loopback" if addr.is_loopback else str(addr)
+
+
+def self_route(own_host: str, own_port: int, dialed: tuple[str, int] | None, host: str,
+               port: int) -> tuple[str, int]:
+    """``host:port``, or this daemon's own address (``own_host:own_port``; loopback for
+    a wildcard listener) when ``host:port`` is ``dialed``, the address a client used to
+    reach this daemon."""
+    if dialed is None or port != dialed[1] or host_class(host) != host_class(dialed[0]):
+        return host, port
+    try:
+        wildcard = ipaddress.ip_address(own_host or "0.0.0.0").is_unspecified
+    except ValueError:
+        wildcard = False
+    if wildcard:
+        own_host = "::1" if ":" in own_host else "127.0.0.1"
+    return own_host, own_port
 
 
 def _is_ip(host: str) -> bool:

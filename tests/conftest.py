@@ -25,6 +25,28 @@ from softhca.protocol.enums import (
 # The property tests judge behaviour, not speed. On a loaded machine generating examples can
 # be slow, and hypothesis' too_slow health check (or a per-example deadline) would fail a
 # correct run; tests that set their own settings inherit this.
+
+
+def hypothesis_home(cwd: Path) -> Path | None:
+    """Where hypothesis keeps its example database and caches: its default, ``.hypothesis``
+    in the working directory, when that can be written; else (the initiator container
+    runs the tests from /src, read-only for its uid 10001) a directory of this user's own
+    in the system's temporary directory. None: keep the default."""
+    import tempfile
+
+    default = cwd / ".hypothesis"
+    if os.access(default if default.exists() else cwd, os.W_OK | os.X_OK):
+        return None
+    return Path(tempfile.gettempdir()) / f"softhca-hypothesis-{os.getuid()}"
+
+
+_home = hypothesis_home(Path.cwd())
+if _home is not None:
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    _home.mkdir(mode=0o700, exist_ok=True)
+    set_hypothesis_home_dir(_home)
+
 settings.register_profile("softhca", suppress_health_check=[HealthCheck.too_slow],
                           deadline=None)
 settings.load_profile("softhca")

@@ -19,6 +19,7 @@ from ..protocol.frames import FrameError
 from ..protocol.packets import Packet, decode_packet
 from ..protocol.roce import PcapWriter, endpoint, ipv4_of, packet_record
 from ..server.cliargs import (
+    daemon_address,
     positive_float,
     positive_int,
     read_token,
@@ -120,7 +121,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "InfiniBand. Stops after --count packets, --seconds, or Ctrl-C. The daemon's own "
         "`softhca serve --capture FILE` does the same from inside, with both daemons' real "
         "addresses.")
-    p.add_argument("--target", required=True, metavar="HOST:PORT", help="the daemon")
+    p.add_argument("--target", required=True, type=daemon_address, metavar="HOST:PORT",
+                   help="the daemon")
     p.add_argument("--token-file", metavar="FILE", help="the daemon's token")
     p.add_argument("--out", required=True, metavar="FILE", help="the pcap file to write")
     p.add_argument("--count", type=positive_int, metavar="N", help="stop after N packets")

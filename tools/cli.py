@@ -17,9 +17,20 @@ from collections.abc import Sequence
 
 from ..server.cliargs import TokenFileError
 from . import capture, crypto_test_info, explain, pyverbs, soak, trace
-from .commands import EXIT_FAIL, EXIT_OK, EXIT_USAGE, bench, demo, faults, run, serve
+from .commands import (
+    EXIT_FAIL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    bench,
+    demo,
+    faults,
+    run,
+    serve,
+)
 
-__all__ = ["EXIT_FAIL", "EXIT_OK", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "SUBCOMMANDS",
+           "build_parser", "main"]
 
 SUBCOMMANDS = (serve, run, faults, demo, bench, soak, trace, explain, capture,
                crypto_test_info, pyverbs)
@@ -34,7 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in SUBCOMMANDS:
         command.add_parser(sub)
+    _remember_parsers(sub)
     return parser
+
+
+def _remember_parsers(sub: argparse._SubParsersAction) -> None:
+    """Give each subcommand's namespace its own parser (``usage_parser``), nested ones
+    (``bench engine``) included, so that a mistyped option of a subcommand is answered
+    with that subcommand's usage, not the top level's."""
+    for subparser in sub.choices.values():
+        subparser.set_defaults(usage_parser=subparser)
+        for action in subparser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _remember_parsers(action)
 
 
 def installed_version() -> str:
@@ -57,13 +80,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 and all("=" in x and not x.startswith("-") for x in extra):
             args.fields = list(args.fields) + extra
         elif extra:
-            parser.parse_args(argv)     # reports the unrecognized arguments and exits
+            # The usage of the subcommand whose option was mistyped (`serve --lisen`).
+            getattr(args, "usage_parser", parser).error(
+                "unrecognized arguments: " + " ".join(extra))
     except SystemExit as e:
         # argparse exits on --help and on usage errors; main returns the status instead,
         # so that callers (tests, other entry points) get an int either way.
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    import signal
+
+    previous = None
+    if args.command not in CTRL_C_HANDLED and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous = signal.signal(signal.SIGINT, _Interrupted(args.command))
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        # Ctrl-C: the line is printed; the shell's status for a command ended by SIGINT
+        # (128 + 2).
+        return EXIT_INTERRUPTED
     except TokenFileError as e:
         # Every client command's --token-file (faults, trace, capture), read before it
         # connects: a usage error, printed once here.
@@ -73,6 +108,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `softhca demo | head`: the reader left; do not print a traceback at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+class _Interrupted:
+    """The SIGINT handler of a command run to its end (demo, bench, soak, explain, ...):
+    the first Ctrl-C prints one line, sends what the interpreter would still write on
+    stderr (asyncio's notes about the tasks it cancels, a child's last words) to
+    /dev/null, and raises KeyboardInterrupt where the command is, so that its ``with``
+    blocks still stop the daemons and processes it started; a second one exits at once.
+
+    Installed instead of Python's default handler, it also keeps asyncio.run from
+    turning Ctrl-C into a cancellation that a command's own error handling could take
+    for a failure (asyncio.run only does that when the handler is the default one)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.seen = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.seen:
+            os._exit(EXIT_INTERRUPTED)
+        self.seen = True
+        print(f"softhca {self.command}: interrupted", file=sys.stderr, flush=True)
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+        except (OSError, ValueError):   # stderr is no file descriptor (a test's capture)
+            pass
+        raise KeyboardInterrupt
+
+
+# Commands for which Ctrl-C is the ordinary way to end them, each handling it itself:
+# serve stops gracefully (server/serve.py), trace and capture end their stream and say
+# what they saw (as tcpdump does, status 0), run passes it to the program it runs.
+CTRL_C_HANDLED = frozenset({"serve", "trace", "capture", "run"})
 
 
 if __name__ == "__main__":

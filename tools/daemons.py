@@ -14,6 +14,12 @@ import time
 READY_TIMEOUT = 30.0
 
 
+# The processes a command starts are ended by it (stop_all, in a ``finally``), never by
+# the terminal: in a session of their own, a Ctrl-C reaches the command alone, which
+# prints its one line and stops them, instead of each child answering with a traceback.
+OWN_SESSION = {"start_new_session": True}
+
+
 class ProcessError(RuntimeError):
     """A process did not start (it exited early, or was not ready in time)."""
 
@@ -80,7 +86,8 @@ class Daemons:
                         [sys.executable, "-m", "softhca.tools.cli", "serve",
                          "--listen", "127.0.0.1:0", "--ready-file", ready,
                          "--log-level", "warning", "--peer-token-file", peer, *self.extra],
-                        stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file))
+                        stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                        **OWN_SESSION))
                 addresses.append(wait_file(ready, self.procs[-1:], f"daemon {i}"))
             return addresses
         except BaseException:

@@ -187,10 +187,14 @@ async def _run_program(argv: list[str], env: dict[str, str], ndev: int) -> int:
 
 async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     from ..server.daemon import Daemon
-    from ..server.serve import parse_listen, read_secret
+    from ..server.serve import check_hcas, parse_listen, read_secret
     from ..server.unix import UnixListener
 
-    host, port = parse_listen(args.listen)
+    try:
+        host, port = parse_listen(args.listen)
+        hcas = check_hcas(args.hca)
+    except ValueError as e:
+        raise RunError(str(e)) from None
     opts: dict = {}     # the Daemon's keyword options
     if args.peer_token_file:
         try:
@@ -204,7 +208,7 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
             opts["crypto"] = load_crypto_config(args.crypto_config)
         except CryptoConfigError as e:
             raise RunError(str(e)) from None
-    daemon = Daemon(tuple(args.hca or ["mlx5_0"]), host, port, **opts)
+    daemon = Daemon(hcas, host, port, **opts)
     for rule in _fault_rules(args.faults):
         daemon.faults.add(rule)
     await daemon.start()

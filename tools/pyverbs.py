@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import client
+from .. import pyverbs_path
 
 
 def path() -> Path:
-    return Path(client.__file__).resolve().parent / "pyverbs_path"
+    """softhca.pyverbs_path(), the public function, as a Path."""
+    return Path(pyverbs_path())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

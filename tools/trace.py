@@ -29,6 +29,7 @@ from typing import TextIO
 
 from ..protocol.enums import BLOCK_SIZE_BYTES, T10DIF_PI_BYTES, MkeyErrType
 from ..server.cliargs import (
+    daemon_address,
     nonneg_int,
     positive_float,
     positive_int,
@@ -417,8 +418,11 @@ def render_transfer(t: Transfer, style: Style, max_blocks: int = 3) -> list[str]
             extra += style("bad", f"  not whole blocks: the last {d['partial_block']}B are a "
                                   "partial block, plain data (partial-block transfer "
                                   f"#{d.get('partial_block_transfers')} on this MKEY)")
-        lines.append(f"  {name}{stream:<7}@{h.get('offset', 0):<8}{len(s.data):>8}B  {extra}"
-                     .rstrip())
+        # Where the bytes are: an offset into the MKEY, or on the wire the virtual address
+        # the packet names (RETH); in hex, as addresses are everywhere else.
+        offset = h.get("offset", 0)
+        at = f"0x{offset:x}" if isinstance(offset, int) else str(offset)
+        lines.append(f"  {name}{stream:<7}@{at:<14}{len(s.data):>8}B  {extra}".rstrip())
         for bl in block_lines(s.data, geo, stream, state, style, max_blocks):
             lines.append(f"      {bl}")
     return lines
@@ -452,7 +456,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "decrypt with the data unit and tweak, wire, scatter), grouped per work request, "
         "with the bytes of each block cut into data, guard, app tag, ref tag and "
         "ciphertext. Runs until --count events, --seconds, Ctrl-C or the daemon closes.")
-    p.add_argument("--target", required=True, metavar="HOST:PORT", help="the daemon")
+    p.add_argument("--target", required=True, type=daemon_address, metavar="HOST:PORT",
+                   help="the daemon")
     p.add_argument("--token-file", metavar="FILE", help="the daemon's token")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per event per line (bytes in hex)")
@@ -541,7 +546,19 @@ async def _follow(args: argparse.Namespace, token: bytes | None, printer: Printe
                 print(f"softhca trace: the daemon at {node.address} closed the connection",
                       file=err, flush=True)
                 break
-            if ev.kind != "trace":
+            if ev.kind == "notice" and not printer.as_json:
+                # What the daemon says about a QP beside its transfers (a peer that
+                # cannot connect back, server/return_path.py).
+                printer.flush()
+                h = ev.header
+                qp = h.get("qp")
+                printer.out.write(printer.style("bad", f"QP {qp:#x} " if isinstance(qp, int)
+                                                else "") + f"{h.get('event')}: "
+                                  f"{h.get('message')}  [{h.get('dev')} {h.get('daemon')}]\n")
+                printer.out.flush()
+                seen += 1
+                continue
+            if ev.kind not in ("trace", "notice"):
                 continue
             seen += 1
             printer.event(ev.header, ev.data)

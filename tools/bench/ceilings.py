@@ -22,7 +22,7 @@ import numpy as np
 from ...engine import transfer
 from ...protocol.attrs import SigBlockAttr
 from ...protocol.enums import BlockSize, SignatureCryptoOrder
-from ..daemons import stop_all, wait_file
+from ..daemons import OWN_SESSION, stop_all, wait_file
 from .common import (
     ALL,
     CONFIGS,
@@ -202,7 +202,7 @@ def tcp_round_trip(samples: int, workdir: str, size: int = LATENCY_BYTES) -> dic
     ready = os.path.join(workdir, f"echo-{next(_RUNS)}.port")
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(subprocess.Popen([*HELPER, "tcp-echo", ready, str(300)]))
+        procs.append(subprocess.Popen([*HELPER, "tcp-echo", ready, str(300)], **OWN_SESSION))
         port = int(wait_file(ready, procs, "the TCP echo process"))
         us = sorted(t * 1e6 for t in run_loop(_tcp_ping(port, samples, size)))
     finally:
@@ -238,9 +238,10 @@ def tcp_chain(samples: int, workdir: str, size: int = LATENCY_BYTES) -> dict:
     ready_i = os.path.join(workdir, f"chain-initiator-{n}.port")
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(subprocess.Popen([*HELPER, "tcp-echo", ready_t, str(300)]))
+        procs.append(subprocess.Popen([*HELPER, "tcp-echo", ready_t, str(300)], **OWN_SESSION))
         t_port = wait_file(ready_t, procs, "the chain's target process")
-        procs.append(subprocess.Popen([*HELPER, "tcp-forward", ready_i, t_port, str(300)]))
+        procs.append(subprocess.Popen([*HELPER, "tcp-forward", ready_i, t_port, str(300)],
+                                      **OWN_SESSION))
         port = int(wait_file(ready_i, procs, "the chain's initiator process"))
         us = sorted(t * 1e6 for t in run_loop(_tcp_ping(port, samples, size)))
     finally:
@@ -256,11 +257,11 @@ def tcp_stream(size: int, seconds: float, budget: int, workdir: str) -> dict:
     procs: list[subprocess.Popen] = []
     try:
         sink = subprocess.Popen([*HELPER, "tcp-sink", ready, str(seconds + 60)],
-                                stdout=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, text=True, **OWN_SESSION)
         procs.append(sink)
         port = wait_file(ready, procs, "the TCP receiver")
         source = subprocess.Popen([*HELPER, "tcp-source", port, str(size), str(seconds),
-                                   str(budget)])
+                                   str(budget)], **OWN_SESSION)
         procs.append(source)
         out, _ = sink.communicate(timeout=seconds + 90)
         if source.wait(timeout=30) != 0 or sink.returncode != 0:

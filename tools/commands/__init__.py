@@ -9,3 +9,5 @@ and a daemon never loads the bench.
 """
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+# A command ended by Ctrl-C: 128 + SIGINT, as the shell reports it.
+EXIT_INTERRUPTED = 130

@@ -14,7 +14,7 @@ from . import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench", help="measure speeds (no pass/fail: numbers only)",
-        description="Without TARGET: the end-to-end bench. Two `softhca serve` processes on "
+        description="Without 'engine': the end-to-end bench. Two `softhca serve` processes on "
         "loopback; goodput of RDMA_WRITE, RDMA_READ and SEND at 4 KiB, 64 KiB and 1 MiB with "
         "plain MRs, a T10-DIF wire domain and crypto table row C, and of plain 1 MiB "
         "RDMA_WRITE at path MTU 1024, each beside its ceilings "
@@ -58,8 +58,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="which ratio --compare divides: to the TCP stream (default: no "
                    "softhca change moves that ceiling), to the engine, or to the lower")
     p.set_defaults(func=run)
-    targets = p.add_subparsers(dest="target", metavar="[TARGET]")
-    e = targets.add_parser("engine", help="the engine's transforms beside their C primitives",
+    # "engine" names what is measured, not a daemon (TARGET means a daemon's address in
+    # every other command).
+    what = p.add_subparsers(dest="what", metavar="[engine]")
+    e = what.add_parser("engine", help="the engine's transforms beside their C primitives",
                            description="MB/s of the engine's TX/RX pipeline for T10-DIF, CRC32C, "
                            "CRC64_XP10, AES-XTS and crypto table row C, each beside one call of "
                            "the primitive it uses over the same bytes.")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ...server.cliargs import read_token
+from ...server.cliargs import daemon_address, read_token
 from . import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 
 FAULTS_EPILOG = """\
@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("op", choices=["add", "list", "clear"])
     p.add_argument("fields", nargs="*", metavar="KEY=VALUE",
                    help="the rule (add) or id=N (clear one rule)")
-    p.add_argument("--target", required=True, metavar="HOST:PORT", help="the daemon")
+    p.add_argument("--target", required=True, type=daemon_address, metavar="HOST:PORT",
+                   help="the daemon")
     p.add_argument("--token-file", metavar="FILE", help="the daemon's token")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--daemon-wide", action="store_true",

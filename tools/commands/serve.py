@@ -81,8 +81,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "'softhca faults add'), refused whole if any rule is malformed")
     p.add_argument("--strict-blocks", action="store_true",
                    help="refuse what is not whole protection blocks: a signature MKEY's "
-                   "layout at configure (EINVAL), a transfer through it as a misaligned one "
-                   "is (docs/blocks.md); without it a trailing partial block passes as plain "
+                   "layout at configure (EINVAL), and a transfer through it that is not whole "
+                   "blocks, which fails as one with a misaligned start does "
+                   "(docs/blocks.md); without it a trailing partial block passes as plain "
                    "data and is counted (partial_block_* counters)")
     p.add_argument("--no-trains", action="store_true",
                    help="send every RC packet as its own frame, never a packet train "

@@ -1,0 +1,42 @@
+"""softhca: a software mlx5-class RDMA HCA (README.md).
+
+The package holds five subpackages, bottom to top: ``softhca.protocol``,
+``softhca.engine``, ``softhca.server`` (the daemon), ``softhca.client`` (the
+application API, ``import softhca.client as sh``) and ``softhca.tools`` (the
+``softhca`` command, ``python -m softhca``). This module itself loads none of them:
+
+- ``__version__``: the installed distribution's version (pyproject.toml's);
+- ``pyverbs_path()``: the directory to put first on ``sys.path`` (or ``PYTHONPATH``) for
+  ``import pyverbs`` to be softhca's pyverbs, as ``softhca pyverbs path`` prints it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["__version__", "pyverbs_path"]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("softhca")
+    except PackageNotFoundError:    # a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _version()
+
+
+def pyverbs_path() -> str:
+    """The directory whose ``pyverbs`` package is softhca's pyverbs (rdma-core's API over
+    softhca.client): put it first on ``sys.path`` or ``PYTHONPATH``. It is never installed
+    as a top-level ``pyverbs``, so an rdma-core installation stays untouched. Without
+    SOFTHCA_TARGET (and SOFTHCA_TOKEN_FILE) pyverbs code then starts a daemon embedded in
+    its process, with one device, mlx5_0."""
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    spec = find_spec("softhca.client")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("softhca.client is not installed")
+    return str(Path(next(iter(spec.submodule_search_locations))).resolve() / "pyverbs_path")

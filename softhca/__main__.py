@@ -1,0 +1,7 @@
+"""``python -m softhca``: the ``softhca`` command (softhca.tools.cli)."""
+
+import sys
+
+from softhca.tools.cli import main
+
+sys.exit(main())
