@@ -125,6 +125,14 @@ ELSEWHERE = {
     "# and on the other side:": "tests/native/test_perftest.py",
     ".venv/bin/softhca run --peer-token-file peer-token -- ib_write_bw 127.0.0.1":
         "tests/native/test_perftest.py",
+    "make provider                       # the provider, softhca's libmlx5 and examples/c":
+        "tests/ (`make test` builds the provider first; " + _SUITE + ")",
+    ".venv/bin/softhca run --peer-token-file peer-token --trace trace.txt --     "
+    "examples/c/build/sig_block_2 -p 18515 &": "tests/native/test_c_examples.py",
+    ".venv/bin/softhca run --peer-token-file peer-token --     examples/c/build/sig_block_2 "
+    "-p 18515 127.0.0.1": "tests/native/test_c_examples.py",
+    "cat trace.txt                       # the target daemon's stages: the T10-DIF it "
+    "generated": "tests/native/test_c_examples.py (test_trace_shows_a_c_programs_blocks)",
 }
 
 CANNOT = {
