@@ -214,9 +214,11 @@ class ConnectionManager:
 
     def establish(self, cid: CMId) -> None:
         cid.check("establish")
+        # The active side's own ESTABLISHED is the library's (it turns the
+        # CONNECT_RESPONSE into it when the id owns its QP); rdma_establish(3) on an id
+        # whose QP the program moves itself gets no event, as with rdma_cm.
         self._send(cid, "rtu", {})
         cid.to(CMState.ESTABLISHED)
-        self._later(cid, "established")
 
     def disconnect(self, cid: CMId) -> None:
         cid.check("disconnect")

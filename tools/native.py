@@ -150,6 +150,10 @@ def program_env(sysfs: Path, sock: str, provider: Path) -> dict[str, str]:
     env["SYSFS_PATH"] = str(sysfs)
     env["RDMAV_DRIVERS"] = str(provider / "libsofthca")
     env["SOFTHCA_SOCKET"] = sock
+    # Our librdmacm.so.1 (provider/rdmacm/) before the system's, which needs a kernel
+    # rdma_cm (/dev/infiniband/rdma_cm) that is not there.
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in (str(provider),
+                                                  env.get("LD_LIBRARY_PATH")) if p)
     return env
 
 
