@@ -47,7 +47,9 @@ struct cm_id {
 	uint32_t peer_qpn, peer_psn, my_psn;
 	uint8_t rr, depth, retry, rnr;
 	struct ibv_qp_init_attr ep_attr; /* rdma_create_ep's, for rdma_get_request */
+	struct ibv_pd *ep_pd;
 	int has_ep_attr;
+	int own_cqs;                   /* 1: send CQ, 2: recv CQ made by rdma_create_qp */
 };
 
 struct cm_event {
@@ -503,13 +505,50 @@ static int qp_to_err(struct rdma_cm_id *cid)
 	return cid->qp ? ibv_modify_qp(cid->qp, &a, IBV_QP_STATE) : 0;
 }
 
-EXPORT int rdma_create_qp(struct rdma_cm_id *cid, struct ibv_pd *pd,
-			  struct ibv_qp_init_attr *attr)
+/* A CQ and its completion channel for an id whose QP was given none: the CQ's
+ * context is the id, as rdma_verbs.h's rdma_get_send_comp / rdma_get_recv_comp check. */
+static struct ibv_cq *own_cq(struct rdma_cm_id *cid, uint32_t n,
+			     struct ibv_comp_channel **ch)
 {
+	struct ibv_cq *cq;
+
+	*ch = ibv_create_comp_channel(cid->verbs);
+	if (!*ch)
+		return NULL;
+	cq = ibv_create_cq(cid->verbs, (int)(n ? n : 1), cid, *ch, 0);
+	if (!cq) {
+		ibv_destroy_comp_channel(*ch);
+		*ch = NULL;
+	}
+	return cq;
+}
+
+static void drop_own_cqs(struct cm_id *id)
+{
+	struct rdma_cm_id *cid = &id->id;
+
+	if (id->own_cqs & 1) {
+		ibv_destroy_cq(cid->send_cq);
+		ibv_destroy_comp_channel(cid->send_cq_channel);
+	}
+	if (id->own_cqs & 2) {
+		ibv_destroy_cq(cid->recv_cq);
+		ibv_destroy_comp_channel(cid->recv_cq_channel);
+	}
+	id->own_cqs = 0;
+	cid->send_cq = cid->recv_cq = NULL;
+	cid->send_cq_channel = cid->recv_cq_channel = NULL;
+}
+
+EXPORT int rdma_create_qp(struct rdma_cm_id *cid, struct ibv_pd *pd,
+			  struct ibv_qp_init_attr *qp_init_attr)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct ibv_qp_init_attr a;
 	struct ibv_qp *qp;
 	int rc;
 
-	if (!cid->verbs)
+	if (!cid->verbs || !qp_init_attr)
 		return fail(EINVAL);
 	if (!pd) {
 		/* librdmacm's default PD of the device, shared by the ids on it */
@@ -523,24 +562,49 @@ EXPORT int rdma_create_qp(struct rdma_cm_id *cid, struct ibv_pd *pd,
 	}
 	if (pd->context != cid->verbs)
 		return fail(EINVAL);
-	if (attr->qp_type != IBV_QPT_RC)
+	a = *qp_init_attr;
+	/* rdma_create_ep's callers often leave it 0: the id's type (its port space's) */
+	if (!a.qp_type)
+		a.qp_type = cid->qp_type;
+	if (a.qp_type != IBV_QPT_RC)
 		return fail(EOPNOTSUPP);
-	qp = ibv_create_qp(pd, attr);
-	if (!qp)
-		return -1;
+	if (!a.send_cq) {
+		cid->send_cq = own_cq(cid, a.cap.max_send_wr, &cid->send_cq_channel);
+		if (!cid->send_cq)
+			return -1;
+		id->own_cqs |= 1;
+		a.send_cq = cid->send_cq;
+	}
+	if (!a.recv_cq) {
+		cid->recv_cq = own_cq(cid, a.cap.max_recv_wr, &cid->recv_cq_channel);
+		if (!cid->recv_cq) {
+			drop_own_cqs(id);
+			return -1;
+		}
+		id->own_cqs |= 2;
+		a.recv_cq = cid->recv_cq;
+	}
+	qp = ibv_create_qp(pd, &a);
+	if (!qp) {
+		rc = errno;
+		drop_own_cqs(id);
+		return fail(rc);
+	}
+	qp_init_attr->cap = a.cap;
 	cid->qp = qp;
 	rc = move_qp(cid, IBV_QPS_INIT);
 	if (rc) {
 		ibv_destroy_qp(qp);
 		cid->qp = NULL;
+		drop_own_cqs(id);
 		return fail(rc);
 	}
 	cid->pd = pd;
-	cid->send_cq = attr->send_cq;
-	cid->recv_cq = attr->recv_cq;
-	cid->send_cq_channel = attr->send_cq ? attr->send_cq->channel : NULL;
-	cid->recv_cq_channel = attr->recv_cq ? attr->recv_cq->channel : NULL;
-	cid->qp_type = attr->qp_type;
+	cid->send_cq = a.send_cq;
+	cid->recv_cq = a.recv_cq;
+	cid->send_cq_channel = a.send_cq->channel;
+	cid->recv_cq_channel = a.recv_cq->channel;
+	cid->qp_type = a.qp_type;
 	return 0;
 }
 
@@ -549,6 +613,91 @@ EXPORT void rdma_destroy_qp(struct rdma_cm_id *cid)
 	if (cid->qp)
 		ibv_destroy_qp(cid->qp);
 	cid->qp = NULL;
+	drop_own_cqs((struct cm_id *)cid);
+}
+
+/* rdma_create_ep(3): a synchronous id, bound (passive) or resolved (active), with a QP
+ * when asked (a listener keeps the attributes for the ids rdma_get_request gives). */
+EXPORT int rdma_create_ep(struct rdma_cm_id **out, struct rdma_addrinfo *res,
+			  struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
+{
+	struct rdma_cm_id *cid;
+	struct cm_id *id;
+
+	if (!out || !res)
+		return fail(EINVAL);
+	if (rdma_create_id(NULL, &cid, NULL, (enum rdma_port_space)res->ai_port_space))
+		return -1;
+	id = (struct cm_id *)cid;
+	if (res->ai_flags & RAI_PASSIVE) {
+		if (rdma_bind_addr(cid, res->ai_src_addr))
+			goto bad;
+		if (qp_init_attr) {
+			id->ep_attr = *qp_init_attr;
+			id->has_ep_attr = 1;
+		}
+		id->ep_pd = pd;
+	} else {
+		if (rdma_resolve_addr(cid, res->ai_src_addr, res->ai_dst_addr, 2000) ||
+		    rdma_resolve_route(cid, 2000))
+			goto bad;
+		if (qp_init_attr && rdma_create_qp(cid, pd, qp_init_attr))
+			goto bad;
+	}
+	*out = cid;
+	return 0;
+bad:
+	{
+		int e = errno;
+
+		rdma_destroy_id(cid);
+		return fail(e);
+	}
+}
+
+EXPORT void rdma_destroy_ep(struct rdma_cm_id *cid)
+{
+	rdma_destroy_qp(cid);
+	rdma_destroy_id(cid);
+}
+
+/* rdma_get_request(3): the next connect request of a synchronous listener, as an id of
+ * its own (its own channel), with a QP made as rdma_create_ep was asked. */
+EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **out)
+{
+	struct cm_id *lid = (struct cm_id *)listen, *id;
+	struct rdma_cm_event *ev;
+	struct rdma_event_channel *ch;
+
+	if (!lid->own_channel)
+		return fail(EINVAL);
+	if (sync_wait(listen, RDMA_CM_EVENT_CONNECT_REQUEST, &ev))
+		return -1;
+	id = (struct cm_id *)ev->id;
+	rdma_ack_cm_event(ev);
+	ch = rdma_create_event_channel();
+	if (!ch) {
+		rdma_reject(&id->id, NULL, 0);
+		rdma_destroy_id(&id->id);
+		return -1;
+	}
+	pthread_mutex_lock(&g.lock);
+	id->id.channel = ch;
+	id->own_channel = 1;
+	pthread_mutex_unlock(&g.lock);
+	if (lid->has_ep_attr) {
+		struct ibv_qp_init_attr a = lid->ep_attr;
+
+		if (rdma_create_qp(&id->id, lid->ep_pd, &a)) {
+			int e = errno;
+
+			rdma_reject(&id->id, NULL, 0);
+			rdma_destroy_id(&id->id);
+			return fail(e);
+		}
+	}
+	*out = &id->id;
+	return 0;
 }
 
 /* -- connecting ------------------------------------------------------------------- */

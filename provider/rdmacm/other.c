@@ -217,23 +217,3 @@ EXPORT int rdma_reject_ece(struct rdma_cm_id *id, const void *private_data,
 	return -1;
 }
 
-EXPORT int rdma_create_ep(struct rdma_cm_id **id, struct rdma_addrinfo *res,
-			  struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
-{
-	(void)id; (void)res; (void)pd; (void)qp_init_attr;
-	errno = ENOSYS;
-	return -1;
-}
-
-EXPORT void rdma_destroy_ep(struct rdma_cm_id *id)
-{
-	rdma_destroy_qp(id);
-	rdma_destroy_id(id);
-}
-
-EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
-{
-	(void)listen; (void)id;
-	errno = ENOSYS;
-	return -1;
-}

@@ -8,8 +8,11 @@ address on this daemon's own port), so each pair runs both daemons on one port."
 from __future__ import annotations
 
 import itertools
+import os
 import re
-import shutil
+import signal
+import subprocess
+import time
 
 import native
 import pytest
@@ -79,7 +82,7 @@ def test_rping_to_nobody_is_rejected(where):
     wire = next(_wire_ports)
     # The server side's daemon runs a program that does not listen on rdma_cm at all.
     srv_argv = where.argv(where.server, ["sleep", "20"], port=wire)
-    proc = native._start(srv_argv, stderr=native.subprocess.STDOUT)
+    proc = native._start(srv_argv, stderr=subprocess.STDOUT)
     try:
         native.wait_listening(proc, wire, timeout=30)
         cli = where.run(where.client, ["rping", "-c", "-a", where.server.addr, "-p", "9",
@@ -90,21 +93,54 @@ def test_rping_to_nobody_is_rejected(where):
     assert "RDMA_CM_EVENT_REJECTED, error 8" in cli.output, cli.output
 
 
-def pair(where, server_prog, client_prog, wire: int):
+def pair(where, server_prog, client_prog, wire: int, timeout: float = 60.0):
     """Both sides' daemons on wire port ``wire``: the server first, then (once its
     daemon listens) the client."""
     argv = where.argv(where.server, server_prog, port=wire)
-    srv = native._start(argv, stderr=native.subprocess.STDOUT)
+    srv = native._start(argv, stderr=subprocess.STDOUT)
     try:
         native.wait_listening(srv, wire, timeout=30)
-        # rping's server binds its rdma_cm id once its program runs: give it a moment.
-        import time
+        # The server program binds its rdma_cm id once it runs: give it a moment.
         time.sleep(1.0)
-        cli = where.run(where.client, client_prog, port=wire)
-        out, _ = srv.communicate(timeout=native.PROGRAM_TIMEOUT)
+        cli = where.run(where.client, client_prog, port=wire, timeout=timeout)
+        try:
+            out, _ = srv.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(srv.pid, signal.SIGKILL)
+            out, _ = srv.communicate(timeout=10)
+            out = f"(killed after {timeout} s)\n{out}\n--- client:\n{cli.output}"
     finally:
         native._reap(srv)
     return native.Done(argv, srv.returncode, out), cli
 
 
-_ = shutil
+
+
+
+def test_ucmatose_default(where):
+    """ucmatose with its defaults (one connection, 10 messages of 100 bytes each way,
+    SENDs over the QPs rdma_cm moved), each side exiting 0."""
+    wire = next(_wire_ports)
+    port = str(next(_ports))
+    srv, cli = pair(where, ["ucmatose", "-p", port],
+                    ["ucmatose", "-s", where.server.addr, "-p", port], wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    assert cli.returncode == 0, both
+    assert srv.returncode == 0, both
+    for out in (cli.output, srv.output):
+        assert "data transfers complete" in out and "return status 0" in out, both
+
+
+def test_rdma_server_rdma_client(where):
+    """rdmacm-utils' rdma_server / rdma_client: rdma_getaddrinfo, rdma_create_ep,
+    rdma_listen, rdma_get_request, rdma_accept / rdma_connect on synchronous ids, and
+    the rdma_verbs.h helpers (rdma_reg_msgs, rdma_post_recv, rdma_post_send,
+    rdma_get_send_comp, rdma_get_recv_comp) over the QP and CQs rdma_create_ep made."""
+    wire = next(_wire_ports)
+    port = str(next(_ports))
+    srv, cli = pair(where, ["rdma_server", "-p", port],
+                    ["rdma_client", "-s", where.server.addr, "-p", port], wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    assert cli.returncode == 0, both
+    assert srv.returncode == 0, both
+    assert "rdma_server: end 0" in srv.output and "rdma_client: end 0" in cli.output, both
