@@ -192,7 +192,9 @@ def decode_message(header: dict, payload) -> dict:
     if len(payload) > limit:
         raise FrameError("EPROTO", f"CM {kind} with {len(payload)} bytes of private data "
                                    f"(at most {limit})")
-    if kind != "req" and v["rcid"] == 0:
+    # A REJ may name no receiver: an active side that gives up before any REP names
+    # its own id, which the receiver knows its child by.
+    if kind not in ("req", "rej") and v["rcid"] == 0:
         raise FrameError("EPROTO", f"CM {kind} names no receiver (rcid 0)")
     v["private_data"] = bytes(payload)
     return v

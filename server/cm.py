@@ -265,15 +265,19 @@ class ConnectionManager:
             self.node.wire.send_cm(peer[0], peer[1], header, data)
 
     def _arm(self, cid: CMId) -> None:
-        self._cancel(cid)
+        self._stop_timer(cid)
         self._timers[cid.handle] = asyncio.get_running_loop().call_later(
             self.timing.response_timeout, self._timeout, cid.handle)
 
     def _cancel(self, cid: CMId) -> None:
+        """No more retransmissions for ``cid``: its answer came (or it is gone)."""
+        self._stop_timer(cid)
+        cid.resend = None
+
+    def _stop_timer(self, cid: CMId) -> None:
         t = self._timers.pop(cid.handle, None)
         if t is not None:
             t.cancel()
-        cid.resend = None
 
     def _timeout(self, handle: int) -> None:
         self._timers.pop(handle, None)
@@ -306,7 +310,12 @@ class ConnectionManager:
         if m["m"] == "req":
             self._on_req(m, origin)
             return
-        cid = self.ids.get(m["rcid"])
+        rcid = m["rcid"]
+        if rcid == 0:
+            # A REJ from an active side that gave up before it learnt our id (it went
+            # away while its REQ waited here): the child its REQ made.
+            rcid = self.by_remote.get((origin, m["lcid"]), 0)
+        cid = self.ids.get(rcid)
         if cid is None or cid.peer is None or (host_class(cid.peer[0]), cid.peer[1]) != origin \
                 or (cid.remote_cid and cid.remote_cid != m["lcid"]):
             self._refuse(origin, f"{m['m']} for no connection of that daemon")
@@ -374,12 +383,13 @@ class ConnectionManager:
                     _payload=proto.padded("rep", m["private_data"]), **self._addrs(cid))
 
     def _on_rej(self, cid: CMId, m: dict) -> None:
-        if cid.state not in (CMState.REQ_SENT, CMState.REP_SENT):
+        # rdma_cm reports every REJ as REJECTED, its reason the status.
+        if cid.state not in (CMState.REQ_SENT, CMState.REQ_RCVD, CMState.REP_SENT):
             return
-        kind = "rejected" if cid.state == CMState.REQ_SENT else "connect_error"
         self._cancel(cid)
+        self._unpend(cid)
         cid.to(CMState.DISCONNECTED)
-        self._event(cid, kind, status=m["reason"],
+        self._event(cid, "rejected", status=m["reason"],
                     _payload=proto.padded("rej", m["private_data"]))
 
     def _on_rtu(self, cid: CMId, m: dict) -> None:

@@ -5,7 +5,8 @@
  * wait, as rdma_get_cm_event(3) documents; rdma_get_cm_event reads the byte and does
  * what librdmacm does for its user before handing the event up: a new id for a
  * CONNECT_REQUEST, the QP to RTR and RTS and the RTU for a CONNECT_RESPONSE when the
- * id owns its QP (the user then sees ESTABLISHED), the QP to ERR on DISCONNECTED. */
+ * id owns its QP (the user then sees ESTABLISHED). rdma_disconnect moves the QP to ERR
+ * (its WRs flush) before the DREQ goes. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -993,7 +994,8 @@ static int process(struct cm_event *e, struct cm_frame *f)
 		conn_param(e, f, h);
 		break;
 	case RDMA_CM_EVENT_DISCONNECTED:
-		qp_to_err(&id->id);
+		/* The QP is the program's: it may have destroyed it already (rping does,
+		 * with ibv_destroy_qp); its own rdma_disconnect moves it to ERR. */
 		break;
 	default:
 		break;
@@ -1014,8 +1016,14 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 		n = read(c->ch.fd, &one, 1);
 		if (n < 0)
 			return -1;      /* EAGAIN on a non-blocking channel, EINTR */
-		if (n == 0)
-			return fail(ENODEV);
+		if (n == 0) {
+			/* The channel was destroyed while this thread waited on it (rping's
+			 * main does that, its event thread still blocked here). A reader of
+			 * librdmacm's kernel channel is never woken by that: nor is this one,
+			 * until the process exits, rather than report an error it never would. */
+			for (;;)
+				pause();
+		}
 		pthread_mutex_lock(&c->lock);
 		q = c->head;
 		if (q) {
