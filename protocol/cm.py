@@ -15,7 +15,7 @@ header a REQ carries (36 bytes, the IP addresses and ports).
 
 from __future__ import annotations
 
-from .control import Request, _handle, _payload, _request, _wire
+from .control import REQUESTS, Request, _handle, _payload, _request, _wire
 from .errors import einval
 from .frames import FrameError
 from .schema import U32, check_fields
@@ -160,6 +160,9 @@ class CmCounts(Request):
 
 CM_REQUESTS = (CmCreateId, CmDestroyId, CmBind, CmResolveAddr, CmResolveRoute, CmListen,
                CmConnect, CmAccept, CmReject, CmEstablish, CmDisconnect, CmCounts)
+# The control protocol's table of verbs names these too (registered in BY_VERB by
+# _request once this module is imported, as the daemon's handlers import it).
+REQUESTS.update({c.VERB: c.SCHEMA for c in CM_REQUESTS})
 __all__ = ["CM_REQUESTS", "EVENTS", "PRIVATE_DATA_MAX", "decode_message"]
 # -- the messages between daemons ------------------------------------------------------
 

@@ -757,7 +757,8 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 	qpn = cid->qp ? cid->qp->qp_num : (p ? p->qp_num : 0);
 	if (!qpn)
 		return fail(EINVAL);
-	id->my_psn = random_psn();
+	/* my_psn was drawn with the CONNECT_REQUEST: a program that moves its own QP
+	 * (rdma_init_qp_attr) has used it for RTS before it calls rdma_accept. */
 	if (cid->qp) {
 		rc = move_qp(cid, IBV_QPS_RTR);
 		if (!rc)
@@ -941,6 +942,8 @@ static int process(struct cm_event *e, struct cm_frame *f)
 		id->rr = u8(h, "depth");
 		id->depth = u8(h, "rr");
 		id->retry = u8(h, "retry");
+		id->rnr = 7;
+		id->my_psn = random_psn();
 		e->ev.listen_id = &lid->id;
 		e->ev.id = &id->id;
 		conn_param(e, f, h);

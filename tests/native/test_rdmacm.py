@@ -144,3 +144,20 @@ def test_rdma_server_rdma_client(where):
     assert cli.returncode == 0, both
     assert srv.returncode == 0, both
     assert "rdma_server: end 0" in srv.output and "rdma_client: end 0" in cli.output, both
+
+
+def test_rping_with_qps_the_program_moves_itself(where):
+    """``rping -q``: each side creates its QP with ibv_create_qp and moves it through
+    INIT, RTR and RTS with rdma_init_qp_attr (conn_param.qp_num names it); the active
+    side calls rdma_establish after CONNECT_RESPONSE."""
+    port = next(_ports)
+    wire = next(_wire_ports)
+    count = 20
+    server = ["rping", "-s", "-q", "-a", where.server.addr, "-p", str(port), "-C", str(count)]
+    client = ["rping", "-c", "-q", "-a", where.server.addr, "-p", str(port), "-v", "-V",
+              "-C", str(count)]
+    srv, cli = pair(where, server, client, wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    assert cli.returncode == 0 and srv.returncode == 0, both
+    lines = re.findall(r"^ping data: (.*)$", cli.output, re.M)
+    assert lines == [rping_pattern(n, 64) for n in range(count)], both
