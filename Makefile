@@ -39,7 +39,7 @@ test: $(STAMP) provider
 # libibverbs-dev (headers, libibverbs), ibverbs-utils (ibv_devinfo, ibv_rc_pingpong),
 # perftest (ib_write_bw ...). Installed when missing and root (CI is); otherwise the
 # provider is skipped with a note and tests/native skips, saying why.
-NATIVE_PKGS := libibverbs-dev ibverbs-utils perftest
+NATIVE_PKGS := libibverbs-dev ibverbs-utils perftest librdmacm-dev rdmacm-utils
 native-packages:
 	@missing=""; for p in $(NATIVE_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \

@@ -25,6 +25,7 @@ from ..protocol.enums import EventType, Mlx5dvQpCreateFlags, QpAttrMask, QpState
 from ..protocol.errors import RDMAError, einval
 from ..protocol.records import WC
 from .async_events import AsyncEvents
+from .cm_verbs import CM_HANDLERS
 from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
@@ -151,6 +152,9 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         self.gone = True
         self.daemon.events.unsubscribe(self.session)
         self.daemon.faults.drop_owner(self.session)
+        cm = getattr(self.daemon, "cm", None)
+        if cm is not None:
+            cm.session_gone(self.session)
         for t in self.waits:
             t.cancel()
         counts: dict[str, int] = {}
@@ -501,4 +505,5 @@ HANDLERS: dict[type[control.Request], Callable[[Any, Any, int], dict | None]] = 
     control.FaultsClear: NodeVerbs.op_faults_clear,
     control.Counters: NodeVerbs.op_counters,
     control.Subscribe: NodeVerbs.op_subscribe,
+    **CM_HANDLERS,
 }

@@ -84,6 +84,8 @@ class WirePlane:
         self.links: dict[tuple[str, int], WireLink] = {}
         self.resolving: set[asyncio.Task] = set()
         self._reorder_timer: asyncio.TimerHandle | None = None
+        # Where CM messages go (the daemon's ConnectionManager.receive).
+        self.on_cm: Callable = lambda header, payload, origin: None
 
     # -- inbound --------------------------------------------------------------------------
     async def wire_in(self, reader, writer, decoder: FrameDecoder, first: list,
@@ -99,6 +101,11 @@ class WirePlane:
                 now = asyncio.get_running_loop().time()
                 waste = 0
                 for fr in frames:
+                    if fr.header.get("t") == "cm":
+                        # A connection manager message (server/cm.py), from the daemon
+                        # this link proved it comes from.
+                        self.on_cm(fr.header, fr.payload, origin)
+                        continue
                     try:
                         dev, run = decode(fr.header, fr.payload)
                     except IntegrityError as e:
@@ -266,6 +273,10 @@ class WirePlane:
             else:
                 self._emit_in(e, now, None)
 
+    def send_cm(self, host: str, port: int, header: dict, payload: bytes) -> None:
+        """A CM message to the daemon at ``host:port``, on the link its packets take."""
+        self.link_to(host, port).send(None, [CMFrame(header, payload)], src_qp=0)
+
     # -- links ------------------------------------------------------------------------------
     def link_to(self, host: str, port: int) -> WireLink:
         link = self.links.get((host, port))
@@ -369,7 +380,7 @@ class WireLink:
         unsent = self.writer.transport.get_write_buffer_size() if self.writer is not None else 0
         return self.backlog_bytes + unsent
 
-    def send(self, dev: str, pkts: list[Packet | Run], icrc_value: int | None = None, *,
+    def send(self, dev: str | None, pkts: list[Packet | Run], icrc_value: int | None = None, *,
              src_qp: int, owner: object = None) -> None:
         """Queue ``pkts`` (packets and trains) of QP ``src_qp`` behind what waits and move
         what the socket takes; ``icrc_value`` (one packet) overrides its check;
@@ -405,6 +416,9 @@ class WireLink:
         while self.backlog and transport.get_write_buffer_size() < self.MAX_BUFFERED:
             dev, p, icrc_value, src_qp, _ = self.backlog.popleft()
             self.backlog_bytes -= _charge(p)
+            if dev is None:
+                w.writelines(encode_frame(p.header, p.payload))
+                continue
             items = (p.packets() if type(p) is Run
                      and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])
             bufs: list = []
@@ -477,6 +491,15 @@ class WireLink:
             self.closed = True
             self.backlog.clear()
             self.backlog_bytes = 0
+
+
+class CMFrame:
+    """A CM message queued on a wire link among the packets (server/cm.py)."""
+
+    __slots__ = ("header", "payload")
+
+    def __init__(self, header: dict, payload: bytes) -> None:
+        self.header, self.payload = header, payload
 
 
 def _charge(p: Packet | Run) -> int:

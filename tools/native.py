@@ -153,9 +153,11 @@ def program_env(sysfs: Path, sock: str, provider: Path) -> dict[str, str]:
     env["SYSFS_PATH"] = str(sysfs)
     env["RDMAV_DRIVERS"] = str(provider / "libsofthca")
     env["SOFTHCA_SOCKET"] = sock
-    # softhca's libmlx5.so.1 ahead of Debian's (ld.so searches LD_LIBRARY_PATH first).
-    keep = env.get("LD_LIBRARY_PATH", "")
-    env["LD_LIBRARY_PATH"] = str(provider) + (":" + keep if keep else "")
+    # provider/build before the system's libraries: softhca's libmlx5.so.1 ahead of
+    # Debian's (which cannot serve a softhca device) and softhca's librdmacm.so.1 ahead of
+    # the system's (which needs a kernel rdma_cm, /dev/infiniband/rdma_cm, not there).
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in (str(provider),
+                                                  env.get("LD_LIBRARY_PATH")) if p)
     return env
 
 

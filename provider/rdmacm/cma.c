@@ -1,0 +1,1121 @@
+/* The rdma_cm calls (rdma_cma.h) over the softhca daemon's connection manager.
+ *
+ * An event channel is a pipe: the reader thread (conn.c) queues each pushed event on
+ * its id's channel and writes one byte, so the channel's fd is readable while events
+ * wait, as rdma_get_cm_event(3) documents; rdma_get_cm_event reads the byte and does
+ * what librdmacm does for its user before handing the event up: a new id for a
+ * CONNECT_REQUEST, the QP to RTR and RTS and the RTU for a CONNECT_RESPONSE when the
+ * id owns its QP (the user then sees ESTABLISHED). rdma_disconnect moves the QP to ERR
+ * (its WRs flush) before the DREQ goes. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include "cm.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_DEVS 16
+#define PDATA_MAX 256
+
+struct cm_chan {
+	struct rdma_event_channel ch;   /* fd: the pipe's read end */
+	int wfd;
+	pthread_mutex_t lock;
+	struct cm_qev *head, *tail;
+};
+
+struct cm_qev {
+	struct cm_qev *next;
+	struct cm_frame f;
+};
+
+struct cm_id {
+	struct rdma_cm_id id;
+	uint32_t handle;
+	struct cm_id *next;            /* every id, under g.lock */
+	int own_channel;               /* made for a synchronous id (channel NULL) */
+	/* the connection: the peer QP's number and PSN, ours, the negotiated values */
+	uint32_t peer_qpn, peer_psn, my_psn;
+	uint8_t rr, depth, retry, rnr;
+	struct ibv_qp_init_attr ep_attr; /* rdma_create_ep's, for rdma_get_request */
+	struct ibv_pd *ep_pd;
+	int has_ep_attr;
+	int own_cqs;                   /* 1: send CQ, 2: recv CQ made by rdma_create_qp */
+};
+
+struct cm_event {
+	struct rdma_cm_event ev;
+	uint8_t pdata[PDATA_MAX];
+};
+
+static struct {
+	pthread_mutex_t lock;
+	int ready, err;
+	struct cm_conn conn;
+	struct cm_id *ids;
+	int ndev;
+	char names[MAX_DEVS][64];
+	struct ibv_context *ctx[MAX_DEVS];
+	struct ibv_pd *pd[MAX_DEVS];
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void cm_log(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fputs("softhca-rdmacm: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+static int fail(int e)
+{
+	errno = e;
+	return -1;
+}
+
+/* The daemon's connection and its devices, once per process. */
+static int init(void)
+{
+	struct mp_val v, d;
+	uint32_t n, i, len;
+	const char *s;
+
+	pthread_mutex_lock(&g.lock);
+	if (!g.ready && !g.err) {
+		g.err = cm_connect(&g.conn, getenv("SOFTHCA_SOCKET"));
+		if (!g.err) {
+			g.ready = 1;
+			if (mp_find(g.conn.welcome.hdr, "devices", &v) && mp_get_arr(v, &n, &d))
+				for (i = 0; i < n && i < MAX_DEVS; i++, mp_next(&d))
+					if (mp_get_str(d, &s, &len) && len < 64) {
+						memcpy(g.names[i], s, len);
+						g.names[i][len] = 0;
+						g.ndev = (int)i + 1;
+					}
+		}
+	}
+	pthread_mutex_unlock(&g.lock);
+	return g.ready ? 0 : g.err;
+}
+
+/* The verbs context of the daemon's device ``dev``, opened once. */
+static struct ibv_context *device(int dev)
+{
+	struct ibv_device **list;
+	int i, n;
+
+	if (dev < 0 || dev >= g.ndev)
+		return NULL;
+	pthread_mutex_lock(&g.lock);
+	if (!g.ctx[dev]) {
+		list = ibv_get_device_list(&n);
+		for (i = 0; list && i < n; i++)
+			if (!strcmp(ibv_get_device_name(list[i]), g.names[dev]))
+				g.ctx[dev] = ibv_open_device(list[i]);
+		if (list)
+			ibv_free_device_list(list);
+	}
+	pthread_mutex_unlock(&g.lock);
+	return g.ctx[dev];
+}
+
+static int call(struct mp_buf *b, const void *payload, size_t plen, struct cm_frame *r)
+{
+	struct cm_frame tmp;
+	int rc = cm_call(&g.conn, b, payload, plen, r ? r : &tmp);
+
+	if (!rc && !r)
+		cm_frame_free(&tmp);
+	return rc;
+}
+
+static int call_id(const char *verb, struct cm_id *id)
+{
+	struct mp_buf b;
+
+	cm_begin(&g.conn, &b, verb, 1);
+	mp_kv_uint(&b, "cmid", id->handle);
+	return call(&b, NULL, 0, NULL);
+}
+
+static uint32_t random_psn(void)
+{
+	uint32_t v = 0;
+
+	if (getrandom(&v, sizeof(v), 0) != sizeof(v))
+		v = (uint32_t)rand();
+	return v & 0xffffff;
+}
+
+static struct cm_id *find(uint32_t handle)
+{
+	struct cm_id *i;
+
+	for (i = g.ids; i; i = i->next)
+		if (i->handle == handle)
+			return i;
+	return NULL;
+}
+
+/* -- event channels -------------------------------------------------------------- */
+
+EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
+{
+	struct cm_chan *c;
+	int p[2], rc = init();
+
+	if (rc) {
+		errno = rc;
+		return NULL;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c || pipe2(p, O_CLOEXEC)) {
+		free(c);
+		errno = ENOMEM;
+		return NULL;
+	}
+	c->ch.fd = p[0];
+	c->wfd = p[1];
+	pthread_mutex_init(&c->lock, NULL);
+	return &c->ch;
+}
+
+EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
+{
+	struct cm_chan *c = (struct cm_chan *)channel;
+	struct cm_qev *e;
+
+	while ((e = c->head)) {
+		c->head = e->next;
+		cm_frame_free(&e->f);
+		free(e);
+	}
+	close(c->ch.fd);
+	close(c->wfd);
+	free(c);
+}
+
+/* The reader thread: the event goes to its id's channel (a CONNECT_REQUEST to its
+ * listener's). */
+void cm_take_event(struct cm_frame *f)
+{
+	uint64_t h = 0, l = 0;
+	struct cm_id *id;
+	struct cm_chan *c = NULL;
+	struct cm_qev *e;
+	char one = 1;
+
+	mp_find_uint(f->hdr, "cmid", &h);
+	mp_find_uint(f->hdr, "listen", &l);
+	pthread_mutex_lock(&g.lock);
+	id = find((uint32_t)(l ? l : h));
+	if (id)
+		c = (struct cm_chan *)id->id.channel;
+	pthread_mutex_unlock(&g.lock);
+	e = c ? malloc(sizeof(*e)) : NULL;
+	if (!e) {
+		cm_frame_free(f);
+		return;
+	}
+	e->next = NULL;
+	e->f = *f;
+	pthread_mutex_lock(&c->lock);
+	if (c->tail)
+		c->tail->next = e;
+	else
+		c->head = e;
+	c->tail = e;
+	if (write(c->wfd, &one, 1) != 1)
+		cm_log("event channel: %s", strerror(errno));
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* -- ids ------------------------------------------------------------------------- */
+
+static struct cm_id *new_id(struct rdma_event_channel *ch, void *context,
+			    enum rdma_port_space ps, enum ibv_qp_type qp_type, uint32_t handle)
+{
+	struct cm_id *id = calloc(1, sizeof(*id));
+
+	if (!id)
+		return NULL;
+	id->id.channel = ch;
+	id->id.context = context;
+	id->id.ps = ps;
+	id->id.qp_type = qp_type;
+	id->id.port_num = 1;
+	id->handle = handle;
+	pthread_mutex_lock(&g.lock);
+	id->next = g.ids;
+	g.ids = id;
+	pthread_mutex_unlock(&g.lock);
+	return id;
+}
+
+EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id,
+			  void *context, enum rdma_port_space ps)
+{
+	struct cm_frame r;
+	struct mp_buf b;
+	uint64_t h;
+	struct cm_id *i;
+	int own = 0, rc = init();
+
+	if (rc)
+		return fail(rc);
+	if (ps != RDMA_PS_TCP)
+		return fail(EOPNOTSUPP);
+	if (!channel) {
+		channel = rdma_create_event_channel();
+		if (!channel)
+			return -1;
+		own = 1;
+	}
+	cm_begin(&g.conn, &b, "cm_create_id", 1);
+	mp_kv_uint(&b, "ps", ps);
+	rc = call(&b, NULL, 0, &r);
+	if (rc) {
+		if (own)
+			rdma_destroy_event_channel(channel);
+		return fail(rc);
+	}
+	mp_find_uint(r.hdr, "cmid", &h);
+	cm_frame_free(&r);
+	i = new_id(channel, context, ps, IBV_QPT_RC, (uint32_t)h);
+	if (!i)
+		return fail(ENOMEM);
+	i->own_channel = own;
+	*id = &i->id;
+	return 0;
+}
+
+EXPORT int rdma_destroy_id(struct rdma_cm_id *cid)
+{
+	struct cm_id *id = (struct cm_id *)cid, **p;
+	int rc = call_id("cm_destroy_id", id);
+
+	pthread_mutex_lock(&g.lock);
+	for (p = &g.ids; *p; p = &(*p)->next)
+		if (*p == id) {
+			*p = id->next;
+			break;
+		}
+	pthread_mutex_unlock(&g.lock);
+	if (id->own_channel)
+		rdma_destroy_event_channel(cid->channel);
+	free(id);
+	return rc ? fail(rc) : 0;
+}
+
+static int sin_of(const struct sockaddr *a, char ip[16], uint16_t *port)
+{
+	const struct sockaddr_in *s = (const struct sockaddr_in *)a;
+
+	if (!a || a->sa_family != AF_INET)
+		return EAFNOSUPPORT;
+	inet_ntop(AF_INET, &s->sin_addr, ip, 16);
+	*port = ntohs(s->sin_port);
+	return 0;
+}
+
+EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct cm_frame r;
+	struct mp_buf b;
+	char ip[16];
+	uint16_t port;
+	uint64_t got = 0;
+	int rc = sin_of(addr, ip, &port);
+
+	if (rc)
+		return fail(rc);
+	cm_begin(&g.conn, &b, "cm_bind", 3);
+	mp_kv_uint(&b, "cmid", id->handle);
+	mp_str(&b, "ip");
+	mp_str(&b, ip);
+	mp_kv_uint(&b, "port", port);
+	rc = call(&b, NULL, 0, &r);
+	if (rc)
+		return fail(rc);
+	mp_find_uint(r.hdr, "port", &got);
+	cm_frame_free(&r);
+	memcpy(&cid->route.addr.src_sin, addr, sizeof(struct sockaddr_in));
+	cid->route.addr.src_sin.sin_port = htons((uint16_t)got);
+	/* A bound id has its device: the daemon's first (its address is the daemon's). */
+	cid->verbs = device(0);
+	return 0;
+}
+
+/* Wait for a synchronous id's event (its own channel): 0 when it is ``want``. */
+static int sync_wait(struct rdma_cm_id *cid, enum rdma_cm_event_type want,
+		     struct rdma_cm_event **out)
+{
+	struct rdma_cm_event *ev;
+	int st;
+
+	if (rdma_get_cm_event(cid->channel, &ev))
+		return -1;
+	if (ev->event == want) {
+		if (out)
+			*out = ev;
+		else
+			rdma_ack_cm_event(ev);
+		return 0;
+	}
+	st = ev->status;
+	rdma_ack_cm_event(ev);
+	return fail(st < 0 ? -st : ECONNREFUSED);
+}
+
+EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src,
+			     struct sockaddr *dst, int timeout_ms)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct mp_buf b;
+	char ip[16];
+	uint16_t port;
+	int rc;
+
+	(void)timeout_ms;       /* resolved at once: the daemon names its peer itself */
+	if (src && src->sa_family && rdma_bind_addr(cid, src))
+		return -1;
+	rc = sin_of(dst, ip, &port);
+	if (rc)
+		return fail(rc);
+	memcpy(&cid->route.addr.dst_sin, dst, sizeof(struct sockaddr_in));
+	cm_begin(&g.conn, &b, "cm_resolve_addr", 3);
+	mp_kv_uint(&b, "cmid", id->handle);
+	mp_str(&b, "ip");
+	mp_str(&b, ip);
+	mp_kv_uint(&b, "port", port);
+	rc = call(&b, NULL, 0, NULL);
+	if (rc)
+		return fail(rc);
+	return id->own_channel ? sync_wait(cid, RDMA_CM_EVENT_ADDR_RESOLVED, NULL) : 0;
+}
+
+EXPORT int rdma_resolve_route(struct rdma_cm_id *cid, int timeout_ms)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	int rc;
+
+	(void)timeout_ms;
+	rc = call_id("cm_resolve_route", id);
+	if (rc)
+		return fail(rc);
+	return id->own_channel ? sync_wait(cid, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL) : 0;
+}
+
+EXPORT int rdma_listen(struct rdma_cm_id *cid, int backlog)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct mp_buf b;
+	int rc;
+
+	if (backlog < 0)
+		backlog = 0;
+	cm_begin(&g.conn, &b, "cm_listen", 2);
+	mp_kv_uint(&b, "cmid", id->handle);
+	mp_kv_uint(&b, "backlog", (uint32_t)backlog);
+	rc = call(&b, NULL, 0, NULL);
+	return rc ? fail(rc) : 0;
+}
+
+/* -- QP transitions (rdma_init_qp_attr(3)) ------------------------------------------ */
+
+EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, int *mask)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct ibv_port_attr pa;
+	enum ibv_qp_state want = attr->qp_state;
+
+	memset(attr, 0, sizeof(*attr));
+	attr->qp_state = want;
+	switch (want) {
+	case IBV_QPS_INIT:
+		attr->pkey_index = 0;
+		attr->port_num = 1;
+		attr->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					IBV_ACCESS_REMOTE_READ;
+		*mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+		return 0;
+	case IBV_QPS_RTR:
+		if (!id->peer_qpn)
+			return fail(EINVAL);        /* no REQ or REP yet */
+		attr->path_mtu = IBV_MTU_1024;
+		if (cid->verbs && !ibv_query_port(cid->verbs, 1, &pa))
+			attr->path_mtu = pa.active_mtu;
+		attr->dest_qp_num = id->peer_qpn;
+		attr->rq_psn = id->peer_psn;
+		attr->max_dest_rd_atomic = id->rr;
+		/* IBTA's RNR NAK timer 12: 0.64 ms, what rdma_cm programs get */
+		attr->min_rnr_timer = 12;
+		attr->ah_attr.is_global = 1;
+		attr->ah_attr.grh.dgid = cid->route.addr.addr.ibaddr.dgid;
+		attr->ah_attr.grh.sgid_index = 0;
+		attr->ah_attr.grh.hop_limit = 64;
+		attr->ah_attr.port_num = 1;
+		*mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+		return 0;
+	case IBV_QPS_RTS:
+		if (!id->peer_qpn)
+			return fail(EINVAL);
+		attr->sq_psn = id->my_psn;
+		attr->timeout = 14;         /* 4.096 us * 2^14: some 67 ms per try */
+		attr->retry_cnt = id->retry;
+		attr->rnr_retry = id->rnr;
+		attr->max_rd_atomic = id->depth;
+		*mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+		return 0;
+	default:
+		return fail(EINVAL);
+	}
+}
+
+static int move_qp(struct rdma_cm_id *cid, enum ibv_qp_state state)
+{
+	struct ibv_qp_attr a = {.qp_state = state};
+	int mask, rc;
+
+	if (rdma_init_qp_attr(cid, &a, &mask))
+		return errno;
+	rc = ibv_modify_qp(cid->qp, &a, mask);
+	return rc;
+}
+
+static int qp_to_err(struct rdma_cm_id *cid)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+
+	return cid->qp ? ibv_modify_qp(cid->qp, &a, IBV_QP_STATE) : 0;
+}
+
+/* A CQ and its completion channel for an id whose QP was given none: the CQ's
+ * context is the id, as rdma_verbs.h's rdma_get_send_comp / rdma_get_recv_comp check. */
+static struct ibv_cq *own_cq(struct rdma_cm_id *cid, uint32_t n,
+			     struct ibv_comp_channel **ch)
+{
+	struct ibv_cq *cq;
+
+	*ch = ibv_create_comp_channel(cid->verbs);
+	if (!*ch)
+		return NULL;
+	cq = ibv_create_cq(cid->verbs, (int)(n ? n : 1), cid, *ch, 0);
+	if (!cq) {
+		ibv_destroy_comp_channel(*ch);
+		*ch = NULL;
+	}
+	return cq;
+}
+
+static void drop_own_cqs(struct cm_id *id)
+{
+	struct rdma_cm_id *cid = &id->id;
+
+	if (id->own_cqs & 1) {
+		ibv_destroy_cq(cid->send_cq);
+		ibv_destroy_comp_channel(cid->send_cq_channel);
+	}
+	if (id->own_cqs & 2) {
+		ibv_destroy_cq(cid->recv_cq);
+		ibv_destroy_comp_channel(cid->recv_cq_channel);
+	}
+	id->own_cqs = 0;
+	cid->send_cq = cid->recv_cq = NULL;
+	cid->send_cq_channel = cid->recv_cq_channel = NULL;
+}
+
+EXPORT int rdma_create_qp(struct rdma_cm_id *cid, struct ibv_pd *pd,
+			  struct ibv_qp_init_attr *qp_init_attr)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct ibv_qp_init_attr a;
+	struct ibv_qp *qp;
+	int rc;
+
+	if (!cid->verbs || !qp_init_attr)
+		return fail(EINVAL);
+	if (!pd) {
+		/* librdmacm's default PD of the device, shared by the ids on it */
+		pthread_mutex_lock(&g.lock);
+		if (!g.pd[0])
+			g.pd[0] = ibv_alloc_pd(cid->verbs);
+		pd = g.pd[0];
+		pthread_mutex_unlock(&g.lock);
+		if (!pd)
+			return -1;
+	}
+	if (pd->context != cid->verbs)
+		return fail(EINVAL);
+	a = *qp_init_attr;
+	/* rdma_create_ep's callers often leave it 0: the id's type (its port space's) */
+	if (!a.qp_type)
+		a.qp_type = cid->qp_type;
+	if (a.qp_type != IBV_QPT_RC)
+		return fail(EOPNOTSUPP);
+	if (!a.send_cq) {
+		cid->send_cq = own_cq(cid, a.cap.max_send_wr, &cid->send_cq_channel);
+		if (!cid->send_cq)
+			return -1;
+		id->own_cqs |= 1;
+		a.send_cq = cid->send_cq;
+	}
+	if (!a.recv_cq) {
+		cid->recv_cq = own_cq(cid, a.cap.max_recv_wr, &cid->recv_cq_channel);
+		if (!cid->recv_cq) {
+			drop_own_cqs(id);
+			return -1;
+		}
+		id->own_cqs |= 2;
+		a.recv_cq = cid->recv_cq;
+	}
+	qp = ibv_create_qp(pd, &a);
+	if (!qp) {
+		rc = errno;
+		drop_own_cqs(id);
+		return fail(rc);
+	}
+	qp_init_attr->cap = a.cap;
+	cid->qp = qp;
+	rc = move_qp(cid, IBV_QPS_INIT);
+	if (rc) {
+		ibv_destroy_qp(qp);
+		cid->qp = NULL;
+		drop_own_cqs(id);
+		return fail(rc);
+	}
+	cid->pd = pd;
+	cid->send_cq = a.send_cq;
+	cid->recv_cq = a.recv_cq;
+	cid->send_cq_channel = a.send_cq->channel;
+	cid->recv_cq_channel = a.recv_cq->channel;
+	cid->qp_type = a.qp_type;
+	return 0;
+}
+
+EXPORT void rdma_destroy_qp(struct rdma_cm_id *cid)
+{
+	if (cid->qp)
+		ibv_destroy_qp(cid->qp);
+	cid->qp = NULL;
+	drop_own_cqs((struct cm_id *)cid);
+}
+
+/* rdma_create_ep(3): a synchronous id, bound (passive) or resolved (active), with a QP
+ * when asked (a listener keeps the attributes for the ids rdma_get_request gives). */
+EXPORT int rdma_create_ep(struct rdma_cm_id **out, struct rdma_addrinfo *res,
+			  struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
+{
+	struct rdma_cm_id *cid;
+	struct cm_id *id;
+
+	if (!out || !res)
+		return fail(EINVAL);
+	if (rdma_create_id(NULL, &cid, NULL, (enum rdma_port_space)res->ai_port_space))
+		return -1;
+	id = (struct cm_id *)cid;
+	if (res->ai_flags & RAI_PASSIVE) {
+		if (rdma_bind_addr(cid, res->ai_src_addr))
+			goto bad;
+		if (qp_init_attr) {
+			id->ep_attr = *qp_init_attr;
+			id->has_ep_attr = 1;
+		}
+		id->ep_pd = pd;
+	} else {
+		if (rdma_resolve_addr(cid, res->ai_src_addr, res->ai_dst_addr, 2000) ||
+		    rdma_resolve_route(cid, 2000))
+			goto bad;
+		if (qp_init_attr && rdma_create_qp(cid, pd, qp_init_attr))
+			goto bad;
+	}
+	*out = cid;
+	return 0;
+bad:
+	{
+		int e = errno;
+
+		rdma_destroy_id(cid);
+		return fail(e);
+	}
+}
+
+EXPORT void rdma_destroy_ep(struct rdma_cm_id *cid)
+{
+	rdma_destroy_qp(cid);
+	rdma_destroy_id(cid);
+}
+
+/* rdma_get_request(3): the next connect request of a synchronous listener, as an id of
+ * its own (its own channel), with a QP made as rdma_create_ep was asked. */
+EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **out)
+{
+	struct cm_id *lid = (struct cm_id *)listen, *id;
+	struct rdma_cm_event *ev;
+	struct rdma_event_channel *ch;
+
+	if (!lid->own_channel)
+		return fail(EINVAL);
+	if (sync_wait(listen, RDMA_CM_EVENT_CONNECT_REQUEST, &ev))
+		return -1;
+	id = (struct cm_id *)ev->id;
+	rdma_ack_cm_event(ev);
+	ch = rdma_create_event_channel();
+	if (!ch) {
+		rdma_reject(&id->id, NULL, 0);
+		rdma_destroy_id(&id->id);
+		return -1;
+	}
+	pthread_mutex_lock(&g.lock);
+	id->id.channel = ch;
+	id->own_channel = 1;
+	pthread_mutex_unlock(&g.lock);
+	if (lid->has_ep_attr) {
+		struct ibv_qp_init_attr a = lid->ep_attr;
+
+		if (rdma_create_qp(&id->id, lid->ep_pd, &a)) {
+			int e = errno;
+
+			rdma_reject(&id->id, NULL, 0);
+			rdma_destroy_id(&id->id);
+			return fail(e);
+		}
+	}
+	*out = &id->id;
+	return 0;
+}
+
+/* -- connecting ------------------------------------------------------------------- */
+
+EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct rdma_conn_param none = {.responder_resources = 1, .initiator_depth = 1,
+				       .retry_count = 7, .rnr_retry_count = 7};
+	struct mp_buf b;
+	uint32_t qpn;
+	int rc;
+
+	if (!p)
+		p = &none;
+	qpn = cid->qp ? cid->qp->qp_num : p->qp_num;
+	if (!qpn)
+		return fail(EINVAL);
+	id->my_psn = random_psn();
+	id->rr = p->responder_resources;
+	id->depth = p->initiator_depth;
+	id->retry = p->retry_count > 7 ? 7 : p->retry_count;
+	id->rnr = p->rnr_retry_count > 7 ? 7 : p->rnr_retry_count;
+	cm_begin(&g.conn, &b, "cm_connect", 7);
+	mp_kv_uint(&b, "cmid", id->handle);
+	mp_kv_uint(&b, "qpn", qpn);
+	mp_kv_uint(&b, "psn", id->my_psn);
+	mp_kv_uint(&b, "responder_resources", id->rr);
+	mp_kv_uint(&b, "initiator_depth", id->depth);
+	mp_kv_uint(&b, "retry_count", id->retry);
+	mp_kv_uint(&b, "rnr_retry_count", id->rnr);
+	rc = call(&b, p->private_data, p->private_data ? p->private_data_len : 0, NULL);
+	if (rc)
+		return fail(rc);
+	return id->own_channel ? sync_wait(cid, RDMA_CM_EVENT_ESTABLISHED, NULL) : 0;
+}
+
+EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct mp_buf b;
+	uint32_t qpn;
+	int rc;
+
+	/* Our QP's resources: what the user asks, within what the peer offered (its
+	 * initiator depth bounds our responder resources and the other way round). */
+	if (p) {
+		if (p->responder_resources < id->rr)
+			id->rr = p->responder_resources;
+		if (p->initiator_depth < id->depth)
+			id->depth = p->initiator_depth;
+		id->rnr = p->rnr_retry_count > 7 ? 7 : p->rnr_retry_count;
+	} else {
+		id->rnr = 7;
+	}
+	qpn = cid->qp ? cid->qp->qp_num : (p ? p->qp_num : 0);
+	if (!qpn)
+		return fail(EINVAL);
+	/* my_psn was drawn with the CONNECT_REQUEST: a program that moves its own QP
+	 * (rdma_init_qp_attr) has used it for RTS before it calls rdma_accept. */
+	if (cid->qp) {
+		rc = move_qp(cid, IBV_QPS_RTR);
+		if (!rc)
+			rc = move_qp(cid, IBV_QPS_RTS);
+		if (rc)
+			return fail(rc);
+	}
+	cm_begin(&g.conn, &b, "cm_accept", 6);
+	mp_kv_uint(&b, "cmid", id->handle);
+	mp_kv_uint(&b, "qpn", qpn);
+	mp_kv_uint(&b, "psn", id->my_psn);
+	mp_kv_uint(&b, "responder_resources", id->rr);
+	mp_kv_uint(&b, "initiator_depth", id->depth);
+	mp_kv_uint(&b, "rnr_retry_count", id->rnr);
+	rc = call(&b, p ? p->private_data : NULL,
+		  p && p->private_data ? p->private_data_len : 0, NULL);
+	if (rc)
+		return fail(rc);
+	return id->own_channel ? sync_wait(cid, RDMA_CM_EVENT_ESTABLISHED, NULL) : 0;
+}
+
+EXPORT int rdma_reject(struct rdma_cm_id *cid, const void *private_data,
+		       uint8_t private_data_len)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct mp_buf b;
+	int rc;
+
+	cm_begin(&g.conn, &b, "cm_reject", 1);
+	mp_kv_uint(&b, "cmid", id->handle);
+	rc = call(&b, private_data, private_data ? private_data_len : 0, NULL);
+	return rc ? fail(rc) : 0;
+}
+
+EXPORT int rdma_establish(struct rdma_cm_id *cid)
+{
+	int rc = call_id("cm_establish", (struct cm_id *)cid);
+
+	return rc ? fail(rc) : 0;
+}
+
+EXPORT int rdma_disconnect(struct rdma_cm_id *cid)
+{
+	int rc;
+
+	/* The QP flushes its WRs now, as librdmacm moves it to ERR before the DREQ. */
+	rc = qp_to_err(cid);
+	if (rc)
+		return fail(rc);
+	rc = call_id("cm_disconnect", (struct cm_id *)cid);
+	return rc ? fail(rc) : 0;
+}
+
+/* -- events ------------------------------------------------------------------------ */
+
+static const struct { const char *name; enum rdma_cm_event_type type; } kinds[] = {
+	{"addr_resolved", RDMA_CM_EVENT_ADDR_RESOLVED}, {"addr_error", RDMA_CM_EVENT_ADDR_ERROR},
+	{"route_resolved", RDMA_CM_EVENT_ROUTE_RESOLVED},
+	{"route_error", RDMA_CM_EVENT_ROUTE_ERROR},
+	{"connect_request", RDMA_CM_EVENT_CONNECT_REQUEST},
+	{"connect_response", RDMA_CM_EVENT_CONNECT_RESPONSE},
+	{"connect_error", RDMA_CM_EVENT_CONNECT_ERROR},
+	{"unreachable", RDMA_CM_EVENT_UNREACHABLE}, {"rejected", RDMA_CM_EVENT_REJECTED},
+	{"established", RDMA_CM_EVENT_ESTABLISHED},
+	{"disconnected", RDMA_CM_EVENT_DISCONNECTED},
+	{"timewait_exit", RDMA_CM_EVENT_TIMEWAIT_EXIT},
+};
+
+static uint8_t u8(struct mp_val h, const char *k)
+{
+	uint64_t v = 0;
+
+	mp_find_uint(h, k, &v);
+	return (uint8_t)v;
+}
+
+static void gid_of(struct mp_val h, const char *k, union ibv_gid *gid)
+{
+	struct mp_val v;
+	const uint8_t *p = NULL;
+
+	/* a bin of 16 bytes: 0xc4 0x10 then the GID */
+	if (mp_find(h, k, &v) && v.end - v.p >= 18 && v.p[0] == 0xc4 && v.p[1] == 16)
+		p = v.p + 2;
+	if (p)
+		memcpy(gid->raw, p, 16);
+}
+
+static void addr_of(struct mp_val h, const char *ipk, const char *portk,
+		    struct sockaddr_in *sin)
+{
+	struct mp_val v;
+	const char *s;
+	uint32_t n;
+	char ip[16];
+	uint64_t port = 0;
+
+	if (!mp_find(h, ipk, &v) || !mp_get_str(v, &s, &n) || n >= 16)
+		return;
+	memcpy(ip, s, n);
+	ip[n] = 0;
+	mp_find_uint(h, portk, &port);
+	memset(sin, 0, sizeof(*sin));
+	sin->sin_family = AF_INET;
+	inet_pton(AF_INET, ip, &sin->sin_addr);
+	sin->sin_port = htons((uint16_t)port);
+}
+
+static void route_of(struct rdma_cm_id *cid, struct mp_val h)
+{
+	uint64_t dev = 0;
+
+	mp_find_uint(h, "dev", &dev);
+	cid->verbs = device((int)dev);
+	addr_of(h, "sip", "sport", &cid->route.addr.src_sin);
+	addr_of(h, "dip", "dport", &cid->route.addr.dst_sin);
+	gid_of(h, "sgid", &cid->route.addr.addr.ibaddr.sgid);
+	gid_of(h, "dgid", &cid->route.addr.addr.ibaddr.dgid);
+	cid->route.addr.addr.ibaddr.pkey = htons(0xffff);
+}
+
+static void conn_param(struct cm_event *e, struct cm_frame *f, struct mp_val h)
+{
+	size_t n = f->payload_len < PDATA_MAX ? f->payload_len : PDATA_MAX;
+
+	memcpy(e->pdata, f->payload, n);
+	e->ev.param.conn.private_data = n ? e->pdata : NULL;
+	e->ev.param.conn.private_data_len = (uint8_t)(n > 255 ? 255 : n);
+	e->ev.param.conn.responder_resources = u8(h, "rr");
+	e->ev.param.conn.initiator_depth = u8(h, "depth");
+	e->ev.param.conn.retry_count = u8(h, "retry");
+	e->ev.param.conn.rnr_retry_count = u8(h, "rnr");
+}
+
+/* What librdmacm does with an event before its user sees it; 0 to hand it up. */
+static int process(struct cm_event *e, struct cm_frame *f)
+{
+	struct mp_val h = f->hdr, v;
+	uint64_t handle = 0, status = 0, x;
+	struct cm_id *id, *lid;
+	size_t i;
+	int64_t st = 0;
+
+	mp_find_uint(h, "cmid", &handle);
+	if (mp_find(h, "status", &v)) {
+		if (mp_get_uint(v, &status))
+			st = (int64_t)status;
+		else if (v.p[0] >= 0xe0)        /* a negative fixint */
+			st = (int8_t)v.p[0];
+		else if (v.p[0] == 0xd0 && v.end - v.p >= 2)
+			st = (int8_t)v.p[1];
+		else if (v.p[0] == 0xd1 && v.end - v.p >= 3)
+			st = (int16_t)((v.p[1] << 8) | v.p[2]);
+	}
+	e->ev.status = (int)st;
+	e->ev.event = RDMA_CM_EVENT_ADDR_ERROR;
+	if (mp_find(h, "cm", &v))
+		for (i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+			if (mp_str_eq(v, kinds[i].name))
+				e->ev.event = kinds[i].type;
+	pthread_mutex_lock(&g.lock);
+	id = find((uint32_t)handle);
+	x = 0;
+	mp_find_uint(h, "listen", &x);
+	lid = x ? find((uint32_t)x) : NULL;
+	pthread_mutex_unlock(&g.lock);
+	if (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+		if (!lid)
+			return -1;
+		id = new_id(lid->id.channel, lid->id.context, lid->id.ps, lid->id.qp_type,
+			    (uint32_t)handle);
+		if (!id)
+			return -1;
+		route_of(&id->id, h);
+		mp_find_uint(h, "qpn", &x);
+		id->peer_qpn = (uint32_t)x;
+		x = 0;
+		mp_find_uint(h, "psn", &x);
+		id->peer_psn = (uint32_t)x;
+		/* what the passive side may use: the peer's depth is our responder limit */
+		id->rr = u8(h, "depth");
+		id->depth = u8(h, "rr");
+		id->retry = u8(h, "retry");
+		id->rnr = 7;
+		id->my_psn = random_psn();
+		e->ev.listen_id = &lid->id;
+		e->ev.id = &id->id;
+		conn_param(e, f, h);
+		e->ev.param.conn.qp_num = id->peer_qpn;
+		if (lid->has_ep_attr) {
+			id->ep_attr = lid->ep_attr;
+			id->has_ep_attr = 1;
+		}
+		return 0;
+	}
+	if (!id)
+		return -1;          /* destroyed meanwhile */
+	e->ev.id = &id->id;
+	switch (e->ev.event) {
+	case RDMA_CM_EVENT_ADDR_RESOLVED:
+		route_of(&id->id, h);
+		break;
+	case RDMA_CM_EVENT_CONNECT_RESPONSE:
+		route_of(&id->id, h);
+		mp_find_uint(h, "qpn", &x);
+		id->peer_qpn = (uint32_t)x;
+		x = 0;
+		mp_find_uint(h, "psn", &x);
+		id->peer_psn = (uint32_t)x;
+		if (u8(h, "depth") < id->rr)
+			id->rr = u8(h, "depth");
+		if (u8(h, "rr") < id->depth)
+			id->depth = u8(h, "rr");
+		id->rnr = u8(h, "rnr");
+		conn_param(e, f, h);
+		e->ev.param.conn.qp_num = id->peer_qpn;
+		if (id->id.qp) {
+			/* librdmacm's part: the QP to RTR and RTS, then the RTU */
+			int rc = move_qp(&id->id, IBV_QPS_RTR);
+
+			if (!rc)
+				rc = move_qp(&id->id, IBV_QPS_RTS);
+			if (!rc)
+				rc = call_id("cm_establish", id);
+			if (rc) {
+				e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
+				e->ev.status = -rc;
+			} else {
+				e->ev.event = RDMA_CM_EVENT_ESTABLISHED;
+			}
+		}
+		break;
+	case RDMA_CM_EVENT_REJECTED:
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+	case RDMA_CM_EVENT_UNREACHABLE:
+		conn_param(e, f, h);
+		break;
+	case RDMA_CM_EVENT_DISCONNECTED:
+		/* The QP is the program's: it may have destroyed it already (rping does,
+		 * with ibv_destroy_qp); its own rdma_disconnect moves it to ERR. */
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
+			     struct rdma_cm_event **event)
+{
+	struct cm_chan *c = (struct cm_chan *)channel;
+	struct cm_event *e;
+	struct cm_qev *q;
+	char one;
+	ssize_t n;
+
+	for (;;) {
+		n = read(c->ch.fd, &one, 1);
+		if (n < 0)
+			return -1;      /* EAGAIN on a non-blocking channel, EINTR */
+		if (n == 0) {
+			/* The channel was destroyed while this thread waited on it (rping's
+			 * main does that, its event thread still blocked here). A reader of
+			 * librdmacm's kernel channel is never woken by that: nor is this one,
+			 * until the process exits, rather than report an error it never would. */
+			for (;;)
+				pause();
+		}
+		pthread_mutex_lock(&c->lock);
+		q = c->head;
+		if (q) {
+			c->head = q->next;
+			if (!c->head)
+				c->tail = NULL;
+		}
+		pthread_mutex_unlock(&c->lock);
+		if (!q)
+			continue;
+		e = calloc(1, sizeof(*e));
+		if (!e) {
+			cm_frame_free(&q->f);
+			free(q);
+			return fail(ENOMEM);
+		}
+		if (process(e, &q->f)) {
+			free(e);
+			cm_frame_free(&q->f);
+			free(q);
+			continue;
+		}
+		cm_frame_free(&q->f);
+		free(q);
+		*event = &e->ev;
+		e->ev.id->event = &e->ev;
+		return 0;
+	}
+}
+
+EXPORT int rdma_ack_cm_event(struct rdma_cm_event *event)
+{
+	if (!event)
+		return fail(EINVAL);
+	if (event->id && event->id->event == event)
+		event->id->event = NULL;
+	free(event);
+	return 0;
+}
+
+EXPORT const char *rdma_event_str(enum rdma_cm_event_type event)
+{
+	static const char *names[] = {
+		"RDMA_CM_EVENT_ADDR_RESOLVED", "RDMA_CM_EVENT_ADDR_ERROR",
+		"RDMA_CM_EVENT_ROUTE_RESOLVED", "RDMA_CM_EVENT_ROUTE_ERROR",
+		"RDMA_CM_EVENT_CONNECT_REQUEST", "RDMA_CM_EVENT_CONNECT_RESPONSE",
+		"RDMA_CM_EVENT_CONNECT_ERROR", "RDMA_CM_EVENT_UNREACHABLE",
+		"RDMA_CM_EVENT_REJECTED", "RDMA_CM_EVENT_ESTABLISHED",
+		"RDMA_CM_EVENT_DISCONNECTED", "RDMA_CM_EVENT_DEVICE_REMOVAL",
+		"RDMA_CM_EVENT_MULTICAST_JOIN", "RDMA_CM_EVENT_MULTICAST_ERROR",
+		"RDMA_CM_EVENT_ADDR_CHANGE", "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+	};
+
+	if ((unsigned)event < sizeof(names) / sizeof(names[0]))
+		return names[event];
+	return "UNKNOWN EVENT";
+}
+
+EXPORT __be16 rdma_get_src_port(struct rdma_cm_id *id)
+{
+	return id->route.addr.src_sin.sin_port;
+}
+
+EXPORT __be16 rdma_get_dst_port(struct rdma_cm_id *id)
+{
+	return id->route.addr.dst_sin.sin_port;
+}
+
+EXPORT struct ibv_context **rdma_get_devices(int *num_devices)
+{
+	struct ibv_context **list;
+	int i, n = 0;
+
+	if (init()) {
+		errno = ENODEV;
+		return NULL;
+	}
+	list = calloc((size_t)g.ndev + 1, sizeof(*list));
+	if (!list)
+		return NULL;
+	for (i = 0; i < g.ndev; i++)
+		if (device(i))
+			list[n++] = device(i);
+	if (num_devices)
+		*num_devices = n;
+	return list;
+}
+
+EXPORT void rdma_free_devices(struct ibv_context **list)
+{
+	free(list);
+}

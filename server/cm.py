@@ -1,0 +1,439 @@
+"""The daemon's connection manager (docs/native.md, "The connection manager"): the
+rdma_cm ids of its sessions, and the CM messages (REQ, REP, REJ, RTU, DREQ, DREP) it
+exchanges with other daemons on its wire links.
+
+Addresses: an IPv4 address names the daemon listening at that address on this daemon's
+own wire port (daemons of one fabric share a port, as RoCE v2 shares UDP 4791); this
+daemon's own address, a loopback address or 0.0.0.0 name this daemon. Its softhca GID is
+fe80::<IPv4>:<port>:<device index>, the one ``softhca run`` writes to sysfs.
+
+Authentication: a CM message comes on a wire link, whose HELLO proved the peer token,
+and counts as sent by the daemon the link comes from (its TCP source address and the
+wire port its HELLO names), never by what the message says; a message for an id that
+is connected to another daemon, or that names another communication id, is refused
+and counted (``cm_messages_refused``), as the wire plane refuses a packet from a QP's
+wrong peer.
+
+The library (provider/rdmacm/) moves its QPs through INIT, RTR and RTS with what the
+events carry; the daemon relays, retransmits (a REQ or REP not answered within
+``RESPONSE_TIMEOUT`` is sent again, ``MAX_RETRIES`` times, then the id gets
+UNREACHABLE or CONNECT_ERROR with -ETIMEDOUT) and bounds everything per session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import random
+import socket
+from dataclasses import dataclass
+
+from ..engine.cm import CMId, CMState, backlog_of
+from ..protocol import cm as proto
+from ..protocol.errors import RDMAError
+from ..protocol.frames import FrameError
+from .logs import kv, log
+from .wire import host_class
+
+# Bounds per session: rdma_cm ids, ids waiting for a REP (connects in flight).
+MAX_IDS = 1024
+MAX_CONNECTING = 256
+# rdma_listen(3)'s largest backlog (and the one a backlog of 0 asks for).
+MAX_BACKLOG = 128
+
+
+@dataclass
+class Timing:
+    """How long a REQ, REP or DREQ waits for its answer, and how often it is resent
+    (IBTA's CM response timeout and max CM retries, which rdma_cm sets for its user)."""
+
+    response_timeout: float = 1.0
+    max_retries: int = 3
+
+
+def gid_bytes(ip: str, port: int, dev: int) -> bytes:
+    return bytes.fromhex("fe80000000000000") + socket.inet_aton(ip) + port.to_bytes(2, "big") \
+        + dev.to_bytes(2, "big")
+
+
+class ConnectionManager:
+    """The CM of one daemon (``node``: its host, port, devices, wire plane, counters)."""
+
+    def __init__(self, node, timing: Timing | None = None) -> None:
+        self.node = node
+        self.timing = timing or Timing()
+        self.ids: dict[int, CMId] = {}
+        # (port space, port) -> the listening id.
+        self.listeners: dict[tuple[int, int], int] = {}
+        # (origin, the active side's cid) -> the child id a REQ made (duplicates).
+        self.by_remote: dict[tuple, int] = {}
+        self._next = random.randrange(1, 1 << 30)
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        node.counters.update({"cm_messages_in": 0, "cm_messages_out": 0,
+                              "cm_messages_refused": 0, "cm_retransmissions": 0})
+
+    # -- addresses ---------------------------------------------------------------------
+    def my_ip(self) -> str:
+        try:
+            return socket.gethostbyname(self.node.host)
+        except OSError:
+            return "127.0.0.1"
+
+    def daemon_of(self, ip: str) -> tuple[str, int]:
+        """The daemon (host, wire port) IPv4 address ``ip`` names."""
+        if ip == "0.0.0.0" or ip.startswith("127.") or ip == self.my_ip():
+            return (self.node.host, self.node.port)
+        return (ip, self.node.port)
+
+    # -- the session's calls -----------------------------------------------------------
+    def get(self, owner, handle: int) -> CMId:
+        cid = self.ids.get(handle)
+        if cid is None or cid.owner is not owner:
+            raise RDMAError("ENOENT", f"cm id {handle} is not an rdma_cm_id of this session")
+        return cid
+
+    def create_id(self, owner, ps: int, *, listener: int = 0) -> CMId:
+        mine = sum(1 for c in self.ids.values() if c.owner is owner)
+        if mine >= MAX_IDS:
+            raise RDMAError("ENOMEM", f"rdma_create_id: this session holds {mine} ids, "
+                                      "the daemon's limit per session")
+        self._next = self._next % ((1 << 31) - 1) + 1
+        while self._next in self.ids:
+            self._next += 1
+        cid = CMId(self._next, owner, ps, listener=listener)
+        self.ids[cid.handle] = cid
+        return cid
+
+    def destroy_id(self, cid: CMId) -> None:
+        """rdma_destroy_id(3): a connection still up is disconnected (DREQ, not waited
+        for), a child never accepted is rejected, a listener's pending children go."""
+        if cid.state in (CMState.ESTABLISHED, CMState.REP_SENT, CMState.REP_RCVD):
+            self._send(cid, "dreq", {})
+        elif cid.state == CMState.REQ_RCVD:
+            self._send(cid, "rej", {"reason": proto.REJ_CONSUMER})
+        elif cid.state == CMState.REQ_SENT and cid.peer is not None:
+            self._send(cid, "rej", {"reason": proto.REJ_STALE_CONN})
+        self._forget(cid)
+        for child in list(cid.pending):
+            c = self.ids.get(child)
+            if c is not None:
+                self._send(c, "rej", {"reason": proto.REJ_CONSUMER})
+                self._forget(c)
+
+    def _forget(self, cid: CMId) -> None:
+        self._cancel(cid)
+        self.ids.pop(cid.handle, None)
+        if self.listeners.get((cid.ps, cid.port)) == cid.handle:
+            del self.listeners[(cid.ps, cid.port)]
+        parent = self.ids.get(cid.listener)
+        if parent is not None:
+            parent.pending.discard(cid.handle)
+        for key in [k for k, v in self.by_remote.items() if v == cid.handle]:
+            del self.by_remote[key]
+
+    def session_gone(self, owner) -> None:
+        for cid in [c for c in self.ids.values() if c.owner is owner]:
+            if cid.handle in self.ids:
+                self.destroy_id(cid)
+
+    def bind(self, cid: CMId, ip: str, port: int) -> int:
+        cid.check("bind")
+        if ip not in ("0.0.0.0", self.my_ip()) and not ip.startswith("127."):
+            raise RDMAError("EADDRNOTAVAIL", f"rdma_bind_addr: {ip} is not this daemon's "
+                                             f"address ({self.my_ip()})")
+        port = port or self._ephemeral(cid.ps)
+        if any(c.ps == cid.ps and c.port == port and c.state != CMState.IDLE
+               for c in self.ids.values() if c.listener == 0):
+            raise RDMAError("EADDRINUSE", f"rdma_bind_addr: port {port} is bound already")
+        cid.ip, cid.port = ip, port
+        cid.to(CMState.BOUND)
+        return port
+
+    def _ephemeral(self, ps: int) -> int:
+        used = {c.port for c in self.ids.values() if c.ps == ps}
+        for _ in range(64):
+            p = random.randrange(32768, 61000)
+            if p not in used:
+                return p
+        raise RDMAError("EADDRINUSE", "no ephemeral port is free")
+
+    def resolve_addr(self, cid: CMId, ip: str, port: int) -> None:
+        cid.check("resolve_addr")
+        if cid.state == CMState.IDLE:
+            self.bind(cid, "0.0.0.0", 0)
+        cid.peer = self.daemon_of(ip)
+        cid.peer_ip, cid.peer_port = ip, port
+        cid.to(CMState.ADDR_RESOLVED)
+        self._later(cid, "addr_resolved", **self._addrs(cid))
+
+    def resolve_route(self, cid: CMId) -> None:
+        # One hop between daemons: the route is the address (RoCE's, from the GIDs).
+        cid.check("resolve_route")
+        cid.to(CMState.ROUTE_RESOLVED)
+        self._later(cid, "route_resolved")
+
+    def listen(self, cid: CMId, backlog: int) -> None:
+        cid.check("listen")
+        other = self.listeners.get((cid.ps, cid.port))
+        if other is not None and other != cid.handle:
+            raise RDMAError("EADDRINUSE", f"rdma_listen: port {cid.port} has a listener")
+        cid.backlog = backlog_of(backlog, MAX_BACKLOG)
+        self.listeners[(cid.ps, cid.port)] = cid.handle
+        cid.to(CMState.LISTEN)
+
+    def connect(self, cid: CMId, r: proto.CmConnect) -> None:
+        cid.check("connect")
+        data = proto.check_private_data("req", r.private_data)
+        busy = sum(1 for c in self.ids.values()
+                   if c.owner is cid.owner and c.state == CMState.REQ_SENT)
+        if busy >= MAX_CONNECTING:
+            raise RDMAError("EAGAIN", f"rdma_connect: {busy} connects of this session wait "
+                                      "for an answer, the daemon's limit")
+        msg = {"ps": cid.ps, "port": cid.peer_port or 1, "sip": self._src_ip(cid),
+               "sport": cid.port, "dip": cid.peer_ip, "qpn": r.qpn, "psn": r.psn,
+               "rr": r.responder_resources, "depth": r.initiator_depth,
+               "retry": r.retry_count, "rnr": r.rnr_retry_count}
+        cid.to(CMState.REQ_SENT)
+        self._send(cid, "req", msg, data, retry="unreachable")
+
+    def accept(self, cid: CMId, r: proto.CmAccept) -> None:
+        cid.check("accept")
+        data = proto.check_private_data("rep", r.private_data)
+        cid.to(CMState.REP_SENT)
+        self._send(cid, "rep", {"qpn": r.qpn, "psn": r.psn, "rr": r.responder_resources,
+                                "depth": r.initiator_depth, "rnr": r.rnr_retry_count},
+                   data, retry="connect_error")
+        self._unpend(cid)
+
+    def reject(self, cid: CMId, private_data) -> None:
+        cid.check("reject")
+        data = proto.check_private_data("rej", private_data)
+        self._send(cid, "rej", {"reason": proto.REJ_CONSUMER}, data)
+        self._unpend(cid)
+        cid.to(CMState.DISCONNECTED)
+
+    def establish(self, cid: CMId) -> None:
+        cid.check("establish")
+        # The active side's own ESTABLISHED is the library's (it turns the
+        # CONNECT_RESPONSE into it when the id owns its QP); rdma_establish(3) on an id
+        # whose QP the program moves itself gets no event, as with rdma_cm.
+        self._send(cid, "rtu", {})
+        cid.to(CMState.ESTABLISHED)
+
+    def disconnect(self, cid: CMId) -> None:
+        cid.check("disconnect")
+        if cid.state in (CMState.DREQ_SENT, CMState.DISCONNECTED):
+            return      # the peer's DREQ came first, or ours is under way
+        cid.to(CMState.DREQ_SENT)
+        self._send(cid, "dreq", {}, retry="disconnected")
+
+    def _unpend(self, cid: CMId) -> None:
+        parent = self.ids.get(cid.listener)
+        if parent is not None:
+            parent.pending.discard(cid.handle)
+
+    # -- messages ------------------------------------------------------------------------
+    def _src_ip(self, cid: CMId) -> str:
+        return self.my_ip() if cid.ip == "0.0.0.0" or cid.ip.startswith("127.") else cid.ip
+
+    def _addrs(self, cid: CMId) -> dict:
+        host, port = cid.peer or (self.node.host, self.node.port)
+        peer_ip = socket.gethostbyname(host) if not _numeric(host) else host
+        return {"dev": cid.dev, "sgid": gid_bytes(self.my_ip(), self.node.port, cid.dev),
+                "dgid": gid_bytes(peer_ip, port, cid.peer_dev), "sip": self._src_ip(cid),
+                "sport": cid.port, "dip": cid.peer_ip, "dport": cid.peer_port}
+
+    def _send(self, cid: CMId, kind: str, fields: dict, data: bytes = b"", *,
+              retry: str | None = None) -> None:
+        if cid.peer is None:
+            return
+        header = {"t": "cm", "m": kind, "lcid": cid.handle, "rcid": cid.remote_cid,
+                  "dev": cid.dev, **fields}
+        self._transmit(cid.peer, header, data)
+        if retry is not None:
+            cid.resend = {"header": header, "data": data, "fail": retry}
+            cid.tries = self.timing.max_retries
+            self._arm(cid)
+
+    def _transmit(self, peer: tuple[str, int], header: dict, data: bytes) -> None:
+        self.node.counters["cm_messages_out"] += 1
+        if peer == (self.node.host, self.node.port):
+            origin = ("loopback" if host_class(self.node.host) == "loopback"
+                      else host_class(self.my_ip()), self.node.port)
+            asyncio.get_running_loop().call_soon(self.receive, dict(header), data, origin)
+        else:
+            self.node.wire.send_cm(peer[0], peer[1], header, data)
+
+    def _arm(self, cid: CMId) -> None:
+        self._stop_timer(cid)
+        self._timers[cid.handle] = asyncio.get_running_loop().call_later(
+            self.timing.response_timeout, self._timeout, cid.handle)
+
+    def _cancel(self, cid: CMId) -> None:
+        """No more retransmissions for ``cid``: its answer came (or it is gone)."""
+        self._stop_timer(cid)
+        cid.resend = None
+
+    def _stop_timer(self, cid: CMId) -> None:
+        t = self._timers.pop(cid.handle, None)
+        if t is not None:
+            t.cancel()
+
+    def _timeout(self, handle: int) -> None:
+        self._timers.pop(handle, None)
+        cid = self.ids.get(handle)
+        if cid is None or cid.resend is None:
+            return
+        if cid.tries > 0:
+            cid.tries -= 1
+            self.node.counters["cm_retransmissions"] += 1
+            self._transmit(cid.peer, cid.resend["header"], cid.resend["data"])
+            self._arm(cid)
+            return
+        fail = cid.resend["fail"]
+        cid.resend = None
+        cid.to(CMState.DISCONNECTED)
+        self._event(cid, fail, status=0 if fail == "disconnected" else -errno.ETIMEDOUT)
+
+    def receive(self, header: dict, payload, origin) -> None:
+        """A CM message from the daemon at ``origin`` ((host class, wire port), what the
+        wire link proved), checked before anything is looked at."""
+        self.node.counters["cm_messages_in"] += 1
+        try:
+            m = proto.decode_message(header, payload)
+        except FrameError as e:
+            self._refuse(origin, f"malformed: {e.message}")
+            return
+        if origin is None:
+            self._refuse(origin, "a wire link that names no daemon")
+            return
+        if m["m"] == "req":
+            self._on_req(m, origin)
+            return
+        rcid = m["rcid"]
+        if rcid == 0:
+            # A REJ from an active side that gave up before it learnt our id (it went
+            # away while its REQ waited here): the child its REQ made.
+            rcid = self.by_remote.get((origin, m["lcid"]), 0)
+        cid = self.ids.get(rcid)
+        if cid is None or cid.peer is None or (host_class(cid.peer[0]), cid.peer[1]) != origin \
+                or (cid.remote_cid and cid.remote_cid != m["lcid"]):
+            self._refuse(origin, f"{m['m']} for no connection of that daemon")
+            return
+        getattr(self, "_on_" + m["m"])(cid, m)
+
+    def _refuse(self, origin, why: str) -> None:
+        self.node.counters["cm_messages_refused"] += 1
+        log.warning("CM message refused %s", kv(event="cm_refused", origin=str(origin),
+                                                 reason=why))
+
+    def _reply_to(self, origin) -> tuple[str, int]:
+        host, port = origin
+        return ("127.0.0.1" if host == "loopback" else host, port)
+
+    def _on_req(self, m: dict, origin) -> None:
+        peer = self._reply_to(origin)
+        dup = self.by_remote.get((origin, m["lcid"]))
+        if dup is not None:
+            c = self.ids.get(dup)
+            if c is not None and c.resend is not None and c.state == CMState.REP_SENT:
+                self._transmit(c.peer, c.resend["header"], c.resend["data"])
+            return
+        lid = self.listeners.get((m["ps"], m["port"]))
+        parent = self.ids.get(lid) if lid is not None else None
+        reason = None
+        if parent is None:
+            reason = proto.REJ_INVALID_SERVICE_ID
+        elif len(parent.pending) >= parent.backlog:
+            reason = proto.REJ_NO_RESOURCES
+        if reason is not None:
+            self._transmit(peer, {"t": "cm", "m": "rej", "lcid": 1, "rcid": m["lcid"],
+                                  "dev": 0, "reason": reason}, b"")
+            return
+        try:
+            child = self.create_id(parent.owner, parent.ps, listener=parent.handle)
+        except RDMAError:
+            self._transmit(peer, {"t": "cm", "m": "rej", "lcid": 1, "rcid": m["lcid"],
+                                  "dev": 0, "reason": proto.REJ_NO_RESOURCES}, b"")
+            return
+        child.peer, child.peer_dev, child.remote_cid = peer, m["dev"], m["lcid"]
+        child.ip, child.port, child.dev = parent.ip, parent.port, parent.dev
+        child.peer_ip, child.peer_port = m["sip"], m["sport"]
+        child.to(CMState.REQ_RCVD)
+        parent.pending.add(child.handle)
+        self.by_remote[(origin, m["lcid"])] = child.handle
+        addrs = self._addrs(child)
+        addrs.update(sip=m["dip"], sport=m["port"])
+        self._event(child, "connect_request", listen=parent.handle, qpn=m["qpn"],
+                    psn=m["psn"], rr=m["rr"], depth=m["depth"], retry=m["retry"],
+                    rnr=m["rnr"], _payload=proto.padded("req", m["private_data"]), **addrs)
+
+    def _on_rep(self, cid: CMId, m: dict) -> None:
+        if cid.state in (CMState.REP_RCVD, CMState.ESTABLISHED) and cid.remote_cid == m["lcid"]:
+            if cid.state == CMState.ESTABLISHED:
+                self._send(cid, "rtu", {})      # our RTU was lost: the REP came again
+            return
+        if cid.state != CMState.REQ_SENT:
+            return
+        self._cancel(cid)
+        cid.remote_cid, cid.peer_dev = m["lcid"], m["dev"]
+        cid.to(CMState.REP_RCVD)
+        self._event(cid, "connect_response", qpn=m["qpn"], psn=m["psn"], rr=m["rr"],
+                    depth=m["depth"], rnr=m["rnr"],
+                    _payload=proto.padded("rep", m["private_data"]), **self._addrs(cid))
+
+    def _on_rej(self, cid: CMId, m: dict) -> None:
+        # rdma_cm reports every REJ as REJECTED, its reason the status.
+        if cid.state not in (CMState.REQ_SENT, CMState.REQ_RCVD, CMState.REP_SENT):
+            return
+        self._cancel(cid)
+        self._unpend(cid)
+        cid.to(CMState.DISCONNECTED)
+        self._event(cid, "rejected", status=m["reason"],
+                    _payload=proto.padded("rej", m["private_data"]))
+
+    def _on_rtu(self, cid: CMId, m: dict) -> None:
+        if cid.state != CMState.REP_SENT:
+            return
+        self._cancel(cid)
+        cid.to(CMState.ESTABLISHED)
+        self._event(cid, "established")
+
+    def _on_dreq(self, cid: CMId, m: dict) -> None:
+        # Answered whatever the state (a DREQ resent after our DREP was lost).
+        self._send(cid, "drep", {})
+        if cid.state in (CMState.ESTABLISHED, CMState.REP_SENT, CMState.REP_RCVD,
+                         CMState.DREQ_SENT):
+            self._cancel(cid)
+            cid.to(CMState.DISCONNECTED)
+            self._event(cid, "disconnected")
+
+    def _on_drep(self, cid: CMId, m: dict) -> None:
+        if cid.state != CMState.DREQ_SENT:
+            return
+        self._cancel(cid)
+        cid.to(CMState.DISCONNECTED)
+        self._event(cid, "disconnected")
+
+    # -- events --------------------------------------------------------------------------
+    def _later(self, cid: CMId, kind: str, **fields) -> None:
+        asyncio.get_running_loop().call_soon(lambda: self._event(cid, kind, **fields))
+
+    def _event(self, cid: CMId, kind: str, status: int = 0, **fields) -> None:
+        if self.ids.get(cid.handle) is not cid:
+            return      # destroyed meanwhile
+        payload = fields.pop("_payload", b"")
+        cid.owner.push({"cm": kind, "cmid": cid.handle, "status": status, **fields}, payload)
+
+    def counts(self, owner=None) -> dict[str, int]:
+        ids = [c for c in self.ids.values() if owner is None or c.owner is owner]
+        return {"ids": len(ids), "listeners": len(self.listeners),
+                "timers": len(self._timers), "remote": len(self.by_remote)}
+
+
+def _numeric(host: str) -> bool:
+    try:
+        socket.inet_aton(host)
+        return True
+    except OSError:
+        return False

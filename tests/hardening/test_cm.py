@@ -1,0 +1,318 @@
+"""The daemon's connection manager (server/cm.py) driven by hand-written control
+requests, as a program's librdmacm sends them: the whole connection on one daemon
+(two sessions), then the attacks: private data too long, connects to nobody (10,000 of
+them leak nothing), a listener's backlog overrun, a lost REQ, a REQ never answered,
+and CM messages forged on the wire plane."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from softhca.protocol import cm
+from softhca.protocol.frames import FrameDecoder, encode_frame, frame_bytes
+from softhca.server.daemon import Daemon
+from softhca.server.link import open_link
+
+PEER = b"peer-token"
+
+
+@contextlib.asynccontextmanager
+async def daemon():
+    d = Daemon(("mlx5_0",), "127.0.0.1", 0, peer_token=PEER)
+    await d.start()
+    try:
+        yield d
+    finally:
+        await d.close()
+
+
+class Session:
+    """A control session whose replies and pushed CM events are kept apart."""
+
+    def __init__(self, r, w) -> None:
+        self.r, self.w, self.dec = r, w, FrameDecoder(1 << 20)
+        self.next_id = 1
+        self.replies: dict[int, dict] = {}
+        self.events: list[tuple[dict, bytes]] = []
+        self._rest: list = []
+
+    @classmethod
+    async def open(cls, d: Daemon) -> Session:
+        r, w = await asyncio.open_connection(d.host, d.port)
+        s = cls(r, w)
+        await s._frame()                               # the challenge
+        w.write(frame_bytes({"t": "hello", "version": 1, "role": "control"}))
+        assert (await s._frame()).header["t"] == "welcome"
+        return s
+
+    async def _frame(self):
+        """A frame of the handshake (nothing else is pushed before the welcome)."""
+        while True:
+            data = await asyncio.wait_for(self.r.read(1 << 16), 10)
+            assert data, "the daemon closed the session"
+            frames = self.dec.feed(data)
+            if frames:
+                self._rest = frames[1:]
+                return frames[0]
+
+    async def _pump(self) -> None:
+        data = await asyncio.wait_for(self.r.read(1 << 20), 10)
+        assert data, "the daemon closed the session"
+        for fr in self._rest + self.dec.feed(data):
+            if fr.header["t"] == "event":
+                self.events.append((fr.header, bytes(fr.payload)))
+            else:
+                self.replies[fr.header["id"]] = fr.header
+        self._rest = []
+
+    def send(self, verb: str, payload: bytes = b"", **fields) -> int:
+        rid = self.next_id
+        self.next_id += 1
+        self.w.writelines(encode_frame({"t": verb, "id": rid, **fields}, payload))
+        return rid
+
+    async def reply(self, rid: int) -> dict:
+        while rid not in self.replies:
+            await self._pump()
+        return self.replies.pop(rid)
+
+    async def call(self, verb: str, payload: bytes = b"", **fields) -> dict:
+        h = await self.reply(self.send(verb, payload, **fields))
+        assert h["t"] == "ok", h
+        return h
+
+    async def refused(self, verb: str, payload: bytes = b"", **fields) -> dict:
+        h = await self.reply(self.send(verb, payload, **fields))
+        assert h["t"] == "err", h
+        return h
+
+    async def event(self, kind: str | None = None, timeout: float = 10.0):
+        async def wait():
+            while not self.events:
+                await self._pump()
+        await asyncio.wait_for(wait(), timeout)
+        h, p = self.events.pop(0)
+        if kind is not None:
+            assert h["cm"] == kind, h
+        return h, p
+
+    def close(self) -> None:
+        self.w.close()
+
+
+async def listener(s: Session, port: int, backlog: int = 4) -> int:
+    lid = (await s.call("cm_create_id", ps=cm.PS_TCP))["cmid"]
+    await s.call("cm_bind", cmid=lid, ip="0.0.0.0", port=port)
+    await s.call("cm_listen", cmid=lid, backlog=backlog)
+    return lid
+
+
+async def resolved(s: Session, port: int) -> int:
+    cid = (await s.call("cm_create_id", ps=cm.PS_TCP))["cmid"]
+    await s.call("cm_resolve_addr", cmid=cid, ip="127.0.0.1", port=port)
+    await s.event("addr_resolved")
+    await s.call("cm_resolve_route", cmid=cid)
+    await s.event("route_resolved")
+    return cid
+
+
+def connect_fields(cid: int, qpn: int = 0x11, psn: int = 0x123) -> dict:
+    return {"cmid": cid, "qpn": qpn, "psn": psn, "responder_resources": 1,
+            "initiator_depth": 1, "retry_count": 7, "rnr_retry_count": 7}
+
+
+async def test_connect_accept_establish_disconnect():
+    async with daemon() as d:
+        srv, cli = await Session.open(d), await Session.open(d)
+        lid = await listener(srv, 7174)
+        cid = await resolved(cli, 7174)
+        await cli.call("cm_connect", b"hello", **connect_fields(cid))
+        h, pdata = await srv.event("connect_request")
+        assert h["listen"] == lid and h["qpn"] == 0x11 and h["psn"] == 0x123
+        # Received private data fills the REQ's field: the bytes sent, then zeros.
+        assert pdata == b"hello" + bytes(51)
+        child = h["cmid"]
+        await srv.call("cm_accept", b"welcome", cmid=child, qpn=0x22, psn=0x456,
+                       responder_resources=1, initiator_depth=1, rnr_retry_count=7)
+        h, pdata = await cli.event("connect_response")
+        assert (h["qpn"], h["psn"]) == (0x22, 0x456) and pdata == b"welcome" + bytes(189)
+        # The GIDs the library's RTR uses: fe80::<IPv4>:<port>:<dev>, this daemon's.
+        assert h["dgid"] == bytes.fromhex("fe80000000000000 7f000001".replace(" ", "")) \
+            + d.port.to_bytes(2, "big") + bytes(2)
+        await cli.call("cm_establish", cmid=cid)
+        await srv.event("established")
+        await cli.call("cm_disconnect", cmid=cid)
+        await srv.event("disconnected")
+        await cli.event("disconnected")
+        # The passive side's own rdma_disconnect after the peer's is no error.
+        await srv.call("cm_disconnect", cmid=child)
+        for s, ids in ((cli, [cid]), (srv, [child, lid])):
+            for i in ids:
+                await s.call("cm_destroy_id", cmid=i)
+        assert d.cm.counts() == {"ids": 0, "listeners": 0, "timers": 0, "remote": 0}
+        srv.close()
+        cli.close()
+
+
+async def test_private_data_longer_than_the_message_carries_is_einval():
+    async with daemon() as d:
+        srv, cli = await Session.open(d), await Session.open(d)
+        await listener(srv, 7175)
+        cid = await resolved(cli, 7175)
+        e = await cli.refused("cm_connect", b"x" * 57, **connect_fields(cid))
+        assert e["errno"] == "EINVAL" and "56" in e["msg"]
+        # Refused whole: the id may still connect, with 56 bytes.
+        await cli.call("cm_connect", b"x" * 56, **connect_fields(cid))
+        h, _ = await srv.event("connect_request")
+        child = h["cmid"]
+        e = await srv.refused("cm_accept", b"x" * 197, cmid=child, qpn=1, psn=0,
+                              responder_resources=1, initiator_depth=1, rnr_retry_count=7)
+        assert e["errno"] == "EINVAL" and "196" in e["msg"]
+        e = await srv.refused("cm_reject", b"x" * 149, cmid=child)
+        assert e["errno"] == "EINVAL" and "148" in e["msg"]
+        await srv.call("cm_reject", b"no thanks", cmid=child)
+        h, pdata = await cli.event("rejected")
+        assert h["status"] == cm.REJ_CONSUMER and pdata == b"no thanks" + bytes(139)
+        srv.close()
+        cli.close()
+
+
+async def test_ten_thousand_connects_to_nobody_are_rejected_and_leak_nothing():
+    async with daemon() as d:
+        s = await Session.open(d)
+        n, batch = 10_000, 500
+        for _ in range(n // batch):
+            rids = [s.send("cm_create_id", ps=cm.PS_TCP) for _ in range(batch)]
+            ids = [(await s.reply(r))["cmid"] for r in rids]
+            for i in ids:
+                s.send("cm_resolve_addr", cmid=i, ip="127.0.0.1", port=9)
+                s.send("cm_resolve_route", cmid=i)
+                s.send("cm_connect", **connect_fields(i))
+            seen = {}
+            while len(seen) < batch:
+                h, _ = await s.event()
+                if h["cm"] == "rejected":
+                    assert h["status"] == cm.REJ_INVALID_SERVICE_ID, h
+                    seen[h["cmid"]] = h
+            assert set(seen) == set(ids)
+            for i in ids:
+                s.send("cm_destroy_id", cmid=i)
+            s.events.clear()
+        await s.call("cm_counts")
+        assert d.cm.counts() == {"ids": 0, "listeners": 0, "timers": 0, "remote": 0}
+        s.close()
+
+
+async def test_a_listeners_backlog_overrun_is_rejected():
+    async with daemon() as d:
+        srv, cli = await Session.open(d), await Session.open(d)
+        await listener(srv, 7176, backlog=2)
+        ids = [await resolved(cli, 7176) for _ in range(3)]
+        for i in ids:
+            await cli.call("cm_connect", **connect_fields(i))
+        reqs = [(await srv.event("connect_request"))[0] for _ in range(2)]
+        h, _ = await cli.event("rejected")
+        assert h["cmid"] == ids[2] and h["status"] == cm.REJ_NO_RESOURCES
+        # Accepting one makes room again.
+        await srv.call("cm_accept", cmid=reqs[0]["cmid"], qpn=1, psn=0,
+                       responder_resources=1, initiator_depth=1, rnr_retry_count=7)
+        await cli.event("connect_response")
+        again = await resolved(cli, 7176)
+        await cli.call("cm_connect", **connect_fields(again))
+        await srv.event("connect_request")
+        srv.close()
+        cli.close()
+
+
+async def test_a_lost_req_is_sent_again_and_the_connection_completes():
+    async with daemon() as d:
+        d.cm.timing.response_timeout = 0.2
+        srv, cli = await Session.open(d), await Session.open(d)
+        await listener(srv, 7177)
+        cid = await resolved(cli, 7177)
+        real = d.cm._transmit
+        lost = []
+
+        def lossy(peer, header, data):
+            if header["m"] == "req" and not lost:
+                lost.append(header)     # the first REQ never arrives
+                return
+            real(peer, header, data)
+
+        d.cm._transmit = lossy
+        await cli.call("cm_connect", **connect_fields(cid))
+        h, _ = await srv.event("connect_request", timeout=5)
+        assert lost and d.counters["cm_retransmissions"] == 1
+        srv.close()
+        cli.close()
+
+
+async def test_a_req_never_answered_ends_unreachable():
+    async with daemon() as d:
+        d.cm.timing.response_timeout = 0.1
+        d.cm.timing.max_retries = 2
+        cli = await Session.open(d)
+        cid = await resolved(cli, 7178)
+        real = d.cm._transmit
+        d.cm._transmit = lambda p, h, data: None if h["m"] == "req" else real(p, h, data)
+        await cli.call("cm_connect", **connect_fields(cid))
+        h, _ = await cli.event("unreachable", timeout=5)
+        assert h["status"] == -110          # -ETIMEDOUT, as rdma_cm reports it
+        assert d.counters["cm_retransmissions"] == 2
+        cli.close()
+
+
+async def test_cm_messages_forged_on_the_wire_plane_are_refused():
+    """A peer daemon's wire link (it proved the peer token) sends a DREQ and a REP for
+    a connection it is no party to: both are refused and counted, and the connection
+    stays up; a malformed message is refused the same way."""
+    async with daemon() as d:
+        srv, cli = await Session.open(d), await Session.open(d)
+        await listener(srv, 7179)
+        cid = await resolved(cli, 7179)
+        await cli.call("cm_connect", **connect_fields(cid))
+        h, _ = await srv.event("connect_request")
+        child = h["cmid"]
+        link = await open_link(d.host, d.port, "wire", PEER, timeout=5, max_frame=1 << 20,
+                               src="127.0.0.1:1")
+        before = d.counters["cm_messages_refused"]
+        forged = [{"t": "cm", "m": "dreq", "lcid": cid, "rcid": child, "dev": 0},
+                  {"t": "cm", "m": "rep", "lcid": child, "rcid": cid, "dev": 0, "qpn": 9,
+                   "psn": 0, "rr": 1, "depth": 1, "rnr": 7},
+                  {"t": "cm", "m": "bogus", "lcid": 1, "rcid": 1, "dev": 0}]
+        for f in forged:
+            link.writer.writelines(encode_frame(f))
+        await link.writer.drain()
+        for _ in range(100):
+            if d.counters["cm_messages_refused"] - before == 3:
+                break
+            await asyncio.sleep(0.02)
+        assert d.counters["cm_messages_refused"] - before == 3
+        # Nothing reached either side: the real REP still connects them.
+        await srv.call("cm_accept", cmid=child, qpn=2, psn=0, responder_resources=1,
+                       initiator_depth=1, rnr_retry_count=7)
+        h, _ = await cli.event("connect_response")
+        assert h["qpn"] == 2
+        assert not srv.events
+        link.writer.close()
+        srv.close()
+        cli.close()
+
+
+@pytest.mark.parametrize("verb,fields", [("cm_listen", {"backlog": 1}),
+                                         ("cm_accept", None), ("cm_establish", {})])
+async def test_calls_in_the_wrong_state_are_einval(verb, fields):
+    async with daemon() as d:
+        s = await Session.open(d)
+        cid = (await s.call("cm_create_id", ps=cm.PS_TCP))["cmid"]
+        if fields is None:
+            fields = {"qpn": 1, "psn": 0, "responder_resources": 1, "initiator_depth": 1,
+                      "rnr_retry_count": 7}
+        e = await s.refused(verb, cmid=cid, **fields)
+        assert e["errno"] == "EINVAL", e
+        e = await s.refused("cm_bind", cmid=cid + 1000, ip="0.0.0.0", port=1)
+        assert e["errno"] == "ENOENT"
+        s.close()

@@ -1,0 +1,163 @@
+"""Debian's rdmacm-utils, unmodified, on softhca: each side under ``softhca run`` (its
+own daemon) in its own network namespace, finding our librdmacm.so.1 (provider/rdmacm/)
+on the library path, its connection manager in the daemon (server/cm.py).
+
+The daemons of one fabric share a wire port (an IP address names the daemon at that
+address on this daemon's own port), so each pair runs both daemons on one port."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import subprocess
+import time
+
+import native
+import pytest
+
+_ports = itertools.count(22000)
+_wire_ports = itertools.count(23000)
+CM_LIB = native.REPO / "provider" / "build" / "librdmacm.so.1"
+
+
+@pytest.fixture(scope="module")
+def where(tmp_path_factory):
+    why = native.unavailable("rping")
+    if why:
+        pytest.skip(why)
+    if not CM_LIB.is_file():
+        pytest.skip(f"our librdmacm is not built ({CM_LIB}): `make provider` builds it")
+    with native.place(tmp_path_factory.mktemp("rdmacm")) as p:
+        if p.kind != "netns":
+            pytest.skip("needs two network namespaces: both daemons listen on one wire "
+                        "port, which two daemons on loopback cannot")
+        yield p
+
+
+def rping_pattern(ping: int, size: int) -> str:
+    """What ``rping -v`` prints after "ping data: " for ping ``ping`` of ``size`` bytes,
+    computed here from rping's documented buffer: "rdma-ping-<n>: " then letters from
+    'A' + n (mod the 58 characters 'A'..'z') rising and wrapping, size - 1 characters
+    in all (the last byte is the NUL)."""
+    head = f"rdma-ping-{ping}: "
+    start = 65 + ping % 58
+    body = []
+    c = start
+    for _ in range(len(head), size - 1):
+        body.append(chr(c))
+        c = 65 if c >= 122 else c + 1
+    return (head + "".join(body))[:size - 1]
+
+
+def test_rping_pattern_is_rpings():
+    # Two pings read off rping's format by hand: ping 0 starts at 'A', ping 1 at 'B'.
+    assert rping_pattern(0, 64) == "rdma-ping-0: " + "".join(map(chr, range(65, 65 + 50)))
+    assert rping_pattern(1, 20)[-6:] == "BCDEFG"[:6]
+
+
+def test_rping_100_verified_pings(where):
+    port = next(_ports)
+    wire = next(_wire_ports)
+    count = 100
+    server = ["rping", "-s", "-a", where.server.addr, "-p", str(port), "-v", "-C", str(count)]
+    client = ["rping", "-c", "-a", where.server.addr, "-p", str(port), "-v", "-V", "-C",
+              str(count)]
+    srv, cli = pair(where, server, client, wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    assert cli.returncode == 0, both
+    assert srv.returncode == 0, both
+    lines = re.findall(r"^ping data: (.*)$", cli.output, re.M)
+    assert len(lines) == count, both
+    for n, line in enumerate(lines):
+        assert line == rping_pattern(n, 64), (n, line)
+    served = re.findall(r"^server ping data: (.*)$", srv.output, re.M)
+    assert len(served) == count, both
+
+
+def test_rping_to_nobody_is_rejected(where):
+    """A connect to a port nobody listens on ends in REJECTED (the peer daemon's CM
+    answers the REQ with reason 8, invalid service id), not a hang."""
+    wire = next(_wire_ports)
+    # The server side's daemon runs a program that does not listen on rdma_cm at all.
+    srv_argv = where.argv(where.server, ["sleep", "20"], port=wire)
+    proc = native._start(srv_argv, stderr=subprocess.STDOUT)
+    try:
+        native.wait_listening(proc, wire, timeout=30)
+        cli = where.run(where.client, ["rping", "-c", "-a", where.server.addr, "-p", "9",
+                                       "-C", "1"], port=wire, timeout=60)
+    finally:
+        native._reap(proc)
+    assert cli.returncode != 0, cli.output
+    assert "RDMA_CM_EVENT_REJECTED, error 8" in cli.output, cli.output
+
+
+def pair(where, server_prog, client_prog, wire: int, timeout: float = 60.0):
+    """Both sides' daemons on wire port ``wire``: the server first, then (once its
+    daemon listens) the client."""
+    argv = where.argv(where.server, server_prog, port=wire)
+    srv = native._start(argv, stderr=subprocess.STDOUT)
+    try:
+        native.wait_listening(srv, wire, timeout=30)
+        # The server program binds its rdma_cm id once it runs: give it a moment.
+        time.sleep(1.0)
+        cli = where.run(where.client, client_prog, port=wire, timeout=timeout)
+        try:
+            out, _ = srv.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(srv.pid, signal.SIGKILL)
+            out, _ = srv.communicate(timeout=10)
+            out = f"(killed after {timeout} s)\n{out}\n--- client:\n{cli.output}"
+    finally:
+        native._reap(srv)
+    return native.Done(argv, srv.returncode, out), cli
+
+
+
+
+
+def test_ucmatose_default(where):
+    """ucmatose with its defaults (one connection, 10 messages of 100 bytes each way,
+    SENDs over the QPs rdma_cm moved), each side exiting 0."""
+    wire = next(_wire_ports)
+    port = str(next(_ports))
+    srv, cli = pair(where, ["ucmatose", "-p", port],
+                    ["ucmatose", "-s", where.server.addr, "-p", port], wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    assert cli.returncode == 0, both
+    assert srv.returncode == 0, both
+    for out in (cli.output, srv.output):
+        assert "data transfers complete" in out and "return status 0" in out, both
+
+
+def test_rdma_server_rdma_client(where):
+    """rdmacm-utils' rdma_server / rdma_client: rdma_getaddrinfo, rdma_create_ep,
+    rdma_listen, rdma_get_request, rdma_accept / rdma_connect on synchronous ids, and
+    the rdma_verbs.h helpers (rdma_reg_msgs, rdma_post_recv, rdma_post_send,
+    rdma_get_send_comp, rdma_get_recv_comp) over the QP and CQs rdma_create_ep made."""
+    wire = next(_wire_ports)
+    port = str(next(_ports))
+    srv, cli = pair(where, ["rdma_server", "-p", port],
+                    ["rdma_client", "-s", where.server.addr, "-p", port], wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    assert cli.returncode == 0, both
+    assert srv.returncode == 0, both
+    assert "rdma_server: end 0" in srv.output and "rdma_client: end 0" in cli.output, both
+
+
+def test_rping_with_qps_the_program_moves_itself(where):
+    """``rping -q``: each side creates its QP with ibv_create_qp and moves it through
+    INIT, RTR and RTS with rdma_init_qp_attr (conn_param.qp_num names it); the active
+    side calls rdma_establish after CONNECT_RESPONSE."""
+    port = next(_ports)
+    wire = next(_wire_ports)
+    count = 20
+    server = ["rping", "-s", "-q", "-a", where.server.addr, "-p", str(port), "-C", str(count)]
+    client = ["rping", "-c", "-q", "-a", where.server.addr, "-p", str(port), "-v", "-V",
+              "-C", str(count)]
+    srv, cli = pair(where, server, client, wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    assert cli.returncode == 0 and srv.returncode == 0, both
+    lines = re.findall(r"^ping data: (.*)$", cli.output, re.M)
+    assert lines == [rping_pattern(n, 64) for n in range(count)], both
