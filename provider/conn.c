@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,99 +40,15 @@ int shca_errno(const char *name, uint32_t n)
 	return EIO;
 }
 
-static int read_full(int fd, void *buf, size_t n)
-{
-	uint8_t *p = buf;
-
-	while (n) {
-		ssize_t r = read(fd, p, n);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return -1;
-		p += r;
-		n -= (size_t)r;
-	}
-	return 0;
-}
-
-static int write_all(int fd, struct iovec *iov, int n)
-{
-	while (n) {
-		ssize_t w = writev(fd, iov, n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return -1;
-		while (n && (size_t)w >= iov->iov_len) {
-			w -= (ssize_t)iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (n) {
-			iov->iov_base = (uint8_t *)iov->iov_base + w;
-			iov->iov_len -= (size_t)w;
-		}
-	}
-	return 0;
-}
-
-/* One frame: r->frame holds the header and payload, r->hdr the header map. */
-static int read_frame(int fd, struct shca_reply *r)
-{
-	uint8_t pre[8];
-	uint32_t l, h;
-
-	memset(r, 0, sizeof(*r));
-	if (read_full(fd, pre, 8))
-		return -1;
-	l = ntohl(*(uint32_t *)pre);
-	h = ntohl(*(uint32_t *)(pre + 4));
-	if (l < 4 || l > MAX_FRAME || h > l - 4)
-		return -1;
-	r->len = l - 4;
-	r->frame = malloc(r->len ? r->len : 1);
-	if (!r->frame || read_full(fd, r->frame, r->len)) {
-		free(r->frame);
-		r->frame = NULL;
-		return -1;
-	}
-	r->hdr.p = r->frame;
-	r->hdr.end = r->frame + h;
-	r->payload = r->frame + h;
-	r->payload_len = r->len - h;
-	return 0;
-}
-
-void shca_reply_free(struct shca_reply *r)
-{
-	free(r->frame);
-	memset(r, 0, sizeof(*r));
-}
-
 static int send_frame(struct shca_conn *c, struct mp_buf *b, const void *payload,
 		      size_t plen)
 {
-	uint32_t pre[2];
-	struct iovec iov[3];
 	int rc;
 
-	if (b->failed)
-		return ENOMEM;
-	pre[0] = htonl((uint32_t)(4 + b->len + plen));
-	pre[1] = htonl((uint32_t)b->len);
-	iov[0].iov_base = pre;
-	iov[0].iov_len = 8;
-	iov[1].iov_base = b->p;
-	iov[1].iov_len = b->len;
-	iov[2].iov_base = (void *)payload;
-	iov[2].iov_len = plen;
 	pthread_mutex_lock(&c->send_lock);
-	rc = write_all(c->fd, iov, plen ? 3 : 2);
+	rc = shca_frame_write(c->fd, b, payload, plen);
 	pthread_mutex_unlock(&c->send_lock);
-	return rc ? EIO : 0;
+	return rc;
 }
 
 void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields)
@@ -151,7 +66,7 @@ void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_
 }
 
 int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
-	      struct shca_reply *r)
+	      struct shca_frame *r)
 {
 	struct mp_val t, v;
 	int rc;
@@ -197,7 +112,7 @@ int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t
 		if (mp_get_str(v, &s, &n))
 			shca_log("%.*s", (int)n, s);
 	}
-	shca_reply_free(r);
+	shca_frame_free(r);
 	return rc;
 }
 
@@ -360,31 +275,31 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 static void *reader_main(void *arg)
 {
 	struct shca_conn *c = arg;
-	struct shca_reply r;
+	struct shca_frame r;
 	struct mp_val t;
 	uint64_t id;
 
-	while (!read_frame(c->fd, &r)) {
+	while (!shca_frame_read(c->fd, &r, MAX_FRAME)) {
 		if (!mp_find(r.hdr, "t", &t)) {
-			shca_reply_free(&r);
+			shca_frame_free(&r);
 			continue;
 		}
 		if (mp_str_eq(t, "wc")) {
 			take_wcs(c, r.hdr);
-			shca_reply_free(&r);
+			shca_frame_free(&r);
 			continue;
 		}
 		if (mp_str_eq(t, "ok") && mp_find_uint(r.hdr, "id", &id) && c->async_id &&
 		    id == c->async_id) {
 			take_async(c, r.hdr);
-			shca_reply_free(&r);
+			shca_frame_free(&r);
 			shca_async_arm(c);
 			continue;
 		}
 		if ((mp_str_eq(t, "ok") || mp_str_eq(t, "err")) && mp_find_uint(r.hdr, "id", &id)
 		    && id == c->want_id && id != 0) {
 			pthread_mutex_lock(&c->lock);
-			shca_reply_free(&c->reply);
+			shca_frame_free(&c->reply);
 			c->reply = r;
 			c->reply_ready = 1;
 			pthread_cond_broadcast(&c->cond);
@@ -402,7 +317,7 @@ static void *reader_main(void *arg)
 			if (mp_find(r.hdr, "msg", &v) && mp_get_str(v, &s, &n))
 				shca_log("daemon: %.*s", (int)n, s);
 		}
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	}
 	pthread_mutex_lock(&c->lock);
 	c->dead = 1;
@@ -412,7 +327,7 @@ static void *reader_main(void *arg)
 	return NULL;
 }
 
-static int expect(struct shca_reply *r, const char *kind)
+static int expect(struct shca_frame *r, const char *kind)
 {
 	struct mp_val t;
 
@@ -432,8 +347,7 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 		 struct mp_buf *welcome)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	struct shca_reply r;
-	struct mp_buf b;
+	struct shca_frame r;
 	struct mp_val auth;
 	uint64_t need = 0;
 
@@ -467,11 +381,11 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 		close(c->fd);
 		return e;
 	}
-	if (read_frame(c->fd, &r) || expect(&r, "challenge"))
+	if (shca_frame_read(c->fd, &r, MAX_FRAME) || expect(&r, "challenge"))
 		goto bad;
 	if (mp_find(r.hdr, "auth", &auth))
 		mp_get_uint(auth, &need);
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	if (need) {
 		/* The UNIX socket's peer credentials are its authentication; a daemon that
 		 * asks this socket for a token is misconfigured. */
@@ -479,34 +393,24 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 		close(c->fd);
 		return EACCES;
 	}
-	mp_init(&b);
-	mp_map(&b, 3);
-	mp_str(&b, "t");
-	mp_str(&b, "hello");
-	mp_kv_uint(&b, "version", 1);
-	mp_str(&b, "role");
-	mp_str(&b, "control");
-	if (send_frame(c, &b, NULL, 0)) {
-		mp_free(&b);
+	if (shca_frame_hello(c->fd))
 		goto bad;
-	}
-	mp_free(&b);
-	if (read_frame(c->fd, &r) || expect(&r, "welcome"))
+	if (shca_frame_read(c->fd, &r, MAX_FRAME) || expect(&r, "welcome"))
 		goto bad;
 	mp_init(welcome);
 	/* kept for the caller: the device list and the daemon's address */
-	welcome->p = r.frame;
+	welcome->p = r.buf;
 	welcome->len = (size_t)(r.hdr.end - r.hdr.p);
 	welcome->cap = r.len;
 	if (pthread_create(&c->reader, NULL, reader_main, c)) {
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 		close(c->fd);
 		return EAGAIN;
 	}
 	c->reader_started = 1;
 	return 0;
 bad:
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	close(c->fd);
 	return EPROTO;
 }
@@ -517,5 +421,5 @@ void shca_disconnect(struct shca_conn *c)
 	if (c->reader_started)
 		pthread_join(c->reader, NULL);
 	close(c->fd);
-	shca_reply_free(&c->reply);
+	shca_frame_free(&c->reply);
 }

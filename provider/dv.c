@@ -362,7 +362,7 @@ int shca_dv_post_configure(struct shca_qp *qp, struct shca_run *run)
 {
 	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	int rc;
 
 	shca_begin(&ctx->conn, &b, "mkey_configure", 2);
@@ -373,7 +373,7 @@ int shca_dv_post_configure(struct shca_qp *qp, struct shca_run *run)
 	b.failed |= run->buf.failed;
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	return rc;
 }
 
@@ -437,7 +437,7 @@ static int cancel_posted_send_wrs(struct mlx5dv_qp_ex *m, uint64_t wr_id)
 	struct shca_qp *qp = dvq(m);
 	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	uint32_t n = 0;
 	int rc;
 
@@ -448,7 +448,7 @@ static int cancel_posted_send_wrs(struct mlx5dv_qp_ex *m, uint64_t wr_id)
 	if (rc)
 		return -rc;
 	rc = shca_get_u32(&r, "canceled", &n);
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	return rc ? -rc : (int)n;
 }
 

@@ -19,7 +19,7 @@ struct mlx5dv_mkey *shca_dv_create_mkey(struct mlx5dv_mkey_init_attr *attr)
 	struct shca_context *ctx;
 	struct shca_mkey *mk;
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	int rc;
 
 	if (!attr || !attr->pd) {
@@ -43,7 +43,7 @@ struct mlx5dv_mkey *shca_dv_create_mkey(struct mlx5dv_mkey_init_attr *attr)
 			rc = shca_get_u32(&r, "lkey", &mk->dv.lkey);
 		if (!rc)
 			rc = shca_get_u32(&r, "rkey", &mk->dv.rkey);
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	}
 	if (rc) {
 		free(mk);
@@ -70,7 +70,7 @@ int shca_dv_mkey_check(struct mlx5dv_mkey *mkey, struct mlx5dv_mkey_err *err_inf
 	struct shca_mkey *mk = shca_to_mkey(mkey);
 	struct mlx5dv_mkey_err e;
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	uint64_t v;
 	int rc;
 
@@ -90,7 +90,7 @@ int shca_dv_mkey_check(struct mlx5dv_mkey *mkey, struct mlx5dv_mkey_err *err_inf
 		e.err.sig.expected_value = v;
 	if (mp_find_uint(r.hdr, "offset", &v))
 		e.err.sig.offset = v;
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	/* an application built with an older, shorter struct gets what fits */
 	memcpy(err_info, &e, err_info_size < sizeof(e) ? err_info_size : sizeof(e));
 	return 0;
@@ -102,7 +102,7 @@ static int query_caps(struct shca_context *ctx, struct mlx5dv_sig_caps *sig,
 		      struct mlx5dv_crypto_caps *crypto)
 {
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	struct mp_val a, c;
 	uint64_t v;
 	int rc;
@@ -133,7 +133,7 @@ static int query_caps(struct shca_context *ctx, struct mlx5dv_sig_caps *sig,
 #undef U
 		}
 	}
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	return 0;
 }
 
@@ -166,7 +166,7 @@ int shca_dv_query_device(struct ibv_context *context, struct mlx5dv_context *att
 
 static int login_request(struct shca_context *ctx, const char *verb, const void *cred,
 			 size_t cred_len, uint32_t kek, uint32_t cred_id, uint64_t comp_mask,
-			 struct shca_reply *r)
+			 struct shca_frame *r)
 {
 	struct mp_buf b;
 
@@ -184,7 +184,7 @@ static int login_request(struct shca_context *ctx, const char *verb, const void 
 
 int shca_dv_crypto_login(struct ibv_context *context, struct mlx5dv_crypto_login_attr *a)
 {
-	struct shca_reply r;
+	struct shca_frame r;
 	int rc;
 
 	if (!a)
@@ -193,7 +193,7 @@ int shca_dv_crypto_login(struct ibv_context *context, struct mlx5dv_crypto_login
 			   sizeof(a->credential), a->import_kek_id, a->credential_id,
 			   a->comp_mask, &r);
 	if (!rc)
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	return rc;
 }
 
@@ -201,7 +201,7 @@ static int login_state(struct shca_context *ctx, const char *verb, const char *k
 		       uint32_t handle, enum mlx5dv_crypto_login_state *state)
 {
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	uint32_t v;
 	int rc;
 
@@ -211,7 +211,7 @@ static int login_state(struct shca_context *ctx, const char *verb, const char *k
 	if (rc)
 		return rc;
 	rc = shca_get_u32(&r, "state", &v);
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	if (!rc)
 		*state = (enum mlx5dv_crypto_login_state)v;
 	return rc;
@@ -239,7 +239,7 @@ struct mlx5dv_crypto_login_obj *shca_dv_crypto_login_create(
 {
 	struct shca_context *ctx = to_sctx(context);
 	struct mlx5dv_crypto_login_obj *o;
-	struct shca_reply r;
+	struct shca_frame r;
 	int rc;
 
 	if (!a || (a->credential_len && !a->credential)) {
@@ -255,7 +255,7 @@ struct mlx5dv_crypto_login_obj *shca_dv_crypto_login_create(
 			   a->import_kek_id, a->credential_id, a->comp_mask, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "login", &o->handle);
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	}
 	if (rc) {
 		free(o);
@@ -298,7 +298,7 @@ struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
 	struct mlx5dv_crypto_caps caps;
 	struct mlx5dv_dek *dek;
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	size_t len;
 	int rc;
 
@@ -340,7 +340,7 @@ struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "dek", &dek->handle);
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	}
 	if (rc) {
 		free(dek);
@@ -354,7 +354,7 @@ struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
 int shca_dv_dek_query(struct mlx5dv_dek *dek, struct mlx5dv_dek_attr *attr)
 {
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	struct mp_val v;
 	const char *s;
 	uint32_t n, state = 0;
@@ -376,7 +376,7 @@ int shca_dv_dek_query(struct mlx5dv_dek *dek, struct mlx5dv_dek_attr *attr)
 		if (mp_find(r.hdr, "opaque", &v) && mp_get_str(v, &s, &n))
 			memcpy(attr->opaque, s, n < sizeof(attr->opaque) ? n : sizeof(attr->opaque));
 	}
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	return rc;
 }
 

@@ -28,7 +28,7 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	struct shca_context *ctx = to_sctx(ibctx);
 	struct shca_qp *qp;
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	uint32_t inl = attr->cap.max_inline_data, qpn = 0;
 	int rc;
 
@@ -74,7 +74,7 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		rc = shca_get_u32(&r, "qp", &qp->handle);
 		if (!rc)
 			rc = shca_get_u32(&r, "qp_num", &qpn);
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	}
 	if (rc) {
 		free(qp);
@@ -268,7 +268,7 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	unsigned port = 0;
 	const char *dev = NULL;
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	uint32_t n = 0, state;
 	size_t i;
 	int rc;
@@ -312,7 +312,7 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		return rc;
 	if (!shca_get_u32(&r, "state", &state))
 		ibqp->state = (enum ibv_qp_state)state;
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	return 0;
 }
 
@@ -322,7 +322,7 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 	struct shca_context *ctx = to_sctx(ibqp->context);
 	struct shca_qp *qp = (struct shca_qp *)ibqp;
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	struct mp_val a;
 	uint64_t v;
 	int rc;
@@ -349,7 +349,7 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		if (mp_find_uint(a, "rnr_retry", &v))
 			attr->rnr_retry = (uint8_t)v;
 	}
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	attr->port_num = 1;
 	attr->cap.max_send_wr = qp->max_send_wr;
 	attr->cap.max_recv_wr = qp->max_recv_wr;
@@ -471,7 +471,7 @@ int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n)
 {
 	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	int rc;
 
 	shca_begin(&ctx->conn, &b, "post_send", 2);
@@ -482,7 +482,7 @@ int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n)
 	b.failed |= wrs->failed;
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	return rc;
 }
 
@@ -528,7 +528,7 @@ int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	struct shca_qp *qp = (struct shca_qp *)ibqp;
 	struct ibv_recv_wr *w, *first;
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	uint32_t n;
 	int rc;
 
@@ -558,7 +558,7 @@ int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			*bad = first;
 			return rc;
 		}
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	}
 	return 0;
 }

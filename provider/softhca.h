@@ -13,18 +13,11 @@
 
 #include "abi.h"
 #include "dv_bridge.h"
+#include "frame.h"
 #include "mp.h"
 
 #define SHCA_MAX_DEVICES 16
 #define SHCA_NAME_MAX 64
-
-struct shca_reply {
-	uint8_t *frame;         /* the header bytes, malloc'ed */
-	size_t len;
-	struct mp_val hdr;
-	uint8_t *payload;
-	size_t payload_len;
-};
 
 struct shca_conn {
 	int fd;
@@ -39,7 +32,7 @@ struct shca_conn {
 	uint32_t want_id;
 	uint32_t async_id;          /* the get_async_event waiting on the daemon, or 0 */
 	uint32_t own_ids;           /* ids of the reader thread's own requests */
-	struct shca_reply reply;
+	struct shca_frame reply;
 	int reply_ready;
 	int dead;
 	struct shca_context *ctx;
@@ -146,11 +139,10 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 void shca_disconnect(struct shca_conn *c);
 /* Starts a request: a map of nfields + 2 entries whose "t" and "id" are written. */
 void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields);
-/* Sends it and waits for its reply. 0 with *r filled (free with shca_reply_free) on
+/* Sends it and waits for its reply. 0 with *r filled (free with shca_frame_free) on
  * "ok"; a positive errno on "err" (its message logged) or a lost daemon. */
 int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
-	      struct shca_reply *r);
-void shca_reply_free(struct shca_reply *r);
+	      struct shca_frame *r);
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
 /* Asks the daemon for the context's next asynchronous event (answered when one comes). */
 int shca_async_arm(struct shca_conn *c);
@@ -244,7 +236,7 @@ int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n);
 /* verbs.c */
 bool shca_owns_device(struct ibv_device *device);
 bool shca_owns(struct ibv_context *context);
-int shca_get_u32(struct shca_reply *r, const char *key, uint32_t *out);
+int shca_get_u32(struct shca_frame *r, const char *key, uint32_t *out);
 int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
 		     uint32_t handle);
 struct ibv_mr *shca_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,

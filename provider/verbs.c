@@ -20,7 +20,7 @@
 
 /* -- small helpers ----------------------------------------------------------------- */
 
-int shca_get_u32(struct shca_reply *r, const char *key, uint32_t *out)
+int shca_get_u32(struct shca_frame *r, const char *key, uint32_t *out)
 {
 	uint64_t v;
 
@@ -35,14 +35,14 @@ int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key
 		       uint32_t handle)
 {
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	int rc;
 
 	shca_begin(&ctx->conn, &b, verb, 1);
 	mp_kv_uint(&b, key, handle);
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	return rc;
 }
 
@@ -117,7 +117,7 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 static int open_device(struct shca_context *ctx, const char *name)
 {
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	struct mp_val a;
 	int rc;
 
@@ -128,7 +128,7 @@ static int open_device(struct shca_context *ctx, const char *name)
 	if (rc)
 		return rc;
 	rc = shca_get_u32(&r, "ctx", &ctx->handle);
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	if (rc)
 		return rc;
 	shca_begin(&ctx->conn, &b, "query_device", 1);
@@ -138,7 +138,7 @@ static int open_device(struct shca_context *ctx, const char *name)
 		return rc;
 	if (mp_find(r.hdr, "attr", &a))
 		attr_from_reply(ctx, a);
-	shca_reply_free(&r);
+	shca_frame_free(&r);
 	return 0;
 }
 
@@ -252,7 +252,7 @@ static struct ibv_pd *shca_alloc_pd(struct ibv_context *ibctx)
 	struct shca_context *ctx = to_sctx(ibctx);
 	struct shca_pd *pd = calloc(1, sizeof(*pd));
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	int rc;
 
 	if (!pd) {
@@ -264,7 +264,7 @@ static struct ibv_pd *shca_alloc_pd(struct ibv_context *ibctx)
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "pd", &pd->handle);
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	}
 	if (rc) {
 		free(pd);
@@ -293,7 +293,7 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 	struct shca_pd *pd = (struct shca_pd *)ibpd;
 	struct shca_mr *mr = calloc(1, sizeof(*mr));
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	struct mp_buf pieces;
 	uint64_t offset;
 	int rc;
@@ -327,7 +327,7 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 			rc = shca_get_u32(&r, "lkey", &mr->vmr.ibv_mr.lkey);
 		if (!rc)
 			rc = shca_get_u32(&r, "rkey", &mr->vmr.ibv_mr.rkey);
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	}
 	if (rc) {
 		shca_mem_release(ctx, &mr->mem);
@@ -422,7 +422,7 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 	struct shca_context *ctx = to_sctx(ibctx);
 	struct shca_cq *cq = calloc(1, sizeof(*cq));
 	struct mp_buf b;
-	struct shca_reply r;
+	struct shca_frame r;
 	int rc;
 
 	(void)comp_vector;
@@ -453,7 +453,7 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "cq", &cq->handle);
-		shca_reply_free(&r);
+		shca_frame_free(&r);
 	}
 	if (!rc && channel) {
 		cq->chan_wfd = channel_wfd(channel);

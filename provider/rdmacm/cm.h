@@ -7,15 +7,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "../frame.h"
 #include "../mp.h"
-
-struct cm_frame {
-	uint8_t *buf;
-	size_t len;
-	struct mp_val hdr;
-	uint8_t *payload;
-	size_t payload_len;
-};
 
 struct cm_conn {
 	int fd;
@@ -23,18 +16,16 @@ struct cm_conn {
 	pthread_mutex_t lock, call_lock;
 	pthread_cond_t cond;
 	uint32_t next_id, want_id;
-	struct cm_frame reply, welcome;
+	struct shca_frame reply, welcome;
 	int reply_ready, dead;
 };
 
-int cm_read_frame(int fd, struct cm_frame *f);
-void cm_frame_free(struct cm_frame *f);
 int cm_connect(struct cm_conn *c, const char *path);
 void cm_begin(struct cm_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields);
 int cm_call(struct cm_conn *c, struct mp_buf *b, const void *payload, size_t plen,
-	    struct cm_frame *r);
+	    struct shca_frame *r);
 /* The reader thread's: a pushed event, queued on its channel (cma.c). */
-void cm_take_event(struct cm_frame *f);
+void cm_take_event(struct shca_frame *f);
 void cm_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -36,7 +36,7 @@ struct cm_chan {
 
 struct cm_qev {
 	struct cm_qev *next;
-	struct cm_frame f;
+	struct shca_frame f;
 };
 
 struct cm_id {
@@ -132,13 +132,13 @@ static struct ibv_context *device(int dev)
 	return g.ctx[dev];
 }
 
-static int call(struct mp_buf *b, const void *payload, size_t plen, struct cm_frame *r)
+static int call(struct mp_buf *b, const void *payload, size_t plen, struct shca_frame *r)
 {
-	struct cm_frame tmp;
+	struct shca_frame tmp;
 	int rc = cm_call(&g.conn, b, payload, plen, r ? r : &tmp);
 
 	if (!rc && !r)
-		cm_frame_free(&tmp);
+		shca_frame_free(&tmp);
 	return rc;
 }
 
@@ -200,7 +200,7 @@ EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 
 	while ((e = c->head)) {
 		c->head = e->next;
-		cm_frame_free(&e->f);
+		shca_frame_free(&e->f);
 		free(e);
 	}
 	close(c->ch.fd);
@@ -210,7 +210,7 @@ EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 
 /* The reader thread: the event goes to its id's channel (a CONNECT_REQUEST to its
  * listener's). */
-void cm_take_event(struct cm_frame *f)
+void cm_take_event(struct shca_frame *f)
 {
 	uint64_t h = 0, l = 0;
 	struct cm_id *id;
@@ -227,7 +227,7 @@ void cm_take_event(struct cm_frame *f)
 	pthread_mutex_unlock(&g.lock);
 	e = c ? malloc(sizeof(*e)) : NULL;
 	if (!e) {
-		cm_frame_free(f);
+		shca_frame_free(f);
 		return;
 	}
 	e->next = NULL;
@@ -268,7 +268,7 @@ static struct cm_id *new_id(struct rdma_event_channel *ch, void *context,
 EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id,
 			  void *context, enum rdma_port_space ps)
 {
-	struct cm_frame r;
+	struct shca_frame r;
 	struct mp_buf b;
 	uint64_t h;
 	struct cm_id *i;
@@ -293,7 +293,7 @@ EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id 
 		return fail(rc);
 	}
 	mp_find_uint(r.hdr, "cmid", &h);
-	cm_frame_free(&r);
+	shca_frame_free(&r);
 	i = new_id(channel, context, ps, IBV_QPT_RC, (uint32_t)h);
 	if (!i)
 		return fail(ENOMEM);
@@ -334,7 +334,7 @@ static int sin_of(const struct sockaddr *a, char ip[16], uint16_t *port)
 EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 {
 	struct cm_id *id = (struct cm_id *)cid;
-	struct cm_frame r;
+	struct shca_frame r;
 	struct mp_buf b;
 	char ip[16];
 	uint16_t port;
@@ -352,7 +352,7 @@ EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 	if (rc)
 		return fail(rc);
 	mp_find_uint(r.hdr, "port", &got);
-	cm_frame_free(&r);
+	shca_frame_free(&r);
 	memcpy(&cid->route.addr.src_sin, addr, sizeof(struct sockaddr_in));
 	cid->route.addr.src_sin.sin_port = htons((uint16_t)got);
 	/* A bound id has its device: the daemon's first (its address is the daemon's). */
@@ -880,7 +880,7 @@ static void route_of(struct rdma_cm_id *cid, struct mp_val h)
 	cid->route.addr.addr.ibaddr.pkey = htons(0xffff);
 }
 
-static void conn_param(struct cm_event *e, struct cm_frame *f, struct mp_val h)
+static void conn_param(struct cm_event *e, struct shca_frame *f, struct mp_val h)
 {
 	size_t n = f->payload_len < PDATA_MAX ? f->payload_len : PDATA_MAX;
 
@@ -894,7 +894,7 @@ static void conn_param(struct cm_event *e, struct cm_frame *f, struct mp_val h)
 }
 
 /* What librdmacm does with an event before its user sees it; 0 to hand it up. */
-static int process(struct cm_event *e, struct cm_frame *f)
+static int process(struct cm_event *e, struct shca_frame *f)
 {
 	struct mp_val h = f->hdr, v;
 	uint64_t handle = 0, status = 0, x;
@@ -1039,17 +1039,17 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 			continue;
 		e = calloc(1, sizeof(*e));
 		if (!e) {
-			cm_frame_free(&q->f);
+			shca_frame_free(&q->f);
 			free(q);
 			return fail(ENOMEM);
 		}
 		if (process(e, &q->f)) {
 			free(e);
-			cm_frame_free(&q->f);
+			shca_frame_free(&q->f);
 			free(q);
 			continue;
 		}
-		cm_frame_free(&q->f);
+		shca_frame_free(&q->f);
 		free(q);
 		*event = &e->ev;
 		e->ev.id->event = &e->ev;
