@@ -1,7 +1,7 @@
-/* The control connection: frames (docs/protocol.md: u32 L, u32 H, a msgpack header, a
- * raw payload), the HELLO, one request at a time, and a reader thread that takes the
- * replies and the daemon's pushed completions ("wc" frames) as they come, so that a
- * program blocked in ibv_get_cq_event still sees its completions arrive. */
+/* The control connection: the socket, the HELLO (the frames themselves are frame.c's),
+ * one request at a time, and a reader thread that takes the replies and the daemon's
+ * pushed completions ("wc" frames) as they come, so that a program blocked in
+ * ibv_get_cq_event still sees its completions arrive. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdlib.h>
