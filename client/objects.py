@@ -24,9 +24,11 @@ from ..protocol.enums import (
     MkeyErrType,
     Mtu,
     QpState,
+    QpType,
     SendFlags,
 )
 from ..protocol.errors import RDMAError
+from .ah import AH, connect_uc, create_ah, ready_ud
 from .connection import Connection, PushedCQ
 from .records import WC, MkeyErr, QPAttr, QPInfo, QPInitAttr, RecvWR, SendWR, SigErr
 
@@ -100,6 +102,15 @@ class PD(_Closable):
             sq_sig_all=bool(a.sq_sig_all), send_ops_flags=int(a.send_ops_flags),
             create_flags=int(a.create_flags))
         return QP(self, h["qp"], h["qp_num"], init_attr)
+
+    async def create_ah(self, peer: QPInfo, **grh) -> AH:
+        """ibv_create_ah(3): an AH towards the daemon and device of ``peer`` (a QPInfo)
+        for a UD QP's send WRs (``wr.set_wr_ud(ah, remote_qpn, remote_qkey)``); ``grh``:
+        sgid, dgid (16 bytes; default the devices' GIDs), traffic_class, hop_limit
+        (default 64), flow_label (client/ah.py).
+
+        Errors: ENOENT for a closed PD; EPROTO for a field outside its width."""
+        return await create_ah(self, peer, **grh)
 
     async def create_mkey(self, create_flags: int, max_entries: int = 1) -> MKey:
         """mlx5dv_create_mkey(3): an indirect MKEY with ``create_flags``
@@ -489,7 +500,11 @@ class QP(_Closable):
         (default ``self.psn``, the one ``info`` gives the peer).
 
         Errors: as ``modify`` at the step that failed (EINVAL when the QP is past
-        INIT; EPROTO for a value outside its width); the earlier steps stay done."""
+        INIT; EPROTO for a value outside its width); the earlier steps stay done.
+        A UC QP takes ``path_mtu`` and ``sq_psn`` only (it has no timers)."""
+        if self.init_attr.qp_type == QpType.UC:
+            await connect_uc(self, peer, path_mtu, self.psn if sq_psn is None else sq_psn)
+            return
         await self.to_init()
         await self.to_rtr(QPAttr(path_mtu=path_mtu, dest_qp_num=peer.qp_num, rq_psn=peer.psn,
                                  dest_host=peer.host, dest_port=peer.port, dest_dev=peer.dev,
@@ -497,6 +512,12 @@ class QP(_Closable):
         await self.to_rts(QPAttr(sq_psn=self.psn if sq_psn is None else sq_psn,
                                  timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
                                  min_rnr_timer=min_rnr_timer))
+
+    async def ready(self, qkey: int, sq_psn: int | None = None) -> None:
+        """A UD QP through RESET -> INIT -> RTR -> RTS with Q_Key ``qkey`` (sq_psn
+        default ``self.psn``); it then sends to any AH and takes from anyone who knows
+        its QP number and Q_Key. Errors: as ``modify``."""
+        await ready_ud(self, qkey, self.psn if sq_psn is None else sq_psn)
 
     async def cancel_posted_send_wrs(self, wr_id: int) -> int:
         """mlx5dv_qp_cancel_posted_send_wrs(3): in SQD, the not yet started WRs with

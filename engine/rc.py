@@ -161,6 +161,9 @@ _SETTERS = {
 class RCQP:
     """An RC QP of ``pd``: post WRs, exchange packets, poll completions."""
 
+    # It takes packets only from the QP its address vector names (UD: from anyone).
+    connected = True
+
     def __init__(self, pd: PD, qp_num: int, sq_depth: int = 128, rq_depth: int = 128,
                  sq_sig_all: bool = False, max_inline_data: int = 256,
                  max_rd_atomic: int = 16, sig_pipelining: bool = False) -> None:

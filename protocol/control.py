@@ -72,7 +72,7 @@ QP_ATTR = {"qp_state": (int, 0, 6, False), "path_mtu": (int, 1, 5, False),
            "max_dest_rd_atomic": (int, 0, 255, False), "qp_access_flags": (int, 0, U32, False),
            "dest_host": (str, 1, 255, False), "dest_port": (int, 1, 65535, False),
            "dest_dev": (str, 1, 64, False), "cur_qp_state": (int, 0, 6, False),
-           "en_sqd_async_notify": (int, 0, 1, False)}
+           "en_sqd_async_notify": (int, 0, 1, False), "qkey": (int, 0, U32, False)}
 
 # The event kinds a session may subscribe to.
 EVENT_KINDS = frozenset({"packets", "trace"})
@@ -399,6 +399,26 @@ class CreateQp(Request):
     sq_sig_all: bool = _wire(bool)
     send_ops_flags: int = _u64()
     create_flags: int = _wire(int, 0, U32, required=False, default=0)
+
+
+# ibv_create_ah(3): the daemon and device the AH's dgid leads to (as an RC QP's AV
+# names them), and the GRH fields of struct ibv_global_route with both GIDs.
+@_request("create_ah")
+class CreateAh(Request):
+    pd: int = _handle()
+    dest_host: str = _wire(str, 1, 255)
+    dest_port: int = _wire(int, 1, 65535)
+    dest_dev: str = _wire(str, 1, 64)
+    sgid: bytes = _wire(bytes, 16, 16)
+    dgid: bytes = _wire(bytes, 16, 16)
+    traffic_class: int = _wire(int, 0, 255, required=False, default=0)
+    hop_limit: int = _wire(int, 0, 255, required=False, default=64)
+    flow_label: int = _wire(int, 0, (1 << 20) - 1, required=False, default=0)
+
+
+@_request("destroy_ah")
+class DestroyAh(Request):
+    ah: int = _handle()
 
 
 @_request("destroy_qp")

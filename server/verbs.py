@@ -31,6 +31,7 @@ from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
 from .node_verbs import NodeVerbs
 from .shared_mr import op_reg_mr_shared
+from .ud_verbs import UdVerbs
 
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
 # scatter to CQE (softhca never scatters into a CQE, so there is nothing to disable).
@@ -46,6 +47,7 @@ _CREATORS = {control.OpenDevice: "ctx", control.AllocPd: "pd", control.RegMr: "m
              control.RegMrShared: "mr",
              control.CreateCq: "cq", control.CreateQp: "qp", control.CreateMkey: "mkey",
              control.CreateDek: "dek", control.CryptoLoginReq: "crypto_login",
+             control.CreateAh: "ah",
              control.CreateCryptoLogin: "crypto_login"}
 
 
@@ -61,7 +63,7 @@ def _object_bytes(kind: str, obj: Any) -> int:
     return obj.length if kind == "mr" else 0
 
 
-class Verbs(Mlx5dvVerbs, NodeVerbs):
+class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
     """The verbs objects of one control session and the handlers of its requests (the
     mlx5dv ones are Mlx5dvVerbs', server/dv_verbs.py; those of the daemon's fault rules,
     counters and events NodeVerbs', server/node_verbs.py)."""
@@ -102,8 +104,9 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         return HANDLERS[kind](self, request, rid)
 
     # -- object table -------------------------------------------------------------------
-    def add(self, kind: str, obj: Any) -> int:
-        handle = next(self._handles)
+    def add(self, kind: str, obj: Any, handle: int | None = None) -> int:
+        if handle is None:
+            handle = next(self._handles)
         self.objects[handle] = (kind, obj)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.daemon.shares.take(self.session.credential, kind, _object_bytes(kind, obj))
@@ -233,7 +236,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
     def op_dealloc_pd(self, r: control.DeallocPd, rid: int) -> dict | None:
         pd = self.get(r.pd, "pd")
         for kind, o in self.objects.values():
-            if kind in ("mr", "mkey", "qp", "dek") and o.pd is pd:
+            if kind in ("mr", "mkey", "qp", "dek", "ah") and o.pd is pd:
                 raise RDMAError("EBUSY", f"ibv_dealloc_pd: PD {r.pd} still has a {kind}")
         return self.destroy_handle(r.pd, "pd")
 
@@ -343,13 +346,16 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         pd: PD = self.get(r.pd, "pd")
         scq = self.get(r.scq, "cq")
         rcq = self.get(r.rcq, "cq")
-        if r.qp_type != QpType.RC:
-            raise RDMAError("EOPNOTSUPP", f"qp_type {r.qp_type}: only IBV_QPT_RC is modelled")
+        if r.qp_type not in (QpType.RC, QpType.UC, QpType.UD):
+            raise RDMAError("EOPNOTSUPP", f"qp_type {r.qp_type}: IBV_QPT_RC, UC and UD are "
+                                          "modelled")
         cap = self.daemon.limits.max_qp_wr
         for name in ("max_send_wr", "max_recv_wr"):
             if getattr(r, name) > cap:
                 raise einval(f"ibv_create_qp: cap.{name} {getattr(r, name)} exceeds the device's "
                              f"max_qp_wr {cap}")
+        if r.qp_type != QpType.RC:
+            return self.add_qp(self.create_datagram_qp(r, pd, scq, rcq), r.pd)
         create_flags = r.create_flags
         unmodelled = create_flags & ~QP_CREATE_FLAGS
         if unmodelled:
@@ -361,12 +367,9 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                     sq_sig_all=r.sq_sig_all, max_inline_data=r.max_inline_data,
                     sig_pipelining=bool(create_flags & Mlx5dvQpCreateFlags.SIG_PIPELINING))
         builder = MkeyConfigureBuilder(pd, r.send_ops_flags, r.sq_sig_all)
-        qph = QPHost(self.session, 0, pd.hca, pd, rcqp, scq, rcq, r.max_send_sge,
-                     r.max_recv_sge, r.send_ops_flags, builder, self.complete, self.qp_event)
-        qph.handle = self.add("qp", qph)
-        qph.ctx = self.ctx_of_pd.get(r.pd, 0)
-        self.daemon.add_qp(qph)
-        return {"qp": qph.handle, "qp_num": qpn}
+        return self.add_qp(QPHost(self.session, 0, pd.hca, pd, rcqp, scq, rcq,
+                                   r.max_send_sge, r.max_recv_sge, r.send_ops_flags, builder,
+                                   self.complete, self.qp_event), r.pd)
 
     def op_destroy_qp(self, r: control.DestroyQp, rid: int) -> dict | None:
         return self.destroy_handle(r.qp, "qp")
@@ -400,7 +403,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                          "path_mtu": qph.attrs.get("path_mtu", 0),
                          "timeout": qph.attrs.get("timeout", 0),
                          "retry_cnt": q.retry_cnt, "rnr_retry": q.rnr_retry,
-                         "sq_sig_all": q.sq_sig_all,
+                         "sq_sig_all": q.sq_sig_all, "qkey": getattr(q, "qkey", 0),
                          "dest": list(qph.dest) if qph.dest else None}}
 
     def op_post_send(self, r: control.PostSend, rid: int) -> dict | None:
@@ -417,7 +420,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                     raise einval(f"send WR {i} moves {size} bytes, the port's max_msg_sz is "
                                  f"{self.daemon.limits.max_msg_size}")
                 try:
-                    qph.rcqp.post_send(wr, now)
+                    qph.rcqp.post_send(self.resolve_ah(qph, wr), now)
                 except RDMAError as e:
                     raise RDMAError(e.errno_name, f"ibv_post_send: WR {i} (wr_id {wr.wr_id}): "
                                                   f"{e.message}") from None
@@ -479,6 +482,8 @@ HANDLERS: dict[type[control.Request], Callable[[Any, Any, int], dict | None]] = 
     control.PollCq: Verbs.op_poll_cq,
     control.CreateQp: Verbs.op_create_qp,
     control.DestroyQp: Verbs.op_destroy_qp,
+    control.CreateAh: UdVerbs.op_create_ah,
+    control.DestroyAh: UdVerbs.op_destroy_ah,
     control.ModifyQp: Verbs.op_modify_qp,
     control.QueryQp: Verbs.op_query_qp,
     control.PostSend: Verbs.op_post_send,

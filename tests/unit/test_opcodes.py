@@ -41,28 +41,51 @@ IBTA_RC = {
     0b10110: ("SEND_LAST_WITH_INV", "IETH", True),
     0b10111: ("SEND_ONLY_WITH_INV", "IETH", True),
 }
+# IBTA 9.2, UC (transport bits 001): SEND and RDMA WRITE only, the RC rows' headers.
+IBTA_UC = {
+    0b00100000: ("UC_SEND_FIRST", "", True),
+    0b00100001: ("UC_SEND_MIDDLE", "", True),
+    0b00100010: ("UC_SEND_LAST", "", True),
+    0b00100011: ("UC_SEND_LAST_WITH_IMM", "ImmDt", True),
+    0b00100100: ("UC_SEND_ONLY", "", True),
+    0b00100101: ("UC_SEND_ONLY_WITH_IMM", "ImmDt", True),
+    0b00100110: ("UC_RDMA_WRITE_FIRST", "RETH", True),
+    0b00100111: ("UC_RDMA_WRITE_MIDDLE", "", True),
+    0b00101000: ("UC_RDMA_WRITE_LAST", "", True),
+    0b00101001: ("UC_RDMA_WRITE_LAST_WITH_IMM", "ImmDt", True),
+    0b00101010: ("UC_RDMA_WRITE_ONLY", "RETH", True),
+    0b00101011: ("UC_RDMA_WRITE_ONLY_WITH_IMM", "RETH ImmDt", True),
+}
+# IBTA 9.2, UD (transport bits 011): SEND ONLY, with a DETH.
+IBTA_UD = {
+    0b01100100: ("UD_SEND_ONLY", "DETH", True),
+    0b01100101: ("UD_SEND_ONLY_WITH_IMM", "DETH ImmDt", True),
+}
 HEADER_FLAG = {"RETH": Op.RETH, "AETH": Op.AETH, "ImmDt": Op.IMMDT, "IETH": Op.IETH,
-               "AtomicETH": Op.ATOMICETH, "AtomicAckETH": Op.ATOMICACKETH}
+               "AtomicETH": Op.ATOMICETH, "AtomicAckETH": Op.ATOMICACKETH, "DETH": Op.DETH}
 HEADER_FIELD = {"RETH": ("reth", (1, 2, 3)), "AETH": ("aeth", ("ACK", 0)),
                 "ImmDt": ("imm", 5), "IETH": ("ieth", 6),
                 "AtomicETH": ("atomic", (1, 2, 3, 4)), "AtomicAckETH": ("atomic_ack", 7)}
 
 
-def test_numbers_and_names_are_the_ibta_rc_table():
+IBTA_ALL = {**IBTA_RC, **IBTA_UC, **IBTA_UD}
+
+
+def test_numbers_and_names_are_the_ibta_rc_uc_ud_tables():
     assert {op.number: op.name for op in opcodes.TABLE} == {
-        code: name for code, (name, _, _) in IBTA_RC.items()}
-    assert set(OPCODES) == {name for name, _, _ in IBTA_RC.values()}
+        code: name for code, (name, _, _) in IBTA_ALL.items()}
+    assert set(OPCODES) == {name for name, _, _ in IBTA_ALL.values()}
 
 
-@pytest.mark.parametrize("code", sorted(IBTA_RC))
+@pytest.mark.parametrize("code", sorted(IBTA_ALL))
 def test_headers_and_payload_of_each_opcode(code):
-    name, headers, payload = IBTA_RC[code]
+    name, headers, payload = IBTA_ALL[code]
     flags = opcodes.FLAGS[name]
     want = 0
     for h in headers.split():
         want |= HEADER_FLAG[h]
     assert flags & (Op.RETH | Op.AETH | Op.IMMDT | Op.IETH | Op.ATOMICETH
-                    | Op.ATOMICACKETH) == want
+                    | Op.ATOMICACKETH | Op.DETH) == want
     assert bool(flags & Op.PAYLOAD) == payload
 
 
@@ -101,8 +124,12 @@ def test_kinds_and_positions():
         assert bool(f & Op.RESPONSE) == (0x0D <= code <= 0x12), name
     assert with_flags(Op.ATOMIC) == {"COMPARE_SWAP", "FETCH_ADD"}
     assert with_flags(Op.ACK) == {"ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE"}
-    assert with_flags(Op.SEND | Op.FIRST) == {"SEND_FIRST", "SEND_ONLY", "SEND_ONLY_WITH_IMM",
-                                              "SEND_ONLY_WITH_INV"}
+    assert with_flags(Op.SEND | Op.FIRST, none_of=Op.UC | Op.UD) == {
+        "SEND_FIRST", "SEND_ONLY", "SEND_ONLY_WITH_IMM", "SEND_ONLY_WITH_INV"}
+    assert with_flags(Op.SEND | Op.FIRST, none_of=Op.UD) - with_flags(Op.SEND | Op.FIRST,
+                                                                      none_of=Op.UC) == {
+        "UC_SEND_FIRST", "UC_SEND_ONLY", "UC_SEND_ONLY_WITH_IMM"}
+    assert with_flags(Op.UD) == {"UD_SEND_ONLY", "UD_SEND_ONLY_WITH_IMM"}
     assert with_any(Op.READ_REQUEST | Op.READ_RESPONSE) == {
         n for n, _, _ in IBTA_RC.values() if n.startswith("RDMA_READ")}
 
