@@ -91,3 +91,58 @@ async def ready_ud(qp: Any, qkey: int, sq_psn: int) -> None:
     await qp.to_init(QPAttr(qkey=qkey))
     await qp.to_rtr(QPAttr())
     await qp.to_rts(QPAttr(sq_psn=sq_psn))
+
+
+def reply_route(grh: bytes) -> dict:
+    """ibv_init_ah_from_wc(3)'s reading of a UD receive's 40-byte GRH: the AH attributes
+    that answer its sender. As libibverbs sets them: dgid the GRH's SGID, the local GID
+    the GRH's DGID (its sgid_index), traffic class and flow label from the header, hop
+    limit 0xFF; for RoCEv2 over IPv4 (version 4 in byte 20) the IPv4-mapped GIDs of its
+    addresses and its TOS."""
+    grh = bytes(grh)
+    if len(grh) < 40:
+        raise RDMAError("EINVAL", f"a GRH is 40 bytes, got {len(grh)}")
+    if grh[20] >> 4 == 4:
+        mapped = bytes(10) + b"\xff\xff"
+        return {"dgid": mapped + grh[32:36], "sgid": mapped + grh[36:40],
+                "traffic_class": grh[21], "flow_label": 0, "hop_limit": 0xFF}
+    if grh[0] >> 4 != 6:
+        raise RDMAError("EINVAL", f"GRH version {grh[0] >> 4} is neither 6 nor 4 (IPv4 at "
+                                  "byte 20)")
+    first = int.from_bytes(grh[:4], "big")
+    return {"dgid": grh[8:24], "sgid": grh[24:40], "traffic_class": (first >> 20) & 0xFF,
+            "flow_label": first & 0xFFFFF, "hop_limit": 0xFF}
+
+
+def gid_route(gid: bytes) -> tuple[str, int, int]:
+    """(daemon IPv4, TCP port, device index) of a softhca GID (``gid_of``)."""
+    if len(gid) != 16 or gid[:8] != _PREFIX:
+        raise RDMAError("EINVAL", f"GID {gid.hex()} is not a softhca GID (fe80::<IPv4>:"
+                                  "<port>:<device>): no daemon is reachable through it")
+    return (socket.inet_ntoa(gid[8:12]), int.from_bytes(gid[12:14], "big"),
+            int.from_bytes(gid[14:16], "big"))
+
+
+async def create_ah_from_wc(pd: Any, wc: Any, grh: bytes, dest_dev: str | None = None) -> AH:
+    """ibv_create_ah_from_wc(3): an AH answering the sender of UD receive ``wc`` whose
+    buffer began with ``grh``. The sender's device is named by its GID's index: this
+    node's device list gives its name when the sender is this daemon, else ``dest_dev``.
+
+    Errors: EINVAL when ``wc`` has no IBV_WC_GRH, the GRH is not 40 bytes of version 6
+    (or 4), its DGID is not this device's GID, or the sender's device is unnamed."""
+    from ..protocol.enums import WcFlags
+
+    if not wc.wc_flags & WcFlags.GRH:
+        raise RDMAError("EINVAL", "ibv_create_ah_from_wc on RoCE needs a WC with IBV_WC_GRH")
+    attrs = reply_route(grh)
+    node = pd.node
+    own = gid_of(node.host, node.port, _index(node, pd.ctx.name))
+    if attrs["sgid"] != own:
+        raise RDMAError("EINVAL", "the GRH's DGID is not this device's GID")
+    host, port, index = gid_route(attrs["dgid"])
+    if dest_dev is None:
+        if (host, port) != (gid_route(own)[0], node.port) or index >= len(node.devices):
+            raise RDMAError("EINVAL", f"the sender is at {host}:{port} device {index}: name "
+                                      "its device (dest_dev=)")
+        dest_dev = node.devices[index]
+    return await create_ah(pd, QPInfo(host, port, dest_dev, wc.src_qp), **attrs)

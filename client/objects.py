@@ -28,7 +28,7 @@ from ..protocol.enums import (
     SendFlags,
 )
 from ..protocol.errors import RDMAError
-from .ah import AH, connect_uc, create_ah, ready_ud
+from .ah import AH, connect_uc, create_ah, create_ah_from_wc, ready_ud
 from .connection import Connection, PushedCQ
 from .records import WC, MkeyErr, QPAttr, QPInfo, QPInitAttr, RecvWR, SendWR, SigErr
 
@@ -111,6 +111,11 @@ class PD(_Closable):
 
         Errors: ENOENT for a closed PD; EPROTO for a field outside its width."""
         return await create_ah(self, peer, **grh)
+
+    async def create_ah_from_wc(self, wc: WC, grh: bytes, dest_dev: str | None = None) -> AH:
+        """ibv_create_ah_from_wc(3): an AH answering the sender of UD receive ``wc``,
+        from the 40-byte GRH its buffer began with (client/ah.py)."""
+        return await create_ah_from_wc(self, wc, grh, dest_dev)
 
     async def create_mkey(self, create_flags: int, max_entries: int = 1) -> MKey:
         """mlx5dv_create_mkey(3): an indirect MKEY with ``create_flags``

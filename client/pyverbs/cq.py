@@ -75,7 +75,7 @@ def _wc(w) -> WC:
         imm = 0
     return WC(wr_id=w.wr_id, status=int(w.status), opcode=int(w.opcode),
               vendor_err=w.vendor_err, byte_len=w.byte_len, qp_num=w.qp_num,
-              imm_data=imm, wc_flags=w.wc_flags)
+              imm_data=imm, wc_flags=w.wc_flags, src_qp=w.src_qp)
 
 
 def cqe_size(requested=None) -> int:

@@ -1,7 +1,8 @@
 """pyverbs.qp: queue pairs, their attributes, and the extended QP's WR builder.
 
-softhca models RC QPs (engine/rc.py); creating any other type fails with EOPNOTSUPP from
-the daemon. An RC QP reaches its peer through the dgid of its address vector (``_route``).
+softhca models RC, UC and UD QPs (engine/rc.py, uc.py, ud.py); creating any other type
+fails with EOPNOTSUPP from the daemon. An RC or UC QP reaches its peer through the dgid
+of its address vector (``_route``), a UD QP through each WR's AH (pyverbs.addr.AH).
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ _RC_MASKS = {
     "RTS": (e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN
             | e.IBV_QP_MAX_QP_RD_ATOMIC),
 }
+# ... and for UD and UC QPs (the same table's rows for IBV_QPT_UD and IBV_QPT_UC).
+_UD_MASKS = {"INIT": e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_QKEY, "RTR": 0,
+             "RTS": e.IBV_QP_SQ_PSN}
+_UC_MASKS = {"INIT": e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS,
+             "RTR": e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN | e.IBV_QP_RQ_PSN,
+             "RTS": e.IBV_QP_SQ_PSN}
 # The ibv_qp_attr field of each mask bit is the engine's table; those the control plane
 # carries travel, port and P_Key index are checked here (one of each exists).
 _WIRE_FIELDS = {f.name for f in dataclasses.fields(api.QPAttr)}
@@ -151,6 +158,8 @@ def _send_wr(wr) -> api.SendWR:
                      send_flags=int(wr.send_flags))
     out.rkey, out.remote_addr = int(wr.rkey), int(wr.remote_addr)
     out.compare_add, out.swap = int(wr.compare_add), int(wr.swap)
+    if wr.ah is not None:
+        out.set_wr_ud(wr.ah._obj, int(wr.remote_qpn), int(wr.remote_qkey))
     if wr.opcode in _INV:
         out.invalidate_rkey = int(wr.imm_data) & 0xFFFFFFFF
     return out
@@ -235,7 +244,8 @@ class QP(Resource):
         return self._qp_num
 
     def _get_comp_mask(self, dst):
-        return _RC_MASKS[dst] | e.IBV_QP_STATE
+        masks = {e.IBV_QPT_UD: _UD_MASKS, e.IBV_QPT_UC: _UC_MASKS}.get(self.qp_type, _RC_MASKS)
+        return masks[dst] | e.IBV_QP_STATE
 
     def _dest(self, ah_attr):
         """(host, port, device name) the AV's dgid leads to."""
@@ -429,8 +439,10 @@ class QPEx(QP):
     def wr_send_tso(self, hdr, hdr_sz, mss):
         self._fail(unsupported("TSO"))
 
-    def wr_set_ud_addr(self, ah, remote_qpn, remote_rkey):
-        self._fail(unsupported("UD addresses (softhca models RC QPs only)"))
+    def wr_set_ud_addr(self, ah, remote_qpn, remote_qkey):
+        wr = self._last_send()
+        if wr is not None:
+            wr.set_wr_ud(ah._obj, int(remote_qpn), int(remote_qkey))
 
     def wr_set_xrc_srqn(self, remote_srqn):
         self._fail(unsupported("XRC"))

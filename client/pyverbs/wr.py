@@ -76,6 +76,10 @@ class SendWR(PyverbsObject):
         self.remote_addr = 0
         self.compare_add = 0
         self.swap = 0
+        # wr.ud: the AH, remote QPN and remote Q_Key (set_wr_ud).
+        self.ah = None
+        self.remote_qpn = 0
+        self.remote_qkey = 0
         self._unsupported = None
 
     @property
@@ -93,7 +97,7 @@ class SendWR(PyverbsObject):
         self.rkey, self.remote_addr, self.compare_add, self.swap = rkey, addr, compare_add, swap
 
     def set_wr_ud(self, ah, rqpn, rqkey=0):
-        self._unsupported = "UD work requests (softhca models RC QPs only)"
+        self.ah, self.remote_qpn, self.remote_qkey = ah, rqpn, rqkey
 
     def set_qp_type_xrc(self, remote_srqn):
         self._unsupported = "XRC work requests"
