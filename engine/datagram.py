@@ -280,7 +280,7 @@ class DatagramQP:
         self.stats["datagrams_dropped"] += 1
 
     def deliver(self, data: bytes, opcode: WcOpcode, byte_len: int, imm: int | None = None,
-                flags: int = 0, src_qp: int = 0) -> None:
+                flags: int = 0, src_qp: int = 0, psn: int | None = None) -> None:
         """A message for the head receive: its bytes over the receive's SGEs and its
         completion. A receive too small drops the message and stays posted (rxe_resp.c
         class D); one whose key cannot take the bytes completes IBV_WC_LOC_QP_OP_ERR and
@@ -289,7 +289,7 @@ class DatagramQP:
         if len(data) > sum(s.length for s in wr.sg):
             self.drop()
             return
-        t = self.trace_for(role="responder", op=opcode.name)
+        t = self.trace_for(role="responder", op=opcode.name, psn=psn)
         off = 0
         try:
             for s in wr.sg:

@@ -98,15 +98,15 @@ class UCQP(DatagramQP):
         self._msg.parts.append(p.payload)
         if flags & Op.LAST:
             msg, self._msg = self._msg, None
-            self._apply_message(msg, b"".join(msg.parts), p.imm)
+            self._apply_message(msg, b"".join(msg.parts), p.imm, p.psn)
 
-    def _apply_message(self, msg: _Message, data: bytes, imm: int | None) -> None:
+    def _apply_message(self, msg: _Message, data: bytes, imm: int | None, psn: int) -> None:
         flags = WcFlags.WITH_IMM if imm is not None else 0
         if not msg.write:
             if not self._rq:
                 self.drop()
                 return
-            self.deliver(data, WcOpcode.RECV, len(data), imm, flags)
+            self.deliver(data, WcOpcode.RECV, len(data), imm, flags, psn=psn)
             return
         if imm is not None and not self._rq:
             self.drop()
@@ -117,9 +117,9 @@ class UCQP(DatagramQP):
             return
         try:
             transfer.rx(self.pd, rkey, va, data, remote=True,
-                        trace=self.trace_for(role="responder", op="RDMA_WRITE"))
+                        trace=self.trace_for(role="responder", op="RDMA_WRITE", psn=psn))
         except TransferError:
             self.drop()
             return
         if imm is not None:
-            self.deliver(b"", WcOpcode.RECV_RDMA_WITH_IMM, len(data), imm, flags)
+            self.deliver(b"", WcOpcode.RECV_RDMA_WITH_IMM, len(data), imm, flags, psn=psn)

@@ -130,4 +130,4 @@ class UDQP(DatagramQP):
         imm = p.imm is not None
         data = grh(sgid, dgid, tclass, hop, len(p.payload), imm) + p.payload
         self.deliver(data, WcOpcode.RECV, len(data), p.imm,
-                     WcFlags.GRH | (WcFlags.WITH_IMM if imm else 0), p.deth[1])
+                     WcFlags.GRH | (WcFlags.WITH_IMM if imm else 0), p.deth[1], p.psn)

@@ -246,3 +246,50 @@ async def test_ud_flood_to_a_qp_without_receives_keeps_no_memory(ud):
     # 2 MiB arrived; what stays is bookkeeping, not the datagrams.
     assert grown < 512 << 10, grown
     await nothing(b.rcq)
+
+
+async def test_ud_and_uc_capture_as_rocev2_with_deth(ud, tmp_path):
+    """The receiving daemon's capture (serve --capture's tap), decoded by tshark: the
+    IBTA opcode numbers, the DETH's Q_Key and source QP, nothing malformed."""
+    import shutil
+    import subprocess
+
+    from softhca.server.capture import CaptureTap
+
+    tshark = shutil.which("tshark")
+    if tshark is None:
+        pytest.skip("tshark is not installed (Debian package 'tshark')")
+    a, b = ud
+    pcap = tmp_path / "ud.pcap"
+    tap = CaptureTap(b.node.daemon, pcap)
+    try:
+        ah = await a.pd.create_ah(b.qp.info())
+        await b.recv(1, 4096)
+        await b.recv(2, 4096)
+        await a.qp.post_send(ud_wr(1, a, 33, ah, b.qp.qp_num))
+        await a.qp.post_send(ud_wr(2, a, 8, ah, b.qp.qp_num, opcode=sh.IBV_WR_SEND_WITH_IMM,
+                                   imm_data=5))
+        await b.rcq.poll_n(2, WAIT)
+        c, d = await end(a.node, sh.IBV_QPT_UC), await end(b.node, sh.IBV_QPT_UC)
+        await c.qp.connect(d.qp.info())
+        await d.qp.connect(c.qp.info())
+        await c.qp.post_send(write_wr(3, c, 1500, d, opcode=sh.IBV_WR_RDMA_WRITE))
+        await c.scq.poll_n(1, WAIT)
+        await asyncio.sleep(QUIET)
+    finally:
+        tap.close()
+    fields = ("infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.deth.q_key",
+              "infiniband.deth.srcqp")
+    out = subprocess.run([tshark, "-n", "-r", str(pcap), "-T", "fields",
+                          *[x for f in fields for x in ("-e", f)]],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = [line.split("\t") for line in out.splitlines()]
+    # IBTA 9.2: UD SEND ONLY 0x64 (100), with immediate 0x65; UC RDMA WRITE FIRST 0x26,
+    # LAST 0x28 (38, 40).
+    assert [(int(r[0]), int(r[1], 16)) for r in rows] == [
+        (100, b.qp.qp_num), (101, b.qp.qp_num), (38, d.qp.qp_num), (40, d.qp.qp_num)]
+    for r in rows[:2]:
+        assert (int(r[2], 16), int(r[3], 16)) == (QKEY, a.qp.qp_num)
+    bad = subprocess.run([tshark, "-n", "-r", str(pcap), "-Y", "_ws.malformed"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert bad.strip() == ""
