@@ -149,11 +149,11 @@ def _grh_bytes(pd, grh) -> bytes:
     if isinstance(grh, (bytes, bytearray, memoryview)):
         return bytes(grh)
     if isinstance(grh, int):
-        from .mr import MR
-
+        # The PD's MRs (pyverbs.mr imports this module's neighbours: no import here).
         for mr in pd._dependents():
-            if isinstance(mr, MR) and mr.buf <= grh and grh + 40 <= mr.buf + mr.length:
-                return bytes(mr.read(40, grh - mr.buf))
+            buf = getattr(mr, "buf", None) if hasattr(mr, "read") else None
+            if isinstance(buf, int) and buf <= grh and grh + 40 <= buf + mr.length:
+                return bytes(mr.read(40, grh - buf))
     raise PyverbsUserError("grh must be a GRH, its 40 bytes, or an address inside an MR "
                            "of this PD")
 
