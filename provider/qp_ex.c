@@ -258,13 +258,13 @@ static void wr_send_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t sz, uint16_t 
 	unsupported(qpx, "ibv_wr_send_tso");
 }
 
+/* ibv_wr_set_ud_addr(3): the open WR's wr.ud (a UD QP's; shca_encode_send_wr sends it). */
 static void wr_set_ud_addr(struct ibv_qp_ex *qpx, struct ibv_ah *ah, uint32_t qpn,
 			   uint32_t qkey)
 {
-	(void)ah;
-	(void)qpn;
-	(void)qkey;
-	unsupported(qpx, "ibv_wr_set_ud_addr");
+	of(qpx)->cur.wr.ud.ah = ah;
+	of(qpx)->cur.wr.ud.remote_qpn = qpn;
+	of(qpx)->cur.wr.ud.remote_qkey = qkey;
 }
 
 static void wr_set_xrc_srqn(struct ibv_qp_ex *qpx, uint32_t srqn)

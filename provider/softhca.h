@@ -68,6 +68,12 @@ struct shca_pd {
 	uint32_t handle;
 };
 
+/* ibv_create_ah (ah.c): the daemon's AH by its session handle. */
+struct shca_ah {
+	struct ibv_ah ah;
+	uint32_t handle;
+};
+
 struct shca_mr {
 	struct verbs_mr vmr;
 	uint32_t handle;
@@ -224,6 +230,11 @@ struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_a
 struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax);
 int shca_destroy_qp(struct ibv_qp *ibqp);
 int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask);
+int shca_av_dest(struct shca_context *ctx, const struct ibv_ah_attr *ah, char *host,
+		 size_t hlen, unsigned *port, const char **dev, const char *verb);
+/* ah.c */
+struct ibv_ah *shca_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+int shca_destroy_ah(struct ibv_ah *ah);
 int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		  struct ibv_qp_init_attr *init);
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
