@@ -9,9 +9,8 @@ from __future__ import annotations
 import itertools
 import re
 
-import pytest
-
 import native
+import pytest
 
 _ports = itertools.count(20300)
 # ud_pingpong's result lines (rdma-core libibverbs/examples/ud_pingpong.c)
