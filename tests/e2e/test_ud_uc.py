@@ -293,3 +293,29 @@ async def test_ud_and_uc_capture_as_rocev2_with_deth(ud, tmp_path):
     bad = subprocess.run([tshark, "-n", "-r", str(pcap), "-Y", "_ws.malformed"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert bad.strip() == ""
+
+
+async def test_trace_and_packet_events_show_ud_and_uc(ud):
+    """What ``softhca trace`` follows (the "trace" events) and a "packets" subscriber see
+    of a UD send and a UC write: the receiver's scatter of GRH + payload, the UC write's
+    stage at its rkey, and each packet with its IBTA opcode."""
+    a, b = ud
+    sub = await b.node.subscribe("trace", "packets", daemon_wide=True)
+    ah = await a.pd.create_ah(b.qp.info())
+    await b.recv(1, 4096)
+    await a.qp.post_send(ud_wr(1, a, 24, ah, b.qp.qp_num))
+    await b.rcq.poll_n(1, WAIT)
+    c, d = await end(a.node, sh.IBV_QPT_UC), await end(b.node, sh.IBV_QPT_UC)
+    await c.qp.connect(d.qp.info())
+    await d.qp.connect(c.qp.info())
+    await c.qp.post_send(write_wr(2, c, 100, d, opcode=sh.IBV_WR_RDMA_WRITE))
+    await c.scq.poll_n(1, WAIT)
+    seen = []
+    while (ev := await sub.next(QUIET)) is not None:
+        seen.append(ev)
+    ops = [ev.header["pkt"]["op"] for ev in seen if ev.kind == "packet"]
+    assert ops == ["UD_SEND_ONLY", "UC_RDMA_WRITE_ONLY"]
+    stages = {(ev.header.get("qp"), ev.header.get("op"), ev.header.get("role"))
+              for ev in seen if ev.kind == "trace"}
+    assert (b.qp.qp_num, "RECV", "responder") in stages
+    assert (d.qp.qp_num, "RDMA_WRITE", "responder") in stages
