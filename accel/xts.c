@@ -99,14 +99,6 @@ int xts_units(xts_key_t *k, const uint8_t *src, uint8_t *dst, size_t len, size_t
         return evp_units(k, src, dst, len, unit, lo, hi, encrypt);
     if (k->impl != XTS_AESNI)
         return -1;
-    for (size_t off = 0; off < len; off += unit) {
-        size_t n = len - off < unit ? len - off : unit;
-        uint8_t iv[16];
-        memcpy(iv, &lo, 8);
-        memcpy(iv + 8, &hi, 8);
-        aesni_unit(k, src + off, dst + off, n, iv, encrypt);
-        if (++lo == 0)
-            hi++;
-    }
+    aesni_units(k, src, dst, len, unit, lo, hi, encrypt);
     return 0;
 }

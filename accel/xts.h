@@ -34,6 +34,7 @@ int xts_units(xts_key_t *k, const uint8_t *src, uint8_t *dst, size_t len, size_t
 
 /* xts_aesni.c, compiled with -maes: call only when the CPU has AES-NI. */
 void aesni_expand(xts_key_t *k, const uint8_t *key, size_t len);
-void aesni_unit(const xts_key_t *k, const uint8_t *src, uint8_t *dst, size_t len,
-                const uint8_t iv[16], int encrypt);
+/* Every unit of len bytes (a short last one stealing), sequence numbers from (hi:lo). */
+void aesni_units(const xts_key_t *k, const uint8_t *src, uint8_t *dst, size_t len,
+                 size_t unit_len, uint64_t lo, uint64_t hi, int encrypt);
 #endif

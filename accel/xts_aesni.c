@@ -117,46 +117,108 @@ static void aes_rest(const __m128i *rk, int nr, const uint8_t *src, uint8_t *dst
     aes_lanes(rk, nr, src, dst, t, encrypt, cnt);
 }
 
-void aesni_unit(const xts_key_t *k, const uint8_t *src, uint8_t *dst, size_t len,
-                const uint8_t iv[16], int encrypt)
+/* The full blocks of one data unit whose initial tweak t (E_key2 of its sequence number)
+ * is known. With stealing (len % 16 != 0), block m-1 is processed as any block, under
+ * T_{m-1} when encrypting and under T_m when decrypting (IEEE 1619 5.3.2, 5.4.2), and
+ * the tweak the padded partial block needs (T_m encrypting, T_{m-1} decrypting) is
+ * returned: the caller finishes several units' last blocks together. */
+static inline __m128i unit_bulk(const __m128i *rk, int nr, const uint8_t *src, uint8_t *dst,
+                                size_t len, __m128i t, int encrypt)
 {
-    const __m128i *rk = (const __m128i *)(encrypt ? k->enc : k->dec);
-    const int nr = k->rounds;
-    size_t m = len / 16, r = len % 16;
-    /* With stealing, the last full block is done apart, after (encrypt) or before
-     * (decrypt) the partial one. */
-    size_t bulk = r ? m - 1 : m, j = 0;
-    __m128i t = aes1((const __m128i *)k->tweak, nr, _mm_loadu_si128((const __m128i *)iv), 1);
-    __m128i lanes[LANES];
-    for (; j + LANES <= bulk; j += LANES) {
-        for (int i = 0; i < LANES; i++) {
-            lanes[i] = t;
-            t = mul_alpha(t);
-        }
-        aes_lanes(rk, nr, src + 16 * j, dst + 16 * j, lanes, encrypt, LANES);
-    }
-    if (j < bulk) {
-        int cnt = (int)(bulk - j);
+    size_t m = len / 16, r = len % 16, j = 0;
+    __m128i lanes[LANES], t_prev = t;
+    for (; j < m; j += LANES) {
+        int cnt = m - j < LANES ? (int)(m - j) : LANES;
         for (int i = 0; i < cnt; i++) {
             lanes[i] = t;
             t = mul_alpha(t);
         }
-        aes_rest(rk, nr, src + 16 * j, dst + 16 * j, lanes, encrypt, cnt);
+        if (j + (size_t)cnt == m) {
+            t_prev = lanes[cnt - 1];            /* T_{m-1}; t is T_m */
+            if (r && !encrypt)
+                lanes[cnt - 1] = t;
+        }
+        if (cnt == LANES)
+            aes_lanes(rk, nr, src + 16 * j, dst + 16 * j, lanes, encrypt, LANES);
+        else
+            aes_rest(rk, nr, src + 16 * j, dst + 16 * j, lanes, encrypt, cnt);
     }
-    if (!r)
-        return;
-    /* t is T_{m-1}; the partial block m uses T_m. Encryption takes block m-1 under
-     * T_{m-1} and the padded partial under T_m; decryption the other way round. */
-    __m128i t_next = mul_alpha(t);
-    __m128i first = encrypt ? t : t_next, second = encrypt ? t_next : t;
-    const uint8_t *last_in = src + 16 * (m - 1);
+    return encrypt ? t : t_prev;
+}
+
+/* Block m-1's result gives its first r bytes to the short last block and lends the rest
+ * to pad the partial input, which is returned (ready for the cipher under its tweak). The
+ * partial input is read before the short block is written, so src == dst works. */
+static inline __m128i steal(const uint8_t *src, uint8_t *dst, size_t len)
+{
+    size_t m = len / 16, r = len % 16;
     uint8_t *last_out = dst + 16 * (m - 1);
     uint8_t cc[16], pp[16];
-    __m128i b = _mm_xor_si128(_mm_loadu_si128((const __m128i *)last_in), first);
-    _mm_storeu_si128((__m128i *)cc, _mm_xor_si128(aes1(rk, nr, b, encrypt), first));
-    memcpy(pp, src + 16 * m, r);          /* the partial input, padded with CC's tail */
+    memcpy(cc, last_out, 16);
+    memcpy(pp, src + 16 * m, r);
     memcpy(pp + r, cc + r, 16 - r);
-    memcpy(last_out + 16, cc, r);         /* the short last output block */
-    b = _mm_xor_si128(_mm_loadu_si128((const __m128i *)pp), second);
-    _mm_storeu_si128((__m128i *)last_out, _mm_xor_si128(aes1(rk, nr, b, encrypt), second));
+    memcpy(last_out + 16, cc, r);
+    return _mm_loadu_si128((const __m128i *)pp);
+}
+
+/* cnt blocks decrypted in place, in parallel. */
+static void aes_blocks_dec(const __m128i *rk, int nr, __m128i *b, int cnt)
+{
+    for (int i = 0; i < cnt; i++)
+        b[i] = _mm_xor_si128(b[i], rk[0]);
+    for (int r = 1; r < nr; r++)
+        for (int i = 0; i < cnt; i++)
+            b[i] = _mm_aesdec_si128(b[i], rk[r]);
+    for (int i = 0; i < cnt; i++)
+        b[i] = _mm_aesdeclast_si128(b[i], rk[nr]);
+}
+
+/* cnt blocks encrypted in place, in parallel (the tweaks of cnt units). */
+static void aes_blocks(const __m128i *rk, int nr, __m128i *b, int cnt)
+{
+    for (int i = 0; i < cnt; i++)
+        b[i] = _mm_xor_si128(b[i], rk[0]);
+    for (int r = 1; r < nr; r++)
+        for (int i = 0; i < cnt; i++)
+            b[i] = _mm_aesenc_si128(b[i], rk[r]);
+    for (int i = 0; i < cnt; i++)
+        b[i] = _mm_aesenclast_si128(b[i], rk[nr]);
+}
+
+void aesni_units(const xts_key_t *k, const uint8_t *src, uint8_t *dst, size_t len,
+                 size_t unit_len, uint64_t lo, uint64_t hi, int encrypt)
+{
+    const __m128i *rk = (const __m128i *)(encrypt ? k->enc : k->dec);
+    const int nr = k->rounds;
+    size_t off = 0;
+    while (off < len) {
+        /* The initial tweaks of up to LANES units, E_key2 of their sequence numbers, at once. */
+        __m128i t[LANES], last[LANES], last_t[LANES];
+        size_t where[LANES];
+        int cnt = 0, stolen = 0;
+        for (size_t o = off; o < len && cnt < LANES; o += unit_len, cnt++) {
+            t[cnt] = _mm_set_epi64x((long long)hi, (long long)lo);
+            if (++lo == 0)
+                hi++;
+        }
+        aes_blocks((const __m128i *)k->tweak, nr, t, cnt);
+        for (int i = 0; i < cnt; i++, off += unit_len) {
+            size_t n = len - off < unit_len ? len - off : unit_len;
+            __m128i second = unit_bulk(rk, nr, src + off, dst + off, n, t[i], encrypt);
+            if (n % 16) {
+                last_t[stolen] = second;
+                last[stolen] = _mm_xor_si128(steal(src + off, dst + off, n), second);
+                where[stolen++] = off + 16 * (n / 16 - 1);
+            }
+        }
+        /* The units' padded last blocks, in parallel: none waits for another's cipher. */
+        if (stolen) {
+            if (encrypt)
+                aes_blocks(rk, nr, last, stolen);
+            else
+                aes_blocks_dec(rk, nr, last, stolen);
+            for (int i = 0; i < stolen; i++)
+                _mm_storeu_si128((__m128i *)(dst + where[i]), _mm_xor_si128(last[i], last_t[i]));
+        }
+    }
 }
