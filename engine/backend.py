@@ -102,6 +102,8 @@ class NativeXts:
     """One XTS key expanded once in C (AES-NI, or OpenSSL's EVP without it): the same
     ``transform_into`` as engine/xts.py XtsCipher, one C call over every data unit."""
 
+    made_for = "native"
+
     def __init__(self, module: ModuleType, key: bytes) -> None:
         key = bytes(key)
         if len(key) not in (32, 64):
@@ -130,19 +132,21 @@ class NativeXts:
 def xts_cipher(key: bytes) -> XtsCipher | NativeXts:
     """The XTS cipher of ``key`` on the engine's current backend. A key the native module
     refuses (OpenSSL refuses key1 == key2, which IEEE 1619-2007 allows) runs in Python."""
-    if native is not None:
-        try:
-            return NativeXts(native, key)
-        except ValueError as exc:
-            if isinstance(exc, XtsError):
-                raise
-    return XtsCipher(key)
+    if native is None:
+        return XtsCipher(key)
+    try:
+        return NativeXts(native, key)
+    except ValueError as exc:
+        if isinstance(exc, XtsError):
+            raise
+    cipher = XtsCipher(key)
+    cipher.made_for = "native"      # kept while the native backend is in use
+    return cipher
 
 
 def is_current(cipher: object) -> bool:
-    """Whether a kept cipher may serve the backend in use (after ``use`` switched): a
-    native one only the native backend; a Python one both (a key native refused)."""
-    return native is not None or not isinstance(cipher, NativeXts)
+    """Whether a kept cipher was made for the backend in use (``use`` may have switched)."""
+    return getattr(cipher, "made_for", "python") == name()
 
 
 def xts_transform(key: bytes, data, unit_size: int, first_unit: int, initial_tweak: int,
