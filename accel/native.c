@@ -228,20 +228,25 @@ static void sig_blocks(const SigPlanObject *p, const uint8_t *src, uint8_t *dst,
     const size_t bs = (size_t)p->block_size;
     const size_t in_w = bs + (p->in.present ? p->in.pi_size : 0);
     const size_t out_w = bs + (p->out.present ? p->out.pi_size : 0);
-    const int fuse = p->need_out_guard && p->out.kind == K_T10DIF_CRC;
+    /* ISA-L's T10-DIF CRC fused with the copy, for the output guard when one is made,
+     * else for the checked input guard (a strip). */
+    const int fuse_out = p->need_out_guard && p->out.kind == K_T10DIF_CRC;
+    const int fuse_in = !p->need_out_guard && p->check_guard && p->in.kind == K_T10DIF_CRC;
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint8_t *s = src + (size_t)i * in_w;
         uint8_t *o = dst + (size_t)i * out_w;
         uint64_t block = first_block + (uint64_t)i, out_g = 0, in_g = 0;
-        if (fuse)
+        if (fuse_out)
             out_g = crc16_t10dif_copy((uint16_t)p->out.seed, o, (uint8_t *)s, bs);
+        else if (fuse_in)
+            in_g = crc16_t10dif_copy((uint16_t)p->in.seed, o, (uint8_t *)s, bs);
         else
             memcpy(o, s, bs);
-        if (p->need_out_guard && !fuse)
+        if (p->need_out_guard && !fuse_out)
             out_g = guard_of(p->out.kind, p->out.seed, o, bs);
         uint64_t stored = p->in.present ? load_pi(s + bs, p->in.pi_size) : 0;
         if (p->check_bits) {
-            if (p->check_guard)
+            if (p->check_guard && !fuse_in)
                 in_g = p->shared_guard && p->need_out_guard ? out_g
                                                             : guard_of(p->in.kind, p->in.seed, o, bs);
             uint64_t want = pi_value(&p->in, in_g, block);
