@@ -17,7 +17,8 @@
  *
  * Guards come from ISA-L (T10-DIF CRC, CRC32 MSB-first, CRC32C), crc64.c for CRC-64/NVME
  * (ISA-L 2.30 has no such polynomial), a plain loop for the IP checksum.
- * XTS is AES-NI (xts_aesni.c) when the CPU has it, OpenSSL's EVP otherwise.
+ * XTS is AES-NI (xts_aesni.c, with VAES in xts_vaes.c) when the CPU has it, OpenSSL's EVP
+ * otherwise.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -389,11 +390,11 @@ static int xtskey_init(XtsKeyObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|s", names, &key, &impl))
         return -1;
     int which = !strcmp(impl, "aesni") ? XTS_AESNI : !strcmp(impl, "openssl") ? XTS_OPENSSL
-              : !strcmp(impl, "auto") ? XTS_AUTO : -1;
+              : !strcmp(impl, "vaes") ? XTS_VAES : !strcmp(impl, "auto") ? XTS_AUTO : -1;
     int rc = 0;
     xts_key_free(&self->key);
     if (which < 0) {
-        PyErr_Format(PyExc_ValueError, "XTS impl %s: expected auto, aesni or openssl", impl);
+        PyErr_Format(PyExc_ValueError, "XTS impl %s: expected auto, vaes, aesni or openssl", impl);
         rc = -1;
     } else if (key.len != 32 && key.len != 64) {
         PyErr_Format(PyExc_ValueError, "XTS key must be 32 or 64 bytes (key1||key2), got %zd",
@@ -421,7 +422,8 @@ static PyObject *xtskey_impl(XtsKeyObject *self, void *closure)
 }
 
 static PyGetSetDef xtskey_getset[] = {
-    {"impl", (getter)xtskey_impl, NULL, "aesni or openssl: what runs this key's units", NULL},
+    {"impl", (getter)xtskey_impl, NULL, "vaes, aesni or openssl: what runs this key's units",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

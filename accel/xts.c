@@ -14,14 +14,25 @@ static int cpu_has_aesni(void)
 #endif
 }
 
+int cpu_has_vaes(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return cpu_has_aesni() && __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
 const char *xts_default_impl(void)
 {
-    return cpu_has_aesni() ? "aesni" : "openssl";
+    return cpu_has_vaes() ? "vaes" : cpu_has_aesni() ? "aesni" : "openssl";
 }
 
 const char *xts_key_impl(const xts_key_t *k)
 {
-    return k->impl == XTS_AESNI ? "aesni" : k->impl == XTS_OPENSSL ? "openssl" : "none";
+    return k->impl == XTS_VAES ? "vaes" : k->impl == XTS_AESNI ? "aesni"
+         : k->impl == XTS_OPENSSL ? "openssl" : "none";
 }
 
 void xts_key_free(xts_key_t *k)
@@ -50,9 +61,9 @@ static EVP_CIPHER_CTX *evp_keyed(const uint8_t *key, size_t len, int encrypt)
 int xts_key_set(xts_key_t *k, const uint8_t *key, size_t len, int impl)
 {
     if (impl == XTS_AUTO)
-        impl = cpu_has_aesni() ? XTS_AESNI : XTS_OPENSSL;
-    if (impl == XTS_AESNI) {
-        if (!cpu_has_aesni())
+        impl = cpu_has_vaes() ? XTS_VAES : cpu_has_aesni() ? XTS_AESNI : XTS_OPENSSL;
+    if (impl == XTS_AESNI || impl == XTS_VAES) {
+        if (!(impl == XTS_VAES ? cpu_has_vaes() : cpu_has_aesni()))
             return -1;
         aesni_expand(k, key, len);
     } else {
@@ -97,7 +108,7 @@ int xts_units(xts_key_t *k, const uint8_t *src, uint8_t *dst, size_t len, size_t
 {
     if (k->impl == XTS_OPENSSL)
         return evp_units(k, src, dst, len, unit, lo, hi, encrypt);
-    if (k->impl != XTS_AESNI)
+    if (k->impl != XTS_AESNI && k->impl != XTS_VAES)
         return -1;
     aesni_units(k, src, dst, len, unit, lo, hi, encrypt);
     return 0;

@@ -6,10 +6,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { XTS_AUTO, XTS_AESNI, XTS_OPENSSL };
+enum { XTS_AUTO, XTS_AESNI, XTS_OPENSSL, XTS_VAES };
 
 typedef struct {
-    int impl;                  /* XTS_AESNI or XTS_OPENSSL once set */
+    int impl;                  /* XTS_VAES, XTS_AESNI or XTS_OPENSSL once set */
     int rounds;                /* 10 (AES-128) or 14 (AES-256) */
     /* AES-NI: key1's encryption and decryption schedules, key2's encryption schedule,
      * 16-byte aligned, as __m128i arrays (xts_aesni.c). */
@@ -37,4 +37,8 @@ void aesni_expand(xts_key_t *k, const uint8_t *key, size_t len);
 /* Every unit of len bytes (a short last one stealing), sequence numbers from (hi:lo). */
 void aesni_units(const xts_key_t *k, const uint8_t *src, uint8_t *dst, size_t len,
                  size_t unit_len, uint64_t lo, uint64_t hi, int encrypt);
+/* xts_vaes.c, compiled with -mvaes -mavx2: sixteen blocks, their sixteen tweaks. */
+void vaes_16(const void *round_keys, int nr, const uint8_t *src, uint8_t *dst,
+             const void *tweaks, int encrypt);
+int cpu_has_vaes(void);
 #endif

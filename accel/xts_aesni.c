@@ -123,12 +123,13 @@ static void aes_rest(const __m128i *rk, int nr, const uint8_t *src, uint8_t *dst
  * the tweak the padded partial block needs (T_m encrypting, T_{m-1} decrypting) is
  * returned: the caller finishes several units' last blocks together. */
 static inline __m128i unit_bulk(const __m128i *rk, int nr, const uint8_t *src, uint8_t *dst,
-                                size_t len, __m128i t, int encrypt)
+                                size_t len, __m128i t, int encrypt, int vaes)
 {
     size_t m = len / 16, r = len % 16, j = 0;
-    __m128i lanes[LANES], t_prev = t;
-    for (; j < m; j += LANES) {
-        int cnt = m - j < LANES ? (int)(m - j) : LANES;
+    __m128i lanes[2 * LANES], t_prev = t;
+    while (j < m) {
+        int most = vaes && m - j >= 2 * LANES ? 2 * LANES : LANES;
+        int cnt = m - j < (size_t)most ? (int)(m - j) : most;
         for (int i = 0; i < cnt; i++) {
             lanes[i] = t;
             t = mul_alpha(t);
@@ -138,10 +139,13 @@ static inline __m128i unit_bulk(const __m128i *rk, int nr, const uint8_t *src, u
             if (r && !encrypt)
                 lanes[cnt - 1] = t;
         }
-        if (cnt == LANES)
+        if (cnt == 2 * LANES)
+            vaes_16(rk, nr, src + 16 * j, dst + 16 * j, lanes, encrypt);
+        else if (cnt == LANES)
             aes_lanes(rk, nr, src + 16 * j, dst + 16 * j, lanes, encrypt, LANES);
         else
             aes_rest(rk, nr, src + 16 * j, dst + 16 * j, lanes, encrypt, cnt);
+        j += (size_t)cnt;
     }
     return encrypt ? t : t_prev;
 }
@@ -204,7 +208,8 @@ void aesni_units(const xts_key_t *k, const uint8_t *src, uint8_t *dst, size_t le
         aes_blocks((const __m128i *)k->tweak, nr, t, cnt);
         for (int i = 0; i < cnt; i++, off += unit_len) {
             size_t n = len - off < unit_len ? len - off : unit_len;
-            __m128i second = unit_bulk(rk, nr, src + off, dst + off, n, t[i], encrypt);
+            __m128i second = unit_bulk(rk, nr, src + off, dst + off, n, t[i], encrypt,
+                                       k->impl == XTS_VAES);
             if (n % 16) {
                 last_t[stolen] = second;
                 last[stolen] = _mm_xor_si128(steal(src + off, dst + off, n), second);
