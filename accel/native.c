@@ -26,6 +26,7 @@
 #include <string.h>
 #include <isa-l/crc.h>
 
+#include "crc32c.h"
 #include "crc64.h"
 #include "xts.h"
 
@@ -129,7 +130,10 @@ typedef struct {
     domain_t in, out;
     uint64_t check_bits, copy_bits;
     int check_guard, need_out_guard, shared_guard;
+    crc32c_copy_t crc32c;         /* CRC32C fused with the copy, for this block size */
 } SigPlanObject;
+
+static int have_crc32c_copy;
 
 static int parse_domain(PyObject *spec, domain_t *d)
 {
@@ -174,6 +178,7 @@ static int sigplan_init(SigPlanObject *self, PyObject *args, PyObject *kw)
     self->need_out_guard = self->out.present && (out_guard_bits & ~self->copy_bits) != 0;
     self->shared_guard = self->in.present && self->out.present && self->in.kind == self->out.kind
                          && self->in.seed == self->out.seed;
+    crc32c_copy_setup(&self->crc32c, (size_t)self->block_size);
     return 0;
 }
 
@@ -223,24 +228,39 @@ static void field_values(const domain_t *d, int field, uint64_t want, uint64_t s
     }
 }
 
+static inline int fusable(int kind)
+{
+    return kind == K_T10DIF_CRC || (kind == K_CRC32C && have_crc32c_copy);
+}
+
+/* Copy one block and return the guard of ``d`` over it (fusable kinds only). */
+static inline uint64_t copy_guard(const SigPlanObject *p, const domain_t *d, uint8_t *o,
+                                  const uint8_t *s, size_t bs)
+{
+    if (d->kind == K_T10DIF_CRC)
+        return crc16_t10dif_copy((uint16_t)d->seed, o, (uint8_t *)s, bs);
+    return crc32c_copy(&p->crc32c, (uint32_t)d->seed, o, s);
+}
+
 static void sig_blocks(const SigPlanObject *p, const uint8_t *src, uint8_t *dst, Py_ssize_t n,
                        uint64_t first_block, uint8_t *results, sig_error_t *err)
 {
     const size_t bs = (size_t)p->block_size;
     const size_t in_w = bs + (p->in.present ? p->in.pi_size : 0);
     const size_t out_w = bs + (p->out.present ? p->out.pi_size : 0);
-    /* ISA-L's T10-DIF CRC fused with the copy, for the output guard when one is made,
-     * else for the checked input guard (a strip). */
-    const int fuse_out = p->need_out_guard && p->out.kind == K_T10DIF_CRC;
-    const int fuse_in = !p->need_out_guard && p->check_guard && p->in.kind == K_T10DIF_CRC;
+    /* The copy fused with the guard where a fused function exists (ISA-L's T10-DIF CRC,
+     * crc32c.c's CRC32C): the output guard when one is made, else the checked input guard
+     * (a strip). */
+    const int fuse_out = p->need_out_guard && fusable(p->out.kind);
+    const int fuse_in = !p->need_out_guard && p->check_guard && fusable(p->in.kind);
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint8_t *s = src + (size_t)i * in_w;
         uint8_t *o = dst + (size_t)i * out_w;
         uint64_t block = first_block + (uint64_t)i, out_g = 0, in_g = 0;
         if (fuse_out)
-            out_g = crc16_t10dif_copy((uint16_t)p->out.seed, o, (uint8_t *)s, bs);
+            out_g = copy_guard(p, &p->out, o, s, bs);
         else if (fuse_in)
-            in_g = crc16_t10dif_copy((uint16_t)p->in.seed, o, (uint8_t *)s, bs);
+            in_g = copy_guard(p, &p->in, o, s, bs);
         else
             memcpy(o, s, bs);
         if (p->need_out_guard && !fuse_out)
@@ -522,6 +542,7 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void)
 {
     crc64_setup();
+    have_crc32c_copy = crc32c_copy_available();
     if (PyType_Ready(&SigPlanType) < 0 || PyType_Ready(&XtsKeyType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);
