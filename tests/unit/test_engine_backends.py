@@ -245,3 +245,25 @@ print(choose("fast")); print(choose("auto", True)); print(choose("native", True)
     assert got[3].startswith("ValueError: SOFTHCA_ENGINE='fast'")
     assert got[4] == "python"
     assert got[5].startswith("ImportError: SOFTHCA_ENGINE=native but softhca.accel._native")
+
+
+def test_a_result_held_is_never_rewritten() -> None:
+    """The native module writes a result into the last result's bytes only when nobody
+    holds those any more (accel/native.c, result_bytes): a held result keeps its bytes and
+    its hash, a dropped one is reused with its cached hash forgotten."""
+    module = backend._import_native()[0]
+    plan = module.SigPlan(512, None, (0, 1, 8, 0, 0, 0, 0), 0, 0)
+    zeros = bytes(512 * 16)
+    ones = b"\x01" * (512 * 16)
+    held, _ = plan.run_bytes(zeros, 16, 0, 0)
+    want, digest = bytes(held), hash(held)
+    other, _ = plan.run_bytes(ones, 16, 0, 0)
+    assert held == want and hash(held) == digest and other != held
+    first_id = id(other)
+    del other
+    again, _ = plan.run_bytes(zeros, 16, 0, 0)
+    assert id(again) == first_id and again == want and hash(again) == hash(want)
+    key = module.XtsKey(bytes(range(64)))
+    a = module.xts(key, zeros, None, 512, 0, 0, True)
+    b = module.xts(key, ones, None, 512, 0, 0, True)
+    assert a == python_xts(bytes(range(64)), zeros, 512, 0, 0, True) and a != b
