@@ -8,7 +8,8 @@ static int cpu_has_aesni(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("aes") && __builtin_cpu_supports("sse4.1");
+    return __builtin_cpu_supports("aes") && __builtin_cpu_supports("sse4.1")
+           && __builtin_cpu_supports("pclmul");
 #else
     return 0;
 #endif
