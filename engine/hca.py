@@ -24,6 +24,8 @@ from ..protocol.enums import (
     MkeyInitAttrFlags,
 )
 from ..protocol.errors import RDMAError, einval
+from . import backend
+from .backend import NativeXts
 from .crypto_login import (
     DEK_INIT_ATTR_CRYPTO_LOGIN,
     KEYTAG_BYTES,
@@ -72,17 +74,23 @@ class DEK:
     # Imported wrapped (querying it then needs a valid crypto login, mlx5dv_dek_create(3)).
     wrapped: bool = False
 
-    # The key's AES-ECB contexts, made on first use and shared by every MKEY using this
-    # DEK (engine/xts.py XtsCipher: contexts that are never finalized can be reused).
-    _cipher: XtsCipher | None = field(default=None, init=False, repr=False, compare=False)
+    # The key's cipher, made on first use and shared by every MKEY using this DEK: the
+    # native accelerator's expanded key, or engine/xts.py XtsCipher's AES-ECB contexts
+    # (contexts that are never finalized can be reused); engine/backend.py picks.
+    _cipher: XtsCipher | NativeXts | None = field(default=None, init=False, repr=False,
+                                                  compare=False)
 
     def transform(self, data, unit_size: int, first_unit: int, initial_tweak: int,
                   encrypt: bool, out: np.ndarray | None = None) -> bytes | np.ndarray:
         """XTS over ``data`` (engine/xts.py xts_transform). With ``out`` (a uint8 array of
         len(data) bytes) the result is written there and ``out`` returned; else bytes."""
-        if self._cipher is None:
-            self._cipher = XtsCipher(self.key)
+        if self._cipher is None or not backend.is_current(self._cipher):
+            self._cipher = backend.xts_cipher(self.key)
         src = as_uint8(data)
+        if out is None and isinstance(self._cipher, NativeXts):
+            # Straight into new bytes: no copy of a result array.
+            return self._cipher.transform_into(src, unit_size, first_unit, initial_tweak,
+                                               encrypt, None)
         result = out if out is not None else np.empty(len(src), dtype=np.uint8)
         self._cipher.transform_into(src, unit_size, first_unit, initial_tweak, encrypt, result)
         return result if out is not None else result.tobytes()
