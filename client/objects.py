@@ -27,6 +27,7 @@ from ..protocol.enums import (
     SendFlags,
 )
 from ..protocol.errors import RDMAError
+from . import mw as _mw
 from .connection import Connection, PushedCQ
 from .records import WC, MkeyErr, QPAttr, QPInfo, QPInitAttr, RecvWR, SendWR, SigErr
 
@@ -116,6 +117,10 @@ class PD(_Closable):
                                        create_flags=int(create_flags), max_entries=max_entries)
         return MKey(self, h["mkey"], h["lkey"], h["rkey"])
 
+    async def alloc_mw(self, mw_type: int = _mw.MW_TYPE_1) -> _mw.MW:
+        """ibv_alloc_mw(3): a memory window of ``mw_type`` (1 or 2; EINVAL otherwise)."""
+        return await _mw.alloc_mw(self, mw_type)
+
     async def close(self) -> None:
         """ibv_dealloc_pd(3).
 
@@ -160,6 +165,11 @@ class MR(_Closable):
                                                     offset=offset + start, length=n)
             parts.append(payload)
         return b"".join(parts)
+
+    async def rereg(self, flags: int, pd: PD | None = None, length: int = 0,
+                    access: int = 0) -> None:
+        """ibv_rereg_mr(3): client/mw.py ``rereg_mr``."""
+        await _mw.rereg_mr(self, flags, pd, length, access)
 
     async def close(self) -> None:
         """ibv_dereg_mr(3): the memory goes; traffic through an MKEY whose layout names
@@ -273,6 +283,10 @@ class CQ(_Closable):
                                              f"{timeout:g} s: {out[-4:]}")
             out += await self.poll(min(n - len(out), 4096), timeout=left)
         return out
+
+    async def resize(self, cqe: int) -> int:
+        """ibv_resize_cq(3): client/mw.py ``resize_cq``."""
+        return await _mw.resize_cq(self, cqe)
 
     async def close(self) -> None:
         """ibv_destroy_cq(3).
@@ -497,6 +511,11 @@ class QP(_Closable):
         await self.to_rts(QPAttr(sq_psn=self.psn if sq_psn is None else sq_psn,
                                  timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
                                  min_rnr_timer=min_rnr_timer))
+
+    async def bind_mw(self, mw: _mw.MW, mr: MR | None, addr: int, length: int, access: int,
+                      **kw: Any) -> int:
+        """ibv_bind_mw(3) of a type 1 window: client/mw.py ``bind_mw``."""
+        return await _mw.bind_mw(self, mw, mr, addr, length, access, **kw)
 
     async def cancel_posted_send_wrs(self, wr_id: int) -> int:
         """mlx5dv_qp_cancel_posted_send_wrs(3): in SQD, the not yet started WRs with

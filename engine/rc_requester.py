@@ -26,6 +26,7 @@ from ..protocol.packets import Packet, Run
 from . import qp_state, transfer
 from .completion import TransferError
 from .hca import MR
+from .mw import check_bind_wr, run_bind_wr
 from .qp_state import SENDING
 from .rc_common import PSN_MOD, QPContext, SendRequest, psn_add
 
@@ -93,7 +94,9 @@ class Requester:
         signaled = self.qp.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
         req = SendRequest(wr, info, signaled, sum(s.length for s in wr.sg), info.wc_opcode,
                           inline=inline)
-        if wr.opcode == WrOpcode.LOCAL_INV:
+        if wr.opcode in (WrOpcode.LOCAL_INV, WrOpcode.BIND_MW):
+            if wr.opcode == WrOpcode.BIND_MW:
+                check_bind_wr(wr)
             req.local = req.built = True
         self._enqueue(req)
 
@@ -422,6 +425,8 @@ class Requester:
         elif r.wr.opcode == WrOpcode.LOCAL_INV:
             if not self.qp.invalidate(r.wr.invalidate_rkey, remote=False):
                 status = LOCAL_INV_FAILED
+        elif r.wr.opcode == WrOpcode.BIND_MW:
+            status = run_bind_wr(r.wr, self.qp.pd, self.qp.qp_num)
         elif r.action is not None:
             try:
                 r.action()

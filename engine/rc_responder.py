@@ -242,7 +242,8 @@ class Responder:
             return None
         rkey, addr, dma_len = run.reth
         try:
-            transfer.check_rx(self.qp.pd, rkey, addr, dma_len, remote=True)
+            transfer.check_rx(self.qp.pd, rkey, addr, dma_len, remote=True,
+                              qp_num=self.qp.qp_num)
         except TransferError as err:
             syndrome = _FAULT_NAK[err.fault]
             return lambda: self._nak_fatal(run.psn, syndrome)
@@ -366,7 +367,7 @@ class Responder:
         when the transfer failed (the QP went to ERR)."""
         rkey, addr, _ = reth
         try:
-            transfer.rx(self.qp.pd, rkey, addr, data, remote=True,
+            transfer.rx(self.qp.pd, rkey, addr, data, remote=True, qp_num=self.qp.qp_num,
                         trace=self.qp.trace_for(role="responder", psn=psn, op="RDMA_WRITE"))
         except TransferError as err:
             self._nak_fatal(psn, _FAULT_NAK[err.fault])
@@ -384,6 +385,7 @@ class Responder:
             # A view of an MR's memory, not a copy: the responses are read as the link
             # sends them, so a READ costs no second copy of what it reads.
             data = transfer.tx(self.qp.pd, rkey, addr, length, remote=True, view=True,
+                               qp_num=self.qp.qp_num,
                                trace=self.qp.trace_for(role="responder", psn=pkt.psn, op="RDMA_READ"))
         except TransferError as err:
             self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
@@ -450,7 +452,7 @@ class Responder:
         try:
             # REMOTE_ATOMIC on the rkey, then 8-byte alignment (IBTA 9.4.5; rxe checks
             # in this order: check_rkey, then atomic_reply's alignment): Invalid Request.
-            original = transfer.atomic(self.qp.pd, rkey, addr, update)
+            original = transfer.atomic(self.qp.pd, rkey, addr, update, qp_num=self.qp.qp_num)
         except TransferError as err:
             self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
             return

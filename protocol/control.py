@@ -355,7 +355,37 @@ class MrRead(Request):
     length: int = _u64()
 
 
+# ibv_alloc_mw(3) / ibv_dealloc_mw(3): type is enum ibv_mw_type (1, 2).
+@_request("alloc_mw")
+class AllocMw(Request):
+    pd: int = _handle()
+    type: int = _u32()
+
+
+@_request("dealloc_mw")
+class DeallocMw(Request):
+    mw: int = _handle()
+
+
+# ibv_rereg_mr(3): flags IBV_REREG_MR_CHANGE_*; pd (a handle, 0: none) with CHANGE_PD;
+# addr and length with CHANGE_TRANSLATION (addr 0: fresh memory of the daemon).
+@_request("rereg_mr")
+class ReregMr(Request):
+    mr: int = _handle()
+    flags: int = _u32()
+    pd: int = _wire(int, 0, U32, required=False, default=0)
+    addr: int = _wire(int, 0, U64, required=False, default=0)
+    length: int = _wire(int, 0, U64, required=False, default=0)
+    access: int = _wire(int, 0, U32, required=False, default=0)
+
+
 # -- CQ and QP
+@_request("resize_cq")
+class ResizeCq(Request):
+    cq: int = _handle()
+    cqe: int = _wire(int, 0, I32)
+
+
 # push: the daemon sends this CQ's completions to the session as it makes them ("wc"
 # frames); the client polls them locally and returns room with cq_credit.
 @_request("create_cq")

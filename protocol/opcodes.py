@@ -144,7 +144,7 @@ WR_OPCODES: dict[WrOpcode, WrInfo] = {
     WrOpcode.ATOMIC_FETCH_AND_ADD: WrInfo(True, WcOpcode.FETCH_ADD, atomic="FETCH_ADD",
                                           responded=True),
     WrOpcode.LOCAL_INV: WrInfo(True, WcOpcode.LOCAL_INV),
-    WrOpcode.BIND_MW: WrInfo(False, WcOpcode.BIND_MW),
+    WrOpcode.BIND_MW: WrInfo(True, WcOpcode.BIND_MW),
     WrOpcode.SEND_WITH_INV: WrInfo(True, WcOpcode.SEND, send=True, inline=True),
     WrOpcode.TSO: WrInfo(False, WcOpcode.TSO),
     # The MKEY configure WR (mlx5dv_wr_mkey_configure): posted through RCQP.post_local,

@@ -49,7 +49,8 @@ _SG = (list, 0, MAX_SGE, True)
 # One element of post_send's "wrs".
 SEND_WR = {"wr_id": _U64, "opcode": _U32, "sg": _SG, "send_flags": _U32,
            "imm_data": (int, 0, U32, False), "rkey": _U32, "remote_addr": _U64,
-           "compare_add": _U64, "swap": _U64, "invalidate_rkey": _U32}
+           "compare_add": _U64, "swap": _U64, "invalidate_rkey": _U32,
+           "bind": (list, 5, 5, False)}
 # One element of post_recv's "wrs".
 RECV_WR = {"wr_id": _U64, "sg": _SG}
 
@@ -58,7 +59,7 @@ RECV_WR = {"wr_id": _U64, "sg": _SG}
 # well-typed, in-range fields is built at once; anything else takes the checked path,
 # which accepts the same maps and names the fault of the others.
 _SEND_REQUIRED = frozenset(k for k, spec in SEND_WR.items() if spec[3])
-_SEND_ALL = frozenset(SEND_WR)
+_SEND_ALL = frozenset(SEND_WR) - {"bind"}
 _RECV_ALL = frozenset(RECV_WR)
 _WR_OPCODES = {int(op): op for op in WrOpcode}
 _ABSENT = object()
@@ -109,6 +110,10 @@ class SendWR:
     # invalidate_rkey of SEND_WITH_INV and LOCAL_INV.
     invalidate_rkey: int = 0
     num_sge: int | None = None
+    # bind_mw of IBV_WR_BIND_MW (its new key is ``rkey``): (the window, bind_info.mr's
+    # lkey, addr, length, mw_access_flags). The window travels as the session's handle
+    # of it; the daemon puts its object there before posting (server/mw_verbs.py).
+    bind: tuple | None = None
 
     def set_wr_rdma(self, rkey: int, addr: int) -> None:
         """pyverbs' SendWR.set_wr_rdma: the remote key and address of an RDMA_WRITE(_WITH_IMM)
@@ -132,6 +137,8 @@ class SendWR:
              "swap": self.swap, "invalidate_rkey": self.invalidate_rkey}
         if self.imm_data is not None:
             w["imm_data"] = self.imm_data
+        if self.bind is not None:
+            w["bind"] = [getattr(self.bind[0], "handle", self.bind[0]), *self.bind[1:]]
         return w
 
     @classmethod
@@ -157,7 +164,20 @@ class SendWR:
             raise einval(f"opcode {v['opcode']} is not an enum ibv_wr_opcode") from None
         return SendWR(v["wr_id"], opcode, sges_from_wire(v["sg"], what), v["send_flags"],
                       v["imm_data"], v["rkey"], v["remote_addr"], v["compare_add"], v["swap"],
-                      v["invalidate_rkey"])
+                      v["invalidate_rkey"], bind=_bind_from_wire(v["bind"], what))
+
+
+# bind_mw: [mw handle, mr lkey, addr, length, mw_access_flags].
+_BIND_BOUNDS = (U32, U32, U64, U64, U32)
+
+
+def _bind_from_wire(b: Any, what: str) -> tuple | None:
+    if b is None:
+        return None
+    if not all(type(x) is int and 0 <= x <= hi for x, hi in zip(b, _BIND_BOUNDS, strict=True)):
+        raise FrameError("EPROTO", f"{what}: bind must be [mw handle, mr lkey, addr, length, "
+                                   "mw_access_flags] of unsigned ints")
+    return tuple(b)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 from ..engine import qp_state
 from ..engine.hca import MAX_MR_SIZE, MR, PD
 from ..engine.mkey_configure import MkeyConfigureBuilder
+from ..engine.mw import dealloc_mw
 from ..engine.rc import RCQP
 from ..protocol import control
 from ..protocol.control import MAX_CQE
@@ -29,6 +30,8 @@ from .cm_verbs import CM_HANDLERS
 from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
+from .mw_verbs import HANDLERS as MW_HANDLERS
+from .mw_verbs import bind_objects
 from .node_verbs import NodeVerbs
 from .shared_mr import op_reg_mr_shared
 
@@ -46,6 +49,7 @@ _CREATORS = {control.OpenDevice: "ctx", control.AllocPd: "pd", control.RegMr: "m
              control.RegMrShared: "mr",
              control.CreateCq: "cq", control.CreateQp: "qp", control.CreateMkey: "mkey",
              control.CreateDek: "dek", control.CryptoLoginReq: "crypto_login",
+             control.AllocMw: "mw",
              control.CreateCryptoLogin: "crypto_login"}
 
 
@@ -183,6 +187,8 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
             self.daemon.registered_bytes -= obj.length
         elif kind == "mkey":
             obj.pd.hca.destroy_mkey(obj)
+        elif kind == "mw":
+            dealloc_mw(obj.pd.hca, obj)
         elif kind == "dek":
             obj.pd.hca.destroy_dek(obj)
         elif kind == "pd":
@@ -233,7 +239,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
     def op_dealloc_pd(self, r: control.DeallocPd, rid: int) -> dict | None:
         pd = self.get(r.pd, "pd")
         for kind, o in self.objects.values():
-            if kind in ("mr", "mkey", "qp", "dek") and o.pd is pd:
+            if kind in ("mr", "mkey", "qp", "dek", "mw") and o.pd is pd:
                 raise RDMAError("EBUSY", f"ibv_dealloc_pd: PD {r.pd} still has a {kind}")
         return self.destroy_handle(r.pd, "pd")
 
@@ -261,6 +267,11 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                                       f"is {lim.max_daemon_bytes}")
 
     def op_dereg_mr(self, r: control.DeregMr, rid: int) -> dict | None:
+        mr: MR = self.get(r.mr, "mr")
+        if mr.bound_mws:
+            # ibv_dereg_mr(3): it "fails if any memory window is still bound to this
+            # MR"; EINVAL, as rxe answers.
+            raise einval(f"ibv_dereg_mr: {mr.bound_mws} memory window(s) are bound to it")
         return self.destroy_handle(r.mr, "mr")
 
     def op_mr_write(self, r: control.MrWrite, rid: int) -> dict | None:
@@ -407,6 +418,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         qph: QPHost = self.get(r.qp, "qp")
         wrs = r.wrs
         now = asyncio.get_running_loop().time()
+        bind_objects(self, wrs)
         try:
             for i, wr in enumerate(wrs):
                 if len(wr.sg) > qph.max_send_sge:
@@ -506,4 +518,5 @@ HANDLERS: dict[type[control.Request], Callable[[Any, Any, int], dict | None]] = 
     control.Counters: NodeVerbs.op_counters,
     control.Subscribe: NodeVerbs.op_subscribe,
     **CM_HANDLERS,
+    **MW_HANDLERS,
 }
