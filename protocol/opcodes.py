@@ -49,8 +49,11 @@ class Op(IntFlag):
     ATOMICETH = 1 << 15
     ATOMICACKETH = 1 << 16
     PAYLOAD = 1 << 17
+    # RDMA ATOMIC WRITE (IBTA 1.5 / rxe's IB_OPCODE_RC_RDMA_ATOMIC_WRITE): a RETH and 8
+    # bytes placed as one 64-bit store, answered by an ACK.
+    ATOMIC_WRITE = 1 << 18
 
-    REQUEST = SEND | WRITE | READ_REQUEST | ATOMIC
+    REQUEST = SEND | WRITE | READ_REQUEST | ATOMIC | ATOMIC_WRITE
     RESPONSE = READ_RESPONSE | ACK
     POSITION = FIRST | MIDDLE | LAST
     KIND = SEND | WRITE | READ_REQUEST | READ_RESPONSE | ATOMIC | ACK
@@ -70,8 +73,8 @@ _SEND = Op.SEND | Op.PAYLOAD
 _WRITE = Op.WRITE | Op.PAYLOAD
 _RESP = Op.READ_RESPONSE | Op.PAYLOAD
 
-# IBTA 9.2, the RC opcode table. 0x15 is reserved; 0x18-0x1F (FLUSH, ATOMIC WRITE)
-# are not modelled.
+# IBTA 9.2, the RC opcode table. 0x15 is reserved; 0x18-0x1C (FLUSH among them) and
+# 0x1E-0x1F are not modelled.
 TABLE: tuple[Opcode, ...] = (
     Opcode(0x00, "SEND_FIRST", _SEND | _F),
     Opcode(0x01, "SEND_MIDDLE", _SEND | _M),
@@ -97,6 +100,7 @@ TABLE: tuple[Opcode, ...] = (
     Opcode(0x14, "FETCH_ADD", Op.ATOMIC | _O | Op.ATOMICETH),
     Opcode(0x16, "SEND_LAST_WITH_INV", _SEND | _L | Op.WITH_INV | Op.IETH),
     Opcode(0x17, "SEND_ONLY_WITH_INV", _SEND | _O | Op.WITH_INV | Op.IETH),
+    Opcode(0x1D, "RDMA_ATOMIC_WRITE", Op.ATOMIC_WRITE | _O | Op.RETH | Op.PAYLOAD),
 )
 
 BY_NAME: dict[str, Opcode] = {op.name: op for op in TABLE}
@@ -107,6 +111,7 @@ NAMES = frozenset(BY_NAME)
 ACKNOWLEDGE = "ACKNOWLEDGE"
 ATOMIC_ACKNOWLEDGE = "ATOMIC_ACKNOWLEDGE"
 RDMA_READ_REQUEST = "RDMA_READ_REQUEST"
+RDMA_ATOMIC_WRITE = "RDMA_ATOMIC_WRITE"
 
 
 # -- send work requests (enum ibv_wr_opcode) -------------------------------------------
@@ -150,6 +155,7 @@ WR_OPCODES: dict[WrOpcode, WrInfo] = {
     # The MKEY configure WR (mlx5dv_wr_mkey_configure): posted through RCQP.post_local,
     # never as a send WR.
     WrOpcode.DRIVER1: WrInfo(False, WcOpcode.DRIVER1),
+    WrOpcode.ATOMIC_WRITE: WrInfo(True, WcOpcode.ATOMIC_WRITE),
 }
 
 

@@ -23,8 +23,12 @@ class PD(Resource):
         self._adopt(creator, _sync.run(creator._actx.alloc_pd(), "Failed to allocate PD"))
 
     def _dependents(self):
-        # pyverbs closes what was created on a PD before the PD itself.
-        return [c for c in list(self._ctx._children) if getattr(c, "_pd", None) is self]
+        # pyverbs closes what was created on a PD before the PD itself; memory windows
+        # first, since an MR with a window bound cannot be deregistered.
+        from .mw import MW
+
+        mine = [c for c in list(self._ctx._children) if getattr(c, "_pd", None) is self]
+        return sorted(mine, key=lambda c: not isinstance(c, MW))
 
     @property
     def handle(self):
