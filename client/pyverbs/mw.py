@@ -30,11 +30,13 @@ class MWBind(Record):
 class MW(Resource):
     """ibv_alloc_mw(3) on a PD: ``MW(pd, mw_type)``."""
 
+    # Closed before the other objects of its PD (PD._dependents): an MR with a window
+    # bound cannot be deregistered.
+    _closes_first = True
+
     def __init__(self, pd, mw_type):
         super().__init__()
-        from .pd import PD
-
-        if not isinstance(pd, PD):
+        if not hasattr(getattr(pd, "_obj", None), "alloc_mw"):
             raise PyverbsUserError(f"MW needs a PD, got {type(pd).__name__}")
         pd._ctx._check()
         self._pd = self.pd = pd

@@ -25,10 +25,8 @@ class PD(Resource):
     def _dependents(self):
         # pyverbs closes what was created on a PD before the PD itself; memory windows
         # first, since an MR with a window bound cannot be deregistered.
-        from .mw import MW
-
         mine = [c for c in list(self._ctx._children) if getattr(c, "_pd", None) is self]
-        return sorted(mine, key=lambda c: not isinstance(c, MW))
+        return sorted(mine, key=lambda c: not getattr(c, "_closes_first", False))
 
     @property
     def handle(self):
