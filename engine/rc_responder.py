@@ -277,28 +277,9 @@ class Responder:
         elif run.kind in _ATOMICS:
             self._execute_atomic(run)
         elif run.kind == RDMA_ATOMIC_WRITE:
-            self._execute_atomic_write(run)
+            _atomic_write(self, run)
         else:
             self._take_message(run)
-
-    def _execute_atomic_write(self, pkt: Run) -> None:
-        """RDMA ATOMIC WRITE: its 8 bytes stored as one 64-bit value through the RETH's
-        rkey, which needs REMOTE_WRITE (rxe's check_rkey), at an 8-byte aligned address;
-        acknowledged as a WRITE. A duplicate is re-ACKed, never applied again."""
-        rkey, addr, length = pkt.reth
-        value = bytes(pkt.payload)
-        if length != 8 or len(value) != 8:
-            self._nak_fatal(pkt.psn, "NAK_INV_REQ")
-            return
-        try:
-            transfer.atomic(self.qp.pd, rkey, addr,
-                            lambda _old: int.from_bytes(value, "little"),
-                            qp_num=self.qp.qp_num, access=AccessFlags.REMOTE_WRITE)
-        except TransferError as err:
-            self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
-            return
-        self._accept()
-        self._after_packet(pkt.psn, True)
 
     # -- EXECUTE: SEND and RDMA WRITE ----------------------------------------------------
     def _take_message(self, run: Run) -> None:
@@ -502,3 +483,23 @@ class Responder:
     def _send_atomic_ack(self, psn: int, original: int, msn: int) -> None:
         self._resp_out.append(Packet(self.qp.dest_qp, psn, ATOMIC_ACKNOWLEDGE, aeth=("ACK", msn),
                                      atomic_ack=original))
+
+
+def _atomic_write(self: Responder, pkt: Run) -> None:
+    """RDMA ATOMIC WRITE: its 8 bytes stored as one 64-bit value through the RETH's
+    rkey, which needs REMOTE_WRITE (rxe's check_rkey), at an 8-byte aligned address;
+    acknowledged as a WRITE. A duplicate is re-ACKed, never applied again."""
+    rkey, addr, length = pkt.reth
+    value = bytes(pkt.payload)
+    if length != 8 or len(value) != 8:
+        self._nak_fatal(pkt.psn, "NAK_INV_REQ")
+        return
+    try:
+        transfer.atomic(self.qp.pd, rkey, addr,
+                        lambda _old: int.from_bytes(value, "little"),
+                        qp_num=self.qp.qp_num, access=AccessFlags.REMOTE_WRITE)
+    except TransferError as err:
+        self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
+        return
+    self._accept()
+    self._after_packet(pkt.psn, True)

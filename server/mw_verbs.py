@@ -37,6 +37,13 @@ def bind_objects(verbs, wrs) -> None:
         wr.bind = (window, *wr.bind[1:])
 
 
+def refuse_bound(mr: MR) -> None:
+    """ibv_dereg_mr(3) "fails if any memory window is still bound to this MR": EINVAL,
+    as rxe answers."""
+    if mr.bound_mws:
+        raise einval(f"ibv_dereg_mr: {mr.bound_mws} memory window(s) are bound to it")
+
+
 def mr_reply(verbs, handle: int, mr: MR) -> dict:
     return {"mr": handle, "lkey": mr.lkey, "rkey": mr.rkey, "addr": mr.addr,
             "length": mr.length}

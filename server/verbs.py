@@ -31,7 +31,7 @@ from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
 from .mw_verbs import HANDLERS as MW_HANDLERS
-from .mw_verbs import bind_objects
+from .mw_verbs import bind_objects, refuse_bound
 from .node_verbs import NodeVerbs
 from .shared_mr import op_reg_mr_shared
 
@@ -267,11 +267,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                                       f"is {lim.max_daemon_bytes}")
 
     def op_dereg_mr(self, r: control.DeregMr, rid: int) -> dict | None:
-        mr: MR = self.get(r.mr, "mr")
-        if mr.bound_mws:
-            # ibv_dereg_mr(3): it "fails if any memory window is still bound to this
-            # MR"; EINVAL, as rxe answers.
-            raise einval(f"ibv_dereg_mr: {mr.bound_mws} memory window(s) are bound to it")
+        refuse_bound(self.get(r.mr, "mr"))
         return self.destroy_handle(r.mr, "mr")
 
     def op_mr_write(self, r: control.MrWrite, rid: int) -> dict | None:
