@@ -83,13 +83,13 @@ class PD(_Closable):
         ``send_ops_flags=MLX5DV_QP_EX_WITH_MKEY_CONFIGURE``; without it the configure's
         ``wr_complete`` raises EOPNOTSUPP. Connect it with ``qp.connect(peer.info())``.
 
-        Errors: EINVAL when ``scq`` or ``rcq`` is not a CQ, or ``cap.max_send_wr`` /
-        ``max_recv_wr`` exceeds the device's max_qp_wr; EOPNOTSUPP for a ``qp_type``
+        Errors: EINVAL when ``scq`` or ``rcq`` is not a CQ, or a cap exceeds the
+        device's (``max_send_wr`` / ``max_recv_wr`` 0 or over max_qp_wr, an SGE count
+        over max_sge 32, ``max_inline_data`` over 65536); EOPNOTSUPP for a ``qp_type``
         other than IBV_QPT_RC, or ``create_flags`` other than
         MLX5DV_QP_CREATE_SIG_PIPELINING and _DISABLE_SCATTER_TO_CQE; EPROTO for a cap
-        outside its range (``max_send_sge`` over 32, ``max_send_wr`` 0 or over 65536,
-        ...); ENOENT for a closed CQ; ENOMEM when the session holds its
-        ``--max-objects``."""
+        outside its C type (uint32_t); ENOENT for a closed CQ; ENOMEM when the session
+        holds its ``--max-objects``."""
         a = init_attr
         if not isinstance(a.scq, CQ) or not isinstance(a.rcq, CQ):
             raise RDMAError("EINVAL", "QPInitAttr needs scq and rcq (CQs of this context)")

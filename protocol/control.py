@@ -421,11 +421,13 @@ class CreateQp(Request):
     scq: int = _handle()
     rcq: int = _handle()
     qp_type: int = _u32()
-    max_send_wr: int = _wire(int, 1, 1 << 16)
-    max_recv_wr: int = _wire(int, 1, 1 << 16)
-    max_send_sge: int = _wire(int, 0, MAX_SGE)
-    max_recv_sge: int = _wire(int, 0, MAX_SGE)
-    max_inline_data: int = _wire(int, 0, 1 << 16)
+    # struct ibv_qp_cap's uint32_t fields; what the device cannot hold is the verb's
+    # EINVAL (server/qp_caps.py).
+    max_send_wr: int = _u32()
+    max_recv_wr: int = _u32()
+    max_send_sge: int = _u32()
+    max_recv_sge: int = _u32()
+    max_inline_data: int = _u32()
     sq_sig_all: bool = _wire(bool)
     send_ops_flags: int = _u64()
     create_flags: int = _wire(int, 0, U32, required=False, default=0)

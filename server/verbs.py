@@ -33,6 +33,7 @@ from .logs import kv, log
 from .mw_verbs import HANDLERS as MW_HANDLERS
 from .mw_verbs import bind_objects, refuse_bound
 from .node_verbs import NodeVerbs
+from .qp_caps import check_caps
 from .shared_mr import op_reg_mr_shared
 
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
@@ -352,11 +353,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         rcq = self.get(r.rcq, "cq")
         if r.qp_type != QpType.RC:
             raise RDMAError("EOPNOTSUPP", f"qp_type {r.qp_type}: only IBV_QPT_RC is modelled")
-        cap = self.daemon.limits.max_qp_wr
-        for name in ("max_send_wr", "max_recv_wr"):
-            if getattr(r, name) > cap:
-                raise einval(f"ibv_create_qp: cap.{name} {getattr(r, name)} exceeds the device's "
-                             f"max_qp_wr {cap}")
+        check_caps(r, self.daemon.limits.max_qp_wr)
         create_flags = r.create_flags
         unmodelled = create_flags & ~QP_CREATE_FLAGS
         if unmodelled:
