@@ -461,6 +461,10 @@ class QP(_Closable):
         ``retry_cnt`` over 7, ...); ENOENT after ``qp.close()``."""
         h, _ = await self.node.request("modify_qp", qp=self.handle, attr=attr.to_wire(),
                                        mask=mask)
+        if h["state"] == QpState.RESET:
+            # RESET cleans the QP's unpolled completions from its CQs (server/mw_verbs.py).
+            for cq in {self.init_attr.scq, self.init_attr.rcq}:
+                self.node._conn.protocol.drop_qp_completions(cq.handle, self.qp_num)
         return h["state"]
 
     async def to_init(self, attr: QPAttr | None = None) -> None:

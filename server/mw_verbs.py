@@ -7,10 +7,12 @@ its id, and returns the reply's fields, as the handlers there do.
 
 from __future__ import annotations
 
+from collections import deque
+
 from ..engine import mr_rereg, mw
 from ..engine.hca import MR
 from ..protocol import control
-from ..protocol.enums import WrOpcode
+from ..protocol.enums import QpState, WrOpcode
 from ..protocol.errors import RDMAError, einval
 
 
@@ -84,6 +86,18 @@ def op_resize_cq(verbs, r: control.ResizeCq, rid: int) -> dict:
                      "not polled yet")
     cq.cqe = r.cqe
     return {"cqe": r.cqe}
+
+
+def clean_on_reset(qph) -> None:
+    """A QP moved to RESET: its completions still in its CQs go, as libmlx5 cleans the
+    CQs of a QP it resets (mlx5_cq_clean), so a QP restarted from ERR does not hand
+    its earlier flush completions to the next poll. A pushed CQ's entries are the
+    client's, which drops them itself on the reply (client/objects.py QP.modify)."""
+    if qph.rcqp.state != QpState.RESET:
+        return
+    for cq in {qph.scq, qph.rcq}:
+        if cq.entries:
+            cq.entries = deque(w for w in cq.entries if w.qp_num != qph.rcqp.qp_num)
 
 
 HANDLERS = {

@@ -31,7 +31,7 @@ from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
 from .mw_verbs import HANDLERS as MW_HANDLERS
-from .mw_verbs import bind_objects, refuse_bound
+from .mw_verbs import bind_objects, clean_on_reset, refuse_bound
 from .node_verbs import NodeVerbs
 from .qp_caps import check_caps
 from .shared_mr import op_reg_mr_shared
@@ -395,6 +395,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
             self.daemon.connect(qph, host, port)
         qph.attrs.update(attr)
         self.daemon.service(qph)
+        clean_on_reset(qph)
         return {"state": int(qph.rcqp.state)}
 
     def op_query_qp(self, r: control.QueryQp, rid: int) -> dict | None:
