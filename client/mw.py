@@ -105,6 +105,15 @@ async def rereg_mr(mr, flags: int, pd=None, length: int = 0, access: int = 0) ->
     mr.lkey, mr.rkey, mr.addr, mr.length = h["lkey"], h["rkey"], h["addr"], h["length"]
 
 
+async def advise_mr(pd, advice: int, flags: int, sges) -> None:
+    """ibv_advise_mr(3): prefetch ``sges`` (SGEs of IBV_ACCESS_ON_DEMAND MRs of ``pd``).
+    The daemon's memory is always resident, so a valid prefetch is done at once
+    (engine/odp.py). Errors: the man page's (EINVAL, EFAULT, EPERM; EOPNOTSUPP for an
+    advice other than the three prefetches)."""
+    await pd.node.request("advise_mr", pd=pd.handle, advice=int(advice), flags=int(flags),
+                          sg=[[int(s.addr), int(s.length), int(s.lkey)] for s in sges])
+
+
 async def resize_cq(cq, cqe: int) -> int:
     """ibv_resize_cq(3): the CQ holds ``cqe`` entries from now on (``cq.cqe``).
 

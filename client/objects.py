@@ -121,6 +121,10 @@ class PD(_Closable):
         """ibv_alloc_mw(3): a memory window of ``mw_type`` (1 or 2; EINVAL otherwise)."""
         return await _mw.alloc_mw(self, mw_type)
 
+    async def advise_mr(self, advice: int, flags: int, sges: list[SGE]) -> None:
+        """ibv_advise_mr(3): client/mw.py ``advise_mr``."""
+        await _mw.advise_mr(self, advice, flags, sges)
+
     async def close(self) -> None:
         """ibv_dealloc_pd(3).
 

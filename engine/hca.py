@@ -42,8 +42,9 @@ VA_BASE = 0x7F0000000000
 PAGE = 4096
 
 # Access flags an MR may be registered with (ibv_reg_mr(3)); ZERO_BASED is not modelled.
+# IBV_ACCESS_ON_DEMAND (1 << 6) is taken as engine/odp.py says.
 MR_ACCESS = int(AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
-             | AccessFlags.REMOTE_ATOMIC | AccessFlags.MW_BIND)
+             | AccessFlags.REMOTE_ATOMIC | AccessFlags.MW_BIND) | 1 << 6
 
 # mlx5dv_create_mkey(3): the flags an MKEY may be created with.
 MKEY_CREATE_FLAGS = int(MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIGNATURE

@@ -379,6 +379,15 @@ class ReregMr(Request):
     access: int = _wire(int, 0, U32, required=False, default=0)
 
 
+# ibv_advise_mr(3): sg_list as [[addr, length, lkey], ...].
+@_request("advise_mr")
+class AdviseMr(Request):
+    pd: int = _handle()
+    advice: int = _u32()
+    flags: int = _u32()
+    sg: tuple = _wire(list, 0, 1024, decode=lambda v: tuple(sges_from_wire(v, "advise_mr")))
+
+
 # -- CQ and QP
 @_request("resize_cq")
 class ResizeCq(Request):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..engine import mr_rereg, mw
+from ..engine import mr_rereg, mw, odp
 from ..engine.hca import MR
 from ..protocol import control
 from ..protocol.enums import QpState, WrOpcode
@@ -74,6 +74,11 @@ def op_rereg_mr(verbs, r: control.ReregMr, rid: int) -> dict:
     return mr_reply(verbs, r.mr, mr)
 
 
+def op_advise_mr(verbs, r: control.AdviseMr, rid: int) -> dict:
+    odp.advise(verbs.get(r.pd, "pd"), r.advice, r.flags, list(r.sg))
+    return {}
+
+
 def op_resize_cq(verbs, r: control.ResizeCq, rid: int) -> dict:
     """ibv_resize_cq(3): at least ``cqe`` entries, and never fewer than the completions
     the CQ holds (EINVAL, as a device answers: they would be lost)."""
@@ -105,4 +110,5 @@ HANDLERS = {
     control.DeallocMw: op_dealloc_mw,
     control.ReregMr: op_rereg_mr,
     control.ResizeCq: op_resize_cq,
+    control.AdviseMr: op_advise_mr,
 }

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine import qp_state
-from ..engine.hca import MAX_MR_SIZE, MR, PD
+from ..engine.hca import MR, PD
 from ..engine.mkey_configure import MkeyConfigureBuilder
 from ..engine.mw import dealloc_mw
 from ..engine.rc import RCQP
@@ -27,6 +27,7 @@ from ..protocol.errors import RDMAError, einval
 from ..protocol.records import WC
 from .async_events import AsyncEvents
 from .cm_verbs import CM_HANDLERS
+from .device_attr import device_attr
 from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
@@ -213,14 +214,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         return {"ctx": self.add("ctx", hca), "name": hca.name}
 
     def op_query_device(self, r: control.QueryDevice, rid: int) -> dict | None:
-        hca = self.get(r.ctx, "ctx")
-        lim = self.daemon.limits
-        return {"attr": {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
-                         "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr,
-                         "max_msg_sz": lim.max_msg_size, "max_sge": control.MAX_SGE,
-                         "max_cqe": MAX_CQE, "max_mr_size": MAX_MR_SIZE, "max_pd": 1 << 16,
-                         "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
-                         & 0xFFFFFFFFFFFF}}
+        return {"attr": device_attr(self, self.get(r.ctx, "ctx"))}
 
     def op_close_device(self, r: control.CloseDevice, rid: int) -> dict | None:
         self.get(r.ctx, "ctx")

@@ -89,7 +89,8 @@ class AH(Resource):
             raise PyverbsRDMAError("Failed to create AH: a RoCE address vector needs a GRH "
                                    "(is_global=1 with a dgid)", errno.EINVAL)
         try:
-            _route.route(attr.gr.dgid.raw)
+            _route.route(attr.gr.dgid.raw, getattr(getattr(pd, "_ctx", None), "_node", None)
+                         and pd._ctx._node.port)
         except PyverbsRDMAError as ex:
             raise PyverbsRDMAError(f"Failed to create AH: {ex}", ex.error_code) from None
         self.ah_attr = attr

@@ -13,10 +13,9 @@ from ._objects import Resource, delegate, unmodelled, unsupported
 from .mw import MW, MWBind, MWBindInfo
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
-# ibv_reg_mr(3): what softhca's MRs cannot honour. On-demand paging and huge pages are
-# ways of backing memory the simulated host does not have; MW binds need memory windows.
+# ibv_reg_mr(3): what softhca's MRs cannot honour. Huge pages are a way of backing
+# memory the simulated host does not have. (IBV_ACCESS_ON_DEMAND is engine/odp.py's.)
 _UNMODELLED_ACCESS = {
-    e.IBV_ACCESS_ON_DEMAND: "IBV_ACCESS_ON_DEMAND (on-demand paging)",
     e.IBV_ACCESS_HUGETLB: "IBV_ACCESS_HUGETLB",
     e.IBV_ACCESS_ZERO_BASED: "IBV_ACCESS_ZERO_BASED",
 }
@@ -34,6 +33,8 @@ class MR(Resource):
         if address is not None:
             raise unsupported("Registering memory of this process (MR address=)")
         if implicit:
+            # An MR of the whole address space: the daemon's memory is registered by
+            # the byte (odp_caps has no IBV_ODP_SUPPORT_IMPLICIT).
             raise unsupported("Implicit on-demand MRs")
         if not isinstance(creator, PD):
             raise unsupported(f"Registering an MR through a {type(creator).__name__}")

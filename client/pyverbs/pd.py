@@ -33,7 +33,11 @@ class PD(Resource):
         return self._obj.handle if self._obj is not None else 0
 
     def advise_mr(self, advise, flags, sg_list):
-        raise unsupported("ibv_advise_mr (on-demand paging)")
+        """ibv_advise_mr(3) (engine/odp.py: the memory is resident, a valid prefetch is
+        done at once)."""
+        self._ctx._check()
+        _sync.run(self._obj.advise_mr(int(advise), int(flags), [s._attr() for s in sg_list]),
+                  "Failed to advise MR")
 
     def unimport(self):
         raise unsupported("ibv_unimport_pd")

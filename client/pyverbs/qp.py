@@ -251,7 +251,7 @@ class QP(Resource):
         if not ah_attr.is_global or ah_attr.gr is None or ah_attr.gr.dgid is None:
             raise PyverbsRDMAError("Failed to modify QP: a RoCE address vector needs a GRH "
                                    "(is_global=1 and a dgid)", errno.EINVAL)
-        host, port, index = _route.route(ah_attr.gr.dgid.raw)
+        host, port, index = _route.route(ah_attr.gr.dgid.raw, self._ctx._node.port)
         node = self._ctx._node
         if _route.same_daemon(host, port, node.host, node.port):
             names = node.devices
