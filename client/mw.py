@@ -86,20 +86,43 @@ async def bind_mw(qp, mw: MW, mr, addr: int, length: int, access: int, *, wr_id:
     return wr.rkey
 
 
-async def rereg_mr(mr, flags: int, pd=None, length: int = 0, access: int = 0) -> None:
+async def reg_process_mr(pd, addr: int, length: int, access: int, secret: bytes | None = None):
+    """ibv_reg_mr(3) of this process's ``length`` bytes at ``addr``: with an embedded
+    daemon (``sh.embedded``) remote writes land in the caller's buffer. ``secret`` is the
+    daemon object's ``process_secret`` (default: the embedded node's daemon's).
+
+    Errors: EOPNOTSUPP with any other daemon; EFAULT for a range that is not read-write
+    memory of the process; those of ``reg_mr``."""
+    from .objects import MR
+
+    if secret is None:
+        secret = getattr(getattr(pd.node, "daemon", None), "process_secret", None)
+    if secret is None:
+        raise RDMAError("EOPNOTSUPP", "ibv_reg_mr of this process's memory needs the embedded "
+                                      "daemon in this process")
+    h, _ = await pd.node.request("reg_mr_process", pd=pd.handle, addr=int(addr),
+                                 length=int(length), access=int(access), secret=bytes(secret))
+    return MR(pd, h["mr"], h["lkey"], h["rkey"], h["addr"], h["length"])
+
+
+async def rereg_mr(mr, flags: int, pd=None, length: int = 0, access: int = 0, addr: int = 0,
+                   secret: bytes | None = None) -> None:
     """ibv_rereg_mr(3) of ``mr``: IBV_REREG_MR_CHANGE_ACCESS (to ``access``), _CHANGE_PD
     (to ``pd``), _CHANGE_TRANSLATION (``length`` fresh zeroed bytes of the daemon's
-    memory at a new ``mr.addr``). The MR keeps its keys.
+    memory at a new ``mr.addr``, or with ``addr`` this process's memory there, as
+    ``reg_process_mr``). The MR keeps its keys.
 
     Errors: EINVAL as the man page and libibverbs give them (no flag or unknown flags,
     access without CHANGE_ACCESS, an access ibv_reg_mr refuses, a translation of length
     0, CHANGE_PD without a PD); EBUSY while memory windows are bound to the MR."""
     if flags & REREG_MR_CHANGE_PD and pd is None:
         raise RDMAError("EINVAL", "ibv_rereg_mr: IBV_REREG_MR_CHANGE_PD needs a PD")
+    if addr and secret is None:
+        secret = getattr(getattr(mr.pd.node, "daemon", None), "process_secret", None)
     h, _ = await mr.pd.node.request(
         "rereg_mr", mr=mr.handle, flags=int(flags),
         pd=pd.handle if flags & REREG_MR_CHANGE_PD else 0, length=int(length),
-        access=int(access))
+        access=int(access), addr=int(addr), secret=bytes(secret or b""))
     if flags & REREG_MR_CHANGE_PD:
         mr.pd = pd
     mr.lkey, mr.rkey, mr.addr, mr.length = h["lkey"], h["rkey"], h["addr"], h["length"]

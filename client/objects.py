@@ -117,6 +117,11 @@ class PD(_Closable):
                                        create_flags=int(create_flags), max_entries=max_entries)
         return MKey(self, h["mkey"], h["lkey"], h["rkey"])
 
+    async def reg_process_mr(self, addr: int, length: int, access: int = AccessFlags.LOCAL_WRITE,
+                             secret: bytes | None = None) -> MR:
+        """ibv_reg_mr(3) of this process's memory: client/mw.py ``reg_process_mr``."""
+        return await _mw.reg_process_mr(self, addr, length, access, secret)
+
     async def alloc_mw(self, mw_type: int = _mw.MW_TYPE_1) -> _mw.MW:
         """ibv_alloc_mw(3): a memory window of ``mw_type`` (1 or 2; EINVAL otherwise)."""
         return await _mw.alloc_mw(self, mw_type)
@@ -171,9 +176,9 @@ class MR(_Closable):
         return b"".join(parts)
 
     async def rereg(self, flags: int, pd: PD | None = None, length: int = 0,
-                    access: int = 0) -> None:
+                    access: int = 0, addr: int = 0, secret: bytes | None = None) -> None:
         """ibv_rereg_mr(3): client/mw.py ``rereg_mr``."""
-        await _mw.rereg_mr(self, flags, pd, length, access)
+        await _mw.rereg_mr(self, flags, pd, length, access, addr, secret)
 
     async def close(self) -> None:
         """ibv_dereg_mr(3): the memory goes; traffic through an MKEY whose layout names

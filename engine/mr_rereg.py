@@ -23,9 +23,11 @@ CHANGE_TRANSLATION, CHANGE_PD, CHANGE_ACCESS = 1, 2, 4
 FLAGS = CHANGE_TRANSLATION | CHANGE_PD | CHANGE_ACCESS
 
 
-def rereg(mr: MR, flags: int, pd: PD | None, length: int, access: int) -> None:
+def rereg(mr: MR, flags: int, pd: PD | None, length: int, access: int,
+          at: tuple | None = None) -> None:
     """Apply ibv_rereg_mr(3) to ``mr``: checked whole, then applied. A new translation
-    is ``length`` fresh zeroed bytes of the device's host memory at a new address."""
+    is ``at`` (address, buffer of ``length`` bytes), or ``length`` fresh zeroed bytes of
+    the device's host memory at a new address."""
     if not flags or flags & ~FLAGS:
         raise einval(f"ibv_rereg_mr flags {flags:#x}: give one or more of "
                      "IBV_REREG_MR_CHANGE_TRANSLATION, _CHANGE_PD, _CHANGE_ACCESS")
@@ -46,5 +48,5 @@ def rereg(mr: MR, flags: int, pd: PD | None, length: int, access: int) -> None:
     if flags & CHANGE_PD:
         mr.pd = pd
     if flags & CHANGE_TRANSLATION:
-        mr.addr, mr.buf = mr.pd.hca.fresh_memory(length)
+        mr.addr, mr.buf = at if at is not None else mr.pd.hca.fresh_memory(length)
         mr.length = length

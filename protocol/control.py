@@ -336,6 +336,17 @@ class RegMrShared(Request):
     pieces: tuple[tuple[int, int, int], ...] = _wire(list, 1, MAX_PIECES, decode=_pieces)
 
 
+# ibv_reg_mr of the embedded daemon's own process's memory at ``addr``; ``secret`` is
+# the daemon object's process_secret (server/process_mr.py).
+@_request("reg_mr_process")
+class RegMrProcess(Request):
+    pd: int = _handle()
+    addr: int = _u64()
+    length: int = _u64()
+    access: int = _u32()
+    secret: bytes = _wire(bytes, 32, 32)
+
+
 @_request("dereg_mr")
 class DeregMr(Request):
     mr: int = _handle()
@@ -368,7 +379,8 @@ class DeallocMw(Request):
 
 
 # ibv_rereg_mr(3): flags IBV_REREG_MR_CHANGE_*; pd (a handle, 0: none) with CHANGE_PD;
-# addr and length with CHANGE_TRANSLATION (addr 0: fresh memory of the daemon).
+# addr and length with CHANGE_TRANSLATION (addr 0: fresh memory of the daemon; else the
+# embedded daemon's process memory, with its secret as for reg_mr_process).
 @_request("rereg_mr")
 class ReregMr(Request):
     mr: int = _handle()
@@ -377,6 +389,7 @@ class ReregMr(Request):
     addr: int = _wire(int, 0, U64, required=False, default=0)
     length: int = _wire(int, 0, U64, required=False, default=0)
     access: int = _wire(int, 0, U32, required=False, default=0)
+    secret: bytes = _wire(bytes, 0, 32, required=False, default=b"")
 
 
 # ibv_advise_mr(3): sg_list as [[addr, length, lkey], ...].

@@ -13,7 +13,8 @@ from ..engine import mr_rereg, mw, odp
 from ..engine.hca import MR
 from ..protocol import control
 from ..protocol.enums import QpState, WrOpcode
-from ..protocol.errors import RDMAError, einval
+from ..protocol.errors import einval
+from .process_mr import op_reg_mr_process, process_buffer
 
 
 def op_alloc_mw(verbs, r: control.AllocMw, rid: int) -> dict:
@@ -52,22 +53,21 @@ def mr_reply(verbs, handle: int, mr: MR) -> dict:
 
 
 def op_rereg_mr(verbs, r: control.ReregMr, rid: int) -> dict:
-    """ibv_rereg_mr(3). A new translation is fresh memory of the daemon (the program's
-    own memory is registered only by the provider and the embedded daemon), charged to
+    """ibv_rereg_mr(3). A new translation is fresh memory of the daemon, or with an
+    address the program's own memory (the embedded daemon's process only), charged to
     the session as a registration is, the old released once the new one is in place."""
     mr: MR = verbs.get(r.mr, "mr")
     pd = verbs.get(r.pd, "pd") if r.flags & mr_rereg.CHANGE_PD else None
-    grow = 0
+    at = None
     if r.flags & mr_rereg.CHANGE_TRANSLATION:
         if r.addr:
-            raise RDMAError("EOPNOTSUPP", "ibv_rereg_mr: a translation to an address of "
-                                          "the program is not modelled over the daemon's "
-                                          "control connection; give addr 0 for fresh memory")
+            # The program's own memory: the embedded daemon's process only.
+            at = (r.addr, process_buffer(verbs, r.secret, r.addr, r.length))
         grow = r.length - mr.length
         if grow > 0:
             verbs.charge_registration(grow)
     old = mr.length
-    mr_rereg.rereg(mr, r.flags, pd, r.length, r.access)
+    mr_rereg.rereg(mr, r.flags, pd, r.length, r.access, at)
     delta = mr.length - old
     verbs.registered_bytes += delta
     verbs.daemon.registered_bytes += delta
@@ -111,4 +111,5 @@ HANDLERS = {
     control.ReregMr: op_rereg_mr,
     control.ResizeCq: op_resize_cq,
     control.AdviseMr: op_advise_mr,
+    control.RegMrProcess: op_reg_mr_process,
 }

@@ -48,7 +48,7 @@ READ_HEADROOM = 4096
 # The requests that create an object (and so count against a session's object limit).
 # The requests that create an object, and the kind of object each creates (its quota's).
 _CREATORS = {control.OpenDevice: "ctx", control.AllocPd: "pd", control.RegMr: "mr",
-             control.RegMrShared: "mr",
+             control.RegMrShared: "mr", control.RegMrProcess: "mr",
              control.CreateCq: "cq", control.CreateQp: "qp", control.CreateMkey: "mkey",
              control.CreateDek: "dek", control.CryptoLoginReq: "crypto_login",
              control.AllocMw: "mw",
@@ -59,7 +59,8 @@ def _buffer_bytes(request: control.Request) -> int:
     """The buffer bytes a creating request will allocate beside its object."""
     # A shared MR's pages are the program's, but the MR is charged its length like any
     # other (Verbs.add), so it is checked against the same budget first.
-    return request.length if isinstance(request, (control.RegMr, control.RegMrShared)) else 0
+    return request.length if isinstance(request, (control.RegMr, control.RegMrShared,
+                                                  control.RegMrProcess)) else 0
 
 
 def _object_bytes(kind: str, obj: Any) -> int:

@@ -30,8 +30,7 @@ class MR(Resource):
 
         if kwargs.get("handle") is not None:
             raise unsupported("ibv_import_mr")
-        if address is not None:
-            raise unsupported("Registering memory of this process (MR address=)")
+
         if implicit:
             # An MR of the whole address space: the daemon's memory is registered by
             # the byte (odp_caps has no IBV_ODP_SUPPORT_IMPLICIT).
@@ -44,8 +43,18 @@ class MR(Resource):
         creator._ctx._check()
         self._pd = self.pd = creator
         self._length = length
-        obj = _sync.run(creator._obj.reg_mr(length, access & ~_OPTIONAL_ACCESS),
-                        "Failed to register a MR")
+        if address is not None:
+            # This process's memory: only the embedded daemon, in this process, has it.
+            secret = _sync.process_secret()
+            if secret is None:
+                raise unsupported("Registering memory of this process (MR address=) with a "
+                                  "daemon outside the process")
+            obj = _sync.run(creator._obj.reg_process_mr(int(address), length,
+                                                        access & ~_OPTIONAL_ACCESS, secret),
+                            "Failed to register a MR")
+        else:
+            obj = _sync.run(creator._obj.reg_mr(length, access & ~_OPTIONAL_ACCESS),
+                            "Failed to register a MR")
         self._adopt(creator._ctx, obj)
 
     def write(self, data, length, offset=0):
@@ -66,11 +75,14 @@ class MR(Resource):
         return _sync.run(self._obj.read(length, offset), "Failed to read from the MR")
 
     def rereg(self, flags, pd=None, addr=0, length=0, access=0):
-        """ibv_rereg_mr(3). A new translation must be this process's memory, which a
-        daemon's MR cannot map: EOPNOTSUPP, as for ``MR(..., address=)``."""
+        """ibv_rereg_mr(3). A new translation is this process's memory: with the embedded
+        daemon only, EOPNOTSUPP otherwise, as for ``MR(..., address=)``."""
+        secret = None
         if flags & e.IBV_REREG_MR_CHANGE_TRANSLATION:
-            raise unsupported("ibv_rereg_mr to memory of this process "
-                              "(IBV_REREG_MR_CHANGE_TRANSLATION)")
+            secret = _sync.process_secret()
+            if secret is None:
+                raise unsupported("ibv_rereg_mr to memory of this process with a daemon "
+                                  "outside the process (IBV_REREG_MR_CHANGE_TRANSLATION)")
         if flags & e.IBV_REREG_MR_CHANGE_ACCESS:
             for flag, what in _UNMODELLED_ACCESS.items():
                 if access & flag:
@@ -79,10 +91,12 @@ class MR(Resource):
         if flags & e.IBV_REREG_MR_CHANGE_PD and pd is None:
             raise PyverbsRDMAError("Failed to rereg MR: IBV_REREG_MR_CHANGE_PD needs a PD", 22)
         self._ctx._check()
-        _sync.run(self._obj.rereg(flags, pd._obj if pd is not None else None, length, access),
-                  "Failed to rereg MR")
+        _sync.run(self._obj.rereg(flags, pd._obj if pd is not None else None, length, access,
+                                  int(addr or 0), secret), "Failed to rereg MR")
         if flags & e.IBV_REREG_MR_CHANGE_PD:
             self._pd = self.pd = pd
+        if flags & e.IBV_REREG_MR_CHANGE_TRANSLATION:
+            self._length = length
 
     def unimport(self):
         raise unsupported("ibv_unimport_mr")

@@ -194,3 +194,34 @@ async def test_reset_cleans_the_qps_completions():
         src = await p.target.reg_mr(b"fresh")
         wcs = await p.send(p.target, [sge(src)], i, [sge(buf)])
         assert [w.status for w in wcs] == [S, S] and await buf.read(5) == b"fresh"
+
+
+async def test_process_memory_with_the_embedded_daemon():
+    """ibv_reg_mr of this process's memory: a peer's RDMA WRITE lands in the caller's
+    own buffer (an mmap here, read back without softhca); rereg to another buffer
+    moves it; a session without the in-process proof, or an unmapped range, is
+    refused."""
+    import ctypes
+    import mmap
+
+    async with two_nodes() as p:
+        t = p.target
+        first, second = mmap.mmap(-1, 8192), mmap.mmap(-1, 4096)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(first)) + 4096
+        mr = await t.pd.reg_process_mr(addr, 4096, RW)
+        assert (mr.addr, mr.length) == (addr, 4096)
+        src = await p.initiator.reg_mr(b"into the caller's own buffer")
+        assert (await p.write([sge(src)], mr.rkey, addr + 100)).status == S
+        assert first[4196:4196 + 28] == b"into the caller's own buffer"
+        assert first[:4096] == bytes(4096)          # nothing outside the registration
+        addr2 = ctypes.addressof(ctypes.c_char.from_buffer(second))
+        await mr.rereg(sh.IBV_REREG_MR_CHANGE_TRANSLATION, length=4096, addr=addr2)
+        assert (await p.write([sge(src)], mr.rkey, addr2)).status == S
+        assert second[:28] == b"into the caller's own buffer"
+        await refused(t.pd.reg_process_mr(4096, 4096, RW), "EFAULT")
+        # The initiator's daemon is another object: its secret is not this one's.
+        await refused(p.initiator.pd.reg_process_mr(addr, 64, RW,
+                                                    secret=t.node.daemon.process_secret),
+                      "EOPNOTSUPP")
+        await refused(t.pd.reg_process_mr(addr, 64, RW, secret=bytes(32)), "EOPNOTSUPP")
+        await mr.close()

@@ -137,9 +137,10 @@ def test_rereg_resize_and_data_in_order(players):
     src.write(b"reregged", 8)
     assert _write(aqp, acq, src, tgt.rkey, tgt.buf) == e.IBV_WC_SUCCESS
     assert tgt.read(8, 0) == b"reregged"
+    # A translation to an address that is not memory of this process.
     with pytest.raises(PyverbsRDMAError) as ex:
         tgt.rereg(e.IBV_REREG_MR_CHANGE_TRANSLATION, addr=0x1000, length=16)
-    assert ex.value.error_code == errno.EOPNOTSUPP
+    assert ex.value.error_code == errno.EFAULT
     acq.resize(64)
     assert acq.cqe == 64
     # libibverbs' answer when the provider has no query_qp_data_in_order op.
@@ -162,3 +163,24 @@ def test_gid_table():
                 ctx.query_gid_ex(1, index)
             assert ex.value.error_code == code
         assert ctx.query_gid_ex(1, 1).gid_index == 1
+
+
+def test_mr_of_process_memory(players):
+    """MR(pd, length, access, address=) with the embedded daemon: the peer's WRITE is
+    read back from the process's buffer with ctypes, not through softhca."""
+    import ctypes
+
+    from softhca.client.pyverbs.mem_alloc import free, posix_memalign
+
+    (a, apd, acq, aqp), (b, bpd, bcq, bqp) = players
+    addr = posix_memalign(4096, 4096)
+    try:
+        mr = MR(bpd, 4096, ALL_REMOTE, address=addr)
+        assert mr.buf == addr
+        src = MR(apd, 8, e.IBV_ACCESS_LOCAL_WRITE)
+        src.write(b"process!", 8)
+        assert _write(aqp, acq, src, mr.rkey, addr + 64) == e.IBV_WC_SUCCESS
+        assert ctypes.string_at(addr + 64, 8) == b"process!"
+        mr.close()
+    finally:
+        free(addr)
