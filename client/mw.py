@@ -86,15 +86,15 @@ async def bind_mw(qp, mw: MW, mr, addr: int, length: int, access: int, *, wr_id:
     return wr.rkey
 
 
-async def reg_process_mr(pd, addr: int, length: int, access: int, secret: bytes | None = None):
+async def reg_process_mr(pd, addr: int, length: int, access: int,
+                         secret: bytes | None = None) -> dict:
     """ibv_reg_mr(3) of this process's ``length`` bytes at ``addr``: with an embedded
     daemon (``sh.embedded``) remote writes land in the caller's buffer. ``secret`` is the
     daemon object's ``process_secret`` (default: the embedded node's daemon's).
 
     Errors: EOPNOTSUPP with any other daemon; EFAULT for a range that is not read-write
-    memory of the process; those of ``reg_mr``."""
-    from .objects import MR
-
+    memory of the process; those of ``reg_mr``. Returns the reply's fields (the MR's
+    handle, keys, address and length)."""
     if secret is None:
         secret = getattr(getattr(pd.node, "daemon", None), "process_secret", None)
     if secret is None:
@@ -102,7 +102,7 @@ async def reg_process_mr(pd, addr: int, length: int, access: int, secret: bytes 
                                       "daemon in this process")
     h, _ = await pd.node.request("reg_mr_process", pd=pd.handle, addr=int(addr),
                                  length=int(length), access=int(access), secret=bytes(secret))
-    return MR(pd, h["mr"], h["lkey"], h["rkey"], h["addr"], h["length"])
+    return h
 
 
 async def rereg_mr(mr, flags: int, pd=None, length: int = 0, access: int = 0, addr: int = 0,

@@ -120,7 +120,8 @@ class PD(_Closable):
     async def reg_process_mr(self, addr: int, length: int, access: int = AccessFlags.LOCAL_WRITE,
                              secret: bytes | None = None) -> MR:
         """ibv_reg_mr(3) of this process's memory: client/mw.py ``reg_process_mr``."""
-        return await _mw.reg_process_mr(self, addr, length, access, secret)
+        h = await _mw.reg_process_mr(self, addr, length, access, secret)
+        return MR(self, h["mr"], h["lkey"], h["rkey"], h["addr"], h["length"])
 
     async def alloc_mw(self, mw_type: int = _mw.MW_TYPE_1) -> _mw.MW:
         """ibv_alloc_mw(3): a memory window of ``mw_type`` (1 or 2; EINVAL otherwise)."""
