@@ -219,3 +219,31 @@ async def test_windows_of_another_session_and_guessed_rkeys(pair: Pair):
     # Two windows of one PD never share a key index.
     keys = {(await t.pd.alloc_mw(sh.IBV_MW_TYPE_2)).rkey >> 8 for _ in range(32)}
     assert len(keys) == 32 and mw.rkey >> 8 not in keys
+
+
+async def test_windows_count_against_the_session_quota_and_are_not_lkeys():
+    from softhca.server.hosts import Limits
+
+    async with sh.embedded(limits=Limits(quotas={"mw": (4, 8)})) as node:
+        ctx = await node.open_device()
+        pd = await ctx.alloc_pd()
+        windows = [await pd.alloc_mw(sh.IBV_MW_TYPE_2) for _ in range(4)]
+        try:
+            await pd.alloc_mw(sh.IBV_MW_TYPE_1)
+            raise AssertionError("a fifth window past the quota")
+        except sh.RDMAError as e:
+            assert e.errno_name == "ENOMEM"
+        await windows[0].close()
+        await pd.alloc_mw(sh.IBV_MW_TYPE_1)     # room again
+    async with two_nodes() as p:
+        t = p.target
+        mr = await t.reg_mr(bytes(64), BINDABLE)
+        mw = await t.pd.alloc_mw(sh.IBV_MW_TYPE_2)
+        _, rkey = await bind2(t, mw, mr, 0, 64, RW, 0x21)
+        # A window's rkey is no lkey: a local SGE naming it is a protection error.
+        buf = await t.reg_mr(8)
+        await t.qp.post_recv(sh.RecvWR(wr_id=1, sg=[sh.SGE(mr.addr, 8, rkey)]))
+        src = await p.initiator.reg_mr(b"12345678")
+        await p.initiator.qp.post_send(sh.SendWR(wr_id=2, sg=[sge(src)]))
+        (rwc,) = await t.recv_wc()
+        assert rwc.status == sh.IBV_WC_LOC_PROT_ERR and await buf.read() == bytes(8)
