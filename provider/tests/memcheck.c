@@ -14,6 +14,9 @@
  *                       (ibv_get_async_event), and its QP's WRs stop.
  *   memcheck hold       registers 64 MiB and posts, prints "ready", then waits to be
  *                       killed (the daemon must clean up after it).
+ *   memcheck windows    ibv_rereg_mr of access, ibv_resize_cq, a type 1 window bound
+ *                       with ibv_bind_mw and a type 2 one with IBV_WR_BIND_MW, written
+ *                       through by the peer, the type 2 invalidated and refused after.
  *
  * Expected values are computed here from the patterns, never read back from softhca.
  * Exit 0 when every check holds; each check prints one line. */
@@ -475,6 +478,95 @@ static int hold(void)
 	return 0;
 }
 
+static int write_through(struct side *a, uint8_t *src, uint32_t len, struct ibv_mr *smr,
+			 uint8_t *dst, uint32_t rkey)
+{
+	if (post(a, IBV_WR_RDMA_WRITE, src, len, smr->lkey, (uintptr_t)dst, rkey))
+		die("post");
+	return wait_wc(a).status;
+}
+
+static size_t differ(const uint8_t *p, size_t n, int which, size_t from)
+{
+	size_t i, bad = 0;
+
+	for (i = 0; i < n; i++)
+		bad += p[i] != pat(which, from + i);
+	return bad;
+}
+
+static int windows(void)
+{
+	struct side a = {0}, b = {0};
+	struct peer_info ia, ib;
+	uint8_t *src = unaligned(4096, 8), *dst = unaligned(4096, 9), *w = unaligned(4096, 10);
+	struct ibv_mr *smr, *dmr, *wmr;
+	struct ibv_mw *mw1, *mw2;
+	struct ibv_mw_bind bind = {0};
+	struct ibv_send_wr wr = {0}, *bad;
+	struct ibv_wc wc;
+	uint32_t old, key;
+
+	open_side(&a);
+	open_side(&b);
+	smr = ibv_reg_mr(a.pd, src, 4096, ACCESS);
+	dmr = ibv_reg_mr(b.pd, dst, 4096, IBV_ACCESS_LOCAL_WRITE);
+	wmr = ibv_reg_mr(b.pd, w, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	if (!smr || !dmr || !wmr)
+		die("ibv_reg_mr");
+	ia = (struct peer_info){a.qp->qp_num, smr->rkey, (uintptr_t)src, a.gid};
+	ib = (struct peer_info){b.qp->qp_num, dmr->rkey, (uintptr_t)dst, b.gid};
+	connect_qp(&a, &ib);
+	connect_qp(&b, &ia);
+	CHECK(ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, ACCESS) == 0,
+	      "ibv_rereg_mr gives an MR remote write");
+	CHECK(write_through(&a, src, 256, smr, dst, dmr->rkey) == IBV_WC_SUCCESS &&
+	      differ(dst, 256, 8, 0) == 0, "the peer's WRITE then lands");
+	CHECK(ibv_resize_cq(a.cq, 128) == 0 && a.cq->cqe == 128, "ibv_resize_cq to 128");
+	CHECK(ibv_resize_cq(a.cq, 0) == EINVAL, "ibv_resize_cq to 0 is EINVAL");
+	mw1 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_1);
+	mw2 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2);
+	if (!mw1 || !mw2)
+		die("ibv_alloc_mw");
+	old = mw1->rkey;
+	bind.wr_id = 11;
+	bind.send_flags = IBV_SEND_SIGNALED;
+	bind.bind_info = (struct ibv_mw_bind_info){wmr, (uintptr_t)w + 100, 200,
+						   IBV_ACCESS_REMOTE_WRITE};
+	CHECK(ibv_bind_mw(b.qp, mw1, &bind) == 0 && mw1->rkey == ibv_inc_rkey(old),
+	      "ibv_bind_mw of a type 1 window gives it ibv_inc_rkey of its rkey");
+	wc = wait_wc(&b);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW, "the bind completes");
+	CHECK(write_through(&a, src, 200, smr, w + 100, mw1->rkey) == IBV_WC_SUCCESS &&
+	      differ(w + 100, 200, 8, 0) == 0 && differ(w, 100, 10, 0) == 0,
+	      "the peer writes through the type 1 window, nothing around it");
+	key = (mw2->rkey & ~0xFFu) | 0x42;
+	wr.wr_id = 12;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.bind_mw.mw = mw2;
+	wr.bind_mw.rkey = key;
+	wr.bind_mw.bind_info = (struct ibv_mw_bind_info){wmr, (uintptr_t)w + 1024, 64,
+							 IBV_ACCESS_REMOTE_WRITE};
+	CHECK(ibv_post_send(b.qp, &wr, &bad) == 0 && wait_wc(&b).status == IBV_WC_SUCCESS,
+	      "IBV_WR_BIND_MW binds a type 2 window");
+	CHECK(write_through(&a, src + 8, 64, smr, w + 1024, key) == IBV_WC_SUCCESS &&
+	      differ(w + 1024, 64, 8, 8) == 0, "the peer writes through the type 2 window");
+	memset(&wr, 0, sizeof(wr));
+	wr.opcode = IBV_WR_LOCAL_INV;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.invalidate_rkey = key;
+	CHECK(ibv_post_send(b.qp, &wr, &bad) == 0 && wait_wc(&b).status == IBV_WC_SUCCESS,
+	      "IBV_WR_LOCAL_INV invalidates it");
+	memset(w + 1024, 0xEE, 64);
+	wc.status = write_through(&a, src, 64, smr, w + 1024, key);
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "a WRITE through it after completes with %s",
+	      ibv_wc_status_str(wc.status));
+	CHECK(w[1024] == 0xEE && w[1087] == 0xEE, "and moves no byte");
+	CHECK(ibv_dealloc_mw(mw1) == 0 && ibv_dealloc_mw(mw2) == 0, "ibv_dealloc_mw");
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "transfer";
@@ -490,6 +582,8 @@ int main(int argc, char **argv)
 		return events();
 	if (!strcmp(mode, "hold"))
 		return hold();
-	fprintf(stderr, "usage: memcheck transfer|refuse|forged|events|hold\n");
+	if (!strcmp(mode, "windows"))
+		return windows();
+	fprintf(stderr, "usage: memcheck transfer|refuse|forged|events|hold|windows\n");
 	return 2;
 }
