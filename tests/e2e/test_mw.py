@@ -247,3 +247,23 @@ async def test_windows_count_against_the_session_quota_and_are_not_lkeys():
         await p.initiator.qp.post_send(sh.SendWR(wr_id=2, sg=[sge(src)]))
         (rwc,) = await t.recv_wc()
         assert rwc.status == sh.IBV_WC_LOC_PROT_ERR and await buf.read() == bytes(8)
+
+
+async def test_a_bind_to_another_sessions_mr_is_refused():
+    """Two sessions of one daemon: a window bound to the other session's MR (its lkey
+    read off the wire, say) is refused with MW_BIND_ERR, and its memory stays as it
+    was."""
+    from e2e import connect_pair, make_side
+
+    async with sh.embedded() as node:
+        other = await sh.connect(node.address)
+        try:
+            victim, attacker = await make_side(node), await make_side(other)
+            await connect_pair(victim, attacker)
+            secret = await victim.reg_mr(b"s" * 64, BINDABLE | sh.IBV_ACCESS_REMOTE_READ)
+            mw = await attacker.pd.alloc_mw(sh.IBV_MW_TYPE_2)
+            wc, _ = await bind2(attacker, mw, secret, 0, 64, sh.IBV_ACCESS_REMOTE_READ, 5)
+            assert wc.status == sh.IBV_WC_MW_BIND_ERR
+            assert await secret.read() == b"s" * 64
+        finally:
+            await other.close()
