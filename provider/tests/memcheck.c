@@ -14,7 +14,8 @@
  *                       (ibv_get_async_event), and its QP's WRs stop.
  *   memcheck hold       registers 64 MiB and posts, prints "ready", then waits to be
  *                       killed (the daemon must clean up after it).
- *   memcheck windows    ibv_rereg_mr of access, ibv_resize_cq, a type 1 window bound
+ *   memcheck windows    ibv_rereg_mr of access, an RDMA atomic write, ibv_resize_cq,
+ *                       a type 1 window bound
  *                       with ibv_bind_mw and a type 2 one with IBV_WR_BIND_MW, written
  *                       through by the peer, the type 2 invalidated and refused after.
  *
@@ -506,6 +507,7 @@ static int windows(void)
 	struct ibv_send_wr wr = {0}, *bad;
 	struct ibv_wc wc;
 	uint32_t old, key;
+	size_t off;
 
 	open_side(&a);
 	open_side(&b);
@@ -522,6 +524,16 @@ static int windows(void)
 	      "ibv_rereg_mr gives an MR remote write");
 	CHECK(write_through(&a, src, 256, smr, dst, dmr->rkey) == IBV_WC_SUCCESS &&
 	      differ(dst, 256, 8, 0) == 0, "the peer's WRITE then lands");
+	/* RDMA atomic write: one 8-byte SGE stored at an 8-byte aligned address (dst is
+	 * deliberately unaligned: the first aligned byte from 512 on) */
+	off = 512 + (8 - ((uintptr_t)dst + 512) % 8) % 8;
+	CHECK(post(&a, IBV_WR_ATOMIC_WRITE, src + 16, 8, smr->lkey, (uintptr_t)dst + off + 1,
+		   dmr->rkey) == EINVAL, "IBV_WR_ATOMIC_WRITE to an unaligned address is EINVAL");
+	CHECK(post(&a, IBV_WR_ATOMIC_WRITE, src + 16, 8, smr->lkey, (uintptr_t)dst + off,
+		   dmr->rkey) == 0 && wait_wc(&a).status == IBV_WC_SUCCESS &&
+	      differ(dst + off, 8, 8, 16) == 0 && differ(dst + off + 8, 8, 9, off + 8) == 0 &&
+	      differ(dst + 256, off - 256, 9, 256) == 0,
+	      "IBV_WR_ATOMIC_WRITE stores the 8 bytes and nothing else");
 	CHECK(ibv_resize_cq(a.cq, 128) == 0 && a.cq->cqe == 128, "ibv_resize_cq to 128");
 	CHECK(ibv_resize_cq(a.cq, 0) == EINVAL, "ibv_resize_cq to 0 is EINVAL");
 	mw1 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_1);
