@@ -427,8 +427,11 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 {
 	int imm = wr->opcode == IBV_WR_SEND_WITH_IMM ||
 		  wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	/* ibv_wr_atomic_write's value is in wr.atomic (qp_ex.c); with ibv_post_send the
+	 * 8 bytes are an SGE and the target wr.rdma. */
 	int atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+		     (wr->opcode == IBV_WR_ATOMIC_WRITE && wr->num_sge == 0);
 	struct ibv_sge one = {0};
 	int rc;
 

@@ -18,6 +18,8 @@
  *                       a type 1 window bound
  *                       with ibv_bind_mw and a type 2 one with IBV_WR_BIND_MW, written
  *                       through by the peer, the type 2 invalidated and refused after.
+ *   memcheck builders   the same through ibv_qp_ex: ibv_wr_atomic_write, ibv_wr_bind_mw,
+ *                       ibv_wr_local_inv.
  *
  * Expected values are computed here from the patterns, never read back from softhca.
  * Exit 0 when every check holds; each check prints one line. */
@@ -579,6 +581,84 @@ static int windows(void)
 	return failures ? 1 : 0;
 }
 
+/* open_side with an extended QP (ibv_create_qp_ex with the builders asked for). */
+static void open_side_ex(struct side *s)
+{
+	struct ibv_qp_init_attr_ex qa = {0};
+
+	open_side(s);
+	ibv_destroy_qp(s->qp);
+	qa.send_cq = qa.recv_cq = s->cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa.pd = s->pd;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_ATOMIC_WRITE |
+			    IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
+	s->qp = ibv_create_qp_ex(s->ctx, &qa);
+	if (!s->qp)
+		die("ibv_create_qp_ex");
+}
+
+static int builders(void)
+{
+	struct side c = {0}, d = {0};
+	struct peer_info ic, id;
+	uint8_t *src = unaligned(4096, 11), *dst;
+	const uint8_t value[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+	struct ibv_mr *smr, *dmr;
+	struct ibv_qp_ex *cx, *dx;
+	struct ibv_mw *mw;
+	struct ibv_mw_bind_info info;
+	struct ibv_wc wc;
+	uint32_t key;
+
+	open_side_ex(&c);
+	open_side_ex(&d);
+	if (posix_memalign((void **)&dst, 4096, 4096))
+		die("posix_memalign");
+	memset(dst, 0xAB, 4096);
+	smr = ibv_reg_mr(c.pd, src, 4096, ACCESS);
+	dmr = ibv_reg_mr(d.pd, dst, 4096, ACCESS | IBV_ACCESS_MW_BIND);
+	mw = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+	if (!smr || !dmr || !mw)
+		die("ibv_reg_mr / ibv_alloc_mw");
+	ic = (struct peer_info){c.qp->qp_num, smr->rkey, (uintptr_t)src, c.gid};
+	id = (struct peer_info){d.qp->qp_num, dmr->rkey, (uintptr_t)dst, d.gid};
+	connect_qp(&c, &id);
+	connect_qp(&d, &ic);
+	cx = ibv_qp_to_qp_ex(c.qp);
+	dx = ibv_qp_to_qp_ex(d.qp);
+	ibv_wr_start(cx);
+	cx->wr_id = 21;
+	cx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_atomic_write(cx, dmr->rkey, (uintptr_t)dst + 8, value);
+	CHECK(ibv_wr_complete(cx) == 0 && wait_wc(&c).status == IBV_WC_SUCCESS &&
+	      !memcmp(dst + 8, value, 8) && dst[7] == 0xAB && dst[16] == 0xAB,
+	      "ibv_wr_atomic_write stores its 8 bytes");
+	key = (mw->rkey & ~0xFFu) | 0x99;
+	info = (struct ibv_mw_bind_info){dmr, (uintptr_t)dst + 2048, 128,
+					 IBV_ACCESS_REMOTE_WRITE};
+	ibv_wr_start(dx);
+	dx->wr_id = 22;
+	dx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_bind_mw(dx, mw, key, &info);
+	wc.status = IBV_WC_GENERAL_ERR;
+	CHECK(ibv_wr_complete(dx) == 0 && (wc = wait_wc(&d)).status == IBV_WC_SUCCESS &&
+	      wc.opcode == IBV_WC_BIND_MW, "ibv_wr_bind_mw binds a type 2 window");
+	CHECK(write_through(&c, src, 128, smr, dst + 2048, key) == IBV_WC_SUCCESS &&
+	      differ(dst + 2048, 128, 11, 0) == 0, "the peer writes through it");
+	ibv_wr_start(dx);
+	dx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_local_inv(dx, key);
+	CHECK(ibv_wr_complete(dx) == 0 && wait_wc(&d).status == IBV_WC_SUCCESS,
+	      "ibv_wr_local_inv invalidates it");
+	CHECK(write_through(&c, src, 128, smr, dst + 2048, key) == IBV_WC_REM_ACCESS_ERR,
+	      "a WRITE through it after is a remote access error");
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "transfer";
@@ -596,6 +676,8 @@ int main(int argc, char **argv)
 		return hold();
 	if (!strcmp(mode, "windows"))
 		return windows();
-	fprintf(stderr, "usage: memcheck transfer|refuse|forged|events|hold|windows\n");
+	if (!strcmp(mode, "builders"))
+		return builders();
+	fprintf(stderr, "usage: memcheck transfer|refuse|forged|events|hold|windows|builders\n");
 	return 2;
 }

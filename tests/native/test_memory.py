@@ -64,6 +64,16 @@ def test_memory_windows_rereg_and_resize_from_c(where):
         assert f"memcheck: ok: {line}" in r.output, r.output
 
 
+def test_the_window_and_atomic_write_builders_from_c(where):
+    r = memcheck(where, "builders")
+    assert r.returncode == 0 and "FAIL" not in r.output, r.output
+    for line in ("ibv_wr_atomic_write stores its 8 bytes",
+                 "ibv_wr_bind_mw binds a type 2 window", "the peer writes through it",
+                 "ibv_wr_local_inv invalidates it",
+                 "a WRITE through it after is a remote access error"):
+        assert f"memcheck: ok: {line}" in r.output, r.output
+
+
 def test_unshareable_memory_is_refused_with_a_reason(where):
     r = memcheck(where, "refuse")
     assert r.returncode == 0, r.output
