@@ -29,6 +29,7 @@ from .crypto import CryptoConfig, check_xts_job
 from .hca import MR, PD
 from .keyplan import ScratchPool, Stage, plan_of, scratch
 from .mkey import MKey
+from .mw import MW
 from .signature import BlockStage, SigPlan
 
 TX, RX = "TX", "RX"
@@ -63,11 +64,18 @@ class Plan:
     tail: int = 0
 
 
-def _resolve(pd: PD, key: int, access: int, remote: bool) -> MR | MKey:
+def _resolve(pd: PD, key: int, access: int, remote: bool, addr: int = 0, length: int = 0,
+             qp_num: int | None = None) -> MR | MKey:
+    """The MR or MKEY ``key`` names for this access; a memory window's rkey gives its
+    MR once the window allows ``[addr, +length)`` to the responder QP ``qp_num``."""
     who = "rkey" if remote else "lkey"
     obj = pd.hca.keys.get(key)
     if obj is None:
         raise TransferError(Fault.ACCESS, f"{who} {key:#x} is unknown")
+    if isinstance(obj, MW):
+        if not remote:
+            raise TransferError(Fault.ACCESS, f"lkey {key:#x} is a memory window's rkey")
+        return obj.window(pd, access, qp_num, addr, length)
     if obj.pd is not pd:
         raise TransferError(Fault.ACCESS, f"{who} {key:#x} belongs to another PD")
     if not obj.valid:
@@ -198,14 +206,16 @@ def _crypt(mkey: MKey, data: np.ndarray, cs, direction: str, t: _Tracer,
 
 
 def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
-       trace: Trace = None, sig_errors: list | None = None, view: bool = False):
+       trace: Trace = None, sig_errors: list | None = None, view: bool = False,
+       qp_num: int | None = None):
     """Memory to wire: the wire bytes of ``length`` at ``offset`` through ``key``.
     ``offset`` is a virtual address for an MR and an offset for an MKEY. A signature
     error is latched on the MKEY and, given ``sig_errors``, appended to it too (signature
     pipelining stops the send queue on an error of this transfer, whatever is latched).
     With ``view``, an MR's bytes come as a view of its memory, read when they are sent
     (as an HCA DMAs READ response data as it sends it), not a copy."""
-    obj = _resolve(pd, key, AccessFlags.REMOTE_READ if remote else 0, remote)
+    obj = _resolve(pd, key, AccessFlags.REMOTE_READ if remote else 0, remote, offset, length,
+                   qp_num)
     t = _Tracer(trace, TX, key)
     if isinstance(obj, MR):
         start = _mr_range(obj, offset, length)
@@ -249,11 +259,11 @@ def _last_tx_stage(kp, cs) -> str | None:
 
 
 def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
-       trace: Trace = None, sig_errors: list | None = None) -> None:
+       trace: Trace = None, sig_errors: list | None = None, qp_num: int | None = None) -> None:
     """Wire to memory: scatter ``wire`` bytes arriving for ``offset`` through ``key``
     (``sig_errors`` as for ``tx``)."""
     obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
-                   remote)
+                   remote, offset, len(wire), qp_num)
     stream = np.frombuffer(wire, dtype=np.uint8)
     t = _Tracer(trace, RX, key)
     t.emit("wire", "wire", offset, stream)
@@ -294,20 +304,22 @@ def _last_rx_stage(kp, cs) -> str | None:
     return "wire" if cs is not None else None
 
 
-def check_rx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False) -> None:
+def check_rx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
+             qp_num: int | None = None) -> None:
     """Every check ``rx`` of ``length`` bytes would make, without moving a byte: a
     responder validates a WRITE's RETH at its first packet (IBTA 9.7.4.1: the RETH
     is checked before the data is accepted), so it never buffers a message it could
     not place. Raises TransferError as rx would."""
     obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
-                   remote)
+                   remote, offset, length, qp_num)
     if isinstance(obj, MR):
         _mr_range(obj, offset, length)
         return
     _precheck(obj, plan(obj, offset, length))
 
 
-def atomic(pd: PD, key: int, addr: int, update: Callable[[int], int]) -> int:
+def atomic(pd: PD, key: int, addr: int, update: Callable[[int], int], *,
+           qp_num: int | None = None, access: int = AccessFlags.REMOTE_ATOMIC) -> int:
     """An IBTA atomic on the responder: the 8 bytes at ``addr`` through rkey ``key``, a
     little-endian 64-bit value, are replaced by ``update(original)``; returns the original.
 
@@ -316,7 +328,7 @@ def atomic(pd: PD, key: int, addr: int, update: Callable[[int], int]) -> int:
     8-byte aligned address, and an atomic cannot be given PI or encrypted, so a signature
     or crypto MKEY is refused. Nothing is written when a check fails.
     """
-    obj = _resolve(pd, key, AccessFlags.REMOTE_ATOMIC, True)
+    obj = _resolve(pd, key, access, True, addr, 8, qp_num)
     if isinstance(obj, MR):
         start = _mr_range(obj, addr, 8)
     else:

@@ -54,8 +54,11 @@ class Op(IntFlag):
     UC = 1 << 18
     UD = 1 << 19
     DETH = 1 << 20
+    # RDMA ATOMIC WRITE (IBTA 1.5 / rxe's IB_OPCODE_RC_RDMA_ATOMIC_WRITE): a RETH and 8
+    # bytes placed as one 64-bit store, answered by an ACK.
+    ATOMIC_WRITE = 1 << 21
 
-    REQUEST = SEND | WRITE | READ_REQUEST | ATOMIC
+    REQUEST = SEND | WRITE | READ_REQUEST | ATOMIC | ATOMIC_WRITE
     RESPONSE = READ_RESPONSE | ACK
     POSITION = FIRST | MIDDLE | LAST
     KIND = SEND | WRITE | READ_REQUEST | READ_RESPONSE | ATOMIC | ACK
@@ -88,8 +91,8 @@ _RC_SEND_WRITE = tuple(Opcode(n, name, f) for n, name, f in (
     (0x0A, "RDMA_WRITE_ONLY", _WRITE | _O | Op.RETH),
     (0x0B, "RDMA_WRITE_ONLY_WITH_IMM", _WRITE | _O | Op.RETH | Op.WITH_IMM | Op.IMMDT)))
 
-# IBTA 9.2, the RC opcode table. 0x15 is reserved; 0x18-0x1F (FLUSH, ATOMIC WRITE)
-# are not modelled.
+# IBTA 9.2, the RC opcode table. 0x15 is reserved; 0x18-0x1C (FLUSH among them) and
+# 0x1E-0x1F are not modelled.
 TABLE: tuple[Opcode, ...] = (
     *_RC_SEND_WRITE,
     Opcode(0x0C, "RDMA_READ_REQUEST", Op.READ_REQUEST | _O | Op.RETH),
@@ -104,6 +107,7 @@ TABLE: tuple[Opcode, ...] = (
     Opcode(0x14, "FETCH_ADD", Op.ATOMIC | _O | Op.ATOMICETH),
     Opcode(0x16, "SEND_LAST_WITH_INV", _SEND | _L | Op.WITH_INV | Op.IETH),
     Opcode(0x17, "SEND_ONLY_WITH_INV", _SEND | _O | Op.WITH_INV | Op.IETH),
+    Opcode(0x1D, "RDMA_ATOMIC_WRITE", Op.ATOMIC_WRITE | _O | Op.RETH | Op.PAYLOAD),
     # IBTA 9.2, UC (0x20-0x2B): SEND and RDMA WRITE only, no responses.
     *(Opcode(0x20 + rc.number, "UC_" + rc.name, rc.flags | Op.UC)
       for rc in _RC_SEND_WRITE),
@@ -120,6 +124,7 @@ NAMES = frozenset(BY_NAME)
 ACKNOWLEDGE = "ACKNOWLEDGE"
 ATOMIC_ACKNOWLEDGE = "ATOMIC_ACKNOWLEDGE"
 RDMA_READ_REQUEST = "RDMA_READ_REQUEST"
+RDMA_ATOMIC_WRITE = "RDMA_ATOMIC_WRITE"
 
 
 # -- send work requests (enum ibv_wr_opcode) -------------------------------------------
@@ -157,12 +162,13 @@ WR_OPCODES: dict[WrOpcode, WrInfo] = {
     WrOpcode.ATOMIC_FETCH_AND_ADD: WrInfo(True, WcOpcode.FETCH_ADD, atomic="FETCH_ADD",
                                           responded=True),
     WrOpcode.LOCAL_INV: WrInfo(True, WcOpcode.LOCAL_INV),
-    WrOpcode.BIND_MW: WrInfo(False, WcOpcode.BIND_MW),
+    WrOpcode.BIND_MW: WrInfo(True, WcOpcode.BIND_MW),
     WrOpcode.SEND_WITH_INV: WrInfo(True, WcOpcode.SEND, send=True, inline=True),
     WrOpcode.TSO: WrInfo(False, WcOpcode.TSO),
     # The MKEY configure WR (mlx5dv_wr_mkey_configure): posted through RCQP.post_local,
     # never as a send WR.
     WrOpcode.DRIVER1: WrInfo(False, WcOpcode.DRIVER1),
+    WrOpcode.ATOMIC_WRITE: WrInfo(True, WcOpcode.ATOMIC_WRITE),
 }
 
 

@@ -52,7 +52,8 @@ SEND_WR = {"wr_id": _U64, "opcode": _U32, "sg": _SG, "send_flags": _U32,
            "compare_add": _U64, "swap": _U64, "invalidate_rkey": _U32,
            # wr.ud (UD QPs only): the session's AH handle, the remote QPN and Q_Key.
            "ah": (int, 0, U32, False), "remote_qpn": (int, 0, (1 << 24) - 1, False),
-           "remote_qkey": (int, 0, U32, False)}
+           "remote_qkey": (int, 0, U32, False),
+           "bind": (list, 5, 5, False)}
 # One element of post_recv's "wrs".
 RECV_WR = {"wr_id": _U64, "sg": _SG}
 
@@ -61,7 +62,7 @@ RECV_WR = {"wr_id": _U64, "sg": _SG}
 # well-typed, in-range fields is built at once; anything else takes the checked path,
 # which accepts the same maps and names the fault of the others.
 _SEND_REQUIRED = frozenset(k for k, spec in SEND_WR.items() if spec[3])
-_SEND_ALL = frozenset(SEND_WR)
+_SEND_ALL = frozenset(SEND_WR) - {"bind"}
 _RECV_ALL = frozenset(RECV_WR)
 _WR_OPCODES = {int(op): op for op in WrOpcode}
 _ABSENT = object()
@@ -116,6 +117,10 @@ class SendWR:
     ah: Any = None
     remote_qpn: int = 0
     remote_qkey: int = 0
+    # bind_mw of IBV_WR_BIND_MW (its new key is ``rkey``): (the window, bind_info.mr's
+    # lkey, addr, length, mw_access_flags). The window travels as the session's handle
+    # of it; the daemon puts its object there before posting (server/mw_verbs.py).
+    bind: tuple | None = None
 
     def set_wr_rdma(self, rkey: int, addr: int) -> None:
         """pyverbs' SendWR.set_wr_rdma: the remote key and address of an RDMA_WRITE(_WITH_IMM)
@@ -147,6 +152,8 @@ class SendWR:
         if self.ah is not None:
             w.update(ah=getattr(self.ah, "handle", self.ah), remote_qpn=self.remote_qpn,
                      remote_qkey=self.remote_qkey)
+        if self.bind is not None:
+            w["bind"] = [getattr(self.bind[0], "handle", self.bind[0]), *self.bind[1:]]
         return w
 
     @classmethod
@@ -175,7 +182,21 @@ class SendWR:
         return SendWR(v["wr_id"], opcode, sges_from_wire(v["sg"], what), v["send_flags"],
                       v["imm_data"], v["rkey"], v["remote_addr"], v["compare_add"], v["swap"],
                       v["invalidate_rkey"], ah=v["ah"], remote_qpn=v["remote_qpn"] or 0,
-                      remote_qkey=v["remote_qkey"] or 0)
+                      remote_qkey=v["remote_qkey"] or 0,
+                      bind=_bind_from_wire(v["bind"], what))
+
+
+# bind_mw: [mw handle, mr lkey, addr, length, mw_access_flags].
+_BIND_BOUNDS = (U32, U32, U64, U64, U32)
+
+
+def _bind_from_wire(b: Any, what: str) -> tuple | None:
+    if b is None:
+        return None
+    if not all(type(x) is int and 0 <= x <= hi for x, hi in zip(b, _BIND_BOUNDS, strict=True)):
+        raise FrameError("EPROTO", f"{what}: bind must be [mw handle, mr lkey, addr, length, "
+                                   "mw_access_flags] of unsigned ints")
+    return tuple(b)
 
 
 @dataclass

@@ -429,8 +429,11 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 {
 	int imm = wr->opcode == IBV_WR_SEND_WITH_IMM ||
 		  wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	/* ibv_wr_atomic_write's value is in wr.atomic (qp_ex.c); with ibv_post_send the
+	 * 8 bytes are an SGE and the target wr.rdma. */
 	int atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+		     (wr->opcode == IBV_WR_ATOMIC_WRITE && wr->num_sge == 0);
 	struct ibv_sge one = {0};
 	int rc, ud;
 
@@ -446,7 +449,7 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 		shca_log("ibv_post_send: EINVAL: a UD WR needs wr.ud.ah");
 		return EINVAL;
 	}
-	mp_map(b, (imm ? 10 : 9) + (ud ? 3 : 0));
+	mp_map(b, (imm ? 10 : 9) + (ud ? 3 : 0) + (wr->opcode == IBV_WR_BIND_MW));
 	mp_kv_uint(b, "wr_id", wr->wr_id);
 	mp_kv_uint(b, "opcode", wr->opcode);
 	if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge && !bounced) {
@@ -474,13 +477,32 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 		mp_kv_uint(b, "compare_add", wr->wr.atomic.compare_add);
 		mp_kv_uint(b, "swap", wr->wr.atomic.swap);
 	} else {
-		mp_kv_uint(b, "rkey", wr->wr.rdma.rkey);
-		mp_kv_uint(b, "remote_addr", wr->wr.rdma.remote_addr);
+		/* A bind's new key is bind_mw.rkey, in a union of its own. */
+		mp_kv_uint(b, "rkey", wr->opcode == IBV_WR_BIND_MW ? wr->bind_mw.rkey :
+			   wr->wr.rdma.rkey);
+		mp_kv_uint(b, "remote_addr", wr->opcode == IBV_WR_BIND_MW ? 0 :
+			   wr->wr.rdma.remote_addr);
 		mp_kv_uint(b, "compare_add", 0);
 		mp_kv_uint(b, "swap", 0);
 	}
 	mp_kv_uint(b, "invalidate_rkey",
-		   wr->opcode == IBV_WR_SEND_WITH_INV ? wr->invalidate_rkey : 0);
+		   wr->opcode == IBV_WR_SEND_WITH_INV || wr->opcode == IBV_WR_LOCAL_INV ?
+		   wr->invalidate_rkey : 0);
+	if (wr->opcode == IBV_WR_BIND_MW) {
+		/* bind_mw: the window's handle, the MR's lkey, addr, length, access; the new
+		 * key travels as "rkey" (server/mw_verbs.py). */
+		const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
+
+		if (!wr->bind_mw.mw)
+			return EINVAL;
+		mp_str(b, "bind");
+		mp_arr(b, 5);
+		mp_uint(b, ((struct shca_mw *)wr->bind_mw.mw)->handle);
+		mp_uint(b, bi->mr ? bi->mr->lkey : 0);
+		mp_uint(b, bi->addr);
+		mp_uint(b, bi->length);
+		mp_uint(b, bi->mw_access_flags);
+	}
 	return 0;
 }
 

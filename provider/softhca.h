@@ -80,6 +80,12 @@ struct shca_mr {
 	struct shca_memref mem;
 };
 
+/* ibv_alloc_mw's window: the session's handle of it (provider/mw.c). */
+struct shca_mw {
+	struct ibv_mw mw;
+	uint32_t handle;
+};
+
 struct shca_cq {
 	struct ibv_cq cq;
 	uint32_t handle;
@@ -250,6 +256,12 @@ bool shca_owns(struct ibv_context *context);
 int shca_get_u32(struct shca_frame *r, const char *key, uint32_t *out);
 int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
 		     uint32_t handle);
+struct ibv_mw *shca_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int shca_dealloc_mw(struct ibv_mw *mw);
+int shca_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *mw_bind);
+int shca_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr,
+		  size_t length, int access);
+int shca_resize_cq(struct ibv_cq *cq, int cqe);
 struct ibv_mr *shca_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 			   int access);
 int shca_dereg(struct shca_mr *mr);

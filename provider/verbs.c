@@ -591,6 +591,11 @@ static const struct verbs_context_ops shca_ops = {
 	.query_qp = shca_query_qp,
 	.reg_mr = shca_reg_mr,
 	.req_notify_cq = shca_req_notify_cq,
+	.alloc_mw = shca_alloc_mw,
+	.dealloc_mw = shca_dealloc_mw,
+	.bind_mw = shca_bind_mw,
+	.rereg_mr = shca_rereg_mr,
+	.resize_cq = shca_resize_cq,
 };
 
 static struct verbs_device *shca_alloc_device(struct verbs_sysfs_dev *sysfs_dev)

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine import qp_state
-from ..engine.hca import MAX_MR_SIZE, MR, PD
+from ..engine.hca import MR, PD
 from ..engine.mkey_configure import MkeyConfigureBuilder
+from ..engine.mw import dealloc_mw
 from ..engine.rc import RCQP
 from ..protocol import control
 from ..protocol.control import MAX_CQE
@@ -26,10 +27,14 @@ from ..protocol.errors import RDMAError, einval
 from ..protocol.records import WC
 from .async_events import AsyncEvents
 from .cm_verbs import CM_HANDLERS
+from .device_attr import device_attr
 from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
+from .mw_verbs import HANDLERS as MW_HANDLERS
+from .mw_verbs import bind_objects, clean_on_reset, refuse_bound
 from .node_verbs import NodeVerbs
+from .qp_caps import check_caps
 from .shared_mr import op_reg_mr_shared
 from .ud_verbs import UdVerbs
 
@@ -44,10 +49,11 @@ READ_HEADROOM = 4096
 # The requests that create an object (and so count against a session's object limit).
 # The requests that create an object, and the kind of object each creates (its quota's).
 _CREATORS = {control.OpenDevice: "ctx", control.AllocPd: "pd", control.RegMr: "mr",
-             control.RegMrShared: "mr",
+             control.RegMrShared: "mr", control.RegMrProcess: "mr",
              control.CreateCq: "cq", control.CreateQp: "qp", control.CreateMkey: "mkey",
              control.CreateDek: "dek", control.CryptoLoginReq: "crypto_login",
              control.CreateAh: "ah",
+             control.AllocMw: "mw",
              control.CreateCryptoLogin: "crypto_login"}
 
 
@@ -55,7 +61,8 @@ def _buffer_bytes(request: control.Request) -> int:
     """The buffer bytes a creating request will allocate beside its object."""
     # A shared MR's pages are the program's, but the MR is charged its length like any
     # other (Verbs.add), so it is checked against the same budget first.
-    return request.length if isinstance(request, (control.RegMr, control.RegMrShared)) else 0
+    return request.length if isinstance(request, (control.RegMr, control.RegMrShared,
+                                                  control.RegMrProcess)) else 0
 
 
 def _object_bytes(kind: str, obj: Any) -> int:
@@ -186,6 +193,8 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
             self.daemon.registered_bytes -= obj.length
         elif kind == "mkey":
             obj.pd.hca.destroy_mkey(obj)
+        elif kind == "mw":
+            dealloc_mw(obj.pd.hca, obj)
         elif kind == "dek":
             obj.pd.hca.destroy_dek(obj)
         elif kind == "pd":
@@ -209,14 +218,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
         return {"ctx": self.add("ctx", hca), "name": hca.name}
 
     def op_query_device(self, r: control.QueryDevice, rid: int) -> dict | None:
-        hca = self.get(r.ctx, "ctx")
-        lim = self.daemon.limits
-        return {"attr": {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
-                         "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr,
-                         "max_msg_sz": lim.max_msg_size, "max_sge": control.MAX_SGE,
-                         "max_cqe": MAX_CQE, "max_mr_size": MAX_MR_SIZE, "max_pd": 1 << 16,
-                         "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
-                         & 0xFFFFFFFFFFFF}}
+        return {"attr": device_attr(self, self.get(r.ctx, "ctx"))}
 
     def op_close_device(self, r: control.CloseDevice, rid: int) -> dict | None:
         self.get(r.ctx, "ctx")
@@ -236,7 +238,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
     def op_dealloc_pd(self, r: control.DeallocPd, rid: int) -> dict | None:
         pd = self.get(r.pd, "pd")
         for kind, o in self.objects.values():
-            if kind in ("mr", "mkey", "qp", "dek", "ah") and o.pd is pd:
+            if kind in ("mr", "mkey", "qp", "dek", "ah", "mw") and o.pd is pd:
                 raise RDMAError("EBUSY", f"ibv_dealloc_pd: PD {r.pd} still has a {kind}")
         return self.destroy_handle(r.pd, "pd")
 
@@ -264,6 +266,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
                                       f"is {lim.max_daemon_bytes}")
 
     def op_dereg_mr(self, r: control.DeregMr, rid: int) -> dict | None:
+        refuse_bound(self.get(r.mr, "mr"))
         return self.destroy_handle(r.mr, "mr")
 
     def op_mr_write(self, r: control.MrWrite, rid: int) -> dict | None:
@@ -349,11 +352,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
         if r.qp_type not in (QpType.RC, QpType.UC, QpType.UD):
             raise RDMAError("EOPNOTSUPP", f"qp_type {r.qp_type}: IBV_QPT_RC, UC and UD are "
                                           "modelled")
-        cap = self.daemon.limits.max_qp_wr
-        for name in ("max_send_wr", "max_recv_wr"):
-            if getattr(r, name) > cap:
-                raise einval(f"ibv_create_qp: cap.{name} {getattr(r, name)} exceeds the device's "
-                             f"max_qp_wr {cap}")
+        check_caps(r, self.daemon.limits.max_qp_wr)
         if r.qp_type != QpType.RC:
             return self.add_qp(self.create_datagram_qp(r, pd, scq, rcq), r.pd)
         create_flags = r.create_flags
@@ -394,6 +393,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
             self.daemon.connect(qph, host, port)
         qph.attrs.update(attr)
         self.daemon.service(qph)
+        clean_on_reset(qph)
         return {"state": int(qph.rcqp.state)}
 
     def op_query_qp(self, r: control.QueryQp, rid: int) -> dict | None:
@@ -410,6 +410,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
         qph: QPHost = self.get(r.qp, "qp")
         wrs = r.wrs
         now = asyncio.get_running_loop().time()
+        bind_objects(self, wrs)
         try:
             for i, wr in enumerate(wrs):
                 if len(wr.sg) > qph.max_send_sge:
@@ -511,4 +512,5 @@ HANDLERS: dict[type[control.Request], Callable[[Any, Any, int], dict | None]] = 
     control.Counters: NodeVerbs.op_counters,
     control.Subscribe: NodeVerbs.op_subscribe,
     **CM_HANDLERS,
+    **MW_HANDLERS,
 }

@@ -103,7 +103,9 @@ class AH(Resource):
             raise PyverbsRDMAError("Failed to create AH: a RoCE address vector needs a GRH "
                                    "(is_global=1 with a dgid)", errno.EINVAL)
         try:
-            host, port, index = _route.route(attr.gr.dgid.raw)
+            host, port, index = _route.route(
+                attr.gr.dgid.raw, getattr(getattr(pd, "_ctx", None), "_node", None)
+                and pd._ctx._node.port)
         except PyverbsRDMAError as ex:
             raise PyverbsRDMAError(f"Failed to create AH: {ex}", ex.error_code) from None
         sgid = pd._ctx.query_gid(attr.port_num, attr.gr.sgid_index).raw

@@ -14,11 +14,13 @@ import errno
 from ...engine.qp_state import FIELDS as _QP_FIELDS
 from ...protocol.attrs import SGE as _SGE
 from .. import api
+from .. import mw as _mw
 from . import _route, _sync
 from . import enums as e
 from ._objects import Record, Resource, check_alloc_type, delegate, unsupported
 from .addr import AHAttr
 from .base import PyverbsCM
+from .mw import bind_fields, bind_send_wr, bind_type1
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .wr import RecvWR, SendWR, be32_field_to_host
 
@@ -127,6 +129,8 @@ _SEND_OPS = {
     e.IBV_WR_ATOMIC_CMP_AND_SWP: e.IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
     e.IBV_WR_ATOMIC_FETCH_AND_ADD: e.IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
     e.IBV_WR_LOCAL_INV: e.IBV_QP_EX_WITH_LOCAL_INV,
+    e.IBV_WR_BIND_MW: e.IBV_QP_EX_WITH_BIND_MW,
+    e.IBV_WR_ATOMIC_WRITE: e.IBV_QP_EX_WITH_ATOMIC_WRITE,
 }
 _MODELLED_OPS = 0
 for _op in _SEND_OPS.values():
@@ -152,6 +156,11 @@ def _send_wr(wr) -> api.SendWR:
         raise unsupported(wr._unsupported)
     if wr.opcode not in _SEND_OPS:
         raise unsupported(f"Send opcode {wr.opcode}")
+    if wr.opcode == e.IBV_WR_BIND_MW:
+        if wr._bind is None:
+            raise PyverbsRDMAError("Failed to post send: IBV_WR_BIND_MW without "
+                                   "set_bind_wr", errno.EINVAL)
+        return bind_send_wr(wr, wr.rkey)
     sg = [s._attr() for s in wr.sg[:wr.num_sge]]
     imm = be32_field_to_host(wr.imm_data) if wr.opcode in _IMM else None
     out = api.SendWR(wr_id=wr.wr_id, opcode=int(wr.opcode), sg=sg, imm_data=imm,
@@ -252,7 +261,7 @@ class QP(Resource):
         if not ah_attr.is_global or ah_attr.gr is None or ah_attr.gr.dgid is None:
             raise PyverbsRDMAError("Failed to modify QP: a RoCE address vector needs a GRH "
                                    "(is_global=1 and a dgid)", errno.EINVAL)
-        host, port, index = _route.route(ah_attr.gr.dgid.raw)
+        host, port, index = _route.route(ah_attr.gr.dgid.raw, self._ctx._node.port)
         node = self._ctx._node
         if _route.same_daemon(host, port, node.host, node.port):
             names = node.devices
@@ -352,11 +361,11 @@ class QP(Resource):
         raise unsupported("Enhanced connection establishment (ECE)")
 
     def bind_mw(self, mw, mw_bind):
-        raise unsupported("Memory windows")
+        bind_type1(self, mw, mw_bind)
 
     def query_data_in_order(self, op, flags=0):
-        # ibv_query_qp_data_in_order(3): 0, "not guaranteed in order", is what libibverbs
-        # answers for a provider without the op (rxe's case), and always a true answer.
+        """ibv_query_qp_data_in_order(3): softhca's provider does not implement the op,
+        so libibverbs answers as it does then: 0 (no in-order guarantee claimed)."""
         self._ctx._check()
         return 0
 
@@ -434,10 +443,26 @@ class QPEx(QP):
         self._new_send(e.IBV_WR_LOCAL_INV, invalidate_rkey=invalidate_rkey)
 
     def wr_bind_mw(self, mw, rkey, bind_info):
-        self._fail(unsupported("Memory windows"))
+        if self._batch is None:
+            self._fail(PyverbsRDMAError("A WR was built outside wr_start", errno.EINVAL))
+            return
+        try:
+            window, mr, addr, length, access = bind_fields(mw, bind_info)
+        except PyverbsUserError as err:
+            self._fail(PyverbsRDMAError(str(err), errno.EINVAL))
+            return
+        wr = _mw.bind_wr(window, mr, addr, length, access, rkey=int(rkey) & 0xFFFFFFFF,
+                         wr_id=self.wr_id, send_flags=int(self.wr_flags))
+        self._batch.append(("send", wr))
 
     def wr_atomic_write(self, rkey, remote_addr, atomic_wr):
-        self._fail(unsupported("IBV_WR_ATOMIC_WRITE"))
+        data = bytes(atomic_wr)
+        if len(data) < 8:
+            self._fail(PyverbsRDMAError("ibv_wr_atomic_write takes 8 bytes", errno.EINVAL))
+            return
+        # The 8 bytes travel in the WR, as rxe copies them into the WQE.
+        self._new_send(e.IBV_WR_ATOMIC_WRITE, rkey=rkey, remote_addr=remote_addr,
+                       compare_add=int.from_bytes(data[:8], "little"))
 
     def wr_send_tso(self, hdr, hdr_sz, mss):
         self._fail(unsupported("TSO"))

@@ -81,6 +81,7 @@ class SendWR(PyverbsObject):
         self.remote_qpn = 0
         self.remote_qkey = 0
         self._unsupported = None
+        self._bind = None
 
     @property
     def invalidate_rkey(self):
@@ -103,7 +104,13 @@ class SendWR(PyverbsObject):
         self._unsupported = "XRC work requests"
 
     def set_bind_wr(self, mw, bind_info):
-        self._unsupported = "Memory window binds"
+        """bind_mw of an IBV_WR_BIND_MW: ``mw``, its new key ibv_inc_rkey(mw.rkey) (read
+        back as ``rkey``), ``bind_info`` (an MWBindInfo)."""
+        from .base import inc_rkey
+        from .mw import bind_fields
+
+        self._bind = bind_fields(mw, bind_info)
+        self.rkey = inc_rkey(mw.rkey)
 
     def _chain(self):
         wr = self

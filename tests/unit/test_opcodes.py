@@ -40,6 +40,9 @@ IBTA_RC = {
     0b10100: ("FETCH_ADD", "AtomicETH", False),
     0b10110: ("SEND_LAST_WITH_INV", "IETH", True),
     0b10111: ("SEND_ONLY_WITH_INV", "IETH", True),
+    # IBTA 1.5 (Memory Placement Extensions): RDMA ATOMIC WRITE carries a RETH and 8
+    # bytes of payload (rxe's IB_OPCODE_RC_RDMA_ATOMIC_WRITE, 0x1D).
+    0b11101: ("RDMA_ATOMIC_WRITE", "RETH", True),
 }
 # IBTA 9.2, UC (transport bits 001): SEND and RDMA WRITE only, the RC rows' headers.
 IBTA_UC = {
@@ -114,7 +117,7 @@ def test_kinds_and_positions():
     for code, (name, _, _) in IBTA_RC.items():
         f = opcodes.FLAGS[name]
         single = name in ("RDMA_READ_REQUEST", "ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE",
-                          "COMPARE_SWAP", "FETCH_ADD")
+                          "COMPARE_SWAP", "FETCH_ADD", "RDMA_ATOMIC_WRITE")
         assert bool(f & Op.FIRST) == ("FIRST" in name or "ONLY" in name or single), name
         assert bool(f & Op.LAST) == ("LAST" in name or "ONLY" in name or single), name
         assert bool(f & Op.MIDDLE) == ("MIDDLE" in name), name
@@ -186,7 +189,7 @@ def test_opcode_for_is_the_table_lookup_for_every_position():
 WR_WC = {"RDMA_WRITE": "RDMA_WRITE", "RDMA_WRITE_WITH_IMM": "RDMA_WRITE", "SEND": "SEND",
          "SEND_WITH_IMM": "SEND", "SEND_WITH_INV": "SEND", "RDMA_READ": "RDMA_READ",
          "ATOMIC_CMP_AND_SWP": "COMP_SWAP", "ATOMIC_FETCH_AND_ADD": "FETCH_ADD",
-         "LOCAL_INV": "LOCAL_INV"}
+         "LOCAL_INV": "LOCAL_INV", "BIND_MW": "BIND_MW", "ATOMIC_WRITE": "ATOMIC_WRITE"}
 
 
 def test_the_work_request_table_has_one_record_per_ibv_wr_opcode():
@@ -200,7 +203,9 @@ def test_the_work_request_table_has_one_record_per_ibv_wr_opcode():
         assert info.wc_opcode.name == wc, name
         assert info.imm == name.endswith("WITH_IMM"), name
         assert info.send == name.startswith("SEND"), name
-        assert info.responded == (name == "RDMA_READ" or name.startswith("ATOMIC")), name
+        # ATOMIC_WRITE is acknowledged as a WRITE is, not answered by a response.
+        assert info.responded == (name == "RDMA_READ" or name.startswith("ATOMIC_")
+                                  and name != "ATOMIC_WRITE"), name
         # "valid only for Send and RDMA Write" (ibv_post_send(3)).
         assert info.inline == (name.startswith("SEND") or name.startswith("RDMA_WRITE")), name
     assert table[WrOpcode.ATOMIC_CMP_AND_SWP].atomic == "COMPARE_SWAP"
