@@ -181,9 +181,22 @@ class ConnectionManager:
         self.listeners[(cid.ps, cid.port)] = cid.handle
         cid.to(CMState.LISTEN)
 
+    def _check_qp(self, cid: CMId, qpn: int, call: str) -> None:
+        """The QP a connect or accept names must be an RC QP of the caller: of its
+        session, or of another session of the same process (librdmacm's control
+        session is not the provider's, but the kernel's SO_PEERCRED names one pid for
+        both). Otherwise a program could have a peer connect to a neighbour's QP."""
+        names = list(self.node.hcas)
+        dev = names[cid.dev] if cid.dev < len(names) else None
+        qph = self.node.qps.get((dev, qpn))
+        if qph is None or not _same_process(qph.session, cid.owner):
+            raise RDMAError("EINVAL", f"rdma_{call}: qp_num {qpn:#x} is no QP of this "
+                                      "process on the id's device")
+
     def connect(self, cid: CMId, r: proto.CmConnect) -> None:
         cid.check("connect")
         data = proto.check_private_data("req", r.private_data)
+        self._check_qp(cid, r.qpn, "connect")
         busy = sum(1 for c in self.ids.values()
                    if c.owner is cid.owner and c.state == CMState.REQ_SENT)
         if busy >= MAX_CONNECTING:
@@ -199,6 +212,7 @@ class ConnectionManager:
     def accept(self, cid: CMId, r: proto.CmAccept) -> None:
         cid.check("accept")
         data = proto.check_private_data("rep", r.private_data)
+        self._check_qp(cid, r.qpn, "accept")
         cid.to(CMState.REP_SENT)
         self._send(cid, "rep", {"qpn": r.qpn, "psn": r.psn, "rr": r.responder_resources,
                                 "depth": r.initiator_depth, "rnr": r.rnr_retry_count},
@@ -429,6 +443,15 @@ class ConnectionManager:
         ids = [c for c in self.ids.values() if owner is None or c.owner is owner]
         return {"ids": len(ids), "listeners": len(self.listeners),
                 "timers": len(self._timers), "remote": len(self.by_remote)}
+
+
+def _same_process(a, b) -> bool:
+    """Whether sessions ``a`` and ``b`` are one, or two of one process (both on the
+    UNIX socket, whose SO_PEERCRED pid the kernel vouches for)."""
+    if a is b:
+        return True
+    pa, pb = getattr(a, "peer_cred", None), getattr(b, "peer_cred", None)
+    return pa is not None and pb is not None and pa[0] == pb[0] and pa[0] > 0
 
 
 def _numeric(host: str) -> bool:
