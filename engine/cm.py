@@ -55,6 +55,7 @@ class CMId:
     state: CMState = CMState.IDLE
     ip: str = "0.0.0.0"
     port: int = 0
+    reuse: bool = False              # RDMA_OPTION_ID_REUSEADDR
     dev: int = 0
     # The peer: its daemon (host, wire port), device index, IP address and port, its
     # communication id once known.

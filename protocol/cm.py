@@ -88,9 +88,12 @@ class CmDestroyId(Request):
 
 @_request("cm_bind")
 class CmBind(Request):
+    """rdma_bind_addr(3); ``reuse``: the id's RDMA_OPTION_ID_REUSEADDR."""
+
     cmid: int = _handle()
     ip: str = _wire(str, 7, 15, decode=_ipv4)
     port: int = _wire(int, 0, 65535)
+    reuse: bool = _wire(bool, required=False, default=False)
 
 
 @_request("cm_resolve_addr")

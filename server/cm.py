@@ -136,16 +136,18 @@ class ConnectionManager:
             if cid.handle in self.ids:
                 self.destroy_id(cid)
 
-    def bind(self, cid: CMId, ip: str, port: int) -> int:
+    def bind(self, cid: CMId, ip: str, port: int, reuse: bool = False) -> int:
         cid.check("bind")
         if ip not in ("0.0.0.0", self.my_ip()) and not ip.startswith("127."):
             raise RDMAError("EADDRNOTAVAIL", f"rdma_bind_addr: {ip} is not this daemon's "
                                              f"address ({self.my_ip()})")
         port = port or self._ephemeral(cid.ps)
+        # As SO_REUSEADDR: two ids that both asked may share a port, unless one listens.
         if any(c.ps == cid.ps and c.port == port and c.state != CMState.IDLE
+               and not (reuse and c.reuse and c.state != CMState.LISTEN)
                for c in self.ids.values() if c.listener == 0):
             raise RDMAError("EADDRINUSE", f"rdma_bind_addr: port {port} is bound already")
-        cid.ip, cid.port = ip, port
+        cid.ip, cid.port, cid.reuse = ip, port, reuse
         cid.to(CMState.BOUND)
         return port
 
@@ -177,6 +179,10 @@ class ConnectionManager:
         other = self.listeners.get((cid.ps, cid.port))
         if other is not None and other != cid.handle:
             raise RDMAError("EADDRINUSE", f"rdma_listen: port {cid.port} has a listener")
+        if any(c is not cid and c.ps == cid.ps and c.port == cid.port and c.listener == 0
+               and c.state != CMState.IDLE for c in self.ids.values()):
+            raise RDMAError("EADDRINUSE", f"rdma_listen: port {cid.port} is shared "
+                                          "(RDMA_OPTION_ID_REUSEADDR) with another id")
         cid.backlog = backlog_of(backlog, MAX_BACKLOG)
         self.listeners[(cid.ps, cid.port)] = cid.handle
         cid.to(CMState.LISTEN)
