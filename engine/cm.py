@@ -17,7 +17,9 @@ from ..protocol.errors import RDMAError
 class CMState(enum.Enum):
     IDLE = "idle"
     BOUND = "bound"                  # rdma_bind_addr
+    ADDR_QUERY = "addr_query"        # rdma_resolve_addr: the peer's daemon is sought
     ADDR_RESOLVED = "addr_resolved"
+    ROUTE_QUERY = "route_query"
     ROUTE_RESOLVED = "route_resolved"
     LISTEN = "listen"
     REQ_SENT = "req_sent"            # rdma_connect: waiting for REP / REJ

@@ -96,16 +96,23 @@ class CmBind(Request):
     reuse: bool = _wire(bool, required=False, default=False)
 
 
+# rdma_resolve_addr(3) / rdma_resolve_route(3)'s timeout_ms (2000 for a client that
+# names none); past it, ADDR_ERROR / ROUTE_ERROR with -ETIMEDOUT.
+_TIMEOUT_MS = _wire(int, 1, 1 << 31, required=False, default=2000)
+
+
 @_request("cm_resolve_addr")
 class CmResolveAddr(Request):
     cmid: int = _handle()
     ip: str = _wire(str, 7, 15, decode=_ipv4)
     port: int = _wire(int, 0, 65535)
+    timeout_ms: int = _TIMEOUT_MS
 
 
 @_request("cm_resolve_route")
 class CmResolveRoute(Request):
     cmid: int = _handle()
+    timeout_ms: int = _TIMEOUT_MS
 
 
 @_request("cm_listen")

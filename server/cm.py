@@ -69,8 +69,11 @@ class ConnectionManager:
         self.by_remote: dict[tuple, int] = {}
         self._next = random.randrange(1, 1 << 30)
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        # Address and route resolutions waiting for a wire link, by id.
+        self._probes: dict[int, asyncio.Task] = {}
         node.counters.update({"cm_messages_in": 0, "cm_messages_out": 0,
-                              "cm_messages_refused": 0, "cm_retransmissions": 0})
+                              "cm_messages_refused": 0, "cm_retransmissions": 0,
+                              "cm_messages_dropped": 0})
 
     # -- addresses ---------------------------------------------------------------------
     def my_ip(self) -> str:
@@ -122,6 +125,9 @@ class ConnectionManager:
 
     def _forget(self, cid: CMId) -> None:
         self._cancel(cid)
+        probe = self._probes.pop(cid.handle, None)
+        if probe is not None:
+            probe.cancel()
         self.ids.pop(cid.handle, None)
         if self.listeners.get((cid.ps, cid.port)) == cid.handle:
             del self.listeners[(cid.ps, cid.port)]
@@ -159,20 +165,63 @@ class ConnectionManager:
                 return p
         raise RDMAError("EADDRINUSE", "no ephemeral port is free")
 
-    def resolve_addr(self, cid: CMId, ip: str, port: int) -> None:
+    def resolve_addr(self, cid: CMId, ip: str, port: int, timeout_ms: int = 2000) -> None:
         cid.check("resolve_addr")
         if cid.state == CMState.IDLE:
             self.bind(cid, "0.0.0.0", 0)
+        back = cid.state
         cid.peer = self.daemon_of(ip)
         cid.peer_ip, cid.peer_port = ip, port
-        cid.to(CMState.ADDR_RESOLVED)
-        self._later(cid, "addr_resolved", **self._addrs(cid))
+        cid.to(CMState.ADDR_QUERY)
+        self._reach(cid, timeout_ms, ("addr_resolved", CMState.ADDR_RESOLVED),
+                    ("addr_error", back))
 
-    def resolve_route(self, cid: CMId) -> None:
-        # One hop between daemons: the route is the address (RoCE's, from the GIDs).
+    def resolve_route(self, cid: CMId, timeout_ms: int = 2000) -> None:
+        # One hop between daemons: the route is the link to the peer's daemon.
         cid.check("resolve_route")
-        cid.to(CMState.ROUTE_RESOLVED)
-        self._later(cid, "route_resolved")
+        cid.to(CMState.ROUTE_QUERY)
+        self._reach(cid, timeout_ms, ("route_resolved", CMState.ROUTE_RESOLVED),
+                    ("route_error", CMState.ADDR_RESOLVED))
+
+    def _reach(self, cid: CMId, timeout_ms: int, ok: tuple, err: tuple) -> None:
+        """Resolution: this daemon at once; another once its wire link is up (or its
+        host refused the TCP connection: the host is there, and a REQ to it will end
+        UNREACHABLE), else ``err``'s event with -ETIMEDOUT after ``timeout_ms``, or
+        -EHOSTUNREACH / -ENETUNREACH as soon as the network says so."""
+        if cid.peer == (self.node.host, self.node.port):
+            # Resolved now (the id may go on at once); its event follows the reply.
+            cid.to(ok[1])
+            self._later(cid, ok[0], ok[1], **self._addrs(cid))
+            return
+        link = self.node.wire.link_to(*cid.peer)
+        self._probes[cid.handle] = asyncio.get_running_loop().create_task(
+            self._probe(cid, link, timeout_ms / 1000, ok, err))
+
+    async def _probe(self, cid: CMId, link, timeout: float, ok: tuple, err: tuple) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        status = -errno.ETIMEDOUT
+        try:
+            while loop.time() < deadline:
+                if link.writer is not None and not link.closed or _refused(link.failure):
+                    self._resolved(cid, ok[0], ok[1], **self._addrs(cid))
+                    return
+                if link.closed:
+                    status = _link_status(link.failure)
+                    break
+                await asyncio.sleep(0.01)
+            self._resolved(cid, err[0], err[1], status=status)
+        finally:
+            self._probes.pop(cid.handle, None)
+
+    def _later(self, cid: CMId, kind: str, state: CMState, **fields) -> None:
+        asyncio.get_running_loop().call_soon(lambda: self._event(cid, kind, **fields))
+
+    def _resolved(self, cid: CMId, kind: str, state: CMState, **fields) -> None:
+        if self.ids.get(cid.handle) is not cid:
+            return      # destroyed meanwhile
+        cid.to(state)
+        self._event(cid, kind, **fields)
 
     def listen(self, cid: CMId, backlog: int) -> None:
         cid.check("listen")
@@ -277,6 +326,9 @@ class ConnectionManager:
 
     def _transmit(self, peer: tuple[str, int], header: dict, data: bytes) -> None:
         self.node.counters["cm_messages_out"] += 1
+        if self.node.faults.rules and self.node.faults.drops_cm("out", header["m"]):
+            self.node.counters["cm_messages_dropped"] += 1
+            return
         if peer == (self.node.host, self.node.port):
             origin = ("loopback" if host_class(self.node.host) == "loopback"
                       else host_class(self.my_ip()), self.node.port)
@@ -323,6 +375,9 @@ class ConnectionManager:
             m = proto.decode_message(header, payload)
         except FrameError as e:
             self._refuse(origin, f"malformed: {e.message}")
+            return
+        if self.node.faults.rules and self.node.faults.drops_cm("in", m["m"]):
+            self.node.counters["cm_messages_dropped"] += 1
             return
         if origin is None:
             self._refuse(origin, "a wire link that names no daemon")
@@ -436,9 +491,6 @@ class ConnectionManager:
         self._event(cid, "disconnected")
 
     # -- events --------------------------------------------------------------------------
-    def _later(self, cid: CMId, kind: str, **fields) -> None:
-        asyncio.get_running_loop().call_soon(lambda: self._event(cid, kind, **fields))
-
     def _event(self, cid: CMId, kind: str, status: int = 0, **fields) -> None:
         if self.ids.get(cid.handle) is not cid:
             return      # destroyed meanwhile
@@ -448,7 +500,22 @@ class ConnectionManager:
     def counts(self, owner=None) -> dict[str, int]:
         ids = [c for c in self.ids.values() if owner is None or c.owner is owner]
         return {"ids": len(ids), "listeners": len(self.listeners),
-                "timers": len(self._timers), "remote": len(self.by_remote)}
+                "timers": len(self._timers) + len(self._probes), "remote": len(self.by_remote)}
+
+
+def _link_status(failure: BaseException | None) -> int:
+    """An ADDR_ERROR / ROUTE_ERROR's status for a wire link that could not open: the
+    network's errno (EHOSTUNREACH, ENETUNREACH, ETIMEDOUT), or -ECONNREFUSED for a
+    daemon that refused the link's HELLO (another fabric's peer token)."""
+    name = getattr(failure, "errno_name", "")
+    if name in ("EHOSTUNREACH", "ENETUNREACH", "ETIMEDOUT"):
+        return -getattr(errno, name)
+    return -errno.ECONNREFUSED
+
+
+def _refused(failure: BaseException | None) -> bool:
+    """The TCP connection was refused: the host is there, its daemon is not."""
+    return getattr(failure, "errno_name", "") == "ECONNREFUSED"
 
 
 def _same_process(a, b) -> bool:

@@ -387,18 +387,18 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src,
 	uint16_t port;
 	int rc;
 
-	(void)timeout_ms;       /* resolved at once: the daemon names its peer itself */
 	if (src && src->sa_family && rdma_bind_addr(cid, src))
 		return -1;
 	rc = sin_of(dst, ip, &port);
 	if (rc)
 		return fail(rc);
 	memcpy(&cid->route.addr.dst_sin, dst, sizeof(struct sockaddr_in));
-	cm_begin(&g.conn, &b, "cm_resolve_addr", 3);
+	cm_begin(&g.conn, &b, "cm_resolve_addr", 4);
 	mp_kv_uint(&b, "cmid", id->handle);
 	mp_str(&b, "ip");
 	mp_str(&b, ip);
 	mp_kv_uint(&b, "port", port);
+	mp_kv_uint(&b, "timeout_ms", timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
 	rc = call(&b, NULL, 0, NULL);
 	if (rc)
 		return fail(rc);
@@ -408,10 +408,13 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src,
 EXPORT int rdma_resolve_route(struct rdma_cm_id *cid, int timeout_ms)
 {
 	struct cm_id *id = (struct cm_id *)cid;
+	struct mp_buf b;
 	int rc;
 
-	(void)timeout_ms;
-	rc = call_id("cm_resolve_route", id);
+	cm_begin(&g.conn, &b, "cm_resolve_route", 2);
+	mp_kv_uint(&b, "cmid", id->handle);
+	mp_kv_uint(&b, "timeout_ms", timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
+	rc = call(&b, NULL, 0, NULL);
 	if (rc)
 		return fail(rc);
 	return id->own_channel ? sync_wait(cid, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL) : 0;

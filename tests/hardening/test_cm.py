@@ -364,3 +364,18 @@ async def test_a_connect_or_accept_naming_another_sessions_qp_is_refused():
         await cli.event("connect_response")
         for s in (srv, cli, victim):
             s.close()
+
+
+def test_a_cm_fault_rule_only_drops():
+    """A fault rule naming a CM message kind drops it and nothing else: another action,
+    or a packet field beside it, is EINVAL; an unknown kind is EINVAL with the list."""
+    from softhca.protocol.errors import RDMAError
+    from softhca.server.faults import validate_rule
+
+    assert validate_rule({"action": "drop", "cm": "req", "count": 1})["direction"] == "out"
+    for bad in ({"action": "corrupt", "cm": "req", "block": 0, "block_size": 8},
+                {"action": "drop", "cm": "req", "qp": 5},
+                {"action": "drop", "cm": "hello"}):
+        with pytest.raises(RDMAError) as e:
+            validate_rule(bad)
+        assert e.value.errno_name == "EINVAL", bad
