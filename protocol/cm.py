@@ -29,7 +29,10 @@ PRIVATE_DATA_MAX = {"req": 56, "rep": 196, "rej": 148, "dreq": 220, "drep": 220}
 # What each message carries on the wire: a received message's private data is this
 # long, the sender's bytes then zeros (as an HCA's CM hands it up).
 PRIVATE_DATA_SIZE = PRIVATE_DATA_MAX
-MESSAGE_KINDS = frozenset({"req", "rep", "rej", "rtu", "dreq", "drep"})
+# MRA: IBTA's message receipt acknowledgement, which a passive side sends for a REQ its
+# consumer has not answered yet (the kernel's rdma_cm sends one for every REQ it hands
+# up), so the active side waits for the REP instead of resending the REQ.
+MESSAGE_KINDS = frozenset({"req", "rep", "rej", "rtu", "dreq", "drep", "mra"})
 
 # IBTA 12.6.7.2's reject reasons that rdma_cm reports as a REJECTED event's status.
 REJ_CONSUMER = 28
@@ -189,7 +192,7 @@ _FIELDS = {
             "depth": _BYTE, "retry": _3BIT, "rnr": _3BIT},
     "rep": {"qpn": _QPN, "psn": _PSN, "rr": _BYTE, "depth": _BYTE, "rnr": _3BIT},
     "rej": {"reason": (int, 0, 0xFFFF, True)},
-    "rtu": {}, "dreq": {}, "drep": {},
+    "rtu": {}, "dreq": {}, "drep": {}, "mra": {},
 }
 
 

@@ -49,6 +49,9 @@ class Timing:
 
     response_timeout: float = 1.0
     max_retries: int = 3
+    # How long an MRA'd REQ waits for its REP before it is sent again: the kernel's
+    # rdma_cm asks for 4.096 us * 2^24, some 68 s.
+    mra_timeout: float = 68.7
 
 
 def gid_bytes(ip: str, port: int, dev: int) -> bytes:
@@ -73,7 +76,7 @@ class ConnectionManager:
         self._probes: dict[int, asyncio.Task] = {}
         node.counters.update({"cm_messages_in": 0, "cm_messages_out": 0,
                               "cm_messages_refused": 0, "cm_retransmissions": 0,
-                              "cm_messages_dropped": 0})
+                              "cm_messages_dropped": 0, "cm_backlog_drops": 0})
 
     # -- addresses ---------------------------------------------------------------------
     def my_ip(self) -> str:
@@ -336,10 +339,11 @@ class ConnectionManager:
         else:
             self.node.wire.send_cm(peer[0], peer[1], header, data)
 
-    def _arm(self, cid: CMId) -> None:
+    def _arm(self, cid: CMId, after: float | None = None) -> None:
         self._stop_timer(cid)
         self._timers[cid.handle] = asyncio.get_running_loop().call_later(
-            self.timing.response_timeout, self._timeout, cid.handle)
+            self.timing.response_timeout if after is None else after, self._timeout,
+            cid.handle)
 
     def _cancel(self, cid: CMId) -> None:
         """No more retransmissions for ``cid``: its answer came (or it is gone)."""
@@ -413,23 +417,27 @@ class ConnectionManager:
             c = self.ids.get(dup)
             if c is not None and c.resend is not None and c.state == CMState.REP_SENT:
                 self._transmit(c.peer, c.resend["header"], c.resend["data"])
+            elif c is not None and c.state == CMState.REQ_RCVD:
+                self._send(c, "mra", {})        # our MRA was lost: the REQ came again
             return
         lid = self.listeners.get((m["ps"], m["port"]))
         parent = self.ids.get(lid) if lid is not None else None
-        reason = None
         if parent is None:
-            reason = proto.REJ_INVALID_SERVICE_ID
-        elif len(parent.pending) >= parent.backlog:
-            reason = proto.REJ_NO_RESOURCES
-        if reason is not None:
             self._transmit(peer, {"t": "cm", "m": "rej", "lcid": 1, "rcid": m["lcid"],
-                                  "dev": 0, "reason": reason}, b"")
+                                  "dev": 0, "reason": proto.REJ_INVALID_SERVICE_ID}, b"")
             return
-        try:
-            child = self.create_id(parent.owner, parent.ps, listener=parent.handle)
-        except RDMAError:
-            self._transmit(peer, {"t": "cm", "m": "rej", "lcid": 1, "rcid": m["lcid"],
-                                  "dev": 0, "reason": proto.REJ_NO_RESOURCES}, b"")
+        # A full backlog (or no id left for the child) drops the REQ unanswered, as the
+        # kernel's ucma and ib_cm do (-ENOMEM: "do not reject, to allow future
+        # retries"): the active side sends it again and gets in once there is room,
+        # or ends UNREACHABLE.
+        child = None
+        if len(parent.pending) < parent.backlog:
+            try:
+                child = self.create_id(parent.owner, parent.ps, listener=parent.handle)
+            except RDMAError:
+                pass
+        if child is None:
+            self.node.counters["cm_backlog_drops"] += 1
             return
         child.peer, child.peer_dev, child.remote_cid = peer, m["dev"], m["lcid"]
         child.ip, child.port, child.dev = parent.ip, parent.port, parent.dev
@@ -437,6 +445,7 @@ class ConnectionManager:
         child.to(CMState.REQ_RCVD)
         parent.pending.add(child.handle)
         self.by_remote[(origin, m["lcid"])] = child.handle
+        self._send(child, "mra", {})
         addrs = self._addrs(child)
         addrs.update(sip=m["dip"], sport=m["port"])
         self._event(child, "connect_request", listen=parent.handle, qpn=m["qpn"],
@@ -456,6 +465,15 @@ class ConnectionManager:
         self._event(cid, "connect_response", qpn=m["qpn"], psn=m["psn"], rr=m["rr"],
                     depth=m["depth"], rnr=m["rnr"],
                     _payload=proto.padded("rep", m["private_data"]), **self._addrs(cid))
+
+    def _on_mra(self, cid: CMId, m: dict) -> None:
+        # The peer's consumer has the REQ: wait for its REP (or REJ) for longer, the
+        # REQ resent only after that, and the peer's id known from now on.
+        if cid.state != CMState.REQ_SENT or cid.resend is None:
+            return
+        cid.remote_cid = m["lcid"]
+        cid.tries = self.timing.max_retries
+        self._arm(cid, self.timing.mra_timeout)
 
     def _on_rej(self, cid: CMId, m: dict) -> None:
         # rdma_cm reports every REJ as REJECTED, its reason the status.

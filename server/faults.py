@@ -51,7 +51,7 @@ from ..protocol.packets import Packet
 
 ACTIONS = ("corrupt", "drop", "duplicate", "delay", "reorder", "rnr")
 # A rule with ``cm`` drops CM messages of that kind (server/cm.py) instead of packets.
-CM_KINDS = ("req", "rep", "rej", "rtu", "dreq", "drep")
+CM_KINDS = ("req", "rep", "rej", "rtu", "dreq", "drep", "mra")
 FIELDS = ("data", "guard", "app_tag", "ref_tag")
 # Packets that begin a message on a requester's stream or a responder's stream: the
 # first packet of a request or of a READ's responses; an ACK begins nothing.

@@ -221,8 +221,13 @@ async def test_ten_thousand_connects_to_nobody_are_rejected_and_leak_nothing():
         s.close()
 
 
-async def test_a_listeners_backlog_overrun_is_rejected():
+async def test_a_listeners_backlog_overrun_drops_the_req_until_there_is_room():
+    """A REQ past a listener's backlog is dropped unanswered, as the kernel's ucma and
+    ib_cm drop it (no REJ, "to allow future retries"): the active side's CM sends it
+    again, and once rdma_accept makes room it gets in; a REQ that never finds room ends
+    UNREACHABLE with -ETIMEDOUT."""
     async with daemon() as d:
+        d.cm.timing.response_timeout, d.cm.timing.max_retries = 0.2, 10
         srv, cli = await Session.open(d), await Session.open(d)
         await listener(srv, 7176, backlog=2)
         ids = [await resolved(cli, 7176) for _ in range(3)]
@@ -230,15 +235,23 @@ async def test_a_listeners_backlog_overrun_is_rejected():
         for i in ids:
             await cli.call("cm_connect", **connect_fields(i, cqp))
         reqs = [(await srv.event("connect_request"))[0] for _ in range(2)]
-        h, _ = await cli.event("rejected")
-        assert h["cmid"] == ids[2] and h["status"] == cm.REJ_NO_RESOURCES
-        # Accepting one makes room again.
+        # The two pending REQs were acknowledged (MRA) and wait for their REP, never
+        # resent; the third is dropped at each try, and only it is resent.
+        await asyncio.sleep(1.0)
+        assert d.counters["cm_backlog_drops"] >= 4 and not cli.events and not srv.events
+        assert d.counters["cm_retransmissions"] == d.counters["cm_backlog_drops"] - 1
+        # Accepting one makes room: the third REQ's next retransmission gets in.
         await srv.call("cm_accept", cmid=reqs[0]["cmid"], qpn=sqp, psn=0,
                        responder_resources=1, initiator_depth=1, rnr_retry_count=7)
         await cli.event("connect_response")
-        again = await resolved(cli, 7176)
-        await cli.call("cm_connect", **connect_fields(again, cqp))
-        await srv.event("connect_request")
+        h, _ = await srv.event("connect_request", timeout=5)
+        assert h["cmid"] not in {r["cmid"] for r in reqs}
+        # Full again (two pending): a fourth REQ is resent 3 times, then UNREACHABLE.
+        d.cm.timing.max_retries = 2
+        late = await resolved(cli, 7176)
+        await cli.call("cm_connect", **connect_fields(late, cqp))
+        h, _ = await cli.event("unreachable", timeout=5)
+        assert h["cmid"] == late and h["status"] == -110
         srv.close()
         cli.close()
 
