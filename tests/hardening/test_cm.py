@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import os
 
 import pytest
 
+from softhca.engine.cm import CMId
 from softhca.protocol import cm
 from softhca.protocol.frames import FrameDecoder, encode_frame, frame_bytes
 from softhca.server.daemon import Daemon
@@ -198,6 +201,7 @@ async def test_ten_thousand_connects_to_nobody_are_rejected_and_leak_nothing():
     async with daemon() as d:
         s = await Session.open(d)
         qpn = await make_qp(s)
+        fds = len(os.listdir("/proc/self/fd"))
         n, batch = 10_000, 500
         for _ in range(n // batch):
             rids = [s.send("cm_create_id", ps=cm.PS_TCP) for _ in range(batch)]
@@ -218,6 +222,10 @@ async def test_ten_thousand_connects_to_nobody_are_rejected_and_leak_nothing():
             s.events.clear()
         await s.call("cm_counts")
         assert d.cm.counts() == {"ids": 0, "listeners": 0, "timers": 0, "remote": 0}
+        # Nothing else holds on: no CMId object is left, no descriptor was opened.
+        gc.collect()
+        assert not [o for o in gc.get_objects() if type(o) is CMId]
+        assert len(os.listdir("/proc/self/fd")) <= fds
         s.close()
 
 
