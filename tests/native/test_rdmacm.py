@@ -303,3 +303,19 @@ def test_rdma_set_option(where):
         "reuseaddr": "ok", "reuseaddr-other": "ok", "bind": "ok", "bind-shared": "ok",
         "listen-shared": "Address already in use", "reuseaddr-bound": "Invalid argument",
     }, cli.output
+
+
+def test_the_device_names_the_netdev_whose_address_the_daemon_answers_on(where):
+    """In softhca run's mount namespace /sys/class/infiniband/<dev>/device/net/<if>
+    names the interface that holds the daemon's address, which rdma-core's
+    tests/base.py reads (ls there, then `ip -j addr show <if>` for the IP); the other
+    classes of /sys/class are still there."""
+    script = ("dev=$(ls /sys/class/infiniband | head -n1); "
+              "ifc=$(ls /sys/class/infiniband/$dev/device/net/); echo netdev=$ifc; "
+              "ip -j addr show $ifc; echo; ls /sys/class/net")
+    out = where.run(where.server, ["sh", "-c", script], port=next(_wire_ports), timeout=60)
+    assert out.returncode == 0, out.output
+    ifc = re.search(r"^netdev=(\S+)$", out.output, re.M).group(1)
+    info = json.loads(next(line for line in out.output.splitlines() if line.startswith("[")))
+    assert where.server.addr in [a["local"] for a in info[0]["addr_info"]], out.output
+    assert ifc in out.output.split("]", 1)[1].split(), out.output      # in /sys/class/net
