@@ -13,6 +13,10 @@ A rule watches the packets one daemon sends (``direction: "out"``) or accepts
 - ``drop``, ``duplicate``, ``delay`` (``seconds``), ``reorder`` (held back behind the
   next ``window`` packets of the same QP and direction).
 - ``rnr``: the receiving QP answers a SEND with an RNR NAK, as if no receive were posted.
+- a rule with ``cm`` (``req``, ``rep``, ``rej``, ``rtu``, ``dreq``, ``drep``, ``mra``)
+  drops the connection manager's messages of that kind instead (``action: "drop"``,
+  with ``direction``, ``count``, ``probability``, ``seed``; server/cm.py), as a lost
+  MAD would be.
 
 Matching: ``qp`` (this daemon's QP number: the sender for "out", the receiver for
 "in"), ``opcode`` (a whole opcode name, or a family of them: "RDMA_WRITE" matches
