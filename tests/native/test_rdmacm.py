@@ -201,7 +201,7 @@ def test_perftest_over_rdma_cm(where, program, size):
     channel; the client prints its result row for the size and iteration count."""
     if native.unavailable(program):
         pytest.skip(native.unavailable(program))
-    port, wire, iters = str(next(_ports)), next(_wire_ports), 1000
+    port, wire, iters = str(next(_ports)), next(_wire_ports), 200
     args = [program, "-R", "-p", port, "-n", str(iters), "-s", str(size)]
     srv, cli = pair(where, args, [*args, where.server.addr], wire)
     both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
