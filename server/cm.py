@@ -29,6 +29,7 @@ import socket
 from dataclasses import dataclass
 
 from ..engine.cm import CMId, CMState, backlog_of
+from ..engine.rc import RCQP
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameError
@@ -247,7 +248,8 @@ class ConnectionManager:
         names = list(self.node.hcas)
         dev = names[cid.dev] if cid.dev < len(names) else None
         qph = self.node.qps.get((dev, qpn))
-        if qph is None or not _same_process(qph.session, cid.owner):
+        if qph is None or not isinstance(qph.rcqp, RCQP) \
+                or not _same_process(qph.session, cid.owner):
             raise RDMAError("EINVAL", f"rdma_{call}: qp_num {qpn:#x} is no QP of this "
                                       "process on the id's device")
 
