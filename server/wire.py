@@ -384,6 +384,8 @@ class WireLink:
         # larger goes as its packets.
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self.closed = False
+        # Why it could not open (server/cm.py's address resolution reads it).
+        self.failure: BaseException | None = None
         self._draining: asyncio.Task | None = None
         self.task = asyncio.get_running_loop().create_task(self._run())
 
@@ -497,6 +499,7 @@ class WireLink:
         except asyncio.CancelledError:
             raise
         except (OSError, ConnectionError, asyncio.TimeoutError, RDMAError) as e:
+            self.failure = e
             log.warning("wire link failed %s", kv(event="wire_out_failed", peer=where,
                                                    reason=str(e) or type(e).__name__))
         finally:
