@@ -31,6 +31,7 @@ from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
 from .node_verbs import NodeVerbs
 from .shared_mr import op_reg_mr_shared
+from .srq_verbs import SRQ_HANDLERS, srq_of
 
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
 # scatter to CQE (softhca never scatters into a CQE, so there is nothing to disable).
@@ -46,6 +47,7 @@ _CREATORS = {control.OpenDevice: "ctx", control.AllocPd: "pd", control.RegMr: "m
              control.RegMrShared: "mr",
              control.CreateCq: "cq", control.CreateQp: "qp", control.CreateMkey: "mkey",
              control.CreateDek: "dek", control.CryptoLoginReq: "crypto_login",
+             control.CreateSrq: "srq",
              control.CreateCryptoLogin: "crypto_login"}
 
 
@@ -174,6 +176,8 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         d.shares.give_back(self.session.credential, kind, _object_bytes(kind, obj))
         if kind == "qp":
             obj.rcqp.modify_to_err()
+            if obj.rcqp.srq is not None:
+                obj.rcqp.srq.qps -= 1
             if obj.timer is not None:
                 obj.timer.cancel()
             d.forget_qp(obj)
@@ -212,7 +216,9 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                          "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr,
                          "max_msg_sz": lim.max_msg_size, "max_sge": control.MAX_SGE,
                          "max_cqe": MAX_CQE, "max_mr_size": MAX_MR_SIZE, "max_pd": 1 << 16,
-                         "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
+                         "max_qp_rd_atom": 16, "phys_port_cnt": 1,
+                         "max_srq": 1 << 16, "max_srq_wr": lim.max_qp_wr,
+                         "max_srq_sge": control.MAX_SGE, "node_guid": hash(hca.name)
                          & 0xFFFFFFFFFFFF}}
 
     def op_close_device(self, r: control.CloseDevice, rid: int) -> dict | None:
@@ -233,7 +239,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
     def op_dealloc_pd(self, r: control.DeallocPd, rid: int) -> dict | None:
         pd = self.get(r.pd, "pd")
         for kind, o in self.objects.values():
-            if kind in ("mr", "mkey", "qp", "dek") and o.pd is pd:
+            if kind in ("mr", "mkey", "qp", "dek", "srq") and o.pd is pd:
                 raise RDMAError("EBUSY", f"ibv_dealloc_pd: PD {r.pd} still has a {kind}")
         return self.destroy_handle(r.pd, "pd")
 
@@ -356,10 +362,14 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
             names = [f.name for f in Mlx5dvQpCreateFlags if f & unmodelled] or [hex(unmodelled)]
             raise RDMAError("EOPNOTSUPP", "mlx5dv_create_qp: create_flags "
                                           f"{', '.join(names)} not modelled")
+        srq = srq_of(self, r, pd)
         qpn = self.daemon.new_qpn()
         rcqp = RCQP(pd, qpn, sq_depth=r.max_send_wr, rq_depth=r.max_recv_wr,
                     sq_sig_all=r.sq_sig_all, max_inline_data=r.max_inline_data,
-                    sig_pipelining=bool(create_flags & Mlx5dvQpCreateFlags.SIG_PIPELINING))
+                    sig_pipelining=bool(create_flags & Mlx5dvQpCreateFlags.SIG_PIPELINING),
+                    srq=srq)
+        if srq is not None:
+            srq.qps += 1
         builder = MkeyConfigureBuilder(pd, r.send_ops_flags, r.sq_sig_all)
         qph = QPHost(self.session, 0, pd.hca, pd, rcqp, scq, rcq, r.max_send_sge,
                      r.max_recv_sge, r.send_ops_flags, builder, self.complete, self.qp_event)
@@ -506,4 +516,5 @@ HANDLERS: dict[type[control.Request], Callable[[Any, Any, int], dict | None]] = 
     control.Counters: NodeVerbs.op_counters,
     control.Subscribe: NodeVerbs.op_subscribe,
     **CM_HANDLERS,
+    **SRQ_HANDLERS,
 }
