@@ -20,4 +20,6 @@ MODULES = (
     "providers.efa.efadv",
     # v59 names of the enum modules (enums, cm_enums are the v44 ones)
     "libibverbs_enums", "librdmacm_enums",
+    # v55 on
+    "providers.mlx5.mlx5dv_dmabuf",
 )
