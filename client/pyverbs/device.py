@@ -386,8 +386,9 @@ def width_to_str(width):
     return _text(_WIDTHS, width, "width")
 
 
-def speed_to_str(speed):
-    return _text(_SPEEDS, speed, "speed")
+def speed_to_str(speed, speed_ex=0):
+    # v59 passes active_speed_ex too: when not 0 it is the speed (the newer encoding).
+    return _text(_SPEEDS, speed_ex or speed, "speed")
 
 
 def translate_gid_type(gid_type):
