@@ -290,6 +290,14 @@ class Context(PyverbsCM):
                                    errno.EINVAL)
         return 0xFFFF
 
+    def get_pkey_index(self, port_num, pkey):
+        """ibv_get_pkey_index(3): the index of ``pkey`` in the port's P_Key table (one
+        entry, the default P_Key 0xFFFF, as query_pkey answers)."""
+        if port_num != PORT or pkey != 0xFFFF:
+            raise PyverbsRDMAError(f"Failed to get P_Key index of {pkey:#x} on port "
+                                   f"{port_num}", errno.ENOENT)
+        return 0
+
     def _gid_entry(self):
         raw = self.query_gid(PORT, 0).raw
         return GIDEntry(int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little"),
