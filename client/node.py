@@ -222,6 +222,8 @@ class Context(_Closable):
         self._qps: weakref.WeakValueDictionary[int, QP] = weakref.WeakValueDictionary()
         # And CQs, for IBV_EVENT_CQ_ERR's ``cq``.
         self._cqs: weakref.WeakValueDictionary[int, CQ] = weakref.WeakValueDictionary()
+        # And SRQs, for IBV_EVENT_SRQ_LIMIT_REACHED's ``srq``.
+        self._srqs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     async def get_async_event(self, timeout: float | None = None) -> AsyncEvent | None:
         """ibv_get_async_event(3): the context's oldest async event (e.g.
@@ -237,7 +239,7 @@ class Context(_Closable):
             if ev is not None:
                 return AsyncEvent(self, ev["event"], EventType(ev["event_type"]),
                                   self._qps.get(ev.get("qp")), ev.get("qp_num"),
-                                  self._cqs.get(ev.get("cq")))
+                                  self._cqs.get(ev.get("cq")), self._srqs.get(ev.get("srq")))
             if timeout is not None:
                 return None
 

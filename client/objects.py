@@ -32,6 +32,7 @@ from . import mw as _mw
 from .ah import AH, connect_uc, create_ah, create_ah_from_wc, ready_ud
 from .connection import Connection, PushedCQ
 from .records import WC, MkeyErr, QPAttr, QPInfo, QPInitAttr, RecvWR, SendWR, SigErr
+from .srq import SRQ
 
 __all__ = ["CQ", "DEK", "MR", "PD", "QP", "AsyncEvent", "CryptoLogin", "MKey"]
 
@@ -101,7 +102,8 @@ class PD(_Closable):
             max_recv_wr=a.cap.max_recv_wr, max_send_sge=a.cap.max_send_sge,
             max_recv_sge=a.cap.max_recv_sge, max_inline_data=a.cap.max_inline_data,
             sq_sig_all=bool(a.sq_sig_all), send_ops_flags=int(a.send_ops_flags),
-            create_flags=int(a.create_flags))
+            create_flags=int(a.create_flags),
+            **({"srq": a.srq.handle} if a.srq is not None else {}))
         return QP(self, h["qp"], h["qp_num"], init_attr)
 
     async def create_ah(self, peer: QPInfo, **grh) -> AH:
@@ -117,6 +119,18 @@ class PD(_Closable):
         """ibv_create_ah_from_wc(3): an AH answering the sender of UD receive ``wc``,
         from the 40-byte GRH its buffer began with (client/ah.py)."""
         return await create_ah_from_wc(self, wc, grh, dest_dev)
+
+    async def create_srq(self, max_wr: int, max_sge: int = 1, srq_limit: int = 0) -> SRQ:
+        """ibv_create_srq(3): a shared receive queue of ``max_wr`` WRs of ``max_sge``
+        SGEs, its limit event armed at ``srq_limit`` if not 0. QPs created with
+        ``QPInitAttr(srq=srq)`` take their receives from it.
+
+        Errors: EINVAL for ``max_wr`` 0 or over the device's max_srq_wr, or a
+        ``srq_limit`` not below it; EPROTO for ``max_sge`` 0 or over 32; ENOMEM when the
+        session holds its ``--max-objects``."""
+        h, _ = await self.node.request("create_srq", pd=self.handle, max_wr=max_wr,
+                                       max_sge=max_sge, srq_limit=srq_limit)
+        return SRQ(self, h["srq"], h["max_wr"], h["max_sge"])
 
     async def create_mkey(self, create_flags: int, max_entries: int = 1) -> MKey:
         """mlx5dv_create_mkey(3): an indirect MKEY with ``create_flags``
@@ -384,6 +398,7 @@ class AsyncEvent:
     qp: QP | None = None
     qp_num: int | None = None
     cq: CQ | None = None
+    srq: SRQ | None = None
 
     async def ack(self) -> None:
         """ibv_ack_async_event(3): acknowledge this event. Returns None.

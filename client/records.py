@@ -77,6 +77,8 @@ class QPInitAttr:
     send_ops_flags: int = 0
     # mlx5dv_qp_init_attr.create_flags (MLX5DV_QP_CREATE_SIG_PIPELINING, ...).
     create_flags: int = 0
+    # ibv_qp_init_attr.srq: the SRQ (client/srq.py) the QP takes its receives from.
+    srq: Any = None
 
 
 @dataclass

@@ -167,7 +167,7 @@ class RCQP:
 
     def __init__(self, pd: PD, qp_num: int, sq_depth: int = 128, rq_depth: int = 128,
                  sq_sig_all: bool = False, max_inline_data: int = 256,
-                 max_rd_atomic: int = 16, sig_pipelining: bool = False) -> None:
+                 max_rd_atomic: int = 16, sig_pipelining: bool = False, srq=None) -> None:
         if max_inline_data < 0:
             raise einval(f"max_inline_data {max_inline_data} must not be negative")
         # Zero would let no READ or atomic ever go: the WR would wait forever.
@@ -177,6 +177,8 @@ class RCQP:
         self.qp_num = qp_num
         self.sq_depth = sq_depth
         self.rq_depth = rq_depth
+        # The SRQ its receives come from (engine/srq.py), or None: its own queue.
+        self.srq = srq
         self.sq_sig_all = sq_sig_all
         self.max_inline_data = max_inline_data
         self.max_rd_atomic = max_rd_atomic

@@ -40,6 +40,7 @@ from .rc_common import PSN_MOD, QPContext, psn_add, psn_diff, scatter
 
 if TYPE_CHECKING:
     from ..protocol.records import RecvWR
+    from .srq import SRQ
 
 # The responder ACKs at least this often within a long message.
 ACK_EVERY = 16
@@ -93,7 +94,9 @@ class Responder:
 
     def __init__(self, qp: QPContext) -> None:
         self.qp = qp
-        self._rq: deque[RecvWR] = deque()
+        # Its own receive queue, or the SRQ it was created with (engine/srq.py): the
+        # same interface, so a receive is taken the same way from either.
+        self._rq: deque[RecvWR] | SRQ = qp.srq if qp.srq is not None else deque()
         self._epsn = 0
         self._msn = 0
         self._msg: _Inbound | None = None
@@ -114,6 +117,9 @@ class Responder:
                         self._chk_rkey, self._chk_length)
 
     def post_recv(self, wr: RecvWR) -> None:
+        if self.qp.srq is not None:
+            raise RDMAError("EINVAL", "the QP takes its receives from an SRQ: "
+                                      "ibv_post_srq_recv posts them")
         if not qp_state.require("ibv_post_recv", self.qp.state):
             self.qp.complete_recv(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
             return
@@ -125,7 +131,7 @@ class Responder:
         """ERR: every posted receive completes WR_FLUSH_ERR; a message half received is
         dropped."""
         self._msg = None
-        while self._rq:
+        while self._rq and self.qp.srq is None:
             self.qp.complete_recv(self._rq.popleft().wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
 
     def take_packets(self) -> list[Packet | Run]:

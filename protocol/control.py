@@ -450,6 +450,8 @@ class CreateQp(Request):
     sq_sig_all: bool = _wire(bool)
     send_ops_flags: int = _u64()
     create_flags: int = _wire(int, 0, U32, required=False, default=0)
+    # ibv_qp_init_attr.srq: the handle of an SRQ of this session, 0 for none.
+    srq: int = _wire(int, 0, U32, required=False, default=0)
 
 
 # ibv_create_ah(3): the daemon and device the AH's dgid leads to (as an RC QP's AV
@@ -499,6 +501,40 @@ class PostSend(Request):
 @_request("post_recv")
 class PostRecv(Request):
     qp: int = _handle()
+    wrs: tuple[RecvWR, ...] = _wire(list, 1, MAX_WRS_PER_POST, decode=_recv_wrs)
+
+
+# -- shared receive queues (ibv_create_srq(3), ibv_modify_srq(3), ibv_post_srq_recv(3))
+@_request("create_srq")
+class CreateSrq(Request):
+    pd: int = _handle()
+    max_wr: int = _wire(int, 1, 1 << 16)
+    max_sge: int = _wire(int, 1, MAX_SGE)
+    srq_limit: int = _wire(int, 0, 1 << 16, required=False, default=0)
+
+
+@_request("modify_srq")
+class ModifySrq(Request):
+    srq: int = _handle()
+    # IBV_SRQ_MAX_WR / IBV_SRQ_LIMIT (enum ibv_srq_attr_mask) say which fields count.
+    mask: int = _wire(int, 0, 3)
+    max_wr: int = _wire(int, 0, 1 << 16, required=False, default=0)
+    srq_limit: int = _wire(int, 0, 1 << 16, required=False, default=0)
+
+
+@_request("query_srq")
+class QuerySrq(Request):
+    srq: int = _handle()
+
+
+@_request("destroy_srq")
+class DestroySrq(Request):
+    srq: int = _handle()
+
+
+@_request("post_srq_recv")
+class PostSrqRecv(Request):
+    srq: int = _handle()
     wrs: tuple[RecvWR, ...] = _wire(list, 1, MAX_WRS_PER_POST, decode=_recv_wrs)
 
 

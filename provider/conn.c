@@ -261,6 +261,12 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 		for (cq = ctx->cqs; cq && cq->handle != h; cq = cq->next)
 			;
 		d.element = cq ? (uintptr_t)&cq->cq : 0;
+	} else if (mp_find_uint(ev, "srq", &h)) {
+		struct shca_srq *srq;
+
+		for (srq = ctx->srqs; srq && srq->handle != h; srq = srq->next)
+			;
+		d.element = srq ? (uintptr_t)&srq->srq : 0;
 	}
 	pthread_mutex_unlock(&c->lock);
 	if (!d.element) {

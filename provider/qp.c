@@ -32,11 +32,6 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	uint32_t inl = attr->cap.max_inline_data, qpn = 0;
 	int rc;
 
-	if (attr->srq) {
-		shca_log("ibv_create_qp: EOPNOTSUPP: shared receive queues are not modelled");
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
 	if (inl > MAX_INLINE) {
 		shca_log("ibv_create_qp: EINVAL: max_inline_data %u exceeds the device's %d",
 			 inl, MAX_INLINE);
@@ -50,7 +45,9 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "create_qp", 12);
+	shca_begin(&ctx->conn, &b, "create_qp", attr->srq ? 13 : 12);
+	if (attr->srq)
+		mp_kv_uint(&b, "srq", ((struct shca_srq *)attr->srq)->handle);
 	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
 	mp_kv_uint(&b, "scq", ((struct shca_cq *)attr->send_cq)->handle);
 	mp_kv_uint(&b, "rcq", ((struct shca_cq *)attr->recv_cq)->handle);
@@ -93,7 +90,7 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	qp->vqp.qp.pd = ibpd;
 	qp->vqp.qp.send_cq = attr->send_cq;
 	qp->vqp.qp.recv_cq = attr->recv_cq;
-	qp->vqp.qp.srq = NULL;
+	qp->vqp.qp.srq = attr->srq;
 	qp->vqp.qp.handle = qp->handle;
 	qp->vqp.qp.qp_num = qpn;
 	qp->vqp.qp.state = IBV_QPS_RESET;

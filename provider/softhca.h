@@ -58,6 +58,7 @@ struct shca_context {
 	uint64_t max_msg_sz;
 	struct shca_cq *cqs;       /* under conn.lock */
 	struct shca_qp *qps;       /* under conn.lock */
+	struct shca_srq *srqs;     /* under conn.lock */
 	struct shca_mem *mems;     /* under mem_lock */
 	pthread_mutex_t mem_lock;
 	int async_pipe[2];
@@ -84,6 +85,14 @@ struct shca_mr {
 struct shca_mw {
 	struct ibv_mw mw;
 	uint32_t handle;
+};
+
+/* An SRQ (srq.c): the daemon's handle, what post_srq_recv checks. */
+struct shca_srq {
+	struct ibv_srq srq;
+	uint32_t handle;
+	uint32_t max_sge;
+	struct shca_srq *next;
 };
 
 struct shca_cq {
@@ -254,6 +263,11 @@ int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n);
 bool shca_owns_device(struct ibv_device *device);
 bool shca_owns(struct ibv_context *context);
 int shca_get_u32(struct shca_frame *r, const char *key, uint32_t *out);
+struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr);
+int shca_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask);
+int shca_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr);
+int shca_destroy_srq(struct ibv_srq *srq);
+int shca_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
 		     uint32_t handle);
 struct ibv_mw *shca_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);

@@ -94,6 +94,9 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 	U(max_pd, "max_pd");
 	U(max_qp_rd_atom, "max_qp_rd_atom");
 	U(phys_port_cnt, "phys_port_cnt");
+	U(max_srq, "max_srq");
+	U(max_srq_wr, "max_srq_wr");
+	U(max_srq_sge, "max_srq_sge");
 #undef U
 	if (mp_find_uint(a, "node_guid", &x)) {
 		d->node_guid = htobe64(x);
@@ -570,6 +573,11 @@ static void shca_cq_event(struct ibv_cq *cq)
 
 static const struct verbs_context_ops shca_ops = {
 	.alloc_pd = shca_alloc_pd,
+	.create_srq = shca_create_srq,
+	.modify_srq = shca_modify_srq,
+	.query_srq = shca_query_srq,
+	.destroy_srq = shca_destroy_srq,
+	.post_srq_recv = shca_post_srq_recv,
 	.async_event = shca_async_event,
 	.cq_event = shca_cq_event,
 	.create_ah = shca_create_ah,

@@ -38,6 +38,7 @@ def device_attr(verbs, hca) -> dict:
             "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr, "max_msg_sz": lim.max_msg_size,
             "max_sge": control.MAX_SGE, "max_cqe": MAX_CQE, "max_mr_size": MAX_MR_SIZE,
             "max_pd": 1 << 16, "max_qp_rd_atom": 16, "phys_port_cnt": 1,
+            "max_srq": 1 << 16, "max_srq_wr": lim.max_qp_wr, "max_srq_sge": control.MAX_SGE,
             "node_guid": hash(hca.name) & 0xFFFFFFFFFFFF,
             "device_cap_flags_ex": DEVICE_ATOMIC_WRITE,
             "odp_caps": {"general_caps": ODP_SUPPORT, "rc_odp_caps": ODP_RC_CAPS},

@@ -38,7 +38,7 @@ DEFAULT_QUOTAS: dict[str, tuple[int, int]] = {
 # What an object costs the daemon beside its buffers, as charged against the memory
 # budget (measured: a QP with its queues and RC state some 4 KiB, rounded up).
 OBJECT_BYTES: dict[str, int] = {"ctx": 1024, "pd": 256, "mr": 512, "cq": 1024, "qp": 8192,
-                                "mkey": 1024, "dek": 1024, "crypto_login": 512}
+                                "mkey": 1024, "dek": 1024, "crypto_login": 512, "srq": 8192}
 
 
 def default_memory_budget() -> int:

@@ -14,15 +14,20 @@ MAX_INLINE_DATA = 1 << 16
 
 
 def check_caps(r: control.CreateQp, max_qp_wr: int) -> None:
+    # With an SRQ the receive caps are ignored (ibv_create_qp(3)): the SRQ's own
+    # max_wr and max_sge bound its receives.
+    recv = () if r.srq else ("max_recv_wr", "max_recv_sge")
     for name, limit, most in (("max_send_wr", "max_qp_wr", max_qp_wr),
                               ("max_recv_wr", "max_qp_wr", max_qp_wr),
                               ("max_send_sge", "max_sge", control.MAX_SGE),
                               ("max_recv_sge", "max_sge", control.MAX_SGE),
                               ("max_inline_data", "inline limit", MAX_INLINE_DATA)):
+        if name.startswith("max_recv") and name not in recv:
+            continue
         value = getattr(r, name)
         if value > most:
             raise einval(f"ibv_create_qp: cap.{name} {value} exceeds the device's "
                          f"{limit} {most}")
-    for name in ("max_send_wr", "max_recv_wr"):
+    for name in ("max_send_wr", *recv[:1]):
         if getattr(r, name) < 1:
             raise einval(f"ibv_create_qp: cap.{name} must be at least 1")

@@ -36,6 +36,7 @@ from .mw_verbs import bind_objects, clean_on_reset, refuse_bound
 from .node_verbs import NodeVerbs
 from .qp_caps import check_caps
 from .shared_mr import op_reg_mr_shared
+from .srq_verbs import SRQ_HANDLERS, srq_of
 from .ud_verbs import UdVerbs
 
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
@@ -54,6 +55,7 @@ _CREATORS = {control.OpenDevice: "ctx", control.AllocPd: "pd", control.RegMr: "m
              control.CreateDek: "dek", control.CryptoLoginReq: "crypto_login",
              control.CreateAh: "ah",
              control.AllocMw: "mw",
+             control.CreateSrq: "srq",
              control.CreateCryptoLogin: "crypto_login"}
 
 
@@ -184,6 +186,9 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
         d.shares.give_back(self.session.credential, kind, _object_bytes(kind, obj))
         if kind == "qp":
             obj.rcqp.modify_to_err()
+            srq = getattr(obj.rcqp, "srq", None)      # RC QPs only: UC and UD take none
+            if srq is not None:
+                srq.qps -= 1
             if obj.timer is not None:
                 obj.timer.cancel()
             d.forget_qp(obj)
@@ -238,7 +243,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
     def op_dealloc_pd(self, r: control.DeallocPd, rid: int) -> dict | None:
         pd = self.get(r.pd, "pd")
         for kind, o in self.objects.values():
-            if kind in ("mr", "mkey", "qp", "dek", "ah", "mw") and o.pd is pd:
+            if kind in ("mr", "mkey", "qp", "dek", "ah", "mw", "srq") and o.pd is pd:
                 raise RDMAError("EBUSY", f"ibv_dealloc_pd: PD {r.pd} still has a {kind}")
         return self.destroy_handle(r.pd, "pd")
 
@@ -354,6 +359,9 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
                                           "modelled")
         check_caps(r, self.daemon.limits.max_qp_wr)
         if r.qp_type != QpType.RC:
+            if r.srq:
+                raise RDMAError("EOPNOTSUPP", "ibv_create_qp: a UC or UD QP taking its "
+                                              "receives from an SRQ is not modelled")
             return self.add_qp(self.create_datagram_qp(r, pd, scq, rcq), r.pd)
         create_flags = r.create_flags
         unmodelled = create_flags & ~QP_CREATE_FLAGS
@@ -361,10 +369,14 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
             names = [f.name for f in Mlx5dvQpCreateFlags if f & unmodelled] or [hex(unmodelled)]
             raise RDMAError("EOPNOTSUPP", "mlx5dv_create_qp: create_flags "
                                           f"{', '.join(names)} not modelled")
+        srq = srq_of(self, r, pd)
         qpn = self.daemon.new_qpn()
         rcqp = RCQP(pd, qpn, sq_depth=r.max_send_wr, rq_depth=r.max_recv_wr,
                     sq_sig_all=r.sq_sig_all, max_inline_data=r.max_inline_data,
-                    sig_pipelining=bool(create_flags & Mlx5dvQpCreateFlags.SIG_PIPELINING))
+                    sig_pipelining=bool(create_flags & Mlx5dvQpCreateFlags.SIG_PIPELINING),
+                    srq=srq)
+        if srq is not None:
+            srq.qps += 1
         builder = MkeyConfigureBuilder(pd, r.send_ops_flags, r.sq_sig_all)
         return self.add_qp(QPHost(self.session, 0, pd.hca, pd, rcqp, scq, rcq,
                                    r.max_send_sge, r.max_recv_sge, r.send_ops_flags, builder,
@@ -513,4 +525,5 @@ HANDLERS: dict[type[control.Request], Callable[[Any, Any, int], dict | None]] = 
     control.Subscribe: NodeVerbs.op_subscribe,
     **CM_HANDLERS,
     **MW_HANDLERS,
+    **SRQ_HANDLERS,
 }

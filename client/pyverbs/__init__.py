@@ -18,4 +18,8 @@ MODULES = (
     "providers.mlx5.dr_domain", "providers.mlx5.dr_matcher", "providers.mlx5.dr_rule",
     "providers.mlx5.dr_table", "providers.efa", "providers.efa.efa_enums",
     "providers.efa.efadv",
+    # v59 names of the enum modules (enums, cm_enums are the v44 ones)
+    "libibverbs_enums", "librdmacm_enums",
+    # v55 on
+    "providers.mlx5.mlx5dv_dmabuf",
 )

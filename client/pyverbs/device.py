@@ -157,6 +157,12 @@ class AllocDmAttr(Record):
 DM = unmodelled("DM", "Device memory (ibv_alloc_dm)")
 
 
+class FdArr(Record):
+    """struct ibv_fd_arr (rdma-core v59): file descriptors for a privileged context."""
+
+    _fields = (("arr", ()), ("count", 0))
+
+
 class Context(PyverbsCM):
     """ibv_context: ``Context(name='mlx5_0')`` opens the device on the softhca daemon."""
 
@@ -233,7 +239,10 @@ class Context(PyverbsCM):
             max_mr_size=a.get("max_mr_size", 0), page_size_cap=0xFFFFF000,
             vendor_id=a.get("vendor_id", 0), vendor_part_id=a.get("vendor_part_id", 0),
             max_qp=a.get("max_qp", 0), max_qp_wr=a.get("max_qp_wr", 0),
-            device_cap_flags=e.IBV_DEVICE_RC_RNR_NAK_GEN | e.IBV_DEVICE_PORT_ACTIVE_EVENT,
+            device_cap_flags=e.IBV_DEVICE_RC_RNR_NAK_GEN | e.IBV_DEVICE_PORT_ACTIVE_EVENT
+            | e.IBV_DEVICE_SRQ_RESIZE,
+            max_srq=a.get("max_srq", 0), max_srq_wr=a.get("max_srq_wr", 0),
+            max_srq_sge=a.get("max_srq_sge", 0),
             max_sge=a.get("max_sge", 0), max_sge_rd=a.get("max_sge", 0),
             max_cq=a.get("max_qp", 0), max_cqe=a.get("max_cqe", 0),
             max_mr=a.get("max_qp", 0), max_pd=a.get("max_pd", 0),
@@ -280,6 +289,19 @@ class Context(PyverbsCM):
                                    errno.EINVAL)
         return 0xFFFF
 
+    def get_pkey_index(self, port_num, pkey):
+        """ibv_get_pkey_index(3): the index of ``pkey`` in the port's P_Key table (one
+        entry, the default P_Key 0xFFFF, as query_pkey answers)."""
+        if port_num != PORT or pkey != 0xFFFF:
+            raise PyverbsRDMAError(f"Failed to get P_Key index of {pkey:#x} on port "
+                                   f"{port_num}", errno.ENOENT)
+        return 0
+
+    def _gid_entry(self):
+        raw = self.query_gid(PORT, 0).raw
+        return GIDEntry(int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little"),
+                        0, PORT, e.IBV_GID_TYPE_ROCE_V2, 0)
+
     def query_gid_table(self, max_entries, flags=0):
         self._check()
         return gid_table.entries(self, GIDEntry, max_entries)
@@ -295,11 +317,16 @@ class Context(PyverbsCM):
         """ibv_get_async_event(3): blocks until the device reports an event."""
         self._check()
         ev = _sync.run(self._actx.get_async_event(None), "Failed to get async event")
-        element = None
+        element, kind = None, None
         if ev.qp_num is not None:
             element = next((c for c in list(self._children)
                             if getattr(c, "_qp_num", None) == ev.qp_num), None)
-        return AsyncEvent(int(ev.event_type), element, "qp" if element else None, ev)
+            kind = "qp" if element else None
+        elif ev.srq is not None:
+            element = next((c for c in list(self._children)
+                            if getattr(c, "_obj", None) is ev.srq), None)
+            kind = "srq" if element else None
+        return AsyncEvent(int(ev.event_type), element, kind, ev)
 
 
 # -- the text helpers of pyverbs.device -------------------------------------------------
@@ -359,8 +386,9 @@ def width_to_str(width):
     return _text(_WIDTHS, width, "width")
 
 
-def speed_to_str(speed):
-    return _text(_SPEEDS, speed, "speed")
+def speed_to_str(speed, speed_ex=0):
+    # v59 passes active_speed_ex too: when not 0 it is the speed (the newer encoding).
+    return _text(_SPEEDS, speed_ex or speed, "speed")
 
 
 def translate_gid_type(gid_type):

@@ -10,12 +10,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap as _mm
+import os
+
+from .pyverbs_error import PyverbsRDMAError
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                        ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.malloc.restype = ctypes.c_void_p
 _libc.malloc.argtypes = [ctypes.c_size_t]
 _libc.free.argtypes = [ctypes.c_void_p]
@@ -42,6 +46,13 @@ def mmap(addr=0, length=100, prot=_mm.PROT_READ | _mm.PROT_WRITE,
 def munmap(addr, length):
     if _libc.munmap(addr, length) < 0:
         raise MemoryError("Failed to munmap requested memory")
+
+
+def madvise(addr, length, flags=_mm.MADV_DONTNEED):
+    """madvise(2) on this process's memory (rdma-core v55 on)."""
+    if _libc.madvise(addr, length, flags) != 0:
+        err = ctypes.get_errno()
+        raise PyverbsRDMAError(f"Failed to madvise memory: {os.strerror(err)}", err)
 
 
 def malloc(size):

@@ -195,8 +195,9 @@ class QP(Resource):
         else:
             raise PyverbsUserError(f"A QP is created on a PD or a Context, not a "
                                    f"{type(creator).__name__}")
-        if init_attr.srq is not None:
-            raise unsupported("Shared receive queues")
+        srq = init_attr.srq
+        if srq is not None and getattr(srq, "_obj", None) is None:
+            raise PyverbsUserError("QPInitAttr.srq must be an open SRQ")
         if getattr(init_attr, "xrcd", None) is not None:
             raise unsupported("XRC domains")
         if getattr(init_attr, "ind_table", None) is not None:
@@ -225,7 +226,8 @@ class QP(Resource):
             cap=api.QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge,
                           cap.max_recv_sge, cap.max_inline_data),
             sq_sig_all=int(init_attr.sq_sig_all), send_ops_flags=self._dv_send_ops,
-            create_flags=self._dv_create_flags)
+            create_flags=self._dv_create_flags, srq=srq._obj if srq is not None else None)
+        self._srq = srq
         if int(init_attr.qp_type) == e.IBV_QPT_RC:
             check_alloc_type("MLX_QP", "QP")
         obj = _sync.run(pd._obj.create_qp(attr), "Failed to create QP")

@@ -22,7 +22,7 @@ from softhca.client.pyverbs.mr import MR
 from softhca.client.pyverbs.pd import PD
 from softhca.client.pyverbs.pyverbs_error import PyverbsRDMAError
 from softhca.client.pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
-from softhca.client.pyverbs.srq import SRQ, SrqInitAttr
+from softhca.client.pyverbs.srq import SRQ, SrqInitAttrEx
 from softhca.client.pyverbs.wr import SGE, RecvWR, SendWR
 from softhca.protocol import enums as pe
 from softhca.tools.pyverbs import path as pyverbs_path
@@ -115,7 +115,10 @@ def test_unmodelled_features_raise_eopnotsupp():
         pd = PD(ctx)
         cq = CQ(ctx, 4, None, None, 0)
         for make in (lambda: QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RAW_PACKET, scq=cq, rcq=cq)),
-                     lambda: SRQ(pd, SrqInitAttr()),
+                     # XRC SRQs (basic ones are modelled: engine/srq.py).
+                     lambda: SRQ(ctx, SrqInitAttrEx(srq_type=e.IBV_SRQT_XRC, pd=pd,
+                                                    comp_mask=e.IBV_SRQ_INIT_ATTR_TYPE
+                                                    | e.IBV_SRQ_INIT_ATTR_PD)),
                      lambda: MR(pd, 64, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE,
                                 implicit=True)):
             with pytest.raises(PyverbsRDMAError) as ex:

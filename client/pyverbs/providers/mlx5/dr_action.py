@@ -6,5 +6,6 @@ module_of_unmodelled(globals(), "mlx5 direct rules (steering)",
                      "DrAction DrActionQp DrActionFlowCounter DrActionDrop DrActionModify "
                      "DrActionTag DrActionDestTable DrActionPopVLan DrActionPushVLan "
                      "DrActionDestArray DrActionDefMiss DrActionVPort DrActionIBPort "
-                     "DrActionDestTir DrActionPacketReformat DrActionFlowSample",
-                     "DrActionDestAttr DrFlowSamplerAttr")
+                     "DrActionDestTir DrActionPacketReformat DrActionFlowSample "
+                     "DrActionFlowMeter",
+                     "DrActionDestAttr DrFlowSamplerAttr DrFlowMeterAttr")

@@ -23,7 +23,8 @@ from . import mlx5_enums as dve
 
 
 class Mlx5DVContextAttr(Record):
-    _fields = (("flags", 0), ("comp_mask", 0))
+    # fds: an FdArr (v59's MLX5DV_CONTEXT_ATTR_MASK_FD_ARRAY).
+    _fields = (("flags", 0), ("comp_mask", 0), ("fds", None))
 
 
 class Mlx5DVPortAttr(Record):

@@ -1,0 +1,178 @@
+/* Shared receive queues (ibv_create_srq(3), ibv_modify_srq(3), ibv_query_srq(3),
+ * ibv_destroy_srq(3), ibv_post_srq_recv(3)): the daemon's SRQ (engine/srq.py), named
+ * by its handle; a QP created with one sends that handle (qp.c), and the daemon's
+ * IBV_EVENT_SRQ_LIMIT_REACHED names it (conn.c finds the struct ibv_srq). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "softhca.h"
+
+/* As qp.c: WRs per post_srq_recv request, SGEs per WR (the daemon's bounds). */
+#define MAX_WRS_PER_POST 256
+#define MAX_SGE 32
+
+struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+	struct shca_context *ctx = to_sctx(pd->context);
+	struct shca_srq *srq;
+	struct mp_buf b;
+	struct shca_frame r;
+	int rc;
+
+	if (attr->attr.max_sge == 0 || attr->attr.max_sge > MAX_SGE) {
+		shca_log("ibv_create_srq: EINVAL: max_sge %u outside 1..%d",
+			 attr->attr.max_sge, MAX_SGE);
+		errno = EINVAL;
+		return NULL;
+	}
+	srq = calloc(1, sizeof(*srq));
+	if (!srq) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	shca_begin(&ctx->conn, &b, "create_srq", 4);
+	mp_kv_uint(&b, "pd", ((struct shca_pd *)pd)->handle);
+	mp_kv_uint(&b, "max_wr", attr->attr.max_wr);
+	mp_kv_uint(&b, "max_sge", attr->attr.max_sge);
+	mp_kv_uint(&b, "srq_limit", attr->attr.srq_limit);
+	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	if (!rc) {
+		rc = shca_get_u32(&r, "srq", &srq->handle);
+		shca_frame_free(&r);
+	}
+	if (rc) {
+		free(srq);
+		errno = rc;
+		return NULL;
+	}
+	srq->max_sge = attr->attr.max_sge;
+	srq->srq.context = pd->context;
+	srq->srq.srq_context = attr->srq_context;
+	srq->srq.pd = pd;
+	srq->srq.handle = srq->handle;
+	pthread_mutex_init(&srq->srq.mutex, NULL);
+	pthread_cond_init(&srq->srq.cond, NULL);
+	pthread_mutex_lock(&ctx->conn.lock);
+	srq->next = ctx->srqs;
+	ctx->srqs = srq;
+	pthread_mutex_unlock(&ctx->conn.lock);
+	return &srq->srq;
+}
+
+int shca_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
+{
+	struct shca_context *ctx = to_sctx(ibsrq->context);
+	struct mp_buf b;
+	struct shca_frame r;
+	int rc;
+
+	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))
+		return EINVAL;
+	shca_begin(&ctx->conn, &b, "modify_srq", 4);
+	mp_kv_uint(&b, "srq", ((struct shca_srq *)ibsrq)->handle);
+	mp_kv_uint(&b, "mask", (uint32_t)mask);
+	mp_kv_uint(&b, "max_wr", mask & IBV_SRQ_MAX_WR ? attr->max_wr : 0);
+	mp_kv_uint(&b, "srq_limit", mask & IBV_SRQ_LIMIT ? attr->srq_limit : 0);
+	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	if (!rc)
+		shca_frame_free(&r);
+	return rc;
+}
+
+int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
+{
+	struct shca_context *ctx = to_sctx(ibsrq->context);
+	struct mp_buf b;
+	struct shca_frame r;
+	struct mp_val a;
+	uint64_t x;
+	int rc;
+
+	shca_begin(&ctx->conn, &b, "query_srq", 1);
+	mp_kv_uint(&b, "srq", ((struct shca_srq *)ibsrq)->handle);
+	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	if (rc)
+		return rc;
+	memset(attr, 0, sizeof(*attr));
+	if (!mp_find(r.hdr, "attr", &a) || mp_kind(a) != MP_MAP) {
+		shca_frame_free(&r);
+		return EPROTO;
+	}
+	if (mp_find_uint(a, "max_wr", &x))
+		attr->max_wr = (uint32_t)x;
+	if (mp_find_uint(a, "max_sge", &x))
+		attr->max_sge = (uint32_t)x;
+	if (mp_find_uint(a, "srq_limit", &x))
+		attr->srq_limit = (uint32_t)x;
+	shca_frame_free(&r);
+	return 0;
+}
+
+int shca_destroy_srq(struct ibv_srq *ibsrq)
+{
+	struct shca_context *ctx = to_sctx(ibsrq->context);
+	struct shca_srq *srq = (struct shca_srq *)ibsrq, **pp;
+	int rc = shca_call_simple(ctx, "destroy_srq", "srq", srq->handle);
+
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&ctx->conn.lock);
+	for (pp = &ctx->srqs; *pp; pp = &(*pp)->next) {
+		if (*pp == srq) {
+			*pp = srq->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ctx->conn.lock);
+	free(srq);
+	return 0;
+}
+
+int shca_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
+		       struct ibv_recv_wr **bad)
+{
+	struct shca_context *ctx = to_sctx(ibsrq->context);
+	struct shca_srq *srq = (struct shca_srq *)ibsrq;
+	struct ibv_recv_wr *w, *first;
+	struct mp_buf b;
+	struct shca_frame r;
+	uint32_t n;
+	int i, rc;
+
+	while (wr) {
+		first = wr;
+		for (n = 0, w = wr; w && n < MAX_WRS_PER_POST; w = w->next, n++) {
+			if (w->num_sge < 0 || (uint32_t)w->num_sge > srq->max_sge) {
+				shca_log("ibv_post_srq_recv: EINVAL: num_sge %d exceeds the SRQ's "
+					 "max_sge %u", w->num_sge, srq->max_sge);
+				*bad = w;
+				return EINVAL;
+			}
+		}
+		shca_begin(&ctx->conn, &b, "post_srq_recv", 2);
+		mp_kv_uint(&b, "srq", srq->handle);
+		mp_str(&b, "wrs");
+		mp_arr(&b, n);
+		for (w = wr; w != NULL && n; w = w->next, n--) {
+			mp_map(&b, 2);
+			mp_kv_uint(&b, "wr_id", w->wr_id);
+			mp_str(&b, "sg");
+			mp_arr(&b, (uint32_t)w->num_sge);
+			for (i = 0; i < w->num_sge; i++) {
+				mp_arr(&b, 3);
+				mp_uint(&b, w->sg_list[i].addr);
+				mp_uint(&b, w->sg_list[i].length);
+				mp_uint(&b, w->sg_list[i].lkey);
+			}
+			wr = w->next;
+		}
+		rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+		if (rc) {
+			*bad = first;
+			return rc;
+		}
+		shca_frame_free(&r);
+	}
+	return 0;
+}
