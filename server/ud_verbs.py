@@ -70,10 +70,13 @@ class UdVerbs:
         return dataclasses.replace(wr, ah=ah)
 
     def create_datagram_qp(self, r: control.CreateQp, pd: PD, scq, rcq) -> QPHost:
-        """A UD or UC QP (``r.qp_type``); EOPNOTSUPP for the mlx5dv create flags."""
+        """A UD or UC QP (``r.qp_type``); EOPNOTSUPP for the mlx5dv create flags and an SRQ."""
         if r.create_flags or r.send_ops_flags:
             raise RDMAError("EOPNOTSUPP", "mlx5dv_create_qp create_flags and send_ops_flags "
                                           "are modelled on RC QPs only")
+        if r.srq:
+            raise RDMAError("EOPNOTSUPP", "ibv_create_qp: a UC or UD QP taking its receives "
+                                          "from an SRQ is not modelled")
         cls: type[DatagramQP] = UDQP if r.qp_type == QpType.UD else UCQP
         qp = cls(pd, self.daemon.new_qpn(), sq_depth=r.max_send_wr, rq_depth=r.max_recv_wr,
                  sq_sig_all=r.sq_sig_all, max_inline_data=r.max_inline_data)

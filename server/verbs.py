@@ -359,9 +359,6 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
                                           "modelled")
         check_caps(r, self.daemon.limits.max_qp_wr)
         if r.qp_type != QpType.RC:
-            if r.srq:
-                raise RDMAError("EOPNOTSUPP", "ibv_create_qp: a UC or UD QP taking its "
-                                              "receives from an SRQ is not modelled")
             return self.add_qp(self.create_datagram_qp(r, pd, scq, rcq), r.pd)
         create_flags = r.create_flags
         unmodelled = create_flags & ~QP_CREATE_FLAGS

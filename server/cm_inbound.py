@@ -1,0 +1,154 @@
+"""The connection manager's side that faces other daemons: a CM message from a wire
+link, checked against the link's proven origin before anything is looked at, then
+handed to the handler of its kind (REQ, REP, MRA, REJ, RTU, DREQ, DREP). A mixin of
+server/cm.py's ConnectionManager, which holds the ids, the timers and the sending."""
+
+from __future__ import annotations
+
+from ..engine.cm import CMId, CMState
+from ..protocol import cm as proto
+from ..protocol.errors import RDMAError
+from ..protocol.frames import FrameError
+from .logs import kv, log
+from .wire import host_class
+
+
+class CmInbound:
+    """Handlers of the CM messages another daemon sends (IBTA 12.6 and 12.9)."""
+
+    def receive(self, header: dict, payload, origin) -> None:
+        """A CM message from the daemon at ``origin`` ((host class, wire port), what the
+        wire link proved), checked before anything is looked at."""
+        self.node.counters["cm_messages_in"] += 1
+        try:
+            m = proto.decode_message(header, payload)
+        except FrameError as e:
+            self._refuse(origin, f"malformed: {e.message}")
+            return
+        if self.node.faults.rules and self.node.faults.drops_cm("in", m["m"]):
+            self.node.counters["cm_messages_dropped"] += 1
+            return
+        if origin is None:
+            self._refuse(origin, "a wire link that names no daemon")
+            return
+        if m["m"] == "req":
+            self._on_req(m, origin)
+            return
+        rcid = m["rcid"]
+        if rcid == 0:
+            # A REJ from an active side that gave up before it learnt our id (it went
+            # away while its REQ waited here): the child its REQ made.
+            rcid = self.by_remote.get((origin, m["lcid"]), 0)
+        cid = self.ids.get(rcid)
+        if cid is None or cid.peer is None or (host_class(cid.peer[0]), cid.peer[1]) != origin \
+                or (cid.remote_cid and cid.remote_cid != m["lcid"]):
+            self._refuse(origin, f"{m['m']} for no connection of that daemon")
+            return
+        getattr(self, "_on_" + m["m"])(cid, m)
+
+    def _refuse(self, origin, why: str) -> None:
+        self.node.counters["cm_messages_refused"] += 1
+        log.warning("CM message refused %s", kv(event="cm_refused", origin=str(origin),
+                                                 reason=why))
+
+    def _reply_to(self, origin) -> tuple[str, int]:
+        host, port = origin
+        return ("127.0.0.1" if host == "loopback" else host, port)
+
+    def _on_req(self, m: dict, origin) -> None:
+        peer = self._reply_to(origin)
+        dup = self.by_remote.get((origin, m["lcid"]))
+        if dup is not None:
+            c = self.ids.get(dup)
+            if c is not None and c.resend is not None and c.state == CMState.REP_SENT:
+                self._transmit(c.peer, c.resend["header"], c.resend["data"])
+            elif c is not None and c.state == CMState.REQ_RCVD:
+                self._send(c, "mra", {})        # our MRA was lost: the REQ came again
+            return
+        lid = self.listeners.get((m["ps"], m["port"]))
+        parent = self.ids.get(lid) if lid is not None else None
+        if parent is None:
+            self._transmit(peer, {"t": "cm", "m": "rej", "lcid": 1, "rcid": m["lcid"],
+                                  "dev": 0, "reason": proto.REJ_INVALID_SERVICE_ID}, b"")
+            return
+        # A full backlog (or no id left for the child) drops the REQ unanswered, as the
+        # kernel's ucma and ib_cm do (-ENOMEM: "do not reject, to allow future
+        # retries"): the active side sends it again and gets in once there is room,
+        # or ends UNREACHABLE.
+        child = None
+        if len(parent.pending) < parent.backlog:
+            try:
+                child = self.create_id(parent.owner, parent.ps, listener=parent.handle)
+            except RDMAError:
+                pass
+        if child is None:
+            self.node.counters["cm_backlog_drops"] += 1
+            return
+        child.peer, child.peer_dev, child.remote_cid = peer, m["dev"], m["lcid"]
+        child.ip, child.port, child.dev = parent.ip, parent.port, parent.dev
+        child.peer_ip, child.peer_port = m["sip"], m["sport"]
+        child.to(CMState.REQ_RCVD)
+        parent.pending.add(child.handle)
+        self.by_remote[(origin, m["lcid"])] = child.handle
+        self._send(child, "mra", {})
+        addrs = self._addrs(child)
+        addrs.update(sip=m["dip"], sport=m["port"])
+        self._event(child, "connect_request", listen=parent.handle, qpn=m["qpn"],
+                    psn=m["psn"], rr=m["rr"], depth=m["depth"], retry=m["retry"],
+                    rnr=m["rnr"], _payload=proto.padded("req", m["private_data"]), **addrs)
+
+    def _on_rep(self, cid: CMId, m: dict) -> None:
+        if cid.state in (CMState.REP_RCVD, CMState.ESTABLISHED) and cid.remote_cid == m["lcid"]:
+            if cid.state == CMState.ESTABLISHED:
+                self._send(cid, "rtu", {})      # our RTU was lost: the REP came again
+            return
+        if cid.state != CMState.REQ_SENT:
+            return
+        self._cancel(cid)
+        cid.remote_cid, cid.peer_dev = m["lcid"], m["dev"]
+        cid.to(CMState.REP_RCVD)
+        self._event(cid, "connect_response", qpn=m["qpn"], psn=m["psn"], rr=m["rr"],
+                    depth=m["depth"], rnr=m["rnr"],
+                    _payload=proto.padded("rep", m["private_data"]), **self._addrs(cid))
+
+    def _on_mra(self, cid: CMId, m: dict) -> None:
+        # The peer's consumer has the REQ: wait for its REP (or REJ) for longer, the
+        # REQ resent only after that, and the peer's id known from now on.
+        if cid.state != CMState.REQ_SENT or cid.resend is None:
+            return
+        cid.remote_cid = m["lcid"]
+        cid.tries = self.timing.max_retries
+        self._arm(cid, self.timing.mra_timeout)
+
+    def _on_rej(self, cid: CMId, m: dict) -> None:
+        # rdma_cm reports every REJ as REJECTED, its reason the status.
+        if cid.state not in (CMState.REQ_SENT, CMState.REQ_RCVD, CMState.REP_SENT):
+            return
+        self._cancel(cid)
+        self._unpend(cid)
+        cid.to(CMState.DISCONNECTED)
+        self._event(cid, "rejected", status=m["reason"],
+                    _payload=proto.padded("rej", m["private_data"]))
+
+    def _on_rtu(self, cid: CMId, m: dict) -> None:
+        if cid.state != CMState.REP_SENT:
+            return
+        self._cancel(cid)
+        cid.to(CMState.ESTABLISHED)
+        self._event(cid, "established")
+
+    def _on_dreq(self, cid: CMId, m: dict) -> None:
+        # Answered whatever the state (a DREQ resent after our DREP was lost).
+        self._send(cid, "drep", {})
+        if cid.state in (CMState.ESTABLISHED, CMState.REP_SENT, CMState.REP_RCVD,
+                         CMState.DREQ_SENT):
+            self._cancel(cid)
+            cid.to(CMState.DISCONNECTED)
+            self._event(cid, "disconnected")
+
+    def _on_drep(self, cid: CMId, m: dict) -> None:
+        if cid.state != CMState.DREQ_SENT:
+            return
+        self._cancel(cid)
+        cid.to(CMState.DISCONNECTED)
+        self._event(cid, "disconnected")
