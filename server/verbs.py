@@ -30,6 +30,7 @@ from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
 from .node_verbs import NodeVerbs
+from .post_reply import reply_may_wait
 from .shared_mr import op_reg_mr_shared
 
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
@@ -407,6 +408,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         qph: QPHost = self.get(r.qp, "qp")
         wrs = r.wrs
         now = asyncio.get_running_loop().time()
+        busy = len(qph.rcqp.requester.queue)
         try:
             for i, wr in enumerate(wrs):
                 if len(wr.sg) > qph.max_send_sge:
@@ -423,7 +425,8 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                                                   f"{e.message}") from None
         finally:
             self.daemon.service(qph)
-        return {}
+        # The reply may go with the completion (server/post_reply.py).
+        return {"_hold": True} if reply_may_wait(qph, wrs, busy) else {}
 
     def op_post_recv(self, r: control.PostRecv, rid: int) -> dict | None:
         qph: QPHost = self.get(r.qp, "qp")
