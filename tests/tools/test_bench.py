@@ -425,8 +425,9 @@ def test_ucx_figures_and_ratios(run):
     assert close(doc["latency"]["ratio"]["p50_to_ucx_put"], doc["latency"]["p50_us"],
                  lat["round_trip_us"])
     table = e2e_to_table(doc)
-    assert "UCX peer (ucx_perftest, UCX_TLS=tcp,self, loopback): put bandwidth 1024 KiB" in table
+    assert "UCX peer (ucx_perftest, UCX_TLS=tcp,self, loopback): put bandwidth 1 MiB" in table
     assert "plain rows / UCX put of the same size: RDMA_WRITE 64 KiB /UCX" in table
+    assert "RDMA_WRITE 1 MiB (MTU 1024) /UCX" in table
 
 
 def test_without_ucx_perftest_the_bench_says_so(monkeypatch):

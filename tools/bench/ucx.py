@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import time
 
-from .common import MIB, sig4
+from .common import DEFAULT_MTU, MIB, sig4, size_text
 
 # The same loopback plumbing as the provider's perftest pairs.
 from .provider import _free_port, _listening
@@ -122,11 +122,14 @@ def ucx_lines(doc: dict) -> list[str]:
         return []
     if "skipped" in u:
         return [f"UCX peer: none in this run: {u['skipped']}"]
-    bw = ", ".join(f"{r['size'] >> 10} KiB {r['mb_s']:.1f} MB/s" for r in u["put_bw"])
+    bw = ", ".join(f"{size_text(r['size'])} {r['mb_s']:.1f} MB/s" for r in u["put_bw"])
     lat = u["put_lat"]
     rows = [g for g in doc["goodput"] if "ucx_put" in g["ratio"]]
-    mine = "; ".join(f"{g['op']} {g['size'] >> 10} KiB /UCX {g['ratio']['ucx_put']:.3g} "
-                     f"(/TCP {g['ratio']['tcp_stream']:.3g})" for g in rows)
+    mtu = doc.get("setup", {}).get("path_mtu", DEFAULT_MTU)
+    mine = "; ".join(f"{g['op']} {size_text(g['size'])}"
+                     + (f" (MTU {g['path_mtu']})" if g.get("path_mtu", mtu) != mtu else "")
+                     + f" /UCX {g['ratio']['ucx_put']:.3g} (/TCP {g['ratio']['tcp_stream']:.3g})"
+                     for g in rows)
     ratio = doc["latency"].get("ratio", {}).get("p50_to_ucx_put")
     out = [f"UCX peer ({PROGRAM}, {u['transport']}): put bandwidth {bw}; put latency "
            f"{lat['size']} B {lat['half_round_trip_us']:.1f} us one way (half a round trip), "
