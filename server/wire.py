@@ -452,7 +452,7 @@ class WireLink:
             h = (train_header(dev, x) if type(x) is Run
                  else packet_header(dev, x, icrc_value=icrc_value))
             h["sqp"] = src_qp
-            bufs.extend(encode_frame(h, x.payload))
+            bufs.extend(encode_frame(h, x.payload, check=False))
         return bufs
 
     async def _drain(self) -> None:
