@@ -326,8 +326,17 @@ class Requester:
         try:
             t = self.qp.trace_for(role="requester", wr_id=wr.wr_id, op=WrOpcode(wr.opcode).name)
             errs: list | None = [] if self.qp.sig_pipelining else None
-            data = b"".join(transfer.tx(self.qp.pd, s.lkey, s.addr, s.length, trace=t,
-                                        sig_errors=errs) for s in wr.sg)
+            if len(wr.sg) == 1:
+                # One SGE of an MR: a view of its memory, read as the packets go (and
+                # again by a retransmission), as an HCA DMAs it: ibv_post_send(3) says
+                # the buffer stays untouched until the WR completes. No copy of the
+                # message is made; through an MKEY the transform makes the bytes anyway.
+                s = wr.sg[0]
+                data = transfer.tx(self.qp.pd, s.lkey, s.addr, s.length, trace=t,
+                                   sig_errors=errs, view=True)
+            else:
+                data = b"".join(transfer.tx(self.qp.pd, s.lkey, s.addr, s.length, trace=t,
+                                            sig_errors=errs) for s in wr.sg)
             if errs:
                 self.sig_stop = True
         except TransferError as err:
@@ -356,7 +365,10 @@ class Requester:
         # Each header where the opcode carries it (IBTA 9.2): the RETH on an RDMA
         # WRITE's first packet, ImmDt and IETH on the last.
         flags = FLAGS[name]
-        return Packet(self.qp.dest_qp, psn_add(r.psn, i), name, r.data[i * mtu:(i + 1) * mtu],
+        # bytes: a packet's payload is bytes wherever packets are observed (a capture
+        # appends it to its headers), and the gathered message may be a view.
+        return Packet(self.qp.dest_qp, psn_add(r.psn, i), name,
+                      bytes(r.data[i * mtu:(i + 1) * mtu]),
                       (wr.rkey, wr.remote_addr, len(r.data)) if flags & Op.RETH else None,
                       None, wr.imm_data if flags & Op.IMMDT else None,
                       wr.invalidate_rkey if flags & Op.IETH else None)
