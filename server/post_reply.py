@@ -20,16 +20,25 @@ from .hosts import QPHost
 HOLD_S = 0.003
 
 
-def reply_may_wait(qph: QPHost, wrs: list, busy_before: int) -> bool:
+def send_queue_busy(qph: QPHost) -> int | None:
+    """The WRs ``qph``'s send queue holds (posted, not completed); None for a QP whose
+    send queue is not an RC requester's (its posts are answered at once)."""
+    requester = getattr(qph.rcqp, "requester", None)
+    queue = getattr(requester, "queue", None)
+    return None if queue is None else len(queue)
+
+
+def reply_may_wait(qph: QPHost, wrs: list, busy_before: int | None) -> bool:
     """Whether the reply of a post of ``wrs`` (which succeeded) to ``qph``, whose send
     queue held ``busy_before`` WRs before it, may wait for the completion: one signaled
     WR of at most one packet, posted to an idle send queue of a QP whose send CQ is
     pushed to the session, still outstanding now (a WR that completed at once, flushed
     or local, already pushed its completion ahead of the reply)."""
-    if len(wrs) != 1 or busy_before or not qph.scq.push_mode:
+    if len(wrs) != 1 or busy_before != 0 or not qph.scq.push_mode:
         return False
     wr = wrs[0]
     q = qph.rcqp
-    if not (q.sq_sig_all or wr.send_flags & SendFlags.SIGNALED):
+    if not (getattr(q, "sq_sig_all", False) or wr.send_flags & SendFlags.SIGNALED):
         return False
-    return len(q.requester.queue) == 1 and sum(s.length for s in wr.sg) <= q.mtu
+    return (send_queue_busy(qph) == 1
+            and sum(s.length for s in wr.sg) <= getattr(q, "mtu", 0))

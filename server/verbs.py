@@ -30,7 +30,7 @@ from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
 from .node_verbs import NodeVerbs
-from .post_reply import reply_may_wait
+from .post_reply import reply_may_wait, send_queue_busy
 from .shared_mr import op_reg_mr_shared
 
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
@@ -408,7 +408,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         qph: QPHost = self.get(r.qp, "qp")
         wrs = r.wrs
         now = asyncio.get_running_loop().time()
-        busy = len(qph.rcqp.requester.queue)
+        busy = send_queue_busy(qph)
         try:
             for i, wr in enumerate(wrs):
                 if len(wr.sg) > qph.max_send_sge:
