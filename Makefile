@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.installed-lint
 
 .PHONY: all demo test test-unit test-e2e test-hardening test-tools test-pyverbs test-native \
-        lint lint-docker images bench bench-engine clean provider native-packages
+        lint lint-docker images bench bench-engine clean provider native-packages \
+        accel accel-packages
 
 all: test
 
@@ -32,7 +33,7 @@ demo: $(STAMP)
 	$(VENV)/bin/softhca demo
 
 # Everything, as CI runs it (.ci/run): every folder of tests/, each kind marked.
-test: $(STAMP) provider
+test: $(STAMP) provider accel
 	$(PY) -m pytest -q
 
 # The libibverbs provider (provider/) and the Debian packages that build and judge it:
@@ -60,8 +61,30 @@ provider: native-packages
 	@if [ -e /usr/include/infiniband/mlx5dv.h ]; then $(MAKE) -s -C examples/c; \
 	else echo "examples/c: no <infiniband/mlx5dv.h>; not built"; fi
 
+# The engine's native accelerator (accel/): softhca.accel._native, built for the venv's
+# Python, with ISA-L's CRCs (libisal-dev) and OpenSSL (libssl-dev), installed when missing
+# and root (CI is). Without them the engine runs its Python path, saying so in
+# `softhca bench engine`; with CI=true the tests fail instead (tests/unit/conftest.py).
+ACCEL_PKGS := libisal-dev libssl-dev
+accel-packages:
+	@missing=""; for p in $(ACCEL_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing$$missing"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } \
+	      || echo "accel: could not install$$missing (the engine keeps its Python path)"; \
+	  else echo "accel: missing$$missing (not root: not installed; the engine keeps its Python path)"; fi; \
+	fi
+
+accel: $(STAMP) accel-packages
+	@if [ -e /usr/include/isa-l/crc.h ] && [ -e /usr/include/openssl/evp.h ]; then \
+	  $(MAKE) -s -C accel PY=$(abspath $(PY)); \
+	else echo "accel: no <isa-l/crc.h> or <openssl/evp.h>; not built (the engine runs in Python)"; fi
+
 # One kind of test, its folder of tests/ (README, "Tests"); test-unit is seconds, no daemon.
-test-unit test-e2e test-hardening test-tools test-pyverbs: test-%: $(STAMP)
+test-unit test-e2e test-hardening test-tools test-pyverbs: test-%: $(STAMP) accel
 	$(PY) -m pytest -q tests/$*
 
 test-native: $(STAMP) provider
@@ -80,18 +103,19 @@ lint-docker: $(LINT_STAMP)
 # softhca:daemon and softhca:tests with no container registry: the base is python:3.11-slim-bookworm
 # when the engine has it or can pull it, else a debootstrapped Debian bookworm; the wheels
 # are built here; each step cached by a hash of its inputs (docker/README.md).
-images: $(STAMP) provider
+images: $(STAMP) provider accel
 	PY=$(PY) bash docker/build-images.sh
 
-bench-engine: $(STAMP)
+bench-engine: $(STAMP) accel
 	$(VENV)/bin/softhca bench engine
 
 # Two daemons end to end, each figure beside its ceilings (docs/performance.md); about a
 # minute. BENCH_ARGS passes options through, e.g. BENCH_ARGS="--json" or "--quick".
-bench: $(STAMP)
+bench: $(STAMP) accel
 	$(VENV)/bin/softhca bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
 	$(MAKE) -s -C provider clean
+	$(MAKE) -s -C accel clean
 	$(MAKE) -s -C examples/c clean

@@ -15,6 +15,7 @@ from .api import (
     CQ,
     DEK,
     MR,
+    MW,
     PD,
     QP,
     WC,
@@ -34,6 +35,7 @@ from .api import (
     SendWR,
     SigErr,
     Subscription,
+    bind_wr,
     connect,
     embedded,
     route_address,
@@ -53,9 +55,9 @@ PyverbsRDMAError = RDMAError
 
 __all__ = [
     "AsyncEvent", "CQ", "CryptoLogin", "DEK", "MR", "PD", "QP", "WC", "Context", "Event", "Subscription", "Faults", "MKey",
-    "MkeyErr", "Mlx5CryptoAttr", "Mlx5DEKInitAttr", "Mlx5MkeyConfAttr", "Mlx5MrInterleaved",
+    "MW", "MkeyErr", "Mlx5CryptoAttr", "Mlx5DEKInitAttr", "Mlx5MkeyConfAttr", "Mlx5MrInterleaved",
     "Mlx5SigBlockAttr", "Mlx5SigBlockDomain", "Mlx5SigCrc", "Mlx5SigT10Dif", "Mlx5SigT10dif",
     "Node", "PyverbsRDMAError", "QPAttr", "QPCap", "QPInfo", "QPInitAttr", "RDMAError",
-    "RecvWR", "SendWR", "SigErr", "connect", "embedded", "route_address", *attrs.__all__,
+    "RecvWR", "SendWR", "SigErr", "bind_wr", "connect", "embedded", "route_address", *attrs.__all__,
     *C_NAMES,
 ]

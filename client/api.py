@@ -21,14 +21,16 @@ client/objects.py (PD, MR, CQ, MKey, DEK, CryptoLogin, QP) and client/node.py
 ``softhca.client`` does.
 """
 
+from .ah import AH
 from .connection import CLIENT_MAX_FRAME, DEFAULT_PORT, EVENT_QUEUE, IO_CHUNK
+from .mw import MW, bind_wr, inc_rkey
 from .node import Context, Faults, Node, Subscription, connect, embedded, route_address
 from .objects import CQ, DEK, HOLD_AFTER_S, MR, PD, QP, AsyncEvent, CryptoLogin, MKey
 from .records import WC, Event, MkeyErr, QPAttr, QPCap, QPInfo, QPInitAttr, RecvWR, SendWR, SigErr
 
 __all__ = [
-    "CLIENT_MAX_FRAME", "CQ", "DEFAULT_PORT", "DEK", "EVENT_QUEUE", "HOLD_AFTER_S", "IO_CHUNK",
+    "AH", "CLIENT_MAX_FRAME", "CQ", "DEFAULT_PORT", "DEK", "EVENT_QUEUE", "HOLD_AFTER_S", "IO_CHUNK",
     "MR", "PD", "QP", "WC", "AsyncEvent", "Context", "CryptoLogin", "Event", "Faults", "MKey",
-    "MkeyErr", "Node", "QPAttr", "QPCap", "QPInfo", "QPInitAttr", "RecvWR", "SendWR", "SigErr",
-    "Subscription", "connect", "embedded", "route_address",
+    "MW", "MkeyErr", "Node", "QPAttr", "QPCap", "QPInfo", "QPInitAttr", "RecvWR", "SendWR", "SigErr",
+    "Subscription", "bind_wr", "connect", "embedded", "inc_rkey", "route_address",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 import weakref
 from typing import Any
 
@@ -417,6 +418,8 @@ class embedded:  # noqa: N801 - a function-like async context manager, as docs/a
             raise RDMAError("EINVAL", str(e)) from None
         host = self.host or (route_address(self.peer) if self.peer else "127.0.0.1")
         self.daemon = Daemon(self.hcas, host, 0, self.token, crypto=crypto, **self.options)
+        # The in-process proof for registering this process's memory (server/process_mr.py).
+        self.daemon.process_secret = secrets.token_bytes(32)
         await self.daemon.start()
         try:
             self.node = await connect(self.daemon.address, self.token)

@@ -24,9 +24,12 @@ from ..protocol.enums import (
     MkeyErrType,
     Mtu,
     QpState,
+    QpType,
     SendFlags,
 )
 from ..protocol.errors import RDMAError
+from . import mw as _mw
+from .ah import AH, connect_uc, create_ah, create_ah_from_wc, ready_ud
 from .connection import Connection, PushedCQ
 from .records import WC, MkeyErr, QPAttr, QPInfo, QPInitAttr, RecvWR, SendWR, SigErr
 
@@ -82,13 +85,13 @@ class PD(_Closable):
         ``send_ops_flags=MLX5DV_QP_EX_WITH_MKEY_CONFIGURE``; without it the configure's
         ``wr_complete`` raises EOPNOTSUPP. Connect it with ``qp.connect(peer.info())``.
 
-        Errors: EINVAL when ``scq`` or ``rcq`` is not a CQ, or ``cap.max_send_wr`` /
-        ``max_recv_wr`` exceeds the device's max_qp_wr; EOPNOTSUPP for a ``qp_type``
+        Errors: EINVAL when ``scq`` or ``rcq`` is not a CQ, or a cap exceeds the
+        device's (``max_send_wr`` / ``max_recv_wr`` 0 or over max_qp_wr, an SGE count
+        over max_sge 32, ``max_inline_data`` over 65536); EOPNOTSUPP for a ``qp_type``
         other than IBV_QPT_RC, or ``create_flags`` other than
         MLX5DV_QP_CREATE_SIG_PIPELINING and _DISABLE_SCATTER_TO_CQE; EPROTO for a cap
-        outside its range (``max_send_sge`` over 32, ``max_send_wr`` 0 or over 65536,
-        ...); ENOENT for a closed CQ; ENOMEM when the session holds its
-        ``--max-objects``."""
+        outside its C type (uint32_t); ENOENT for a closed CQ; ENOMEM when the session
+        holds its ``--max-objects``."""
         a = init_attr
         if not isinstance(a.scq, CQ) or not isinstance(a.rcq, CQ):
             raise RDMAError("EINVAL", "QPInitAttr needs scq and rcq (CQs of this context)")
@@ -100,6 +103,20 @@ class PD(_Closable):
             sq_sig_all=bool(a.sq_sig_all), send_ops_flags=int(a.send_ops_flags),
             create_flags=int(a.create_flags))
         return QP(self, h["qp"], h["qp_num"], init_attr)
+
+    async def create_ah(self, peer: QPInfo, **grh) -> AH:
+        """ibv_create_ah(3): an AH towards the daemon and device of ``peer`` (a QPInfo)
+        for a UD QP's send WRs (``wr.set_wr_ud(ah, remote_qpn, remote_qkey)``); ``grh``:
+        sgid, dgid (16 bytes; default the devices' GIDs), traffic_class, hop_limit
+        (default 64), flow_label (client/ah.py).
+
+        Errors: ENOENT for a closed PD; EPROTO for a field outside its width."""
+        return await create_ah(self, peer, **grh)
+
+    async def create_ah_from_wc(self, wc: WC, grh: bytes, dest_dev: str | None = None) -> AH:
+        """ibv_create_ah_from_wc(3): an AH answering the sender of UD receive ``wc``,
+        from the 40-byte GRH its buffer began with (client/ah.py)."""
+        return await create_ah_from_wc(self, wc, grh, dest_dev)
 
     async def create_mkey(self, create_flags: int, max_entries: int = 1) -> MKey:
         """mlx5dv_create_mkey(3): an indirect MKEY with ``create_flags``
@@ -115,6 +132,20 @@ class PD(_Closable):
         h, _ = await self.node.request("create_mkey", pd=self.handle,
                                        create_flags=int(create_flags), max_entries=max_entries)
         return MKey(self, h["mkey"], h["lkey"], h["rkey"])
+
+    async def reg_process_mr(self, addr: int, length: int, access: int = AccessFlags.LOCAL_WRITE,
+                             secret: bytes | None = None) -> MR:
+        """ibv_reg_mr(3) of this process's memory: client/mw.py ``reg_process_mr``."""
+        h = await _mw.reg_process_mr(self, addr, length, access, secret)
+        return MR(self, h["mr"], h["lkey"], h["rkey"], h["addr"], h["length"])
+
+    async def alloc_mw(self, mw_type: int = _mw.MW_TYPE_1) -> _mw.MW:
+        """ibv_alloc_mw(3): a memory window of ``mw_type`` (1 or 2; EINVAL otherwise)."""
+        return await _mw.alloc_mw(self, mw_type)
+
+    async def advise_mr(self, advice: int, flags: int, sges: list[SGE]) -> None:
+        """ibv_advise_mr(3): client/mw.py ``advise_mr``."""
+        await _mw.advise_mr(self, advice, flags, sges)
 
     async def close(self) -> None:
         """ibv_dealloc_pd(3).
@@ -160,6 +191,11 @@ class MR(_Closable):
                                                     offset=offset + start, length=n)
             parts.append(payload)
         return b"".join(parts)
+
+    async def rereg(self, flags: int, pd: PD | None = None, length: int = 0,
+                    access: int = 0, addr: int = 0, secret: bytes | None = None) -> None:
+        """ibv_rereg_mr(3): client/mw.py ``rereg_mr``."""
+        await _mw.rereg_mr(self, flags, pd, length, access, addr, secret)
 
     async def close(self) -> None:
         """ibv_dereg_mr(3): the memory goes; traffic through an MKEY whose layout names
@@ -273,6 +309,10 @@ class CQ(_Closable):
                                              f"{timeout:g} s: {out[-4:]}")
             out += await self.poll(min(n - len(out), 4096), timeout=left)
         return out
+
+    async def resize(self, cqe: int) -> int:
+        """ibv_resize_cq(3): client/mw.py ``resize_cq``."""
+        return await _mw.resize_cq(self, cqe)
 
     async def close(self) -> None:
         """ibv_destroy_cq(3).
@@ -447,6 +487,10 @@ class QP(_Closable):
         ``retry_cnt`` over 7, ...); ENOENT after ``qp.close()``."""
         h, _ = await self.node.request("modify_qp", qp=self.handle, attr=attr.to_wire(),
                                        mask=mask)
+        if h["state"] == QpState.RESET:
+            # RESET cleans the QP's unpolled completions from its CQs (server/mw_verbs.py).
+            for cq in {self.init_attr.scq, self.init_attr.rcq}:
+                self.node._conn.protocol.drop_qp_completions(cq.handle, self.qp_num)
         return h["state"]
 
     async def to_init(self, attr: QPAttr | None = None) -> None:
@@ -489,7 +533,11 @@ class QP(_Closable):
         (default ``self.psn``, the one ``info`` gives the peer).
 
         Errors: as ``modify`` at the step that failed (EINVAL when the QP is past
-        INIT; EPROTO for a value outside its width); the earlier steps stay done."""
+        INIT; EPROTO for a value outside its width); the earlier steps stay done.
+        A UC QP takes ``path_mtu`` and ``sq_psn`` only (it has no timers)."""
+        if self.init_attr.qp_type == QpType.UC:
+            await connect_uc(self, peer, path_mtu, self.psn if sq_psn is None else sq_psn)
+            return
         await self.to_init()
         await self.to_rtr(QPAttr(path_mtu=path_mtu, dest_qp_num=peer.qp_num, rq_psn=peer.psn,
                                  dest_host=peer.host, dest_port=peer.port, dest_dev=peer.dev,
@@ -497,6 +545,17 @@ class QP(_Closable):
         await self.to_rts(QPAttr(sq_psn=self.psn if sq_psn is None else sq_psn,
                                  timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
                                  min_rnr_timer=min_rnr_timer))
+
+    async def ready(self, qkey: int, sq_psn: int | None = None) -> None:
+        """A UD QP through RESET -> INIT -> RTR -> RTS with Q_Key ``qkey`` (sq_psn
+        default ``self.psn``); it then sends to any AH and takes from anyone who knows
+        its QP number and Q_Key. Errors: as ``modify``."""
+        await ready_ud(self, qkey, self.psn if sq_psn is None else sq_psn)
+
+    async def bind_mw(self, mw: _mw.MW, mr: MR | None, addr: int, length: int, access: int,
+                      **kw: Any) -> int:
+        """ibv_bind_mw(3) of a type 1 window: client/mw.py ``bind_mw``."""
+        return await _mw.bind_mw(self, mw, mr, addr, length, access, **kw)
 
     async def cancel_posted_send_wrs(self, wr_id: int) -> int:
         """mlx5dv_qp_cancel_posted_send_wrs(3): in SQD, the not yet started WRs with

@@ -100,6 +100,8 @@ class QPAttr:
     dest_dev: str | None = None
     cur_qp_state: int | None = None
     en_sqd_async_notify: int | None = None
+    # A UD QP's Q_Key (IBV_QP_QKEY).
+    qkey: int | None = None
 
     def to_wire(self) -> dict:
         """The fields that are not None, as modify_qp's ``attr`` map (docs/protocol.md);

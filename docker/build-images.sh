@@ -5,7 +5,8 @@
 #   1. the base: PYTHON_IMAGE (default python:3.11-slim-bookworm) if the engine has it or can pull
 #      it; otherwise a Debian bookworm root filesystem made with debootstrap (python3,
 #      python3-venv) and loaded with `docker import` as softhca-base:bookworm;
-#   2. the wheelhouse: softhca's wheel and every dependency of its fast and test extras,
+#   2. the wheelhouse: softhca's wheel (with the native accelerator `make accel` built in
+#      accel/) and every dependency of its fast and test extras,
 #      built on the host into build/wheelhouse (crcmod has only an sdist: its wheel is
 #      built here, so the image needs no compiler);
 #   3. docker/Dockerfile's daemon and tests stages, installing softhca only from the
@@ -56,7 +57,7 @@ fi
 base_id=$(docker image inspect --format '{{.Id}}' "$base")
 
 # -- 2. the wheelhouse ------------------------------------------------------------------
-mapfile -t sources < <(find pyproject.toml README.md engine protocol server client tools \
+mapfile -t sources < <(find pyproject.toml README.md accel engine protocol server client tools \
     -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
 wheel_inputs=$(hash_files "${sources[@]}")
 if [ -f "$WHEELHOUSE/.inputs" ] && [ "$(cat "$WHEELHOUSE/.inputs")" = "$wheel_inputs" ]; then

@@ -8,6 +8,8 @@
 - ``crypto`` and ``xts``: the crypto setter's rules and batched AES-XTS.
 - ``crypto_login``: the device's crypto import method, crypto login, wrapped DEK import.
 - ``transfer``: TX (memory to wire) and RX (wire to memory) through a key.
+- ``backend``: which implementation does the per-block work: the native accelerator
+  (softhca.accel._native, accel/) or the Python modules above (SOFTHCA_ENGINE).
 - ``keyplan``: the plan of an MKEY's configuration, built once for its transfers, and
   the scratch buffers they run in.
 - ``completion``: which ibv_wc_status a failed transfer gives.

@@ -17,7 +17,9 @@ from ..protocol.errors import RDMAError
 class CMState(enum.Enum):
     IDLE = "idle"
     BOUND = "bound"                  # rdma_bind_addr
+    ADDR_QUERY = "addr_query"        # rdma_resolve_addr: the peer's daemon is sought
     ADDR_RESOLVED = "addr_resolved"
+    ROUTE_QUERY = "route_query"
     ROUTE_RESOLVED = "route_resolved"
     LISTEN = "listen"
     REQ_SENT = "req_sent"            # rdma_connect: waiting for REP / REJ
@@ -55,6 +57,7 @@ class CMId:
     state: CMState = CMState.IDLE
     ip: str = "0.0.0.0"
     port: int = 0
+    reuse: bool = False              # RDMA_OPTION_ID_REUSEADDR
     dev: int = 0
     # The peer: its daemon (host, wire port), device index, IP address and port, its
     # communication id once known.

@@ -24,6 +24,8 @@ from ..protocol.enums import (
     MkeyInitAttrFlags,
 )
 from ..protocol.errors import RDMAError, einval
+from . import backend
+from .backend import NativeXts
 from .crypto_login import (
     DEK_INIT_ATTR_CRYPTO_LOGIN,
     KEYTAG_BYTES,
@@ -42,8 +44,9 @@ VA_BASE = 0x7F0000000000
 PAGE = 4096
 
 # Access flags an MR may be registered with (ibv_reg_mr(3)); ZERO_BASED is not modelled.
+# IBV_ACCESS_ON_DEMAND (1 << 6) is taken as engine/odp.py says.
 MR_ACCESS = int(AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
-             | AccessFlags.REMOTE_ATOMIC)
+             | AccessFlags.REMOTE_ATOMIC | AccessFlags.MW_BIND) | 1 << 6
 
 # mlx5dv_create_mkey(3): the flags an MKEY may be created with.
 MKEY_CREATE_FLAGS = int(MkeyInitAttrFlags.INDIRECT | MkeyInitAttrFlags.BLOCK_SIGNATURE
@@ -72,20 +75,37 @@ class DEK:
     # Imported wrapped (querying it then needs a valid crypto login, mlx5dv_dek_create(3)).
     wrapped: bool = False
 
-    # The key's AES-ECB contexts, made on first use and shared by every MKEY using this
-    # DEK (engine/xts.py XtsCipher: contexts that are never finalized can be reused).
-    _cipher: XtsCipher | None = field(default=None, init=False, repr=False, compare=False)
+    # The key's cipher, made on first use and shared by every MKEY using this DEK: the
+    # native accelerator's expanded key, or engine/xts.py XtsCipher's AES-ECB contexts
+    # (contexts that are never finalized can be reused); engine/backend.py picks.
+    _cipher: XtsCipher | NativeXts | None = field(default=None, init=False, repr=False,
+                                                  compare=False)
 
     def transform(self, data, unit_size: int, first_unit: int, initial_tweak: int,
                   encrypt: bool, out: np.ndarray | None = None) -> bytes | np.ndarray:
         """XTS over ``data`` (engine/xts.py xts_transform). With ``out`` (a uint8 array of
         len(data) bytes) the result is written there and ``out`` returned; else bytes."""
-        if self._cipher is None:
-            self._cipher = XtsCipher(self.key)
+        if self._cipher is None or not backend.is_current(self._cipher):
+            self._cipher = backend.xts_cipher(self.key)
         src = as_uint8(data)
+        if out is None and isinstance(self._cipher, NativeXts):
+            # Straight into new bytes: no copy of a result array.
+            return self._cipher.transform_into(src, unit_size, first_unit, initial_tweak,
+                                               encrypt, None)
         result = out if out is not None else np.empty(len(src), dtype=np.uint8)
         self._cipher.transform_into(src, unit_size, first_unit, initial_tweak, encrypt, result)
         return result if out is not None else result.tobytes()
+
+
+def check_mr_access(access: int, verb: str = "ibv_reg_mr") -> None:
+    """EINVAL for access flags an MR may not have (ibv_reg_mr(3))."""
+    if access & ~MR_ACCESS:
+        raise einval(f"{verb} access {access:#x} has flags outside {int(MR_ACCESS):#x}")
+    # ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set,
+    # then IBV_ACCESS_LOCAL_WRITE must be set too."
+    for flag in (AccessFlags.REMOTE_WRITE, AccessFlags.REMOTE_ATOMIC):
+        if access & flag and not access & AccessFlags.LOCAL_WRITE:
+            raise einval(f"IBV_ACCESS_{flag.name} requires IBV_ACCESS_LOCAL_WRITE")
 
 
 # Key indexes: the upper 24 bits of an lkey / rkey.
@@ -146,21 +166,17 @@ class HCA:
         (address, buffer) the caller's ``length`` bytes, registered at that address."""
         if length <= 0:
             raise einval(f"ibv_reg_mr length {length} must be positive")
-        if access & ~MR_ACCESS:
-            raise einval(f"ibv_reg_mr access {access:#x} has flags outside {int(MR_ACCESS):#x}")
-        # ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set,
-        # then IBV_ACCESS_LOCAL_WRITE must be set too."
-        for flag in (AccessFlags.REMOTE_WRITE, AccessFlags.REMOTE_ATOMIC):
-            if access & flag and not access & AccessFlags.LOCAL_WRITE:
-                raise einval(f"IBV_ACCESS_{flag.name} requires IBV_ACCESS_LOCAL_WRITE")
-        if at is None:
-            addr, buf = self._next_va, np.zeros(length, dtype=np.uint8)
-            self._next_va += (length + PAGE - 1) // PAGE * PAGE + PAGE
-        else:
-            addr, buf = at
+        check_mr_access(access)
+        addr, buf = self.fresh_memory(length) if at is None else at
         mr = MR(pd, addr, length, access, self.new_key(), buf)
         self.keys[mr.lkey] = mr
         return mr
+
+    def fresh_memory(self, length: int) -> tuple[int, np.ndarray]:
+        """``length`` zeroed bytes of the device's host memory and their address."""
+        addr, buf = self._next_va, np.zeros(length, dtype=np.uint8)
+        self._next_va += (length + PAGE - 1) // PAGE * PAGE + PAGE
+        return addr, buf
 
     def dereg_mr(self, mr: MR) -> None:
         mr.valid = False

@@ -5,7 +5,8 @@ Everything a transfer through an MKEY needs that depends on its configuration al
 tags) is worked out once, when the first transfer after a configure asks for it, and
 kept on the MKEY. The XTS key's AES-ECB contexts live one level down, on the DEK
 (hca.DEK.transform, engine/xts.py XtsCipher), so MKEYs sharing a DEK share them. A transfer then costs
-O(1) Python set-up plus one C call per protection block for the guards.
+O(1) Python set-up plus, on the Python engine, one C call per protection block for the
+guards; on the native one (engine/backend.py), one C call per stage.
 
 The plan remembers the configuration objects it was made from (layout, SigConfig,
 CryptoConfig and the DEK's key) and is rebuilt as soon as any of them is not the

@@ -44,6 +44,8 @@ class MR:
     lkey: int
     buf: np.ndarray = field(repr=False)
     valid: bool = True
+    # Memory windows bound to it (engine/mw.py): ibv_dereg_mr(3) fails while any are.
+    bound_mws: int = 0
 
     @property
     def rkey(self) -> int:

@@ -122,7 +122,7 @@ _APPLIED = (M.STATE | M.CUR_STATE | M.PATH_MTU
             | M.TIMEOUT | M.RETRY_CNT | M.RNR_RETRY
             | M.MIN_RNR_TIMER | M.MAX_QP_RD_ATOMIC
             | M.MAX_DEST_RD_ATOMIC | M.ACCESS_FLAGS
-            | M.PKEY_INDEX | M.PORT)
+            | M.PKEY_INDEX | M.PORT | M.QKEY)
 
 
 def _uint(bits: int):
@@ -155,13 +155,17 @@ VALUES: dict[M, tuple] = {
     M.PKEY_INDEX: (lambda v: v == 0, "must be 0 (one P_Key)"),
     M.PORT: (lambda v: v == 1, "must be 1 (one port)"),
     M.EN_SQD_ASYNC_NOTIFY: (_uint(1), "must be 0 or 1"),
+    M.QKEY: (_uint(32), "is not a 32-bit Q_Key"),
 }
 
 
-def check(cur: S, attr: dict, attr_mask: int) -> tuple[S, dict[M, object]]:
+def check(cur: S, attr: dict, attr_mask: int, table: dict | None = None,
+          kept: M = KEPT_IF_ABSENT, qp_type: str = "an RC") -> tuple[S, dict[M, object]]:
     """The next state and the attribute values of ibv_modify_qp(``attr``, ``attr_mask``)
     on a QP in ``cur``: EINVAL for a transition the table lacks, a missing or foreign
-    attribute or a bad value, EOPNOTSUPP for an attribute of an unmodelled feature."""
+    attribute or a bad value, EOPNOTSUPP for an attribute of an unmodelled feature.
+    ``table`` and ``kept`` are another QP type's TRANSITIONS and KEPT_IF_ABSENT
+    (engine/datagram.py's UD and UC tables)."""
     mask = M(attr_mask)
     values = {bit: attr[name] for bit, name in FIELDS.items()
               if mask & bit and name in attr}
@@ -178,11 +182,11 @@ def check(cur: S, attr: dict, attr_mask: int) -> tuple[S, dict[M, object]]:
         raise einval(f"ibv_modify_qp: qp_state {values[M.STATE]!r} is not an "
                      "enum ibv_qp_state value") from None
     step = f"ibv_modify_qp {cur.name} -> {nxt.name}"
-    t = TRANSITIONS.get((cur, nxt))
+    t = (TRANSITIONS if table is None else table).get((cur, nxt))
     if t is None:
-        raise einval(f"{step} is not a transition of an RC QP (ibv_modify_qp(3))")
+        raise einval(f"{step} is not a transition of {qp_type} QP (ibv_modify_qp(3))")
     given = mask & ~M.STATE
-    missing = t.required & ~given & ~KEPT_IF_ABSENT
+    missing = t.required & ~given & ~kept
     if missing:
         raise einval(f"{step} needs {names(missing)}")
     extra = given & ~(t.required | t.optional)

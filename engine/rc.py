@@ -127,9 +127,10 @@ from ..protocol.errors import einval
 from ..protocol.opcodes import ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE
 from ..protocol.packets import Packet, Run
 from ..protocol.records import WC, RecvWR, SendWR
-from . import qp_state, transfer
+from . import mw, qp_state, transfer
 from .hca import PD
 from .mkey import MKey
+from .mw import MW
 from .qp_state import RECEIVING, SENDING
 from .rc_common import PSN_MOD, psn_add, psn_diff
 from .rc_completer import Completer
@@ -160,6 +161,9 @@ _SETTERS = {
 
 class RCQP:
     """An RC QP of ``pd``: post WRs, exchange packets, poll completions."""
+
+    # It takes packets only from the QP its address vector names (UD: from anyone).
+    connected = True
 
     def __init__(self, pd: PD, qp_num: int, sq_depth: int = 128, rq_depth: int = 128,
                  sq_sig_all: bool = False, max_inline_data: int = 256,
@@ -322,12 +326,15 @@ class RCQP:
         self.responder.flush()
 
     def invalidate(self, key: int | None, remote: bool) -> bool:
-        """Invalidate MKEY ``key`` of this QP's PD; False when it may not be. Only MKEYs
+        """Invalidate MKEY or type 2 memory window ``key`` of this QP's PD (engine/mw.py
+        for windows); False when it may not be. Of the other keys, only MKEYs
         are invalidated here: an MR is registered, not fast-registered, and rxe, too,
         refuses to invalidate one (rxe_invalidate_mr: type != IB_MR_TYPE_MEM_REG).
         Remotely, mlx5dv_create_mkey(3) allows it only for an MKEY created with
         MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE. An already invalid MKEY stays so."""
         obj = self.pd.hca.keys.get(key) if key is not None else None
+        if isinstance(obj, MW):
+            return mw.invalidate(obj, self.pd)
         if not isinstance(obj, MKey) or obj.pd is not self.pd:
             return False
         if remote and not obj.create_flags & MkeyInitAttrFlags.REMOTE_INVALIDATE:

@@ -129,7 +129,7 @@ class SendRequest:
     def barrier(self) -> bool:
         """A local WR with an effect, which later WRs must see before they are built."""
         return self.local and (self.action is not None
-                               or self.wr.opcode == WrOpcode.LOCAL_INV)
+                               or self.wr.opcode in (WrOpcode.LOCAL_INV, WrOpcode.BIND_MW))
 
     @property
     def live(self) -> bool:

@@ -21,11 +21,19 @@ from typing import TYPE_CHECKING
 from ..protocol.attrs import SGE
 from ..protocol.enums import EventType, QpState, SendFlags, WcOpcode, WcStatus, WrOpcode
 from ..protocol.errors import RDMAError, einval, eopnotsupp
-from ..protocol.opcodes import FLAGS, RDMA_READ_REQUEST, WR_OPCODES, Op, opcode_for
+from ..protocol.opcodes import (
+    FLAGS,
+    RDMA_ATOMIC_WRITE,
+    RDMA_READ_REQUEST,
+    WR_OPCODES,
+    Op,
+    opcode_for,
+)
 from ..protocol.packets import Packet, Run
 from . import qp_state, transfer
 from .completion import TransferError
 from .hca import MR
+from .mw import check_bind_wr, run_bind_wr
 from .qp_state import SENDING
 from .rc_common import PSN_MOD, QPContext, SendRequest, psn_add
 
@@ -82,6 +90,12 @@ class Requester:
                 raise einval(f"{name} needs exactly one SGE of 8 bytes")
             if not (0 <= wr.compare_add < _U64 and 0 <= wr.swap < _U64):
                 raise einval(f"{name} compare_add and swap are 64-bit unsigned values")
+        if wr.opcode == WrOpcode.ATOMIC_WRITE and (len(wr.sg) > 1 or wr.sg and wr.sg[0].length != 8
+                                                   or wr.remote_addr % 8):
+            # ibv_wr_atomic_write(3): 8 bytes to an 8-byte aligned remote address (the
+            # value in the WR, or one SGE of 8 bytes when posted with ibv_post_send).
+            raise einval(f"{name} writes 8 bytes (no SGE or one of 8) to an 8-byte aligned "
+                         "remote_addr")
         if wr.opcode in (WrOpcode.SEND_WITH_INV, WrOpcode.LOCAL_INV) \
                 and not 0 <= wr.invalidate_rkey < 1 << 32:
             raise einval(f"{name} invalidate_rkey {wr.invalidate_rkey:#x} is not a 32-bit key")
@@ -93,7 +107,9 @@ class Requester:
         signaled = self.qp.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
         req = SendRequest(wr, info, signaled, sum(s.length for s in wr.sg), info.wc_opcode,
                           inline=inline)
-        if wr.opcode == WrOpcode.LOCAL_INV:
+        if wr.opcode in (WrOpcode.LOCAL_INV, WrOpcode.BIND_MW):
+            if wr.opcode == WrOpcode.BIND_MW:
+                check_bind_wr(wr)
             req.local = req.built = True
         self._enqueue(req)
 
@@ -314,6 +330,10 @@ class Requester:
             data = r.inline if r.inline is not None else self._gather(r)
             if data is None:
                 return
+            if wr.opcode == WrOpcode.ATOMIC_WRITE:
+                data = data if wr.sg else wr.compare_add.to_bytes(8, "little")
+                r.pkts = [Packet(self.qp.dest_qp, r.psn, RDMA_ATOMIC_WRITE, data,
+                                 reth=(wr.rkey, wr.remote_addr, 8))]
             r.data = data
             # The path MTU cuts the message; an empty message is one empty packet.
             r.npsn = max(1, -(-len(data) // self.qp.mtu))
@@ -360,6 +380,8 @@ class Requester:
     def _packet(self, r: SendRequest, i: int) -> Packet:
         """Packet ``i`` of SEND / WRITE ``r``, cut from its gathered bytes when it goes."""
         wr, mtu = r.wr, self.qp.mtu
+        if r.pkts is not None:
+            return r.pkts[i]        # a message of its own opcode (RDMA ATOMIC WRITE)
         name = opcode_for(Op.SEND if r.info.send else Op.WRITE, i == 0,
                           i == r.npsn - 1, r.info.imm, wr.opcode == WrOpcode.SEND_WITH_INV)
         # Each header where the opcode carries it (IBTA 9.2): the RETH on an RDMA
@@ -434,6 +456,8 @@ class Requester:
         elif r.wr.opcode == WrOpcode.LOCAL_INV:
             if not self.qp.invalidate(r.wr.invalidate_rkey, remote=False):
                 status = LOCAL_INV_FAILED
+        elif r.wr.opcode == WrOpcode.BIND_MW:
+            status = run_bind_wr(r.wr, self.qp.pd, self.qp.qp_num)
         elif r.action is not None:
             try:
                 r.action()

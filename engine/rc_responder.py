@@ -28,6 +28,7 @@ from ..protocol.opcodes import (
     ACKNOWLEDGE,
     ATOMIC_ACKNOWLEDGE,
     FLAGS,
+    RDMA_ATOMIC_WRITE,
     RDMA_READ_REQUEST,
     Op,
     with_flags,
@@ -58,6 +59,7 @@ _ATOMICS = with_flags(Op.ATOMIC)
 _ACCESS_NEEDED = {
     "RDMA_WRITE": AccessFlags.REMOTE_WRITE,
     RDMA_READ_REQUEST: AccessFlags.REMOTE_READ,
+    RDMA_ATOMIC_WRITE: AccessFlags.REMOTE_WRITE,
     **dict.fromkeys(_ATOMICS, AccessFlags.REMOTE_ATOMIC),
 }
 
@@ -242,7 +244,8 @@ class Responder:
             return None
         rkey, addr, dma_len = run.reth
         try:
-            transfer.check_rx(self.qp.pd, rkey, addr, dma_len, remote=True)
+            transfer.check_rx(self.qp.pd, rkey, addr, dma_len, remote=True,
+                              qp_num=self.qp.qp_num)
         except TransferError as err:
             syndrome = _FAULT_NAK[err.fault]
             return lambda: self._nak_fatal(run.psn, syndrome)
@@ -273,6 +276,8 @@ class Responder:
             self._answer_read(run, first_time=True)
         elif run.kind in _ATOMICS:
             self._execute_atomic(run)
+        elif run.kind == RDMA_ATOMIC_WRITE:
+            _atomic_write(self, run)
         else:
             self._take_message(run)
 
@@ -366,7 +371,7 @@ class Responder:
         when the transfer failed (the QP went to ERR)."""
         rkey, addr, _ = reth
         try:
-            transfer.rx(self.qp.pd, rkey, addr, data, remote=True,
+            transfer.rx(self.qp.pd, rkey, addr, data, remote=True, qp_num=self.qp.qp_num,
                         trace=self.qp.trace_for(role="responder", psn=psn, op="RDMA_WRITE"))
         except TransferError as err:
             self._nak_fatal(psn, _FAULT_NAK[err.fault])
@@ -384,6 +389,7 @@ class Responder:
             # A view of an MR's memory, not a copy: the responses are read as the link
             # sends them, so a READ costs no second copy of what it reads.
             data = transfer.tx(self.qp.pd, rkey, addr, length, remote=True, view=True,
+                               qp_num=self.qp.qp_num,
                                trace=self.qp.trace_for(role="responder", psn=pkt.psn, op="RDMA_READ"))
         except TransferError as err:
             self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
@@ -450,7 +456,7 @@ class Responder:
         try:
             # REMOTE_ATOMIC on the rkey, then 8-byte alignment (IBTA 9.4.5; rxe checks
             # in this order: check_rkey, then atomic_reply's alignment): Invalid Request.
-            original = transfer.atomic(self.qp.pd, rkey, addr, update)
+            original = transfer.atomic(self.qp.pd, rkey, addr, update, qp_num=self.qp.qp_num)
         except TransferError as err:
             self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
             return
@@ -477,3 +483,23 @@ class Responder:
     def _send_atomic_ack(self, psn: int, original: int, msn: int) -> None:
         self._resp_out.append(Packet(self.qp.dest_qp, psn, ATOMIC_ACKNOWLEDGE, aeth=("ACK", msn),
                                      atomic_ack=original))
+
+
+def _atomic_write(self: Responder, pkt: Run) -> None:
+    """RDMA ATOMIC WRITE: its 8 bytes stored as one 64-bit value through the RETH's
+    rkey, which needs REMOTE_WRITE (rxe's check_rkey), at an 8-byte aligned address;
+    acknowledged as a WRITE. A duplicate is re-ACKed, never applied again."""
+    rkey, addr, length = pkt.reth
+    value = bytes(pkt.payload)
+    if length != 8 or len(value) != 8:
+        self._nak_fatal(pkt.psn, "NAK_INV_REQ")
+        return
+    try:
+        transfer.atomic(self.qp.pd, rkey, addr,
+                        lambda _old: int.from_bytes(value, "little"),
+                        qp_num=self.qp.qp_num, access=AccessFlags.REMOTE_WRITE)
+    except TransferError as err:
+        self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
+        return
+    self._accept()
+    self._after_packet(pkt.psn, True)

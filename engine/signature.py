@@ -27,6 +27,7 @@ from ..protocol.enums import (
     SigType,
 )
 from ..protocol.errors import einval, eopnotsupp
+from . import backend
 from .guards import BlockGuard, guards_many
 
 CRC_GUARD_KIND = {SigCrcType.CRC32: "crc32", SigCrcType.CRC32C: "crc32c",
@@ -420,17 +421,23 @@ class SigPlan:
         self._check_guard = bool(self._in and set(self.check_cols) & set(self._in.guard_cols))
         self._block_guards = {(d.guard.kind, d.guard.seed): d.guard
                               for d in (self._in, self._out) if d is not None}
+        self._native = None     # the accelerator's SigPlan, made on first native run
 
     def out_size(self, n: int, tail: int) -> int:
         return n * self.out_w + tail
 
     def run(self, stream: np.ndarray, n: int, tail: int, first_block: int,
             stages: list[BlockStage] | None = None, out: np.ndarray | None = None,
-            views: list | None = None) -> tuple[np.ndarray, SigError | None]:
+            views: list | None = None, to_bytes: bool = False,
+            ) -> tuple[np.ndarray, SigError | None]:
         """Turn ``n`` full blocks plus a ``tail`` of the input domain's stream into the
         output domain's stream, written to ``out`` (a fresh array when None). The tail is
         plain data (docs/semantics.md section 5). ``views``, when given, are buffers of the
-        data part of each output block, in order (see BlockGuard)."""
+        data part of each output block, in order (see BlockGuard). ``to_bytes`` (native
+        backend only): the output is a view of new bytes, its ``base``."""
+        if backend.native is not None:
+            return self._run_native(backend.native, stream, n, tail, first_block, stages, out,
+                                    to_bytes)
         bs, in_w, out_w = self.block_size, self.in_w, self.out_w
         if out is None:
             out = np.empty(self.out_size(n, tail), dtype=np.uint8)
@@ -474,3 +481,48 @@ class SigPlan:
         elif self.inp is not None and stages is not None:
             stages.append(BlockStage("strip", {"pi_size": self.inp.pi_size}))
         return out, error
+
+    def _run_native(self, module, stream: np.ndarray, n: int, tail: int, first_block: int,
+                    stages: list[BlockStage] | None, out: np.ndarray | None,
+                    to_bytes: bool) -> tuple[np.ndarray, SigError | None]:
+        """``run`` as one call of the native accelerator (engine/backend.py) over every
+        block: the same bytes, the same first error, the same trace stages."""
+        if self._native is None:
+            copy_bits = _cols_bits(self.copy_cols, self.out.pi_size) if self.copy_cols else 0
+            self._native = module.SigPlan(self.block_size, _native_spec(self.inp),
+                                          _native_spec(self.out),
+                                          self.check_mask if self.check_cols else 0,
+                                          int(copy_bits))
+        results = np.zeros(n, dtype=np.uint8) if stages is not None else None
+        src = np.ascontiguousarray(stream)
+        if to_bytes:
+            data, got = self._native.run_bytes(src, n, tail, first_block, results)
+            out = np.frombuffer(data, dtype=np.uint8)
+        else:
+            if out is None:
+                out = np.empty(self.out_size(n, tail), dtype=np.uint8)
+            got = self._native.run(src, out, n, tail, first_block, results)
+        error = SigError(*got) if got is not None else None
+        if stages is not None:
+            if self.inp is not None:
+                stages.append(BlockStage("check", {
+                    "domain_pi": self.inp.pi_size, "check_mask": self.check_mask,
+                    "results": results.tolist(), "error": error}))
+            if self.out is not None:
+                stages.append(BlockStage("generate", {"copied_cols": self.copy_cols,
+                                                      "pi_size": self.out.pi_size}))
+            elif self.inp is not None:
+                stages.append(BlockStage("strip", {"pi_size": self.inp.pi_size}))
+        return out, error
+
+
+# The accelerator's guard kinds (accel/native.c), by guards.py's names.
+_NATIVE_KIND = {"t10dif_crc": 0, "t10dif_csum": 1, "crc32": 2, "crc32c": 3, "crc64_xp10": 4}
+
+
+def _native_spec(spec: DomainSpec | None) -> tuple | None:
+    """A domain as the accelerator's SigPlan takes it."""
+    if spec is None:
+        return None
+    return (_NATIVE_KIND[spec.guard_kind], int(spec.sig_type == SigType.T10DIF), spec.pi_size,
+            spec.guard_seed, spec.app_tag, spec.ref_tag, int(spec.flags))

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..protocol.enums import AccessFlags, SignatureCryptoOrder
+from . import backend
 from .completion import Fault, TransferError
 from .crypto import CryptoConfig, check_xts_job
 from .hca import MR, PD
 from .keyplan import ScratchPool, Stage, plan_of, scratch
 from .mkey import MKey
+from .mw import MW
 from .signature import BlockStage, SigPlan
 
 TX, RX = "TX", "RX"
@@ -62,11 +64,18 @@ class Plan:
     tail: int = 0
 
 
-def _resolve(pd: PD, key: int, access: int, remote: bool) -> MR | MKey:
+def _resolve(pd: PD, key: int, access: int, remote: bool, addr: int = 0, length: int = 0,
+             qp_num: int | None = None) -> MR | MKey:
+    """The MR or MKEY ``key`` names for this access; a memory window's rkey gives its
+    MR once the window allows ``[addr, +length)`` to the responder QP ``qp_num``."""
     who = "rkey" if remote else "lkey"
     obj = pd.hca.keys.get(key)
     if obj is None:
         raise TransferError(Fault.ACCESS, f"{who} {key:#x} is unknown")
+    if isinstance(obj, MW):
+        if not remote:
+            raise TransferError(Fault.ACCESS, f"lkey {key:#x} is a memory window's rkey")
+        return obj.window(pd, access, qp_num, addr, length)
     if obj.pd is not pd:
         raise TransferError(Fault.ACCESS, f"{who} {key:#x} belongs to another PD")
     if not obj.valid:
@@ -140,15 +149,23 @@ def _precheck(mkey: MKey, p: Plan) -> tuple[str, int, int] | None:
 
 
 def _sig(obj: MKey, sp: SigPlan, stream: np.ndarray, p: Plan, pool: ScratchPool | None,
-         t: _Tracer, sig_errors: list | None, out_stream: str, out_offset: int) -> np.ndarray:
+         t: _Tracer, sig_errors: list | None, out_stream: str, out_offset: int,
+         final: bool = False, dest: np.ndarray | None = None) -> np.ndarray:
     """The signature stage of either direction: check and generate or strip through
     ``sp``, latch the first error on the MKEY (mlx5dv_mkey_check(3)), hand it to
-    ``sig_errors`` too, and trace the block stages on ``out_stream``."""
+    ``sig_errors`` too, and trace the block stages on ``out_stream``. ``final``: the
+    native backend writes the last stage of a TX straight into the bytes handed out, and
+    the last of an RX into ``dest``, the MR memory itself."""
     stages = t.stages()
-    stage = Stage(pool, "sig", sp.out_size(p.n_blocks, p.tail))
-    # Guards are computed on the data part of the output blocks, one view per block.
-    views = stage.views(sp.out_w, sp.block_size, p.n_blocks)
-    out, err = sp.run(stream, p.n_blocks, p.tail, p.first_block, stages, stage.out, views)
+    if dest is not None:
+        out, err = sp.run(stream, p.n_blocks, p.tail, p.first_block, stages, dest)
+    elif final:
+        out, err = sp.run(stream, p.n_blocks, p.tail, p.first_block, stages, to_bytes=True)
+    else:
+        stage = Stage(pool, "sig", sp.out_size(p.n_blocks, p.tail))
+        # Guards are computed on the data part of the output blocks, one view per block.
+        views = stage.views(sp.out_w, sp.block_size, p.n_blocks)
+        out, err = sp.run(stream, p.n_blocks, p.tail, p.first_block, stages, stage.out, views)
     obj.latch(err)
     if err is not None and sig_errors is not None:
         sig_errors.append(err)
@@ -172,13 +189,16 @@ class _Tracer:
 
 
 def _crypt(mkey: MKey, data: np.ndarray, cs, direction: str, t: _Tracer,
-           pool: ScratchPool | None) -> np.ndarray:
+           pool: ScratchPool | None, final: bool = False,
+           dest: np.ndarray | None = None) -> np.ndarray:
     cfg: CryptoConfig = mkey.crypto
     encrypt = cfg.encrypt_on_tx if direction == TX else not cfg.encrypt_on_tx
     dus = cfg.data_unit_size
-    # Through the DEK, whose cached XtsCipher writes into this stage's scratch.
-    done = cfg.dek.transform(data, dus, cs[1] // dus, cfg.initial_tweak, encrypt,
-                             out=Stage(pool, "xts", len(data)).out)
+    # Through the DEK, whose cached cipher writes into this stage's scratch, or (``final``)
+    # into the new bytes a TX hands out (``final``), or into the MR memory an RX ends in.
+    if dest is None and not final:
+        dest = Stage(pool, "xts", len(data)).out
+    done = cfg.dek.transform(data, dus, cs[1] // dus, cfg.initial_tweak, encrypt, out=dest)
     out = done if isinstance(done, np.ndarray) else np.frombuffer(done, dtype=np.uint8)
     t.emit("encrypt" if encrypt else "decrypt", cs[0], cs[1], out,
            data_unit_size=dus, first_tweak=cfg.initial_tweak + cs[1] // dus)
@@ -186,14 +206,16 @@ def _crypt(mkey: MKey, data: np.ndarray, cs, direction: str, t: _Tracer,
 
 
 def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
-       trace: Trace = None, sig_errors: list | None = None, view: bool = False):
+       trace: Trace = None, sig_errors: list | None = None, view: bool = False,
+       qp_num: int | None = None):
     """Memory to wire: the wire bytes of ``length`` at ``offset`` through ``key``.
     ``offset`` is a virtual address for an MR and an offset for an MKEY. A signature
     error is latched on the MKEY and, given ``sig_errors``, appended to it too (signature
     pipelining stops the send queue on an error of this transfer, whatever is latched).
     With ``view``, an MR's bytes come as a view of its memory, read when they are sent
     (as an HCA DMAs READ response data as it sends it), not a copy."""
-    obj = _resolve(pd, key, AccessFlags.REMOTE_READ if remote else 0, remote)
+    obj = _resolve(pd, key, AccessFlags.REMOTE_READ if remote else 0, remote, offset, length,
+                   qp_num)
     t = _Tracer(trace, TX, key)
     if isinstance(obj, MR):
         start = _mr_range(obj, offset, length)
@@ -203,6 +225,9 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
     p = plan(obj, offset, length)
     cs = _precheck(obj, p)
     kp = plan_of(obj)
+    # The native backend writes the last stage into new bytes, which are handed out as
+    # they are: the copy out of scratch below is then not needed.
+    last = _last_tx_stage(kp, cs) if backend.native is not None else None
     with scratch() as pool:
         stream = obj.layout.piece_view(p.mem_offset, p.mem_length)
         if stream is None:
@@ -210,22 +235,35 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
                                        Stage(pool, "gather", p.mem_length).out)
         t.emit("gather", "memory", p.mem_offset, stream)
         if cs is not None and cs[0] == "memory":
-            stream = _crypt(obj, stream, cs, TX, t, pool)
+            stream = _crypt(obj, stream, cs, TX, t, pool, last == "memory")
         if kp.sig_tx is not None:
-            stream = _sig(obj, kp.sig_tx, stream, p, pool, t, sig_errors, "wire", p.wire_offset)
+            stream = _sig(obj, kp.sig_tx, stream, p, pool, t, sig_errors, "wire", p.wire_offset,
+                          last == "sig")
         if cs is not None and cs[0] == "wire":
-            stream = _crypt(obj, stream, cs, TX, t, pool)
+            stream = _crypt(obj, stream, cs, TX, t, pool, last == "wire")
         t.emit("wire", "wire", p.wire_offset, stream, **_partial(obj, p))
+        if last is not None:
+            return stream.base
         # A copy: nothing handed out may alias the scratch the next transfer reuses.
         return stream.tobytes()
 
 
+def _last_tx_stage(kp, cs) -> str | None:
+    """Which stage of a TX through an MKEY runs last: crypto on the wire stream, the
+    signature, crypto on the memory stream, or none."""
+    if cs is not None and cs[0] == "wire":
+        return "wire"
+    if kp.sig_tx is not None:
+        return "sig"
+    return "memory" if cs is not None else None
+
+
 def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
-       trace: Trace = None, sig_errors: list | None = None) -> None:
+       trace: Trace = None, sig_errors: list | None = None, qp_num: int | None = None) -> None:
     """Wire to memory: scatter ``wire`` bytes arriving for ``offset`` through ``key``
     (``sig_errors`` as for ``tx``)."""
     obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
-                   remote)
+                   remote, offset, len(wire), qp_num)
     stream = np.frombuffer(wire, dtype=np.uint8)
     t = _Tracer(trace, RX, key)
     t.emit("wire", "wire", offset, stream)
@@ -237,32 +275,51 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
     p = plan(obj, offset, len(stream))
     cs = _precheck(obj, p)
     kp = plan_of(obj)
+    # The native backend writes the last stage straight into the MR memory when one
+    # piece holds the whole range: no scratch for it and no scatter copy after it.
+    last = _last_rx_stage(kp, cs)
+    dest = (obj.layout.piece_view(p.mem_offset, p.mem_length)
+            if backend.native is not None and last is not None else None)
     with scratch() as pool:
         if cs is not None and cs[0] == "wire":
-            stream = _crypt(obj, stream, cs, RX, t, pool)
+            stream = _crypt(obj, stream, cs, RX, t, pool,
+                            dest=dest if last == "wire" else None)
         if kp.sig_rx is not None:
             stream = _sig(obj, kp.sig_rx, stream, p, pool, t, sig_errors, "memory",
-                          p.mem_offset)
+                          p.mem_offset, dest=dest if last == "sig" else None)
         if cs is not None and cs[0] == "memory":
-            stream = _crypt(obj, stream, cs, RX, t, pool)
-        obj.layout.scatter(p.mem_offset, stream)
+            stream = _crypt(obj, stream, cs, RX, t, pool, dest=dest)
+        if dest is None:
+            obj.layout.scatter(p.mem_offset, stream)
         t.emit("scatter", "memory", p.mem_offset, stream, **_partial(obj, p))
 
 
-def check_rx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False) -> None:
+def _last_rx_stage(kp, cs) -> str | None:
+    """Which stage of an RX through an MKEY runs last: crypto on the memory stream, the
+    signature, crypto on the wire stream, or none."""
+    if cs is not None and cs[0] == "memory":
+        return "memory"
+    if kp.sig_rx is not None:
+        return "sig"
+    return "wire" if cs is not None else None
+
+
+def check_rx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
+             qp_num: int | None = None) -> None:
     """Every check ``rx`` of ``length`` bytes would make, without moving a byte: a
     responder validates a WRITE's RETH at its first packet (IBTA 9.7.4.1: the RETH
     is checked before the data is accepted), so it never buffers a message it could
     not place. Raises TransferError as rx would."""
     obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
-                   remote)
+                   remote, offset, length, qp_num)
     if isinstance(obj, MR):
         _mr_range(obj, offset, length)
         return
     _precheck(obj, plan(obj, offset, length))
 
 
-def atomic(pd: PD, key: int, addr: int, update: Callable[[int], int]) -> int:
+def atomic(pd: PD, key: int, addr: int, update: Callable[[int], int], *,
+           qp_num: int | None = None, access: int = AccessFlags.REMOTE_ATOMIC) -> int:
     """An IBTA atomic on the responder: the 8 bytes at ``addr`` through rkey ``key``, a
     little-endian 64-bit value, are replaced by ``update(original)``; returns the original.
 
@@ -271,7 +328,7 @@ def atomic(pd: PD, key: int, addr: int, update: Callable[[int], int]) -> int:
     8-byte aligned address, and an atomic cannot be given PI or encrypted, so a signature
     or crypto MKEY is refused. Nothing is written when a check fails.
     """
-    obj = _resolve(pd, key, AccessFlags.REMOTE_ATOMIC, True)
+    obj = _resolve(pd, key, access, True, addr, 8, qp_num)
     if isinstance(obj, MR):
         start = _mr_range(obj, addr, 8)
     else:

@@ -29,7 +29,10 @@ PRIVATE_DATA_MAX = {"req": 56, "rep": 196, "rej": 148, "dreq": 220, "drep": 220}
 # What each message carries on the wire: a received message's private data is this
 # long, the sender's bytes then zeros (as an HCA's CM hands it up).
 PRIVATE_DATA_SIZE = PRIVATE_DATA_MAX
-MESSAGE_KINDS = frozenset({"req", "rep", "rej", "rtu", "dreq", "drep"})
+# MRA: IBTA's message receipt acknowledgement, which a passive side sends for a REQ its
+# consumer has not answered yet (the kernel's rdma_cm sends one for every REQ it hands
+# up), so the active side waits for the REP instead of resending the REQ.
+MESSAGE_KINDS = frozenset({"req", "rep", "rej", "rtu", "dreq", "drep", "mra"})
 
 # IBTA 12.6.7.2's reject reasons that rdma_cm reports as a REJECTED event's status.
 REJ_CONSUMER = 28
@@ -88,9 +91,17 @@ class CmDestroyId(Request):
 
 @_request("cm_bind")
 class CmBind(Request):
+    """rdma_bind_addr(3); ``reuse``: the id's RDMA_OPTION_ID_REUSEADDR."""
+
     cmid: int = _handle()
     ip: str = _wire(str, 7, 15, decode=_ipv4)
     port: int = _wire(int, 0, 65535)
+    reuse: bool = _wire(bool, required=False, default=False)
+
+
+# rdma_resolve_addr(3) / rdma_resolve_route(3)'s timeout_ms (2000 for a client that
+# names none); past it, ADDR_ERROR / ROUTE_ERROR with -ETIMEDOUT.
+_TIMEOUT_MS = _wire(int, 1, 1 << 31, required=False, default=2000)
 
 
 @_request("cm_resolve_addr")
@@ -98,11 +109,13 @@ class CmResolveAddr(Request):
     cmid: int = _handle()
     ip: str = _wire(str, 7, 15, decode=_ipv4)
     port: int = _wire(int, 0, 65535)
+    timeout_ms: int = _TIMEOUT_MS
 
 
 @_request("cm_resolve_route")
 class CmResolveRoute(Request):
     cmid: int = _handle()
+    timeout_ms: int = _TIMEOUT_MS
 
 
 @_request("cm_listen")
@@ -179,7 +192,7 @@ _FIELDS = {
             "depth": _BYTE, "retry": _3BIT, "rnr": _3BIT},
     "rep": {"qpn": _QPN, "psn": _PSN, "rr": _BYTE, "depth": _BYTE, "rnr": _3BIT},
     "rej": {"reason": (int, 0, 0xFFFF, True)},
-    "rtu": {}, "dreq": {}, "drep": {},
+    "rtu": {}, "dreq": {}, "drep": {}, "mra": {},
 }
 
 

@@ -24,15 +24,12 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from .attrs import (
-    SGE,
     CryptoAttr,
     MkeyConfAttr,
     MrInterleaved,
     SigBlockAttr,
-    SigBlockDomain,
-    SigCrc,
-    SigT10dif,
 )
+from .attrs_wire import attr_from_wire, attr_to_wire
 from .errors import einval
 from .frames import FrameError, field
 from .records import RecvWR, SendWR
@@ -72,7 +69,7 @@ QP_ATTR = {"qp_state": (int, 0, 6, False), "path_mtu": (int, 1, 5, False),
            "max_dest_rd_atomic": (int, 0, 255, False), "qp_access_flags": (int, 0, U32, False),
            "dest_host": (str, 1, 255, False), "dest_port": (int, 1, 65535, False),
            "dest_dev": (str, 1, 64, False), "cur_qp_state": (int, 0, 6, False),
-           "en_sqd_async_notify": (int, 0, 1, False)}
+           "en_sqd_async_notify": (int, 0, 1, False), "qkey": (int, 0, U32, False)}
 
 # The event kinds a session may subscribe to.
 EVENT_KINDS = frozenset({"packets", "trace"})
@@ -336,6 +333,17 @@ class RegMrShared(Request):
     pieces: tuple[tuple[int, int, int], ...] = _wire(list, 1, MAX_PIECES, decode=_pieces)
 
 
+# ibv_reg_mr of the embedded daemon's own process's memory at ``addr``; ``secret`` is
+# the daemon object's process_secret (server/process_mr.py).
+@_request("reg_mr_process")
+class RegMrProcess(Request):
+    pd: int = _handle()
+    addr: int = _u64()
+    length: int = _u64()
+    access: int = _u32()
+    secret: bytes = _wire(bytes, 32, 32)
+
+
 @_request("dereg_mr")
 class DeregMr(Request):
     mr: int = _handle()
@@ -355,7 +363,48 @@ class MrRead(Request):
     length: int = _u64()
 
 
+# ibv_alloc_mw(3) / ibv_dealloc_mw(3): type is enum ibv_mw_type (1, 2).
+@_request("alloc_mw")
+class AllocMw(Request):
+    pd: int = _handle()
+    type: int = _u32()
+
+
+@_request("dealloc_mw")
+class DeallocMw(Request):
+    mw: int = _handle()
+
+
+# ibv_rereg_mr(3): flags IBV_REREG_MR_CHANGE_*; pd (a handle, 0: none) with CHANGE_PD;
+# addr and length with CHANGE_TRANSLATION (addr 0: fresh memory of the daemon; else the
+# embedded daemon's process memory, with its secret as for reg_mr_process).
+@_request("rereg_mr")
+class ReregMr(Request):
+    mr: int = _handle()
+    flags: int = _u32()
+    pd: int = _wire(int, 0, U32, required=False, default=0)
+    addr: int = _wire(int, 0, U64, required=False, default=0)
+    length: int = _wire(int, 0, U64, required=False, default=0)
+    access: int = _wire(int, 0, U32, required=False, default=0)
+    secret: bytes = _wire(bytes, 0, 32, required=False, default=b"")
+
+
+# ibv_advise_mr(3): sg_list as [[addr, length, lkey], ...].
+@_request("advise_mr")
+class AdviseMr(Request):
+    pd: int = _handle()
+    advice: int = _u32()
+    flags: int = _u32()
+    sg: tuple = _wire(list, 0, 1024, decode=lambda v: tuple(sges_from_wire(v, "advise_mr")))
+
+
 # -- CQ and QP
+@_request("resize_cq")
+class ResizeCq(Request):
+    cq: int = _handle()
+    cqe: int = _wire(int, 0, I32)
+
+
 # push: the daemon sends this CQ's completions to the session as it makes them ("wc"
 # frames); the client polls them locally and returns room with cq_credit.
 @_request("create_cq")
@@ -391,14 +440,36 @@ class CreateQp(Request):
     scq: int = _handle()
     rcq: int = _handle()
     qp_type: int = _u32()
-    max_send_wr: int = _wire(int, 1, 1 << 16)
-    max_recv_wr: int = _wire(int, 1, 1 << 16)
-    max_send_sge: int = _wire(int, 0, MAX_SGE)
-    max_recv_sge: int = _wire(int, 0, MAX_SGE)
-    max_inline_data: int = _wire(int, 0, 1 << 16)
+    # struct ibv_qp_cap's uint32_t fields; what the device cannot hold is the verb's
+    # EINVAL (server/qp_caps.py).
+    max_send_wr: int = _u32()
+    max_recv_wr: int = _u32()
+    max_send_sge: int = _u32()
+    max_recv_sge: int = _u32()
+    max_inline_data: int = _u32()
     sq_sig_all: bool = _wire(bool)
     send_ops_flags: int = _u64()
     create_flags: int = _wire(int, 0, U32, required=False, default=0)
+
+
+# ibv_create_ah(3): the daemon and device the AH's dgid leads to (as an RC QP's AV
+# names them), and the GRH fields of struct ibv_global_route with both GIDs.
+@_request("create_ah")
+class CreateAh(Request):
+    pd: int = _handle()
+    dest_host: str = _wire(str, 1, 255)
+    dest_port: int = _wire(int, 1, 65535)
+    dest_dev: str = _wire(str, 1, 64)
+    sgid: bytes = _wire(bytes, 16, 16)
+    dgid: bytes = _wire(bytes, 16, 16)
+    traffic_class: int = _wire(int, 0, 255, required=False, default=0)
+    hop_limit: int = _wire(int, 0, 255, required=False, default=64)
+    flow_label: int = _wire(int, 0, (1 << 20) - 1, required=False, default=0)
+
+
+@_request("destroy_ah")
+class DestroyAh(Request):
+    ah: int = _handle()
 
 
 @_request("destroy_qp")
@@ -591,93 +662,6 @@ def decode_request(header: dict, payload: memoryview) -> tuple[int, Request]:
     if cls is None:
         raise FrameError("EPROTO", f"unknown control request {verb!r}"[:120])
     return rid, cls.decode(header, payload)
-
-
-# -- attribute structs -------------------------------------------------------------
-
-# Which fields hold a nested struct, per struct.
-_NESTED: dict[type, dict[str, type]] = {
-    SigBlockAttr: {"mem": SigBlockDomain, "wire": SigBlockDomain},
-    SigBlockDomain: {"dif": SigT10dif, "crc": SigCrc},
-}
-# Leaf types by default value type; ``dek`` travels as the DEK's handle.
-_HANDLE_FIELDS = {(CryptoAttr, "dek")}
-
-
-def attr_to_wire(obj: Any) -> Any:
-    """A protocol.attrs record as a msgpack-ready map (DEK objects as their handle)."""
-    if obj is None:
-        return None
-    if isinstance(obj, SGE):
-        return sge_to_wire(obj)
-    if isinstance(obj, MrInterleaved):
-        return [int(obj.addr), int(obj.bytes_count), int(obj.bytes_skip), int(obj.lkey)]
-    out = {}
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if (type(obj), f.name) in _HANDLE_FIELDS:
-            v = getattr(v, "handle", v)
-        elif dataclasses.is_dataclass(v):
-            v = attr_to_wire(v)
-        elif isinstance(v, bool):
-            v = bool(v)
-        elif isinstance(v, int):
-            v = int(v)      # IntEnum members go as plain ints
-        out[f.name] = v
-    return out
-
-
-def attr_from_wire(cls: type, data: Any, what: str) -> Any:
-    """The inverse of attr_to_wire for ``cls``: unknown fields and wrong types are EPROTO."""
-    if not isinstance(data, dict):
-        raise FrameError("EPROTO", f"{what} must be a map of {cls.__name__} fields")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    extra = set(data) - set(fields)
-    if extra:
-        raise FrameError("EPROTO", f"{what} has unknown field(s) "
-                                   f"{', '.join(sorted(map(str, extra)))[:100]}")
-    kwargs = {}
-    nested = _NESTED.get(cls, {})
-    for name, value in data.items():
-        where = f"{what}.{name}"
-        if name in nested:
-            kwargs[name] = None if value is None else attr_from_wire(nested[name], value, where)
-            continue
-        if (cls, name) in _HANDLE_FIELDS:
-            ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
-        else:
-            default = fields[name].default
-            if default is dataclasses.MISSING and fields[name].default_factory \
-                    is not dataclasses.MISSING:
-                default = fields[name].default_factory()
-            if isinstance(default, bool):
-                ok = isinstance(value, bool)
-            elif isinstance(default, int):
-                ok = isinstance(value, int) and not isinstance(value, bool) \
-                    and 0 <= value <= U64
-            elif isinstance(default, bytes):
-                ok = isinstance(value, bytes) and len(value) <= 64
-            else:
-                ok = value is None
-        if not ok:
-            why = (f"must be a handle (int) or nil, got {type(value).__name__}"
-                   if (cls, name) in _HANDLE_FIELDS else _wanted(default, value))
-            raise FrameError("EPROTO", f"{where} {why}")
-        kwargs[name] = value
-    return cls(**kwargs)
-
-
-def _wanted(default: Any, value: Any) -> str:
-    """Why a leaf field was refused: its range when the type was right (a -1 in a
-    __u32 is out of range, not of the wrong type), else the type it takes."""
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, int) and not isinstance(default, bool) and is_int:
-        return f"must be an unsigned integer in [0, {U64}], got {value}"
-    if isinstance(default, bytes) and isinstance(value, bytes):
-        return f"must be at most 64 bytes, got {len(value)}"
-    want = ("bool" if isinstance(default, bool) else "int" if isinstance(default, int)
-            else "bytes" if isinstance(default, bytes) else "nil")
-    return f"must be {want}, got {type(value).__name__}"
 
 
 def _access_flags(value: Any, what: str) -> int:

@@ -261,6 +261,7 @@ class WrOpcode(IntEnum):
     SEND_WITH_INV = 9
     TSO = 10
     DRIVER1 = 11
+    ATOMIC_WRITE = 15
 
 
 class WcOpcode(IntEnum):
@@ -274,6 +275,7 @@ class WcOpcode(IntEnum):
     BIND_MW = 5
     LOCAL_INV = 6
     TSO = 7
+    ATOMIC_WRITE = 9
     RECV = 128
     RECV_RDMA_WITH_IMM = 129
     DRIVER1 = 135
@@ -288,6 +290,21 @@ class AccessFlags(IntFlag):
     REMOTE_ATOMIC = 8
     MW_BIND = 16
     ZERO_BASED = 32
+
+
+class MwType(IntEnum):
+    """enum ibv_mw_type"""
+
+    TYPE_1 = 1
+    TYPE_2 = 2
+
+
+class ReregMrFlags(IntFlag):
+    """enum ibv_rereg_mr_flags"""
+
+    CHANGE_TRANSLATION = 1
+    CHANGE_PD = 2
+    CHANGE_ACCESS = 4
 
 
 class QpState(IntEnum):
@@ -406,6 +423,8 @@ _C_PREFIXES: list[tuple[type, str]] = [
     (WrOpcode, "IBV_WR_"),
     (WcOpcode, "IBV_WC_"),
     (AccessFlags, "IBV_ACCESS_"),
+    (MwType, "IBV_MW_"),
+    (ReregMrFlags, "IBV_REREG_MR_"),
     (QpState, "IBV_QPS_"),
     (QpAttrMask, "IBV_QP_"),
     (QpType, "IBV_QPT_"),

@@ -11,10 +11,13 @@ from __future__ import annotations
 import errno as _errno
 
 # The errno names the daemon may answer with (docs/architecture.md, control plane);
-# EFAULT: memory a local program named that the daemon cannot reach (docs/native.md).
+# EFAULT: memory a local program named that the daemon cannot reach (docs/native.md);
+# EADDRINUSE, EADDRNOTAVAIL, EAGAIN: the connection manager's (rdma_bind_addr(3),
+# rdma_listen(3), rdma_connect(3)).
 ERRNO_NAMES = ("EINVAL", "EOPNOTSUPP", "ENOENT", "EEXIST", "ENOMEM", "EACCES", "EPROTO",
                "EBUSY", "E2BIG", "EMSGSIZE", "EPERM", "ETIMEDOUT", "ECONNRESET",
-               "ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EFAULT")
+               "ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EFAULT", "EADDRINUSE",
+               "EADDRNOTAVAIL", "EAGAIN")
 
 
 class RDMAError(Exception):

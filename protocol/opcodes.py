@@ -49,8 +49,16 @@ class Op(IntFlag):
     ATOMICETH = 1 << 15
     ATOMICACKETH = 1 << 16
     PAYLOAD = 1 << 17
+    # The transport of an opcode that is not RC's (IBTA 9.2: transport bits 001 UC,
+    # 011 UD), and the DETH (Q_Key, source QP) that UD packets carry.
+    UC = 1 << 18
+    UD = 1 << 19
+    DETH = 1 << 20
+    # RDMA ATOMIC WRITE (IBTA 1.5 / rxe's IB_OPCODE_RC_RDMA_ATOMIC_WRITE): a RETH and 8
+    # bytes placed as one 64-bit store, answered by an ACK.
+    ATOMIC_WRITE = 1 << 21
 
-    REQUEST = SEND | WRITE | READ_REQUEST | ATOMIC
+    REQUEST = SEND | WRITE | READ_REQUEST | ATOMIC | ATOMIC_WRITE
     RESPONSE = READ_RESPONSE | ACK
     POSITION = FIRST | MIDDLE | LAST
     KIND = SEND | WRITE | READ_REQUEST | READ_RESPONSE | ATOMIC | ACK
@@ -70,21 +78,23 @@ _SEND = Op.SEND | Op.PAYLOAD
 _WRITE = Op.WRITE | Op.PAYLOAD
 _RESP = Op.READ_RESPONSE | Op.PAYLOAD
 
-# IBTA 9.2, the RC opcode table. 0x15 is reserved; 0x18-0x1F (FLUSH, ATOMIC WRITE)
-# are not modelled.
+# The RC SEND and RDMA WRITE rows, which UC repeats 0x20 higher (IBTA 9.2).
+_RC_SEND_WRITE = tuple(Opcode(n, name, f) for n, name, f in (
+    (0x00, "SEND_FIRST", _SEND | _F), (0x01, "SEND_MIDDLE", _SEND | _M),
+    (0x02, "SEND_LAST", _SEND | _L),
+    (0x03, "SEND_LAST_WITH_IMM", _SEND | _L | Op.WITH_IMM | Op.IMMDT),
+    (0x04, "SEND_ONLY", _SEND | _O),
+    (0x05, "SEND_ONLY_WITH_IMM", _SEND | _O | Op.WITH_IMM | Op.IMMDT),
+    (0x06, "RDMA_WRITE_FIRST", _WRITE | _F | Op.RETH), (0x07, "RDMA_WRITE_MIDDLE", _WRITE | _M),
+    (0x08, "RDMA_WRITE_LAST", _WRITE | _L),
+    (0x09, "RDMA_WRITE_LAST_WITH_IMM", _WRITE | _L | Op.WITH_IMM | Op.IMMDT),
+    (0x0A, "RDMA_WRITE_ONLY", _WRITE | _O | Op.RETH),
+    (0x0B, "RDMA_WRITE_ONLY_WITH_IMM", _WRITE | _O | Op.RETH | Op.WITH_IMM | Op.IMMDT)))
+
+# IBTA 9.2, the RC opcode table. 0x15 is reserved; 0x18-0x1C (FLUSH among them) and
+# 0x1E-0x1F are not modelled.
 TABLE: tuple[Opcode, ...] = (
-    Opcode(0x00, "SEND_FIRST", _SEND | _F),
-    Opcode(0x01, "SEND_MIDDLE", _SEND | _M),
-    Opcode(0x02, "SEND_LAST", _SEND | _L),
-    Opcode(0x03, "SEND_LAST_WITH_IMM", _SEND | _L | Op.WITH_IMM | Op.IMMDT),
-    Opcode(0x04, "SEND_ONLY", _SEND | _O),
-    Opcode(0x05, "SEND_ONLY_WITH_IMM", _SEND | _O | Op.WITH_IMM | Op.IMMDT),
-    Opcode(0x06, "RDMA_WRITE_FIRST", _WRITE | _F | Op.RETH),
-    Opcode(0x07, "RDMA_WRITE_MIDDLE", _WRITE | _M),
-    Opcode(0x08, "RDMA_WRITE_LAST", _WRITE | _L),
-    Opcode(0x09, "RDMA_WRITE_LAST_WITH_IMM", _WRITE | _L | Op.WITH_IMM | Op.IMMDT),
-    Opcode(0x0A, "RDMA_WRITE_ONLY", _WRITE | _O | Op.RETH),
-    Opcode(0x0B, "RDMA_WRITE_ONLY_WITH_IMM", _WRITE | _O | Op.RETH | Op.WITH_IMM | Op.IMMDT),
+    *_RC_SEND_WRITE,
     Opcode(0x0C, "RDMA_READ_REQUEST", Op.READ_REQUEST | _O | Op.RETH),
     # IBTA: FIRST, LAST and ONLY read responses carry an AETH, MIDDLE not.
     Opcode(0x0D, "RDMA_READ_RESPONSE_FIRST", _RESP | _F | Op.AETH),
@@ -97,6 +107,13 @@ TABLE: tuple[Opcode, ...] = (
     Opcode(0x14, "FETCH_ADD", Op.ATOMIC | _O | Op.ATOMICETH),
     Opcode(0x16, "SEND_LAST_WITH_INV", _SEND | _L | Op.WITH_INV | Op.IETH),
     Opcode(0x17, "SEND_ONLY_WITH_INV", _SEND | _O | Op.WITH_INV | Op.IETH),
+    Opcode(0x1D, "RDMA_ATOMIC_WRITE", Op.ATOMIC_WRITE | _O | Op.RETH | Op.PAYLOAD),
+    # IBTA 9.2, UC (0x20-0x2B): SEND and RDMA WRITE only, no responses.
+    *(Opcode(0x20 + rc.number, "UC_" + rc.name, rc.flags | Op.UC)
+      for rc in _RC_SEND_WRITE),
+    # IBTA 9.2, UD (0x64, 0x65): one-packet SENDs, each with a DETH.
+    Opcode(0x64, "UD_SEND_ONLY", _SEND | _O | Op.UD | Op.DETH),
+    Opcode(0x65, "UD_SEND_ONLY_WITH_IMM", _SEND | _O | Op.UD | Op.DETH | Op.WITH_IMM | Op.IMMDT),
 )
 
 BY_NAME: dict[str, Opcode] = {op.name: op for op in TABLE}
@@ -107,6 +124,7 @@ NAMES = frozenset(BY_NAME)
 ACKNOWLEDGE = "ACKNOWLEDGE"
 ATOMIC_ACKNOWLEDGE = "ATOMIC_ACKNOWLEDGE"
 RDMA_READ_REQUEST = "RDMA_READ_REQUEST"
+RDMA_ATOMIC_WRITE = "RDMA_ATOMIC_WRITE"
 
 
 # -- send work requests (enum ibv_wr_opcode) -------------------------------------------
@@ -144,12 +162,13 @@ WR_OPCODES: dict[WrOpcode, WrInfo] = {
     WrOpcode.ATOMIC_FETCH_AND_ADD: WrInfo(True, WcOpcode.FETCH_ADD, atomic="FETCH_ADD",
                                           responded=True),
     WrOpcode.LOCAL_INV: WrInfo(True, WcOpcode.LOCAL_INV),
-    WrOpcode.BIND_MW: WrInfo(False, WcOpcode.BIND_MW),
+    WrOpcode.BIND_MW: WrInfo(True, WcOpcode.BIND_MW),
     WrOpcode.SEND_WITH_INV: WrInfo(True, WcOpcode.SEND, send=True, inline=True),
     WrOpcode.TSO: WrInfo(False, WcOpcode.TSO),
     # The MKEY configure WR (mlx5dv_wr_mkey_configure): posted through RCQP.post_local,
     # never as a send WR.
     WrOpcode.DRIVER1: WrInfo(False, WcOpcode.DRIVER1),
+    WrOpcode.ATOMIC_WRITE: WrInfo(True, WcOpcode.ATOMIC_WRITE),
 }
 
 
@@ -168,7 +187,8 @@ def with_any(any_of: Op) -> frozenset[str]:
 # What names a packet of a message: its kind, position and ending (IMM / INV).
 _NAMING = Op.KIND | Op.POSITION | Op.WITH_IMM | Op.WITH_INV
 _BY_NAMING = {op.flags & _NAMING: op.name for op in TABLE
-              if op.flags & (Op.SEND | Op.WRITE | Op.READ_RESPONSE)}
+              if op.flags & (Op.SEND | Op.WRITE | Op.READ_RESPONSE)
+              and not op.flags & (Op.UC | Op.UD)}
 
 
 def _naming(kind: Op, first: bool, last: bool, imm: bool, inv: bool) -> int:

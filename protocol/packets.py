@@ -22,8 +22,12 @@ Header (a msgpack map):
 ``ieth``   the rkey to invalidate, on ``SEND_*_WITH_INV``
 ``ateth``  ``[rkey, va, swap_or_add, compare]`` on the two atomic requests
 ``atack``  the original value, on ATOMIC_ACKNOWLEDGE
+``deth``   ``[qkey, src_qp]`` on the UD opcodes (DETH)
+``grh``    ``[sgid, dgid, traffic_class, hop_limit]`` on the UD opcodes: the GIDs
+           (16 bytes each) and the fields of the IPv6 header a RoCEv2 NIC would send,
+           from which the receiver builds the GRH of its receive buffer
 ``icrc``   CRC32 (zlib polynomial) of ``msgpack([dev, qp, psn, op, reth, aeth, imm,
-           ieth, ateth, atack]) + payload``
+           ieth, ateth, atack]`` (then ``[deth, grh]`` on a UD packet) ``) + payload``
 =========  =====================================================================
 """
 
@@ -66,6 +70,9 @@ class Packet:
     ieth: int | None = None
     atomic: tuple | None = None
     atomic_ack: int | None = None
+    # UD only: DETH (qkey, src_qp) and the route (sgid, dgid, traffic_class, hop_limit).
+    deth: tuple | None = None
+    grh: tuple | None = None
 
 
 # The packet fields that carry each extension header.
@@ -77,7 +84,10 @@ def _needs(op: str) -> tuple[set[str], bool]:
     """The extension headers opcode ``op`` must carry, and whether it may carry a payload
     (IBTA 9.2, the RC opcode table)."""
     flags = FLAGS[op]
-    return {name for bit, name in _HEADER_FIELDS if flags & bit}, bool(flags & Op.PAYLOAD)
+    need = {name for bit, name in _HEADER_FIELDS if flags & bit}
+    if flags & Op.DETH:
+        need |= {"deth", "grh"}
+    return need, bool(flags & Op.PAYLOAD)
 
 
 _NEEDS = {op: _needs(op) for op in OPCODES}
@@ -100,7 +110,9 @@ def packet_check(dev: str, p: Packet) -> int:
     RoCEv2 ICRC of a captured frame is protocol/roce.py's ``roce_icrc``)."""
     head = msgpack.packb([dev, p.dest_qp, p.psn, p.opcode, _listify(p.reth),
                           _listify(p.aeth), p.imm, p.ieth, _listify(p.atomic),
-                          p.atomic_ack], use_bin_type=True)
+                          p.atomic_ack]
+                         + ([_listify(p.deth), _listify(p.grh)] if p.deth or p.grh else []),
+                         use_bin_type=True)
     return zlib.crc32(p.payload, zlib.crc32(head))
 
 
@@ -109,7 +121,8 @@ def packet_header(dev: str, p: Packet, *, icrc_value: int | None = None) -> dict
     injection of a link error leaves a stale one)."""
     h: dict = {"t": _PKT, "dev": dev, "qp": p.dest_qp, "psn": p.psn, "op": p.opcode}
     for name, value in (("reth", p.reth), ("aeth", p.aeth), ("imm", p.imm),
-                        ("ieth", p.ieth), ("ateth", p.atomic), ("atack", p.atomic_ack)):
+                        ("ieth", p.ieth), ("ateth", p.atomic), ("atack", p.atomic_ack),
+                        ("deth", p.deth), ("grh", p.grh)):
         if value is not None:
             h[name] = _listify(value) if isinstance(value, tuple) else value
     h["icrc"] = packet_check(dev, p) if icrc_value is None else icrc_value
@@ -167,7 +180,19 @@ _EXTENSIONS = {
     "ieth": lambda h: field(h, "ieth", int, min=0, max=_U32),
     "ateth": lambda h: _tuple(h, "ateth", 4, (32, 64, 64, 64)),
     "atack": lambda h: field(h, "atack", int, min=0, max=_U64),
+    "deth": lambda h: _tuple(h, "deth", 2, (32, 24)),
+    "grh": lambda h: _grh(h),
 }
+
+
+def _grh(header: dict) -> tuple:
+    """A UD packet's ``grh``: two 16-byte GIDs, an 8-bit traffic class and hop limit."""
+    v = field(header, "grh", list, min=4, max=4)
+    sgid, dgid, tclass, hop = v
+    for i, gid in enumerate((sgid, dgid)):
+        if not isinstance(gid, bytes) or len(gid) != 16:
+            raise FrameError("EPROTO", f"grh[{i}] of 'pkt' must be a 16-byte GID")
+    return sgid, dgid, _uint(tclass, 8, "grh[2]"), _uint(hop, 8, "grh[3]")
 
 
 def _extensions(header: dict, names) -> dict:
@@ -191,7 +216,7 @@ def decode_packet(header: dict, payload) -> tuple[str, Packet]:
     if payload and len(payload) and not may_carry:
         raise FrameError("EPROTO", f"packet {op} carries no payload, got {len(payload)} bytes")
     p = Packet(qp, psn, op, bytes(payload), ext["reth"], ext["aeth"], ext["imm"], ext["ieth"],
-               ext["ateth"], ext["atack"])
+               ext["ateth"], ext["atack"], ext["deth"], ext["grh"])
     if packet_check(dev, p) != check:
         raise IntegrityError("EPROTO", f"packet {op} psn {psn:#x} to QP {qp:#x}: icrc "
                                        f"mismatch, dropped")
@@ -250,6 +275,9 @@ class Run:
     ieth: int | None = None
     atomic: tuple | None = None
     atomic_ack: int | None = None
+    # A UD packet's DETH and route (Packet's); a UD message is always a run of one.
+    deth: tuple | None = None
+    grh: tuple | None = None
 
     @classmethod
     def of(cls, p: Packet) -> Run:
@@ -259,7 +287,8 @@ class Run:
         return cls(p.dest_qp, p.psn, 1, kind, first, last, len(p.payload), p.payload,
                    p.reth if reth else None, p.aeth if aeth else None,
                    p.imm if imm else None, p.ieth if ieth else None,
-                   p.atomic if ateth else None, p.atomic_ack if atack else None)
+                   p.atomic if ateth else None, p.atomic_ack if atack else None,
+                   p.deth, p.grh)
 
     @property
     def end_psn(self) -> int:
@@ -282,7 +311,8 @@ class Run:
                       bytes(self.payload[i * m:(i + 1) * m]),
                       self.reth if reth else None, self.aeth if aeth else None,
                       self.imm if imm else None, self.ieth if ieth else None,
-                      self.atomic if ateth else None, self.atomic_ack if atack else None)
+                      self.atomic if ateth else None, self.atomic_ack if atack else None,
+                      self.deth, self.grh)
 
     def packets(self) -> list[Packet]:
         return [self.packet(i) for i in range(self.n)]
@@ -304,7 +334,9 @@ class Run:
 
 def _run_of(op: str) -> tuple[str, bool, bool]:
     flags = FLAGS[op]
-    kind = next((k for k, bit in RUN_KINDS.items() if flags & bit), op)
+    # A UC or UD packet always travels as a run of one, named by its own opcode.
+    kind = op if flags & (Op.UC | Op.UD) else next(
+        (k for k, bit in RUN_KINDS.items() if flags & bit), op)
     return kind, bool(flags & Op.FIRST), bool(flags & Op.LAST)
 
 

@@ -49,7 +49,11 @@ _SG = (list, 0, MAX_SGE, True)
 # One element of post_send's "wrs".
 SEND_WR = {"wr_id": _U64, "opcode": _U32, "sg": _SG, "send_flags": _U32,
            "imm_data": (int, 0, U32, False), "rkey": _U32, "remote_addr": _U64,
-           "compare_add": _U64, "swap": _U64, "invalidate_rkey": _U32}
+           "compare_add": _U64, "swap": _U64, "invalidate_rkey": _U32,
+           # wr.ud (UD QPs only): the session's AH handle, the remote QPN and Q_Key.
+           "ah": (int, 0, U32, False), "remote_qpn": (int, 0, (1 << 24) - 1, False),
+           "remote_qkey": (int, 0, U32, False),
+           "bind": (list, 5, 5, False)}
 # One element of post_recv's "wrs".
 RECV_WR = {"wr_id": _U64, "sg": _SG}
 
@@ -58,7 +62,7 @@ RECV_WR = {"wr_id": _U64, "sg": _SG}
 # well-typed, in-range fields is built at once; anything else takes the checked path,
 # which accepts the same maps and names the fault of the others.
 _SEND_REQUIRED = frozenset(k for k, spec in SEND_WR.items() if spec[3])
-_SEND_ALL = frozenset(SEND_WR)
+_SEND_ALL = frozenset(SEND_WR) - {"bind"}
 _RECV_ALL = frozenset(RECV_WR)
 _WR_OPCODES = {int(op): op for op in WrOpcode}
 _ABSENT = object()
@@ -109,6 +113,14 @@ class SendWR:
     # invalidate_rkey of SEND_WITH_INV and LOCAL_INV.
     invalidate_rkey: int = 0
     num_sge: int | None = None
+    # wr.ud: the AH (the session's handle on the wire), remote QPN and remote Q_Key.
+    ah: Any = None
+    remote_qpn: int = 0
+    remote_qkey: int = 0
+    # bind_mw of IBV_WR_BIND_MW (its new key is ``rkey``): (the window, bind_info.mr's
+    # lkey, addr, length, mw_access_flags). The window travels as the session's handle
+    # of it; the daemon puts its object there before posting (server/mw_verbs.py).
+    bind: tuple | None = None
 
     def set_wr_rdma(self, rkey: int, addr: int) -> None:
         """pyverbs' SendWR.set_wr_rdma: the remote key and address of an RDMA_WRITE(_WITH_IMM)
@@ -122,6 +134,11 @@ class SendWR:
         posted."""
         self.rkey, self.remote_addr, self.compare_add, self.swap = rkey, addr, compare_add, swap
 
+    def set_wr_ud(self, ah: Any, remote_qpn: int, remote_qkey: int = 0) -> None:
+        """pyverbs' SendWR.set_wr_ud: wr.ud of a UD QP's WR, the address handle, remote
+        QP number and Q_Key (bit 31 set: the sending QP's own Q_Key, ibv_post_send(3))."""
+        self.ah, self.remote_qpn, self.remote_qkey = ah, remote_qpn, remote_qkey
+
     def to_wire(self) -> dict:
         """The post_send request's map of this WR (docs/protocol.md), the first
         ``num_sge`` SGEs only; applications do not need it."""
@@ -132,6 +149,11 @@ class SendWR:
              "swap": self.swap, "invalidate_rkey": self.invalidate_rkey}
         if self.imm_data is not None:
             w["imm_data"] = self.imm_data
+        if self.ah is not None:
+            w.update(ah=getattr(self.ah, "handle", self.ah), remote_qpn=self.remote_qpn,
+                     remote_qkey=self.remote_qkey)
+        if self.bind is not None:
+            w["bind"] = [getattr(self.bind[0], "handle", self.bind[0]), *self.bind[1:]]
         return w
 
     @classmethod
@@ -147,9 +169,11 @@ class SendWR:
                     and _u(w["remote_addr"], U64) and _u(w["compare_add"], U64)
                     and _u(w["swap"], U64) and _u(w["invalidate_rkey"], U32)
                     and (imm is _ABSENT or _u(imm, U32))):
-                return SendWR(w["wr_id"], opcode, sges, w["send_flags"],
-                              None if imm is _ABSENT else imm, w["rkey"], w["remote_addr"],
-                              w["compare_add"], w["swap"], w["invalidate_rkey"])
+                wr = SendWR(w["wr_id"], opcode, sges, w["send_flags"],
+                            None if imm is _ABSENT else imm, w["rkey"], w["remote_addr"],
+                            w["compare_add"], w["swap"], w["invalidate_rkey"])
+                if "ah" not in w and "remote_qpn" not in w and "remote_qkey" not in w:
+                    return wr
         v = _wire_map(w, SEND_WR, what)
         try:
             opcode = WrOpcode(v["opcode"])
@@ -157,7 +181,22 @@ class SendWR:
             raise einval(f"opcode {v['opcode']} is not an enum ibv_wr_opcode") from None
         return SendWR(v["wr_id"], opcode, sges_from_wire(v["sg"], what), v["send_flags"],
                       v["imm_data"], v["rkey"], v["remote_addr"], v["compare_add"], v["swap"],
-                      v["invalidate_rkey"])
+                      v["invalidate_rkey"], ah=v["ah"], remote_qpn=v["remote_qpn"] or 0,
+                      remote_qkey=v["remote_qkey"] or 0,
+                      bind=_bind_from_wire(v["bind"], what))
+
+
+# bind_mw: [mw handle, mr lkey, addr, length, mw_access_flags].
+_BIND_BOUNDS = (U32, U32, U64, U64, U32)
+
+
+def _bind_from_wire(b: Any, what: str) -> tuple | None:
+    if b is None:
+        return None
+    if not all(type(x) is int and 0 <= x <= hi for x, hi in zip(b, _BIND_BOUNDS, strict=True)):
+        raise FrameError("EPROTO", f"{what}: bind must be [mw handle, mr lkey, addr, length, "
+                                   "mw_access_flags] of unsigned ints")
+    return tuple(b)
 
 
 @dataclass
@@ -199,18 +238,23 @@ class WC:
     # the field with imm_data.
     invalidated_rkey: int = 0
     vendor_err: int = 0
+    # A UD receive's source QP (the DETH's); slid, sl and pkey_index are 0 on RoCE.
+    src_qp: int = 0
 
     def to_wire(self) -> list:
         """[wr_id, status, opcode, byte_len, imm_data, qp_num, wc_flags, vendor_err,
-        invalidated_rkey], docs/protocol.md's poll_cq reply."""
-        return [self.wr_id, int(self.status), int(self.opcode), self.byte_len, self.imm_data,
-                self.qp_num, int(self.wc_flags), self.vendor_err, self.invalidated_rkey]
+        invalidated_rkey], docs/protocol.md's poll_cq reply; a UD receive's adds src_qp."""
+        w = [self.wr_id, int(self.status), int(self.opcode), self.byte_len, self.imm_data,
+             self.qp_num, int(self.wc_flags), self.vendor_err, self.invalidated_rkey]
+        if self.src_qp:
+            w.append(self.src_qp)
+        return w
 
     @classmethod
     def from_wire(cls, w: Any) -> WC:
         """The inverse of ``to_wire`` (the client's side of poll_cq): EPROTO for a
         malformed list or an unknown status or opcode."""
-        if (not isinstance(w, list) or len(w) != 9
+        if (not isinstance(w, list) or len(w) not in (9, 10)
                 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= U64
                            for i, x in enumerate(w) if i != 4 or x is not None)):
             raise FrameError("EPROTO", f"a WC must be [wr_id, status, opcode, byte_len, "
@@ -222,7 +266,8 @@ class WC:
             raise FrameError("EPROTO", f"WC status {w[1]} or opcode {w[2]} is not an enum "
                                        "ibv_wc_status / ibv_wc_opcode") from None
         return cls(w[0], status, opcode, byte_len=w[3], imm_data=w[4], qp_num=w[5],
-                   wc_flags=w[6], vendor_err=w[7], invalidated_rkey=w[8])
+                   wc_flags=w[6], vendor_err=w[7], invalidated_rkey=w[8],
+                   src_qp=w[9] if len(w) == 10 else 0)
 
     def __repr__(self) -> str:
         return (f"WC(wr_id={self.wr_id}, status=IBV_WC_{self.status.name}, "
@@ -230,6 +275,7 @@ class WC:
                 f"qp_num={self.qp_num:#x}"
                 + (f", imm_data={self.imm_data:#x}" if self.imm_data is not None else "")
                 + (f", wc_flags={self.wc_flags:#x}" if self.wc_flags else "")
+                + (f", src_qp={self.src_qp:#x}" if self.src_qp else "")
                 + (f", vendor_err={self.vendor_err:#x} "
                    f"({VENDOR_ERRORS.get(self.vendor_err, 'unknown')})"
                    if self.vendor_err else "") + ")")

@@ -14,7 +14,7 @@ UDP         destination port 4791; source port ``0xC000 | (DestQP & 0x3FFF)`` (t
             entropy a NIC would hash from the QPs); checksum 0 (not used, as RoCEv2 allows)
 BTH         opcode per the IBTA RC opcode table, SE 0, MigReq 1, pad count, TVer 0,
             P_Key 0xFFFF, DestQP, AckReq on the last packet of a request, PSN
-RETH ...    RETH, AETH, ImmDt, IETH, AtomicETH and AtomicAckETH where the opcode carries
+RETH ...    DETH (UD), RETH, AETH, ImmDt, IETH, AtomicETH and AtomicAckETH where the opcode carries
             them, in the IBTA order; then the payload, padded to 4 bytes
 ICRC        CRC32 over the masked pseudo header (8 bytes of 0xFF for the LRH, the IPv4
             header with TOS, TTL and checksum all ones, the UDP header with its checksum
@@ -45,7 +45,8 @@ DEFAULT_PKEY = 0xFFFF
 DEFAULT_TTL = 64
 
 # The opcodes whose packet ends a request message: the requester asks for an ACK there.
-_ACK_REQUESTED = with_flags(Op.LAST, none_of=Op.RESPONSE)
+# UC and UD are never acknowledged.
+_ACK_REQUESTED = with_flags(Op.LAST, none_of=Op.RESPONSE | Op.UC | Op.UD)
 
 
 # -- the encoder ------------------------------------------------------------------------
@@ -64,6 +65,10 @@ def extension_headers(p: Packet) -> bytes:
     """RETH, AETH, ImmDt, IETH, AtomicETH, AtomicAckETH of ``p``, as its opcode orders
     them (IBTA 9.3): RETH before ImmDt; AETH before AtomicAckETH."""
     out = []
+    if p.deth is not None:
+        # DETH (IBTA 9.3.3): Q_Key, a reserved byte, the source QP; right after the BTH.
+        qkey, src_qp = p.deth
+        out.append(struct.pack(">II", qkey, src_qp & 0xFFFFFF))
     if p.reth is not None:
         rkey, va, dma_len = p.reth
         out.append(struct.pack(">QII", va, rkey, dma_len))

@@ -277,6 +277,19 @@ class ControlSession:
                                        "credits": credits[i:i + control.MAX_CREDITS]})
         return True
 
+    def drop_qp_completions(self, cq: int, qp_num: int) -> None:
+        """A QP moved to RESET: its received, unpolled completions of pushed CQ ``cq``
+        go (as libmlx5 cleans a CQ of a reset QP's entries), their room owed back."""
+        q = self._cqs.get(cq)
+        if not q:
+            return
+        keep = deque(w for w in q if not (isinstance(w, list) and len(w) > 5
+                                          and w[5] == qp_num))
+        gone = len(q) - len(keep)
+        self._cqs[cq] = keep
+        if gone and self._closed is None:
+            self._owed[cq] = self._owed.get(cq, 0) + gone
+
     def forget_cq(self, cq: int) -> None:
         """A destroyed CQ: its unpolled entries and unreturned room go with it, as
         ibv_destroy_cq(3)'s do."""

@@ -128,7 +128,7 @@ int shca_send_oneway(struct shca_conn *c, struct mp_buf *b)
 
 static void wc_from_wire(struct mp_val w, struct ibv_wc *wc)
 {
-	uint64_t f[9] = {0};
+	uint64_t f[10] = {0};
 	int has_imm = 0;
 	struct mp_val e;
 	uint32_t n, i;
@@ -136,7 +136,7 @@ static void wc_from_wire(struct mp_val w, struct ibv_wc *wc)
 	memset(wc, 0, sizeof(*wc));
 	if (!mp_get_arr(w, &n, &e))
 		return;
-	for (i = 0; i < n && i < 9; i++) {
+	for (i = 0; i < n && i < 10; i++) {
 		if (mp_get_uint(e, &f[i]) && i == 4)
 			has_imm = 1;
 		if (!mp_next(&e))
@@ -149,6 +149,8 @@ static void wc_from_wire(struct mp_val w, struct ibv_wc *wc)
 	wc->qp_num = (uint32_t)f[5];
 	wc->wc_flags = (unsigned int)f[6];
 	wc->vendor_err = (uint32_t)f[7];
+	/* A UD receive's source QP (the tenth field; slid, sl, pkey_index are 0). */
+	wc->src_qp = (uint32_t)f[9];
 	/* imm_data is the C field's big-endian bits; the wire carries its value. */
 	if (wc->wc_flags & IBV_WC_WITH_INV)
 		wc->invalidated_rkey = (uint32_t)f[8];

@@ -1,4 +1,4 @@
-/* RC queue pairs: create (plain and extended), modify (the address vector's softhca
+/* RC, UC and UD queue pairs: create (plain and extended), modify (the address vector's softhca
  * GID decoded into the peer daemon), query, destroy, and the two post verbs. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -186,22 +186,22 @@ int shca_destroy_qp(struct ibv_qp *ibqp)
 /* The address vector's dgid is a softhca GID, fe80::<IPv4>:<port>:<device index>: the
  * daemon and device the peer QP lives on (the address resolution RoCE does with ARP
  * or ND, done here by decoding). */
-static int av_dest(struct shca_context *ctx, const struct ibv_ah_attr *ah, char *host,
-		   size_t hlen, unsigned *port, const char **dev)
+int shca_av_dest(struct shca_context *ctx, const struct ibv_ah_attr *ah, char *host,
+		 size_t hlen, unsigned *port, const char **dev, const char *verb)
 {
 	const uint8_t *g = ah->grh.dgid.raw;
 	unsigned idx;
 	int i;
 
 	if (!ah->is_global) {
-		shca_log("ibv_modify_qp: EINVAL: a RoCE address vector needs a GRH (is_global "
-			 "1 and a dgid; ibv_rc_pingpong: -g 0)");
+		shca_log("%s: EINVAL: a RoCE address vector needs a GRH (is_global "
+			 "1 and a dgid; ibv_rc_pingpong: -g 0)", verb);
 		return EINVAL;
 	}
 	for (i = 0; i < 8; i++) {
 		if (g[i] != (i == 0 ? 0xfe : i == 1 ? 0x80 : 0)) {
-			shca_log("ibv_modify_qp: EINVAL: dgid is not a softhca GID (fe80::<IPv4>:"
-				 "<port>:<device>): no daemon is reachable through it");
+			shca_log("%s: EINVAL: dgid is not a softhca GID (fe80::<IPv4>:"
+				 "<port>:<device>): no daemon is reachable through it", verb);
 			return EINVAL;
 		}
 	}
@@ -211,7 +211,7 @@ static int av_dest(struct shca_context *ctx, const struct ibv_ah_attr *ah, char 
 	/* Daemons name their devices alike (mlx5_0, ...): index i of the peer is the
 	 * device this daemon lists at i. */
 	if ((int)idx >= ctx->ndevices) {
-		shca_log("ibv_modify_qp: EINVAL: dgid names device %u; the daemon has %d", idx,
+		shca_log("%s: EINVAL: dgid names device %u; the daemon has %d", verb, idx,
 			 ctx->ndevices);
 		return EINVAL;
 	}
@@ -242,6 +242,7 @@ static const struct qp_field qp_fields[] = {
 	F(IBV_QP_SQ_PSN, "sq_psn", sq_psn),
 	F(IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic", max_dest_rd_atomic),
 	F(IBV_QP_DEST_QPN, "dest_qp_num", dest_qp_num),
+	F(IBV_QP_QKEY, "qkey", qkey),
 };
 #undef F
 
@@ -284,7 +285,8 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		return EINVAL;
 	}
 	if (mask & IBV_QP_AV) {
-		rc = av_dest(ctx, &attr->ah_attr, host, sizeof(host), &port, &dev);
+		rc = shca_av_dest(ctx, &attr->ah_attr, host, sizeof(host), &port, &dev,
+				  "ibv_modify_qp");
 		if (rc)
 			return rc;
 		n += 3;
@@ -427,17 +429,27 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 {
 	int imm = wr->opcode == IBV_WR_SEND_WITH_IMM ||
 		  wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	/* ibv_wr_atomic_write's value is in wr.atomic (qp_ex.c); with ibv_post_send the
+	 * 8 bytes are an SGE and the target wr.rdma. */
 	int atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+		     (wr->opcode == IBV_WR_ATOMIC_WRITE && wr->num_sge == 0);
 	struct ibv_sge one = {0};
-	int rc;
+	int rc, ud;
 
 	if (wr->num_sge < 0 || wr->num_sge > MAX_SGE || (uint32_t)wr->num_sge > qp->max_send_sge) {
 		shca_log("ibv_post_send: EINVAL: num_sge %d exceeds the QP's max_send_sge %u",
 			 wr->num_sge, qp->max_send_sge);
 		return EINVAL;
 	}
-	mp_map(b, imm ? 10 : 9);
+	/* wr.ud shares its storage with wr.rdma and wr.atomic (a union): a UD WR sends
+	 * its AH's handle, remote QPN and Q_Key, and no RDMA fields. */
+	ud = qp->vqp.qp.qp_type == IBV_QPT_UD;
+	if (ud && !wr->wr.ud.ah) {
+		shca_log("ibv_post_send: EINVAL: a UD WR needs wr.ud.ah");
+		return EINVAL;
+	}
+	mp_map(b, (imm ? 10 : 9) + (ud ? 3 : 0) + (wr->opcode == IBV_WR_BIND_MW));
 	mp_kv_uint(b, "wr_id", wr->wr_id);
 	mp_kv_uint(b, "opcode", wr->opcode);
 	if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge && !bounced) {
@@ -451,19 +463,46 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 	mp_kv_uint(b, "send_flags", wr->send_flags);
 	if (imm)
 		mp_kv_uint(b, "imm_data", ntohl(wr->imm_data));
-	if (atomic) {
+	if (ud) {
+		mp_kv_uint(b, "ah", ((struct shca_ah *)wr->wr.ud.ah)->handle);
+		mp_kv_uint(b, "remote_qpn", wr->wr.ud.remote_qpn & 0xFFFFFF);
+		mp_kv_uint(b, "remote_qkey", wr->wr.ud.remote_qkey);
+		mp_kv_uint(b, "rkey", 0);
+		mp_kv_uint(b, "remote_addr", 0);
+		mp_kv_uint(b, "compare_add", 0);
+		mp_kv_uint(b, "swap", 0);
+	} else if (atomic) {
 		mp_kv_uint(b, "rkey", wr->wr.atomic.rkey);
 		mp_kv_uint(b, "remote_addr", wr->wr.atomic.remote_addr);
 		mp_kv_uint(b, "compare_add", wr->wr.atomic.compare_add);
 		mp_kv_uint(b, "swap", wr->wr.atomic.swap);
 	} else {
-		mp_kv_uint(b, "rkey", wr->wr.rdma.rkey);
-		mp_kv_uint(b, "remote_addr", wr->wr.rdma.remote_addr);
+		/* A bind's new key is bind_mw.rkey, in a union of its own. */
+		mp_kv_uint(b, "rkey", wr->opcode == IBV_WR_BIND_MW ? wr->bind_mw.rkey :
+			   wr->wr.rdma.rkey);
+		mp_kv_uint(b, "remote_addr", wr->opcode == IBV_WR_BIND_MW ? 0 :
+			   wr->wr.rdma.remote_addr);
 		mp_kv_uint(b, "compare_add", 0);
 		mp_kv_uint(b, "swap", 0);
 	}
 	mp_kv_uint(b, "invalidate_rkey",
-		   wr->opcode == IBV_WR_SEND_WITH_INV ? wr->invalidate_rkey : 0);
+		   wr->opcode == IBV_WR_SEND_WITH_INV || wr->opcode == IBV_WR_LOCAL_INV ?
+		   wr->invalidate_rkey : 0);
+	if (wr->opcode == IBV_WR_BIND_MW) {
+		/* bind_mw: the window's handle, the MR's lkey, addr, length, access; the new
+		 * key travels as "rkey" (server/mw_verbs.py). */
+		const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
+
+		if (!wr->bind_mw.mw)
+			return EINVAL;
+		mp_str(b, "bind");
+		mp_arr(b, 5);
+		mp_uint(b, ((struct shca_mw *)wr->bind_mw.mw)->handle);
+		mp_uint(b, bi->mr ? bi->mr->lkey : 0);
+		mp_uint(b, bi->addr);
+		mp_uint(b, bi->length);
+		mp_uint(b, bi->mw_access_flags);
+	}
 	return 0;
 }
 

@@ -237,17 +237,21 @@ static void unsupported(struct ibv_qp_ex *qpx, const char *what)
 
 static void wr_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
 {
-	(void)rkey;
-	unsupported(qpx, "ibv_wr_local_inv");
+	open_wr(qpx, IBV_WR_LOCAL_INV);
+	of(qpx)->cur.invalidate_rkey = rkey;
 }
 
+/* A window's bind (provider/mw.c; the device's checks are the daemon's). */
 static void wr_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw, uint32_t rkey,
 		       const struct ibv_mw_bind_info *info)
 {
-	(void)mw;
-	(void)rkey;
-	(void)info;
-	unsupported(qpx, "ibv_wr_bind_mw");
+	struct shca_qp *qp = of(qpx);
+
+	open_wr(qpx, IBV_WR_BIND_MW);
+	qp->cur.bind_mw.mw = mw;
+	qp->cur.bind_mw.rkey = rkey;
+	if (info)
+		qp->cur.bind_mw.bind_info = *info;
 }
 
 static void wr_send_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t sz, uint16_t mss)
@@ -258,13 +262,13 @@ static void wr_send_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t sz, uint16_t 
 	unsupported(qpx, "ibv_wr_send_tso");
 }
 
+/* ibv_wr_set_ud_addr(3): the open WR's wr.ud (a UD QP's; shca_encode_send_wr sends it). */
 static void wr_set_ud_addr(struct ibv_qp_ex *qpx, struct ibv_ah *ah, uint32_t qpn,
 			   uint32_t qkey)
 {
-	(void)ah;
-	(void)qpn;
-	(void)qkey;
-	unsupported(qpx, "ibv_wr_set_ud_addr");
+	of(qpx)->cur.wr.ud.ah = ah;
+	of(qpx)->cur.wr.ud.remote_qpn = qpn;
+	of(qpx)->cur.wr.ud.remote_qkey = qkey;
 }
 
 static void wr_set_xrc_srqn(struct ibv_qp_ex *qpx, uint32_t srqn)
@@ -273,13 +277,21 @@ static void wr_set_xrc_srqn(struct ibv_qp_ex *qpx, uint32_t srqn)
 	unsupported(qpx, "ibv_wr_set_xrc_srqn");
 }
 
+/* The 8 bytes travel in the WR (compare_add, little-endian as they lie in memory), as
+ * rxe copies them into its WQE; shca_encode_send_wr sends them for a WR without SGEs. */
 static void wr_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr,
 			    const void *data)
 {
-	(void)rkey;
-	(void)addr;
-	(void)data;
-	unsupported(qpx, "ibv_wr_atomic_write");
+	struct shca_qp *qp = of(qpx);
+	uint64_t v = 0;
+	int i;
+
+	open_wr(qpx, IBV_WR_ATOMIC_WRITE);
+	for (i = 7; i >= 0; i--)
+		v = (v << 8) | ((const uint8_t *)data)[i];
+	qp->cur.wr.atomic.rkey = rkey;
+	qp->cur.wr.atomic.remote_addr = addr;
+	qp->cur.wr.atomic.compare_add = v;
 }
 
 static int need_open(struct shca_qp *qp, const char *what)

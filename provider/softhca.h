@@ -68,10 +68,22 @@ struct shca_pd {
 	uint32_t handle;
 };
 
+/* ibv_create_ah (ah.c): the daemon's AH by its session handle. */
+struct shca_ah {
+	struct ibv_ah ah;
+	uint32_t handle;
+};
+
 struct shca_mr {
 	struct verbs_mr vmr;
 	uint32_t handle;
 	struct shca_memref mem;
+};
+
+/* ibv_alloc_mw's window: the session's handle of it (provider/mw.c). */
+struct shca_mw {
+	struct ibv_mw mw;
+	uint32_t handle;
 };
 
 struct shca_cq {
@@ -224,6 +236,11 @@ struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_a
 struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax);
 int shca_destroy_qp(struct ibv_qp *ibqp);
 int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask);
+int shca_av_dest(struct shca_context *ctx, const struct ibv_ah_attr *ah, char *host,
+		 size_t hlen, unsigned *port, const char **dev, const char *verb);
+/* ah.c */
+struct ibv_ah *shca_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+int shca_destroy_ah(struct ibv_ah *ah);
 int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		  struct ibv_qp_init_attr *init);
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
@@ -239,6 +256,12 @@ bool shca_owns(struct ibv_context *context);
 int shca_get_u32(struct shca_frame *r, const char *key, uint32_t *out);
 int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
 		     uint32_t handle);
+struct ibv_mw *shca_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int shca_dealloc_mw(struct ibv_mw *mw);
+int shca_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *mw_bind);
+int shca_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr,
+		  size_t length, int access);
+int shca_resize_cq(struct ibv_cq *cq, int cqe);
 struct ibv_mr *shca_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 			   int access);
 int shca_dereg(struct shca_mr *mr);

@@ -572,11 +572,13 @@ static const struct verbs_context_ops shca_ops = {
 	.alloc_pd = shca_alloc_pd,
 	.async_event = shca_async_event,
 	.cq_event = shca_cq_event,
+	.create_ah = shca_create_ah,
 	.create_cq = shca_create_cq,
 	.create_qp = shca_create_qp,
 	.create_qp_ex = shca_create_qp_ex,
 	.dealloc_pd = shca_dealloc_pd,
 	.dereg_mr = shca_dereg_mr,
+	.destroy_ah = shca_destroy_ah,
 	.destroy_cq = shca_destroy_cq,
 	.destroy_qp = shca_destroy_qp,
 	.free_context = shca_free_context,
@@ -589,6 +591,11 @@ static const struct verbs_context_ops shca_ops = {
 	.query_qp = shca_query_qp,
 	.reg_mr = shca_reg_mr,
 	.req_notify_cq = shca_req_notify_cq,
+	.alloc_mw = shca_alloc_mw,
+	.dealloc_mw = shca_dealloc_mw,
+	.bind_mw = shca_bind_mw,
+	.rereg_mr = shca_rereg_mr,
+	.resize_cq = shca_resize_cq,
 };
 
 static struct verbs_device *shca_alloc_device(struct verbs_sysfs_dev *sysfs_dev)

@@ -29,6 +29,7 @@ import socket
 from dataclasses import dataclass
 
 from ..engine.cm import CMId, CMState, backlog_of
+from ..engine.rc import RCQP
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameError
@@ -49,6 +50,9 @@ class Timing:
 
     response_timeout: float = 1.0
     max_retries: int = 3
+    # How long an MRA'd REQ waits for its REP before it is sent again: the kernel's
+    # rdma_cm asks for 4.096 us * 2^24, some 68 s.
+    mra_timeout: float = 68.7
 
 
 def gid_bytes(ip: str, port: int, dev: int) -> bytes:
@@ -69,8 +73,11 @@ class ConnectionManager:
         self.by_remote: dict[tuple, int] = {}
         self._next = random.randrange(1, 1 << 30)
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        # Address and route resolutions waiting for a wire link, by id.
+        self._probes: dict[int, asyncio.Task] = {}
         node.counters.update({"cm_messages_in": 0, "cm_messages_out": 0,
-                              "cm_messages_refused": 0, "cm_retransmissions": 0})
+                              "cm_messages_refused": 0, "cm_retransmissions": 0,
+                              "cm_messages_dropped": 0, "cm_backlog_drops": 0})
 
     # -- addresses ---------------------------------------------------------------------
     def my_ip(self) -> str:
@@ -122,6 +129,9 @@ class ConnectionManager:
 
     def _forget(self, cid: CMId) -> None:
         self._cancel(cid)
+        probe = self._probes.pop(cid.handle, None)
+        if probe is not None:
+            probe.cancel()
         self.ids.pop(cid.handle, None)
         if self.listeners.get((cid.ps, cid.port)) == cid.handle:
             del self.listeners[(cid.ps, cid.port)]
@@ -136,16 +146,18 @@ class ConnectionManager:
             if cid.handle in self.ids:
                 self.destroy_id(cid)
 
-    def bind(self, cid: CMId, ip: str, port: int) -> int:
+    def bind(self, cid: CMId, ip: str, port: int, reuse: bool = False) -> int:
         cid.check("bind")
         if ip not in ("0.0.0.0", self.my_ip()) and not ip.startswith("127."):
             raise RDMAError("EADDRNOTAVAIL", f"rdma_bind_addr: {ip} is not this daemon's "
                                              f"address ({self.my_ip()})")
         port = port or self._ephemeral(cid.ps)
+        # As SO_REUSEADDR: two ids that both asked may share a port, unless one listens.
         if any(c.ps == cid.ps and c.port == port and c.state != CMState.IDLE
+               and not (reuse and c.reuse and c.state != CMState.LISTEN)
                for c in self.ids.values() if c.listener == 0):
             raise RDMAError("EADDRINUSE", f"rdma_bind_addr: port {port} is bound already")
-        cid.ip, cid.port = ip, port
+        cid.ip, cid.port, cid.reuse = ip, port, reuse
         cid.to(CMState.BOUND)
         return port
 
@@ -157,33 +169,94 @@ class ConnectionManager:
                 return p
         raise RDMAError("EADDRINUSE", "no ephemeral port is free")
 
-    def resolve_addr(self, cid: CMId, ip: str, port: int) -> None:
+    def resolve_addr(self, cid: CMId, ip: str, port: int, timeout_ms: int = 2000) -> None:
         cid.check("resolve_addr")
         if cid.state == CMState.IDLE:
             self.bind(cid, "0.0.0.0", 0)
+        back = cid.state
         cid.peer = self.daemon_of(ip)
         cid.peer_ip, cid.peer_port = ip, port
-        cid.to(CMState.ADDR_RESOLVED)
-        self._later(cid, "addr_resolved", **self._addrs(cid))
+        cid.to(CMState.ADDR_QUERY)
+        self._reach(cid, timeout_ms, ("addr_resolved", CMState.ADDR_RESOLVED),
+                    ("addr_error", back))
 
-    def resolve_route(self, cid: CMId) -> None:
-        # One hop between daemons: the route is the address (RoCE's, from the GIDs).
+    def resolve_route(self, cid: CMId, timeout_ms: int = 2000) -> None:
+        # One hop between daemons: the route is the link to the peer's daemon.
         cid.check("resolve_route")
-        cid.to(CMState.ROUTE_RESOLVED)
-        self._later(cid, "route_resolved")
+        cid.to(CMState.ROUTE_QUERY)
+        self._reach(cid, timeout_ms, ("route_resolved", CMState.ROUTE_RESOLVED),
+                    ("route_error", CMState.ADDR_RESOLVED))
+
+    def _reach(self, cid: CMId, timeout_ms: int, ok: tuple, err: tuple) -> None:
+        """Resolution: this daemon at once; another once its wire link is up (or its
+        host refused the TCP connection: the host is there, and a REQ to it will end
+        UNREACHABLE), else ``err``'s event with -ETIMEDOUT after ``timeout_ms``, or
+        -EHOSTUNREACH / -ENETUNREACH as soon as the network says so."""
+        if cid.peer == (self.node.host, self.node.port):
+            # Resolved now (the id may go on at once); its event follows the reply.
+            cid.to(ok[1])
+            self._later(cid, ok[0], ok[1], **self._addrs(cid))
+            return
+        link = self.node.wire.link_to(*cid.peer)
+        self._probes[cid.handle] = asyncio.get_running_loop().create_task(
+            self._probe(cid, link, timeout_ms / 1000, ok, err))
+
+    async def _probe(self, cid: CMId, link, timeout: float, ok: tuple, err: tuple) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        status = -errno.ETIMEDOUT
+        try:
+            while loop.time() < deadline:
+                if link.writer is not None and not link.closed or _refused(link.failure):
+                    self._resolved(cid, ok[0], ok[1], **self._addrs(cid))
+                    return
+                if link.closed:
+                    status = _link_status(link.failure)
+                    break
+                await asyncio.sleep(0.01)
+            self._resolved(cid, err[0], err[1], status=status)
+        finally:
+            self._probes.pop(cid.handle, None)
+
+    def _later(self, cid: CMId, kind: str, state: CMState, **fields) -> None:
+        asyncio.get_running_loop().call_soon(lambda: self._event(cid, kind, **fields))
+
+    def _resolved(self, cid: CMId, kind: str, state: CMState, **fields) -> None:
+        if self.ids.get(cid.handle) is not cid:
+            return      # destroyed meanwhile
+        cid.to(state)
+        self._event(cid, kind, **fields)
 
     def listen(self, cid: CMId, backlog: int) -> None:
         cid.check("listen")
         other = self.listeners.get((cid.ps, cid.port))
         if other is not None and other != cid.handle:
             raise RDMAError("EADDRINUSE", f"rdma_listen: port {cid.port} has a listener")
+        if any(c is not cid and c.ps == cid.ps and c.port == cid.port and c.listener == 0
+               and c.state != CMState.IDLE for c in self.ids.values()):
+            raise RDMAError("EADDRINUSE", f"rdma_listen: port {cid.port} is shared "
+                                          "(RDMA_OPTION_ID_REUSEADDR) with another id")
         cid.backlog = backlog_of(backlog, MAX_BACKLOG)
         self.listeners[(cid.ps, cid.port)] = cid.handle
         cid.to(CMState.LISTEN)
 
+    def _check_qp(self, cid: CMId, qpn: int, call: str) -> None:
+        """The QP a connect or accept names must be an RC QP of the caller: of its
+        session, or of another session of the same process (librdmacm's control
+        session is not the provider's, but the kernel's SO_PEERCRED names one pid for
+        both). Otherwise a program could have a peer connect to a neighbour's QP."""
+        names = list(self.node.hcas)
+        dev = names[cid.dev] if cid.dev < len(names) else None
+        qph = self.node.qps.get((dev, qpn))
+        if qph is None or not isinstance(qph.rcqp, RCQP) \
+                or not _same_process(qph.session, cid.owner):
+            raise RDMAError("EINVAL", f"rdma_{call}: qp_num {qpn:#x} is no QP of this "
+                                      "process on the id's device")
+
     def connect(self, cid: CMId, r: proto.CmConnect) -> None:
         cid.check("connect")
         data = proto.check_private_data("req", r.private_data)
+        self._check_qp(cid, r.qpn, "connect")
         busy = sum(1 for c in self.ids.values()
                    if c.owner is cid.owner and c.state == CMState.REQ_SENT)
         if busy >= MAX_CONNECTING:
@@ -199,6 +272,7 @@ class ConnectionManager:
     def accept(self, cid: CMId, r: proto.CmAccept) -> None:
         cid.check("accept")
         data = proto.check_private_data("rep", r.private_data)
+        self._check_qp(cid, r.qpn, "accept")
         cid.to(CMState.REP_SENT)
         self._send(cid, "rep", {"qpn": r.qpn, "psn": r.psn, "rr": r.responder_resources,
                                 "depth": r.initiator_depth, "rnr": r.rnr_retry_count},
@@ -257,6 +331,9 @@ class ConnectionManager:
 
     def _transmit(self, peer: tuple[str, int], header: dict, data: bytes) -> None:
         self.node.counters["cm_messages_out"] += 1
+        if self.node.faults.rules and self.node.faults.drops_cm("out", header["m"]):
+            self.node.counters["cm_messages_dropped"] += 1
+            return
         if peer == (self.node.host, self.node.port):
             origin = ("loopback" if host_class(self.node.host) == "loopback"
                       else host_class(self.my_ip()), self.node.port)
@@ -264,10 +341,11 @@ class ConnectionManager:
         else:
             self.node.wire.send_cm(peer[0], peer[1], header, data)
 
-    def _arm(self, cid: CMId) -> None:
+    def _arm(self, cid: CMId, after: float | None = None) -> None:
         self._stop_timer(cid)
         self._timers[cid.handle] = asyncio.get_running_loop().call_later(
-            self.timing.response_timeout, self._timeout, cid.handle)
+            self.timing.response_timeout if after is None else after, self._timeout,
+            cid.handle)
 
     def _cancel(self, cid: CMId) -> None:
         """No more retransmissions for ``cid``: its answer came (or it is gone)."""
@@ -304,6 +382,9 @@ class ConnectionManager:
         except FrameError as e:
             self._refuse(origin, f"malformed: {e.message}")
             return
+        if self.node.faults.rules and self.node.faults.drops_cm("in", m["m"]):
+            self.node.counters["cm_messages_dropped"] += 1
+            return
         if origin is None:
             self._refuse(origin, "a wire link that names no daemon")
             return
@@ -338,23 +419,27 @@ class ConnectionManager:
             c = self.ids.get(dup)
             if c is not None and c.resend is not None and c.state == CMState.REP_SENT:
                 self._transmit(c.peer, c.resend["header"], c.resend["data"])
+            elif c is not None and c.state == CMState.REQ_RCVD:
+                self._send(c, "mra", {})        # our MRA was lost: the REQ came again
             return
         lid = self.listeners.get((m["ps"], m["port"]))
         parent = self.ids.get(lid) if lid is not None else None
-        reason = None
         if parent is None:
-            reason = proto.REJ_INVALID_SERVICE_ID
-        elif len(parent.pending) >= parent.backlog:
-            reason = proto.REJ_NO_RESOURCES
-        if reason is not None:
             self._transmit(peer, {"t": "cm", "m": "rej", "lcid": 1, "rcid": m["lcid"],
-                                  "dev": 0, "reason": reason}, b"")
+                                  "dev": 0, "reason": proto.REJ_INVALID_SERVICE_ID}, b"")
             return
-        try:
-            child = self.create_id(parent.owner, parent.ps, listener=parent.handle)
-        except RDMAError:
-            self._transmit(peer, {"t": "cm", "m": "rej", "lcid": 1, "rcid": m["lcid"],
-                                  "dev": 0, "reason": proto.REJ_NO_RESOURCES}, b"")
+        # A full backlog (or no id left for the child) drops the REQ unanswered, as the
+        # kernel's ucma and ib_cm do (-ENOMEM: "do not reject, to allow future
+        # retries"): the active side sends it again and gets in once there is room,
+        # or ends UNREACHABLE.
+        child = None
+        if len(parent.pending) < parent.backlog:
+            try:
+                child = self.create_id(parent.owner, parent.ps, listener=parent.handle)
+            except RDMAError:
+                pass
+        if child is None:
+            self.node.counters["cm_backlog_drops"] += 1
             return
         child.peer, child.peer_dev, child.remote_cid = peer, m["dev"], m["lcid"]
         child.ip, child.port, child.dev = parent.ip, parent.port, parent.dev
@@ -362,6 +447,7 @@ class ConnectionManager:
         child.to(CMState.REQ_RCVD)
         parent.pending.add(child.handle)
         self.by_remote[(origin, m["lcid"])] = child.handle
+        self._send(child, "mra", {})
         addrs = self._addrs(child)
         addrs.update(sip=m["dip"], sport=m["port"])
         self._event(child, "connect_request", listen=parent.handle, qpn=m["qpn"],
@@ -381,6 +467,15 @@ class ConnectionManager:
         self._event(cid, "connect_response", qpn=m["qpn"], psn=m["psn"], rr=m["rr"],
                     depth=m["depth"], rnr=m["rnr"],
                     _payload=proto.padded("rep", m["private_data"]), **self._addrs(cid))
+
+    def _on_mra(self, cid: CMId, m: dict) -> None:
+        # The peer's consumer has the REQ: wait for its REP (or REJ) for longer, the
+        # REQ resent only after that, and the peer's id known from now on.
+        if cid.state != CMState.REQ_SENT or cid.resend is None:
+            return
+        cid.remote_cid = m["lcid"]
+        cid.tries = self.timing.max_retries
+        self._arm(cid, self.timing.mra_timeout)
 
     def _on_rej(self, cid: CMId, m: dict) -> None:
         # rdma_cm reports every REJ as REJECTED, its reason the status.
@@ -416,9 +511,6 @@ class ConnectionManager:
         self._event(cid, "disconnected")
 
     # -- events --------------------------------------------------------------------------
-    def _later(self, cid: CMId, kind: str, **fields) -> None:
-        asyncio.get_running_loop().call_soon(lambda: self._event(cid, kind, **fields))
-
     def _event(self, cid: CMId, kind: str, status: int = 0, **fields) -> None:
         if self.ids.get(cid.handle) is not cid:
             return      # destroyed meanwhile
@@ -428,7 +520,31 @@ class ConnectionManager:
     def counts(self, owner=None) -> dict[str, int]:
         ids = [c for c in self.ids.values() if owner is None or c.owner is owner]
         return {"ids": len(ids), "listeners": len(self.listeners),
-                "timers": len(self._timers), "remote": len(self.by_remote)}
+                "timers": len(self._timers) + len(self._probes), "remote": len(self.by_remote)}
+
+
+def _link_status(failure: BaseException | None) -> int:
+    """An ADDR_ERROR / ROUTE_ERROR's status for a wire link that could not open: the
+    network's errno (EHOSTUNREACH, ENETUNREACH, ETIMEDOUT), or -ECONNREFUSED for a
+    daemon that refused the link's HELLO (another fabric's peer token)."""
+    name = getattr(failure, "errno_name", "")
+    if name in ("EHOSTUNREACH", "ENETUNREACH", "ETIMEDOUT"):
+        return -getattr(errno, name)
+    return -errno.ECONNREFUSED
+
+
+def _refused(failure: BaseException | None) -> bool:
+    """The TCP connection was refused: the host is there, its daemon is not."""
+    return getattr(failure, "errno_name", "") == "ECONNREFUSED"
+
+
+def _same_process(a, b) -> bool:
+    """Whether sessions ``a`` and ``b`` are one, or two of one process (both on the
+    UNIX socket, whose SO_PEERCRED pid the kernel vouches for)."""
+    if a is b:
+        return True
+    pa, pb = getattr(a, "peer_cred", None), getattr(b, "peer_cred", None)
+    return pa is not None and pb is not None and pa[0] == pb[0] and pa[0] > 0
 
 
 def _numeric(host: str) -> bool:

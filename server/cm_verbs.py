@@ -28,18 +28,18 @@ def op_destroy_id(v, r: proto.CmDestroyId, rid: int) -> dict:
 
 def op_bind(v, r: proto.CmBind, rid: int) -> dict:
     cm = _cm(v)
-    return {"port": cm.bind(cm.get(v.session, r.cmid), r.ip, r.port)}
+    return {"port": cm.bind(cm.get(v.session, r.cmid), r.ip, r.port, r.reuse)}
 
 
 def op_resolve_addr(v, r: proto.CmResolveAddr, rid: int) -> dict:
     cm = _cm(v)
-    cm.resolve_addr(cm.get(v.session, r.cmid), r.ip, r.port)
+    cm.resolve_addr(cm.get(v.session, r.cmid), r.ip, r.port, r.timeout_ms)
     return {}
 
 
 def op_resolve_route(v, r: proto.CmResolveRoute, rid: int) -> dict:
     cm = _cm(v)
-    cm.resolve_route(cm.get(v.session, r.cmid))
+    cm.resolve_route(cm.get(v.session, r.cmid), r.timeout_ms)
     return {}
 
 

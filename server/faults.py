@@ -13,6 +13,10 @@ A rule watches the packets one daemon sends (``direction: "out"``) or accepts
 - ``drop``, ``duplicate``, ``delay`` (``seconds``), ``reorder`` (held back behind the
   next ``window`` packets of the same QP and direction).
 - ``rnr``: the receiving QP answers a SEND with an RNR NAK, as if no receive were posted.
+- a rule with ``cm`` (``req``, ``rep``, ``rej``, ``rtu``, ``dreq``, ``drep``, ``mra``)
+  drops the connection manager's messages of that kind instead (``action: "drop"``,
+  with ``direction``, ``count``, ``probability``, ``seed``; server/cm.py), as a lost
+  MAD would be.
 
 Matching: ``qp`` (this daemon's QP number: the sender for "out", the receiver for
 "in"), ``opcode`` (a whole opcode name, or a family of them: "RDMA_WRITE" matches
@@ -50,6 +54,8 @@ from ..protocol.opcodes import NAMES, Op, with_any, with_flags
 from ..protocol.packets import Packet
 
 ACTIONS = ("corrupt", "drop", "duplicate", "delay", "reorder", "rnr")
+# A rule with ``cm`` drops CM messages of that kind (server/cm.py) instead of packets.
+CM_KINDS = ("req", "rep", "rej", "rtu", "dreq", "drep", "mra")
 FIELDS = ("data", "guard", "app_tag", "ref_tag")
 # Packets that begin a message on a requester's stream or a responder's stream: the
 # first packet of a request or of a READ's responses; an ACK begins nothing.
@@ -84,10 +90,11 @@ _SCHEMA: dict[str, tuple] = {
     "probability": ((int, float), lambda v: 0 <= v <= 1), "seed": (int, lambda v: True),
     "count": (int, lambda v: v >= 1), "seconds": ((int, float), lambda v: 0 <= v <= 60),
     "window": (int, lambda v: 1 <= v <= 1024), "name": (str, lambda v: len(v) <= 80),
+    "cm": (str, lambda v: v in CM_KINDS),
 }
 # What a field takes, said when a value is refused (a typo such as action=corupt is
 # answered with the list to pick from).
-_NAMED = {"action": ACTIONS, "direction": ("out", "in"), "field": FIELDS,
+_NAMED = {"action": ACTIONS, "direction": ("out", "in"), "field": FIELDS, "cm": CM_KINDS,
           "icrc": ("recompute", "stale"), "pi_size": (4, 8)}
 _VALID = {name: "one of " + ", ".join(map(str, _NAMED[name])) for name in _NAMED} | {
     "opcode": "one of the opcode families " + ", ".join(OPCODE_FAMILIES) + " or an opcode: "
@@ -129,7 +136,9 @@ class FaultRule:
     def index_keys(self) -> list[tuple]:
         """Where the rule is filed: (direction, owner, qp or None, opcode or None)."""
         s = self.spec
-        ops = sorted(_MATCHING[s["opcode"]]) if "opcode" in s else [None]
+        # A CM rule is filed under a key no packet's opcode is: packets never see it.
+        ops = (["cm:" + s["cm"]] if "cm" in s
+               else sorted(_MATCHING[s["opcode"]]) if "opcode" in s else [None])
         return [(s["direction"], id(self.owner) if self.owner is not None else None,
                  s.get("qp"), op) for op in ops]
 
@@ -152,6 +161,9 @@ def validate_rule(spec: Any) -> dict:
     _check_fields(spec)
     out = {"direction": "out", **spec}
     act = out["action"]
+    if "cm" in out and (act != "drop" or set(out) - _CM_FIELDS):
+        raise _bad("a 'cm' rule drops CM messages: action 'drop', with only "
+                   + ", ".join(sorted(_CM_FIELDS - {"action", "cm"})))
     if act == "corrupt":
         _check_corrupt(out)
     elif any(k in out for k in ("field", "xor", "set", "icrc", "offset", "pi_size")):
@@ -167,6 +179,9 @@ def validate_rule(spec: Any) -> dict:
     if "probability" in out:
         out.setdefault("seed", 0)
     return out
+
+
+_CM_FIELDS = {"action", "cm", "direction", "count", "probability", "seed", "name"}
 
 
 def _check_fields(spec: Any) -> None:
@@ -373,6 +388,18 @@ class Faults:
         if n > 1:
             found.sort(key=lambda r: r.id)
         return found
+
+    def drops_cm(self, direction: str, kind: str, owner: Any = None) -> bool:
+        """Whether a ``cm`` rule (daemon-wide, or ``owner``'s) drops this CM message."""
+        for r in self.candidates(direction, owner, -1, "cm:" + kind):
+            s = r.spec
+            if "count" in s and r.fired >= s["count"]:
+                continue
+            if "probability" in s and r.rng.random() >= s["probability"]:
+                continue
+            r.fired += 1
+            return True
+        return False
 
     # -- matching -----------------------------------------------------------------------
     def _stream(self, direction: str, qpn: int, p: Packet) -> _Stream:

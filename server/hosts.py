@@ -202,6 +202,8 @@ class QPHost:
     ctx: int = 0
     # Whether its peer's daemon not connecting back was logged (server/return_path.py).
     no_return_said: bool = False
+    # The daemons (host, port) a UD QP sent to through its AHs (server/wire.py).
+    routes: set = dataclasses.field(default_factory=set)
 
 
 class Subscriptions(Protocol):

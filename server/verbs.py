@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine import qp_state
-from ..engine.hca import MAX_MR_SIZE, MR, PD
+from ..engine.hca import MR, PD
 from ..engine.mkey_configure import MkeyConfigureBuilder
+from ..engine.mw import dealloc_mw
 from ..engine.rc import RCQP
 from ..protocol import control
 from ..protocol.control import MAX_CQE
@@ -26,12 +27,17 @@ from ..protocol.errors import RDMAError, einval
 from ..protocol.records import WC
 from .async_events import AsyncEvents
 from .cm_verbs import CM_HANDLERS
+from .device_attr import device_attr
 from .dv_verbs import Mlx5dvVerbs
 from .hosts import CQHost, Node, QPHost, Session
 from .logs import kv, log
+from .mw_verbs import HANDLERS as MW_HANDLERS
+from .mw_verbs import bind_objects, clean_on_reset, refuse_bound
 from .node_verbs import NodeVerbs
 from .post_reply import reply_may_wait, send_queue_busy
+from .qp_caps import check_caps
 from .shared_mr import op_reg_mr_shared
+from .ud_verbs import UdVerbs
 
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
 # scatter to CQE (softhca never scatters into a CQE, so there is nothing to disable).
@@ -44,9 +50,11 @@ READ_HEADROOM = 4096
 # The requests that create an object (and so count against a session's object limit).
 # The requests that create an object, and the kind of object each creates (its quota's).
 _CREATORS = {control.OpenDevice: "ctx", control.AllocPd: "pd", control.RegMr: "mr",
-             control.RegMrShared: "mr",
+             control.RegMrShared: "mr", control.RegMrProcess: "mr",
              control.CreateCq: "cq", control.CreateQp: "qp", control.CreateMkey: "mkey",
              control.CreateDek: "dek", control.CryptoLoginReq: "crypto_login",
+             control.CreateAh: "ah",
+             control.AllocMw: "mw",
              control.CreateCryptoLogin: "crypto_login"}
 
 
@@ -54,7 +62,8 @@ def _buffer_bytes(request: control.Request) -> int:
     """The buffer bytes a creating request will allocate beside its object."""
     # A shared MR's pages are the program's, but the MR is charged its length like any
     # other (Verbs.add), so it is checked against the same budget first.
-    return request.length if isinstance(request, (control.RegMr, control.RegMrShared)) else 0
+    return request.length if isinstance(request, (control.RegMr, control.RegMrShared,
+                                                  control.RegMrProcess)) else 0
 
 
 def _object_bytes(kind: str, obj: Any) -> int:
@@ -62,7 +71,7 @@ def _object_bytes(kind: str, obj: Any) -> int:
     return obj.length if kind == "mr" else 0
 
 
-class Verbs(Mlx5dvVerbs, NodeVerbs):
+class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
     """The verbs objects of one control session and the handlers of its requests (the
     mlx5dv ones are Mlx5dvVerbs', server/dv_verbs.py; those of the daemon's fault rules,
     counters and events NodeVerbs', server/node_verbs.py)."""
@@ -103,8 +112,9 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         return HANDLERS[kind](self, request, rid)
 
     # -- object table -------------------------------------------------------------------
-    def add(self, kind: str, obj: Any) -> int:
-        handle = next(self._handles)
+    def add(self, kind: str, obj: Any, handle: int | None = None) -> int:
+        if handle is None:
+            handle = next(self._handles)
         self.objects[handle] = (kind, obj)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.daemon.shares.take(self.session.credential, kind, _object_bytes(kind, obj))
@@ -184,6 +194,8 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
             self.daemon.registered_bytes -= obj.length
         elif kind == "mkey":
             obj.pd.hca.destroy_mkey(obj)
+        elif kind == "mw":
+            dealloc_mw(obj.pd.hca, obj)
         elif kind == "dek":
             obj.pd.hca.destroy_dek(obj)
         elif kind == "pd":
@@ -207,14 +219,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         return {"ctx": self.add("ctx", hca), "name": hca.name}
 
     def op_query_device(self, r: control.QueryDevice, rid: int) -> dict | None:
-        hca = self.get(r.ctx, "ctx")
-        lim = self.daemon.limits
-        return {"attr": {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
-                         "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr,
-                         "max_msg_sz": lim.max_msg_size, "max_sge": control.MAX_SGE,
-                         "max_cqe": MAX_CQE, "max_mr_size": MAX_MR_SIZE, "max_pd": 1 << 16,
-                         "max_qp_rd_atom": 16, "phys_port_cnt": 1, "node_guid": hash(hca.name)
-                         & 0xFFFFFFFFFFFF}}
+        return {"attr": device_attr(self, self.get(r.ctx, "ctx"))}
 
     def op_close_device(self, r: control.CloseDevice, rid: int) -> dict | None:
         self.get(r.ctx, "ctx")
@@ -234,7 +239,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
     def op_dealloc_pd(self, r: control.DeallocPd, rid: int) -> dict | None:
         pd = self.get(r.pd, "pd")
         for kind, o in self.objects.values():
-            if kind in ("mr", "mkey", "qp", "dek") and o.pd is pd:
+            if kind in ("mr", "mkey", "qp", "dek", "ah", "mw") and o.pd is pd:
                 raise RDMAError("EBUSY", f"ibv_dealloc_pd: PD {r.pd} still has a {kind}")
         return self.destroy_handle(r.pd, "pd")
 
@@ -262,6 +267,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                                       f"is {lim.max_daemon_bytes}")
 
     def op_dereg_mr(self, r: control.DeregMr, rid: int) -> dict | None:
+        refuse_bound(self.get(r.mr, "mr"))
         return self.destroy_handle(r.mr, "mr")
 
     def op_mr_write(self, r: control.MrWrite, rid: int) -> dict | None:
@@ -344,13 +350,12 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
         pd: PD = self.get(r.pd, "pd")
         scq = self.get(r.scq, "cq")
         rcq = self.get(r.rcq, "cq")
+        if r.qp_type not in (QpType.RC, QpType.UC, QpType.UD):
+            raise RDMAError("EOPNOTSUPP", f"qp_type {r.qp_type}: IBV_QPT_RC, UC and UD are "
+                                          "modelled")
+        check_caps(r, self.daemon.limits.max_qp_wr)
         if r.qp_type != QpType.RC:
-            raise RDMAError("EOPNOTSUPP", f"qp_type {r.qp_type}: only IBV_QPT_RC is modelled")
-        cap = self.daemon.limits.max_qp_wr
-        for name in ("max_send_wr", "max_recv_wr"):
-            if getattr(r, name) > cap:
-                raise einval(f"ibv_create_qp: cap.{name} {getattr(r, name)} exceeds the device's "
-                             f"max_qp_wr {cap}")
+            return self.add_qp(self.create_datagram_qp(r, pd, scq, rcq), r.pd)
         create_flags = r.create_flags
         unmodelled = create_flags & ~QP_CREATE_FLAGS
         if unmodelled:
@@ -362,12 +367,9 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                     sq_sig_all=r.sq_sig_all, max_inline_data=r.max_inline_data,
                     sig_pipelining=bool(create_flags & Mlx5dvQpCreateFlags.SIG_PIPELINING))
         builder = MkeyConfigureBuilder(pd, r.send_ops_flags, r.sq_sig_all)
-        qph = QPHost(self.session, 0, pd.hca, pd, rcqp, scq, rcq, r.max_send_sge,
-                     r.max_recv_sge, r.send_ops_flags, builder, self.complete, self.qp_event)
-        qph.handle = self.add("qp", qph)
-        qph.ctx = self.ctx_of_pd.get(r.pd, 0)
-        self.daemon.add_qp(qph)
-        return {"qp": qph.handle, "qp_num": qpn}
+        return self.add_qp(QPHost(self.session, 0, pd.hca, pd, rcqp, scq, rcq,
+                                   r.max_send_sge, r.max_recv_sge, r.send_ops_flags, builder,
+                                   self.complete, self.qp_event), r.pd)
 
     def op_destroy_qp(self, r: control.DestroyQp, rid: int) -> dict | None:
         return self.destroy_handle(r.qp, "qp")
@@ -392,6 +394,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
             self.daemon.connect(qph, host, port)
         qph.attrs.update(attr)
         self.daemon.service(qph)
+        clean_on_reset(qph)
         return {"state": int(qph.rcqp.state)}
 
     def op_query_qp(self, r: control.QueryQp, rid: int) -> dict | None:
@@ -401,13 +404,14 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                          "path_mtu": qph.attrs.get("path_mtu", 0),
                          "timeout": qph.attrs.get("timeout", 0),
                          "retry_cnt": q.retry_cnt, "rnr_retry": q.rnr_retry,
-                         "sq_sig_all": q.sq_sig_all,
+                         "sq_sig_all": q.sq_sig_all, "qkey": getattr(q, "qkey", 0),
                          "dest": list(qph.dest) if qph.dest else None}}
 
     def op_post_send(self, r: control.PostSend, rid: int) -> dict | None:
         qph: QPHost = self.get(r.qp, "qp")
         wrs = r.wrs
         now = asyncio.get_running_loop().time()
+        bind_objects(self, wrs)
         busy = send_queue_busy(qph)
         try:
             for i, wr in enumerate(wrs):
@@ -419,7 +423,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs):
                     raise einval(f"send WR {i} moves {size} bytes, the port's max_msg_sz is "
                                  f"{self.daemon.limits.max_msg_size}")
                 try:
-                    qph.rcqp.post_send(wr, now)
+                    qph.rcqp.post_send(self.resolve_ah(qph, wr), now)
                 except RDMAError as e:
                     raise RDMAError(e.errno_name, f"ibv_post_send: WR {i} (wr_id {wr.wr_id}): "
                                                   f"{e.message}") from None
@@ -482,6 +486,8 @@ HANDLERS: dict[type[control.Request], Callable[[Any, Any, int], dict | None]] = 
     control.PollCq: Verbs.op_poll_cq,
     control.CreateQp: Verbs.op_create_qp,
     control.DestroyQp: Verbs.op_destroy_qp,
+    control.CreateAh: UdVerbs.op_create_ah,
+    control.DestroyAh: UdVerbs.op_destroy_ah,
     control.ModifyQp: Verbs.op_modify_qp,
     control.QueryQp: Verbs.op_query_qp,
     control.PostSend: Verbs.op_post_send,
@@ -509,4 +515,5 @@ HANDLERS: dict[type[control.Request], Callable[[Any, Any, int], dict | None]] = 
     control.Counters: NodeVerbs.op_counters,
     control.Subscribe: NodeVerbs.op_subscribe,
     **CM_HANDLERS,
+    **MW_HANDLERS,
 }

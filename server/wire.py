@@ -21,6 +21,7 @@ import ipaddress
 from collections import deque
 from collections.abc import Callable
 
+from ..engine.ud import Addressed
 from ..protocol.errors import RDMAError
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
 from ..protocol.opcodes import Op, with_flags
@@ -44,7 +45,8 @@ from .taps import Taps
 from .wire_in import WireIn
 
 # The packets that begin a SEND: the ones that would take a receive.
-_SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST)
+# (RC's: UC and UD have no RNR NAK.)
+_SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST, none_of=Op.UC | Op.UD)
 
 HANDSHAKE_TIMEOUT = 10.0
 # Bytes per second of packets a wire link may bring that are dropped on arrival
@@ -167,14 +169,14 @@ class WirePlane:
         if qph is None:
             self.counters["packets_unknown_qp"] += run.n
             return len(run.payload)
-        if origin not in qph.origins or sqp != qph.rcqp.dest_qp:
+        if qph.rcqp.connected and (origin not in qph.origins or sqp != qph.rcqp.dest_qp):
             self.counters["packets_wrong_peer"] += run.n
             return len(run.payload)
         stats = qph.rcqp.stats
-        before = stats["duplicates_discarded"] + stats["out_of_window_discarded"]
+        before = _discarded(stats)
         qph.rcqp.receive(run, now)
         touched[id(qph)] = qph
-        dropped = stats["duplicates_discarded"] + stats["out_of_window_discarded"] - before
+        dropped = _discarded(stats) - before
         return len(run.payload) if dropped >= run.n else dropped * run.mtu
 
     def _observe(self, dev: str, pkt: Packet, qph: QPHost | None, sqp, origin, now: float,
@@ -187,7 +189,7 @@ class WirePlane:
         if qph is None:
             self.counters["packets_unknown_qp"] += 1
             return
-        if origin not in qph.origins or sqp != qph.rcqp.dest_qp:
+        if qph.rcqp.connected and (origin not in qph.origins or sqp != qph.rcqp.dest_qp):
             # A connected QP takes packets only from the daemon and QP of its address
             # vector, as an HCA drops a packet whose source does not match the QP's
             # context (so a forged packet cannot reach another session's QP).
@@ -239,12 +241,21 @@ class WirePlane:
         self._emit_in(e, asyncio.get_running_loop().time(), None)
 
     # -- outbound -------------------------------------------------------------------------
-    def transmit(self, qph: QPHost, pkts: list[Packet | Run]) -> None:
+    def transmit(self, qph: QPHost, pkts: list) -> None:
         """Packets (and trains) QP ``qph`` sends, towards its peer: past the taps, the
-        subscribers and the fault rules, onto the link to the peer's daemon."""
-        if qph.dest is None:
-            return
-        host, port, dev = qph.dest
+        subscribers and the fault rules, onto the link to the peer's daemon. A UD QP's
+        packets come each with the route of its AH (engine/ud.py ``Addressed``)."""
+        if pkts and type(pkts[0]) is Addressed:
+            for a in pkts:
+                # The links a UD QP sends on stay open while it lives (``release``).
+                qph.routes.add(a.route[:2])
+                self._transmit_to(qph, a.route, [a.packet])
+        elif qph.dest is not None:
+            self._transmit_to(qph, qph.dest, pkts)
+
+    def _transmit_to(self, qph: QPHost, dest: tuple[str, int, str],
+                     pkts: list[Packet | Run]) -> None:
+        host, port, dev = dest
         if not self.trains or self.events.watching or self.faults.rules:
             # Trains are cut into their packets where packets are needed: each tap
             # and subscriber sees, and each fault rule matches, the packets the QP
@@ -254,7 +265,7 @@ class WirePlane:
             self.events.seen("tx", dev, pkts, qph.session)
         if self.faults.rules:
             for e in self.faults.apply("out", qph.rcqp.qp_num, qph.rcqp.mtu, pkts,
-                                       route=(*qph.dest, qph.rcqp.qp_num),
+                                       route=(*dest, qph.rcqp.qp_num),
                                        owner=qph.session):
                 self._emit_out(e)
             self._arm_reorder_flush()
@@ -311,6 +322,7 @@ class WirePlane:
         for link in list(self.links.values()):
             link.forget(qps)
         wanted = {(q.dest[0], q.dest[1]) for q in self.qps.values() if q.dest is not None}
+        wanted.update(r for q in self.qps.values() for r in q.routes)
         for key, link in list(self.links.items()):
             if key not in wanted:
                 # Nobody sends on it any more: what it still holds is lost on the wire,
@@ -385,6 +397,8 @@ class WireLink:
         # larger goes as its packets.
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self.closed = False
+        # Why it could not open (server/cm.py's address resolution reads it).
+        self.failure: BaseException | None = None
         self._draining: asyncio.Task | None = None
         self.task = asyncio.get_running_loop().create_task(self._run())
 
@@ -509,6 +523,7 @@ class WireLink:
         except asyncio.CancelledError:
             raise
         except (OSError, ConnectionError, asyncio.TimeoutError, RDMAError) as e:
+            self.failure = e
             log.warning("wire link failed %s", kv(event="wire_out_failed", peer=where,
                                                    reason=str(e) or type(e).__name__))
         finally:
@@ -524,6 +539,13 @@ class CMFrame:
 
     def __init__(self, header: dict, payload: bytes) -> None:
         self.header, self.payload = header, payload
+
+
+def _discarded(stats: dict[str, int]) -> int:
+    """Packets a QP dropped on arrival: RC's duplicates and those outside its window,
+    the datagrams UC and UD could not take."""
+    return (stats["duplicates_discarded"] + stats["out_of_window_discarded"]
+            + stats.get("datagrams_dropped", 0))
 
 
 def _charge(p: Packet | Run) -> int:

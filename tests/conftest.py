@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+from engine_backends import engine_backend  # noqa: F401  (the fixture, for tests/unit)
 from hypothesis import HealthCheck, settings
 
 from softhca.engine.hca import HCA

@@ -64,6 +64,22 @@ umount -l "$old"; rmdir "$old"
 mkdir /dev/infiniband
 i=0
 while [ "$i" -lt "$n" ]; do mknod "/dev/infiniband/uverbs$i" c 1 3; i=$((i + 1)); done
+# /sys/class/infiniband as our sysfs tree has it (each device's device/net/<if>, which
+# tests look for: rdma-core's tests/base.py), on a tmpfs over /sys/class that carries
+# bind mounts of the real classes (their relative links still resolve under /sys).
+if [ -d "$SYSFS_PATH/class/infiniband" ] && mountpoint -q /sys 2>/dev/null; then
+  old=$(mktemp -d /tmp/softhca-class.XXXXXX)
+  mount --bind /sys/class "$old"
+  mount -t tmpfs -o mode=0755,nosuid,nodev,noexec softhca-class /sys/class
+  for e in "$old"/* ; do
+    name=${e##*/}
+    [ "$name" = infiniband ] && continue
+    mkdir "/sys/class/$name"; mount --rbind "$e" "/sys/class/$name"
+  done
+  umount -l "$old"; rmdir "$old"
+  mkdir /sys/class/infiniband
+  mount --bind "$SYSFS_PATH/class/infiniband" /sys/class/infiniband
+fi
 exec "$@"
 """
 
@@ -85,9 +101,36 @@ def gid(host: str, port: int, index: int) -> str:
     return ":".join(h[i:i + 4] for i in range(0, 32, 4))
 
 
+def netdev_of(host: str) -> str | None:
+    """The network interface that holds ``host``'s IPv4 address (the one the daemon
+    answers on): "lo" for a loopback address; None when no interface has it (0.0.0.0)."""
+    import fcntl
+    import struct
+
+    try:
+        ip = socket.inet_aton(socket.gethostbyname(host))
+    except OSError:
+        return None
+    if ip[0] == 127:
+        return "lo"
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                req = fcntl.ioctl(s.fileno(), siocgifaddr,
+                                  struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue        # no IPv4 address
+            if req[20:24] == ip:
+                return name
+    return None
+
+
 def write_sysfs(root: Path, devices: list[str], host: str, port: int) -> None:
     verbs = root / "class" / "infiniband_verbs"
     verbs.mkdir(parents=True)
+    # The interface whose address the daemon answers on, as an RoCE device's netdev.
+    netdev = netdev_of(host)
     (verbs / "abi_version").write_text("6\n")
     for i, dev in enumerate(devices):
         uv = verbs / f"uverbs{i}"
@@ -102,12 +145,14 @@ def write_sysfs(root: Path, devices: list[str], host: str, port: int) -> None:
             "board_id": "SOFTHCA0001", "hca_type": "softhca", "hw_rev": "0",
             "device/modalias": "softhca:",
             "ports/1/gids/0": gid(host, port, i), "ports/1/gid_attrs/types/0": "RoCE v2",
-            "ports/1/gid_attrs/ndevs/0": "lo", "ports/1/pkeys/0": "0xffff",
+            "ports/1/gid_attrs/ndevs/0": netdev or "lo", "ports/1/pkeys/0": "0xffff",
             "ports/1/link_layer": "Ethernet", "ports/1/state": "4: ACTIVE",
             "ports/1/phys_state": "5: LinkUp", "ports/1/lid": "0x0", "ports/1/sm_lid": "0x0",
             "ports/1/lid_mask_count": "0", "ports/1/rate": "100 Gb/sec (4X EDR)",
             "ports/1/cap_mask": "0x00010000",
         }
+        if netdev is not None:
+            files[f"device/net/{netdev}/ifindex"] = str(socket.if_nametoindex(netdev))
         for rel, text in files.items():
             path = ib / rel
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,8 +35,20 @@ def gid_raw(host: str, port: int, dev_index: int) -> bytes:
     return PREFIX + _ipv4(host) + port.to_bytes(2, "big") + dev_index.to_bytes(2, "big")
 
 
-def route(raw: bytes) -> tuple[str, int, int]:
-    """(daemon IPv4, TCP port, device index) of a softhca GID."""
+MAPPED = bytes(10) + b"\xff\xff"
+
+
+def mapped_gid(host: str) -> bytes:
+    """The IPv4-mapped GID ::ffff:<IPv4> of ``host`` (RoCE v2's GID of an IPv4 address)."""
+    return MAPPED + _ipv4(host)
+
+
+def route(raw: bytes, default_port: int | None = None) -> tuple[str, int, int]:
+    """(daemon IPv4, TCP port, device index) of a softhca GID. An IPv4-mapped GID
+    names a daemon by address only: it leads to that address's daemon on
+    ``default_port`` (the port of the caller's own daemon), device 0."""
+    if len(raw) == 16 and raw[:12] == MAPPED and default_port is not None:
+        return socket.inet_ntoa(raw[12:]), default_port, 0
     if len(raw) != 16 or raw[:8] != PREFIX:
         raise PyverbsRDMAError(f"dgid {format_gid(raw)} is not a softhca GID (fe80::<IPv4>:"
                                "<port>:<device>): no daemon is reachable through it",

@@ -27,6 +27,7 @@ import concurrent.futures
 import contextlib
 import errno as _errno
 import os
+import secrets
 import threading
 from typing import Any
 
@@ -165,8 +166,16 @@ async def _start_embedded():
     except ValueError as e:
         raise RDMAError("EINVAL", str(e)) from None
     daemon = Daemon(EMBEDDED_DEVICES, "127.0.0.1", 0, None, crypto=crypto)
+    # The in-process proof for MR(..., address=) (server/process_mr.py).
+    daemon.process_secret = secrets.token_bytes(32)
     await daemon.start()
     return daemon
+
+
+def process_secret() -> bytes | None:
+    """The embedded daemon's proof that a session runs in its process, when the
+    sessions go to it (no SOFTHCA_TARGET); None otherwise."""
+    return getattr(_embedded, "process_secret", None) if _address is not None else None
 
 
 _sessions: set = set()

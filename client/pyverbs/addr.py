@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 
-from . import _route
+from .. import ah as _ah
+from .. import api
+from . import _route, _sync
 from ._objects import Record, Resource, delegate
 from .base import PyverbsObject
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
@@ -74,23 +76,91 @@ class AHAttr(Record):
 
 
 class AH(Resource):
-    """ibv_create_ah(3): an address handle of a PD. softhca resolves its dgid to a daemon
-    (``_route``) when it is created, so a GID that leads nowhere fails here with EINVAL.
-    Only UD uses AHs, and softhca models no UD QP."""
+    """ibv_create_ah(3): an address handle of a PD for a UD QP's send WRs. From an AHAttr
+    (``attr=``) whose dgid, a softhca GID (``_route``), names the daemon and device its
+    packets go to (a GID that leads nowhere is EINVAL), or, as
+    ibv_create_ah_from_wc(3), from a UD receive's WC (``wc=``), the GRH its buffer began
+    with (``grh=``: a GRH, its 40 bytes, or the address of the buffer in an MR of this
+    PD) and ``port_num``."""
 
     def __init__(self, pd, **kwargs):
         super().__init__()
-        attr = kwargs.get("attr")
-        if attr is None:
-            raise PyverbsUserError("softhca creates AHs from an AHAttr (attr=); "
-                                   "ibv_create_ah_from_wc needs a UD receive")
+        pd._ctx._check()
+        if "attr" in kwargs:
+            obj = self._from_attr(pd, kwargs["attr"])
+        elif "wc" in kwargs:
+            obj = self._from_wc(pd, kwargs["wc"], kwargs.get("grh"), kwargs.get("port_num", 1))
+        else:
+            raise PyverbsUserError("AH takes attr= (an AHAttr) or wc=, grh=, port_num=")
+        self._adopt(pd._ctx, obj)
+        # PD._dependents: closed before its PD, as pyverbs does.
+        self._pd = self.pd = pd
+
+    @staticmethod
+    def _from_attr(pd, attr):
         # A RoCE port has no LIDs: its address vectors need a GRH (ibv_create_ah(3)).
         if not attr.is_global or attr.gr is None or attr.gr.dgid is None:
             raise PyverbsRDMAError("Failed to create AH: a RoCE address vector needs a GRH "
                                    "(is_global=1 with a dgid)", errno.EINVAL)
         try:
-            _route.route(attr.gr.dgid.raw)
+            host, port, index = _route.route(
+                attr.gr.dgid.raw, getattr(getattr(pd, "_ctx", None), "_node", None)
+                and pd._ctx._node.port)
         except PyverbsRDMAError as ex:
             raise PyverbsRDMAError(f"Failed to create AH: {ex}", ex.error_code) from None
-        self.ah_attr = attr
-        self.pd = pd
+        sgid = pd._ctx.query_gid(attr.port_num, attr.gr.sgid_index).raw
+        peer = api.QPInfo(host, port, _device_name(pd, host, port, index), 0)
+        return _sync.run(pd._obj.create_ah(
+            peer, sgid=sgid, dgid=attr.gr.dgid.raw, traffic_class=int(attr.gr.traffic_class),
+            hop_limit=int(attr.gr.hop_limit), flow_label=int(attr.gr.flow_label)),
+            "Failed to create AH")
+
+    @staticmethod
+    def _from_wc(pd, wc, grh, port_num):
+        if port_num != 1:
+            raise PyverbsRDMAError(f"Failed to create AH: port {port_num} does not exist",
+                                   errno.EINVAL)
+        raw = _grh_bytes(pd, grh)
+        host, port, index = _route.route(ah_route(raw)["dgid"])
+        name = _device_name(pd, host, port, index)
+        return _sync.run(pd._obj.create_ah_from_wc(_client_wc(wc), raw, name),
+                         "Failed to create AH")
+
+
+def ah_route(raw: bytes) -> dict:
+    return _ah.reply_route(raw)
+
+
+def _device_name(pd, host, port, index) -> str:
+    node = pd._ctx._node
+    names = node.devices if _route.same_daemon(host, port, node.host, node.port) \
+        else _sync.device_names(f"{host}:{port}")
+    if index >= len(names):
+        raise PyverbsRDMAError(f"Failed to create AH: the daemon at {host}:{port} has no "
+                               f"device {index}", errno.EINVAL)
+    return names[index]
+
+
+def _grh_bytes(pd, grh) -> bytes:
+    """The 40 GRH bytes of ``grh``: a GRH record, bytes, or an address in an MR of the PD
+    (the receive buffer, as C passes a pointer)."""
+    if isinstance(grh, GRH):
+        first = int(grh.version_tclass_flow)
+        return (first.to_bytes(4, "big") + int(grh.paylen).to_bytes(2, "big")
+                + bytes([int(grh.next_hdr), int(grh.hop_limit)]) + grh.sgid.raw + grh.dgid.raw)
+    if isinstance(grh, (bytes, bytearray, memoryview)):
+        return bytes(grh)
+    if isinstance(grh, int):
+        # The PD's MRs (pyverbs.mr imports this module's neighbours: no import here).
+        for mr in pd._dependents():
+            buf = getattr(mr, "buf", None) if hasattr(mr, "read") else None
+            if isinstance(buf, int) and buf <= grh and grh + 40 <= buf + mr.length:
+                return bytes(mr.read(40, grh - buf))
+    raise PyverbsUserError("grh must be a GRH, its 40 bytes, or an address inside an MR "
+                           "of this PD")
+
+
+def _client_wc(wc):
+    """The async client's WC for a pyverbs WC (the fields ibv_create_ah_from_wc reads)."""
+    return api.WC(int(wc.wr_id), int(wc.status), int(wc.opcode), int(wc.byte_len),
+                  int(wc.qp_num), None, int(wc.wc_flags), src_qp=int(wc.src_qp))

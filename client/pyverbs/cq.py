@@ -75,7 +75,7 @@ def _wc(w) -> WC:
         imm = 0
     return WC(wr_id=w.wr_id, status=int(w.status), opcode=int(w.opcode),
               vendor_err=w.vendor_err, byte_len=w.byte_len, qp_num=w.qp_num,
-              imm_data=imm, wc_flags=w.wc_flags)
+              imm_data=imm, wc_flags=w.wc_flags, src_qp=w.src_qp)
 
 
 def cqe_size(requested=None) -> int:
@@ -182,7 +182,14 @@ class CQ(_CQBase):
         return len(wcs), wcs
 
     def resize(self, cqe):
-        raise unsupported("ibv_resize_cq")
+        """ibv_resize_cq(3): EINVAL below the completions not polled yet."""
+        self._ctx._check()
+        cqe = int(cqe)
+        if cqe < len(self._stash):
+            raise PyverbsRDMAError(f"Failed to resize CQ: {len(self._stash)} completions "
+                                   "are not polled yet", errno.EINVAL)
+        _sync.run(self._obj.resize(cqe), "Failed to resize CQ")
+        self._cqe = cqe
 
 
 class CqInitAttrEx(Record):

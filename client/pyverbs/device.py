@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import weakref
 
-from . import _route, _sync
+from . import _sync, gid_table
 from . import enums as e
 from ._objects import Record, unmodelled, unsupported
 from .addr import GID
@@ -246,34 +246,33 @@ class Context(PyverbsCM):
 
     def query_device_ex(self, ex_input=None):
         attr = self.query_device()
-        return DeviceAttrEx(orig_attr=attr, phys_port_cnt_ex=attr.phys_port_cnt)
+        raw = self._raw_attr()
+        odp = raw.get("odp_caps", {})
+        return DeviceAttrEx(orig_attr=attr, phys_port_cnt_ex=attr.phys_port_cnt,
+                            device_cap_flags_ex=raw.get("device_cap_flags_ex", 0),
+                            odp_caps=ODPCaps(general_caps=odp.get("general_caps", 0),
+                                             rc_odp_caps=odp.get("rc_odp_caps", 0)))
 
     def query_port(self, port_num):
         if port_num != PORT:
             raise PyverbsRDMAError(f"Failed to query port {port_num}", errno.EINVAL)
         a = self._raw_attr()
         return PortAttr(state=e.IBV_PORT_ACTIVE, max_mtu=e.IBV_MTU_4096,
-                        active_mtu=e.IBV_MTU_4096, gid_tbl_len=1, port_cap_flags=0,
+                        active_mtu=e.IBV_MTU_4096, gid_tbl_len=a.get("gid_tbl_len", 1),
+                        port_cap_flags=0,
                         max_msg_sz=a.get("max_msg_sz", 0), pkey_tbl_len=1, max_vl_num=1,
                         subnet_timeout=18, active_width=2, active_speed=32, phys_state=5,
                         link_layer=e.IBV_LINK_LAYER_ETHERNET)
 
-    def _check_gid(self, port_num, index):
-        self._check()
-        if port_num != PORT or index != 0:
-            raise PyverbsRDMAError(f"Failed to query gid {index} of port {port_num}",
-                                   errno.EINVAL)
-
     def query_gid(self, port_num, index):
-        self._check_gid(port_num, index)
-        node = self._node
+        self._check()
         gid = GID()
-        gid.raw = _route.gid_raw(node.host, node.port, self._dev_index)
+        gid.raw = gid_table.query_gid(self, port_num, index)
         return gid
 
     def query_gid_type(self, port_num, index):
-        self._check_gid(port_num, index)
-        return e.IBV_GID_TYPE_SYSFS_ROCE_V2
+        self._check()
+        return gid_table.query_gid_type(self, port_num, index)
 
     def query_pkey(self, port_num, index):
         if port_num != PORT or index != 0:
@@ -281,25 +280,13 @@ class Context(PyverbsCM):
                                    errno.EINVAL)
         return 0xFFFF
 
-    def _gid_entry(self):
-        raw = self.query_gid(PORT, 0).raw
-        return GIDEntry(int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little"),
-                        0, PORT, e.IBV_GID_TYPE_ROCE_V2, 0)
-
     def query_gid_table(self, max_entries, flags=0):
-        # ibv_query_gid_table(3) returns a negative errno; pyverbs passes it on as is.
-        if max_entries < 1:
-            raise PyverbsRDMAError("Failed to query gid tables of the device", -errno.EINVAL)
-        return [self._gid_entry()]
+        self._check()
+        return gid_table.entries(self, GIDEntry, max_entries)
 
     def query_gid_ex(self, port_num, gid_index, flags=0):
-        if port_num != PORT:
-            raise PyverbsRDMAError(f"Failed to query gid table of port {port_num} in index "
-                                   f"{gid_index}", errno.EINVAL)
-        if gid_index != 0:
-            raise PyverbsRDMAError(f"Failed to query gid table of port {port_num} in index "
-                                   f"{gid_index}", errno.ENODATA)
-        return self._gid_entry()
+        self._check()
+        return gid_table.query_gid_ex(self, GIDEntry, port_num, gid_index)
 
     def query_rt_values_ex(self, comp_mask=0):
         raise unsupported("ibv_query_rt_values_ex (a device clock)")

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from . import _sync
 from . import enums as e
-from ._objects import Record, Resource, delegate, unmodelled, unsupported
-from .pyverbs_error import PyverbsUserError
+from ._objects import Resource, delegate, unmodelled, unsupported
+from .mw import MW, MWBind, MWBindInfo
+from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
-# ibv_reg_mr(3): what softhca's MRs cannot honour. On-demand paging and huge pages are
-# ways of backing memory the simulated host does not have; MW binds need memory windows.
+# ibv_reg_mr(3): what softhca's MRs cannot honour. Huge pages are a way of backing
+# memory the simulated host does not have. (IBV_ACCESS_ON_DEMAND is engine/odp.py's.)
 _UNMODELLED_ACCESS = {
-    e.IBV_ACCESS_ON_DEMAND: "IBV_ACCESS_ON_DEMAND (on-demand paging)",
     e.IBV_ACCESS_HUGETLB: "IBV_ACCESS_HUGETLB",
-    e.IBV_ACCESS_MW_BIND: "IBV_ACCESS_MW_BIND (memory windows)",
     e.IBV_ACCESS_ZERO_BASED: "IBV_ACCESS_ZERO_BASED",
 }
 # ibv_reg_mr(3): "IBV_ACCESS_RELAXED_ORDERING ... optional: the device may ignore it".
@@ -31,9 +30,10 @@ class MR(Resource):
 
         if kwargs.get("handle") is not None:
             raise unsupported("ibv_import_mr")
-        if address is not None:
-            raise unsupported("Registering memory of this process (MR address=)")
+
         if implicit:
+            # An MR of the whole address space: the daemon's memory is registered by
+            # the byte (odp_caps has no IBV_ODP_SUPPORT_IMPLICIT).
             raise unsupported("Implicit on-demand MRs")
         if not isinstance(creator, PD):
             raise unsupported(f"Registering an MR through a {type(creator).__name__}")
@@ -43,8 +43,18 @@ class MR(Resource):
         creator._ctx._check()
         self._pd = self.pd = creator
         self._length = length
-        obj = _sync.run(creator._obj.reg_mr(length, access & ~_OPTIONAL_ACCESS),
-                        "Failed to register a MR")
+        if address is not None:
+            # This process's memory: only the embedded daemon, in this process, has it.
+            secret = _sync.process_secret()
+            if secret is None:
+                raise unsupported("Registering memory of this process (MR address=) with a "
+                                  "daemon outside the process")
+            obj = _sync.run(creator._obj.reg_process_mr(int(address), length,
+                                                        access & ~_OPTIONAL_ACCESS, secret),
+                            "Failed to register a MR")
+        else:
+            obj = _sync.run(creator._obj.reg_mr(length, access & ~_OPTIONAL_ACCESS),
+                            "Failed to register a MR")
         self._adopt(creator._ctx, obj)
 
     def write(self, data, length, offset=0):
@@ -65,7 +75,28 @@ class MR(Resource):
         return _sync.run(self._obj.read(length, offset), "Failed to read from the MR")
 
     def rereg(self, flags, pd=None, addr=0, length=0, access=0):
-        raise unsupported("ibv_rereg_mr")
+        """ibv_rereg_mr(3). A new translation is this process's memory: with the embedded
+        daemon only, EOPNOTSUPP otherwise, as for ``MR(..., address=)``."""
+        secret = None
+        if flags & e.IBV_REREG_MR_CHANGE_TRANSLATION:
+            secret = _sync.process_secret()
+            if secret is None:
+                raise unsupported("ibv_rereg_mr to memory of this process with a daemon "
+                                  "outside the process (IBV_REREG_MR_CHANGE_TRANSLATION)")
+        if flags & e.IBV_REREG_MR_CHANGE_ACCESS:
+            for flag, what in _UNMODELLED_ACCESS.items():
+                if access & flag:
+                    raise unsupported(f"ibv_rereg_mr with {what}")
+            access &= ~_OPTIONAL_ACCESS
+        if flags & e.IBV_REREG_MR_CHANGE_PD and pd is None:
+            raise PyverbsRDMAError("Failed to rereg MR: IBV_REREG_MR_CHANGE_PD needs a PD", 22)
+        self._ctx._check()
+        _sync.run(self._obj.rereg(flags, pd._obj if pd is not None else None, length, access,
+                                  int(addr or 0), secret), "Failed to rereg MR")
+        if flags & e.IBV_REREG_MR_CHANGE_PD:
+            self._pd = self.pd = pd
+        if flags & e.IBV_REREG_MR_CHANGE_TRANSLATION:
+            self._length = length
 
     def unimport(self):
         raise unsupported("ibv_unimport_mr")
@@ -83,15 +114,6 @@ class MR(Resource):
         return self._length
 
 
-class MWBindInfo(Record):
-    _fields = (("mr", None), ("addr", 0), ("length", 0), ("mw_access_flags", 0),
-               ("bind_flags", 0))
-
-
-class MWBind(Record):
-    _fields = (("bind_info", None), ("send_flags", 0), ("wr_id", 0))
-
-
-MW = unmodelled("MW", "Memory windows (ibv_alloc_mw)")
+__all__ = ["DMMR", "MR", "MW", "DmaBufMR", "MWBind", "MWBindInfo"]
 DMMR = unmodelled("DMMR", "Device memory MRs (ibv_reg_dm_mr)", MR)
 DmaBufMR = unmodelled("DmaBufMR", "dma-buf MRs (ibv_reg_dmabuf_mr)", MR)

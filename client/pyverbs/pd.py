@@ -23,15 +23,21 @@ class PD(Resource):
         self._adopt(creator, _sync.run(creator._actx.alloc_pd(), "Failed to allocate PD"))
 
     def _dependents(self):
-        # pyverbs closes what was created on a PD before the PD itself.
-        return [c for c in list(self._ctx._children) if getattr(c, "_pd", None) is self]
+        # pyverbs closes what was created on a PD before the PD itself; memory windows
+        # first, since an MR with a window bound cannot be deregistered.
+        mine = [c for c in list(self._ctx._children) if getattr(c, "_pd", None) is self]
+        return sorted(mine, key=lambda c: not getattr(c, "_closes_first", False))
 
     @property
     def handle(self):
         return self._obj.handle if self._obj is not None else 0
 
     def advise_mr(self, advise, flags, sg_list):
-        raise unsupported("ibv_advise_mr (on-demand paging)")
+        """ibv_advise_mr(3) (engine/odp.py: the memory is resident, a valid prefetch is
+        done at once)."""
+        self._ctx._check()
+        _sync.run(self._obj.advise_mr(int(advise), int(flags), [s._attr() for s in sg_list]),
+                  "Failed to advise MR")
 
     def unimport(self):
         raise unsupported("ibv_unimport_pd")

@@ -1,7 +1,8 @@
 """pyverbs.qp: queue pairs, their attributes, and the extended QP's WR builder.
 
-softhca models RC QPs (engine/rc.py); creating any other type fails with EOPNOTSUPP from
-the daemon. An RC QP reaches its peer through the dgid of its address vector (``_route``).
+softhca models RC, UC and UD QPs (engine/rc.py, uc.py, ud.py); creating any other type
+fails with EOPNOTSUPP from the daemon. An RC or UC QP reaches its peer through the dgid
+of its address vector (``_route``), a UD QP through each WR's AH (pyverbs.addr.AH).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import errno
 from ...engine.qp_state import FIELDS as _QP_FIELDS
 from ...protocol.attrs import SGE as _SGE
 from .. import api
+from .. import mw as _mw
 from . import _route, _sync
 from . import enums as e
 from ._objects import Record, Resource, check_alloc_type, delegate, unsupported
 from .addr import AHAttr
 from .base import PyverbsCM
+from .mw import bind_fields, bind_send_wr, bind_type1
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .wr import RecvWR, SendWR, be32_field_to_host
 
@@ -102,6 +105,12 @@ _RC_MASKS = {
     "RTS": (e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN
             | e.IBV_QP_MAX_QP_RD_ATOMIC),
 }
+# ... and for UD and UC QPs (the same table's rows for IBV_QPT_UD and IBV_QPT_UC).
+_UD_MASKS = {"INIT": e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_QKEY, "RTR": 0,
+             "RTS": e.IBV_QP_SQ_PSN}
+_UC_MASKS = {"INIT": e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS,
+             "RTR": e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN | e.IBV_QP_RQ_PSN,
+             "RTS": e.IBV_QP_SQ_PSN}
 # The ibv_qp_attr field of each mask bit is the engine's table; those the control plane
 # carries travel, port and P_Key index are checked here (one of each exists).
 _WIRE_FIELDS = {f.name for f in dataclasses.fields(api.QPAttr)}
@@ -120,6 +129,8 @@ _SEND_OPS = {
     e.IBV_WR_ATOMIC_CMP_AND_SWP: e.IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
     e.IBV_WR_ATOMIC_FETCH_AND_ADD: e.IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
     e.IBV_WR_LOCAL_INV: e.IBV_QP_EX_WITH_LOCAL_INV,
+    e.IBV_WR_BIND_MW: e.IBV_QP_EX_WITH_BIND_MW,
+    e.IBV_WR_ATOMIC_WRITE: e.IBV_QP_EX_WITH_ATOMIC_WRITE,
 }
 _MODELLED_OPS = 0
 for _op in _SEND_OPS.values():
@@ -145,12 +156,19 @@ def _send_wr(wr) -> api.SendWR:
         raise unsupported(wr._unsupported)
     if wr.opcode not in _SEND_OPS:
         raise unsupported(f"Send opcode {wr.opcode}")
+    if wr.opcode == e.IBV_WR_BIND_MW:
+        if wr._bind is None:
+            raise PyverbsRDMAError("Failed to post send: IBV_WR_BIND_MW without "
+                                   "set_bind_wr", errno.EINVAL)
+        return bind_send_wr(wr, wr.rkey)
     sg = [s._attr() for s in wr.sg[:wr.num_sge]]
     imm = be32_field_to_host(wr.imm_data) if wr.opcode in _IMM else None
     out = api.SendWR(wr_id=wr.wr_id, opcode=int(wr.opcode), sg=sg, imm_data=imm,
                      send_flags=int(wr.send_flags))
     out.rkey, out.remote_addr = int(wr.rkey), int(wr.remote_addr)
     out.compare_add, out.swap = int(wr.compare_add), int(wr.swap)
+    if wr.ah is not None:
+        out.set_wr_ud(wr.ah._obj, int(wr.remote_qpn), int(wr.remote_qkey))
     if wr.opcode in _INV:
         out.invalidate_rkey = int(wr.imm_data) & 0xFFFFFFFF
     return out
@@ -235,14 +253,15 @@ class QP(Resource):
         return self._qp_num
 
     def _get_comp_mask(self, dst):
-        return _RC_MASKS[dst] | e.IBV_QP_STATE
+        masks = {e.IBV_QPT_UD: _UD_MASKS, e.IBV_QPT_UC: _UC_MASKS}.get(self.qp_type, _RC_MASKS)
+        return masks[dst] | e.IBV_QP_STATE
 
     def _dest(self, ah_attr):
         """(host, port, device name) the AV's dgid leads to."""
         if not ah_attr.is_global or ah_attr.gr is None or ah_attr.gr.dgid is None:
             raise PyverbsRDMAError("Failed to modify QP: a RoCE address vector needs a GRH "
                                    "(is_global=1 and a dgid)", errno.EINVAL)
-        host, port, index = _route.route(ah_attr.gr.dgid.raw)
+        host, port, index = _route.route(ah_attr.gr.dgid.raw, self._ctx._node.port)
         node = self._ctx._node
         if _route.same_daemon(host, port, node.host, node.port):
             names = node.devices
@@ -342,10 +361,13 @@ class QP(Resource):
         raise unsupported("Enhanced connection establishment (ECE)")
 
     def bind_mw(self, mw, mw_bind):
-        raise unsupported("Memory windows")
+        bind_type1(self, mw, mw_bind)
 
     def query_data_in_order(self, op, flags=0):
-        raise unsupported("ibv_query_qp_data_in_order")
+        """ibv_query_qp_data_in_order(3): softhca's provider does not implement the op,
+        so libibverbs answers as it does then: 0 (no in-order guarantee claimed)."""
+        self._ctx._check()
+        return 0
 
 
 class QPEx(QP):
@@ -421,16 +443,34 @@ class QPEx(QP):
         self._new_send(e.IBV_WR_LOCAL_INV, invalidate_rkey=invalidate_rkey)
 
     def wr_bind_mw(self, mw, rkey, bind_info):
-        self._fail(unsupported("Memory windows"))
+        if self._batch is None:
+            self._fail(PyverbsRDMAError("A WR was built outside wr_start", errno.EINVAL))
+            return
+        try:
+            window, mr, addr, length, access = bind_fields(mw, bind_info)
+        except PyverbsUserError as err:
+            self._fail(PyverbsRDMAError(str(err), errno.EINVAL))
+            return
+        wr = _mw.bind_wr(window, mr, addr, length, access, rkey=int(rkey) & 0xFFFFFFFF,
+                         wr_id=self.wr_id, send_flags=int(self.wr_flags))
+        self._batch.append(("send", wr))
 
     def wr_atomic_write(self, rkey, remote_addr, atomic_wr):
-        self._fail(unsupported("IBV_WR_ATOMIC_WRITE"))
+        data = bytes(atomic_wr)
+        if len(data) < 8:
+            self._fail(PyverbsRDMAError("ibv_wr_atomic_write takes 8 bytes", errno.EINVAL))
+            return
+        # The 8 bytes travel in the WR, as rxe copies them into the WQE.
+        self._new_send(e.IBV_WR_ATOMIC_WRITE, rkey=rkey, remote_addr=remote_addr,
+                       compare_add=int.from_bytes(data[:8], "little"))
 
     def wr_send_tso(self, hdr, hdr_sz, mss):
         self._fail(unsupported("TSO"))
 
-    def wr_set_ud_addr(self, ah, remote_qpn, remote_rkey):
-        self._fail(unsupported("UD addresses (softhca models RC QPs only)"))
+    def wr_set_ud_addr(self, ah, remote_qpn, remote_qkey):
+        wr = self._last_send()
+        if wr is not None:
+            wr.set_wr_ud(ah._obj, int(remote_qpn), int(remote_qkey))
 
     def wr_set_xrc_srqn(self, remote_srqn):
         self._fail(unsupported("XRC"))

@@ -76,7 +76,12 @@ class SendWR(PyverbsObject):
         self.remote_addr = 0
         self.compare_add = 0
         self.swap = 0
+        # wr.ud: the AH, remote QPN and remote Q_Key (set_wr_ud).
+        self.ah = None
+        self.remote_qpn = 0
+        self.remote_qkey = 0
         self._unsupported = None
+        self._bind = None
 
     @property
     def invalidate_rkey(self):
@@ -93,13 +98,19 @@ class SendWR(PyverbsObject):
         self.rkey, self.remote_addr, self.compare_add, self.swap = rkey, addr, compare_add, swap
 
     def set_wr_ud(self, ah, rqpn, rqkey=0):
-        self._unsupported = "UD work requests (softhca models RC QPs only)"
+        self.ah, self.remote_qpn, self.remote_qkey = ah, rqpn, rqkey
 
     def set_qp_type_xrc(self, remote_srqn):
         self._unsupported = "XRC work requests"
 
     def set_bind_wr(self, mw, bind_info):
-        self._unsupported = "Memory window binds"
+        """bind_mw of an IBV_WR_BIND_MW: ``mw``, its new key ibv_inc_rkey(mw.rkey) (read
+        back as ``rkey``), ``bind_info`` (an MWBindInfo)."""
+        from .base import inc_rkey
+        from .mw import bind_fields
+
+        self._bind = bind_fields(mw, bind_info)
+        self.rkey = inc_rkey(mw.rkey)
 
     def _chain(self):
         wr = self

@@ -5,7 +5,11 @@
 #define SOFTHCA_CM_H
 
 #include <pthread.h>
+#include <errno.h>
 #include <stdint.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 #include "../frame.h"
 #include "../mp.h"
@@ -20,12 +24,42 @@ struct cm_conn {
 	int reply_ready, dead;
 };
 
+/* One rdma_cm_id: the user's struct first. */
+struct cm_id {
+	struct rdma_cm_id id;
+	uint32_t handle;
+	struct cm_id *next;            /* every id, under g.lock */
+	int own_channel;               /* made for a synchronous id (channel NULL) */
+	/* the connection: the peer QP's number and PSN, ours, the negotiated values */
+	uint32_t peer_qpn, peer_psn, my_psn;
+	uint8_t rr, depth, retry, rnr;
+	struct ibv_qp_init_attr ep_attr; /* rdma_create_ep's, for rdma_get_request */
+	struct ibv_pd *ep_pd;
+	int has_ep_attr;
+	int own_cqs;                   /* 1: send CQ, 2: recv CQ made by rdma_create_qp */
+	/* rdma_set_option(3)'s: the traffic class, the local ACK timeout, SO_REUSEADDR's
+	 * and IPV6_V6ONLY's counterparts */
+	uint8_t tos, ack_timeout;
+	int has_ack_timeout, reuseaddr, afonly;
+};
+
 int cm_connect(struct cm_conn *c, const char *path);
 void cm_begin(struct cm_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields);
 int cm_call(struct cm_conn *c, struct mp_buf *b, const void *payload, size_t plen,
 	    struct shca_frame *r);
 /* The reader thread's: a pushed event, queued on its channel (cma.c). */
 void cm_take_event(struct shca_frame *f);
+/* qp.c: the id's QP moved as librdmacm moves it (rdma_init_qp_attr's attributes). */
+int cm_move_qp(struct rdma_cm_id *cid, enum ibv_qp_state state);
+int cm_qp_to_err(struct rdma_cm_id *cid);
+struct ibv_pd *cm_default_pd(struct ibv_context *ctx);
+
+static inline int fail(int e)
+{
+	errno = e;
+	return -1;
+}
+
 void cm_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

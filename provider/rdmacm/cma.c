@@ -39,19 +39,6 @@ struct cm_qev {
 	struct shca_frame f;
 };
 
-struct cm_id {
-	struct rdma_cm_id id;
-	uint32_t handle;
-	struct cm_id *next;            /* every id, under g.lock */
-	int own_channel;               /* made for a synchronous id (channel NULL) */
-	/* the connection: the peer QP's number and PSN, ours, the negotiated values */
-	uint32_t peer_qpn, peer_psn, my_psn;
-	uint8_t rr, depth, retry, rnr;
-	struct ibv_qp_init_attr ep_attr; /* rdma_create_ep's, for rdma_get_request */
-	struct ibv_pd *ep_pd;
-	int has_ep_attr;
-	int own_cqs;                   /* 1: send CQ, 2: recv CQ made by rdma_create_qp */
-};
 
 struct cm_event {
 	struct rdma_cm_event ev;
@@ -80,10 +67,18 @@ void cm_log(const char *fmt, ...)
 	va_end(ap);
 }
 
-static int fail(int e)
+/* librdmacm's default PD of the device, shared by the ids on it (rdma_create_qp with
+ * no PD). */
+struct ibv_pd *cm_default_pd(struct ibv_context *ctx)
 {
-	errno = e;
-	return -1;
+	struct ibv_pd *pd;
+
+	pthread_mutex_lock(&g.lock);
+	if (!g.pd[0])
+		g.pd[0] = ibv_alloc_pd(ctx);
+	pd = g.pd[0];
+	pthread_mutex_unlock(&g.lock);
+	return pd;
 }
 
 /* The daemon's connection and its devices, once per process. */
@@ -343,11 +338,13 @@ EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 
 	if (rc)
 		return fail(rc);
-	cm_begin(&g.conn, &b, "cm_bind", 3);
+	cm_begin(&g.conn, &b, "cm_bind", 4);
 	mp_kv_uint(&b, "cmid", id->handle);
 	mp_str(&b, "ip");
 	mp_str(&b, ip);
 	mp_kv_uint(&b, "port", port);
+	mp_str(&b, "reuse");
+	mp_bool(&b, id->reuseaddr);
 	rc = call(&b, NULL, 0, &r);
 	if (rc)
 		return fail(rc);
@@ -390,18 +387,18 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src,
 	uint16_t port;
 	int rc;
 
-	(void)timeout_ms;       /* resolved at once: the daemon names its peer itself */
 	if (src && src->sa_family && rdma_bind_addr(cid, src))
 		return -1;
 	rc = sin_of(dst, ip, &port);
 	if (rc)
 		return fail(rc);
 	memcpy(&cid->route.addr.dst_sin, dst, sizeof(struct sockaddr_in));
-	cm_begin(&g.conn, &b, "cm_resolve_addr", 3);
+	cm_begin(&g.conn, &b, "cm_resolve_addr", 4);
 	mp_kv_uint(&b, "cmid", id->handle);
 	mp_str(&b, "ip");
 	mp_str(&b, ip);
 	mp_kv_uint(&b, "port", port);
+	mp_kv_uint(&b, "timeout_ms", timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
 	rc = call(&b, NULL, 0, NULL);
 	if (rc)
 		return fail(rc);
@@ -411,10 +408,13 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src,
 EXPORT int rdma_resolve_route(struct rdma_cm_id *cid, int timeout_ms)
 {
 	struct cm_id *id = (struct cm_id *)cid;
+	struct mp_buf b;
 	int rc;
 
-	(void)timeout_ms;
-	rc = call_id("cm_resolve_route", id);
+	cm_begin(&g.conn, &b, "cm_resolve_route", 2);
+	mp_kv_uint(&b, "cmid", id->handle);
+	mp_kv_uint(&b, "timeout_ms", timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
+	rc = call(&b, NULL, 0, NULL);
 	if (rc)
 		return fail(rc);
 	return id->own_channel ? sync_wait(cid, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL) : 0;
@@ -433,188 +433,6 @@ EXPORT int rdma_listen(struct rdma_cm_id *cid, int backlog)
 	mp_kv_uint(&b, "backlog", (uint32_t)backlog);
 	rc = call(&b, NULL, 0, NULL);
 	return rc ? fail(rc) : 0;
-}
-
-/* -- QP transitions (rdma_init_qp_attr(3)) ------------------------------------------ */
-
-EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, int *mask)
-{
-	struct cm_id *id = (struct cm_id *)cid;
-	struct ibv_port_attr pa;
-	enum ibv_qp_state want = attr->qp_state;
-
-	memset(attr, 0, sizeof(*attr));
-	attr->qp_state = want;
-	switch (want) {
-	case IBV_QPS_INIT:
-		attr->pkey_index = 0;
-		attr->port_num = 1;
-		attr->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-					IBV_ACCESS_REMOTE_READ;
-		*mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-		return 0;
-	case IBV_QPS_RTR:
-		if (!id->peer_qpn)
-			return fail(EINVAL);        /* no REQ or REP yet */
-		attr->path_mtu = IBV_MTU_1024;
-		if (cid->verbs && !ibv_query_port(cid->verbs, 1, &pa))
-			attr->path_mtu = pa.active_mtu;
-		attr->dest_qp_num = id->peer_qpn;
-		attr->rq_psn = id->peer_psn;
-		attr->max_dest_rd_atomic = id->rr;
-		/* IBTA's RNR NAK timer 12: 0.64 ms, what rdma_cm programs get */
-		attr->min_rnr_timer = 12;
-		attr->ah_attr.is_global = 1;
-		attr->ah_attr.grh.dgid = cid->route.addr.addr.ibaddr.dgid;
-		attr->ah_attr.grh.sgid_index = 0;
-		attr->ah_attr.grh.hop_limit = 64;
-		attr->ah_attr.port_num = 1;
-		*mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-			IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-		return 0;
-	case IBV_QPS_RTS:
-		if (!id->peer_qpn)
-			return fail(EINVAL);
-		attr->sq_psn = id->my_psn;
-		attr->timeout = 14;         /* 4.096 us * 2^14: some 67 ms per try */
-		attr->retry_cnt = id->retry;
-		attr->rnr_retry = id->rnr;
-		attr->max_rd_atomic = id->depth;
-		*mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-			IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-		return 0;
-	default:
-		return fail(EINVAL);
-	}
-}
-
-static int move_qp(struct rdma_cm_id *cid, enum ibv_qp_state state)
-{
-	struct ibv_qp_attr a = {.qp_state = state};
-	int mask, rc;
-
-	if (rdma_init_qp_attr(cid, &a, &mask))
-		return errno;
-	rc = ibv_modify_qp(cid->qp, &a, mask);
-	return rc;
-}
-
-static int qp_to_err(struct rdma_cm_id *cid)
-{
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-
-	return cid->qp ? ibv_modify_qp(cid->qp, &a, IBV_QP_STATE) : 0;
-}
-
-/* A CQ and its completion channel for an id whose QP was given none: the CQ's
- * context is the id, as rdma_verbs.h's rdma_get_send_comp / rdma_get_recv_comp check. */
-static struct ibv_cq *own_cq(struct rdma_cm_id *cid, uint32_t n,
-			     struct ibv_comp_channel **ch)
-{
-	struct ibv_cq *cq;
-
-	*ch = ibv_create_comp_channel(cid->verbs);
-	if (!*ch)
-		return NULL;
-	cq = ibv_create_cq(cid->verbs, (int)(n ? n : 1), cid, *ch, 0);
-	if (!cq) {
-		ibv_destroy_comp_channel(*ch);
-		*ch = NULL;
-	}
-	return cq;
-}
-
-static void drop_own_cqs(struct cm_id *id)
-{
-	struct rdma_cm_id *cid = &id->id;
-
-	if (id->own_cqs & 1) {
-		ibv_destroy_cq(cid->send_cq);
-		ibv_destroy_comp_channel(cid->send_cq_channel);
-	}
-	if (id->own_cqs & 2) {
-		ibv_destroy_cq(cid->recv_cq);
-		ibv_destroy_comp_channel(cid->recv_cq_channel);
-	}
-	id->own_cqs = 0;
-	cid->send_cq = cid->recv_cq = NULL;
-	cid->send_cq_channel = cid->recv_cq_channel = NULL;
-}
-
-EXPORT int rdma_create_qp(struct rdma_cm_id *cid, struct ibv_pd *pd,
-			  struct ibv_qp_init_attr *qp_init_attr)
-{
-	struct cm_id *id = (struct cm_id *)cid;
-	struct ibv_qp_init_attr a;
-	struct ibv_qp *qp;
-	int rc;
-
-	if (!cid->verbs || !qp_init_attr)
-		return fail(EINVAL);
-	if (!pd) {
-		/* librdmacm's default PD of the device, shared by the ids on it */
-		pthread_mutex_lock(&g.lock);
-		if (!g.pd[0])
-			g.pd[0] = ibv_alloc_pd(cid->verbs);
-		pd = g.pd[0];
-		pthread_mutex_unlock(&g.lock);
-		if (!pd)
-			return -1;
-	}
-	if (pd->context != cid->verbs)
-		return fail(EINVAL);
-	a = *qp_init_attr;
-	/* rdma_create_ep's callers often leave it 0: the id's type (its port space's) */
-	if (!a.qp_type)
-		a.qp_type = cid->qp_type;
-	if (a.qp_type != IBV_QPT_RC)
-		return fail(EOPNOTSUPP);
-	if (!a.send_cq) {
-		cid->send_cq = own_cq(cid, a.cap.max_send_wr, &cid->send_cq_channel);
-		if (!cid->send_cq)
-			return -1;
-		id->own_cqs |= 1;
-		a.send_cq = cid->send_cq;
-	}
-	if (!a.recv_cq) {
-		cid->recv_cq = own_cq(cid, a.cap.max_recv_wr, &cid->recv_cq_channel);
-		if (!cid->recv_cq) {
-			drop_own_cqs(id);
-			return -1;
-		}
-		id->own_cqs |= 2;
-		a.recv_cq = cid->recv_cq;
-	}
-	qp = ibv_create_qp(pd, &a);
-	if (!qp) {
-		rc = errno;
-		drop_own_cqs(id);
-		return fail(rc);
-	}
-	qp_init_attr->cap = a.cap;
-	cid->qp = qp;
-	rc = move_qp(cid, IBV_QPS_INIT);
-	if (rc) {
-		ibv_destroy_qp(qp);
-		cid->qp = NULL;
-		drop_own_cqs(id);
-		return fail(rc);
-	}
-	cid->pd = pd;
-	cid->send_cq = a.send_cq;
-	cid->recv_cq = a.recv_cq;
-	cid->send_cq_channel = a.send_cq->channel;
-	cid->recv_cq_channel = a.recv_cq->channel;
-	cid->qp_type = a.qp_type;
-	return 0;
-}
-
-EXPORT void rdma_destroy_qp(struct rdma_cm_id *cid)
-{
-	if (cid->qp)
-		ibv_destroy_qp(cid->qp);
-	cid->qp = NULL;
-	drop_own_cqs((struct cm_id *)cid);
 }
 
 /* rdma_create_ep(3): a synchronous id, bound (passive) or resolved (active), with a QP
@@ -760,9 +578,9 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 	/* my_psn was drawn with the CONNECT_REQUEST: a program that moves its own QP
 	 * (rdma_init_qp_attr) has used it for RTS before it calls rdma_accept. */
 	if (cid->qp) {
-		rc = move_qp(cid, IBV_QPS_RTR);
+		rc = cm_move_qp(cid, IBV_QPS_RTR);
 		if (!rc)
-			rc = move_qp(cid, IBV_QPS_RTS);
+			rc = cm_move_qp(cid, IBV_QPS_RTS);
 		if (rc)
 			return fail(rc);
 	}
@@ -805,7 +623,7 @@ EXPORT int rdma_disconnect(struct rdma_cm_id *cid)
 	int rc;
 
 	/* The QP flushes its WRs now, as librdmacm moves it to ERR before the DREQ. */
-	rc = qp_to_err(cid);
+	rc = cm_qp_to_err(cid);
 	if (rc)
 		return fail(rc);
 	rc = call_id("cm_disconnect", (struct cm_id *)cid);
@@ -977,10 +795,10 @@ static int process(struct cm_event *e, struct shca_frame *f)
 		e->ev.param.conn.qp_num = id->peer_qpn;
 		if (id->id.qp) {
 			/* librdmacm's part: the QP to RTR and RTS, then the RTU */
-			int rc = move_qp(&id->id, IBV_QPS_RTR);
+			int rc = cm_move_qp(&id->id, IBV_QPS_RTR);
 
 			if (!rc)
-				rc = move_qp(&id->id, IBV_QPS_RTS);
+				rc = cm_move_qp(&id->id, IBV_QPS_RTS);
 			if (!rc)
 				rc = call_id("cm_establish", id);
 			if (rc) {
@@ -992,6 +810,10 @@ static int process(struct cm_event *e, struct shca_frame *f)
 		}
 		break;
 	case RDMA_CM_EVENT_REJECTED:
+		/* the kernel's CM moves the id's QP to ERR on a REJ: its WRs flush */
+		cm_qp_to_err(&id->id);
+		conn_param(e, f, h);
+		break;
 	case RDMA_CM_EVENT_CONNECT_ERROR:
 	case RDMA_CM_EVENT_UNREACHABLE:
 		conn_param(e, f, h);

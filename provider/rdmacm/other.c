@@ -166,13 +166,6 @@ EXPORT void rdma_destroy_srq(struct rdma_cm_id *id)
 	(void)id;
 }
 
-EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
-{
-	(void)id; (void)attr;
-	errno = ENOSYS;
-	return -1;
-}
-
 EXPORT int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 {
 	(void)id; (void)event;
@@ -183,14 +176,6 @@ EXPORT int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 EXPORT int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
 {
 	(void)id; (void)channel;
-	errno = ENOSYS;
-	return -1;
-}
-
-EXPORT int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval,
-			   size_t optlen)
-{
-	(void)id; (void)level; (void)optname; (void)optval; (void)optlen;
 	errno = ENOSYS;
 	return -1;
 }

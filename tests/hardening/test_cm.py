@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import os
 
 import pytest
 
+from softhca.engine.cm import CMId
 from softhca.protocol import cm
 from softhca.protocol.frames import FrameDecoder, encode_frame, frame_bytes
 from softhca.server.daemon import Daemon
@@ -119,7 +122,19 @@ async def resolved(s: Session, port: int) -> int:
     return cid
 
 
-def connect_fields(cid: int, qpn: int = 0x11, psn: int = 0x123) -> dict:
+async def make_qp(s: Session) -> int:
+    """An RC QP of session ``s`` on the daemon's device: its number, which the CM
+    calls of that session may name (and no other session's may)."""
+    ctx = (await s.call("open_device", name="mlx5_0"))["ctx"]
+    pd = (await s.call("alloc_pd", ctx=ctx))["pd"]
+    cq = (await s.call("create_cq", ctx=ctx, cqe=16))["cq"]
+    r = await s.call("create_qp", pd=pd, scq=cq, rcq=cq, qp_type=2, max_send_wr=4,
+                     max_recv_wr=4, max_send_sge=1, max_recv_sge=1, max_inline_data=0,
+                     sq_sig_all=False, send_ops_flags=0)
+    return r["qp_num"]
+
+
+def connect_fields(cid: int, qpn: int, psn: int = 0x123) -> dict:
     return {"cmid": cid, "qpn": qpn, "psn": psn, "responder_resources": 1,
             "initiator_depth": 1, "retry_count": 7, "rnr_retry_count": 7}
 
@@ -129,16 +144,17 @@ async def test_connect_accept_establish_disconnect():
         srv, cli = await Session.open(d), await Session.open(d)
         lid = await listener(srv, 7174)
         cid = await resolved(cli, 7174)
-        await cli.call("cm_connect", b"hello", **connect_fields(cid))
+        cqp, sqp = await make_qp(cli), await make_qp(srv)
+        await cli.call("cm_connect", b"hello", **connect_fields(cid, cqp))
         h, pdata = await srv.event("connect_request")
-        assert h["listen"] == lid and h["qpn"] == 0x11 and h["psn"] == 0x123
+        assert h["listen"] == lid and h["qpn"] == cqp and h["psn"] == 0x123
         # Received private data fills the REQ's field: the bytes sent, then zeros.
         assert pdata == b"hello" + bytes(51)
         child = h["cmid"]
-        await srv.call("cm_accept", b"welcome", cmid=child, qpn=0x22, psn=0x456,
+        await srv.call("cm_accept", b"welcome", cmid=child, qpn=sqp, psn=0x456,
                        responder_resources=1, initiator_depth=1, rnr_retry_count=7)
         h, pdata = await cli.event("connect_response")
-        assert (h["qpn"], h["psn"]) == (0x22, 0x456) and pdata == b"welcome" + bytes(189)
+        assert (h["qpn"], h["psn"]) == (sqp, 0x456) and pdata == b"welcome" + bytes(189)
         # The GIDs the library's RTR uses: fe80::<IPv4>:<port>:<dev>, this daemon's.
         assert h["dgid"] == bytes.fromhex("fe80000000000000 7f000001".replace(" ", "")) \
             + d.port.to_bytes(2, "big") + bytes(2)
@@ -162,13 +178,14 @@ async def test_private_data_longer_than_the_message_carries_is_einval():
         srv, cli = await Session.open(d), await Session.open(d)
         await listener(srv, 7175)
         cid = await resolved(cli, 7175)
-        e = await cli.refused("cm_connect", b"x" * 57, **connect_fields(cid))
+        cqp, sqp = await make_qp(cli), await make_qp(srv)
+        e = await cli.refused("cm_connect", b"x" * 57, **connect_fields(cid, cqp))
         assert e["errno"] == "EINVAL" and "56" in e["msg"]
         # Refused whole: the id may still connect, with 56 bytes.
-        await cli.call("cm_connect", b"x" * 56, **connect_fields(cid))
+        await cli.call("cm_connect", b"x" * 56, **connect_fields(cid, cqp))
         h, _ = await srv.event("connect_request")
         child = h["cmid"]
-        e = await srv.refused("cm_accept", b"x" * 197, cmid=child, qpn=1, psn=0,
+        e = await srv.refused("cm_accept", b"x" * 197, cmid=child, qpn=sqp, psn=0,
                               responder_resources=1, initiator_depth=1, rnr_retry_count=7)
         assert e["errno"] == "EINVAL" and "196" in e["msg"]
         e = await srv.refused("cm_reject", b"x" * 149, cmid=child)
@@ -183,6 +200,8 @@ async def test_private_data_longer_than_the_message_carries_is_einval():
 async def test_ten_thousand_connects_to_nobody_are_rejected_and_leak_nothing():
     async with daemon() as d:
         s = await Session.open(d)
+        qpn = await make_qp(s)
+        fds = len(os.listdir("/proc/self/fd"))
         n, batch = 10_000, 500
         for _ in range(n // batch):
             rids = [s.send("cm_create_id", ps=cm.PS_TCP) for _ in range(batch)]
@@ -190,7 +209,7 @@ async def test_ten_thousand_connects_to_nobody_are_rejected_and_leak_nothing():
             for i in ids:
                 s.send("cm_resolve_addr", cmid=i, ip="127.0.0.1", port=9)
                 s.send("cm_resolve_route", cmid=i)
-                s.send("cm_connect", **connect_fields(i))
+                s.send("cm_connect", **connect_fields(i, qpn))
             seen = {}
             while len(seen) < batch:
                 h, _ = await s.event()
@@ -203,26 +222,44 @@ async def test_ten_thousand_connects_to_nobody_are_rejected_and_leak_nothing():
             s.events.clear()
         await s.call("cm_counts")
         assert d.cm.counts() == {"ids": 0, "listeners": 0, "timers": 0, "remote": 0}
+        # Nothing else holds on: no CMId object is left, no descriptor was opened.
+        gc.collect()
+        assert not [o for o in gc.get_objects() if type(o) is CMId]
+        assert len(os.listdir("/proc/self/fd")) <= fds
         s.close()
 
 
-async def test_a_listeners_backlog_overrun_is_rejected():
+async def test_a_listeners_backlog_overrun_drops_the_req_until_there_is_room():
+    """A REQ past a listener's backlog is dropped unanswered, as the kernel's ucma and
+    ib_cm drop it (no REJ, "to allow future retries"): the active side's CM sends it
+    again, and once rdma_accept makes room it gets in; a REQ that never finds room ends
+    UNREACHABLE with -ETIMEDOUT."""
     async with daemon() as d:
+        d.cm.timing.response_timeout, d.cm.timing.max_retries = 0.2, 10
         srv, cli = await Session.open(d), await Session.open(d)
         await listener(srv, 7176, backlog=2)
         ids = [await resolved(cli, 7176) for _ in range(3)]
+        cqp, sqp = await make_qp(cli), await make_qp(srv)
         for i in ids:
-            await cli.call("cm_connect", **connect_fields(i))
+            await cli.call("cm_connect", **connect_fields(i, cqp))
         reqs = [(await srv.event("connect_request"))[0] for _ in range(2)]
-        h, _ = await cli.event("rejected")
-        assert h["cmid"] == ids[2] and h["status"] == cm.REJ_NO_RESOURCES
-        # Accepting one makes room again.
-        await srv.call("cm_accept", cmid=reqs[0]["cmid"], qpn=1, psn=0,
+        # The two pending REQs were acknowledged (MRA) and wait for their REP, never
+        # resent; the third is dropped at each try, and only it is resent.
+        await asyncio.sleep(1.0)
+        assert d.counters["cm_backlog_drops"] >= 4 and not cli.events and not srv.events
+        assert d.counters["cm_retransmissions"] == d.counters["cm_backlog_drops"] - 1
+        # Accepting one makes room: the third REQ's next retransmission gets in.
+        await srv.call("cm_accept", cmid=reqs[0]["cmid"], qpn=sqp, psn=0,
                        responder_resources=1, initiator_depth=1, rnr_retry_count=7)
         await cli.event("connect_response")
-        again = await resolved(cli, 7176)
-        await cli.call("cm_connect", **connect_fields(again))
-        await srv.event("connect_request")
+        h, _ = await srv.event("connect_request", timeout=5)
+        assert h["cmid"] not in {r["cmid"] for r in reqs}
+        # Full again (two pending): a fourth REQ is resent 3 times, then UNREACHABLE.
+        d.cm.timing.max_retries = 2
+        late = await resolved(cli, 7176)
+        await cli.call("cm_connect", **connect_fields(late, cqp))
+        h, _ = await cli.event("unreachable", timeout=5)
+        assert h["cmid"] == late and h["status"] == -110
         srv.close()
         cli.close()
 
@@ -233,6 +270,7 @@ async def test_a_lost_req_is_sent_again_and_the_connection_completes():
         srv, cli = await Session.open(d), await Session.open(d)
         await listener(srv, 7177)
         cid = await resolved(cli, 7177)
+        cqp = await make_qp(cli)
         real = d.cm._transmit
         lost = []
 
@@ -243,7 +281,7 @@ async def test_a_lost_req_is_sent_again_and_the_connection_completes():
             real(peer, header, data)
 
         d.cm._transmit = lossy
-        await cli.call("cm_connect", **connect_fields(cid))
+        await cli.call("cm_connect", **connect_fields(cid, cqp))
         h, _ = await srv.event("connect_request", timeout=5)
         assert lost and d.counters["cm_retransmissions"] == 1
         srv.close()
@@ -256,9 +294,10 @@ async def test_a_req_never_answered_ends_unreachable():
         d.cm.timing.max_retries = 2
         cli = await Session.open(d)
         cid = await resolved(cli, 7178)
+        cqp = await make_qp(cli)
         real = d.cm._transmit
         d.cm._transmit = lambda p, h, data: None if h["m"] == "req" else real(p, h, data)
-        await cli.call("cm_connect", **connect_fields(cid))
+        await cli.call("cm_connect", **connect_fields(cid, cqp))
         h, _ = await cli.event("unreachable", timeout=5)
         assert h["status"] == -110          # -ETIMEDOUT, as rdma_cm reports it
         assert d.counters["cm_retransmissions"] == 2
@@ -273,7 +312,8 @@ async def test_cm_messages_forged_on_the_wire_plane_are_refused():
         srv, cli = await Session.open(d), await Session.open(d)
         await listener(srv, 7179)
         cid = await resolved(cli, 7179)
-        await cli.call("cm_connect", **connect_fields(cid))
+        cqp, sqp = await make_qp(cli), await make_qp(srv)
+        await cli.call("cm_connect", **connect_fields(cid, cqp))
         h, _ = await srv.event("connect_request")
         child = h["cmid"]
         link = await open_link(d.host, d.port, "wire", PEER, timeout=5, max_frame=1 << 20,
@@ -292,10 +332,10 @@ async def test_cm_messages_forged_on_the_wire_plane_are_refused():
             await asyncio.sleep(0.02)
         assert d.counters["cm_messages_refused"] - before == 3
         # Nothing reached either side: the real REP still connects them.
-        await srv.call("cm_accept", cmid=child, qpn=2, psn=0, responder_resources=1,
+        await srv.call("cm_accept", cmid=child, qpn=sqp, psn=0, responder_resources=1,
                        initiator_depth=1, rnr_retry_count=7)
         h, _ = await cli.event("connect_response")
-        assert h["qpn"] == 2
+        assert h["qpn"] == sqp
         assert not srv.events
         link.writer.close()
         srv.close()
@@ -316,3 +356,47 @@ async def test_calls_in_the_wrong_state_are_einval(verb, fields):
         e = await s.refused("cm_bind", cmid=cid + 1000, ip="0.0.0.0", port=1)
         assert e["errno"] == "ENOENT"
         s.close()
+
+
+async def test_a_connect_or_accept_naming_another_sessions_qp_is_refused():
+    """The attack: a session names a QP it does not own (its neighbour's, whose number
+    it learnt) in rdma_connect or rdma_accept, so that the peer would connect to that
+    QP. EINVAL, and nothing is sent: the victim's QP is never named on the wire."""
+    async with daemon() as d:
+        srv, cli, victim = (await Session.open(d), await Session.open(d),
+                            await Session.open(d))
+        await listener(srv, 7180)
+        cid = await resolved(cli, 7180)
+        theirs, mine = await make_qp(victim), await make_qp(cli)
+        out = d.counters["cm_messages_out"]
+        for qpn in (theirs, 0xABCDE if 0xABCDE not in (theirs, mine) else 0xABCDF):
+            e = await cli.refused("cm_connect", **connect_fields(cid, qpn))
+            assert e["errno"] == "EINVAL" and "no QP of this process" in e["msg"], e
+        assert d.counters["cm_messages_out"] == out
+        # The id is unharmed: with its own QP it connects.
+        await cli.call("cm_connect", **connect_fields(cid, mine))
+        h, _ = await srv.event("connect_request")
+        assert h["qpn"] == mine
+        e = await srv.refused("cm_accept", cmid=h["cmid"], qpn=theirs, psn=0,
+                              responder_resources=1, initiator_depth=1, rnr_retry_count=7)
+        assert e["errno"] == "EINVAL", e
+        await srv.call("cm_accept", cmid=h["cmid"], qpn=await make_qp(srv), psn=0,
+                       responder_resources=1, initiator_depth=1, rnr_retry_count=7)
+        await cli.event("connect_response")
+        for s in (srv, cli, victim):
+            s.close()
+
+
+def test_a_cm_fault_rule_only_drops():
+    """A fault rule naming a CM message kind drops it and nothing else: another action,
+    or a packet field beside it, is EINVAL; an unknown kind is EINVAL with the list."""
+    from softhca.protocol.errors import RDMAError
+    from softhca.server.faults import validate_rule
+
+    assert validate_rule({"action": "drop", "cm": "req", "count": 1})["direction"] == "out"
+    for bad in ({"action": "corrupt", "cm": "req", "block": 0, "block_size": 8},
+                {"action": "drop", "cm": "req", "qp": 5},
+                {"action": "drop", "cm": "hello"}):
+        with pytest.raises(RDMAError) as e:
+            validate_rule(bad)
+        assert e.value.errno_name == "EINVAL", bad

@@ -46,6 +46,34 @@ def test_peer_verbs_land_in_malloced_memory(where):
         assert f"memcheck: ok: {line}" in r.output, r.output
 
 
+def test_memory_windows_rereg_and_resize_from_c(where):
+    """provider/mw.c: ibv_rereg_mr, ibv_resize_cq, ibv_alloc_mw, ibv_bind_mw and
+    IBV_WR_BIND_MW, IBV_WR_LOCAL_INV of a window, as a C program calls them."""
+    r = where.run(where.server, [str(native.MWCHECK), "windows"])
+    assert r.returncode == 0 and "FAIL" not in r.output, r.output
+    for line in ("ibv_rereg_mr gives an MR remote write", "the peer's WRITE then lands",
+                 "IBV_WR_ATOMIC_WRITE to an unaligned address is EINVAL",
+                 "IBV_WR_ATOMIC_WRITE stores the 8 bytes and nothing else",
+                 "ibv_resize_cq to 128", "ibv_resize_cq to 0 is EINVAL",
+                 "ibv_bind_mw of a type 1 window gives it ibv_inc_rkey of its rkey",
+                 "the peer writes through the type 1 window, nothing around it",
+                 "IBV_WR_BIND_MW binds a type 2 window",
+                 "the peer writes through the type 2 window", "IBV_WR_LOCAL_INV invalidates it",
+                 "a WRITE through it after completes with remote access error",
+                 "and moves no byte", "ibv_dealloc_mw"):
+        assert f"mwcheck: ok: {line}" in r.output, r.output
+
+
+def test_the_window_and_atomic_write_builders_from_c(where):
+    r = where.run(where.server, [str(native.MWCHECK), "builders"])
+    assert r.returncode == 0 and "FAIL" not in r.output, r.output
+    for line in ("ibv_wr_atomic_write stores its 8 bytes",
+                 "ibv_wr_bind_mw binds a type 2 window", "the peer writes through it",
+                 "ibv_wr_local_inv invalidates it",
+                 "a WRITE through it after is a remote access error"):
+        assert f"mwcheck: ok: {line}" in r.output, r.output
+
+
 def test_unshareable_memory_is_refused_with_a_reason(where):
     r = memcheck(where, "refuse")
     assert r.returncode == 0, r.output

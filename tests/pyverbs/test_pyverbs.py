@@ -114,9 +114,10 @@ def test_unmodelled_features_raise_eopnotsupp():
     with Context(name="mlx5_0") as ctx:
         pd = PD(ctx)
         cq = CQ(ctx, 4, None, None, 0)
-        for make in (lambda: QP(pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq)),
+        for make in (lambda: QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RAW_PACKET, scq=cq, rcq=cq)),
                      lambda: SRQ(pd, SrqInitAttr()),
-                     lambda: MR(pd, 64, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE)):
+                     lambda: MR(pd, 64, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE,
+                                implicit=True)):
             with pytest.raises(PyverbsRDMAError) as ex:
                 make()
             assert ex.value.error_code == errno.EOPNOTSUPP

@@ -73,6 +73,9 @@ RUN = {
     ".venv/bin/softhca bench engine --json-out new-engine.json --compare "
     "docs/performance-engine.json": "engine/primitive",
     ".venv/bin/softhca bench --help": "usage: softhca bench",
+    "make accel                          # the native engine alone (make test and make bench "
+    "build it)": "",
+    "SOFTHCA_ENGINE=python .venv/bin/softhca bench engine --mib 0.25 --repeat 1": "engine: python",
 }
 
 TUTORIAL_SESSION = {

@@ -39,7 +39,7 @@ def test_a_req_decodes_with_its_private_data():
 
 
 @pytest.mark.parametrize("header,payload,why", [
-    (req(m="mra"), b"", "unknown CM message"),
+    (req(m="lap"), b"", "unknown CM message"),
     (req(qpn=0), b"", "qpn"),
     (req(psn=1 << 24), b"", "psn"),
     (req(retry=8), b"", "retry"),

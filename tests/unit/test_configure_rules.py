@@ -33,6 +33,9 @@ from softhca.protocol.enums import (
 )
 from softhca.protocol.errors import RDMAError
 
+# Every test on the Python engine and on the native accelerator (tests/support/engine_backends.py).
+pytestmark = pytest.mark.usefixtures("engine_backend")
+
 DIF512 = SigBlockDomain(sig_type=SigType.T10DIF, dif=SigT10dif(), block_size=BlockSize.SIZE_512)
 GOOD_SIG = SigBlockAttr(mem=None, wire=DIF512, check_mask=0xFF)
 

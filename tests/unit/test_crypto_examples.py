@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from softhca.engine import transfer
 from softhca.protocol.attrs import CryptoAttr, SigBlockAttr
 from softhca.protocol.enums import (
@@ -22,6 +24,9 @@ from softhca.tools.crypto_table import (
     row_images,
     sig_pi,
 )
+
+# Every test on the Python engine and on the native accelerator (tests/support/engine_backends.py).
+pytestmark = pytest.mark.usefixtures("engine_backend")
 
 N_BLOCKS = 6
 

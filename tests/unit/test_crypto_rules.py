@@ -15,6 +15,9 @@ from softhca.protocol.attrs import CryptoAttr
 from softhca.protocol.enums import BlockSize, WcStatus
 from softhca.tools import oracle
 
+# Every test on the Python engine and on the native accelerator (tests/support/engine_backends.py).
+pytestmark = pytest.mark.usefixtures("engine_backend")
+
 KEY = bytes(range(64))
 TWEAK = 5
 

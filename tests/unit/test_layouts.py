@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from softhca.engine import transfer
 from softhca.protocol.attrs import SGE, MrInterleaved, SigBlockAttr, SigBlockDomain, SigT10dif
 from softhca.protocol.enums import (
@@ -12,6 +14,9 @@ from softhca.protocol.enums import (
     SigType,
 )
 from softhca.tools import oracle
+
+# Every test on the Python engine and on the native accelerator (tests/support/engine_backends.py).
+pytestmark = pytest.mark.usefixtures("engine_backend")
 
 RW = AccessFlags.REMOTE_READ | AccessFlags.REMOTE_WRITE | AccessFlags.LOCAL_WRITE
 

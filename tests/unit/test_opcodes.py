@@ -40,29 +40,55 @@ IBTA_RC = {
     0b10100: ("FETCH_ADD", "AtomicETH", False),
     0b10110: ("SEND_LAST_WITH_INV", "IETH", True),
     0b10111: ("SEND_ONLY_WITH_INV", "IETH", True),
+    # IBTA 1.5 (Memory Placement Extensions): RDMA ATOMIC WRITE carries a RETH and 8
+    # bytes of payload (rxe's IB_OPCODE_RC_RDMA_ATOMIC_WRITE, 0x1D).
+    0b11101: ("RDMA_ATOMIC_WRITE", "RETH", True),
+}
+# IBTA 9.2, UC (transport bits 001): SEND and RDMA WRITE only, the RC rows' headers.
+IBTA_UC = {
+    0b00100000: ("UC_SEND_FIRST", "", True),
+    0b00100001: ("UC_SEND_MIDDLE", "", True),
+    0b00100010: ("UC_SEND_LAST", "", True),
+    0b00100011: ("UC_SEND_LAST_WITH_IMM", "ImmDt", True),
+    0b00100100: ("UC_SEND_ONLY", "", True),
+    0b00100101: ("UC_SEND_ONLY_WITH_IMM", "ImmDt", True),
+    0b00100110: ("UC_RDMA_WRITE_FIRST", "RETH", True),
+    0b00100111: ("UC_RDMA_WRITE_MIDDLE", "", True),
+    0b00101000: ("UC_RDMA_WRITE_LAST", "", True),
+    0b00101001: ("UC_RDMA_WRITE_LAST_WITH_IMM", "ImmDt", True),
+    0b00101010: ("UC_RDMA_WRITE_ONLY", "RETH", True),
+    0b00101011: ("UC_RDMA_WRITE_ONLY_WITH_IMM", "RETH ImmDt", True),
+}
+# IBTA 9.2, UD (transport bits 011): SEND ONLY, with a DETH.
+IBTA_UD = {
+    0b01100100: ("UD_SEND_ONLY", "DETH", True),
+    0b01100101: ("UD_SEND_ONLY_WITH_IMM", "DETH ImmDt", True),
 }
 HEADER_FLAG = {"RETH": Op.RETH, "AETH": Op.AETH, "ImmDt": Op.IMMDT, "IETH": Op.IETH,
-               "AtomicETH": Op.ATOMICETH, "AtomicAckETH": Op.ATOMICACKETH}
+               "AtomicETH": Op.ATOMICETH, "AtomicAckETH": Op.ATOMICACKETH, "DETH": Op.DETH}
 HEADER_FIELD = {"RETH": ("reth", (1, 2, 3)), "AETH": ("aeth", ("ACK", 0)),
                 "ImmDt": ("imm", 5), "IETH": ("ieth", 6),
                 "AtomicETH": ("atomic", (1, 2, 3, 4)), "AtomicAckETH": ("atomic_ack", 7)}
 
 
-def test_numbers_and_names_are_the_ibta_rc_table():
+IBTA_ALL = {**IBTA_RC, **IBTA_UC, **IBTA_UD}
+
+
+def test_numbers_and_names_are_the_ibta_rc_uc_ud_tables():
     assert {op.number: op.name for op in opcodes.TABLE} == {
-        code: name for code, (name, _, _) in IBTA_RC.items()}
-    assert set(OPCODES) == {name for name, _, _ in IBTA_RC.values()}
+        code: name for code, (name, _, _) in IBTA_ALL.items()}
+    assert set(OPCODES) == {name for name, _, _ in IBTA_ALL.values()}
 
 
-@pytest.mark.parametrize("code", sorted(IBTA_RC))
+@pytest.mark.parametrize("code", sorted(IBTA_ALL))
 def test_headers_and_payload_of_each_opcode(code):
-    name, headers, payload = IBTA_RC[code]
+    name, headers, payload = IBTA_ALL[code]
     flags = opcodes.FLAGS[name]
     want = 0
     for h in headers.split():
         want |= HEADER_FLAG[h]
     assert flags & (Op.RETH | Op.AETH | Op.IMMDT | Op.IETH | Op.ATOMICETH
-                    | Op.ATOMICACKETH) == want
+                    | Op.ATOMICACKETH | Op.DETH) == want
     assert bool(flags & Op.PAYLOAD) == payload
 
 
@@ -91,7 +117,7 @@ def test_kinds_and_positions():
     for code, (name, _, _) in IBTA_RC.items():
         f = opcodes.FLAGS[name]
         single = name in ("RDMA_READ_REQUEST", "ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE",
-                          "COMPARE_SWAP", "FETCH_ADD")
+                          "COMPARE_SWAP", "FETCH_ADD", "RDMA_ATOMIC_WRITE")
         assert bool(f & Op.FIRST) == ("FIRST" in name or "ONLY" in name or single), name
         assert bool(f & Op.LAST) == ("LAST" in name or "ONLY" in name or single), name
         assert bool(f & Op.MIDDLE) == ("MIDDLE" in name), name
@@ -101,8 +127,12 @@ def test_kinds_and_positions():
         assert bool(f & Op.RESPONSE) == (0x0D <= code <= 0x12), name
     assert with_flags(Op.ATOMIC) == {"COMPARE_SWAP", "FETCH_ADD"}
     assert with_flags(Op.ACK) == {"ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE"}
-    assert with_flags(Op.SEND | Op.FIRST) == {"SEND_FIRST", "SEND_ONLY", "SEND_ONLY_WITH_IMM",
-                                              "SEND_ONLY_WITH_INV"}
+    assert with_flags(Op.SEND | Op.FIRST, none_of=Op.UC | Op.UD) == {
+        "SEND_FIRST", "SEND_ONLY", "SEND_ONLY_WITH_IMM", "SEND_ONLY_WITH_INV"}
+    assert with_flags(Op.SEND | Op.FIRST, none_of=Op.UD) - with_flags(Op.SEND | Op.FIRST,
+                                                                      none_of=Op.UC) == {
+        "UC_SEND_FIRST", "UC_SEND_ONLY", "UC_SEND_ONLY_WITH_IMM"}
+    assert with_flags(Op.UD) == {"UD_SEND_ONLY", "UD_SEND_ONLY_WITH_IMM"}
     assert with_any(Op.READ_REQUEST | Op.READ_RESPONSE) == {
         n for n, _, _ in IBTA_RC.values() if n.startswith("RDMA_READ")}
 
@@ -159,7 +189,7 @@ def test_opcode_for_is_the_table_lookup_for_every_position():
 WR_WC = {"RDMA_WRITE": "RDMA_WRITE", "RDMA_WRITE_WITH_IMM": "RDMA_WRITE", "SEND": "SEND",
          "SEND_WITH_IMM": "SEND", "SEND_WITH_INV": "SEND", "RDMA_READ": "RDMA_READ",
          "ATOMIC_CMP_AND_SWP": "COMP_SWAP", "ATOMIC_FETCH_AND_ADD": "FETCH_ADD",
-         "LOCAL_INV": "LOCAL_INV"}
+         "LOCAL_INV": "LOCAL_INV", "BIND_MW": "BIND_MW", "ATOMIC_WRITE": "ATOMIC_WRITE"}
 
 
 def test_the_work_request_table_has_one_record_per_ibv_wr_opcode():
@@ -173,7 +203,9 @@ def test_the_work_request_table_has_one_record_per_ibv_wr_opcode():
         assert info.wc_opcode.name == wc, name
         assert info.imm == name.endswith("WITH_IMM"), name
         assert info.send == name.startswith("SEND"), name
-        assert info.responded == (name == "RDMA_READ" or name.startswith("ATOMIC")), name
+        # ATOMIC_WRITE is acknowledged as a WRITE is, not answered by a response.
+        assert info.responded == (name == "RDMA_READ" or name.startswith("ATOMIC_")
+                                  and name != "ATOMIC_WRITE"), name
         # "valid only for Send and RDMA Write" (ibv_post_send(3)).
         assert info.inline == (name.startswith("SEND") or name.startswith("RDMA_WRITE")), name
     assert table[WrOpcode.ATOMIC_CMP_AND_SWP].atomic == "COMPARE_SWAP"

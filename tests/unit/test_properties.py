@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from conftest import EngineNode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,6 +27,9 @@ from softhca.protocol.enums import (
     SigT10difFlags,
     SigType,
 )
+
+# Every test on the Python engine and on the native accelerator (tests/support/engine_backends.py).
+pytestmark = pytest.mark.usefixtures("engine_backend")
 
 SETTINGS = settings(max_examples=int(os.environ.get("SOFTHCA_PROPERTY_EXAMPLES", "60")),
                     deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -451,8 +451,11 @@ def test_illegal_transitions_and_posts_raise_einval():
         qp.modify_to_rts(0, retry_cnt=8)
     qp.modify_to_rts(0)
     with pytest.raises(RDMAError) as e:
-        qp.post_send(SendWR(1, WrOpcode.BIND_MW), 0.0)
+        qp.post_send(SendWR(1, WrOpcode.TSO), 0.0)
     assert e.value.errno_name == "EOPNOTSUPP"
+    with pytest.raises(RDMAError) as e:     # a bind names its window and MR
+        qp.post_send(SendWR(1, WrOpcode.BIND_MW), 0.0)
+    assert e.value.errno_name == "EINVAL"
     with pytest.raises(RDMAError) as e:     # an atomic needs one 8-byte SGE
         qp.post_send(SendWR(1, WrOpcode.ATOMIC_FETCH_AND_ADD), 0.0)
     assert e.value.errno_name == "EINVAL"

@@ -8,6 +8,8 @@ through it as rkey), and compares with what the page says comes out.
 
 from __future__ import annotations
 
+import pytest
+
 from softhca.engine import transfer
 from softhca.protocol.attrs import SigBlockAttr, SigBlockDomain, SigCrc, SigT10dif
 from softhca.protocol.enums import (
@@ -19,6 +21,9 @@ from softhca.protocol.enums import (
     SigType,
 )
 from softhca.tools import oracle
+
+# Every test on the Python engine and on the native accelerator (tests/support/engine_backends.py).
+pytestmark = pytest.mark.usefixtures("engine_backend")
 
 CRC32_512 = SigBlockDomain(sig_type=SigType.CRC, crc=SigCrc(SigCrcType.CRC32, 0xFFFFFFFF),
                            block_size=BlockSize.SIZE_512)

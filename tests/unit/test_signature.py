@@ -21,6 +21,9 @@ from softhca.protocol.enums import (
 )
 from softhca.tools import oracle
 
+# Every test on the Python engine and on the native accelerator (tests/support/engine_backends.py).
+pytestmark = pytest.mark.usefixtures("engine_backend")
+
 ESC = SigT10difFlags
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from softhca.engine import transfer
 from softhca.protocol.attrs import CryptoAttr, SigBlockAttr, SigBlockDomain, SigCrc, SigT10dif
 from softhca.protocol.enums import (
@@ -13,6 +15,9 @@ from softhca.protocol.enums import (
     SignatureCryptoOrder,
     SigType,
 )
+
+# Every test on the Python engine and on the native accelerator (tests/support/engine_backends.py).
+pytestmark = pytest.mark.usefixtures("engine_backend")
 
 DIF_4K = SigBlockDomain(sig_type=SigType.T10DIF, dif=SigT10dif(), block_size=BlockSize.SIZE_4096)
 DIF_512 = SigBlockDomain(sig_type=SigType.T10DIF, dif=SigT10dif(), block_size=BlockSize.SIZE_512)

@@ -17,8 +17,12 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from engine.xts import _MAX_SCRATCH_LENGTHS, SCRATCH, XtsCipher, XtsError, xts_transform
+from softhca.engine.backend import xts_transform
+from softhca.engine.xts import _MAX_SCRATCH_LENGTHS, SCRATCH, XtsCipher, XtsError
 from softhca.protocol.enums import BLOCK_SIZE_BYTES, BlockSize
+
+# Every test on the Python engine and on the native accelerator (tests/support/engine_backends.py).
+pytestmark = pytest.mark.usefixtures("engine_backend")
 
 _VECTORS = json.loads(
     (Path(__file__).parent.parent / "data" / "xts_ieee1619.json").read_text())["vectors"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from ...engine import guards, transfer
+from ...engine import backend, guards, transfer
 from ...engine.hca import HCA
 from ...engine.mkey_configure import MkeyConfigureBuilder
 from ...protocol.attrs import SGE, CryptoAttr, DEKInitAttr, SigBlockAttr, SigBlockDomain, SigCrc
@@ -51,6 +51,10 @@ class Result:
     primitive: str
     primitive_mb_s: float
     ratio: float
+    # With the native engine: the same transform on the Python engine in the same run,
+    # and native / python. None when the Python engine is the one measured.
+    python_mb_s: float | None = None
+    native_over_python: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,29 @@ def machine_info() -> dict:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "guard_backends": {kind: guards.backend(kind) for kind in guards.GUARD_KINDS},
+        **engine_backend_info(),
     }
+
+
+def engine_backend_info() -> dict:
+    """Which engine ran (SOFTHCA_ENGINE, engine/backend.py) and, when native, its XTS."""
+    info = {"engine_backend": backend.name()}
+    if backend.native is not None:
+        info["native_xts"] = backend.native.xts_impl
+    else:
+        info["python_because"] = backend.why_python or "the native module is not built"
+    return info
+
+
+def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, float | None]:
+    """Best seconds of ``fn`` on the engine in use and, when that is the native one, on the
+    Python engine too (a configuration's plan and DEK cipher are made per backend)."""
+    if backend.native is None:
+        return best_seconds(fn, repeat), None
+    native_s = best_seconds(fn, repeat)
+    with backend.using("python"):
+        python_s = best_seconds(fn, repeat)
+    return native_s, python_s
 
 
 def run_engine(mib: float = 4.0, repeat: int = 5) -> Report:
@@ -127,10 +153,14 @@ def run_engine(mib: float = 4.0, repeat: int = 5) -> Report:
     key = xts_key(rng)
     results: list[Result] = []
 
-    def add(name: str, engine_s: float, primitive: str, primitive_s: float) -> None:
-        e, p = mb_s(nbytes, engine_s), mb_s(nbytes, primitive_s)
+    def add(name: str, engine: tuple[float, float | None], primitive: str,
+            primitive_s: float) -> None:
+        e, p = mb_s(nbytes, engine[0]), mb_s(nbytes, primitive_s)
+        py = mb_s(nbytes, engine[1]) if engine[1] is not None else None
         # Four significant digits: the ratios run down to about 0.005.
-        results.append(Result(name, round(e, 1), primitive, round(p, 1), sig4(e / p)))
+        results.append(Result(name, round(e, 1), primitive, round(p, 1), sig4(e / p),
+                              round(py, 1) if py is not None else None,
+                              sig4(e / py) if py is not None else None))
 
     # Signature generation only: memory has no PI, the wire gets one per block
     # (mlx5dv_wr_set_mkey_sig_block(3) example 2, at other block sizes and types).
@@ -140,8 +170,8 @@ def run_engine(mib: float = 4.0, repeat: int = 5) -> Report:
         node = EngineNode()
         _, mkey = node.mkey_over(data, sig=SigBlockAttr(mem=None, wire=domain, check_mask=0))
         wire_len = transfer.wire_length(node.pd, mkey.lkey)
-        engine_s = best_seconds(lambda n=node, k=mkey, w=wire_len: transfer.tx(n.pd, k.lkey, 0, w),
-                                repeat)
+        engine_s = _timed(lambda n=node, k=mkey, w=wire_len: transfer.tx(n.pd, k.lkey, 0, w),
+                          repeat)
         label, fn = _guard_primitive(kind)
         primitive_s = best_seconds(lambda f=fn: f(data), repeat)
         add(name, engine_s, label, primitive_s)
@@ -151,8 +181,7 @@ def run_engine(mib: float = 4.0, repeat: int = 5) -> Report:
     for unit, size in ((512, BlockSize.SIZE_512), (4096, BlockSize.SIZE_4096)):
         node = EngineNode()
         _, mkey = node.mkey_over(data, crypto_key=key, unit=size)
-        engine_s = best_seconds(lambda n=node, k=mkey: transfer.tx(n.pd, k.lkey, 0, nbytes),
-                                repeat)
+        engine_s = _timed(lambda n=node, k=mkey: transfer.tx(n.pd, k.lkey, 0, nbytes), repeat)
         add(f"AES-XTS-256 encrypt, {unit}B units", engine_s, "cryptography XTS, 1 context",
             xts_s)
 
@@ -170,9 +199,9 @@ def run_engine(mib: float = 4.0, repeat: int = 5) -> Report:
     row_c_primitive = (best_seconds(lambda: fn(data), repeat)
                        + best_seconds(lambda: _xts_one_context(key, wire), repeat))
     row_c_label = f"{label.split(',')[0]} + cryptography XTS, 1 call each"
-    tx_s = best_seconds(lambda: transfer.tx(node.pd, mkey.lkey, 0, wire_len), repeat)
+    tx_s = _timed(lambda: transfer.tx(node.pd, mkey.lkey, 0, wire_len), repeat)
     add("row C TX: T10-DIF gen + XTS 520B", tx_s, row_c_label, row_c_primitive)
-    rx_s = best_seconds(lambda: transfer.rx(node.pd, mkey.lkey, 0, wire), repeat)
+    rx_s = _timed(lambda: transfer.rx(node.pd, mkey.lkey, 0, wire), repeat)
     add("row C RX: XTS 520B + T10-DIF check", rx_s, row_c_label, row_c_primitive)
     # The RX runs checked every T10DIF; a latched error would mean the bench moved
     # wrong bytes, which makes its numbers meaningless, so say so.

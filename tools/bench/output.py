@@ -30,8 +30,14 @@ def to_table(report: Report) -> str:
     head = ["name", "engine MB/s", "primitive", "MB/s", "engine/primitive"]
     rows = [[r.name, f"{r.engine_mb_s:.1f}", r.primitive, f"{r.primitive_mb_s:.1f}",
              f"{r.ratio:.3g}"] for r in report.results]
+    compared = all(r.python_mb_s is not None for r in report.results) and report.results
+    if compared:
+        # The native engine's rows beside the Python engine's, same run.
+        head += ["python MB/s", "native/python"]
+        for row, r in zip(rows, report.results, strict=True):
+            row += [f"{r.python_mb_s:.1f}", f"{r.native_over_python:.3g}"]
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
-    right = {1, 3, 4}
+    right = {1, 3, 4, 5, 6}
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if i in right else c.ljust(w)
@@ -44,6 +50,7 @@ def to_table(report: Report) -> str:
         f"{report.repeat} after one warm-up",
         f"python {m['python']} ({m['implementation']}), {m['cpu_count']} CPUs, {m['platform']}",
         f"guard backends: {backends}",
+        _engine_line(m),
         "",
         line(head),
         line(["-" * w for w in widths]),
@@ -53,6 +60,15 @@ def to_table(report: Report) -> str:
         f"whole buffer (a ceiling). median engine/primitive {statistics.median(ratios):.3g}",
     ]
     return "\n".join(out)
+
+def _engine_line(m: dict) -> str:
+    """Which engine ran: native (with its XTS) or Python (and why)."""
+    name = m.get("engine_backend", "python")
+    if name == "native":
+        return (f"engine: native (softhca.accel._native, XTS {m.get('native_xts', '?')}); "
+                "python MB/s: the same transform on the Python engine (SOFTHCA_ENGINE=python)")
+    return f"engine: python ({m.get('python_because', 'SOFTHCA_ENGINE')})"
+
 
 def e2e_to_json(doc: dict) -> str:
     return json.dumps(doc, indent=2)
