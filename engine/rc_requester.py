@@ -346,17 +346,7 @@ class Requester:
         try:
             t = self.qp.trace_for(role="requester", wr_id=wr.wr_id, op=WrOpcode(wr.opcode).name)
             errs: list | None = [] if self.qp.sig_pipelining else None
-            if len(wr.sg) == 1:
-                # One SGE of an MR: a view of its memory, read as the packets go (and
-                # again by a retransmission), as an HCA DMAs it: ibv_post_send(3) says
-                # the buffer stays untouched until the WR completes. No copy of the
-                # message is made; through an MKEY the transform makes the bytes anyway.
-                s = wr.sg[0]
-                data = transfer.tx(self.qp.pd, s.lkey, s.addr, s.length, trace=t,
-                                   sig_errors=errs, view=True)
-            else:
-                data = b"".join(transfer.tx(self.qp.pd, s.lkey, s.addr, s.length, trace=t,
-                                            sig_errors=errs) for s in wr.sg)
+            data = gather(self.qp.pd, wr.sg, t, errs)
             if errs:
                 self.sig_stop = True
         except TransferError as err:
@@ -466,3 +456,16 @@ class Requester:
         self.complete(r, status)
         if status != WcStatus.SUCCESS:
             self.qp.enter_err()
+
+
+def gather(pd, sges: list[SGE], trace, errs: list | None):
+    """A SEND's or WRITE's message, one transfer.tx per SGE. One SGE of an MR is a view
+    of its memory, read as the packets go (and again by a retransmission), as an HCA
+    DMAs it: ibv_post_send(3) says the buffer stays untouched until the WR completes.
+    Through an MKEY the transform makes the bytes anyway."""
+    if len(sges) == 1:
+        s = sges[0]
+        return transfer.tx(pd, s.lkey, s.addr, s.length, trace=trace, sig_errors=errs,
+                           view=True)
+    return b"".join(transfer.tx(pd, s.lkey, s.addr, s.length, trace=trace, sig_errors=errs)
+                    for s in sges)
