@@ -38,9 +38,10 @@ test: $(STAMP) provider accel
 
 # The libibverbs provider (provider/) and the Debian packages that build and judge it:
 # libibverbs-dev (headers, libibverbs), ibverbs-utils (ibv_devinfo, ibv_rc_pingpong),
-# perftest (ib_write_bw ...). Installed when missing and root (CI is); otherwise the
-# provider is skipped with a note and tests/native skips, saying why.
-NATIVE_PKGS := libibverbs-dev ibverbs-utils perftest librdmacm-dev rdmacm-utils
+# perftest (ib_write_bw ...); ucx-utils (ucx_perftest: `softhca bench`'s UCX peer).
+# Installed when missing and root (CI is); otherwise the provider is skipped with a note
+# and tests/native skips, saying why (and the bench notes that it has no UCX peer).
+NATIVE_PKGS := libibverbs-dev ibverbs-utils perftest librdmacm-dev rdmacm-utils ucx-utils
 native-packages:
 	@missing=""; for p in $(NATIVE_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \

@@ -346,8 +346,7 @@ class Requester:
         try:
             t = self.qp.trace_for(role="requester", wr_id=wr.wr_id, op=WrOpcode(wr.opcode).name)
             errs: list | None = [] if self.qp.sig_pipelining else None
-            data = b"".join(transfer.tx(self.qp.pd, s.lkey, s.addr, s.length, trace=t,
-                                        sig_errors=errs) for s in wr.sg)
+            data = gather(self.qp.pd, wr.sg, t, errs)
             if errs:
                 self.sig_stop = True
         except TransferError as err:
@@ -378,7 +377,10 @@ class Requester:
         # Each header where the opcode carries it (IBTA 9.2): the RETH on an RDMA
         # WRITE's first packet, ImmDt and IETH on the last.
         flags = FLAGS[name]
-        return Packet(self.qp.dest_qp, psn_add(r.psn, i), name, r.data[i * mtu:(i + 1) * mtu],
+        # bytes: a packet's payload is bytes wherever packets are observed (a capture
+        # appends it to its headers), and the gathered message may be a view.
+        return Packet(self.qp.dest_qp, psn_add(r.psn, i), name,
+                      bytes(r.data[i * mtu:(i + 1) * mtu]),
                       (wr.rkey, wr.remote_addr, len(r.data)) if flags & Op.RETH else None,
                       None, wr.imm_data if flags & Op.IMMDT else None,
                       wr.invalidate_rkey if flags & Op.IETH else None)
@@ -454,3 +456,16 @@ class Requester:
         self.complete(r, status)
         if status != WcStatus.SUCCESS:
             self.qp.enter_err()
+
+
+def gather(pd, sges: list[SGE], trace, errs: list | None):
+    """A SEND's or WRITE's message, one transfer.tx per SGE. One SGE of an MR is a view
+    of its memory, read as the packets go (and again by a retransmission), as an HCA
+    DMAs it: ibv_post_send(3) says the buffer stays untouched until the WR completes.
+    Through an MKEY the transform makes the bytes anyway."""
+    if len(sges) == 1:
+        s = sges[0]
+        return transfer.tx(pd, s.lkey, s.addr, s.length, trace=trace, sig_errors=errs,
+                           view=True)
+    return b"".join(transfer.tx(pd, s.lkey, s.addr, s.length, trace=trace, sig_errors=errs)
+                    for s in sges)

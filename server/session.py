@@ -22,6 +22,7 @@ from ..protocol.session import Broken, Call, Closed, Refused, Role
 from ..protocol.session import ControlSession as Protocol
 from .hosts import Node
 from .logs import kv, log
+from .post_reply import HOLD_S
 from .verbs import Verbs
 
 # How long one session may run requests before the event loop serves the others.
@@ -63,6 +64,8 @@ class ControlSession:
         self.peer = peer
         self.events_dropped = 0
         self.verbs = Verbs(daemon, self)
+        # The timer of a held reply (_hold), while one waits.
+        self._held: asyncio.TimerHandle | None = None
 
     def idle(self) -> bool:
         """Whether the session holds its slot for nothing: no objects, no request
@@ -89,6 +92,8 @@ class ControlSession:
                     data = await self.reader.read(REQUEST_CHUNK)
                     events = self.protocol.receive_data(data)
         finally:
+            if self._held is not None:
+                self._held.cancel()
             self.verbs.destroy_all()
             d.sessions.discard(self)
             log.info("session closed %s", kv(event="session_close", peer=self.peer))
@@ -125,7 +130,15 @@ class ControlSession:
             await self.writer.drain()
         return True
 
+    def _hold(self) -> None:
+        """Leave what is queued for the next write, or for HOLD_S at most."""
+        if self._held is None:
+            self._held = asyncio.get_running_loop().call_later(HOLD_S, self._flush)
+
     def _flush(self) -> None:
+        if self._held is not None:
+            self._held.cancel()
+            self._held = None
         data = self.protocol.data_to_send()
         if data:
             with contextlib.suppress(Exception):
@@ -165,7 +178,12 @@ class ControlSession:
             result = self.verbs.call(ev.request, rid)
             if result is not None:
                 payload = result.pop("_payload", b"")
+                hold = result.pop("_hold", False)
                 proto.reply(rid, payload, **result)
+                if hold:
+                    # Written with the next frame, its completion's (server/post_reply.py).
+                    self._hold()
+                    return
         except RDMAError as e:
             proto.send_error(rid, e)
         except Exception as e:      # a bug must cost one request, never the daemon

@@ -34,6 +34,7 @@ from .logs import kv, log
 from .mw_verbs import HANDLERS as MW_HANDLERS
 from .mw_verbs import bind_objects, clean_on_reset, refuse_bound
 from .node_verbs import NodeVerbs
+from .post_reply import reply_may_wait, send_queue_busy
 from .qp_caps import check_caps
 from .shared_mr import op_reg_mr_shared
 from .srq_verbs import SRQ_HANDLERS, srq_of
@@ -420,6 +421,7 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
         wrs = r.wrs
         now = asyncio.get_running_loop().time()
         bind_objects(self, wrs)
+        busy = send_queue_busy(qph)
         try:
             for i, wr in enumerate(wrs):
                 if len(wr.sg) > qph.max_send_sge:
@@ -436,7 +438,8 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
                                                   f"{e.message}") from None
         finally:
             self.daemon.service(qph)
-        return {}
+        # The reply may go with the completion (server/post_reply.py).
+        return {"_hold": True} if reply_may_wait(qph, wrs, busy) else {}
 
     def op_post_recv(self, r: control.PostRecv, rid: int) -> dict | None:
         qph: QPHost = self.get(r.qp, "qp")

@@ -38,10 +38,11 @@ from ..protocol.packets import (
 )
 from .faults import REORDER_FLUSH_S, Emit, Faults
 from .hosts import QPHost
-from .link import READ_CHUNK, open_link, read_frames
+from .link import READ_CHUNK, open_link
 from .logs import kv, log
 from .session import send_error
 from .taps import Taps
+from .wire_in import WireIn
 
 # The packets that begin a SEND: the ones that would take a receive.
 # (RC's: UC and UD have no RNR NAK.)
@@ -96,48 +97,60 @@ class WirePlane:
         if origin is not None:
             self.heard_from.add(origin)
         log.info("wire link up %s", kv(event="wire_in", peer=peer))
-        frames = first
-        try:
-            while True:
-                touched: dict[int, QPHost] = {}
-                now = asyncio.get_running_loop().time()
-                waste = 0
-                for fr in frames:
-                    if fr.header.get("t") == "cm":
-                        # A connection manager message (server/cm.py), from the daemon
-                        # this link proved it comes from.
-                        self.on_cm(fr.header, fr.payload, origin)
-                        continue
-                    try:
-                        dev, run = decode(fr.header, fr.payload)
-                    except IntegrityError as e:
-                        # A link error: dropped and counted; the requester's
-                        # retransmission recovers it (docs/architecture.md, wire plane).
-                        self.counters["packets_bad_icrc"] += e.packets
-                        continue
-                    waste += self._take_run(dev, run, fr.header.get("sqp"), origin, now,
-                                            touched)
-                for qph in touched.values():
-                    self.service(qph)
-                if waste:
-                    await self._throttle(waste)
-                frames = await read_frames(reader, decoder)
-                if not frames:
-                    return
-        except FrameError as e:
+
+        def failed(e: FrameError) -> None:
             self.counters["wire_protocol_errors"] += 1
             log.warning("wire peer disconnected %s", kv(event="wire_protocol_error", peer=peer,
                                                         errno=e.errno_name, reason=e.message))
             send_error(writer, 0, e)
 
-    async def _throttle(self, waste: int) -> None:
-        """``waste`` bytes just read were dropped on arrival: count them, and read this
-        link no faster than WASTE_RATE of them (the sender's TCP window fills)."""
+        link = WireIn(decoder, lambda frames: self.take_frames(frames, origin),
+                      self._throttle, failed)
+        # What the stream reader read past the HELLO's frames and still holds (a private
+        # attribute of asyncio's StreamReader; without it, nothing is held there).
+        held = getattr(reader, "_buffer", None)
+        pending = bytes(held) if held else b""
+        if held:
+            held.clear()
+        link.attach(writer.transport, first, pending)
+        await link.done
+
+    def take_frames(self, frames: list, origin: tuple[str, int] | None) -> int:
+        """The frames of one read of a wire link: CM messages to the connection manager,
+        packets and trains to their QPs, which are then serviced once each. Returns the
+        payload bytes dropped on arrival. Raises FrameError for a frame that breaks the
+        protocol (the link closes)."""
+        touched: dict[int, QPHost] = {}
+        now = asyncio.get_running_loop().time()
+        waste = 0
+        for fr in frames:
+            if fr.header.get("t") == "cm":
+                # A connection manager message (server/cm.py), from the daemon this
+                # link proved it comes from.
+                self.on_cm(fr.header, fr.payload, origin)
+                continue
+            try:
+                dev, run = decode(fr.header, fr.payload)
+            except IntegrityError as e:
+                # A link error: dropped and counted; the requester's retransmission
+                # recovers it (docs/architecture.md, wire plane).
+                self.counters["packets_bad_icrc"] += e.packets
+                continue
+            waste += self._take_run(dev, run, fr.header.get("sqp"), origin, now, touched)
+        for qph in touched.values():
+            self.service(qph)
+        return waste
+
+    def _throttle(self, waste: int) -> float:
+        """``waste`` bytes just read were dropped on arrival: count them; the seconds the
+        link is not read for, so that it brings no more than WASTE_RATE of them (0: it
+        need not wait)."""
         self.counters["wire_bytes_discarded"] += waste
         delay = waste / WASTE_RATE
-        if delay >= 0.001:
-            self.counters["wire_throttle_ms"] += int(delay * 1000)
-            await asyncio.sleep(delay)
+        if delay < 0.001:
+            return 0.0
+        self.counters["wire_throttle_ms"] += int(delay * 1000)
+        return delay
 
     def _take_run(self, dev: str, run: Run, sqp, origin, now: float, touched: dict) -> int:
         """A run (a frame's packets) accepted from a wire link: given whole to its QP
@@ -421,29 +434,40 @@ class WireLink:
             self._draining = asyncio.get_running_loop().create_task(self._drain())
 
     def _write_some(self) -> None:
-        """Frame and write the backlog while the socket's unsent bytes are under
-        MAX_BUFFERED."""
+        """Frame the backlog while the socket's unsent bytes (and those framed here) are
+        under MAX_BUFFERED, and write them with one ``writelines``: the trains a service
+        sends at once leave in one system call, not one each."""
         w = self.writer
         if w is None or self.closed:
             return
-        transport = w.transport
-        while self.backlog and transport.get_write_buffer_size() < self.MAX_BUFFERED:
+        room = self.MAX_BUFFERED - w.transport.get_write_buffer_size()
+        bufs: list = []
+        while self.backlog and room > 0:
             dev, p, icrc_value, src_qp, _ = self.backlog.popleft()
             self.backlog_bytes -= _charge(p)
             if dev is None:
-                w.writelines(encode_frame(p.header, p.payload))
-                continue
-            items = (p.packets() if type(p) is Run
-                     and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])
-            bufs: list = []
-            for x in items:
-                # The source QP, which the receiver checks against its QP's dest_qp_num
-                # (the BTH does not carry it; an HCA knows it from the QP context).
-                h = (train_header(dev, x) if type(x) is Run
-                     else packet_header(dev, x, icrc_value=icrc_value))
-                h["sqp"] = src_qp
-                bufs.extend(encode_frame(h, x.payload))
+                framed = encode_frame(p.header, p.payload)
+            else:
+                framed = self._frames(dev, p, icrc_value, src_qp)
+            bufs += framed
+            room -= sum(len(b) for b in framed)
+        if bufs:
             w.writelines(bufs)
+
+    def _frames(self, dev: str, p, icrc_value: int | None, src_qp: int) -> list:
+        """The buffers of a packet or train (a train larger than the peer's frame limit
+        as its packets)."""
+        items = (p.packets() if type(p) is Run
+                 and len(p.payload) + TRAIN_HEADROOM > self.peer_max_frame else [p])
+        bufs: list = []
+        for x in items:
+            # The source QP, which the receiver checks against its QP's dest_qp_num (the
+            # BTH does not carry it; an HCA knows it from the QP context).
+            h = (train_header(dev, x) if type(x) is Run
+                 else packet_header(dev, x, icrc_value=icrc_value))
+            h["sqp"] = src_qp
+            bufs.extend(encode_frame(h, x.payload, check=False))
+        return bufs
 
     async def _drain(self) -> None:
         try:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from softhca.tools import bench
+from softhca.tools.bench import e2e_to_table, ucx
 from softhca.tools.cli import main
 
 OPS = {"RDMA_WRITE", "RDMA_READ", "SEND"}
@@ -392,3 +394,71 @@ def test_engine_json_out_writes_the_run_and_still_prints_the_table(tmp_path, cap
     assert main(["bench", "engine", "--compare", str(out), str(out)]) == 0
     cells = printed_rows(capsys.readouterr().out)[names[0]]
     assert math.isclose(float(cells[4]), 1.0)
+
+
+# -- the UCX peer and the latency's wake-ups ----------------------------------------------
+
+needs_ucx = pytest.mark.skipif(shutil.which("ucx_perftest") is None,
+                               reason="ucx_perftest not installed (Debian's ucx-utils)")
+
+
+@needs_ucx
+def test_ucx_figures_and_ratios(run):
+    doc = run["doc"]
+    u = doc["ucx"]
+    assert "skipped" not in u, u
+    assert [r["size"] for r in u["put_bw"]] == [MIB, 64 << 10]
+    assert all(positive(r["mb_s"]) for r in u["put_bw"])
+    by_size = {r["size"]: r["mb_s"] for r in u["put_bw"]}
+    lat = u["put_lat"]
+    assert lat["size"] == 64 and positive(lat["half_round_trip_us"])
+    # ucx_perftest prints half a round trip for a ping-pong test.
+    assert math.isclose(lat["round_trip_us"], 2 * lat["half_round_trip_us"], rel_tol=1e-3)
+    rows = [g for g in doc["goodput"] if g["config"] == "plain" and g["size"] in by_size]
+    assert rows
+    for g in rows:
+        assert g["ceilings"]["ucx_put"] == by_size[g["size"]]
+        assert close(g["ratio"]["ucx_put"], g["mb_s"], by_size[g["size"]])
+    # Rows of another size or configuration have no UCX figure.
+    assert not any("ucx_put" in g["ratio"] for g in doc["goodput"]
+                   if g["config"] != "plain" or g["size"] not in by_size)
+    assert close(doc["latency"]["ratio"]["p50_to_ucx_put"], doc["latency"]["p50_us"],
+                 lat["round_trip_us"])
+    table = e2e_to_table(doc)
+    assert "UCX peer (ucx_perftest, UCX_TLS=tcp,self, loopback): put bandwidth 1 MiB" in table
+    assert "plain rows / UCX put of the same size: RDMA_WRITE 64 KiB /UCX" in table
+    assert "RDMA_WRITE 1 MiB (MTU 1024) /UCX" in table
+
+
+def test_without_ucx_perftest_the_bench_says_so(monkeypatch):
+    monkeypatch.setattr(ucx.shutil, "which", lambda _name: None)
+    got = ucx.ucx_rows(quick=True)
+    assert got == {"skipped": "ucx_perftest is not installed (Debian's ucx-utils: "
+                              "apt-get install -y ucx-utils)"}
+    goodput = [{"op": "RDMA_WRITE", "config": "plain", "size": MIB, "mb_s": 1.0,
+                "ceilings": {}, "ratio": {}}]
+    latency = {"p50_us": 1.0}
+    ucx.attach_ucx_ratios(goodput, latency, got)
+    assert goodput[0]["ratio"] == {} and "ratio" not in latency
+    assert ucx.ucx_lines({"ucx": got}) == [
+        "UCX peer: none in this run: ucx_perftest is not installed (Debian's ucx-utils: "
+        "apt-get install -y ucx-utils)"]
+
+
+def test_a_failing_ucx_run_is_a_note_not_an_error(monkeypatch, tmp_path):
+    fake = tmp_path / "ucx_perftest"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(ucx, "PROGRAM", str(fake))
+    got = ucx.ucx_rows(quick=True)
+    assert got["skipped"].startswith("a ucx_perftest run failed: ")
+
+
+def test_latency_wakeups_per_sample(run):
+    lat = run["doc"]["latency"]
+    w = lat["breakdown"]["wakeups_per_sample"]
+    assert set(w) == {"target", "initiator", "client", "total"}
+    # Every process takes part in a sample: each wakes at least about once for it.
+    assert all(w[k] > 0.5 for k in ("target", "initiator", "client")), w
+    assert math.isclose(w["total"], w["target"] + w["initiator"] + w["client"], abs_tol=0.02)
+    assert "wake-ups per sample" in e2e_to_table(run["doc"])

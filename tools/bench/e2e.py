@@ -47,9 +47,11 @@ from .common import (
     run_loop,
     sig4,
     size_text,
+    wakeups,
     wire_size,
     xts_key,
 )
+from .ucx import attach_ucx_ratios, ucx_rows
 
 MTU_ENUM = {256: sh.IBV_MTU_256, 512: sh.IBV_MTU_512, 1024: sh.IBV_MTU_1024,
             2048: sh.IBV_MTU_2048, 4096: sh.IBV_MTU_4096}
@@ -256,15 +258,17 @@ class _Pair:
                 "messages": messages, "bytes": messages * size, "seconds": round(seconds, 6),
                 "mb_s": round(mb_s(messages * size, seconds), 1)}
 
-    async def latency(self, samples: int) -> dict:
+    async def latency(self, samples: int, pids: tuple[int, ...] = ()) -> dict:
         """A 64-byte RDMA_WRITE, one outstanding, signaled: from the post_send call to the
-        return of the poll that delivers its completion."""
+        return of the poll that delivers its completion; with ``pids`` (the target's and
+        the initiator's daemon), the wake-ups each process took per sample."""
         i = self.i
         wr = sh.SendWR(wr_id=7, opcode=sh.IBV_WR_RDMA_WRITE,
                        sg=[sh.SGE(self.i_mr.addr, LATENCY_BYTES, self.i_mr.lkey)])
         wr.set_wr_rdma(self.rkey, self.raddr)
         times, posts = [], []
         warm = min(20, samples)
+        woke = wakeups(list(pids))
         for n in range(samples + warm):
             t0 = time.perf_counter()
             await i.qp.post_send(wr)
@@ -277,6 +281,8 @@ class _Pair:
             if n >= warm:
                 times.append(t1 - t0)
                 posts.append(tp - t0)
+        woke = [(b - a) / (samples + warm) for a, b in
+                zip(woke, wakeups(list(pids)), strict=True)]
         # The floor under it: one control request and its reply. The cheapest request
         # there is ("devices"): a poll no longer makes one, its completions are pushed.
         rtts = []
@@ -298,7 +304,8 @@ class _Pair:
                 # its reply), then the wait for the pushed completion after it.
                 "breakdown": {"post_send_p50_us": round(percentile(post, 50), 1),
                               "completion_after_post_p50_us": round(percentile(after, 50),
-                                                                    1)}}
+                                                                    1),
+                              **_wakeup_fields(pids, woke)}}
 
     async def verify(self) -> dict:
         """The target's memory still holds what it started with (every WRITE and SEND
@@ -393,6 +400,16 @@ async def _write_group(g: dict, opts: E2EOptions) -> int:
     return sum(wc.status == sh.IBV_WC_SUCCESS for wc in wcs)
 
 
+def _wakeup_fields(pids: tuple[int, ...], woke: list[float]) -> dict:
+    """Wake-ups per latency sample: each process's and the sum (the TCP chain's is 4:
+    the forwarder twice, the echo once, the client once)."""
+    if not pids:
+        return {}
+    per = dict(zip(("target", "initiator", "client"), (round(w, 2) for w in woke),
+                   strict=True))
+    return {"wakeups_per_sample": {**per, "total": round(sum(woke), 2)}}
+
+
 # -- the whole run -------------------------------------------------------------------------
 
 def _cpu_seconds(pids: list[int]) -> list[float]:
@@ -434,7 +451,7 @@ async def _measure(addresses: list[str], pids: list[int], opts: E2EOptions, prog
                     goodput.append(await _timed(pair, op, size, pids))
             if config == "plain":
                 progress("latency")
-                latency = await pair.latency(opts.latency_samples)
+                latency = await pair.latency(opts.latency_samples, tuple(pids))
             checks.append(await pair.verify())
             extra = [row for row in EXTRA_ROWS if row[1] == config]
             for mtu in sorted({row[3] for row in extra}):
@@ -483,6 +500,7 @@ def run_e2e(opts: E2EOptions | None = None, progress=None) -> dict:
         tcp = tcp_ceilings(opts, workdir)
         tcp_rtt = tcp_round_trip(opts.latency_samples, workdir)
         chain = tcp_chain(opts.latency_samples, workdir)
+        ucx = ucx_rows(opts.quick, progress)
         daemons = Daemons(2, workdir, () if opts.trains else ("--no-trains",))
         with daemons as addresses:
             try:
@@ -503,6 +521,7 @@ def run_e2e(opts: E2EOptions | None = None, progress=None) -> dict:
                     "p99_to_tcp_round_trip": sig4(lat["p99_us"] / tcp_rtt["p99_us"]),
                     "p50_to_tcp_chain": sig4(lat["p50_us"] / chain["p50_us"]),
                     "p99_to_tcp_chain": sig4(lat["p99_us"] / chain["p99_us"])}
+    attach_ucx_ratios(measured["goodput"], lat, ucx)
     doc = {
         "benchmark": "softhca end to end",
         "unit": "MB/s = 1e6 bytes of application (memory-domain) data per second",
@@ -517,6 +536,7 @@ def run_e2e(opts: E2EOptions | None = None, progress=None) -> dict:
         **measured,
         "ceilings": {"tcp_stream": tcp, "engine": engine, "tcp_round_trip": tcp_rtt,
                      "tcp_chain": chain},
+        "ucx": ucx,
     }
     if opts.provider:
         doc["provider"] = _provider_section(measured, progress)

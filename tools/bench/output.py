@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 from .common import CONFIGS, DEFAULT_MTU, MIB, size_text
 from .engine import Report
+from .ucx import ucx_lines
 
 
 def to_json(report: Report) -> str:
@@ -158,6 +159,7 @@ def e2e_to_table(doc: dict) -> str:
         f"wire (goodput and latency runs): {w['packets_sent']} packets sent, "
         f"{w['retransmitted_packets']} retransmitted, {w['ack_timeouts']} ACK timeouts, "
         f"{w['rnr_retries']} RNR retries",
+        *ucx_lines(doc),
         *_provider_lines(doc.get("provider")),
         f"total {doc['total_seconds']:.1f} s",
     ]
@@ -199,7 +201,15 @@ def _chain_lines(lat: dict) -> list[str]:
     if b:
         out.append(f"latency breakdown (p50): post_send to its reply {b['post_send_p50_us']:.1f}"
                    f" us, then the pushed completion {b['completion_after_post_p50_us']:.1f} "
-                   "us later (no poll request)")
+                   "us later (no poll request)" + _wakeup_text(b))
     return out
+
+
+def _wakeup_text(b: dict) -> str:
+    w = b.get("wakeups_per_sample")
+    if not w:
+        return ""
+    return (f"; wake-ups per sample {w['total']:.2f} (target {w['target']:.2f}, initiator "
+            f"{w['initiator']:.2f}, client {w['client']:.2f}; the TCP chain's: 4)")
 
 

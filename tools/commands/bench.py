@@ -19,7 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "plain MRs, a T10-DIF wire domain and crypto table row C, and of plain 1 MiB "
         "RDMA_WRITE at path MTU 1024, each beside its ceilings "
         "measured in the same run (an asyncio TCP stream between two processes, the engine's "
-        "transform alone); 64-byte latency p50/p99; many QPs over many control sessions.")
+        "transform alone); 64-byte latency p50/p99; many QPs over many control sessions. "
+        "With ucx_perftest installed (Debian's ucx-utils), UCX's put over TCP on loopback "
+        "in the same run, the plain rows beside it as ratios.")
     # The defaults are bench.E2EOptions' (tests/tools/test_bench.py holds them equal); written
     # out here so that building the parser never imports the bench.
     p.add_argument("--json", action="store_true", help="print a JSON document instead of a table")

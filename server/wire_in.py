@@ -1,0 +1,88 @@
+"""Reading an inbound wire link: the socket's bytes straight into the frame decoder.
+
+After the HELLO, an inbound wire link's transport is handed from its asyncio
+``StreamReader`` to ``WireIn``, a plain ``asyncio.Protocol``: each read the loop makes
+(up to 256 KiB, as ``READ_CHUNK``) goes to the decoder as the loop hands it over. A
+``StreamReader`` would first append it to its buffer and then copy it out again for
+``read`` (two copies of every byte of every train, about a tenth of a receiving daemon's
+time in the 1 MiB rows of ``softhca bench``), and wake a task for it. The frames are
+taken as they were (``WirePlane.take_frames``); reading is paused, not slept, while a
+link is throttled for waste.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ..protocol.frames import FrameDecoder, FrameError
+
+
+class WireIn(asyncio.Protocol):
+    """The protocol of an inbound wire link once its HELLO is done; ``done`` resolves
+    when the link ends (end of stream, a lost connection, or a frame error, which
+    ``on_error`` reports before the connection closes)."""
+
+    def __init__(self, decoder: FrameDecoder, take: Callable[[list], int],
+                 throttle: Callable[[int], float], on_error: Callable[[FrameError], None]) -> None:
+        self.decoder = decoder
+        self.take = take
+        self.throttle = throttle
+        self.on_error = on_error
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def attach(self, transport: asyncio.Transport, first: list, pending: bytes) -> None:
+        """Take over ``transport`` from the stream reader: the frames that came with the
+        HELLO's read (``first``), then the bytes the reader still held (``pending``; a
+        peer waits for its welcome before it sends packets, so this is empty unless the
+        peer ran ahead)."""
+        self.transport = transport
+        transport.set_protocol(self)
+        try:
+            self._pace(self.take(first))
+        except FrameError as e:
+            self._fail(e)
+        if pending:
+            self.data_received(pending)
+        if not self.done.done() and not transport.is_reading():
+            # The stream reader may have paused reading at its buffer limit.
+            transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        try:
+            frames = self.decoder.feed(data)
+            if frames:
+                self._pace(self.take(frames))
+        except FrameError as e:
+            self._fail(e)
+
+    def _pace(self, waste: int) -> None:
+        """Bytes just read and dropped on arrival: reading pauses for the time the
+        throttle says (the sender's TCP window fills meanwhile)."""
+        if not waste:
+            return
+        delay = self.throttle(waste)
+        if delay and self.transport is not None and not self.done.done():
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_later(delay, self._resume)
+
+    def _resume(self) -> None:
+        if not self.done.done() and self.transport is not None:
+            self.transport.resume_reading()
+
+    def _fail(self, e: FrameError) -> None:
+        if not self.done.done():
+            self.on_error(e)
+            self.done.set_result(None)
+
+    def eof_received(self) -> bool:
+        if not self.done.done():
+            self.done.set_result(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
