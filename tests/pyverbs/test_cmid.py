@@ -1,0 +1,151 @@
+"""pyverbs' rdma_cm ids (client/pyverbs/cmid.py) on the daemon embedded in this process:
+a passive and an active side in two threads, synchronous (AddrInfo) and asynchronous
+(CMEventChannel / CMEvent), their data checked against what the test wrote."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import struct
+import threading
+
+import pytest
+
+import softhca.client.pyverbs.cm_enums as ce
+import softhca.client.pyverbs.enums as e
+from softhca.client.pyverbs.cmid import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam
+from softhca.client.pyverbs.pyverbs_error import PyverbsRDMAError
+from softhca.client.pyverbs.qp import QPCap, QPInitAttr
+
+_ports = itertools.count(7400 + os.getpid() % 500)
+
+
+def _attr():
+    return QPInitAttr(qp_type=e.IBV_QPT_RC, cap=QPCap(4, 4))
+
+
+def _passive(port, ready, body):
+    """The server thread: ``body(listener)``; its failure is re-raised by join."""
+    out = {}
+
+    def run():
+        try:
+            lid = CMID(creator=AddrInfo(src="127.0.0.1", src_service=str(port),
+                                        flags=ce.RAI_PASSIVE), qp_init_attr=_attr())
+            lid.listen()
+            ready.set()
+            out["r"] = body(lid)
+            lid.close()
+        except BaseException as err:       # handed to the main thread
+            out["err"] = err
+            ready.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    ready.wait(10)
+
+    def join():
+        t.join(20)
+        assert not t.is_alive(), "the passive side hangs"
+        if "err" in out:
+            raise out["err"]
+        return out.get("r")
+    return join
+
+
+def test_sync_send_recv_and_rdma_write_read():
+    """SEND both ways, then the client RDMA WRITEs into the buffer the server's SEND
+    named and RDMA READs it back; a last SEND tells the server the WRITE has landed."""
+    port, ready = next(_ports), threading.Event()
+    ping, data = os.urandom(48), os.urandom(64)
+
+    def server(lid):
+        c = lid.get_request()
+        msg, target = c.reg_msgs(64), c._reg(64, e.IBV_ACCESS_LOCAL_WRITE
+                                             | e.IBV_ACCESS_REMOTE_WRITE
+                                             | e.IBV_ACCESS_REMOTE_READ)
+        target.write(bytes(64), 64)
+        c.post_recv(msg)
+        c.accept(ConnParam(resources=1, depth=1))
+        assert c.get_recv_comp().status == e.IBV_WC_SUCCESS
+        got = msg.read(48, 0)
+        msg.write(struct.pack(">QI", target.buf, target.rkey), 12)
+        c.post_recv(msg)
+        c.post_send(msg, length=12)
+        assert c.get_send_comp().status == e.IBV_WC_SUCCESS
+        assert c.get_recv_comp().status == e.IBV_WC_SUCCESS
+        written = target.read(64, 0)
+        c.disconnect()
+        c.close()
+        return got, written
+
+    join = _passive(port, ready, server)
+    cid = CMID(creator=AddrInfo(dst="127.0.0.1", dst_service=str(port)), qp_init_attr=_attr())
+    msg, local = cid.reg_msgs(64), cid.reg_msgs(64)
+    cid.post_recv(msg)
+    cid.connect(ConnParam(resources=1, depth=1))
+    msg.write(ping, 48)
+    cid.post_send(msg, length=48)
+    assert cid.get_send_comp().status == e.IBV_WC_SUCCESS
+    assert cid.get_recv_comp().status == e.IBV_WC_SUCCESS
+    addr, rkey = struct.unpack(">QI", msg.read(12, 0))
+    local.write(data, 64)
+    cid.post_write(local, 64, addr, rkey)
+    assert cid.get_send_comp().status == e.IBV_WC_SUCCESS
+    local.write(bytes(64), 64)
+    cid.post_read(local, 64, addr, rkey)
+    assert cid.get_send_comp().status == e.IBV_WC_SUCCESS
+    assert local.read(64, 0) == data
+    cid.post_send(msg, length=1)
+    assert cid.get_send_comp().status == e.IBV_WC_SUCCESS
+    got, written = join()
+    assert got == ping
+    assert written == data
+    cid.close()
+
+
+def test_async_reject_carries_private_data():
+    port = next(_ports)
+    srv_ch, cli_ch = CMEventChannel(), CMEventChannel()
+    lid = CMID(creator=srv_ch)
+    lid.bind_addr(AddrInfo(src="127.0.0.1", src_service=str(port), flags=ce.RAI_PASSIVE))
+    lid.listen(1)
+    cid = CMID(creator=cli_ch)
+    cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service=str(port)))
+    ev = CMEvent(cli_ch)
+    assert ev.event_type == ce.RDMA_CM_EVENT_ADDR_RESOLVED, ev.event_str()
+    ev.ack_cm_event()
+    cid.resolve_route()
+    ev = CMEvent(cli_ch)
+    assert ev.event_str() == "RDMA_CM_EVENT_ROUTE_RESOLVED"
+    cid.create_qp(_attr())
+    cid.connect(ConnParam(data=b"hello"))
+    req = CMEvent(srv_ch)
+    assert req.event_type == ce.RDMA_CM_EVENT_CONNECT_REQUEST
+    assert req.private_data[:5] == b"hello"
+    child = CMID(creator=req, listen_id=lid)
+    child.reject(b"go away")
+    rej = CMEvent(cli_ch)
+    assert rej.event_type == ce.RDMA_CM_EVENT_REJECTED
+    assert rej.status == 28         # IBTA 12.6.7.2: consumer reject
+    assert rej.private_data[:7] == b"go away"
+    for o in (child, cid, lid, cli_ch, srv_ch):
+        o.close()
+
+
+def test_sync_connect_to_nobody_is_refused():
+    cid = CMID(creator=AddrInfo(dst="127.0.0.1", dst_service=str(next(_ports))),
+               qp_init_attr=_attr())
+    with pytest.raises(PyverbsRDMAError, match="REJECTED"):
+        cid.connect()
+    cid.close()
+
+
+def test_unmodelled_port_space_and_missing_destination():
+    with pytest.raises(PyverbsRDMAError) as ex:
+        AddrInfo(dst="127.0.0.1", dst_service="1", port_space=ce.RDMA_PS_UDP)
+    assert ex.value.error_code == errno.EOPNOTSUPP
+    with pytest.raises(PyverbsRDMAError) as ex:
+        AddrInfo(src="127.0.0.1")
+    assert ex.value.error_code == errno.EINVAL
