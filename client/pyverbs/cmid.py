@@ -262,6 +262,7 @@ class CMID(PyverbsCM):
         c._rr, c._depth = h.get("depth", 0), h.get("rr", 0)
         c._retry, c._rnr = h.get("retry", 7), 7
         c._dgid = bytes(h.get("dgid") or bytes(16))
+        c._dev = h.get("dev", 0)
         return c
 
     # -- properties ----------------------------------------------------------------------
@@ -354,6 +355,12 @@ class CMID(PyverbsCM):
         if self._qp is not None:
             raise _fail("Failed to create QP: the id has one", errno.EINVAL)
         ctx = self.context
+        dev = getattr(self, "_dev", 0)
+        if dev != ctx._dev_index:
+            # the id's session opened the daemon's first device: a QP there could not
+            # be the connection's, whose device the daemon chose by the address
+            raise _fail(f"Failed to create QP: the id is on the daemon's device {dev}; "
+                        "pyverbs CM ids use its first", errno.EOPNOTSUPP)
         if pd is not None and pd._ctx is not ctx:
             raise _fail("Failed to create QP: the PD is not of the id's context "
                         "(make it on CMID.context)", errno.EINVAL)
@@ -463,6 +470,7 @@ class CMID(PyverbsCM):
         kind = h["cm"]
         etype = _EVENTS.get(kind, ce.RDMA_CM_EVENT_ADDR_ERROR)
         status = h.get("status", 0)
+        self._dev = h.get("dev", getattr(self, "_dev", 0))
         if kind in ("addr_resolved", "connect_response") and h.get("dgid"):
             self._dgid = bytes(h["dgid"])
         if kind == "connect_response":

@@ -149,3 +149,50 @@ def test_unmodelled_port_space_and_missing_destination():
     with pytest.raises(PyverbsRDMAError) as ex:
         AddrInfo(src="127.0.0.1")
     assert ex.value.error_code == errno.EINVAL
+
+
+def _next(ch, want):
+    ev = CMEvent(ch)
+    assert ev.event_type == want, (ev.event_str(), ev.status)
+    ev.ack_cm_event()
+    return ev
+
+
+def test_async_accept_send_and_disconnect():
+    """The asynchronous flow of rdma_cm(7): ADDR / ROUTE_RESOLVED, CONNECT_REQUEST,
+    ESTABLISHED on both sides (the active side's CONNECT_RESPONSE taken by the library,
+    its QP moved to RTS and the RTU sent), a SEND, DISCONNECTED on both sides."""
+    port = next(_ports)
+    srv_ch, cli_ch = CMEventChannel(), CMEventChannel()
+    lid = CMID(creator=srv_ch)
+    lid.bind_addr(AddrInfo(src="127.0.0.1", src_service=str(port), flags=ce.RAI_PASSIVE))
+    lid.listen()
+    cid = CMID(creator=cli_ch)
+    cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service=str(port)))
+    _next(cli_ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
+    cid.resolve_route()
+    _next(cli_ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
+    cid.create_qp(_attr())
+    cid.connect()
+    req = _next(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
+    child = CMID(creator=req, listen_id=lid)
+    child.create_qp(_attr())
+    buf = child.reg_msgs(32)
+    child.post_recv(buf)
+    child.accept()
+    # the active side first: its library sends the RTU when the program reads the event
+    _next(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    _next(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    data = os.urandom(32)
+    out = cid.reg_msgs(32)
+    out.write(data, 32)
+    cid.post_send(out)
+    assert cid.get_send_comp().status == e.IBV_WC_SUCCESS
+    assert child.get_recv_comp().status == e.IBV_WC_SUCCESS
+    assert buf.read(32, 0) == data
+    cid.disconnect()
+    _next(srv_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+    child.disconnect()
+    _next(cli_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+    for o in (child, cid, lid, cli_ch, srv_ch):
+        o.close()
