@@ -19,6 +19,7 @@ import socket
 from . import cm_enums as ce
 from . import enums as e
 from ._cm_session import CMSession
+from ._cm_verbs import RdmaVerbs
 from ._objects import Record, unmodelled
 from .base import PyverbsCM, PyverbsObject
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
@@ -171,7 +172,7 @@ def _owner_of(channel, h):
 
 # -- ids ----------------------------------------------------------------------------------
 
-class CMID(PyverbsCM):
+class CMID(RdmaVerbs, PyverbsCM):
     """rdma_create_id(3) / rdma_create_ep(3): ``CMID(creator=AddrInfo, qp_init_attr=,
     pd=)`` a synchronous id (bound when the AddrInfo is RAI_PASSIVE, else resolved and
     with its QP when qp_init_attr is given); ``CMID(creator=CMEventChannel,
@@ -276,6 +277,12 @@ class CMID(PyverbsCM):
 
     @property
     def pd(self):
+        """The id's PD (its QP's, else one made on the id's context, as librdmacm's
+        default PD of the device)."""
+        if self._pd is None:
+            from .pd import PD
+
+            self._pd = PD(self.context)
         return self._pd
 
     @property
@@ -349,7 +356,6 @@ class CMID(PyverbsCM):
         """rdma_create_qp(3): an RC QP of the id's session (its PD, else a PD of the id),
         with CQs of its own when the attributes name none; moved to INIT."""
         from .cq import CQ, CompChannel
-        from .pd import PD
         from .qp import QP
 
         if self._qp is not None:
@@ -367,7 +373,7 @@ class CMID(PyverbsCM):
         if qp_init_attr.qp_type not in (0, e.IBV_QPT_RC):
             raise _fail("Failed to create QP: only RC ids are modelled", errno.EOPNOTSUPP)
         qp_init_attr.qp_type = e.IBV_QPT_RC
-        self._pd = pd if pd is not None else PD(ctx)
+        self._pd = pd if pd is not None else self.pd
         if qp_init_attr.scq is None or qp_init_attr.rcq is None:
             self._cc = CompChannel(ctx)
         if qp_init_attr.scq is None:
@@ -380,35 +386,65 @@ class CMID(PyverbsCM):
         self._qp = QP(self._pd, qp_init_attr)
         self._move("INIT")
 
-    def _move(self, state: str):
+    def init_qp_attr(self, qp_state):
+        """rdma_init_qp_attr(3): the attributes and mask that move the id's QP (or one
+        of the program's) to INIT, RTR or RTS, as the library moves its own."""
         from . import qp as q
         from .addr import GID, AHAttr, GlobalRoute
 
         a = q.QPAttr()
-        if state == "INIT":
-            a.qp_state = e.IBV_QPS_INIT
+        a.qp_state = qp_state
+        if qp_state == e.IBV_QPS_INIT:
+            a.pkey_index, a.port_num = 0, 1
             a.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
                                  | e.IBV_ACCESS_REMOTE_READ)
-            self._qp.to_init(a)
+            return a, (e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
+                       | e.IBV_QP_ACCESS_FLAGS)
+        if qp_state not in (e.IBV_QPS_RTR, e.IBV_QPS_RTS) or not self._peer_qpn:
+            raise _fail("Failed to init QP attr: INIT, or RTR / RTS once the REQ or REP "
+                        "came", errno.EINVAL)
+        if qp_state == e.IBV_QPS_RTR:
+            # the peer's QP number and PSN, and the responder resources agreed on
+            gid = GID()
+            gid.raw = self._dgid
+            a.ah_attr = AHAttr(is_global=1, port_num=1,
+                               gr=GlobalRoute(dgid=gid, sgid_index=0, hop_limit=64))
+            a.path_mtu = self._mtu()
+            a.dest_qp_num, a.rq_psn = self._peer_qpn, self._peer_psn
+            a.max_dest_rd_atomic = self._rr
+            a.min_rnr_timer = _RNR_TIMER
+            return a, (e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU
+                       | e.IBV_QP_DEST_QPN | e.IBV_QP_RQ_PSN
+                       | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+        a.sq_psn = self._my_psn
+        a.timeout = getattr(self, "_ack_timeout", _ACK_TIMEOUT)
+        a.retry_cnt, a.rnr_retry = self._retry, self._rnr
+        a.max_rd_atomic = self._depth
+        mask = (e.IBV_QP_STATE | e.IBV_QP_SQ_PSN | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT
+                | e.IBV_QP_RNR_RETRY)
+        # an initiator depth of 0 says no READ or atomic will go: the QP keeps its own
+        return a, mask | (e.IBV_QP_MAX_QP_RD_ATOMIC if self._depth else 0)
+
+    def set_option(self, level, optname, optval, optlen=0):
+        """rdma_set_option(3): RDMA_OPTION_ID_ACK_TIMEOUT (the RTS timeout); the other
+        options are not modelled."""
+        if level != ce.RDMA_OPTION_ID or optname != ce.RDMA_OPTION_ID_ACK_TIMEOUT:
+            raise _fail(f"rdma_set_option {level}/{optname} is not modelled",
+                        errno.EOPNOTSUPP)
+        if not 0 <= int(optval) <= 31:
+            raise _fail("RDMA_OPTION_ID_ACK_TIMEOUT: 0..31", errno.EINVAL)
+        self._ack_timeout = int(optval)
+
+    @property
+    def qpn(self):
+        return self._qp.qp_num if self._qp is not None else 0
+
+    def _move(self, state: str):
+        if state == "INIT":
+            self._qp.modify(*self.init_qp_attr(e.IBV_QPS_INIT))
             return
-        # to RTR, then RTS: with the peer's QP number and PSN, and the resources and
-        # retries both sides agreed on (the REQ / REP's)
-        a.qp_state = e.IBV_QPS_RTR
-        gid = GID()
-        gid.raw = self._dgid
-        a.ah_attr = AHAttr(is_global=1, port_num=1,
-                           gr=GlobalRoute(dgid=gid, sgid_index=0, hop_limit=64))
-        a.path_mtu = self._mtu()
-        a.dest_qp_num, a.rq_psn = self._peer_qpn, self._peer_psn
-        a.max_dest_rd_atomic = self._rr
-        a.min_rnr_timer = _RNR_TIMER
-        self._qp.to_rtr(a)
-        b = q.QPAttr()
-        b.qp_state = e.IBV_QPS_RTS
-        b.sq_psn, b.timeout = self._my_psn, _ACK_TIMEOUT
-        b.retry_cnt, b.rnr_retry = self._retry, self._rnr
-        b.max_rd_atomic = self._depth
-        self._qp.to_rts(b)
+        self._qp.modify(*self.init_qp_attr(e.IBV_QPS_RTR))
+        self._qp.modify(*self.init_qp_attr(e.IBV_QPS_RTS))
 
     def _mtu(self):
         try:
@@ -490,79 +526,6 @@ class CMID(PyverbsCM):
 
             self._qp.modify(q.QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)
         return etype, status
-
-    # -- rdma_verbs.h -------------------------------------------------------------------------
-    def reg_msgs(self, size):
-        return self._reg(size, e.IBV_ACCESS_LOCAL_WRITE)
-
-    def reg_read(self, size):
-        return self._reg(size, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ)
-
-    def reg_write(self, size):
-        return self._reg(size, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
-
-    def _reg(self, size, access):
-        from .mr import MR
-        from .pd import PD
-
-        if self._pd is None:
-            self._pd = PD(self.context)
-        return MR(self._pd, size, access)
-
-    def post_recv(self, mr, length=None):
-        from .wr import SGE, RecvWR
-
-        sge = SGE(mr.buf, mr.length if length is None else length, mr.lkey)
-        self._need_qp().post_recv(RecvWR(wr_id=0, num_sge=1, sg=[sge]))
-
-    def _send(self, mr, length, opcode, flags, remote=None):
-        from .wr import SGE, SendWR
-
-        sge = SGE(mr.buf, mr.length if length is None else length, mr.lkey)
-        wr = SendWR(wr_id=0, opcode=opcode, num_sge=1, sg=[sge], send_flags=flags)
-        if remote is not None:
-            wr.set_wr_rdma(remote[1], remote[0])
-        self._need_qp().post_send(wr)
-
-    def post_send(self, mr, flags=e.IBV_SEND_SIGNALED, length=None):
-        self._send(mr, length, e.IBV_WR_SEND, flags)
-
-    def post_read(self, mr, length, remote_addr, rkey, flags=e.IBV_SEND_SIGNALED):
-        self._send(mr, length, e.IBV_WR_RDMA_READ, flags, (remote_addr, rkey))
-
-    def post_write(self, mr, length, remote_addr, rkey, flags=e.IBV_SEND_SIGNALED):
-        self._send(mr, length, e.IBV_WR_RDMA_WRITE, flags, (remote_addr, rkey))
-
-    def post_ud_send(self, *args, **kwargs):
-        raise _fail("rdma_post_ud_send: UD ids are not modelled", errno.EOPNOTSUPP)
-
-    def _need_qp(self):
-        if self._qp is None:
-            raise _fail("the id has no QP (create_qp)", errno.EINVAL)
-        return self._qp
-
-    def get_send_comp(self):
-        return self._comp(self._send_cq)
-
-    def get_recv_comp(self):
-        return self._comp(self._recv_cq)
-
-    def _comp(self, cq):
-        """rdma_get_send_comp / rdma_get_recv_comp: poll, else arm and wait for the
-        CQ's event, then poll again."""
-        self._need_qp()
-        while True:
-            n, wcs = cq.poll()
-            if n:
-                return wcs[0]
-            if cq.comp_channel is None:
-                continue
-            cq.req_notify()
-            n, wcs = cq.poll()
-            if n:
-                return wcs[0]
-            cq.comp_channel.get_cq_event(cq)
-            cq.ack_events(1)
 
     # -- lifetime ----------------------------------------------------------------------------
     def close(self):
