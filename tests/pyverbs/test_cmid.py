@@ -196,3 +196,47 @@ def test_async_accept_send_and_disconnect():
     _next(cli_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
     for o in (child, cid, lid, cli_ch, srv_ch):
         o.close()
+
+
+def test_external_qp_moved_with_init_qp_attr_and_established():
+    """A program's own QP (rdma_init_qp_attr(3)): the active side's CONNECT_RESPONSE is
+    handed up as is, the program moves its QP with the id's attributes (the ACK timeout
+    set by rdma_set_option) and sends the RTU itself (establish)."""
+    from softhca.client.pyverbs.cq import CQ
+    from softhca.client.pyverbs.qp import QP, QPAttr
+
+    port = next(_ports)
+    srv_ch, cli_ch = CMEventChannel(), CMEventChannel()
+    lid = CMID(creator=srv_ch)
+    lid.bind_addr(AddrInfo(src="127.0.0.1", src_service=str(port), flags=ce.RAI_PASSIVE))
+    lid.listen()
+    cid = CMID(creator=cli_ch)
+    cid.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT, 17, 1)
+    cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service=str(port)))
+    _next(cli_ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
+    cid.resolve_route()
+    _next(cli_ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
+    cq = CQ(cid.context, 4, None, None, 0)
+    qp = QP(cid.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(4, 4)),
+            QPAttr())
+    qp.modify(*cid.init_qp_attr(e.IBV_QPS_INIT))
+    assert cid.qpn == 0                 # the id has no QP of its own
+    cid.connect(ConnParam(qp_num=qp.qp_num))
+    req = _next(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
+    child = CMID(creator=req, listen_id=lid)
+    child.create_qp(_attr())
+    child.accept()
+    _next(cli_ch, ce.RDMA_CM_EVENT_CONNECT_RESPONSE)
+    attr, _ = cid.init_qp_attr(e.IBV_QPS_RTS)
+    assert attr.timeout == 17
+    assert cid.init_qp_attr(e.IBV_QPS_RTR)[0].dest_qp_num == child.qpn
+    qp.modify(*cid.init_qp_attr(e.IBV_QPS_RTR))
+    qp.modify(*cid.init_qp_attr(e.IBV_QPS_RTS))
+    cid.establish()
+    _next(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    with pytest.raises(PyverbsRDMAError) as ex:
+        cid.set_option(ce.RDMA_OPTION_ID, 99, 1)
+    assert ex.value.error_code == errno.EOPNOTSUPP
+    qp.close()
+    for o in (child, cid, lid, cli_ch, srv_ch):
+        o.close()
