@@ -435,6 +435,16 @@ class CMID(RdmaVerbs, PyverbsCM):
             raise _fail("RDMA_OPTION_ID_ACK_TIMEOUT: 0..31", errno.EINVAL)
         self._ack_timeout = int(optval)
 
+    def query_qp(self, attr_mask):
+        """ibv_query_qp(3) of the id's QP: (QPAttr, QPInitAttr)."""
+        return self._need_qp().query(attr_mask)
+
+    def set_local_ece(self, ece):
+        raise _fail("rdma_set_local_ece: ECE is not modelled", errno.EOPNOTSUPP)
+
+    def get_remote_ece(self):
+        raise _fail("rdma_get_remote_ece: ECE is not modelled", errno.EOPNOTSUPP)
+
     @property
     def qpn(self):
         return self._qp.qp_num if self._qp is not None else 0

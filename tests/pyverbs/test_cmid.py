@@ -183,6 +183,8 @@ def test_async_accept_send_and_disconnect():
     # the active side first: its library sends the RTU when the program reads the event
     _next(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
     _next(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    attr, _ = cid.query_qp(e.IBV_QP_STATE | e.IBV_QP_DEST_QPN)
+    assert (attr.qp_state, attr.dest_qp_num) == (e.IBV_QPS_RTS, child.qpn)
     data = os.urandom(32)
     out = cid.reg_msgs(32)
     out.write(data, 32)
