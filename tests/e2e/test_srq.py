@@ -138,3 +138,23 @@ async def test_another_sessions_srq_is_out_of_reach():
                 await bpd.create_qp(sh.QPInitAttr(scq=cq, rcq=cq, srq=srq))
             assert e.value.errno_name == "ENOENT"
         assert await srq.query() == {"max_wr": 4, "max_sge": 1, "srq_limit": 0}
+
+
+async def test_an_srq_qp_needs_no_receive_caps_and_datagram_qps_take_none():
+    # ibv_create_qp(3): with an SRQ, cap.max_recv_wr and max_recv_sge are ignored (0 is
+    # fine); a UC or UD QP on an SRQ is not modelled here, so it is EOPNOTSUPP, never a
+    # QP that silently receives on a queue of its own.
+    async with sh.embedded() as node:
+        ctx = await node.open_device("mlx5_0")
+        pd = await ctx.alloc_pd()
+        cq = await ctx.create_cq(16)
+        srq = await pd.create_srq(max_wr=4)
+        qp = await pd.create_qp(sh.QPInitAttr(qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq, srq=srq,
+                                              cap=sh.QPCap(max_send_wr=4, max_recv_wr=0,
+                                                           max_recv_sge=0)))
+        await qp.close()
+        for qp_type in (sh.IBV_QPT_UC, sh.IBV_QPT_UD):
+            with pytest.raises(RDMAError) as ex:
+                await pd.create_qp(sh.QPInitAttr(qp_type=qp_type, scq=cq, rcq=cq, srq=srq,
+                                                 cap=sh.QPCap(max_send_wr=4)))
+            assert ex.value.errno_name == "EOPNOTSUPP", ex.value
