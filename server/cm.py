@@ -32,6 +32,7 @@ from ..engine.cm import CMId, CMState, backlog_of
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameError
+from . import cm_sidr
 from .logs import kv, log
 from .wire import host_class
 
@@ -107,6 +108,9 @@ class ConnectionManager:
     def destroy_id(self, cid: CMId) -> None:
         """rdma_destroy_id(3): a connection still up is disconnected (DREQ, not waited
         for), a child never accepted is rejected, a listener's pending children go."""
+        if cm_sidr.is_ud(cid):
+            cm_sidr.destroy_id(self, cid)
+            return
         if cid.state in (CMState.ESTABLISHED, CMState.REP_SENT, CMState.REP_RCVD):
             self._send(cid, "dreq", {})
         elif cid.state == CMState.REQ_RCVD:
@@ -183,6 +187,9 @@ class ConnectionManager:
 
     def connect(self, cid: CMId, r: proto.CmConnect) -> None:
         cid.check("connect")
+        if cm_sidr.is_ud(cid):
+            cm_sidr.connect(self, cid, r)
+            return
         data = proto.check_private_data("req", r.private_data)
         busy = sum(1 for c in self.ids.values()
                    if c.owner is cid.owner and c.state == CMState.REQ_SENT)
@@ -197,6 +204,9 @@ class ConnectionManager:
         self._send(cid, "req", msg, data, retry="unreachable")
 
     def accept(self, cid: CMId, r: proto.CmAccept) -> None:
+        if cm_sidr.is_ud(cid):
+            cm_sidr.accept(self, cid, r)
+            return
         cid.check("accept")
         data = proto.check_private_data("rep", r.private_data)
         cid.to(CMState.REP_SENT)
@@ -206,6 +216,9 @@ class ConnectionManager:
         self._unpend(cid)
 
     def reject(self, cid: CMId, private_data) -> None:
+        if cm_sidr.is_ud(cid):
+            cm_sidr.reject(self, cid, private_data)
+            return
         cid.check("reject")
         data = proto.check_private_data("rej", private_data)
         self._send(cid, "rej", {"reason": proto.REJ_CONSUMER}, data)
@@ -222,8 +235,8 @@ class ConnectionManager:
 
     def disconnect(self, cid: CMId) -> None:
         cid.check("disconnect")
-        if cid.state in (CMState.DREQ_SENT, CMState.DISCONNECTED):
-            return      # the peer's DREQ came first, or ours is under way
+        if cid.state in (CMState.DREQ_SENT, CMState.DISCONNECTED) or cm_sidr.is_ud(cid):
+            return      # the peer's DREQ came first, or ours is under way; UD: no DREQ
         cid.to(CMState.DREQ_SENT)
         self._send(cid, "dreq", {}, retry="disconnected")
 
@@ -310,6 +323,9 @@ class ConnectionManager:
         if m["m"] == "req":
             self._on_req(m, origin)
             return
+        if m["m"] == "sidr_req":
+            cm_sidr.on_req(self, m, origin)
+            return
         rcid = m["rcid"]
         if rcid == 0:
             # A REJ from an active side that gave up before it learnt our id (it went
@@ -317,7 +333,8 @@ class ConnectionManager:
             rcid = self.by_remote.get((origin, m["lcid"]), 0)
         cid = self.ids.get(rcid)
         if cid is None or cid.peer is None or (host_class(cid.peer[0]), cid.peer[1]) != origin \
-                or (cid.remote_cid and cid.remote_cid != m["lcid"]):
+                or (cid.remote_cid and cid.remote_cid != m["lcid"]) \
+                or cm_sidr.wrong_kind(cid, m["m"]):
             self._refuse(origin, f"{m['m']} for no connection of that daemon")
             return
         getattr(self, "_on_" + m["m"])(cid, m)
@@ -367,6 +384,9 @@ class ConnectionManager:
         self._event(child, "connect_request", listen=parent.handle, qpn=m["qpn"],
                     psn=m["psn"], rr=m["rr"], depth=m["depth"], retry=m["retry"],
                     rnr=m["rnr"], _payload=proto.padded("req", m["private_data"]), **addrs)
+
+    def _on_sidr_rep(self, cid: CMId, m: dict) -> None:
+        cm_sidr.on_rep(self, cid, m)
 
     def _on_rep(self, cid: CMId, m: dict) -> None:
         if cid.state in (CMState.REP_RCVD, CMState.ESTABLISHED) and cid.remote_cid == m["lcid"]:
