@@ -15,10 +15,10 @@ header a REQ carries (36 bytes, the IP addresses and ports).
 
 from __future__ import annotations
 
+from .cm_sidr import SIDR_FIELDS, SIDR_PRIVATE_DATA_MAX, check_sidr
 from .control import REQUESTS, Request, _handle, _payload, _request, _wire
 from .errors import einval
 from .frames import FrameError
-from .cm_sidr import SIDR_FIELDS, SIDR_PRIVATE_DATA_MAX, check_sidr
 from .schema import U32, check_fields
 
 # The port spaces of rdma_create_id(3) (enum rdma_port_space).

@@ -12,7 +12,6 @@ import subprocess
 import native
 from test_rdmacm import pair, where  # noqa: F401  (the fixture)
 
-_ports = itertools.count(24500)
 _wire_ports = itertools.count(24600)
 
 
@@ -20,7 +19,6 @@ def test_udaddy_exchanges_datagrams(where):  # noqa: F811
     """udaddy's defaults: one UD "connection", 10 messages of 100 bytes from the client,
     10 replies from the server; each side prints its phases and exits 0."""
     wire = next(_wire_ports)
-    port = str(next(_ports))
     srv, cli = pair(where, ["stdbuf", "-oL", "udaddy", "-b", where.server.addr],
                     ["stdbuf", "-oL", "udaddy", "-s", where.server.addr], wire, timeout=20)
     both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
