@@ -141,3 +141,32 @@ async def test_sidr_messages_forged_on_the_wire_plane_are_refused():
         link.writer.close()
         srv.close()
         cli.close()
+
+
+async def test_an_rc_message_for_a_ud_id_is_refused_even_from_its_peer():
+    """A REP (or DREQ) from the very daemon a UD id resolves with is still refused: a
+    UD id takes only a SIDR_REP, so an RC message cannot move it."""
+    async with daemon() as d:
+        srv, cli = await Session.open(d), await Session.open(d)
+        await ud_listener(srv, 7178)
+        cid = await ud_resolved(cli, 7178)
+        await cli.call("cm_connect", **connect_fields(cid))
+        h, _ = await srv.event("connect_request")
+        child = h["cmid"]
+        link = await open_link(d.host, d.port, "wire", PEER, timeout=5, max_frame=1 << 20,
+                               src=f"127.0.0.1:{d.port}")
+        before = d.counters["cm_messages_refused"]
+        for f in ({"t": "cm", "m": "rep", "lcid": child, "rcid": cid, "dev": 0, "qpn": 9,
+                   "psn": 0, "rr": 1, "depth": 1, "rnr": 7},
+                  {"t": "cm", "m": "dreq", "lcid": cid, "rcid": child, "dev": 0}):
+            link.writer.writelines(encode_frame(f))
+        await link.writer.drain()
+        for _ in range(100):
+            if d.counters["cm_messages_refused"] - before == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert d.counters["cm_messages_refused"] - before == 2
+        assert not cli.events and not srv.events
+        link.writer.close()
+        srv.close()
+        cli.close()
