@@ -15,6 +15,7 @@ header a REQ carries (36 bytes, the IP addresses and ports).
 
 from __future__ import annotations
 
+from .cm_sidr import SIDR_FIELDS, SIDR_PRIVATE_DATA_MAX, check_sidr
 from .control import REQUESTS, Request, _handle, _payload, _request, _wire
 from .errors import einval
 from .frames import FrameError
@@ -22,17 +23,18 @@ from .schema import U32, check_fields
 
 # The port spaces of rdma_create_id(3) (enum rdma_port_space).
 PS_IPOIB, PS_TCP, PS_UDP, PS_IB = 0x0002, 0x0106, 0x0111, 0x013F
-PORT_SPACES = {PS_TCP: "RDMA_PS_TCP"}
+PORT_SPACES = {PS_TCP: "RDMA_PS_TCP", PS_UDP: "RDMA_PS_UDP"}
 
 # Private data bytes a program may give each message (rdma_cm's limits, above).
-PRIVATE_DATA_MAX = {"req": 56, "rep": 196, "rej": 148, "dreq": 220, "drep": 220}
+PRIVATE_DATA_MAX = {"req": 56, "rep": 196, "rej": 148, "dreq": 220, "drep": 220,
+                    **SIDR_PRIVATE_DATA_MAX}
 # What each message carries on the wire: a received message's private data is this
 # long, the sender's bytes then zeros (as an HCA's CM hands it up).
 PRIVATE_DATA_SIZE = PRIVATE_DATA_MAX
 # MRA: IBTA's message receipt acknowledgement, which a passive side sends for a REQ its
 # consumer has not answered yet (the kernel's rdma_cm sends one for every REQ it hands
 # up), so the active side waits for the REP instead of resending the REQ.
-MESSAGE_KINDS = frozenset({"req", "rep", "rej", "rtu", "dreq", "drep", "mra"})
+MESSAGE_KINDS = frozenset({"req", "rep", "rej", "rtu", "dreq", "drep", "mra", *SIDR_FIELDS})
 
 # IBTA 12.6.7.2's reject reasons that rdma_cm reports as a REJECTED event's status.
 REJ_CONSUMER = 28
@@ -66,7 +68,7 @@ def check_private_data(kind: str, data) -> bytes:
 def _ps(value: int) -> int:
     if value not in PORT_SPACES:
         raise FrameError("EOPNOTSUPP", f"port space {value:#x}: only RDMA_PS_TCP (RC) "
-                                       "connections are modelled")
+                                       "and RDMA_PS_UDP (UD) ids are modelled")
     return value
 
 
@@ -183,7 +185,7 @@ __all__ = ["CM_REQUESTS", "EVENTS", "PRIVATE_DATA_MAX", "decode_message"]
 # receiver's ("rcid"); the sender's device index ("dev"). A REQ also names the service
 # (port space and port), the addresses it was resolved between, and the QP's number,
 # starting PSN, resources and retries; a REP the same for the passive QP; a REJ its reason.
-_COMMON = {"m": (str, 2, 4, True), "lcid": (int, 1, U32, True),
+_COMMON = {"m": (str, 2, 8, True), "lcid": (int, 1, U32, True),
            "rcid": (int, 0, U32, True), "dev": (int, 0, 255, True)}
 _FIELDS = {
     "req": {"ps": (int, 0, 0xFFFF, True), "port": (int, 1, 65535, True),
@@ -192,7 +194,7 @@ _FIELDS = {
             "depth": _BYTE, "retry": _3BIT, "rnr": _3BIT},
     "rep": {"qpn": _QPN, "psn": _PSN, "rr": _BYTE, "depth": _BYTE, "rnr": _3BIT},
     "rej": {"reason": (int, 0, 0xFFFF, True)},
-    "rtu": {}, "dreq": {}, "drep": {}, "mra": {},
+    "rtu": {}, "dreq": {}, "drep": {}, "mra": {}, **SIDR_FIELDS,
 }
 
 
@@ -210,7 +212,8 @@ def decode_message(header: dict, payload) -> dict:
                                    f"(at most {limit})")
     # A REJ may name no receiver: an active side that gives up before any REP names
     # its own id, which the receiver knows its child by.
-    if kind not in ("req", "rej") and v["rcid"] == 0:
+    check_sidr(kind, v)
+    if kind not in ("req", "rej", "sidr_req") and v["rcid"] == 0:
         raise FrameError("EPROTO", f"CM {kind} names no receiver (rcid 0)")
     v["private_data"] = bytes(payload)
     return v

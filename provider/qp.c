@@ -347,6 +347,8 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 			attr->retry_cnt = (uint8_t)v;
 		if (mp_find_uint(a, "rnr_retry", &v))
 			attr->rnr_retry = (uint8_t)v;
+		if (mp_find_uint(a, "qkey", &v))     /* a UD QP's (udaddy's reply uses it) */
+			attr->qkey = (uint32_t)v;
 	}
 	shca_frame_free(&r);
 	attr->port_num = 1;

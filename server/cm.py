@@ -32,6 +32,7 @@ from ..engine.cm import CMId, CMState, backlog_of
 from ..engine.rc import RCQP
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
+from . import cm_sidr
 from .cm_inbound import CmInbound
 from .wire import host_class
 
@@ -113,6 +114,9 @@ class ConnectionManager(CmInbound):
     def destroy_id(self, cid: CMId) -> None:
         """rdma_destroy_id(3): a connection still up is disconnected (DREQ, not waited
         for), a child never accepted is rejected, a listener's pending children go."""
+        if cm_sidr.is_ud(cid):
+            cm_sidr.destroy_id(self, cid)
+            return
         if cid.state in (CMState.ESTABLISHED, CMState.REP_SENT, CMState.REP_RCVD):
             self._send(cid, "dreq", {})
         elif cid.state == CMState.REQ_RCVD:
@@ -239,21 +243,25 @@ class ConnectionManager(CmInbound):
         self.listeners[(cid.ps, cid.port)] = cid.handle
         cid.to(CMState.LISTEN)
 
-    def _check_qp(self, cid: CMId, qpn: int, call: str) -> None:
-        """The QP a connect or accept names must be an RC QP of the caller: of its
-        session, or of another session of the same process (librdmacm's control
-        session is not the provider's, but the kernel's SO_PEERCRED names one pid for
-        both). Otherwise a program could have a peer connect to a neighbour's QP."""
+    def _check_qp(self, cid: CMId, qpn: int, call: str, kind: type = RCQP) -> None:
+        """The QP a connect or accept names must be a QP of the id's kind (RC, or UD
+        for an RDMA_PS_UDP id) of the caller: of its session, or of another session of
+        the same process (librdmacm's control session is not the provider's, but the
+        kernel's SO_PEERCRED names one pid for both). Otherwise a program could have a
+        peer connect, or send its datagrams, to a neighbour's QP."""
         names = list(self.node.hcas)
         dev = names[cid.dev] if cid.dev < len(names) else None
         qph = self.node.qps.get((dev, qpn))
-        if qph is None or not isinstance(qph.rcqp, RCQP) \
+        if qph is None or not isinstance(qph.rcqp, kind) \
                 or not _same_process(qph.session, cid.owner):
             raise RDMAError("EINVAL", f"rdma_{call}: qp_num {qpn:#x} is no QP of this "
                                       "process on the id's device")
 
     def connect(self, cid: CMId, r: proto.CmConnect) -> None:
         cid.check("connect")
+        if cm_sidr.is_ud(cid):
+            cm_sidr.connect(self, cid, r)
+            return
         data = proto.check_private_data("req", r.private_data)
         self._check_qp(cid, r.qpn, "connect")
         busy = sum(1 for c in self.ids.values()
@@ -269,6 +277,9 @@ class ConnectionManager(CmInbound):
         self._send(cid, "req", msg, data, retry="unreachable")
 
     def accept(self, cid: CMId, r: proto.CmAccept) -> None:
+        if cm_sidr.is_ud(cid):
+            cm_sidr.accept(self, cid, r)
+            return
         cid.check("accept")
         data = proto.check_private_data("rep", r.private_data)
         self._check_qp(cid, r.qpn, "accept")
@@ -279,6 +290,9 @@ class ConnectionManager(CmInbound):
         self._unpend(cid)
 
     def reject(self, cid: CMId, private_data) -> None:
+        if cm_sidr.is_ud(cid):
+            cm_sidr.reject(self, cid, private_data)
+            return
         cid.check("reject")
         data = proto.check_private_data("rej", private_data)
         self._send(cid, "rej", {"reason": proto.REJ_CONSUMER}, data)
@@ -295,8 +309,8 @@ class ConnectionManager(CmInbound):
 
     def disconnect(self, cid: CMId) -> None:
         cid.check("disconnect")
-        if cid.state in (CMState.DREQ_SENT, CMState.DISCONNECTED):
-            return      # the peer's DREQ came first, or ours is under way
+        if cid.state in (CMState.DREQ_SENT, CMState.DISCONNECTED) or cm_sidr.is_ud(cid):
+            return      # the peer's DREQ came first, or ours is under way; UD: no DREQ
         cid.to(CMState.DREQ_SENT)
         self._send(cid, "dreq", {}, retry="disconnected")
 

@@ -9,6 +9,7 @@ from ..engine.cm import CMId, CMState
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameError
+from . import cm_sidr
 from .logs import kv, log
 from .wire import host_class
 
@@ -34,6 +35,9 @@ class CmInbound:
         if m["m"] == "req":
             self._on_req(m, origin)
             return
+        if m["m"] == "sidr_req":
+            cm_sidr.on_req(self, m, origin)
+            return
         rcid = m["rcid"]
         if rcid == 0:
             # A REJ from an active side that gave up before it learnt our id (it went
@@ -41,7 +45,8 @@ class CmInbound:
             rcid = self.by_remote.get((origin, m["lcid"]), 0)
         cid = self.ids.get(rcid)
         if cid is None or cid.peer is None or (host_class(cid.peer[0]), cid.peer[1]) != origin \
-                or (cid.remote_cid and cid.remote_cid != m["lcid"]):
+                or (cid.remote_cid and cid.remote_cid != m["lcid"]) \
+                or cm_sidr.wrong_kind(cid, m["m"]):
             self._refuse(origin, f"{m['m']} for no connection of that daemon")
             return
         getattr(self, "_on_" + m["m"])(cid, m)
@@ -96,6 +101,9 @@ class CmInbound:
         self._event(child, "connect_request", listen=parent.handle, qpn=m["qpn"],
                     psn=m["psn"], rr=m["rr"], depth=m["depth"], retry=m["retry"],
                     rnr=m["rnr"], _payload=proto.padded("req", m["private_data"]), **addrs)
+
+    def _on_sidr_rep(self, cid: CMId, m: dict) -> None:
+        cm_sidr.on_rep(self, cid, m)
 
     def _on_rep(self, cid: CMId, m: dict) -> None:
         if cid.state in (CMState.REP_RCVD, CMState.ESTABLISHED) and cid.remote_cid == m["lcid"]:

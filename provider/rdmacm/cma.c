@@ -22,6 +22,7 @@
 #include <rdma/rdma_cma.h>
 
 #include "cm.h"
+#include "ud.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVS 16
@@ -271,7 +272,7 @@ EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id 
 
 	if (rc)
 		return fail(rc);
-	if (ps != RDMA_PS_TCP)
+	if (ps != RDMA_PS_TCP && ps != RDMA_PS_UDP)
 		return fail(EOPNOTSUPP);
 	if (!channel) {
 		channel = rdma_create_event_channel();
@@ -289,7 +290,8 @@ EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id 
 	}
 	mp_find_uint(r.hdr, "cmid", &h);
 	shca_frame_free(&r);
-	i = new_id(channel, context, ps, IBV_QPT_RC, (uint32_t)h);
+	i = new_id(channel, context, ps, ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC,
+		   (uint32_t)h);
 	if (!i)
 		return fail(ENOMEM);
 	i->own_channel = own;
@@ -577,7 +579,7 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 		return fail(EINVAL);
 	/* my_psn was drawn with the CONNECT_REQUEST: a program that moves its own QP
 	 * (rdma_init_qp_attr) has used it for RTS before it calls rdma_accept. */
-	if (cid->qp) {
+	if (cid->qp && cid->qp_type != IBV_QPT_UD) {
 		rc = cm_move_qp(cid, IBV_QPS_RTR);
 		if (!rc)
 			rc = cm_move_qp(cid, IBV_QPS_RTS);
@@ -595,7 +597,9 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 		  p && p->private_data ? p->private_data_len : 0, NULL);
 	if (rc)
 		return fail(rc);
-	return id->own_channel ? sync_wait(cid, RDMA_CM_EVENT_ESTABLISHED, NULL) : 0;
+	/* a UD id's SIDR_REP is the end: no RTU, no ESTABLISHED for the passive side */
+	return id->own_channel && cid->qp_type != IBV_QPT_UD ?
+		sync_wait(cid, RDMA_CM_EVENT_ESTABLISHED, NULL) : 0;
 }
 
 EXPORT int rdma_reject(struct rdma_cm_id *cid, const void *private_data,
@@ -766,6 +770,8 @@ static int process(struct cm_event *e, struct shca_frame *f)
 		e->ev.id = &id->id;
 		conn_param(e, f, h);
 		e->ev.param.conn.qp_num = id->peer_qpn;
+		if (id->id.qp_type == IBV_QPT_UD)
+			cm_ud_param(&e->ev, &id->id, h, e->pdata, e->ev.param.conn.private_data_len);
 		if (lid->has_ep_attr) {
 			id->ep_attr = lid->ep_attr;
 			id->has_ep_attr = 1;
@@ -775,6 +781,14 @@ static int process(struct cm_event *e, struct shca_frame *f)
 	if (!id)
 		return -1;          /* destroyed meanwhile */
 	e->ev.id = &id->id;
+	if (id->id.qp_type == IBV_QPT_UD) {
+		if (e->ev.event == RDMA_CM_EVENT_ESTABLISHED ||
+		    e->ev.event == RDMA_CM_EVENT_ADDR_RESOLVED)
+			route_of(&id->id, h);
+		conn_param(e, f, h);
+		cm_ud_param(&e->ev, &id->id, h, e->pdata, e->ev.param.conn.private_data_len);
+		return 0;
+	}
 	switch (e->ev.event) {
 	case RDMA_CM_EVENT_ADDR_RESOLVED:
 		route_of(&id->id, h);

@@ -35,7 +35,8 @@ EXPORT int rdma_getaddrinfo(const char *node, const char *service,
 		errno = EAFNOSUPPORT;
 		return -1;
 	}
-	if (hints && hints->ai_port_space && hints->ai_port_space != RDMA_PS_TCP) {
+	if (hints && hints->ai_port_space && hints->ai_port_space != RDMA_PS_TCP &&
+	    hints->ai_port_space != RDMA_PS_UDP) {
 		errno = EOPNOTSUPP;
 		return -1;
 	}
@@ -59,8 +60,9 @@ EXPORT int rdma_getaddrinfo(const char *node, const char *service,
 	}
 	r->ai_flags = hints ? hints->ai_flags : 0;
 	r->ai_family = AF_INET;
-	r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
-	r->ai_port_space = RDMA_PS_TCP;
+	r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+	r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type :
+			r->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
 	if (passive) {
 		r->ai_src_addr = copy_sin(&sin);
 		r->ai_src_len = sizeof(sin);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cm.h"
+#include "ud.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -16,6 +17,8 @@ EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, i
 	struct ibv_port_attr pa;
 	enum ibv_qp_state want = attr->qp_state;
 
+	if (cid->qp_type == IBV_QPT_UD)
+		return cm_ud_qp_attr(cid, attr, mask);
 	memset(attr, 0, sizeof(*attr));
 	attr->qp_state = want;
 	switch (want) {
@@ -170,7 +173,7 @@ EXPORT int rdma_create_qp_ex(struct rdma_cm_id *cid, struct ibv_qp_init_attr_ex 
 	/* rdma_create_ep's callers often leave it 0: the id's type (its port space's) */
 	if (!a.qp_type)
 		a.qp_type = cid->qp_type;
-	if (a.qp_type != IBV_QPT_RC)
+	if (a.qp_type != cid->qp_type)     /* RC for RDMA_PS_TCP, UD for RDMA_PS_UDP */
 		return fail(EOPNOTSUPP);
 	rc = give_cqs(id, &a);
 	if (rc)
@@ -182,7 +185,7 @@ EXPORT int rdma_create_qp_ex(struct rdma_cm_id *cid, struct ibv_qp_init_attr_ex 
 		return fail(rc);
 	}
 	cid->qp = qp;
-	rc = cm_move_qp(cid, IBV_QPS_INIT);
+	rc = a.qp_type == IBV_QPT_UD ? cm_ud_ready_qp(cid) : cm_move_qp(cid, IBV_QPS_INIT);
 	if (rc) {
 		ibv_destroy_qp(qp);
 		cid->qp = NULL;
