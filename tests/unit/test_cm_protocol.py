@@ -77,9 +77,13 @@ def test_backlog():
     assert backlog_of(1 << 20, 128) == 128
 
 
-def test_only_the_tcp_port_space_is_modelled():
-    with pytest.raises(FrameError) as e:
-        cm.CmCreateId.decode({"t": "cm_create_id", "id": 1, "ps": cm.PS_UDP}, memoryview(b""))
-    assert e.value.errno_name == "EOPNOTSUPP"
-    assert cm.CmCreateId.decode({"t": "cm_create_id", "id": 1, "ps": cm.PS_TCP},
-                                memoryview(b"")).ps == cm.PS_TCP
+def test_the_tcp_and_udp_port_spaces_are_modelled_and_ib_is_not():
+    # rdma_cma.h: RDMA_PS_IPOIB 0x0002, RDMA_PS_TCP 0x0106, RDMA_PS_UDP 0x0111,
+    # RDMA_PS_IB 0x013F.
+    for ps in (0x0002, 0x013F):
+        with pytest.raises(FrameError) as e:
+            cm.CmCreateId.decode({"t": "cm_create_id", "id": 1, "ps": ps}, memoryview(b""))
+        assert e.value.errno_name == "EOPNOTSUPP"
+    for ps in (0x0106, 0x0111):
+        assert cm.CmCreateId.decode({"t": "cm_create_id", "id": 1, "ps": ps},
+                                    memoryview(b"")).ps == ps
