@@ -318,7 +318,10 @@ async def _targeted(args, argv: list[str], tmp: Path, provider: Path) -> int:
 
 
 def run(args, argv: list[str]) -> int:
-    provider = (Path(args.provider) if args.provider else PROVIDER_DIR).resolve()
+    # SOFTHCA_PROVIDER: where an installed softhca has no source tree (the images set it
+    # to /opt/softhca-provider).
+    default = os.environ.get("SOFTHCA_PROVIDER") or PROVIDER_DIR
+    provider = Path(args.provider or default).resolve()
     if not (provider / PROVIDER_LIB).is_file():
         raise RunError(f"no provider at {provider / PROVIDER_LIB}: build it with `make "
                        "provider` (or name its directory with --provider)")

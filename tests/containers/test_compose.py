@@ -24,6 +24,7 @@ import re
 import subprocess
 import time
 
+import compose_cm as cm
 import pytest
 
 import softhca.client as sh
@@ -251,6 +252,38 @@ def test_ib_write_bw_between_containers(verbs_nodes):
     assert rows, f"ib_write_bw printed no row for {size} bytes:\n{cout}"
     assert int(rows[0].group(2)) == iters and float(rows[0].group(4)) > 0, cout
     dc.report(f"ib_write_bw initiator container: {rows[0].group(0).strip()}")
+
+
+def test_rdma_cm_programs_between_containers(verbs_nodes):
+    """rdmacm-utils (rping, ucmatose, rdma_server / rdma_client) and perftest's -R,
+    unmodified, server in the target container and client in the initiator's, through
+    softhca's librdmacm.so.1 and each container's daemon as the CM (compose_cm.py). One
+    node bring-up for all; every program is run and judged, then the failures told."""
+    target, node = verbs_nodes
+    for cid in (target, node):
+        r = _exec_output(cid, ["ldd", "/usr/bin/rping"])
+        assert "librdmacm.so.1 => /opt/softhca-provider/librdmacm.so.1" in r.stdout, r.stdout
+    checks = {
+        "rping": lambda: cm.check_rping(target, node, 100),
+        "ucmatose": lambda: cm.check_ucmatose(target, node),
+        "rdma_server/rdma_client": lambda: cm.check_rdma_server_client(target, node),
+        "ib_write_bw -R": lambda: [cm.check_perftest(target, node, "ib_write_bw", 65536,
+                                                     "7177")],
+        "ib_send_lat -R": lambda: [cm.check_perftest(target, node, "ib_send_lat", 64,
+                                                     "7178")],
+    }
+    failed = {}
+    for name, check in checks.items():
+        start = time.monotonic()
+        try:
+            lines = check()
+        except AssertionError as e:
+            failed[name] = str(e)
+            dc.report(f"{name} between containers: FAILED")
+            continue
+        dc.report(f"{name} between containers ({time.monotonic() - start:.1f} s): "
+                  + " | ".join(line.strip() for line in lines))
+    assert not failed, "\n\n".join(f"== {k}\n{v}" for k, v in failed.items())
 
 
 async def _pair(*, timeout: int, retry_cnt: int):

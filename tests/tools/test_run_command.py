@@ -86,3 +86,15 @@ def test_program_env_puts_softhcas_libmlx5_first(tmp_path, monkeypatch):
     monkeypatch.delenv("LD_LIBRARY_PATH")
     assert native.program_env(tmp_path / "sys", "/run/x.sock", tmp_path)[
         "LD_LIBRARY_PATH"] == str(tmp_path)
+
+
+def test_provider_directory_from_softhca_provider(tmp_path, monkeypatch, capsys):
+    """Given no --provider, SOFTHCA_PROVIDER names the directory (the images set it to
+    /opt/softhca-provider, as an installed softhca has no source tree): the refusal
+    names the file it looked for there."""
+    monkeypatch.setenv("SOFTHCA_PROVIDER", str(tmp_path / "opt"))
+    assert main(["run", "--", "true"]) == 2
+    assert f"no provider at {tmp_path / 'opt' / native.PROVIDER_LIB}" in capsys.readouterr().err
+    # --provider still wins over it.
+    assert main(["run", "--provider", str(tmp_path / "given"), "--", "true"]) == 2
+    assert f"no provider at {tmp_path / 'given'}" in capsys.readouterr().err

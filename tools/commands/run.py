@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the embedded daemon's HCAs (default mlx5_0); may be repeated")
     p.add_argument("--provider", metavar="DIR",
                    help="the directory holding libsofthca-rdmav34.so (default: the source "
-                   "tree's provider/build, built by make)")
+                   "tree's provider/build, built by make, or $SOFTHCA_PROVIDER)")
     p.add_argument("--faults", metavar="FILE",
                    help="fault rules for the embedded daemon, as 'serve --faults'")
     p.add_argument("--capture", metavar="FILE",
