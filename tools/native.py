@@ -80,8 +80,16 @@ if [ -d "$SYSFS_PATH/class/infiniband" ] && mountpoint -q /sys 2>/dev/null; then
   mkdir /sys/class/infiniband
   mount --bind "$SYSFS_PATH/class/infiniband" /sys/class/infiniband
 fi
+# Set up: say so, then give the program the real stderr (fd 9; until here fd 2 was
+# softhca run's pipe, so that unshare's or a mount's refusal reaches it, not lost).
+echo softhca-run-ready >&2
+exec 2>&9 9>&-
 exec "$@"
 """
+# What the script prints on its pipe once the namespace is set up.
+_READY = b"softhca-run-ready\n"
+# Where the script finds the real stderr (a digit: sh names fds 0-9 only).
+_STDERR_FD = 9
 
 
 class RunError(Exception):
@@ -218,18 +226,66 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def _child_setup(real_stderr: int) -> None:
+    """In the child before exec (fd 2 is already the pipe): the real stderr at fd 9 for
+    the script, then every other fd from 3 up closed, as close_fds would (which runs
+    after this and would close fd 9 too, hence close_fds=False)."""
+    _die_with_parent()
+    if real_stderr != _STDERR_FD:
+        os.dup2(real_stderr, _STDERR_FD)
+    os.set_inheritable(_STDERR_FD, True)
+    os.closerange(3, _STDERR_FD)
+    os.closerange(_STDERR_FD + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def namespace_refused(said: str) -> str:
+    """The one line ``softhca run`` prints when its mount namespace cannot be made:
+    ``said``, what unshare or the script's mount printed, names the cause; then what to
+    do, which depends on whether this environment already points at a daemon (a softhca
+    image's: softhca-node set it up, and a container's unshare is refused)."""
+    cause = said.strip().splitlines()[-1] if said.strip() else "no reason given"
+    sock = os.environ.get("SOFTHCA_SOCKET")
+    if sock and os.environ.get("SYSFS_PATH") and Path(sock).exists():
+        hint = ("run the program directly: this environment (SYSFS_PATH, SOFTHCA_SOCKET, "
+                "RDMAV_DRIVERS, LD_LIBRARY_PATH) already gives it softhca's provider and "
+                f"the daemon at {sock}")
+    else:
+        hint = "softhca run needs root with CAP_SYS_ADMIN (mount namespaces) and mount(8)"
+    return f"cannot make the program's mount namespace ({cause}): {hint}"
+
+
+async def _setup_said(proc) -> bytes:
+    """What the script's pipe carried until it handed the program the real stderr (EOF)
+    or died; anything before the ready line is passed on to stderr."""
+    said = await proc.stderr.read()
+    if said.endswith(_READY) and said[:-len(_READY)]:
+        os.write(2, said[:-len(_READY)])
+    return said
+
+
 async def _run_program(argv: list[str], env: dict[str, str], ndev: int) -> int:
-    proc = await asyncio.create_subprocess_exec(
-        "unshare", "--mount", "--propagation", "private", "sh", "-c", _NS_SCRIPT,
-        "softhca-run", str(ndev), *argv, env=env, preexec_fn=_die_with_parent)
+    real_stderr = os.dup(2)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "unshare", "--mount", "--propagation", "private", "sh", "-c", _NS_SCRIPT,
+            "softhca-run", str(ndev), *argv, env=env, stderr=asyncio.subprocess.PIPE,
+            close_fds=False, preexec_fn=lambda: _child_setup(real_stderr))
+    finally:
+        os.close(real_stderr)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, proc.send_signal, sig)
     try:
-        return await proc.wait()
+        said = await _setup_said(proc)
+        rc = await proc.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+    # Not set up and not killed (a signal, Ctrl-C, during the set-up is the user's):
+    # unshare or a mount refused, and said why on the pipe.
+    if not said.endswith(_READY) and rc >= 0:
+        raise RunError(namespace_refused(said.decode(errors="replace")))
+    return rc
 
 
 async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:

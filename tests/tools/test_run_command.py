@@ -4,6 +4,11 @@ tree it writes, read back as libibverbs reads it."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+
+import pytest
 
 from softhca.tools import native
 from softhca.tools.cli import main
@@ -98,3 +103,85 @@ def test_provider_directory_from_softhca_provider(tmp_path, monkeypatch, capsys)
     # --provider still wins over it.
     assert main(["run", "--provider", str(tmp_path / "given"), "--", "true"]) == 2
     assert f"no provider at {tmp_path / 'given'}" in capsys.readouterr().err
+
+
+def _fake(bin_dir, name: str, body: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def _run_with_path(tmp_path, monkeypatch, program: list[str]) -> int:
+    """softhca run with tmp_path/bin first on PATH, outside a node's environment."""
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.delenv("SOFTHCA_SOCKET", raising=False)
+    (tmp_path / native.PROVIDER_LIB).write_bytes(b"")
+    return main(["run", "--provider", str(tmp_path), "--", *program])
+
+
+def test_a_refused_unshare_is_said_in_one_line(tmp_path, monkeypatch, capfd):
+    """Docker's default profile refuses unshare(CLONE_NEWNS) with EPERM; unshare(1) says
+    so and exits 1. softhca run exits non-zero with one line naming that cause, instead
+    of passing on a bare status 1, and the program never runs."""
+    _fake(tmp_path / "bin", "unshare",
+          'echo "unshare: unshare failed: Operation not permitted" >&2\nexit 1\n')
+    marker = tmp_path / "ran"
+    assert _run_with_path(tmp_path, monkeypatch, ["touch", str(marker)]) == 2
+    err = capfd.readouterr().err
+    assert err == ("softhca run: cannot make the program's mount namespace (unshare: "
+                   "unshare failed: Operation not permitted): softhca run needs root with "
+                   "CAP_SYS_ADMIN (mount namespaces) and mount(8)\n"), err
+    assert not marker.exists()
+
+
+def test_a_refused_mount_is_said_in_one_line(tmp_path, monkeypatch, capfd):
+    """unshare works but the script's first mount is refused (an AppArmor profile that
+    denies mount): mount's own words are the cause. The fake unshare runs the script in
+    this namespace, so the fake mount refuses before anything is mounted (and removes
+    the script's temporary directory, which the script leaves when a mount fails)."""
+    _fake(tmp_path / "bin", "unshare",
+          'while [ "${1#-}" != "$1" ]; do\n'
+          '  if [ "$1" = --propagation ]; then shift; fi; shift\ndone\nexec "$@"\n')
+    _fake(tmp_path / "bin", "mount",
+          'rmdir "$3"\necho "mount: $3: permission denied." >&2\nexit 32\n')
+    marker = tmp_path / "ran"
+    assert _run_with_path(tmp_path, monkeypatch, ["touch", str(marker)]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("softhca run: cannot make the program's mount namespace (mount: "
+                          "/tmp/softhca-dev."), err
+    assert ": permission denied.): softhca run needs root" in err and err.count("\n") == 1
+    assert not marker.exists()
+
+
+def test_in_a_node_environment_the_refusal_says_run_it_directly(tmp_path, monkeypatch):
+    """In a softhca image (softhca-node made the daemon's socket and the sysfs tree, and
+    the image's environment names them) the way out is to run the program directly."""
+    sock = tmp_path / "softhca.sock"
+    sock.write_bytes(b"")
+    monkeypatch.setenv("SOFTHCA_SOCKET", str(sock))
+    monkeypatch.setenv("SYSFS_PATH", str(tmp_path / "sys"))
+    said = "unshare: unshare failed: Operation not permitted\n"
+    assert native.namespace_refused(said) == (
+        "cannot make the program's mount namespace (unshare: unshare failed: Operation not "
+        "permitted): run the program directly: this environment (SYSFS_PATH, "
+        "SOFTHCA_SOCKET, RDMAV_DRIVERS, LD_LIBRARY_PATH) already gives it softhca's "
+        f"provider and the daemon at {sock}")
+    sock.unlink()       # no daemon there: the environment alone is no way out
+    assert "needs root with CAP_SYS_ADMIN" in native.namespace_refused(said)
+
+
+def _namespaces_work() -> bool:
+    return os.geteuid() == 0 and shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _namespaces_work(), reason="needs root and unshare --mount")
+def test_the_program_gets_the_real_stderr_and_its_status(tmp_path, capfd):
+    """Set-up goes on a pipe (so that its refusals are caught); the program's stderr is
+    softhca run's own, its status is softhca run's, and the ready line is not seen."""
+    (tmp_path / native.PROVIDER_LIB).write_bytes(b"")
+    assert main(["run", "--provider", str(tmp_path), "--", "sh", "-c",
+                 "echo to-out; echo to-err >&2; exit 3"]) == 3
+    out, err = capfd.readouterr()
+    assert out == "to-out\n" and err == "to-err\n", (out, err)
