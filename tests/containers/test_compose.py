@@ -255,7 +255,7 @@ def test_ib_write_bw_between_containers(verbs_nodes):
 
 
 def test_rdma_cm_programs_between_containers(verbs_nodes):
-    """rdmacm-utils (rping, ucmatose, rdma_server / rdma_client) and perftest's -R,
+    """rdmacm-utils (rping, ucmatose, udaddy, rdma_server / rdma_client) and perftest's -R,
     unmodified, server in the target container and client in the initiator's, through
     softhca's librdmacm.so.1 and each container's daemon as the CM (compose_cm.py). One
     node bring-up for all; every program is run and judged, then the failures told."""
@@ -266,6 +266,7 @@ def test_rdma_cm_programs_between_containers(verbs_nodes):
     checks = {
         "rping": lambda: cm.check_rping(target, node, 100),
         "ucmatose": lambda: cm.check_ucmatose(target, node),
+        "udaddy": lambda: cm.check_udaddy(target, node),
         "rdma_server/rdma_client": lambda: cm.check_rdma_server_client(target, node),
         "ib_write_bw -R": lambda: [cm.check_perftest(target, node, "ib_write_bw", 65536,
                                                      "7177")],

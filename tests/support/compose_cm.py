@@ -21,9 +21,12 @@ TARGET_IP = dc.TARGET_IP
 # perftest's result row: "#bytes #iterations ..." then the figures.
 PERF_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", re.M)
 # A client that came before the server program's rdma_listen: its REQ met no listener
-# (REJ reason 8, invalid service id), which each program reports in its own words.
+# (REJ reason 8, invalid service id), which each program reports in its own words; for
+# udaddy (RDMA_PS_UDP) its SIDR_REQ met none, SIDR_REP status 1 ("service ID not
+# supported"), which rdma_cm reports as UNREACHABLE with that status.
 TOO_EARLY = re.compile(r"REJECTED, error 8|REJECTED; error: 8|CM event bl blka 8|"
-                       r"got RDMA_CM_EVENT_REJECTED status 8")
+                       r"got RDMA_CM_EVENT_REJECTED status 8|"
+                       r"RDMA_CM_EVENT_UNREACHABLE, error: 1\b")
 
 
 @dataclass
@@ -121,6 +124,20 @@ def check_ucmatose(target: str, node: str) -> list[str]:
     assert cli.rc == 0 and srv.rc == 0, both(srv, cli)
     for out in (cli.out, srv.out):
         assert "data transfers complete" in out and "return status 0" in out, both(srv, cli)
+    return cli.out.strip().splitlines()[-2:]
+
+
+def check_udaddy(target: str, node: str) -> list[str]:
+    """udaddy's defaults over RDMA_PS_UDP (its port is always 7174): one UD "connection"
+    resolved by SIDR, 10 datagrams from the client and 10 replies; both exit 0. stdbuf:
+    a server left waiting and killed still shows the phases it reached."""
+    srv, cli = pair(target, node, ["stdbuf", "-oL", "udaddy", "-b", TARGET_IP],
+                    ["stdbuf", "-oL", "udaddy", "-s", TARGET_IP], timeout=30)
+    assert cli.rc == 0 and srv.rc == 0, both(srv, cli)
+    for out in (cli.out, srv.out):
+        assert "data transfers complete" in out and "return status 0" in out, both(srv, cli)
+    assert "sending replies" in srv.out and "initiating data transfers" in cli.out, \
+        both(srv, cli)
     return cli.out.strip().splitlines()[-2:]
 
 
