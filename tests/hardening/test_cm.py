@@ -122,13 +122,13 @@ async def resolved(s: Session, port: int) -> int:
     return cid
 
 
-async def make_qp(s: Session) -> int:
-    """An RC QP of session ``s`` on the daemon's device: its number, which the CM
-    calls of that session may name (and no other session's may)."""
+async def make_qp(s: Session, qp_type: int = 2) -> int:
+    """A QP of session ``s`` on the daemon's device (RC, or ``qp_type`` 4 for UD): its
+    number, which the CM calls of that session may name (and no other session's may)."""
     ctx = (await s.call("open_device", name="mlx5_0"))["ctx"]
     pd = (await s.call("alloc_pd", ctx=ctx))["pd"]
     cq = (await s.call("create_cq", ctx=ctx, cqe=16))["cq"]
-    r = await s.call("create_qp", pd=pd, scq=cq, rcq=cq, qp_type=2, max_send_wr=4,
+    r = await s.call("create_qp", pd=pd, scq=cq, rcq=cq, qp_type=qp_type, max_send_wr=4,
                      max_recv_wr=4, max_send_sge=1, max_recv_sge=1, max_inline_data=0,
                      sq_sig_all=False, send_ops_flags=0)
     return r["qp_num"]

@@ -34,13 +34,7 @@ async def ud_resolved(s: Session, port: int) -> int:
 
 async def make_ud_qp(s: Session) -> int:
     """A UD QP of session ``s``: the only QP its SIDR_REP may name."""
-    ctx = (await s.call("open_device", name="mlx5_0"))["ctx"]
-    pd = (await s.call("alloc_pd", ctx=ctx))["pd"]
-    cq = (await s.call("create_cq", ctx=ctx, cqe=16))["cq"]
-    r = await s.call("create_qp", pd=pd, scq=cq, rcq=cq, qp_type=4, max_send_wr=4,
-                     max_recv_wr=4, max_send_sge=1, max_recv_sge=1, max_inline_data=0,
-                     sq_sig_all=False, send_ops_flags=0)
-    return r["qp_num"]
+    return await make_qp(s, qp_type=4)
 
 
 async def ud_connect_fields(s: Session, cid: int) -> dict:
