@@ -33,12 +33,14 @@ from .faults import Faults
 DEFAULT_QUOTAS: dict[str, tuple[int, int]] = {
     "ctx": (256, 1024), "pd": (16384, 65536), "mr": (65536, 262144), "cq": (16384, 65536),
     "qp": (16384, 65536), "mkey": (65536, 262144), "dek": (16384, 32768),
-    "crypto_login": (256, 1024)}
+    "crypto_login": (256, 1024), "ah": (65536, 262144), "mw": (65536, 262144),
+    "srq": (16384, 65536)}
 
 # What an object costs the daemon beside its buffers, as charged against the memory
 # budget (measured: a QP with its queues and RC state some 4 KiB, rounded up).
 OBJECT_BYTES: dict[str, int] = {"ctx": 1024, "pd": 256, "mr": 512, "cq": 1024, "qp": 8192,
-                                "mkey": 1024, "dek": 1024, "crypto_login": 512, "srq": 8192}
+                                "mkey": 1024, "dek": 1024, "crypto_login": 512, "srq": 8192,
+                                "ah": 256, "mw": 256}
 
 
 def default_memory_budget() -> int:

@@ -192,3 +192,36 @@ async def test_an_idle_session_is_closed_and_a_waiting_one_is_not():
             answered = e.errno_name
         assert answered in ("ETIMEDOUT", "ECONNRESET", "EPIPE"), answered
         await waiting.close()
+
+
+def test_every_object_a_request_creates_has_a_quota_and_a_cost():
+    # A kind without a default quota would be bounded only by 1 << 30 objects, and one
+    # without an OBJECT_BYTES entry would cost the memory budget nothing: a hostile client
+    # could then create address handles or windows until the daemon runs out of memory.
+    from softhca.server.hosts import DEFAULT_QUOTAS, OBJECT_BYTES
+    from softhca.server.verbs import _CREATORS
+
+    kinds = set(_CREATORS.values())
+    assert kinds - set(DEFAULT_QUOTAS) == set()
+    assert kinds - set(OBJECT_BYTES) == set()
+
+
+async def test_address_handles_past_the_quota_are_enomem_and_freed_ones_make_room():
+    import softhca.client as sh
+    from softhca.server.hosts import Limits
+
+    async with sh.embedded(limits=Limits(quotas={"ah": (3, 6)})) as node:
+        ctx = await node.open_device()
+        pd = await ctx.alloc_pd()
+        cq = await ctx.create_cq(4)
+        qp = await pd.create_qp(sh.QPInitAttr(qp_type=sh.IBV_QPT_UD, scq=cq, rcq=cq,
+                                              cap=sh.QPCap(max_send_wr=1, max_recv_wr=1)))
+        peer = qp.info()
+        ahs = [await pd.create_ah(peer) for _ in range(3)]
+        try:
+            await pd.create_ah(peer)
+            raise AssertionError("a fourth address handle past the quota of 3")
+        except sh.RDMAError as e:
+            assert e.errno_name == "ENOMEM" and "ah" in str(e), e
+        await ahs[0].close()
+        await pd.create_ah(peer)        # room again
