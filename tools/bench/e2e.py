@@ -51,6 +51,7 @@ from .common import (
     wire_size,
     xts_key,
 )
+from .engine import engine_backend_info
 from .ucx import attach_ucx_ratios, ucx_rows
 
 MTU_ENUM = {256: sh.IBV_MTU_256, 512: sh.IBV_MTU_512, 1024: sh.IBV_MTU_1024,
@@ -91,6 +92,8 @@ def e2e_machine_info() -> dict:
         # The machines are shared: other processes' load shows in every figure.
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "guard_backends": {kind: guards.backend(kind) for kind in guards.GUARD_KINDS},
+        # The daemons inherit SOFTHCA_ENGINE from this process, so they run this engine.
+        **engine_backend_info(),
     }
 
 

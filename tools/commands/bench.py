@@ -61,8 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "softhca change moves that ceiling), to the engine, or to the lower")
     p.set_defaults(func=run)
     # "engine" names what is measured, not a daemon (TARGET means a daemon's address in
-    # every other command).
-    what = p.add_subparsers(dest="what", metavar="[engine]")
+    # every other command); "goals" measures nothing, it reads saved runs.
+    what = p.add_subparsers(dest="what", metavar="[engine | goals]")
     e = what.add_parser("engine", help="the engine's transforms beside their C primitives",
                            description="MB/s of the engine's TX/RX pipeline for T10-DIF, CRC32C, "
                            "CRC64_XP10, AES-XTS and crypto table row C, each beside one call of "
@@ -76,6 +76,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="timed runs per measurement, the best is kept (default 5)")
     _add_compare(e, "softhca bench engine --json")
     e.set_defaults(func=run_engine)
+    g = what.add_parser("goals", help="saved runs of both benches against issue 26's goals",
+                        description="Reads saved `softhca bench --json` and `softhca bench "
+                        "engine --json` documents (the --json-out files), each file's bench "
+                        "told by its own \"benchmark\" member, and prints one row per goal "
+                        "of issue 26: the goal, each run's value, min, median, and \"met\" "
+                        "or \"missed by F\" (F = goal / median for a >= goal, median / goal "
+                        "for a <= one). Nothing runs. A run without a goal's field (saved "
+                        "before the bench measured it) says so in its cell. A missing or "
+                        "malformed file is refused (exit 2).")
+    g.add_argument("runs", nargs="+", metavar="RUN.json",
+                   help="saved runs of either bench, in any order")
+    g.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+    g.set_defaults(func=run_goals)
 
 
 def _add_compare(p: argparse.ArgumentParser, saved_by: str) -> None:
@@ -180,6 +193,18 @@ def run_engine(args: argparse.Namespace) -> int:
     report = bench.run_engine(mib=args.mib, repeat=args.repeat)
     text = bench.to_json(report)
     return _emit_run(args, bench, json.loads(text), text, bench.to_table(report), docs)
+
+
+def run_goals(args: argparse.Namespace) -> int:
+    from ..bench import goals
+
+    try:
+        rep = goals.report(args.runs)
+    except goals.GoalsError as e:
+        print(f"softhca bench goals: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(rep, indent=2) if args.json else goals.to_table(rep))
+    return EXIT_OK
 
 
 def _emit_run(args: argparse.Namespace, bench, doc: dict, text: str, table: str,
