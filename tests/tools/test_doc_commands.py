@@ -76,6 +76,8 @@ RUN = {
     "make accel                          # the native engine alone (make test and make bench "
     "build it)": "",
     "SOFTHCA_ENGINE=python .venv/bin/softhca bench engine --mib 0.25 --repeat 1": "engine: python",
+    ".venv/bin/softhca bench goals docs/performance.json docs/performance-engine.json":
+        "64-byte RDMA_WRITE p50 / TCP chain",
 }
 
 TUTORIAL_SESSION = {
@@ -166,7 +168,7 @@ CANNOT = {
         "rules.json and '...' are the reader's (tests/tools/test_serve.py)",
     "make bench                          # the table, about 50 s": _FULL_BENCH,
     'make bench BENCH_ARGS="--json"      # the same as a JSON document': _FULL_BENCH,
-    ".venv/bin/softhca bench --compare docs/performance.json": _FULL_BENCH,
+    "SOFTHCA_ENGINE=python .venv/bin/softhca bench --json-out python.json": _FULL_BENCH,
     ".venv/bin/softhca bench --json-out new.json --compare docs/performance.json": _FULL_BENCH,
     ".venv/bin/softhca bench --compare old.json new.json   # two saved runs, nothing runs":
         "old.json and new.json are two saved runs of the reader's (tests/tools/test_bench.py)",
