@@ -120,10 +120,10 @@ def test_each_goal_met_or_missed_by_its_factor(tmp_path, capsys):
             'chain)') in out
     # No UCX peer in any run: no UCX rows; no engine run: its goals not measured.
     assert "UCX" not in out
-    assert "[engine] no run of `softhca bench engine --json` given: its 4 goals are not " \
-           "measured" in out
-    assert f"  run 1: {paths[0]} (load average at start 0.2 0.1 0.1; engine not recorded)" \
-        in out
+    assert "[engine bench] no run of `softhca bench engine --json` given: its 4 goals are " \
+           "not measured" in out
+    assert "[end to end, engine not recorded] 3 runs:" in out
+    assert f"  run 1: {paths[0]} (load average at start 0.2 0.1 0.1)" in out
 
 
 def test_a_le_goal_met_and_a_ge_goal_missed_by_the_other_formula(tmp_path, capsys):
@@ -139,7 +139,7 @@ def test_a_le_goal_met_and_a_ge_goal_missed_by_the_other_formula(tmp_path, capsy
     # A <= goal met below it.
     run = e2e_run(0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 9000.0, chain=0.5)
     rep = goals.report([save(tmp_path, "r2.json", run)])
-    assert all(r["verdict"] == "met" for r in rep["rows"] if r["bench"] == "softhca end to end")
+    assert [r["verdict"] for r in rep["groups"][0]["rows"]] == ["met"] * 8
 
 
 def test_engine_runs_and_the_json_document(tmp_path, capsys):
@@ -147,24 +147,29 @@ def test_engine_runs_and_the_json_document(tmp_path, capsys):
             engine_run(0.1, 0.2, 0.1, 0.1, backend="python")]
     paths = [save(tmp_path, f"e{k}.json", d) for k, d in enumerate(runs, 1)]
     e2e = save(tmp_path, "e2e.json", RUNS[0])
-    # Either bench in any order: each file's own "benchmark" says which it is.
-    assert main(["bench", "goals", paths[0], e2e, paths[1], "--json"]) == 0
+    # Either bench in any order: each file's own "benchmark" says which it is; the
+    # Python engine's run is judged apart from the native ones.
+    assert main(["bench", "goals", paths[0], e2e, paths[2], paths[1], "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert [r["kind"] for r in rep["runs"]] == ["engine", "softhca end to end", "engine"]
-    by = {r["figure"]: r for r in rep["rows"]}
+    assert [(g["bench"], g["engine_backend"], [r["file"] for r in g["runs"]])
+            for g in rep["groups"]] == [("softhca end to end", None, [e2e]),
+                                        ("engine", "native", [paths[0], paths[1]]),
+                                        ("engine", "python", [paths[2]])]
+    by = {r["figure"]: r for r in rep["groups"][1]["rows"]}
     r = by["engine CRC32C 4 KiB / one call"]
     assert r["values"] == [0.3, 0.9] and r["median"] == (0.3 + 0.9) / 2 and r["min"] == 0.3
     assert r["goal"] == {"op": ">=", "value": 0.5} and r["verdict"] == "met"
     r = by["engine row C TX / one call each"]
     assert r["verdict"] == "missed" and r["factor"] == pytest.approx(0.3 / ((0.24 + 0.2) / 2))
     assert r["field"] == 'results[name="row C TX: T10-DIF gen + XTS 520B"].ratio'
-    assert by["plain RDMA_WRITE 1 MiB / TCP"]["values"] == [0.4]
+    e2e_rows = {r["figure"]: r for r in rep["groups"][0]["rows"]}
+    assert e2e_rows["plain RDMA_WRITE 1 MiB / TCP"]["values"] == [0.4]
     # The Python engine's run alone.
     assert main(["bench", "goals", paths[2]]) == 0
     out = capsys.readouterr().out
     rows = table_rows(out)
     assert rows["engine AES-XTS-256 512 B / one context"][-1] == f"missed by {0.4 / 0.1:.3g}x"
-    assert f"  run 1: {paths[2]} (engine python)" in out
+    assert f"[engine bench, python engine] 1 run:\n  run 1: {paths[2]}\n" in out
     assert "[end to end] no run of `softhca bench --json` given: its 8 goals" in out
 
 
@@ -200,6 +205,7 @@ def test_a_field_that_is_not_a_number_is_absent_not_a_crash(tmp_path, capsys):
                     and r["path_mtu"] == 4096 and r["config"] == "plain")
     write_1m["ratio"]["tcp_stream"] = "fast"
     run["latency"] = [1, 2]
+    run["machine"]["engine_backend"] = ["native"]
     del run["goodput"][-1]["ceilings"]
     assert main(["bench", "goals", save(tmp_path, "odd.json", run)]) == 0
     out = capsys.readouterr().out
@@ -209,6 +215,7 @@ def test_a_field_that_is_not_a_number_is_absent_not_a_crash(tmp_path, capsys):
         assert rows[figure][1:] == ["absent", "-", "-", "not measured (no run has it)"], figure
     assert 'ratio.tcp_stream is not a number ("fast")' in out
     assert "  run 1: no latency.ratio (64-byte RDMA_WRITE p50 / TCP chain)" in out
+    assert "[end to end, engine not recorded] 1 run:" in out
 
 
 @pytest.mark.parametrize("content, reason", [

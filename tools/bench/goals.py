@@ -185,25 +185,24 @@ def _machine(doc: dict) -> dict:
     return m if isinstance(m, dict) else {}
 
 
+def _engine(doc: dict) -> str | None:
+    """The engine the run names; None in runs saved before the bench recorded it."""
+    e = _machine(doc).get("engine_backend")
+    return e if isinstance(e, str) else None
+
+
 def run_info(path: str, doc: dict) -> dict:
-    m = _machine(doc)
-    load = m.get("load_average_at_start")
-    return {"file": path, "kind": doc["benchmark"],
-            "load_average_at_start": load if isinstance(load, list) else None,
-            "engine_backend": m.get("engine_backend")}
+    load = _machine(doc).get("load_average_at_start")
+    return {"file": path, "load_average_at_start": load if isinstance(load, list) else None}
 
 
-def report(paths: list[str]) -> dict:
-    """Each goal against the runs of its bench among ``paths`` (either bench, any
-    order): every run's value or why it has none, min, median and the verdict. A figure
-    with no goal (beside the UCX peer) is left out when no run has it."""
-    docs = [(p, read_run(p)) for p in paths]
-    runs = {kind: [(p, d) for p, d in docs if d["benchmark"] == kind]
-            for kind in (E2E_KIND, ENGINE_KIND)}
+def _rows(kind: str, docs: list[dict]) -> list[dict]:
     rows = []
     for g in GOALS:
+        if g.kind != kind:
+            continue
         values, absent = [], []
-        for _, doc in runs[g.kind]:
+        for doc in docs:
             try:
                 values.append(lookup(doc, g.field))
                 absent.append(None)
@@ -214,12 +213,30 @@ def report(paths: list[str]) -> dict:
         if g.op is None and not have:
             continue
         median = statistics.median(have) if have else None
-        rows.append({"figure": g.figure, "bench": g.kind, "field": field_text(g.field),
+        rows.append({"figure": g.figure, "field": field_text(g.field),
                      "goal": None if g.op is None else {"op": g.op, "value": g.goal},
                      "values": values, "absent": absent, "min": min(have) if have else None,
                      "median": median, **verdict(g.op, g.goal, median)})
-    return {"benchmark": "goals", "goals_of": "issue 26",
-            "runs": [run_info(p, d) for p, d in docs], "rows": rows}
+    return rows
+
+
+def report(paths: list[str]) -> dict:
+    """Each goal against the runs of its bench among ``paths`` (either bench, any
+    order): every run's value or why it has none, min, median and the verdict. Runs on
+    different engines (``machine.engine_backend``: SOFTHCA_ENGINE=python beside the
+    native engine) are judged apart, a group each, since a median across two engines
+    describes neither. A figure with no goal (beside the UCX peer) is left out when no
+    run has it."""
+    docs = [(p, read_run(p)) for p in paths]
+    groups = []
+    for kind in (E2E_KIND, ENGINE_KIND):
+        mine = [(p, d) for p, d in docs if d["benchmark"] == kind]
+        for engine in dict.fromkeys(_engine(d) for _, d in mine):
+            these = [(p, d) for p, d in mine if _engine(d) == engine]
+            groups.append({"bench": kind, "engine_backend": engine,
+                           "runs": [run_info(p, d) for p, d in these],
+                           "rows": _rows(kind, [d for _, d in these])})
+    return {"benchmark": "goals", "goals_of": "issue 26", "groups": groups}
 
 
 # -- the table --------------------------------------------------------------------------
@@ -256,43 +273,45 @@ def _lines(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _run_line(k: int, r: dict) -> str:
-    bits = []
-    if r["load_average_at_start"]:
-        bits.append("load average at start "
-                    + " ".join(str(x) for x in r["load_average_at_start"]))
-    bits.append(f"engine {r['engine_backend']}" if r["engine_backend"]
-                else "engine not recorded")
-    return f"  run {k}: {r['file']} ({'; '.join(bits)})"
+    load = r["load_average_at_start"]
+    return f"  run {k}: {r['file']}" + (
+        f" (load average at start {' '.join(str(x) for x in load)})" if load else "")
 
 
 TITLES = {E2E_KIND: ("end to end", "softhca bench --json"),
-          ENGINE_KIND: ("engine", "softhca bench engine --json")}
+          ENGINE_KIND: ("engine bench", "softhca bench engine --json")}
 
 
 def to_table(rep: dict) -> str:
     out = ["softhca bench goals: the goals of issue 26 against saved runs; verdict on the "
            "median of the runs: met, or missed by F = goal / median (>= goals) or median / "
-           "goal (<= goals)"]
+           "goal (<= goals); runs on different engines are judged apart"]
     for kind, (title, saved_by) in TITLES.items():
-        runs = [r for r in rep["runs"] if r["kind"] == kind]
-        rows = [r for r in rep["rows"] if r["bench"] == kind]
-        out.append("")
-        if not runs:
-            judged = sum(r["goal"] is not None for r in rows)
-            out.append(f"[{title}] no run of `{saved_by}` given: its {judged} goals are not "
-                       "measured")
-            continue
-        out.append(f"[{title}] {len(runs)} run{'s' if len(runs) > 1 else ''}:")
-        out += [_run_line(k, r) for k, r in enumerate(runs, 1)]
-        head = ["figure", "goal", *(f"run {k}" for k in range(1, len(runs) + 1)), "min",
-                "median", "verdict"]
-        cells = [[r["figure"], _goal_text(r["goal"]),
-                  *("absent" if v is None else _num(v) for v in r["values"]),
-                  _num(r["min"]), _num(r["median"]), _verdict_text(r)] for r in rows]
-        out += _lines(head, cells)
-        lacking = [f"  run {k}: {why} ({r['figure']})" for r in rows
-                   for k, why in enumerate(r["absent"], 1) if why]
-        if lacking:
-            out += ["absent fields (a run saved before the bench measured them, or a peer "
-                    "not installed):", *lacking]
+        groups = [g for g in rep["groups"] if g["bench"] == kind]
+        if not groups:
+            judged = sum(g.kind == kind and g.op is not None for g in GOALS)
+            out += ["", f"[{title}] no run of `{saved_by}` given: its {judged} goals are not "
+                    "measured"]
+        for group in groups:
+            out += ["", _group_table(title, group)]
+    return "\n".join(out)
+
+
+def _group_table(title: str, group: dict) -> str:
+    runs, rows = group["runs"], group["rows"]
+    engine = group["engine_backend"]
+    out = [f"[{title}, {f'{engine} engine' if engine else 'engine not recorded'}] "
+           f"{len(runs)} run{'s' if len(runs) > 1 else ''}:"]
+    out += [_run_line(k, r) for k, r in enumerate(runs, 1)]
+    head = ["figure", "goal", *(f"run {k}" for k in range(1, len(runs) + 1)), "min",
+            "median", "verdict"]
+    cells = [[r["figure"], _goal_text(r["goal"]),
+              *("absent" if v is None else _num(v) for v in r["values"]),
+              _num(r["min"]), _num(r["median"]), _verdict_text(r)] for r in rows]
+    out += _lines(head, cells)
+    lacking = [f"  run {k}: {why} ({r['figure']})" for r in rows
+               for k, why in enumerate(r["absent"], 1) if why]
+    if lacking:
+        out += ["absent fields (a run saved before the bench measured them, or a peer "
+                "not installed):", *lacking]
     return "\n".join(out)

@@ -82,9 +82,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "told by its own \"benchmark\" member, and prints one row per goal "
                         "of issue 26: the goal, each run's value, min, median, and \"met\" "
                         "or \"missed by F\" (F = goal / median for a >= goal, median / goal "
-                        "for a <= one). Nothing runs. A run without a goal's field (saved "
-                        "before the bench measured it) says so in its cell. A missing or "
-                        "malformed file is refused (exit 2).")
+                        "for a <= one); runs on different engines (SOFTHCA_ENGINE) are judged "
+                        "apart. Nothing runs. A run without a goal's field (saved before the "
+                        "bench measured it) says so in its cell. A missing or malformed file "
+                        "is refused (exit 2).")
     g.add_argument("runs", nargs="+", metavar="RUN.json",
                    help="saved runs of either bench, in any order")
     g.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
