@@ -63,7 +63,8 @@ static uint64_t ip_csum(const uint8_t *p, size_t len, uint64_t bg)
 
 /* The CPU lacks SSE4.2 or PCLMULQDQ, or portable_guards(True) was called: every guard
  * from a table, as on a CPU without them (ISA-L's dispatchers would pick the same base
- * functions there; saying so here lets a test run that path on this CPU). */
+ * functions there; saying so here lets a test run that path on this CPU). Both give the
+ * same values, so a switch while another thread runs a transfer changes only its speed. */
 static int portable;
 
 /* The guard of ``kind`` at register start ``seed`` (mlx5dv_wr_set_mkey_sig_block(3) seeds). */
