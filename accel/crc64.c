@@ -81,6 +81,11 @@ static uint64_t by_table(uint64_t reg, const uint8_t *p, size_t len)
     return reg;
 }
 
+uint64_t crc64_nvme_table(uint64_t reg, const uint8_t *p, size_t len)
+{
+    return ~by_table(reg, p, len);
+}
+
 static inline __m128i fold(__m128i x, __m128i k, __m128i next)
 {
     return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00),

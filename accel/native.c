@@ -16,7 +16,9 @@
  *       sequence number dusn + k (mod 2^128), a short last unit with ciphertext stealing.
  *
  * Guards come from ISA-L (T10-DIF CRC, CRC32 MSB-first, CRC32C), crc64.c for CRC-64/NVME
- * (ISA-L 2.30 has no such polynomial), a plain loop for the IP checksum.
+ * (ISA-L 2.30 has no such polynomial), a plain loop for the IP checksum. Without SSE4.2
+ * and PCLMULQDQ (or after portable_guards(True), which the tests use to run that path on
+ * any CPU) they are ISA-L's base (table) functions and crc64.c's table.
  * XTS is AES-NI (xts_aesni.c, with VAES in xts_vaes.c) when the CPU has it, OpenSSL's EVP
  * otherwise.
  */
@@ -26,7 +28,6 @@
 #include <string.h>
 #include <isa-l/crc.h>
 
-#include "crc32c.h"
 #include "crc64.h"
 #include "xts.h"
 
@@ -60,21 +61,31 @@ static uint64_t ip_csum(const uint8_t *p, size_t len, uint64_t bg)
     return s ^ 0xFFFF;
 }
 
+/* The CPU lacks SSE4.2 or PCLMULQDQ, or portable_guards(True) was called: every guard
+ * from a table, as on a CPU without them (ISA-L's dispatchers would pick the same base
+ * functions there; saying so here lets a test run that path on this CPU). Both give the
+ * same values, so a switch while another thread runs a transfer changes only its speed. */
+static int portable;
+
 /* The guard of ``kind`` at register start ``seed`` (mlx5dv_wr_set_mkey_sig_block(3) seeds). */
 static uint64_t guard_of(int kind, uint64_t seed, const uint8_t *p, size_t len)
 {
     switch (kind) {
     case K_T10DIF_CRC:
-        return crc16_t10dif((uint16_t)seed, p, len);
+        return portable ? crc16_t10dif_base((uint16_t)seed, (uint8_t *)p, len)
+                        : crc16_t10dif((uint16_t)seed, p, len);
     case K_T10DIF_CSUM:
         return ip_csum(p, len, seed);
     case K_CRC32:
         /* ISA-L's crc32_ieee inverts its argument and its result. */
-        return crc32_ieee(~(uint32_t)seed, p, len);
+        return portable ? crc32_ieee_base(~(uint32_t)seed, (uint8_t *)p, len)
+                        : crc32_ieee(~(uint32_t)seed, p, len);
     case K_CRC32C:
-        return crc32_iscsi((unsigned char *)p, (int)len, (uint32_t)seed) ^ 0xFFFFFFFFu;
+        return (portable ? crc32_iscsi_base((unsigned char *)p, (int)len, (uint32_t)seed)
+                         : crc32_iscsi((unsigned char *)p, (int)len, (uint32_t)seed))
+               ^ 0xFFFFFFFFu;
     default:
-        return crc64_nvme(seed, p, len);
+        return portable ? crc64_nvme_table(seed, p, len) : crc64_nvme(seed, p, len);
     }
 }
 
@@ -159,10 +170,7 @@ typedef struct {
     domain_t in, out;
     uint64_t check_bits, copy_bits;
     int check_guard, need_out_guard, shared_guard;
-    crc32c_copy_t crc32c;         /* CRC32C fused with the copy, for this block size */
 } SigPlanObject;
-
-static int have_crc32c_copy;
 
 static int parse_domain(PyObject *spec, domain_t *d)
 {
@@ -207,7 +215,6 @@ static int sigplan_init(SigPlanObject *self, PyObject *args, PyObject *kw)
     self->need_out_guard = self->out.present && (out_guard_bits & ~self->copy_bits) != 0;
     self->shared_guard = self->in.present && self->out.present && self->in.kind == self->out.kind
                          && self->in.seed == self->out.seed;
-    crc32c_copy_setup(&self->crc32c, (size_t)self->block_size);
     return 0;
 }
 
@@ -257,46 +264,29 @@ static void field_values(const domain_t *d, int field, uint64_t want, uint64_t s
     }
 }
 
-static inline int fusable(int kind)
-{
-    return kind == K_T10DIF_CRC || (kind == K_CRC32C && have_crc32c_copy);
-}
-
-/* Copy one block and return the guard of ``d`` over it (fusable kinds only). */
-static inline uint64_t copy_guard(const SigPlanObject *p, const domain_t *d, uint8_t *o,
-                                  const uint8_t *s, size_t bs)
-{
-    if (d->kind == K_T10DIF_CRC)
-        return crc16_t10dif_copy((uint16_t)d->seed, o, (uint8_t *)s, bs);
-    return crc32c_copy(&p->crc32c, (uint32_t)d->seed, o, s);
-}
-
+/* Each block is copied, then its guards are computed over the copy while it is still in
+ * L1. A transfer of megabytes is bound by the copy: every output line is read for
+ * ownership before it is written, two cache misses a line where a guard alone has one,
+ * and the guard over L1-resident bytes is hidden under them. The same holds for copies
+ * with the guard fused in: ISA-L's crc16_t10dif_copy (128-bit folds, 5.3-10 GB/s here)
+ * and a 3-way crc32 loop (7.9 GB/s) were each slower than memcpy plus the AVX-512 guard
+ * ISA-L dispatches to (12-14 GB/s, about memcpy's own speed). */
 static void sig_blocks(const SigPlanObject *p, const uint8_t *src, uint8_t *dst, Py_ssize_t n,
                        uint64_t first_block, uint8_t *results, sig_error_t *err)
 {
     const size_t bs = (size_t)p->block_size;
     const size_t in_w = bs + (p->in.present ? p->in.pi_size : 0);
     const size_t out_w = bs + (p->out.present ? p->out.pi_size : 0);
-    /* The copy fused with the guard where a fused function exists (ISA-L's T10-DIF CRC,
-     * crc32c.c's CRC32C): the output guard when one is made, else the checked input guard
-     * (a strip). */
-    const int fuse_out = p->need_out_guard && fusable(p->out.kind);
-    const int fuse_in = !p->need_out_guard && p->check_guard && fusable(p->in.kind);
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint8_t *s = src + (size_t)i * in_w;
         uint8_t *o = dst + (size_t)i * out_w;
         uint64_t block = first_block + (uint64_t)i, out_g = 0, in_g = 0;
-        if (fuse_out)
-            out_g = copy_guard(p, &p->out, o, s, bs);
-        else if (fuse_in)
-            in_g = copy_guard(p, &p->in, o, s, bs);
-        else
-            memcpy(o, s, bs);
-        if (p->need_out_guard && !fuse_out)
+        memcpy(o, s, bs);
+        if (p->need_out_guard)
             out_g = guard_of(p->out.kind, p->out.seed, o, bs);
         uint64_t stored = p->in.present ? load_pi(s + bs, p->in.pi_size) : 0;
         if (p->check_bits) {
-            if (p->check_guard && !fuse_in)
+            if (p->check_guard)
                 in_g = p->shared_guard && p->need_out_guard ? out_g
                                                             : guard_of(p->in.kind, p->in.seed, o, bs);
             uint64_t want = pi_value(&p->in, in_g, block);
@@ -552,6 +542,35 @@ static PyObject *native_guard(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLongLong(g);
 }
 
+static int cpu_has_clmul_crc(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("pclmul");
+#else
+    return 0;
+#endif
+}
+
+static PyObject *native_portable_guards(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *flag = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &flag))
+        return NULL;
+    PyObject *was = PyBool_FromLong(portable);
+    if (flag != Py_None) {
+        int on = PyObject_IsTrue(flag);
+        if (on < 0) {
+            Py_DECREF(was);
+            return NULL;
+        }
+        /* Off only where the CPU has the instructions: never the fast path without them. */
+        portable = on || !cpu_has_clmul_crc();
+    }
+    return was;
+}
+
 static PyMethodDef native_methods[] = {
     {"xts", (PyCFunction)(void (*)(void))native_xts, METH_VARARGS | METH_KEYWORDS,
      "xts(key, src, dst, unit_size, dusn_lo, dusn_hi, encrypt): AES-XTS over every data unit; "
@@ -559,6 +578,9 @@ static PyMethodDef native_methods[] = {
     {"guard", native_guard, METH_VARARGS,
      "guard(kind, seed, buffer): one guard (0 T10-DIF CRC, 1 IP checksum, 2 CRC32, 3 CRC32C, "
      "4 CRC64_XP10)"},
+    {"portable_guards", native_portable_guards, METH_VARARGS,
+     "portable_guards(on=None) -> bool: whether guards come from tables (no SSE4.2/PCLMULQDQ), "
+     "as it was before; on=True forces the tables, on=False returns to what the CPU has"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -571,7 +593,7 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void)
 {
     crc64_setup();
-    have_crc32c_copy = crc32c_copy_available();
+    portable = !cpu_has_clmul_crc();
     if (PyType_Ready(&SigPlanType) < 0 || PyType_Ready(&XtsKeyType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+from contextlib import contextmanager, nullcontext
 
 import pytest
 from conftest import EngineNode
@@ -126,10 +127,24 @@ def wire_image(case, rng: random.Random, wire_w: int, length: int) -> bytes:
     return bytes(wire)
 
 
-def run(which: str, case, memory: bytes, wire_in: bytes, offset: int, length: int) -> dict:
-    """Everything a TX then an RX through the case's MKEY shows, on one backend."""
+@contextmanager
+def portable_guards():
+    """The native module's guards from tables, as on a CPU without SSE4.2 or PCLMULQDQ
+    (accel/native.c, portable_guards), whatever this CPU has."""
+    module = backend._import_native()[0]
+    was = module.portable_guards(True)
+    try:
+        yield
+    finally:
+        module.portable_guards(was)
+
+
+def run(which: str, case, memory: bytes, wire_in: bytes, offset: int, length: int,
+        portable: bool = False) -> dict:
+    """Everything a TX then an RX through the case's MKEY shows, on one backend (the
+    native one with table guards when ``portable``)."""
     out: dict = {}
-    with backend.using(which):
+    with backend.using(which), portable_guards() if portable else nullcontext():
         node = EngineNode()
         crypto = None
         c = case["crypto"]
@@ -182,6 +197,8 @@ def test_native_and_python_engines_agree(case) -> None:
     python = run("python", case, memory, wire, offset, length)
     native = run("native", case, memory, wire, offset, length)
     assert native == python
+    # The path a CPU without SSE4.2 or PCLMULQDQ takes, on this one.
+    assert run("native", case, memory, wire, offset, length, portable=True) == python
     # What the examples covered (--hypothesis-show-statistics).
     for name in ("tx", "rx"):
         event(f"{name} refused" if isinstance(python[name], tuple) else
@@ -214,6 +231,30 @@ def test_native_xts_both_ways_equals_python(key, unit, data, first, tweak, encry
         assert k.impl == impl
         got = module.xts(k, data, None, unit, dusn & (2**64 - 1), dusn >> 64, encrypt)
         assert got == want, impl
+
+
+def test_portable_guards_are_the_same_crcs() -> None:
+    """The table guards (no SSE4.2 or PCLMULQDQ) give what the accelerated ones give and
+    what the Python engine gives, on lengths around every folding step (16, 64, 256 bytes)
+    and seeds of both kinds; the switch says what it was and turns back."""
+    from softhca.engine import guards
+
+    module = backend._import_native()[0]
+    kinds = {"t10dif_crc": (0, 0xFFFF), "crc32": (0, 0xFFFFFFFF), "crc32c": (0, 0xFFFFFFFF),
+             "crc64_xp10": (0, 2**64 - 1)}
+    rng = random.Random(7)
+    before = module.portable_guards()
+    for n in (0, 1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 512, 520, 4096, 4097):
+        data = rng.randbytes(n)
+        for kind, seeds in kinds.items():
+            code = {"t10dif_crc": 0, "crc32": 2, "crc32c": 3, "crc64_xp10": 4}[kind]
+            for seed in seeds:
+                want = guards.guard(kind, data, seed)
+                with portable_guards():
+                    assert module.portable_guards() is True
+                    table = module.guard(code, seed, data)
+                assert (table, module.guard(code, seed, data)) == (want, want), (kind, n, seed)
+    assert module.portable_guards() is before
 
 
 def test_env_forces_a_backend(tmp_path) -> None:
