@@ -88,11 +88,27 @@ _PARENT_AND_CHILD = _PLAYERS + r"""
 buf = ctypes.create_string_buffer(64)
 p = Side()
 channel = CMEventChannel()
+# A call after it: the loop has run what the channel handed it (its event pump).
+p.ctx.query_device()
 down_r, down_w = os.pipe()      # parent -> child
 up_r, up_w = os.pipe()          # child -> parent
 pid = os.fork()
 if pid == 0:
     os.close(down_w); os.close(up_r)
+    # The parent's loop's wake-up socket, in this child, becomes one end of a socket
+    # pair this child reads: a byte the child sent to the parent's loop shows there.
+    # The sessions' sockets stay as they are: the parent's use of them after the child
+    # is gone shows that the child neither wrote to them, read from them, nor removed
+    # them from the epoll instance both share (the parent would hang or break).
+    import socket
+    from softhca.client.pyverbs import _sync
+    fds = [s._conn.writer.transport.get_extra_info("socket").fileno()
+           for s in (p.ctx._node, channel._session.node)]
+    inodes = [os.fstat(fd).st_ino for fd in fds]
+    mine, theirs = socket.socketpair()
+    os.dup2(theirs.fileno(), _sync._inherited[-1][0]._csock.fileno())
+    theirs.close()
+    mine.setblocking(False)
     out = {"eio": [eio(p.ctx.query_device), eio(lambda: p.mr.read(4, 0)),
                    eio(p.cq.poll), eio(lambda: p.send(b"x")),
                    eio(lambda: CMEvent(channel)), eio(lambda: PD(p.ctx))]}
@@ -110,6 +126,11 @@ if pid == 0:
     # The parent's copies: closed and collected here, they must stay the parent's.
     p.qp.close(); p.mr.close(); channel.close(); p.ctx.close()
     del p; gc.collect()
+    try:
+        out["woke_parent_loop"] = mine.recv(1) != b""
+    except BlockingIOError:
+        out["woke_parent_loop"] = False
+    out["sockets_kept"] = [os.fstat(fd).st_ino for fd in fds] == inodes
     os.write(up_w, json.dumps(out).encode())
     os.close(up_w)
     sys.exit(0)         # a normal exit: atexit and finalizers run
@@ -145,6 +166,8 @@ def _env(**extra) -> dict:
 
 
 def _run(script: str, env: dict) -> dict:
+    # A call that hangs (a parent whose socket a child damaged) fails within this.
+    env = {**env, "SOFTHCA_CALL_TIMEOUT": "30"}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -177,6 +200,8 @@ def _check(out: dict, embedded: bool) -> None:
     child = out["child"]
     # query_device, mr.read, cq.poll, post_send, CMEvent, PD on the parent's: each EIO.
     assert child["eio"] == [True] * 6
+    assert child["woke_parent_loop"] is False
+    assert child["sockets_kept"] is True
     assert child["got"] == "parent to child"
     assert out["parent_got"] == "child to parent"
     assert out["after"] == [True] * 4
