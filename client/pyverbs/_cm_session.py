@@ -76,9 +76,7 @@ class CMSession:
         """Refuse a fork child's wait on its parent's id: no task of the child's loop
         routes that session's events (its socket is the parent's), so it would wait
         forever."""
-        conn = self.node._conn
-        if conn.inherited:
-            raise PyverbsRDMAError(f"{what}: {conn.inherited_error().message}", errno.EIO)
+        _sync.refuse_inherited(self.node, what)
 
     def request(self, verb: str, what: str, payload: bytes = b"", **fields) -> dict:
         if self.ctx._node is None:

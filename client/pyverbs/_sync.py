@@ -103,6 +103,13 @@ def inherited(node: api.Node) -> bool:
     return node._conn.inherited
 
 
+def refuse_inherited(node: api.Node, what: str) -> None:
+    """EIO for a fork child's call on its parent's session that would not reach the
+    connection (and so its check): a wait for events, completions already received."""
+    if node._conn.inherited:
+        raise PyverbsRDMAError(f"{what}: {node._conn.inherited_error().message}", _errno.EIO)
+
+
 def errno_of(e: RDMAError) -> int:
     return getattr(_errno, e.errno_name, _errno.EIO)
 

@@ -21,7 +21,7 @@ import ctypes, errno, gc, json, os, sys
 import softhca.client.pyverbs.enums as e
 from softhca.client.pyverbs.addr import AHAttr, GlobalRoute
 from softhca.client.pyverbs.cmid import CMEvent, CMEventChannel
-from softhca.client.pyverbs.cq import CQ
+from softhca.client.pyverbs.cq import CQ, CompChannel
 from softhca.client.pyverbs.device import Context
 from softhca.client.pyverbs.mr import MR
 from softhca.client.pyverbs.pd import PD
@@ -33,10 +33,11 @@ ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 
 
 class Side:
-    def __init__(self):
+    def __init__(self, channel=False):
         self.ctx = Context(name="mlx5_0")
         self.pd = PD(self.ctx)
-        self.cq = CQ(self.ctx, 16, None, None, 0)
+        self.channel = CompChannel(self.ctx) if channel else None
+        self.cq = CQ(self.ctx, 16, None, self.channel, 0)
         self.qp = QP(self.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
                                          cap=QPCap(4, 4)))
         self.qp.to_init(QPAttr(port_num=1, qp_access_flags=ACCESS))
@@ -90,6 +91,15 @@ p = Side()
 channel = CMEventChannel()
 # A call after it: the loop has run what the channel handed it (its event pump).
 p.ctx.query_device()
+# A completion the parent's completion channel took out of the daemon before the fork
+# (kept for the parent's next poll): in the child it is the parent's, not to be polled.
+q, r = Side(channel=True), Side()
+q.to_rts(r.qp.qp_num); r.to_rts(q.qp.qp_num)
+q.recv(); q.cq.req_notify()
+r.send(b"taken")
+r.wait(1)
+q.channel.get_cq_event(q.cq)
+q.cq.ack_events(1)
 down_r, down_w = os.pipe()      # parent -> child
 up_r, up_w = os.pipe()          # child -> parent
 pid = os.fork()
@@ -111,7 +121,8 @@ if pid == 0:
     mine.setblocking(False)
     out = {"eio": [eio(p.ctx.query_device), eio(lambda: p.mr.read(4, 0)),
                    eio(p.cq.poll), eio(lambda: p.send(b"x")),
-                   eio(lambda: CMEvent(channel)), eio(lambda: PD(p.ctx))]}
+                   eio(lambda: CMEvent(channel)), eio(lambda: PD(p.ctx)), eio(q.cq.poll),
+                   eio(lambda: q.channel.get_cq_event(q.cq))]}
     c = Side()
     out["mr_address"] = in_process_mr(c.pd, buf)
     os.write(up_w, b"%d\n" % c.qp.qp_num)
@@ -150,7 +161,7 @@ _, status = os.waitpid(pid, 0)
 # After the child's exit: the parent's session, context, MR, CQ and channel go on.
 p.mr.write(b"still mine", 10)
 after = [p.ctx.query_device().max_qp > 0, p.mr.read(10, 0) == b"still mine",
-         p.cq.poll()[0] == 0, PD(p.ctx) is not None]
+         p.cq.poll()[0] == 0, PD(p.ctx) is not None, q.cq.poll()[1][0].wr_id == 2]
 channel.close()
 print(json.dumps({"status": os.waitstatus_to_exitcode(status), "child": child,
                   "parent_got": got_back, "after": after,
@@ -198,13 +209,14 @@ def _served(tmp: Path):
 def _check(out: dict, embedded: bool) -> None:
     assert out["status"] == 0
     child = out["child"]
-    # query_device, mr.read, cq.poll, post_send, CMEvent, PD on the parent's: each EIO.
-    assert child["eio"] == [True] * 6
+    # query_device, mr.read, cq.poll, post_send, CMEvent, PD, and the poll and event
+    # wait of a CQ holding a completion taken before the fork, on the parent's: each EIO.
+    assert child["eio"] == [True] * 8
     assert child["woke_parent_loop"] is False
     assert child["sockets_kept"] is True
     assert child["got"] == "parent to child"
     assert out["parent_got"] == "child to parent"
-    assert out["after"] == [True] * 4
+    assert out["after"] == [True] * 5
     # This process's memory registers only with the embedded daemon of this process:
     # the parent's; never the child's, whose memory is not the daemon's.
     assert out["parent_mr_address"] == ("ok" if embedded else "EOPNOTSUPP")
