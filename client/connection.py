@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from typing import Any
 
 from ..protocol.errors import RDMAError
@@ -37,6 +38,26 @@ CLIENT_MAX_FRAME = 64 << 20
 IO_CHUNK = 8 << 20
 # Pushed events waiting to be read; beyond this the oldest go (counted).
 EVENT_QUEUE = 1 << 16
+# How many fork(2)s separate this process from the one that ran this module first. A
+# child of fork has a copy of every Connection of its parent, and their sockets are the
+# parent's (one file description, shared): a byte the child wrote would land in the
+# middle of the parent's frames, a read would take the parent's replies, and closing
+# the transport would unregister it from the parent's epoll instance (also shared). A
+# connection made in an earlier generation is refused whole (EIO), with no system call
+# and nothing done on its socket; a compare of two ints is all a data-path call pays.
+_generation = 0
+INHERITED = ("this control session was opened by the parent of a fork(2) (process "
+             "{pid}): its socket is the parent's, so a forked child cannot use it or the "
+             "verbs objects made on it; the child opens its own (a new connection)")
+
+
+def _after_fork_in_child() -> None:
+    global _generation
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 # Unsent request bytes past which a request waits for the socket to drain.
 DRAIN_AT = 1 << 20
 
@@ -66,6 +87,7 @@ class Connection:
         self.welcome = link.welcome
         self.protocol = ControlSession(Role.CLIENT, decoder=link.decoder, peer=address)
         self._futures: dict[int, asyncio.Future] = {}
+        self._generation, self._pid = _generation, os.getpid()
         # Pushed events (frames without an id): at most EVENT_QUEUE wait to be read;
         # beyond that the oldest go and are counted.
         self.events: asyncio.Queue = asyncio.Queue()
@@ -95,8 +117,18 @@ class Connection:
     # tools/capture.py reads the reason by this name.
     _closed = error
 
+    @property
+    def inherited(self) -> bool:
+        """True in a child of fork(2) for a connection its parent opened."""
+        return self._generation != _generation
+
+    def inherited_error(self) -> RDMAError:
+        return RDMAError("EIO", INHERITED.format(pid=self._pid))
+
     async def request(self, verb: str, payload: bytes | memoryview = b"",
                       **fields: Any) -> tuple[dict, memoryview]:
+        if self._generation != _generation:
+            raise self.inherited_error()
         rid = self.protocol.send_request(verb, payload, **fields)
         fut = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
@@ -138,6 +170,8 @@ class Connection:
             st.wake()
 
     def _write(self) -> None:
+        if self._generation != _generation:
+            return
         data = self.protocol.data_to_send()
         if data:
             with contextlib.suppress(Exception):
@@ -191,6 +225,10 @@ class Connection:
                 fut.set_exception(reason)
 
     async def close(self) -> None:
+        if self._generation != _generation:
+            # The parent's session: the child only forgets its copy. Its socket, its
+            # read task and its loop's registrations stay the parent's.
+            return
         with contextlib.suppress(Exception):
             self.writer.close()
             await self.writer.wait_closed()

@@ -261,6 +261,8 @@ class CQ(_Closable):
         if self._destroyed:
             raise RDMAError("ENOENT", f"handle {self.handle} is not a cq of this session")
         conn = self.ctx.node._conn
+        if conn.inherited:      # the parent's completions are the parent's to poll
+            raise conn.inherited_error()
         if not conn.available(self.handle):
             if conn.error is not None:
                 raise conn.error

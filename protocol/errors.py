@@ -13,11 +13,12 @@ import errno as _errno
 # The errno names the daemon may answer with (docs/architecture.md, control plane);
 # EFAULT: memory a local program named that the daemon cannot reach (docs/native.md);
 # EADDRINUSE, EADDRNOTAVAIL, EAGAIN: the connection manager's (rdma_bind_addr(3),
-# rdma_listen(3), rdma_connect(3)).
+# rdma_listen(3), rdma_connect(3)); EIO: a fork child's call on a session of its parent
+# (client/connection.py), as a verb on an object a child inherited without fork support.
 ERRNO_NAMES = ("EINVAL", "EOPNOTSUPP", "ENOENT", "EEXIST", "ENOMEM", "EACCES", "EPROTO",
                "EBUSY", "E2BIG", "EMSGSIZE", "EPERM", "ETIMEDOUT", "ECONNRESET",
                "ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EFAULT", "EADDRINUSE",
-               "EADDRNOTAVAIL", "EAGAIN")
+               "EADDRNOTAVAIL", "EAGAIN", "EIO")
 
 
 class RDMAError(Exception):

@@ -62,11 +62,22 @@ class CMSession:
             self._users -= 1
             last = self._users <= 0
         if last:
+            if self.node._conn.inherited:
+                # A fork child's copy: the pump is a task of the parent's loop, and
+                # cancelling it would write to that loop's wake-up socket, which the
+                # parent shares. The child only forgets it.
+                return
             self._pump.cancel()
             if self._own and self.ctx._node is not None:
                 self.ctx.close()
 
     # -- requests ----------------------------------------------------------------------
+    def check(self, what: str) -> None:
+        """Refuse a fork child's wait on its parent's id: no task of the child's loop
+        routes that session's events (its socket is the parent's), so it would wait
+        forever."""
+        _sync.refuse_inherited(self.node, what)
+
     def request(self, verb: str, what: str, payload: bytes = b"", **fields) -> dict:
         if self.ctx._node is None:
             raise PyverbsRDMAError(f"{what}: the id's session is closed", errno.EBADF)

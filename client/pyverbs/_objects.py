@@ -106,7 +106,10 @@ class Resource(PyverbsCM):
         for d in list(self._dependents()):
             d.close()
         obj, self._obj = self._obj, None
-        if obj is not None and self._ctx is not None and self._ctx._node is not None:
+        node = self._ctx._node if self._ctx is not None else None
+        # In a fork child, the parent's object is only forgotten (as close(2) of an
+        # inherited descriptor leaves the parent's file open): it stays the parent's.
+        if obj is not None and node is not None and not _sync.inherited(node):
             _sync.run(obj.close(), f"Failed to close {type(self).__name__}")
 
     def __del__(self):
@@ -116,10 +119,11 @@ class Resource(PyverbsCM):
             return
         self._obj = None
         loop = _sync._loop
-        # No coroutine is made for a loop that will not run it (stopped at exit, or a
-        # forked child's copy): it would be reported "never awaited".
+        # No coroutine is made for a loop that will not run it (stopped at exit): it
+        # would be reported "never awaited"; nor for a fork child's copy of its
+        # parent's object, which is the parent's to destroy.
         if (loop is not None and not loop.is_closed() and loop.is_running()
-                and not _sync._stopped and not _sync._forked()):
+                and not _sync._stopped and not _sync.inherited(ctx._node)):
             try:
                 asyncio.run_coroutine_threadsafe(_quiet(obj.close()), loop)
             except RuntimeError:

@@ -17,6 +17,16 @@ coroutine on the loop before the exception reaches the caller. A call made on th
 own thread (a callback of the loop) would wait for itself: it is refused (EDEADLK). Once
 the interpreter is exiting and the loop has stopped, calls are refused (EIO) and their
 coroutines closed unrun, never left "never awaited".
+
+fork(2) copies only the calling thread. A child starts the bridge afresh (its own loop,
+thread and locks, at its first call) and opens its own contexts, which work as any: the
+daemon's address is still good (the parent's embedded daemon goes on serving in the
+parent, reached over TCP as before). What the parent opened is the parent's, as a verbs
+object of a parent is not usable in a child of rdma-core without fork support: a call on
+it raises EIO (client/connection.py refuses an inherited session before its socket is
+touched), closing it or collecting it only forgets the child's copy, and the child's
+exit leaves the parent's sessions, loop and embedded daemon alone. In-process MRs
+(``MR(..., address=)``) need the embedded daemon in this very process: a child has none.
 """
 
 from __future__ import annotations
@@ -49,27 +59,33 @@ _loop: asyncio.AbstractEventLoop | None = None
 _loop_thread: threading.Thread | None = None
 # Set once the loop has stopped at interpreter exit: no call may be handed to it.
 _stopped = False
-# The process whose thread runs _loop. fork(2) copies only the calling thread: a child
-# has the loop object and every object made through it, but nothing runs the loop, so a
-# call handed to it would wait forever. The child's calls are refused instead.
-_loop_pid: int | None = None
-FORKED = ("softhca's pyverbs calls run on an event loop thread of process {pid}, which a "
-          "child of fork(2) does not have: a forked child cannot use the verbs objects "
-          "of its parent, nor open its own once the parent has opened one (start it with "
-          "exec, as multiprocessing's 'spawn' does)")
 _embedded: Any = None           # the embedded daemon, when there is no SOFTHCA_TARGET
 _address: str | None = None
 _token: bytes | None = None
+_sessions: set = set()
+# What a fork child inherited from its parent (loop, embedded daemon, sessions): kept
+# referenced and never touched. Collecting them would run their finalizers, which
+# close sockets and unregister them from an epoll instance the parent shares.
+_inherited: list = []
 
 
-def _forked() -> bool:
-    return _loop_pid is not None and _loop_pid != os.getpid()
+def _after_fork_in_child() -> None:
+    """The child of fork(2): the parent's loop has no thread here and its locks may have
+    been copied held. Start over, keeping the daemon's address (the parent's embedded
+    daemon, or SOFTHCA_TARGET, answers the child over TCP as it answered the parent)."""
+    global _lock, _target_lock, _loop, _loop_thread, _stopped, _embedded, _sessions
+    _inherited.append((_loop, _loop_thread, _embedded, _sessions))
+    _lock, _target_lock = threading.Lock(), threading.Lock()
+    _loop = _loop_thread = _embedded = None
+    _stopped = False
+    _sessions = set()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _start_loop() -> asyncio.AbstractEventLoop:
-    global _loop, _loop_pid, _loop_thread
-    if _forked():       # before the lock: a fork may have copied it held
-        raise PyverbsRDMAError(FORKED.format(pid=_loop_pid), _errno.EIO)
+    global _loop, _loop_thread
     if _stopped:
         raise PyverbsRDMAError("softhca's pyverbs event loop has stopped: the interpreter "
                                "is exiting", _errno.EIO)
@@ -78,8 +94,20 @@ def _start_loop() -> asyncio.AbstractEventLoop:
             loop = asyncio.new_event_loop()
             t = threading.Thread(target=loop.run_forever, name="softhca-pyverbs", daemon=True)
             t.start()
-            _loop, _loop_pid, _loop_thread = loop, os.getpid(), t
+            _loop, _loop_thread = loop, t
         return _loop
+
+
+def inherited(node: api.Node) -> bool:
+    """True in a fork child for a session its parent opened (no system call)."""
+    return node._conn.inherited
+
+
+def refuse_inherited(node: api.Node, what: str) -> None:
+    """EIO for a fork child's call on its parent's session that would not reach the
+    connection (and so its check): a wait for events, completions already received."""
+    if node._conn.inherited:
+        raise PyverbsRDMAError(f"{what}: {node._conn.inherited_error().message}", _errno.EIO)
 
 
 def errno_of(e: RDMAError) -> int:
@@ -137,8 +165,6 @@ def target() -> tuple[str, bytes | None]:
     global _address, _token, _embedded
     if _address is not None:
         return _address, _token
-    if _forked():       # before the lock: a fork may have copied it held
-        raise PyverbsRDMAError(FORKED.format(pid=_loop_pid), _errno.EIO)
     with _target_lock:
         # Held while the embedded daemon starts: the threads that asked at the same
         # time find its address here once it is up.
@@ -174,11 +200,9 @@ async def _start_embedded():
 
 def process_secret() -> bytes | None:
     """The embedded daemon's proof that a session runs in its process, when the
-    sessions go to it (no SOFTHCA_TARGET); None otherwise."""
+    sessions go to it (no SOFTHCA_TARGET); None otherwise, and in a fork child (the
+    daemon runs in the parent, whose memory is not the child's)."""
     return getattr(_embedded, "process_secret", None) if _address is not None else None
-
-
-_sessions: set = set()
 
 
 def open_session() -> api.Node:
@@ -193,8 +217,8 @@ def close_session(node: api.Node, wait: bool = True) -> None:
     thread (the loop's own included) and must not block."""
     _sessions.discard(node)
     loop = _loop
-    if loop is None or loop.is_closed() or _forked() or _stopped:
-        return      # (no coroutine made: none is left unawaited)
+    if loop is None or loop.is_closed() or _stopped or inherited(node):
+        return      # (no coroutine made: none is left unawaited; the parent's stays open)
     try:
         fut = asyncio.run_coroutine_threadsafe(node.close(), loop)
         if wait:
@@ -208,8 +232,8 @@ def _shutdown() -> None:
     """At exit, as a process's device files close: end the sessions still open, then the
     embedded daemon, then the loop."""
     loop = _loop
-    if loop is None or loop.is_closed() or not loop.is_running() or _forked():
-        return      # (a forked child's sessions are its parent's to end)
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return      # (a fork child's loop is its own: the parent's sessions are not in it)
 
     async def close_all() -> None:
         for node in list(_sessions):

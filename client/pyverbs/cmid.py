@@ -109,6 +109,7 @@ class CMEventChannel(PyverbsCM):
     def _take(self):
         if self._session is None:
             raise _fail("Failed to get CM event: the channel is closed", errno.EBADF)
+        self._session.check("Failed to get CM event")
         item = self._q.get()
         if item is None:
             raise _fail("Failed to get CM event: the daemon's session ended",
@@ -296,6 +297,8 @@ class CMID(RdmaVerbs, PyverbsCM):
     # -- the synchronous waits -------------------------------------------------------------
     def _wait(self, want: str, what: str):
         """A synchronous id's next event: returned when it is ``want``, else raised."""
+        if self._session is not None:
+            self._session.check(what)
         item = self._sync.get()
         if item is None:
             raise _fail(f"{what}: the daemon's session ended", errno.ECONNRESET)
@@ -552,7 +555,8 @@ class CMID(RdmaVerbs, PyverbsCM):
             if self._channel is not None:
                 self._channel._ids.pop(self._handle, None)
             try:
-                if s.ctx._node is not None:
+                # (a fork child's copy of its parent's id is only forgotten)
+                if s.ctx._node is not None and not s.node._conn.inherited:
                     s.request("cm_destroy_id", "Failed to destroy CM ID", cmid=self._handle)
             finally:
                 s.release()

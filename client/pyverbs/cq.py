@@ -44,6 +44,8 @@ class CompChannel(Resource):
         cq = expected_cq
         if cq.comp_channel is not self:
             raise PyverbsUserError("The CQ is not bound to this completion channel")
+        if cq._ctx._node is not None:
+            _sync.refuse_inherited(cq._ctx._node, "Failed to get CQ event")
         if not cq._armed:
             raise PyverbsRDMAError("Failed to get CQ event: the CQ is not armed "
                                    "(ibv_req_notify_cq)", errno.EINVAL)
@@ -131,6 +133,9 @@ class _CQBase(Resource):
         return [_wc(w) for w in _sync.run(self._obj.poll(n, timeout), "Failed to poll CQ")]
 
     def _poll(self, n: int) -> list[WC]:
+        if self._stash and self._ctx._node is not None:
+            # A fork child's copy of its parent's taken completions is not its own.
+            _sync.refuse_inherited(self._ctx._node, "Failed to poll CQ")
         # Completions a completion channel's wait took out first, in order.
         out, self._stash[:] = self._stash[:n], self._stash[n:]
         if len(out) < n:

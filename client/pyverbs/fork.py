@@ -2,12 +2,12 @@
 could disturb (MR buffers live in the daemon), so there is nothing for fork_init to
 protect, and the parent's objects keep working after a fork.
 
-The child is another matter: every call runs on an event loop in a thread of the
-process that made the first Context, and fork(2) copies only the calling thread. Once
-the parent has used pyverbs, a forked child's verbs (on the parent's objects or on a
-Context of its own) raise PyverbsRDMAError with errno EIO saying so, rather than waiting
-for a loop that no thread runs. A child started with exec (multiprocessing's "spawn"),
-or forked before the parent's first Context, has its own loop and works."""
+The child of fork(2) starts softhca's bridge afresh (client/pyverbs/_sync.py): it opens
+its own Context and makes its own PDs, CQs, QPs, MRs and rdma_cm ids, which work as
+the parent's do and connect to the parent's. The objects the parent made are the
+parent's, as without fork support in rdma-core: a verb on one in the child raises
+PyverbsRDMAError with errno EIO, and closing or collecting it in the child only drops
+the child's copy, never the parent's object, session or socket."""
 
 _initialized = False
 

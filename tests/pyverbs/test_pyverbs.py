@@ -133,35 +133,6 @@ def test_pyverbs_path_gives_softhcas_pyverbs():
     assert r.stdout.strip() == "softhca.client.pyverbs.device", r.stderr
 
 
-_FORK_CHILD = """
-import errno, os, sys
-from softhca.client.pyverbs.device import Context
-from softhca.client.pyverbs.pyverbs_error import PyverbsRDMAError
-ctx = Context(name="mlx5_0")
-pid = os.fork()
-if pid == 0:
-    for call in (ctx.query_device, lambda: Context(name="mlx5_0")):
-        try:
-            call()
-            os._exit(3)
-        except PyverbsRDMAError as e:
-            if e.error_code != errno.EIO or "fork" not in str(e):
-                os._exit(4)
-    os._exit(0)
-_, status = os.waitpid(pid, 0)
-print(os.waitstatus_to_exitcode(status), ctx.query_device().max_qp > 0)
-"""
-
-
-def test_a_forked_childs_verbs_fail_at_once_and_the_parents_go_on():
-    """fork(2) copies only the calling thread, not the bridge's loop thread: the child's
-    verbs raise EIO naming fork rather than wait for a loop nothing runs."""
-    r = subprocess.run([sys.executable, "-c", _FORK_CHILD], capture_output=True, text=True,
-                       timeout=60, env={k: v for k, v in os.environ.items()
-                                        if k != "SOFTHCA_TARGET"})
-    assert r.stdout.split() == ["0", "True"], r.stderr
-
-
 def _wait(cq, n=1):
     for _ in range(500):
         got, wcs = cq.poll(n)
@@ -392,7 +363,6 @@ def test_crypto_login_and_wrapped_deks_through_pyverbs(tmp_path):
     whose embedded daemon is in wrapped import mode; the wrapped key and credential come
     from softhca crypto-test-info (cryptography's AES key wrap, not the engine)."""
     import json
-    import os
 
     info = tmp_path / "crypto.json"
     subprocess.run([sys.executable, "-c", "from softhca.tools.cli import main; "
