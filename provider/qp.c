@@ -159,19 +159,11 @@ struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_a
 int shca_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp, **pp;
-	int rc = shca_call_simple(ctx, "destroy_qp", "qp", qp->handle);
+	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_qp", "qp", &ctx->qps, qp);
 
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&ctx->conn.lock);
-	for (pp = &ctx->qps; *pp; pp = &(*pp)->next) {
-		if (*pp == qp) {
-			*pp = qp->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&ctx->conn.lock);
 	if (qp->bounce)
 		shca_dereg(qp->bounce);
 	free(qp->bounce_buf);

@@ -112,19 +112,11 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 int shca_destroy_srq(struct ibv_srq *ibsrq)
 {
 	struct shca_context *ctx = to_sctx(ibsrq->context);
-	struct shca_srq *srq = (struct shca_srq *)ibsrq, **pp;
-	int rc = shca_call_simple(ctx, "destroy_srq", "srq", srq->handle);
+	struct shca_srq *srq = (struct shca_srq *)ibsrq;
+	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_srq", "srq", &ctx->srqs, srq);
 
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&ctx->conn.lock);
-	for (pp = &ctx->srqs; *pp; pp = &(*pp)->next) {
-		if (*pp == srq) {
-			*pp = srq->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&ctx->conn.lock);
 	free(srq);
 	return 0;
 }
