@@ -254,6 +254,9 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		  struct ibv_qp_init_attr *init);
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *key,
+		       uint32_t handle, uint32_t max_sge, const char *limit,
+		       struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
 			int bounced);
 int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
