@@ -42,17 +42,9 @@ test: $(STAMP) provider accel
 # Installed when missing and root (CI is); otherwise the provider is skipped with a note
 # and tests/native skips, saying why (and the bench notes that it has no UCX peer).
 NATIVE_PKGS := libibverbs-dev ibverbs-utils perftest librdmacm-dev rdmacm-utils ucx-utils
-native-packages:
-	@missing=""; for p in $(NATIVE_PKGS); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing$$missing"; \
-	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } \
-	      || echo "provider: could not install$$missing (tests/native will skip, saying why)"; \
-	  else echo "provider: missing$$missing (not root: not installed; tests/native will skip)"; fi; \
-	fi
+native-packages: PKGS := $(NATIVE_PKGS)
+native-packages: WHO := provider
+native-packages: WITHOUT := tests/native will skip, saying why
 
 # The provider, then the MKEY examples in C (examples/c), which tests/native runs on it.
 provider: native-packages
@@ -66,16 +58,23 @@ provider: native-packages
 # and root (CI is). Without them the engine runs its Python path, saying so in
 # `softhca bench engine`; with CI=true the tests fail instead (tests/unit/conftest.py).
 ACCEL_PKGS := libisal-dev libssl-dev
-accel-packages:
-	@missing=""; for p in $(ACCEL_PKGS); do \
+accel-packages: PKGS := $(ACCEL_PKGS)
+accel-packages: WHO := accel
+accel-packages: WITHOUT := the engine keeps its Python path
+
+# One recipe for both lists above: the packages of PKGS that dpkg does not have, installed
+# when root and apt-get is there; otherwise (or when apt-get fails) one line saying so, WHO
+# naming the component and WITHOUT what happens without them.
+native-packages accel-packages:
+	@missing=""; for p in $(PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing$$missing"; \
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } \
-	      || echo "accel: could not install$$missing (the engine keeps its Python path)"; \
-	  else echo "accel: missing$$missing (not root: not installed; the engine keeps its Python path)"; fi; \
+	      || echo "$(WHO): could not install$$missing ($(WITHOUT))"; \
+	  else echo "$(WHO): missing$$missing (not root: not installed; $(WITHOUT))"; fi; \
 	fi
 
 accel: $(STAMP) accel-packages

@@ -29,7 +29,7 @@ from ..protocol.errors import RDMAError, einval, eopnotsupp
 from ..protocol.packets import Packet, Run
 from ..protocol.records import WC, RecvWR, SendWR
 from . import qp_state, transfer
-from .completion import TransferError
+from .completion import CompletionLists, TransferError
 from .hca import MR, PD
 from .qp_state import Transition
 from .rc_common import PSN_MOD
@@ -64,7 +64,7 @@ _SETTERS = {M.DEST_QPN: "dest_qp", M.RQ_PSN: "epsn", M.SQ_PSN: "next_psn", M.QKE
             M.ACCESS_FLAGS: "qp_access_flags"}
 
 
-class DatagramQP:
+class DatagramQP(CompletionLists):
     """The base of UDQP and UCQP: state, queues, completions, and the interface the
     daemon drives a QP through (the same as engine/rc.py's RCQP)."""
 
@@ -107,8 +107,7 @@ class DatagramQP:
         self.refuse_rnr = 0
         self._sq: deque[tuple[SendWR, bool, bytes | None]] = deque()
         self._rq: deque[RecvWR] = deque()
-        self._scq: list[WC] = []
-        self._rcq: list[WC] = []
+        self._init_completions()
 
     # -- state machine ---------------------------------------------------------------
     def modify(self, attr: dict, attr_mask: int) -> None:
@@ -146,8 +145,7 @@ class DatagramQP:
         self.dest_qp = self.next_psn = self.epsn = 0
         self._sq.clear()
         self._rq.clear()
-        self._scq.clear()
-        self._rcq.clear()
+        self._clear_completions()
 
     def take_events(self) -> list:
         out, self.events = self.events, []
@@ -221,17 +219,6 @@ class DatagramQP:
                       imm_data: int | None = None, wc_flags: int = 0, src_qp: int = 0) -> None:
         self._rcq.append(WC(wr_id, status, opcode, byte_len, self.qp_num, imm_data, wc_flags,
                             src_qp=src_qp))
-
-    def poll_send_cq(self) -> list[WC]:
-        out, self._scq = self._scq, []
-        return out
-
-    def poll_recv_cq(self) -> list[WC]:
-        out, self._rcq = self._rcq, []
-        return out
-
-    def poll_cq(self) -> list[WC]:
-        return self.poll_send_cq() + self.poll_recv_cq()
 
     def next_deadline(self) -> float | None:
         return None     # no timers: nothing is retransmitted

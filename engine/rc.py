@@ -128,6 +128,7 @@ from ..protocol.opcodes import ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE
 from ..protocol.packets import Packet, Run
 from ..protocol.records import WC, RecvWR, SendWR
 from . import mw, qp_state, transfer
+from .completion import CompletionLists
 from .hca import PD
 from .mkey import MKey
 from .mw import MW
@@ -159,7 +160,7 @@ _SETTERS = {
 }
 
 
-class RCQP:
+class RCQP(CompletionLists):
     """An RC QP of ``pd``: post WRs, exchange packets, poll completions."""
 
     # It takes packets only from the QP its address vector names (UD: from anyone).
@@ -200,8 +201,7 @@ class RCQP:
         # checked (engine/qp_state.py KEPT_IF_ABSENT).
         self.qp_access_flags = int(AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_READ
                                    | AccessFlags.REMOTE_ATOMIC)
-        self._scq: list[WC] = []
-        self._rcq: list[WC] = []
+        self._init_completions()
         # What a link-level observer counts (the daemon sums them per daemon): go-back-N
         # retransmissions (after an ACK timeout or a sequence-error NAK) and the packets
         # they sent again, ACK timeouts, RNR NAKs acted on, duplicate requests
@@ -315,8 +315,7 @@ class RCQP:
         QP's PSNs and connection forgotten, as after ibv_create_qp."""
         self.state = QpState.RESET
         self.dest_qp = 0
-        self._scq.clear()
-        self._rcq.clear()
+        self._clear_completions()
         self.requester = Requester(self)
         self.completer = Completer(self)
         self.responder = Responder(self)
@@ -370,17 +369,6 @@ class RCQP:
                       invalidated_rkey: int = 0) -> None:
         self._rcq.append(WC(wr_id, status, opcode, byte_len, self.qp_num, imm_data, wc_flags,
                             invalidated_rkey))
-
-    def poll_send_cq(self) -> list[WC]:
-        out, self._scq = self._scq, []
-        return out
-
-    def poll_recv_cq(self) -> list[WC]:
-        out, self._rcq = self._rcq, []
-        return out
-
-    def poll_cq(self) -> list[WC]:
-        return self.poll_send_cq() + self.poll_recv_cq()
 
     def next_deadline(self) -> float | None:
         """When a timer (retransmission or RNR wait) wants ``poll_wire``; packets owed

@@ -159,19 +159,11 @@ struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_a
 int shca_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp, **pp;
-	int rc = shca_call_simple(ctx, "destroy_qp", "qp", qp->handle);
+	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_qp", "qp", &ctx->qps, qp);
 
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&ctx->conn.lock);
-	for (pp = &ctx->qps; *pp; pp = &(*pp)->next) {
-		if (*pp == qp) {
-			*pp = qp->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&ctx->conn.lock);
 	if (qp->bounce)
 		shca_dereg(qp->bounce);
 	free(qp->bounce_buf);
@@ -559,11 +551,13 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	return rc;
 }
 
-int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
-			  struct ibv_recv_wr **bad)
+/* ibv_post_recv and ibv_post_srq_recv: the chain wr as requests of verb (the queue's
+ * handle under key) of up to MAX_WRS_PER_POST WRs each, every WR's num_sge checked
+ * against max_sge (what is named "limit" in the log line) before its request goes. */
+int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *key,
+		       uint32_t handle, uint32_t max_sge, const char *limit,
+		       struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
 	struct ibv_recv_wr *w, *first;
 	struct mp_buf b;
 	struct shca_frame r;
@@ -574,15 +568,15 @@ int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		first = wr;
 		for (n = 0, w = wr; w && n < MAX_WRS_PER_POST; w = w->next, n++) {
 			if (w->num_sge < 0 || w->num_sge > MAX_SGE ||
-			    (uint32_t)w->num_sge > qp->max_recv_sge) {
-				shca_log("ibv_post_recv: EINVAL: num_sge %d exceeds the QP's "
-					 "max_recv_sge %u", w->num_sge, qp->max_recv_sge);
+			    (uint32_t)w->num_sge > max_sge) {
+				shca_log("ibv_%s: EINVAL: num_sge %d exceeds the %s %u", verb,
+					 w->num_sge, limit, max_sge);
 				*bad = w;
 				return EINVAL;
 			}
 		}
-		shca_begin(&ctx->conn, &b, "post_recv", 2);
-		mp_kv_uint(&b, "qp", qp->handle);
+		shca_begin(&ctx->conn, &b, verb, 2);
+		mp_kv_uint(&b, key, handle);
 		mp_str(&b, "wrs");
 		mp_arr(&b, n);
 		for (w = wr; w != NULL && n; w = w->next, n--) {
@@ -599,5 +593,14 @@ int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		shca_frame_free(&r);
 	}
 	return 0;
+}
+
+int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
+			  struct ibv_recv_wr **bad)
+{
+	struct shca_qp *qp = (struct shca_qp *)ibqp;
+
+	return shca_post_recv_wrs(to_sctx(ibqp->context), "post_recv", "qp", qp->handle,
+				  qp->max_recv_sge, "QP's max_recv_sge", wr, bad);
 }
 

@@ -254,6 +254,9 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		  struct ibv_qp_init_attr *init);
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *key,
+		       uint32_t handle, uint32_t max_sge, const char *limit,
+		       struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
 			int bounced);
 int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
@@ -270,6 +273,27 @@ int shca_destroy_srq(struct ibv_srq *srq);
 int shca_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
 		     uint32_t handle);
+
+/* ibv_destroy_qp, _srq and _cq's common part: the daemon destroys obj (verb, its handle
+ * under key), then obj comes off the context's list *head (linked through ->next, under
+ * conn.lock). Evaluates to 0 or the daemon's errno; on 0 the caller frees obj. A macro,
+ * not a function: each list is of its own type. */
+#define SHCA_DESTROY_LISTED(ctx, verb, key, head, obj) __extension__ ({		\
+	int rc_ = shca_call_simple((ctx), (verb), (key), (obj)->handle);		\
+	__typeof__(obj) *pp_;								\
+											\
+	if (!rc_) {									\
+		pthread_mutex_lock(&(ctx)->conn.lock);					\
+		for (pp_ = (head); *pp_; pp_ = &(*pp_)->next) {			\
+			if (*pp_ == (obj)) {						\
+				*pp_ = (obj)->next;					\
+				break;							\
+			}								\
+		}									\
+		pthread_mutex_unlock(&(ctx)->conn.lock);				\
+	}										\
+	rc_;										\
+})
 struct ibv_mw *shca_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
 int shca_dealloc_mw(struct ibv_mw *mw);
 int shca_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *mw_bind);

@@ -9,7 +9,6 @@
 #include "softhca.h"
 
 /* As qp.c: WRs per post_srq_recv request, SGEs per WR (the daemon's bounds). */
-#define MAX_WRS_PER_POST 256
 #define MAX_SGE 32
 
 struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
@@ -112,19 +111,11 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 int shca_destroy_srq(struct ibv_srq *ibsrq)
 {
 	struct shca_context *ctx = to_sctx(ibsrq->context);
-	struct shca_srq *srq = (struct shca_srq *)ibsrq, **pp;
-	int rc = shca_call_simple(ctx, "destroy_srq", "srq", srq->handle);
+	struct shca_srq *srq = (struct shca_srq *)ibsrq;
+	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_srq", "srq", &ctx->srqs, srq);
 
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&ctx->conn.lock);
-	for (pp = &ctx->srqs; *pp; pp = &(*pp)->next) {
-		if (*pp == srq) {
-			*pp = srq->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&ctx->conn.lock);
 	free(srq);
 	return 0;
 }
@@ -132,47 +123,8 @@ int shca_destroy_srq(struct ibv_srq *ibsrq)
 int shca_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 		       struct ibv_recv_wr **bad)
 {
-	struct shca_context *ctx = to_sctx(ibsrq->context);
 	struct shca_srq *srq = (struct shca_srq *)ibsrq;
-	struct ibv_recv_wr *w, *first;
-	struct mp_buf b;
-	struct shca_frame r;
-	uint32_t n;
-	int i, rc;
 
-	while (wr) {
-		first = wr;
-		for (n = 0, w = wr; w && n < MAX_WRS_PER_POST; w = w->next, n++) {
-			if (w->num_sge < 0 || (uint32_t)w->num_sge > srq->max_sge) {
-				shca_log("ibv_post_srq_recv: EINVAL: num_sge %d exceeds the SRQ's "
-					 "max_sge %u", w->num_sge, srq->max_sge);
-				*bad = w;
-				return EINVAL;
-			}
-		}
-		shca_begin(&ctx->conn, &b, "post_srq_recv", 2);
-		mp_kv_uint(&b, "srq", srq->handle);
-		mp_str(&b, "wrs");
-		mp_arr(&b, n);
-		for (w = wr; w != NULL && n; w = w->next, n--) {
-			mp_map(&b, 2);
-			mp_kv_uint(&b, "wr_id", w->wr_id);
-			mp_str(&b, "sg");
-			mp_arr(&b, (uint32_t)w->num_sge);
-			for (i = 0; i < w->num_sge; i++) {
-				mp_arr(&b, 3);
-				mp_uint(&b, w->sg_list[i].addr);
-				mp_uint(&b, w->sg_list[i].length);
-				mp_uint(&b, w->sg_list[i].lkey);
-			}
-			wr = w->next;
-		}
-		rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
-		if (rc) {
-			*bad = first;
-			return rc;
-		}
-		shca_frame_free(&r);
-	}
-	return 0;
+	return shca_post_recv_wrs(to_sctx(ibsrq->context), "post_srq_recv", "srq",
+				  srq->handle, srq->max_sge, "SRQ's max_sge", wr, bad);
 }

@@ -484,19 +484,11 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 static int shca_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct shca_context *ctx = to_sctx(ibcq->context);
-	struct shca_cq *cq = (struct shca_cq *)ibcq, **pp;
-	int rc = shca_call_simple(ctx, "destroy_cq", "cq", cq->handle);
+	struct shca_cq *cq = (struct shca_cq *)ibcq;
+	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_cq", "cq", &ctx->cqs, cq);
 
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&ctx->conn.lock);
-	for (pp = &ctx->cqs; *pp; pp = &(*pp)->next) {
-		if (*pp == cq) {
-			*pp = cq->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&ctx->conn.lock);
 	free(cq->ring);
 	free(cq);
 	return 0;

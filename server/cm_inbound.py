@@ -89,18 +89,26 @@ class CmInbound:
         if child is None:
             self.node.counters["cm_backlog_drops"] += 1
             return
+        addrs = self._take_req(parent, child, peer, origin, m)
+        self._send(child, "mra", {})
+        self._event(child, "connect_request", listen=parent.handle, qpn=m["qpn"],
+                    psn=m["psn"], rr=m["rr"], depth=m["depth"], retry=m["retry"],
+                    rnr=m["rnr"], _payload=proto.padded("req", m["private_data"]), **addrs)
+
+    def _take_req(self, parent: CMId, child: CMId, peer, origin, m: dict) -> dict:
+        """The new passive id ``child`` of listener ``parent`` takes the request ``m`` (a
+        REQ or a SIDR_REQ that came from ``origin``, answered at ``peer``): its peer and
+        addresses, REQ_RCVD, pending on the listener until accepted or rejected. Returns
+        the addresses its connect_request event carries."""
         child.peer, child.peer_dev, child.remote_cid = peer, m["dev"], m["lcid"]
         child.ip, child.port, child.dev = parent.ip, parent.port, parent.dev
         child.peer_ip, child.peer_port = m["sip"], m["sport"]
         child.to(CMState.REQ_RCVD)
         parent.pending.add(child.handle)
         self.by_remote[(origin, m["lcid"])] = child.handle
-        self._send(child, "mra", {})
         addrs = self._addrs(child)
         addrs.update(sip=m["dip"], sport=m["port"])
-        self._event(child, "connect_request", listen=parent.handle, qpn=m["qpn"],
-                    psn=m["psn"], rr=m["rr"], depth=m["depth"], retry=m["retry"],
-                    rnr=m["rnr"], _payload=proto.padded("req", m["private_data"]), **addrs)
+        return addrs
 
     def _on_sidr_rep(self, cid: CMId, m: dict) -> None:
         cm_sidr.on_rep(self, cid, m)

@@ -94,14 +94,7 @@ def on_req(cm, m: dict, origin) -> None:
     except RDMAError:
         _refuse_req(cm, peer, m, sidr.SIDR_REJECT)
         return
-    child.peer, child.peer_dev, child.remote_cid = peer, m["dev"], m["lcid"]
-    child.ip, child.port, child.dev = parent.ip, parent.port, parent.dev
-    child.peer_ip, child.peer_port = m["sip"], m["sport"]
-    child.to(CMState.REQ_RCVD)
-    parent.pending.add(child.handle)
-    cm.by_remote[(origin, m["lcid"])] = child.handle
-    addrs = cm._addrs(child)
-    addrs.update(sip=m["dip"], sport=m["port"])
+    addrs = cm._take_req(parent, child, peer, origin, m)
     cm._event(child, "connect_request", listen=parent.handle,
               _payload=proto.padded("sidr_req", m["private_data"]), **addrs)
 

@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from ..server.cliargs import TokenFileError, read_token
+
 try:
     import pytest_asyncio
 except ImportError:             # the async fixtures then say what is missing
@@ -81,13 +83,12 @@ class _Config:
 
 
 def _read(path: str | None, what: str) -> bytes | None:
-    if not path:
-        return None
+    """The token in ``path`` read as ``softhca serve --token-file`` reads it; a file that
+    cannot be read is a usage error naming the option ``what``."""
     try:
-        with open(path, "rb") as f:
-            return f.read().rstrip()
-    except OSError as e:
-        raise pytest.UsageError(f"softhca: cannot read {what} {path}: {e.strerror}") from None
+        return read_token(path)
+    except TokenFileError as e:
+        raise pytest.UsageError(f"softhca: {what}: {e}") from None
 
 
 def _config(config: pytest.Config) -> _Config:

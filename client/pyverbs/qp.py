@@ -22,7 +22,7 @@ from .addr import AHAttr
 from .base import PyverbsCM
 from .mw import bind_fields, bind_send_wr, bind_type1
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
-from .wr import RecvWR, SendWR, be32_field_to_host
+from .wr import SendWR, be32_field_to_host, recv_wrs
 
 
 class QPCap(Record):
@@ -349,12 +349,7 @@ class QP(Resource):
         _sync.run(self._obj.post_send(wrs), "Failed to post send")
 
     def post_recv(self, wr, bad_wr=None):
-        if not isinstance(wr, RecvWR):
-            raise PyverbsUserError("post_recv takes a RecvWR")
-        self._ctx._check()
-        wrs = [api.RecvWR(wr_id=w.wr_id, sg=[s._attr() for s in w.sg[:w.num_sge]])
-               for w in wr._chain()]
-        _sync.run(self._obj.post_recv(wrs), "Failed to post recv")
+        _sync.run(self._obj.post_recv(recv_wrs(wr, self._ctx)), "Failed to post recv")
 
     def set_ece(self, ece):
         raise unsupported("Enhanced connection establishment (ECE)")

@@ -6,12 +6,11 @@ device without them answers."""
 
 from __future__ import annotations
 
-from .. import api
 from . import _sync
 from . import enums as e
 from ._objects import Record, Resource, attributes, check_alloc_type, unsupported
 from .pyverbs_error import PyverbsUserError
-from .wr import RecvWR
+from .wr import recv_wrs
 
 
 class SrqAttr(Record):
@@ -99,12 +98,7 @@ class SRQ(Resource):
 
     def post_recv(self, wr, bad_wr=None):
         """ibv_post_srq_recv(3) of a RecvWR and the WRs chained to it."""
-        if not isinstance(wr, RecvWR):
-            raise PyverbsUserError("post_recv takes a RecvWR")
-        self._ctx._check()
-        wrs = [api.RecvWR(wr_id=w.wr_id, sg=[s._attr() for s in w.sg[:w.num_sge]])
-               for w in wr._chain()]
-        _sync.run(self._obj.post_recv(wrs), "Failed to post receive to SRQ")
+        _sync.run(self._obj.post_recv(recv_wrs(wr, self._ctx)), "Failed to post receive to SRQ")
 
     def _dependents(self):
         # A QP taking its receives from the SRQ goes before it, as pyverbs closes them.

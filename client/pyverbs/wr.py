@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ...protocol.attrs import SGE as _SGE
+from .. import api
 from . import enums as e
 from .base import PyverbsObject
 from .pyverbs_error import PyverbsUserError
@@ -56,6 +57,16 @@ class RecvWR(PyverbsObject):
         while wr is not None:
             yield wr
             wr = wr.next_wr
+
+
+def recv_wrs(wr, ctx) -> list[api.RecvWR]:
+    """What ibv_post_recv and ibv_post_srq_recv post: ``wr`` (a RecvWR) and the WRs
+    chained to it, each with its first ``num_sge`` SGEs, once ``ctx`` is open."""
+    if not isinstance(wr, RecvWR):
+        raise PyverbsUserError("post_recv takes a RecvWR")
+    ctx._check()
+    return [api.RecvWR(wr_id=w.wr_id, sg=[s._attr() for s in w.sg[:w.num_sge]])
+            for w in wr._chain()]
 
 
 class SendWR(PyverbsObject):

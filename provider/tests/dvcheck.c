@@ -35,65 +35,21 @@
  * Each check prints one line, "dvcheck: ok: ..." or "dvcheck: FAIL: ..."; exit 0 when
  * every check holds. Nothing here computes a CRC or a cipher: the test does. */
 #include <arpa/inet.h>
-#include <errno.h>
 #include <infiniband/mlx5dv.h>
 #include <netdb.h>
 #include <sys/socket.h>
-#include <infiniband/verbs.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
+
+#define PROG "dvcheck"
+/* the flags its MRs, QPs and MKEYs were written with: no atomics (side.h's default has them) */
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+#include "side.h"
 
 #define BLOCKS 4
 #define BLOCK 512
 #define PI 8
-#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 #define APP_TAG 0x5a5a
 #define REF_TAG 0x1000
-
-static int failures;
-
-#define CHECK(cond, ...) do { \
-	if (cond) { printf("dvcheck: ok: " __VA_ARGS__); printf("\n"); } \
-	else { printf("dvcheck: FAIL: " __VA_ARGS__); printf("\n"); failures++; } \
-	fflush(stdout); \
-} while (0)
-
-struct side {
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
-	struct ibv_cq *cq;
-	struct ibv_qp *qp;
-	struct ibv_qp_ex *qpx;
-	struct mlx5dv_qp_ex *mqp;
-	union ibv_gid gid;
-};
-
-static void die(const char *what)
-{
-	printf("dvcheck: FAIL: %s: %s\n", what, strerror(errno));
-	exit(2);
-}
-
-static void open_ctx(struct side *s)
-{
-	struct ibv_device **list = ibv_get_device_list(NULL);
-
-	if (!list || !list[0])
-		die("no device");
-	s->ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
-	if (!s->ctx)
-		die("ibv_open_device");
-	s->pd = ibv_alloc_pd(s->ctx);
-	s->cq = ibv_create_cq(s->ctx, 64, NULL, NULL, 0);
-	if (!s->pd || !s->cq)
-		die("pd/cq");
-	if (ibv_query_gid(s->ctx, 1, 0, &s->gid))
-		die("ibv_query_gid");
-}
 
 /* An RC QP made by mlx5dv_create_qp with the MKEY configure builder. */
 static struct ibv_qp *dv_qp(struct side *s, uint32_t create_flags)
@@ -122,40 +78,10 @@ static struct ibv_qp *dv_qp(struct side *s, uint32_t create_flags)
 /* The QP connected to itself (RTS). */
 static void connect_self(struct side *s)
 {
-	struct ibv_qp_attr a = {0};
-
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	a.qp_access_flags = ACCESS;
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-			  IBV_QP_ACCESS_FLAGS))
-		die("INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = s->qp->qp_num;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = s->gid;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-			  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-			  IBV_QP_MIN_RNR_TIMER))
-		die("RTR");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		die("RTS");
+	connect_qp(s, &(struct peer_info){.qpn = s->qp->qp_num, .gid = s->gid});
 }
 
-static void open_side(struct side *s, uint32_t create_flags)
+static void open_dv_side(struct side *s, uint32_t create_flags)
 {
 	open_ctx(s);
 	s->qp = dv_qp(s, create_flags);
@@ -166,19 +92,6 @@ static void open_side(struct side *s, uint32_t create_flags)
 	if (!s->mqp)
 		die("mlx5dv_qp_ex_from_ibv_qp_ex");
 	connect_self(s);
-}
-
-static struct ibv_wc wait_wc(struct side *s)
-{
-	struct ibv_wc wc;
-	int n;
-
-	do {
-		n = ibv_poll_cq(s->cq, 1, &wc);
-	} while (n == 0);
-	if (n < 0)
-		die("ibv_poll_cq");
-	return wc;
 }
 
 static void print_hex(const char *label, const uint8_t *p, size_t n)
@@ -279,7 +192,7 @@ static int sig(void)
 	size_t i;
 	int rc, bad = 0;
 
-	open_side(&s, 0);
+	open_dv_side(&s, 0);
 	src = malloc(BLOCKS * BLOCK);
 	dst = calloc(1, BLOCKS * (BLOCK + PI));
 	back = calloc(1, BLOCKS * BLOCK);
@@ -350,12 +263,6 @@ static int sig(void)
 
 /* -- sig against a peer ---------------------------------------------------------------------- */
 
-struct peer_info {
-	uint32_t qpn;
-	uint32_t rkey;     /* the server's MKEY */
-	union ibv_gid gid;
-};
-
 /* The server's side of the exchange: listens on port, returns the connected socket. */
 static int tcp_server(int port)
 {
@@ -394,42 +301,6 @@ static void xfer(int fd, void *p, size_t n, int out)
 		die("tcp exchange");
 }
 
-/* Connects the side's QP to the peer's (INIT, RTR, RTS). */
-static void connect_peer(struct side *s, const struct peer_info *p)
-{
-	struct ibv_qp_attr a = {0};
-
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	a.qp_access_flags = ACCESS;
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-			  IBV_QP_ACCESS_FLAGS))
-		die("INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = p->qpn;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = p->gid;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-			  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-			  IBV_QP_MIN_RNR_TIMER))
-		die("RTR");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		die("RTS");
-}
-
 /* dvcheck sig-peer PORT [HOST]: the server (no HOST) configures a T10-DIF MKEY over its
  * memory and hands its rkey to the client, whose RDMA WRITE of plain blocks crosses the
  * two daemons into it; the server then prints its memory ("data: HEX") and checks the
@@ -463,7 +334,7 @@ static int sig_peer(int port, const char *host)
 		fd = tcp_client(host, port);
 		xfer(fd, &peer, sizeof(peer), 0);
 		xfer(fd, &me, sizeof(me), 1);
-		connect_peer(&s, &peer);
+		connect_qp(&s, &peer);
 		xfer(fd, &done, 1, 0);          /* the server's QP is ready too */
 		ibv_wr_start(s.qpx);
 		s.qpx->wr_id = 9;
@@ -495,7 +366,7 @@ static int sig_peer(int port, const char *host)
 		me.rkey = mk->rkey;
 		xfer(fd, &me, sizeof(me), 1);
 		xfer(fd, &peer, sizeof(peer), 0);
-		connect_peer(&s, &peer);
+		connect_qp(&s, &peer);
 		ibv_wr_start(s.qpx);
 		s.qpx->wr_id = 1;
 		s.qpx->wr_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
@@ -646,7 +517,7 @@ static int bad(void)
 	void *p;
 	int rc;
 
-	open_side(&s, 0);
+	open_dv_side(&s, 0);
 	buf = calloc(1, 8192);
 	mr = ibv_reg_mr(s.pd, buf, 8192, ACCESS);
 	if (!buf || !mr)
@@ -953,7 +824,7 @@ static int crypto(const char *key_hex, const char *tweak_hex)
 	size_t i;
 	int rc;
 
-	open_side(&s, 0);
+	open_dv_side(&s, 0);
 	da.key_size = MLX5DV_CRYPTO_KEY_SIZE_256;
 	da.key_purpose = MLX5DV_CRYPTO_KEY_PURPOSE_AES_XTS;
 	da.pd = s.pd;
@@ -1022,7 +893,7 @@ static int pipelining(void)
 	struct ibv_async_event ev;
 	int rc;
 
-	open_side(&s, MLX5DV_QP_CREATE_SIG_PIPELINING);
+	open_dv_side(&s, MLX5DV_QP_CREATE_SIG_PIPELINING);
 	CHECK(1, "mlx5dv_create_qp with MLX5DV_QP_CREATE_SIG_PIPELINING");
 	a.qp_state = IBV_QPS_SQD;
 	a.en_sqd_async_notify = 1;

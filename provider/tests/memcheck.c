@@ -7,7 +7,9 @@
  *                       buffer; each side checks every byte, and that the bytes around
  *                       the targets are untouched.
  *   memcheck refuse     ibv_reg_mr of a stack buffer and of read-only memory must fail
- *                       with EINVAL, of an unmapped range with EFAULT.
+ *                       with EINVAL, of an unmapped range with EFAULT; a receive WR
+ *                       with more SGEs than its QP's or SRQ's limit, with EINVAL and
+ *                       bad_wr naming it.
  *   memcheck forged     a post whose SGE leaves its registration, and an RDMA WRITE
  *                       whose remote range leaves the peer's, must not move a byte.
  *   memcheck events     a CQ that overruns gives its context IBV_EVENT_CQ_ERR naming it
@@ -161,6 +163,31 @@ static int transfer(void)
 	return failures ? 1 : 0;
 }
 
+/* ibv_post_recv(3) and ibv_post_srq_recv(3): a chain whose second WR has two SGEs, on a
+ * QP and an SRQ made for one, fails EINVAL with bad_wr at that WR. */
+static void recv_past_max_sge(struct side *s)
+{
+	struct ibv_srq_init_attr sa = {.attr = {.max_wr = 4, .max_sge = 1}};
+	struct ibv_sge sge[2] = {{0}};
+	struct ibv_recv_wr two = {.wr_id = 2, .sg_list = sge, .num_sge = 2};
+	struct ibv_recv_wr one = {.wr_id = 1, .sg_list = sge, .num_sge = 1, .next = &two};
+	struct ibv_recv_wr *bad = NULL;
+	struct ibv_srq *srq;
+	int rc;
+
+	rc = ibv_post_recv(s->qp, &one, &bad);
+	CHECK(rc == EINVAL && bad == &two, "ibv_post_recv of 2 SGEs on a QP of max_recv_sge 1 "
+	      "fails: %s, bad_wr at wr_id %d", strerror(rc), bad ? (int)bad->wr_id : -1);
+	srq = ibv_create_srq(s->pd, &sa);
+	if (!srq)
+		die("ibv_create_srq");
+	bad = NULL;
+	rc = ibv_post_srq_recv(srq, &one, &bad);
+	CHECK(rc == EINVAL && bad == &two, "ibv_post_srq_recv of 2 SGEs on an SRQ of max_sge 1 "
+	      "fails: %s, bad_wr at wr_id %d", strerror(rc), bad ? (int)bad->wr_id : -1);
+	ibv_destroy_srq(srq);
+}
+
 static int refuse(void)
 {
 	struct side s = {0};
@@ -191,6 +218,7 @@ static int refuse(void)
 	mr = ibv_reg_mr(s.pd, gone, 8192, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(!mr && errno == EFAULT, "ibv_reg_mr of unmapped addresses fails: %s (errno %d)",
 	      mr ? "registered" : strerror(errno), errno);
+	recv_past_max_sge(&s);
 	return failures ? 1 : 0;
 }
 

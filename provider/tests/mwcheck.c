@@ -118,8 +118,7 @@ static void open_side_ex(struct side *s)
 {
 	struct ibv_qp_init_attr_ex qa = {0};
 
-	open_side(s);
-	ibv_destroy_qp(s->qp);
+	open_ctx(s);
 	qa.send_cq = qa.recv_cq = s->cq;
 	qa.qp_type = IBV_QPT_RC;
 	qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;

@@ -1,7 +1,8 @@
-/* What provider/tests/memcheck.c and mwcheck.c share: one side of a connection (a
- * device context, PD, CQ and RC QP), connecting it, waiting for a completion, patterned
- * buffers and a posting helper. Each check prints "<PROG>: ok: ..." or "<PROG>: FAIL:
- * ..."; PROG is defined by the including program. */
+/* What the C test programs (provider/tests/memcheck.c, mwcheck.c, dvcheck.c) share: one
+ * side of a connection (a device context, PD, CQ and RC QP), connecting it, waiting for a
+ * completion, patterned buffers and a posting helper. Each check prints "<PROG>: ok: ..."
+ * or "<PROG>: FAIL: ..."; PROG is defined by the including program, and so may ACCESS be
+ * (the access flags of its registrations and QPs). */
 #ifndef SHCA_TESTS_SIDE_H
 #define SHCA_TESTS_SIDE_H
 
@@ -12,8 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef ACCESS
 #define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
 		IBV_ACCESS_REMOTE_ATOMIC)
+#endif
 #define UNUSED __attribute__((unused))
 
 struct side {
@@ -21,6 +24,8 @@ struct side {
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
 	struct ibv_qp *qp;
+	struct ibv_qp_ex *qpx;     /* dvcheck: the QP's ibv_wr_* view */
+	struct mlx5dv_qp_ex *mqp;  /* dvcheck: and its mlx5dv view */
 	uint8_t *buf, *rbuf;       /* malloc'ed, deliberately unaligned */
 	struct ibv_mr *mr, *rmr;
 	union ibv_gid gid;
@@ -28,7 +33,7 @@ struct side {
 
 struct peer_info {
 	uint32_t qpn;
-	uint32_t rkey;
+	uint32_t rkey;     /* of the peer's MR (dvcheck: its MKEY) */
 	uint64_t addr;
 	union ibv_gid gid;
 };
@@ -38,6 +43,7 @@ UNUSED static int failures;
 #define CHECK(cond, ...) do { \
 	if (cond) { printf(PROG ": ok: " __VA_ARGS__); printf("\n"); } \
 	else { printf(PROG ": FAIL: " __VA_ARGS__); printf("\n"); failures++; } \
+	fflush(stdout); \
 } while (0)
 
 UNUSED static uint8_t pat(int which, size_t i)
@@ -51,10 +57,10 @@ UNUSED static void die(const char *what)
 	exit(2);
 }
 
-UNUSED static void open_side(struct side *s)
+/* The first device's context, a PD, a CQ and port 1's GID: a side without its QP. */
+UNUSED static void open_ctx(struct side *s)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_qp_init_attr qa = {0};
 
 	if (!list || !list[0])
 		die("no device");
@@ -66,6 +72,16 @@ UNUSED static void open_side(struct side *s)
 	s->cq = ibv_create_cq(s->ctx, 64, NULL, NULL, 0);
 	if (!s->pd || !s->cq)
 		die("pd/cq");
+	if (ibv_query_gid(s->ctx, 1, 0, &s->gid))
+		die("ibv_query_gid");
+}
+
+/* open_ctx and an RC QP of ibv_create_qp. */
+UNUSED static void open_side(struct side *s)
+{
+	struct ibv_qp_init_attr qa = {0};
+
+	open_ctx(s);
 	qa.send_cq = qa.recv_cq = s->cq;
 	qa.qp_type = IBV_QPT_RC;
 	qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
@@ -73,10 +89,10 @@ UNUSED static void open_side(struct side *s)
 	s->qp = ibv_create_qp(s->pd, &qa);
 	if (!s->qp)
 		die("ibv_create_qp");
-	if (ibv_query_gid(s->ctx, 1, 0, &s->gid))
-		die("ibv_query_gid");
 }
 
+/* Connects the side's QP to the peer's (INIT, RTR, RTS); a peer of the side's own QPN
+ * and GID connects it to itself. */
 UNUSED static void connect_qp(struct side *s, const struct peer_info *p)
 {
 	struct ibv_qp_attr a = {0};

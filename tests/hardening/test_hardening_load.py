@@ -154,19 +154,28 @@ def rss(proc: subprocess.Popen, field: str = "VmRSS") -> int:
     raise AssertionError(f"no {field} for pid {proc.pid}")
 
 
-async def probe(address: str, stop: asyncio.Event) -> list[float]:
-    """A second client's round trips (seconds) until ``stop``."""
+async def start_probe(address: str, stop: asyncio.Event) -> asyncio.Task:
+    """A second client, connected before this returns, and the task of its round trips
+    (seconds) until ``stop``: at least one, the first asked at once. Connected first, so
+    that the attack the caller starts next meets a client already there; a connect
+    racing the attack could end after ``stop`` on a loaded machine, leaving no round
+    trip to judge the daemon by."""
     node = await sh.connect(address)
-    times = []
-    try:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            await node.request("devices")
-            times.append(time.perf_counter() - t0)
-            await asyncio.sleep(0.005)
-    finally:
-        await node.close()
-    return times
+
+    async def round_trips() -> list[float]:
+        times = []
+        try:
+            while True:
+                t0 = time.perf_counter()
+                await node.request("devices")
+                times.append(time.perf_counter() - t0)
+                if stop.is_set():
+                    return times
+                await asyncio.sleep(0.005)
+        finally:
+            await node.close()
+
+    return asyncio.create_task(round_trips())
 
 
 PROBE_BOUND_S = 0.050
@@ -186,7 +195,7 @@ async def test_pipelined_waiting_polls_are_bounded_and_do_not_stall_others(tmp_p
         # While the daemon works through the burst (the attacker not reading: its
         # replies stop the daemon reading it at the reply budget) ...
         stop = asyncio.Event()
-        prober = asyncio.create_task(probe(address, stop))
+        prober = await start_probe(address, stop)
         await asyncio.sleep(0.2)
         raw.writer.write(burst)
         await raw.writer.drain()
@@ -199,7 +208,7 @@ async def test_pipelined_waiting_polls_are_bounded_and_do_not_stall_others(tmp_p
             errnos[h.get("errno", h["t"])] = errnos.get(h.get("errno", h["t"]), 0) + 1
         # ... and while it ends the session's 1024 waiting polls.
         stop = asyncio.Event()
-        prober = asyncio.create_task(probe(address, stop))
+        prober = await start_probe(address, stop)
         await asyncio.sleep(0.2)
         raw.writer.close()
         await asyncio.sleep(1.0)

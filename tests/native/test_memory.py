@@ -80,6 +80,11 @@ def test_unshareable_memory_is_refused_with_a_reason(where):
     assert "memcheck: ok: ibv_reg_mr of a stack buffer fails: Invalid argument" in r.output
     assert "memcheck: ok: ibv_reg_mr of read-only memory fails: Invalid argument" in r.output
     assert "memcheck: ok: ibv_reg_mr of unmapped addresses fails: Bad address" in r.output
+    # ibv_post_recv(3): the errno, and bad_wr at the first WR that failed
+    for verb, queue in (("ibv_post_recv", "a QP of max_recv_sge 1"),
+                        ("ibv_post_srq_recv", "an SRQ of max_sge 1")):
+        assert (f"memcheck: ok: {verb} of 2 SGEs on {queue} fails: Invalid argument, "
+                "bad_wr at wr_id 2") in r.output, r.output
     # the provider's lines saying why
     assert re.search(r"softhca: ibv_reg_mr\(0x[0-9a-f]+, 4096\): EINVAL: the buffer is on "
                      r"the stack", r.output), r.output
@@ -87,6 +92,10 @@ def test_unshareable_memory_is_refused_with_a_reason(where):
                      r"mapped r--p \(anonymous\)", r.output), r.output
     assert re.search(r"softhca: ibv_reg_mr\(0x[0-9a-f]+, 8192\): EFAULT: address 0x[0-9a-f]+ "
                      r"is not mapped", r.output), r.output
+    assert "softhca: ibv_post_recv: EINVAL: num_sge 2 exceeds the QP's max_recv_sge 1" \
+        in r.output, r.output
+    assert "softhca: ibv_post_srq_recv: EINVAL: num_sge 2 exceeds the SRQ's max_sge 1" \
+        in r.output, r.output
 
 
 def test_forged_addresses_move_nothing(where):
