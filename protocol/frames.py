@@ -212,19 +212,23 @@ def _unpack_header(raw: memoryview, limits: HeaderLimits | None = None) -> dict:
         if size > limits.max_header:
             raise FrameError("EMSGSIZE", f"frame header of {size} bytes exceeds the "
                                          f"{limits.max_header}-byte limit")
-        left = [limits.max_containers]
-
-        def count(container):
-            left[0] -= 1
-            if left[0] < 0:
-                raise _TooManyContainers
-            return container
-
         bounds = dict(max_str_len=min(size, limits.max_str),
                       max_bin_len=min(size, limits.max_bin),
                       max_array_len=min(size, limits.max_array),
-                      max_map_len=min(size // 2, limits.max_map),
-                      list_hook=count, object_hook=count)
+                      max_map_len=min(size // 2, limits.max_map))
+        if size > limits.max_containers:
+            # Every array and map takes at least one byte, so a header no longer than
+            # max_containers cannot hold more: only a longer one is counted, by a hook
+            # per container (the wire path's headers, a hundred bytes, pay for none).
+            left = [limits.max_containers]
+
+            def count(container):
+                left[0] -= 1
+                if left[0] < 0:
+                    raise _TooManyContainers
+                return container
+
+            bounds.update(list_hook=count, object_hook=count)
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True,
                                  max_ext_len=0, ext_hook=_refuse_ext, **bounds)

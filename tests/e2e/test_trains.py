@@ -492,6 +492,15 @@ def test_a_train_frame_round_trips():
     ({"reth": None}, "field 'reth'"),
     ({"dev": ""}, "field 'dev'"),
     ({"qp": 1 << 24}, "field 'qp'"),
+    # Exact types: a bool is no int, wherever the fast path reads one.
+    ({"n": True}, "field 'n'"),
+    ({"pos": True}, "field 'pos'"),
+    ({"psn": False}, "field 'psn'"),
+    ({"chk": True}, "field 'chk'"),
+    ({"reth": [True, 0, 8192]}, "reth[0]"),
+    ({"reth": (1, 0, 8192)}, "field 'reth'"),
+    ({"reth": [1, -1, 8192]}, "reth[1]"),
+    ({"reth": [1, 1 << 64, 8192]}, "reth[1]"),
 ])
 def test_hostile_train_headers_are_refused(change, why):
     _, _, _, t = write_pair()
