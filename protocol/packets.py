@@ -238,7 +238,8 @@ def decode_packet(header: dict, payload) -> tuple[str, Packet]:
 # run of several packets (of a SEND or RDMA WRITE request, or a READ's responses) goes
 # as one ``train`` frame: the headers once, then the packets' payloads back to back, as
 # Linux GSO hands a NIC one large segment and GRO gives the stack one coalesced one
-# (docs/protocol.md, "Packet trains"); a run of one goes as a ``pkt`` frame. Packet i of
+# (docs/protocol.md, "Packet trains"); a run of one goes as a ``pkt`` frame, or as a
+# train of one (the requester's one-packet SEND or WRITE). Packet i of
 # a run is fully determined by the run: its PSN is ``psn + i``, its opcode follows from
 # its position (FIRST only at i == 0 of a run that begins its message, LAST only at the
 # end of one that ends it, MIDDLE otherwise) and its payload is
