@@ -151,7 +151,8 @@ def _tuple(header: dict, name: str, n: int, kinds: tuple) -> tuple | None:
     out = []
     for i, (item, kind) in enumerate(zip(v, kinds, strict=True)):
         if kind == "syndrome":
-            if item not in SYNDROMES:
+            # (A list or map is unhashable: tested as a str first, it is refused too.)
+            if type(item) is not str or item not in SYNDROMES:
                 raise FrameError("EPROTO", f"{name}[{i}] of 'pkt' is not a known AETH "
                                            f"syndrome: {item!r}"[:120])
             out.append(item)
@@ -180,10 +181,33 @@ def _bth(header: dict) -> tuple[str, int, int, str, int]:
     return dev, qp, psn, op, field(header, "icrc", int, min=0, max=_U32)
 
 
+def _reth(header: dict) -> tuple | None:
+    """The RETH: unpacked by position with exact type and range tests (every train
+    that begins a WRITE carries one); anything else takes _tuple's checks."""
+    v = header.get("reth")
+    if type(v) is list and len(v) == 3:
+        rkey, va, dma_len = v
+        if (type(rkey) is int and type(va) is int and type(dma_len) is int
+                and 0 <= rkey <= _U32 and 0 <= va <= _U64 and 0 <= dma_len <= _U32):
+            return rkey, va, dma_len
+    return _tuple(header, "reth", 3, (32, 64, 32))
+
+
+def _aeth(header: dict) -> tuple | None:
+    """The AETH the same way (every ACK carries one)."""
+    v = header.get("aeth")
+    if type(v) is list and len(v) == 2:
+        syndrome, msn = v
+        if type(syndrome) is str and syndrome in SYNDROMES and type(msn) is int and (
+                0 <= msn < 1 << 24):
+            return syndrome, msn
+    return _tuple(header, "aeth", 2, ("syndrome", 24))
+
+
 # How each extension header's field is read from a frame header.
 _EXTENSIONS = {
-    "reth": lambda h: _tuple(h, "reth", 3, (32, 64, 32)),
-    "aeth": lambda h: _tuple(h, "aeth", 2, ("syndrome", 24)),
+    "reth": _reth,
+    "aeth": _aeth,
     "imm": lambda h: field(h, "imm", int, min=0, max=_U32),
     "ieth": lambda h: field(h, "ieth", int, min=0, max=_U32),
     "ateth": lambda h: _tuple(h, "ateth", 4, (32, 64, 64, 64)),
