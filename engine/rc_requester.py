@@ -297,15 +297,17 @@ class Requester:
         """SEND / WRITE ``r``'s packets that the window lets go; how many."""
         sent = 0
         while r.sent < r.npsn and inflight + sent < WINDOW:
-            # A run of packets goes as one when the caller takes runs: as many as the
-            # window allows, up to REQUEST_RUN_MAX, never across the PSN wrap (a run's
-            # PSNs are one interval). Counted per packet.
-            k = 1
-            if runs:
-                first = psn_add(r.psn, r.sent)
+            # When the caller takes runs, the packets the window allows go as one run
+            # (a view of the gathered bytes: a one-packet message too), up to
+            # REQUEST_RUN_MAX, never across the PSN wrap; counted per packet. An RDMA
+            # ATOMIC WRITE is a packet of its own opcode, never a run.
+            if runs and r.pkts is None:
                 k = min(r.npsn - r.sent, WINDOW - inflight - sent, REQUEST_RUN_MAX,
-                        PSN_MOD - first)
-            out.append(self._run(r, r.sent, k) if k > 1 else self._packet(r, r.sent))
+                        PSN_MOD - psn_add(r.psn, r.sent))
+                out.append(self._run(r, r.sent, k))
+            else:
+                k = 1
+                out.append(self._packet(r, r.sent))
             if r.sent < r.high:
                 self.qp.stats["retransmitted_packets"] += min(k, r.high - r.sent)
             r.sent += k

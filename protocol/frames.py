@@ -212,19 +212,23 @@ def _unpack_header(raw: memoryview, limits: HeaderLimits | None = None) -> dict:
         if size > limits.max_header:
             raise FrameError("EMSGSIZE", f"frame header of {size} bytes exceeds the "
                                          f"{limits.max_header}-byte limit")
-        left = [limits.max_containers]
-
-        def count(container):
-            left[0] -= 1
-            if left[0] < 0:
-                raise _TooManyContainers
-            return container
-
         bounds = dict(max_str_len=min(size, limits.max_str),
                       max_bin_len=min(size, limits.max_bin),
                       max_array_len=min(size, limits.max_array),
-                      max_map_len=min(size // 2, limits.max_map),
-                      list_hook=count, object_hook=count)
+                      max_map_len=min(size // 2, limits.max_map))
+        if size > limits.max_containers:
+            # Every array and map takes at least one byte, so a header no longer than
+            # max_containers cannot hold more: only a longer one is counted, by a hook
+            # per container (the wire path's headers, a hundred bytes, pay for none).
+            left = [limits.max_containers]
+
+            def count(container):
+                left[0] -= 1
+                if left[0] < 0:
+                    raise _TooManyContainers
+                return container
+
+            bounds.update(list_hook=count, object_hook=count)
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True,
                                  max_ext_len=0, ext_hook=_refuse_ext, **bounds)
@@ -267,7 +271,7 @@ class FrameDecoder:
         """Bytes received but not yet part of a whole frame."""
         return len(self._buf)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview, *, stable: bool = False) -> list[Frame]:
         """Add received bytes; return the frames they complete (possibly none).
 
         A frame that lies whole inside ``data`` is parsed where it lies: when ``data`` is
@@ -275,13 +279,16 @@ class FrameDecoder:
         payload is a read-only view into it, not a copy. Only the part of a frame cut
         by the end of one read is copied, to be completed by the next, and that frame's
         payload is then a view of the buffer it was completed in, which the decoder
-        hands over and never touches again.
+        hands over and never touches again. ``stable``: the caller promises that
+        ``data``, whatever its type, does not change while a frame's payload may still
+        be looked at (server/wire_in.py reuses a read buffer only when no view of it is
+        left), so it is used in place like ``bytes``.
         """
         if self._error is not None:
             raise FrameError(self._error.errno_name,
                              f"decoder stopped after an earlier error: {self._error.message}")
         # A buffer the caller may change later is copied once; bytes are used in place.
-        src = memoryview(data if type(data) is bytes else bytes(data))
+        src = memoryview(data if stable or type(data) is bytes else bytes(data))
         self.fed += len(src)
         if src.ndim != 1 or src.format != "B":
             src = src.cast("B")

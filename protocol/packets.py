@@ -137,13 +137,22 @@ def _uint(v, bits: int, what: str) -> int:
 
 
 def _tuple(header: dict, name: str, n: int, kinds: tuple) -> tuple | None:
+    v = header.get(name)
+    # The well-formed case by exact type and range tests; anything else takes the
+    # checks below, which name the fault.
+    if type(v) is list and len(v) == n and all(
+            (type(item) is str and item in SYNDROMES) if kind == "syndrome"
+            else (type(item) is int and 0 <= item < 1 << kind)
+            for item, kind in zip(v, kinds, strict=True)):
+        return tuple(v)
     v = field(header, name, list, min=n, max=n, required=False)
     if v is None:
         return None
     out = []
     for i, (item, kind) in enumerate(zip(v, kinds, strict=True)):
         if kind == "syndrome":
-            if item not in SYNDROMES:
+            # (A list or map is unhashable: tested as a str first, it is refused too.)
+            if type(item) is not str or item not in SYNDROMES:
                 raise FrameError("EPROTO", f"{name}[{i}] of 'pkt' is not a known AETH "
                                            f"syndrome: {item!r}"[:120])
             out.append(item)
@@ -172,10 +181,33 @@ def _bth(header: dict) -> tuple[str, int, int, str, int]:
     return dev, qp, psn, op, field(header, "icrc", int, min=0, max=_U32)
 
 
+def _reth(header: dict) -> tuple | None:
+    """The RETH: unpacked by position with exact type and range tests (every train
+    that begins a WRITE carries one); anything else takes _tuple's checks."""
+    v = header.get("reth")
+    if type(v) is list and len(v) == 3:
+        rkey, va, dma_len = v
+        if (type(rkey) is int and type(va) is int and type(dma_len) is int
+                and 0 <= rkey <= _U32 and 0 <= va <= _U64 and 0 <= dma_len <= _U32):
+            return rkey, va, dma_len
+    return _tuple(header, "reth", 3, (32, 64, 32))
+
+
+def _aeth(header: dict) -> tuple | None:
+    """The AETH the same way (every ACK carries one)."""
+    v = header.get("aeth")
+    if type(v) is list and len(v) == 2:
+        syndrome, msn = v
+        if type(syndrome) is str and syndrome in SYNDROMES and type(msn) is int and (
+                0 <= msn < 1 << 24):
+            return syndrome, msn
+    return _tuple(header, "aeth", 2, ("syndrome", 24))
+
+
 # How each extension header's field is read from a frame header.
 _EXTENSIONS = {
-    "reth": lambda h: _tuple(h, "reth", 3, (32, 64, 32)),
-    "aeth": lambda h: _tuple(h, "aeth", 2, ("syndrome", 24)),
+    "reth": _reth,
+    "aeth": _aeth,
     "imm": lambda h: field(h, "imm", int, min=0, max=_U32),
     "ieth": lambda h: field(h, "ieth", int, min=0, max=_U32),
     "ateth": lambda h: _tuple(h, "ateth", 4, (32, 64, 64, 64)),
@@ -230,7 +262,8 @@ def decode_packet(header: dict, payload) -> tuple[str, Packet]:
 # run of several packets (of a SEND or RDMA WRITE request, or a READ's responses) goes
 # as one ``train`` frame: the headers once, then the packets' payloads back to back, as
 # Linux GSO hands a NIC one large segment and GRO gives the stack one coalesced one
-# (docs/protocol.md, "Packet trains"); a run of one goes as a ``pkt`` frame. Packet i of
+# (docs/protocol.md, "Packet trains"); a run of one goes as a ``pkt`` frame, or as a
+# train of one (the requester's one-packet SEND or WRITE). Packet i of
 # a run is fully determined by the run: its PSN is ``psn + i``, its opcode follows from
 # its position (FIRST only at i == 0 of a run that begins its message, LAST only at the
 # end of one that ends it, MIDDLE otherwise) and its payload is
@@ -402,17 +435,29 @@ def _train_shape(header: dict, payload) -> tuple:
     """The fields of a ``train`` header that say which packets it holds, checked: a count
     within FRAME_RUN_MAX, a path MTU, a payload that ``n`` packets of that MTU carry
     exactly, a PSN range that does not wrap. Nothing is allocated per claimed packet."""
-    dev = field(header, "dev", str, min=1, max=64)
-    qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
-    psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
-    n = field(header, "n", int, min=1, max=FRAME_RUN_MAX)
-    kind = field(header, "kind", str, max=40)
-    if kind not in RUN_KINDS:
-        raise _bad_train_frame(f"kind must be one of {', '.join(RUN_KINDS)}, got {kind!r}")
-    pos = field(header, "pos", int, min=0, max=3)
-    mtu = field(header, "mtu", int, min=256, max=4096)
-    if mtu not in TRAIN_MTUS:
-        raise _bad_train_frame(f"mtu {mtu} is not an IBTA path MTU")
+    get = header.get
+    dev, qp, psn, n, kind, pos, mtu = (get("dev"), get("qp"), get("psn"), get("n"),
+                                       get("kind"), get("pos"), get("mtu"))
+    # Every train of the wire path comes here: the well-formed fields are decided by
+    # exact type and range tests (a bool is not an int), anything else takes field()'s
+    # path, which names the fault.
+    if not (type(dev) is str and 0 < len(dev) <= 64 and type(qp) is int
+            and 0 <= qp < PSN_MOD and type(psn) is int and 0 <= psn < PSN_MOD
+            and type(n) is int and 0 < n <= FRAME_RUN_MAX and type(kind) is str
+            and kind in RUN_KINDS and type(pos) is int and 0 <= pos <= 3
+            and type(mtu) is int and mtu in TRAIN_MTUS):
+        dev = field(header, "dev", str, min=1, max=64)
+        qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
+        psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
+        n = field(header, "n", int, min=1, max=FRAME_RUN_MAX)
+        kind = field(header, "kind", str, max=40)
+        if kind not in RUN_KINDS:
+            raise _bad_train_frame(f"kind must be one of {', '.join(RUN_KINDS)}, "
+                                   f"got {kind!r}")
+        pos = field(header, "pos", int, min=0, max=3)
+        mtu = field(header, "mtu", int, min=256, max=4096)
+        if mtu not in TRAIN_MTUS:
+            raise _bad_train_frame(f"mtu {mtu} is not an IBTA path MTU")
     first, last = bool(pos & _FIRST), bool(pos & _LAST)
     if psn + n > PSN_MOD:
         raise _bad_train_frame(f"PSNs [{psn:#x}, +{n}) wrap the 24-bit PSN space")
@@ -428,30 +473,54 @@ def _train_shape(header: dict, payload) -> tuple:
     return dev, qp, psn, n, kind, pos, first, last, mtu
 
 
+def _train_needs(kind: str, pos: int, imm: bool, ieth: bool, n: int) -> frozenset | str:
+    """The extension headers a train of ``n`` packets (1 or more than 1: its end packets
+    are one or two) of ``kind`` at positions ``pos`` carries exactly (IBTA 9.2: those its
+    end packets' opcodes need), or why no opcode fits."""
+    t = Run(0, 0, n, kind, bool(pos & _FIRST), bool(pos & _LAST), 256,
+            imm=0 if imm else None, ieth=0 if ieth else None)
+    try:
+        need = _NEEDS[t.opcode(0)][0] | _NEEDS[t.opcode(n - 1)][0]
+    except ValueError:
+        return (f"no {kind} opcode ends a message with "
+                f"{'ImmDt and ' if imm else ''}{'IETH' if ieth else 'ImmDt'}")
+    if kind == "RDMA_READ_RESPONSE":
+        need = need | {"aeth"}
+    return frozenset(need)
+
+
+# Per (kind, pos, has ImmDt, has IETH, one packet or more), what _train_needs says:
+# every train is one of these 96 shapes, so none works the opcode rules out again.
+_TRAIN_NEEDS = {(kind, pos, imm, ieth, single): _train_needs(kind, pos, imm, ieth,
+                                                             1 if single else 2)
+                for kind in RUN_KINDS for pos in range(4)
+                for imm in (False, True) for ieth in (False, True) for single in (False, True)}
+
+
 def _train_frame(header: dict, payload) -> tuple[str, Run]:
     """A ``train`` frame as its run: every field is checked as a packet's is, and the
     run as a whole (``_train_shape``), with exactly the headers its end packets'
     opcodes need."""
     dev, qp, psn, n, kind, pos, first, last, mtu = _train_shape(header, payload)
-    check = field(header, "chk", int, min=0, max=_U32)
-    ext = _extensions(header, ("reth", "aeth", "imm", "ieth"))
-    t = Run(qp, psn, n, kind, first, last, mtu, payload, ext["reth"], ext["aeth"],
-            ext["imm"], ext["ieth"])
-    # The headers each end's opcode must carry, and none other (IBTA 9.2).
-    try:
-        need = _NEEDS[t.opcode(0)][0] | _NEEDS[t.opcode(n - 1)][0]
-    except ValueError:
-        raise _bad_train_frame(f"no {kind} opcode ends a message with "
-                         f"{'ImmDt and ' if t.imm is not None else ''}"
-                         f"{'IETH' if t.ieth is not None else 'ImmDt'}") from None
-    if kind == "RDMA_READ_RESPONSE":
-        need = need | {"aeth"}
-    present = {name for name, v in ext.items() if v is not None}
+    check = header.get("chk")
+    if not (type(check) is int and 0 <= check <= _U32):
+        check = field(header, "chk", int, min=0, max=_U32)
+    ext = _EXTENSIONS
+    reth = ext["reth"](header) if "reth" in header else None
+    aeth = ext["aeth"](header) if "aeth" in header else None
+    imm = ext["imm"](header) if "imm" in header else None
+    ieth = ext["ieth"](header) if "ieth" in header else None
+    need = _TRAIN_NEEDS[kind, pos, imm is not None, ieth is not None, n == 1]
+    if type(need) is str:
+        raise _bad_train_frame(need)
+    present = frozenset(name for name, v in (("reth", reth), ("aeth", aeth), ("imm", imm),
+                                             ("ieth", ieth)) if v is not None)
     if need != present:
         raise _bad_train_frame(f"{kind} train at positions {pos} must carry "
                          f"{sorted(need) or 'no extension header'}, has {sorted(present)}")
-    if t.aeth is not None and t.aeth[0] != "ACK":
+    if aeth is not None and aeth[0] != "ACK":
         raise _bad_train_frame("a READ response's AETH must be an ACK")
+    t = Run(qp, psn, n, kind, first, last, mtu, payload, reth, aeth, imm, ieth)
     if train_check(dev, t) != check:
         raise IntegrityError("EPROTO", f"train of {n} packets from psn {psn:#x} to QP "
                                        f"{qp:#x}: check mismatch, dropped", packets=n)

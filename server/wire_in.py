@@ -8,6 +8,14 @@ After the HELLO, an inbound wire link's transport is handed from its asyncio
 time in the 1 MiB rows of ``softhca bench``), and wake a task for it. The frames are
 taken as they were (``WirePlane.take_frames``); reading is paused, not slept, while a
 link is throttled for waste.
+
+It is a ``BufferedProtocol``: the loop reads into a buffer of the link's own
+(``get_buffer``) rather than into one of its own that it then copies into a new
+``bytes`` per read, so each byte of a train is copied once on its way from the socket
+to the frame decoder, whose frames are views into that buffer. The buffer is reused
+only when no view of it is left (a frame's payload kept past its read, which nothing
+on the wire path does today, would make the next read take a fresh one): its bytes
+never change under anything that still looks at them.
 """
 
 from __future__ import annotations
@@ -16,9 +24,21 @@ import asyncio
 from collections.abc import Callable
 
 from ..protocol.frames import FrameDecoder, FrameError
+from .link import READ_CHUNK
 
 
-class WireIn(asyncio.Protocol):
+def _unshared(buf: bytearray) -> bool:
+    """Whether nothing holds a view of ``buf``: a bytearray with a live export refuses
+    to change size (BufferError), and one byte more and back is the cheapest change."""
+    try:
+        buf.append(0)
+    except BufferError:
+        return False
+    del buf[-1]
+    return True
+
+
+class WireIn(asyncio.BufferedProtocol):
     """The protocol of an inbound wire link once its HELLO is done; ``done`` resolves
     when the link ends (end of stream, a lost connection, or a frame error, which
     ``on_error`` reports before the connection closes)."""
@@ -31,6 +51,10 @@ class WireIn(asyncio.Protocol):
         self.on_error = on_error
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        # The buffer the loop reads into, and how many reads needed a fresh one
+        # because a view of the previous one was still alive.
+        self._buf = bytearray(READ_CHUNK)
+        self.fresh_buffers = 0
 
     def attach(self, transport: asyncio.Transport, first: list, pending: bytes) -> None:
         """Take over ``transport`` from the stream reader: the frames that came with the
@@ -49,11 +73,27 @@ class WireIn(asyncio.Protocol):
             # The stream reader may have paused reading at its buffer limit.
             transport.resume_reading()
 
+    def get_buffer(self, sizehint: int) -> bytearray:
+        if not _unshared(self._buf):
+            self._buf = bytearray(READ_CHUNK)
+            self.fresh_buffers += 1
+        return self._buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # The frames are views of the buffer, which is not read into again while any
+        # view of it lives (get_buffer): the decoder may use it in place.
+        self._received(memoryview(self._buf)[:nbytes], True)
+
     def data_received(self, data: bytes) -> None:
+        # What the stream reader held at the hand-over, and reads the loop made before
+        # it switched to get_buffer.
+        self._received(data, False)
+
+    def _received(self, data, stable: bool) -> None:
         if self.done.done():
             return
         try:
-            frames = self.decoder.feed(data)
+            frames = self.decoder.feed(data, stable=stable)
             if frames:
                 self._pace(self.take(frames))
         except FrameError as e:

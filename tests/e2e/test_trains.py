@@ -350,6 +350,30 @@ def test_a_train_equals_its_packets():
     assert b"".join(p.payload for p in pkts) == src
 
 
+def test_a_one_packet_message_goes_as_a_train_of_one():
+    """A WRITE of one MTU is a run of one on the wire (a ``train`` frame of n 1): its
+    packet is the RDMA_WRITE_ONLY the no-trains path sends, its frame decodes back to
+    it, and the responder takes it in one step with its ACK."""
+    link, src, b_mr, t = write_pair(1024, 1024)
+    assert (t.n, t.first, t.last) == (1, True, True)
+    other = Link(1024, False)
+    mr = other.ha.reg_mr(other.pda, len(src), ALL)
+    mr.write(src)
+    other.a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, [SGE(mr.addr, len(src), mr.lkey)], SIG,
+                             rkey=t.reth[0], remote_addr=t.reth[1]), 0.0)
+    pkts = other.a.poll_wire(0.0, False)
+    assert [type(p) for p in pkts] == [Packet] and t.packets() == pkts
+    assert pkts[0].opcode == "RDMA_WRITE_ONLY"
+    fr = _frame(t)
+    assert fr.header["t"] == "train" and (fr.header["n"], fr.header["pos"]) == (1, 3)
+    dev, back = decode(fr.header, fr.payload)
+    assert back.packets() == pkts
+    link.b.receive(back, 0.0)
+    assert bytes(b_mr.read()) == src
+    out = split(link.b.poll_wire(0.0, False))
+    assert [(p.opcode, p.psn, p.aeth) for p in out] == [("ACKNOWLEDGE", t.psn, ("ACK", 1))]
+
+
 def test_a_train_is_applied_in_one_step_with_one_ack():
     link, src, b_mr, t = write_pair()
     link.b.receive(t, 0.0)
@@ -492,6 +516,15 @@ def test_a_train_frame_round_trips():
     ({"reth": None}, "field 'reth'"),
     ({"dev": ""}, "field 'dev'"),
     ({"qp": 1 << 24}, "field 'qp'"),
+    # Exact types: a bool is no int, wherever the fast path reads one.
+    ({"n": True}, "field 'n'"),
+    ({"pos": True}, "field 'pos'"),
+    ({"psn": False}, "field 'psn'"),
+    ({"chk": True}, "field 'chk'"),
+    ({"reth": [True, 0, 8192]}, "reth[0]"),
+    ({"reth": (1, 0, 8192)}, "field 'reth'"),
+    ({"reth": [1, -1, 8192]}, "reth[1]"),
+    ({"reth": [1, 1 << 64, 8192]}, "reth[1]"),
 ])
 def test_hostile_train_headers_are_refused(change, why):
     _, _, _, t = write_pair()

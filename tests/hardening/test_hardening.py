@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import softhca.client as sh
 from softhca.protocol.frames import FrameDecoder, FrameError, encode_frame, frame_bytes
 from softhca.protocol.handshake import make_hello
-from softhca.protocol.packets import Packet, decode_packet, packet_header
+from softhca.protocol.packets import IntegrityError, Packet, decode_packet, packet_header
 from softhca.server.daemon import PROCESS_PEER_TOKEN, Limits
 
 from e2e import connect_pair, make_side, rdma, sge, whole
@@ -366,6 +366,40 @@ def test_fuzz_packet_decoder(header, payload):
     except FrameError:
         return
     assert isinstance(p, Packet) and isinstance(dev, str)
+
+
+_ext_items = st.one_of(st.integers(min_value=-2, max_value=(1 << 65)), st.booleans(),
+                       st.sampled_from(["ACK", "RNR", "NAK_PSN_SEQ", "nope"]), st.none())
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.lists(_ext_items, max_size=4), st.tuples(_ext_items, _ext_items,
+                                                              _ext_items), _values))
+def test_reth_and_aeth_are_taken_exactly_as_ibta_sizes_them(value):
+    """The RETH (32-bit R_Key, 64-bit VA, 32-bit DMA length) and the AETH (a known
+    syndrome, 24-bit MSN) of a packet header: a list of exactly those is taken, anything
+    else (a bool for an int, a value out of range, a tuple, a wrong count) is refused
+    with EPROTO; the rule is written out here, apart from the decoder's fast path."""
+    from softhca.protocol.opcodes import SYNDROMES
+
+    def is_uint(x, bits):
+        return type(x) is int and 0 <= x < 1 << bits
+
+    ok = {"reth": type(value) is list and len(value) == 3 and all(
+              is_uint(x, b) for x, b in zip(value, (32, 64, 32), strict=True)),
+          "aeth": type(value) is list and len(value) == 2 and type(value[0]) is str
+          and value[0] in SYNDROMES and is_uint(value[1], 24)}
+    for name, op in (("reth", "RDMA_READ_REQUEST"), ("aeth", "ACKNOWLEDGE")):
+        header = {"t": "pkt", "dev": "mlx5_0", "qp": 1, "psn": 2, "op": op, "icrc": 0,
+                  name: value}
+        try:
+            decode_packet(header, b"")
+        except IntegrityError:
+            assert ok[name]         # well formed: only the check (icrc 0) is wrong
+        except FrameError as e:
+            assert not ok[name] and e.errno_name == "EPROTO" and name in str(e), str(e)
+        else:
+            raise AssertionError(f"{name} {value!r} decoded with icrc 0")
 
 
 VERBS = sorted(__import__("softhca.protocol.control", fromlist=["REQUESTS"]).REQUESTS)

@@ -52,3 +52,35 @@ async def test_packets_sent_before_the_welcome_are_all_taken(tmp_path):
         assert await asyncio.wait_for(reader.read(), 10) is not None
         writer.close()
         await node.close()
+
+
+def _into(buf: bytearray, data: bytes) -> int:
+    buf[:len(data)] = data
+    return len(data)
+
+
+async def test_a_read_buffer_is_reused_only_when_no_frame_looks_at_it():
+    """The loop reads into the link's own buffer (BufferedProtocol); the frames are views
+    of it. A payload still held when the next read comes keeps its bytes: that read gets
+    a fresh buffer. Once nothing holds a view, the buffer is read into again."""
+    from softhca.server.wire_in import WireIn
+
+    kept: list = []
+    errors: list = []
+    link = WireIn(FrameDecoder(1 << 20), lambda frames: kept.extend(frames) or 0,
+                  lambda waste: 0.0, errors.append)
+    one = frame_bytes({"t": "cm", "n": 1}, b"A" * 1000)
+    two = frame_bytes({"t": "cm", "n": 2}, b"B" * 1000)
+    first = link.get_buffer(-1)
+    link.buffer_updated(_into(first, one))
+    assert [bytes(f.payload) for f in kept] == [b"A" * 1000]
+    second = link.get_buffer(-1)
+    assert second is not first and link.fresh_buffers == 1
+    # A frame cut by the end of a read is completed from the next one.
+    link.buffer_updated(_into(second, two[:500]))
+    third = link.get_buffer(-1)
+    link.buffer_updated(_into(third, two[500:]))
+    assert [bytes(f.payload) for f in kept] == [b"A" * 1000, b"B" * 1000]
+    assert not errors
+    kept.clear()
+    assert link.get_buffer(-1) is third and link.fresh_buffers == 1
