@@ -101,24 +101,38 @@ def engine_ceilings(sizes=SIZES, budget: int = 4 * MIB, repeat: int = 3) -> list
 
 async def _tcp_sink(ready_file: str, timeout: float) -> dict:
     """Count the bytes of one connection until the sender closes it, reading as the
-    daemon reads its sockets (up to READ_CHUNK at a time)."""
+    daemon reads its wire links (server/wire_in.py): a BufferedProtocol that the loop
+    reads into one reused buffer of TCP_READ_CHUNK bytes, no new bytes object per read.
+    A StreamReader would copy every read, a cost the daemon no longer pays, and the
+    ceiling would sit below what the same socket can carry."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
-    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        t0 = time.perf_counter()
-        received = 0
-        while True:
-            data = await reader.read(TCP_READ_CHUNK)
-            if not data:
-                break
-            received += len(data)
-        seconds = time.perf_counter() - t0
-        writer.close()
-        if not done.done():
-            done.set_result({"bytes": received, "seconds": seconds})
+    class Sink(asyncio.BufferedProtocol):
+        def __init__(self) -> None:
+            self.buf = bytearray(TCP_READ_CHUNK)
+            self.received = 0
+            self.t0 = 0.0
 
-    server = await asyncio.start_server(on_connection, "127.0.0.1", 0, limit=TCP_READ_CHUNK)
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+            self.t0 = time.perf_counter()
+
+        def get_buffer(self, sizehint: int) -> bytearray:
+            return self.buf
+
+        def buffer_updated(self, nbytes: int) -> None:
+            self.received += nbytes
+
+        def eof_received(self) -> bool:
+            return False        # close the transport
+
+        def connection_lost(self, exc) -> None:
+            if not done.done():
+                done.set_result({"bytes": self.received,
+                                 "seconds": time.perf_counter() - self.t0})
+
+    server = await loop.create_server(Sink, "127.0.0.1", 0)
     _announce_port(server, ready_file)
     try:
         return await asyncio.wait_for(done, timeout)
