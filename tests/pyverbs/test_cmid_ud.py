@@ -145,6 +145,22 @@ def test_sidr_reject_is_unreachable_with_private_data():
     _close(child, cid, lid, cli_ch, srv_ch)
 
 
+def test_sidr_req_to_a_port_nobody_listens_on_is_unreachable():
+    port = next(_ports)
+    ch = CMEventChannel()
+    cid = CMID(creator=ch, port_space=ce.RDMA_PS_UDP)
+    cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service=str(port),
+                              port_space=ce.RDMA_PS_UDP))
+    _next(ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
+    cid.resolve_route()
+    _next(ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
+    cid.create_qp(_ud())
+    cid.connect()
+    ev = _next(ch, ce.RDMA_CM_EVENT_UNREACHABLE)
+    assert ev.status == 1           # IBTA 12.11.3 SIDR_REP status: service ID not supported
+    _close(cid, ch)
+
+
 def test_sidr_private_data_limits():
     srv_ch, cli_ch, lid, cid = _pair(next(_ports))
     cid.create_qp(_ud())
@@ -199,8 +215,8 @@ def test_sync_ud_ids_connect_and_accept_without_an_rtu():
             c = lid.get_request()
             buf = c.reg_msgs(GRH + 16)
             c.post_recv(buf)
+            got["qpn"] = c.qpn      # before accept: the client reads it once connected
             c.accept()
-            got["qpn"] = c.qpn
             assert c.get_recv_comp().status == e.IBV_WC_SUCCESS
             got["data"] = buf.read(16, GRH)
             _close(c, lid)
