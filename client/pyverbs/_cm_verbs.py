@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 
+from ...protocol.cm_sidr import RDMA_UDP_QKEY
 from . import enums as e
 from .pyverbs_error import PyverbsRDMAError
 
@@ -51,9 +52,19 @@ class RdmaVerbs:
     def post_write(self, mr, length, remote_addr, rkey, flags=e.IBV_SEND_SIGNALED):
         self._send(mr, length, e.IBV_WR_RDMA_WRITE, flags, (remote_addr, rkey))
 
-    def post_ud_send(self, *args, **kwargs):
-        raise PyverbsRDMAError("rdma_post_ud_send: UD ids are not modelled",
-                               errno.EOPNOTSUPP)
+    def post_ud_send(self, mr, ah, rqpn=0, flags=e.IBV_SEND_SIGNALED, length=None):
+        """rdma_post_ud_send: a SEND on the id's UD QP to QP ``rqpn`` through ``ah``,
+        with the Q_Key of the UDP port space (RDMA_UDP_QKEY), as librdmacm's does."""
+        from .wr import SGE, SendWR
+
+        qp = self._need_qp()
+        if qp.qp_type != e.IBV_QPT_UD:
+            raise PyverbsRDMAError("rdma_post_ud_send: the id's QP is not UD",
+                                   errno.EINVAL)
+        sge = SGE(mr.buf, length or mr.length, mr.lkey)
+        wr = SendWR(wr_id=0, opcode=e.IBV_WR_SEND, num_sge=1, sg=[sge], send_flags=flags)
+        wr.set_wr_ud(ah, rqpn, RDMA_UDP_QKEY)
+        qp.post_send(wr)
 
     def _need_qp(self):
         if self._qp is None:

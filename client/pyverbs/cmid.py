@@ -1,12 +1,14 @@
 """pyverbs.cmid: rdma_cm ids (rdma_cma.h) over softhca's connection manager.
 
-``AddrInfo`` resolves as rdma_getaddrinfo(3) does (IPv4, RDMA_PS_TCP); ``CMID`` made from
-an AddrInfo is synchronous (as rdma_create_ep(3): each call waits for its event), one
-made from a ``CMEventChannel`` is asynchronous (its events are read with ``CMEvent``).
+``AddrInfo`` resolves as rdma_getaddrinfo(3) does (IPv4, RDMA_PS_TCP or RDMA_PS_UDP);
+``CMID`` made from an AddrInfo is synchronous (as rdma_create_ep(3): each call waits for
+its event), one made from a ``CMEventChannel`` is asynchronous (its events are read with
+``CMEvent``).
 The id's QP moves as librdmacm moves it: INIT at creation, RTR and RTS with what the
 REQ / REP exchange gave (rdma_accept, and the CONNECT_RESPONSE the library turns into
-ESTABLISHED), ERR before a DREQ. Only RC connections are modelled (RDMA_PS_TCP); the
-other port spaces, multicast and UD ids raise EOPNOTSUPP.
+ESTABLISHED), ERR before a DREQ. RDMA_PS_UDP ids have UD QPs and resolve their peer by
+SIDR (_cm_ud.py: ESTABLISHED's ``UDParam``); the other port spaces and multicast raise
+EOPNOTSUPP.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import socket
 
 from . import cm_enums as ce
 from . import enums as e
+from ._cm_qp import QP_TYPE, IdQP
 from ._cm_session import CMSession
+from ._cm_ud import UDParam, ud_event
 from ._cm_verbs import RdmaVerbs
 from ._objects import Record, unmodelled
 from .base import PyverbsCM, PyverbsObject
@@ -27,8 +31,8 @@ from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 _EVENTS = {name[len("RDMA_CM_EVENT_"):].lower(): int(v)
            for name, v in ce.rdma_cm_event_type.__members__.items()}
 _RESOLVE_MS = 2000
-_RNR_TIMER = 12         # IBTA's RNR NAK timer 12 (0.64 ms), what rdma_cm programs get
-_ACK_TIMEOUT = 14       # 4.096 us * 2^14 per try, librdmacm's default
+__all__ = ["AddrInfo", "CMEvent", "CMEventChannel", "CMID", "ConnParam", "JoinMCAttrEx",
+           "UDParam"]
 
 
 def _fail(what: str, err: int) -> PyverbsRDMAError:
@@ -60,9 +64,9 @@ class AddrInfo(PyverbsObject):
     def __init__(self, src=None, dst=None, src_service=None, dst_service=None,
                  port_space=ce.RDMA_PS_TCP, flags=0, service=None):
         super().__init__()
-        if port_space != ce.RDMA_PS_TCP:
+        if port_space not in QP_TYPE:
             raise _fail(f"Failed to get address info: port space {int(port_space):#x} "
-                        "(only RDMA_PS_TCP, RC connections, is modelled)", errno.EOPNOTSUPP)
+                        "(RDMA_PS_TCP and RDMA_PS_UDP are modelled)", errno.EOPNOTSUPP)
         passive = bool(flags & ce.RAI_PASSIVE)
         if service is not None:
             if passive:
@@ -72,7 +76,7 @@ class AddrInfo(PyverbsObject):
         numeric = bool(flags & ce.RAI_NUMERICHOST)
         self.flags = flags
         self.port_space = port_space
-        self.qp_type = e.IBV_QPT_RC
+        self.qp_type = QP_TYPE[port_space]
         self.src_addr = _resolve(src, src_service, passive, numeric)
         self.dst_addr = None if passive else _resolve(dst, dst_service, False, numeric)
         if self.src_addr is None and passive:
@@ -89,7 +93,6 @@ class ConnParam(Record):
                ("rnr_retry", 7), ("srq", 0), ("qp_num", 0), ("data", b""))
 
 
-UDParam = unmodelled("UDParam", "rdma_cm UD ids (RDMA_PS_UDP)", PyverbsObject)
 JoinMCAttrEx = unmodelled("JoinMCAttrEx", "rdma_cm multicast (rdma_join_multicast_ex)",
                           PyverbsObject)
 
@@ -139,6 +142,7 @@ class CMEvent(PyverbsObject):
         self._fill(cmid, h, data)
 
     def _fill(self, cmid, h, data):
+        self._ud = None
         self.event_type, self.status = cmid._process(h, data, self)
         self.private_data = data
         self.id = cmid
@@ -173,7 +177,7 @@ def _owner_of(channel, h):
 
 # -- ids ----------------------------------------------------------------------------------
 
-class CMID(RdmaVerbs, PyverbsCM):
+class CMID(IdQP, RdmaVerbs, PyverbsCM):
     """rdma_create_id(3) / rdma_create_ep(3): ``CMID(creator=AddrInfo, qp_init_attr=,
     pd=)`` a synchronous id (bound when the AddrInfo is RAI_PASSIVE, else resolved and
     with its QP when qp_init_attr is given); ``CMID(creator=CMEventChannel,
@@ -193,9 +197,12 @@ class CMID(RdmaVerbs, PyverbsCM):
         if isinstance(creator, CMEvent):
             self._take_over(creator)
             return
-        if port_space != ce.RDMA_PS_TCP:
-            raise _fail(f"Failed to create CM ID: port space {int(port_space):#x} (only "
-                        "RDMA_PS_TCP is modelled)", errno.EOPNOTSUPP)
+        if isinstance(creator, AddrInfo):
+            port_space = creator.port_space
+        if port_space not in QP_TYPE:
+            raise _fail(f"Failed to create CM ID: port space {int(port_space):#x} "
+                        "(RDMA_PS_TCP and RDMA_PS_UDP are modelled)", errno.EOPNOTSUPP)
+        self._ps = port_space
         if isinstance(creator, CMEventChannel):
             self._channel = creator
             self._sync = None
@@ -227,7 +234,7 @@ class CMID(RdmaVerbs, PyverbsCM):
 
     def _create(self):
         h = self._session.request("cm_create_id", "Failed to create CM ID",
-                                  ps=ce.RDMA_PS_TCP)
+                                  ps=int(self._ps))
         self._adopt_handle(h["cmid"])
 
     def _adopt_handle(self, handle):
@@ -255,6 +262,7 @@ class CMID(RdmaVerbs, PyverbsCM):
         PyverbsCM.__init__(c)
         c._qp = c._pd = c._scq = c._rcq = c._cc = None
         c._ep = None
+        c._ps = listener._ps
         c._channel, c._sync = listener._channel, listener._sync
         c._session = listener._session.hold()
         c._handle = h["cmid"]
@@ -293,6 +301,10 @@ class CMID(RdmaVerbs, PyverbsCM):
     @property
     def handle(self):
         return self._handle
+
+    @property
+    def _ud(self):
+        return self._ps == ce.RDMA_PS_UDP
 
     # -- the synchronous waits -------------------------------------------------------------
     def _wait(self, want: str, what: str):
@@ -354,117 +366,6 @@ class CMID(RdmaVerbs, PyverbsCM):
                 raise
         return child
 
-    # -- the QP ------------------------------------------------------------------------
-    def create_qp(self, qp_init_attr, pd=None):
-        """rdma_create_qp(3): an RC QP of the id's session (its PD, else a PD of the id),
-        with CQs of its own when the attributes name none; moved to INIT."""
-        from .cq import CQ, CompChannel
-        from .qp import QP
-
-        if self._qp is not None:
-            raise _fail("Failed to create QP: the id has one", errno.EINVAL)
-        ctx = self.context
-        dev = getattr(self, "_dev", 0)
-        if dev != ctx._dev_index:
-            # the id's session opened the daemon's first device: a QP there could not
-            # be the connection's, whose device the daemon chose by the address
-            raise _fail(f"Failed to create QP: the id is on the daemon's device {dev}; "
-                        "pyverbs CM ids use its first", errno.EOPNOTSUPP)
-        if pd is not None and pd._ctx is not ctx:
-            raise _fail("Failed to create QP: the PD is not of the id's context "
-                        "(make it on CMID.context)", errno.EINVAL)
-        if qp_init_attr.qp_type not in (0, e.IBV_QPT_RC):
-            raise _fail("Failed to create QP: only RC ids are modelled", errno.EOPNOTSUPP)
-        qp_init_attr.qp_type = e.IBV_QPT_RC
-        self._pd = pd if pd is not None else self.pd
-        if qp_init_attr.scq is None or qp_init_attr.rcq is None:
-            self._cc = CompChannel(ctx)
-        if qp_init_attr.scq is None:
-            self._scq = CQ(ctx, max(1, qp_init_attr.cap.max_send_wr), None, self._cc)
-            qp_init_attr.scq = self._scq
-        if qp_init_attr.rcq is None:
-            self._rcq = CQ(ctx, max(1, qp_init_attr.cap.max_recv_wr), None, self._cc)
-            qp_init_attr.rcq = self._rcq
-        self._send_cq, self._recv_cq = qp_init_attr.scq, qp_init_attr.rcq
-        self._qp = QP(self._pd, qp_init_attr)
-        self._move("INIT")
-
-    def init_qp_attr(self, qp_state):
-        """rdma_init_qp_attr(3): the attributes and mask that move the id's QP (or one
-        of the program's) to INIT, RTR or RTS, as the library moves its own."""
-        from . import qp as q
-        from .addr import GID, AHAttr, GlobalRoute
-
-        a = q.QPAttr()
-        a.qp_state = qp_state
-        if qp_state == e.IBV_QPS_INIT:
-            a.pkey_index, a.port_num = 0, 1
-            a.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-                                 | e.IBV_ACCESS_REMOTE_READ)
-            return a, (e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
-                       | e.IBV_QP_ACCESS_FLAGS)
-        if qp_state not in (e.IBV_QPS_RTR, e.IBV_QPS_RTS) or not self._peer_qpn:
-            raise _fail("Failed to init QP attr: INIT, or RTR / RTS once the REQ or REP "
-                        "came", errno.EINVAL)
-        if qp_state == e.IBV_QPS_RTR:
-            # the peer's QP number and PSN, and the responder resources agreed on
-            gid = GID()
-            gid.raw = self._dgid
-            a.ah_attr = AHAttr(is_global=1, port_num=1,
-                               gr=GlobalRoute(dgid=gid, sgid_index=0, hop_limit=64))
-            a.path_mtu = self._mtu()
-            a.dest_qp_num, a.rq_psn = self._peer_qpn, self._peer_psn
-            a.max_dest_rd_atomic = self._rr
-            a.min_rnr_timer = _RNR_TIMER
-            return a, (e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU
-                       | e.IBV_QP_DEST_QPN | e.IBV_QP_RQ_PSN
-                       | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
-        a.sq_psn = self._my_psn
-        a.timeout = getattr(self, "_ack_timeout", _ACK_TIMEOUT)
-        a.retry_cnt, a.rnr_retry = self._retry, self._rnr
-        a.max_rd_atomic = self._depth
-        mask = (e.IBV_QP_STATE | e.IBV_QP_SQ_PSN | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT
-                | e.IBV_QP_RNR_RETRY)
-        # an initiator depth of 0 says no READ or atomic will go: the QP keeps its own
-        return a, mask | (e.IBV_QP_MAX_QP_RD_ATOMIC if self._depth else 0)
-
-    def set_option(self, level, optname, optval, optlen=0):
-        """rdma_set_option(3): RDMA_OPTION_ID_ACK_TIMEOUT (the RTS timeout); the other
-        options are not modelled."""
-        if level != ce.RDMA_OPTION_ID or optname != ce.RDMA_OPTION_ID_ACK_TIMEOUT:
-            raise _fail(f"rdma_set_option {level}/{optname} is not modelled",
-                        errno.EOPNOTSUPP)
-        if not 0 <= int(optval) <= 31:
-            raise _fail("RDMA_OPTION_ID_ACK_TIMEOUT: 0..31", errno.EINVAL)
-        self._ack_timeout = int(optval)
-
-    def query_qp(self, attr_mask):
-        """ibv_query_qp(3) of the id's QP: (QPAttr, QPInitAttr)."""
-        return self._need_qp().query(attr_mask)
-
-    def set_local_ece(self, ece):
-        raise _fail("rdma_set_local_ece: ECE is not modelled", errno.EOPNOTSUPP)
-
-    def get_remote_ece(self):
-        raise _fail("rdma_get_remote_ece: ECE is not modelled", errno.EOPNOTSUPP)
-
-    @property
-    def qpn(self):
-        return self._qp.qp_num if self._qp is not None else 0
-
-    def _move(self, state: str):
-        if state == "INIT":
-            self._qp.modify(*self.init_qp_attr(e.IBV_QPS_INIT))
-            return
-        self._qp.modify(*self.init_qp_attr(e.IBV_QPS_RTR))
-        self._qp.modify(*self.init_qp_attr(e.IBV_QPS_RTS))
-
-    def _mtu(self):
-        try:
-            return self.context.query_port(1).active_mtu
-        except PyverbsRDMAError:
-            return e.IBV_MTU_1024
-
     # -- connecting ----------------------------------------------------------------------
     def _qpn(self, param):
         qpn = self._qp.qp_num if self._qp is not None else (param.qp_num if param else 0)
@@ -491,13 +392,13 @@ class CMID(RdmaVerbs, PyverbsCM):
             self._depth = min(self._depth, param.depth)
             self._rnr = min(param.rnr_retry, 7)
         qpn = self._qpn(param)
-        if self._qp is not None:
+        if self._qp is not None and not self._ud:
             self._move("RTS")
         self._session.request(
             "cm_accept", "Failed to accept", bytes(param.data or b"") if param else b"",
             cmid=self._handle, qpn=qpn, psn=self._my_psn, responder_resources=self._rr,
             initiator_depth=self._depth, rnr_retry_count=self._rnr)
-        if self._sync is not None:
+        if self._sync is not None and not self._ud:     # a SIDR_REP has no RTU
             self._wait("established", "Failed to accept")
 
     def reject(self, private_data=None):
@@ -522,7 +423,11 @@ class CMID(RdmaVerbs, PyverbsCM):
         self._dev = h.get("dev", getattr(self, "_dev", 0))
         if kind in ("addr_resolved", "connect_response") and h.get("dgid"):
             self._dgid = bytes(h["dgid"])
-        if kind == "connect_response":
+        if kind == "established" and self._ud:
+            # the SIDR_REP's QP and Q_Key, and the route's GID as the AH's destination
+            ev._ud = ud_event(h)
+            self._peer_qpn, self._peer_qkey = ev._ud["qpn"], ev._ud["qkey"]
+        elif kind == "connect_response":
             self._peer_qpn, self._peer_psn = h.get("qpn", 0), h.get("psn", 0)
             self._rr = min(self._rr, h.get("depth", 0))
             self._depth = min(self._depth, h.get("rr", 0))

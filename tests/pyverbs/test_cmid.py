@@ -144,7 +144,7 @@ def test_sync_connect_to_nobody_is_refused():
 
 def test_unmodelled_port_space_and_missing_destination():
     with pytest.raises(PyverbsRDMAError) as ex:
-        AddrInfo(dst="127.0.0.1", dst_service="1", port_space=ce.RDMA_PS_UDP)
+        AddrInfo(dst="127.0.0.1", dst_service="1", port_space=ce.RDMA_PS_IB)
     assert ex.value.error_code == errno.EOPNOTSUPP
     with pytest.raises(PyverbsRDMAError) as ex:
         AddrInfo(src="127.0.0.1")
