@@ -28,13 +28,9 @@ from test_upstream_pyverbs import RELEASES, REPORT, SHIM, _judge, _plain_env
 from upstream_fetch import tests_dir as fetch_tests
 from upstream_report import parse
 
-_UDP = ("RDMA_PS_UDP ids are not in softhca's pyverbs CMID yet (the C librdmacm has "
-        "them); the child's EOPNOTSUPP ends it with exit code 2, which v44 and v55 "
-        "count as an error (v59 turns it into a skip)")
 # Upstream tests that error for a known reason, each named with it: the pytest test is
-# an xfail only while every error is one of these.
-PENDING: dict[str, dict[str, str]] = {
-    rel: {"test_rdmacm.CMTestCase.test_rdmacm_async_udp_traffic": _UDP} for rel in RELEASES}
+# an xfail only while every error is one of these. None today.
+PENDING: dict[str, dict[str, str]] = {rel: {} for rel in RELEASES}
 REFUSED = "cannot make the program's mount namespace"
 
 
@@ -61,8 +57,10 @@ def test_rdmacm_inside_softhca_run(release):
                   f"({took:.1f} s): {run.summary}")
     assert run.summary, r.stderr[-3000:]
     results = {o.test.rsplit(".", 1)[1]: o for o in run.outcomes}
-    # The connected-mode tests (the ones that fork a passive and an active side) ran.
-    for name in ("test_rdmacm_sync_traffic", "test_rdmacm_async_traffic",
+    # Every test that forks a passive and an active side ran and passed, the UD one
+    # (RDMA_PS_UDP, SIDR) included: v59 turns a child's EOPNOTSUPP into a skip, which
+    # must not count as a pass here.
+    for name in ("test_rdmacm_async_udp_traffic", "test_rdmacm_sync_traffic", "test_rdmacm_async_traffic",
                  "test_rdmacm_async_read", "test_rdmacm_async_write",
                  "test_rdmacm_async_reject_traffic", "test_rdmacm_async_traffic_external_qp"):
         assert results[name].result == "ok", (name, run.summary)
