@@ -65,6 +65,12 @@ _ACCESS_NEEDED = {
     **dict.fromkeys(_ATOMICS, int(AccessFlags.REMOTE_ATOMIC)),
 }
 
+# Each opcode's flags as a plain int, and the two a message's last packet is tested
+# for: ``Op & Op`` goes through enum's Python-level operator, a cost paid per message.
+_FLAG_BITS = {name: int(f) for name, f in FLAGS.items()}
+_WITH_IMM = int(Op.WITH_IMM)
+_WITH_INV = int(Op.WITH_INV)
+
 # A SEND_WITH_INV whose IETH key the responder may not invalidate: IBTA responder error
 # class J, as rxe_resp.c implements it (RESPST_ERR_INVALIDATE_RKEY): the receive
 # completes IB_WC_REM_INV_REQ_ERR and the QP goes to ERR; the requester gets NAK
@@ -323,13 +329,13 @@ class Responder:
         self._accept()
         data = run.payload if whole else memoryview(m.buf)
         self._msg = None
-        op = FLAGS[run.opcode(run.n - 1)]
+        op = _FLAG_BITS[run.opcode(run.n - 1)]
         if run.kind == "SEND":
             recv = self._rq.popleft() if whole else m.recv
             ok = self._finish_send(recv, data, psn, op, run.imm, run.ieth)
         else:
             ok = self._finish_write(run.reth if whole else m.reth, data, psn,
-                                    op & Op.WITH_IMM, run.imm)
+                                    op & _WITH_IMM, run.imm)
         if ok:
             self._after_packet(psn, True)
 
@@ -357,7 +363,7 @@ class Responder:
             self._queue_ack(psn)
 
 
-    def _finish_send(self, recv: RecvWR, data, psn: int, kind: Op, imm_data, ieth) -> bool:
+    def _finish_send(self, recv: RecvWR, data, psn: int, kind: int, imm_data, ieth) -> bool:
         """The last packet (PSN ``psn``, opcode flags ``kind``) of a SEND completed
         ``data``: scatter it over the receive, invalidate, complete; False when that
         failed (the QP went to ERR)."""
@@ -370,8 +376,8 @@ class Responder:
             self._fail_recv(recv, err.status(remote=False), psn,
                             "NAK_INV_REQ" if err.fault == Fault.LENGTH else "NAK_REM_OP")
             return False
-        imm = kind & Op.WITH_IMM
-        inv = kind & Op.WITH_INV
+        imm = kind & _WITH_IMM
+        inv = kind & _WITH_INV
         # The data is placed first, then the key invalidated (as rxe's execute()
         # does); a key we may not invalidate fails the receive after all.
         if inv and not self.qp.invalidate(ieth, remote=True):
