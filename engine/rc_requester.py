@@ -57,6 +57,16 @@ _U64 = 1 << 64
 # IB_WC_LOC_QP_OP_ERR, and so do we. A choice, kept here to change in one place.
 LOCAL_INV_FAILED = WcStatus.LOC_QP_OP_ERR
 
+# The send flags as plain ints: ``int & IntFlag`` goes through enum's Python-level
+# operator (IntFlag.__rand__), a cost paid per posted WR.
+_INLINE = int(SendFlags.INLINE)
+_SIGNALED = int(SendFlags.SIGNALED)
+
+
+def _wr_name(wr: SendWR) -> str:
+    """The WR's opcode as its error messages name it (only built for an error)."""
+    return WrOpcode(wr.opcode).name
+
 
 class Requester:
     """The send queue side of ``qp``."""
@@ -80,31 +90,30 @@ class Requester:
         info = WR_OPCODES.get(wr.opcode)
         if info is None or not info.supported:
             raise eopnotsupp(f"{WrOpcode(wr.opcode).name} is not modelled on this RC QP")
-        name = WrOpcode(wr.opcode).name
         if info.imm and wr.imm_data is None:
-            raise einval(f"{name} needs imm_data")
+            raise einval(f"{_wr_name(wr)} needs imm_data")
         if info.atomic is not None:
             # IBTA atomics operate on one 64-bit value: the original comes back into
             # one 8-byte buffer.
             if len(wr.sg) != 1 or wr.sg[0].length != 8:
-                raise einval(f"{name} needs exactly one SGE of 8 bytes")
+                raise einval(f"{_wr_name(wr)} needs exactly one SGE of 8 bytes")
             if not (0 <= wr.compare_add < _U64 and 0 <= wr.swap < _U64):
-                raise einval(f"{name} compare_add and swap are 64-bit unsigned values")
+                raise einval(f"{_wr_name(wr)} compare_add and swap are 64-bit unsigned values")
         if wr.opcode == WrOpcode.ATOMIC_WRITE and (len(wr.sg) > 1 or wr.sg and wr.sg[0].length != 8
                                                    or wr.remote_addr % 8):
             # ibv_wr_atomic_write(3): 8 bytes to an 8-byte aligned remote address (the
             # value in the WR, or one SGE of 8 bytes when posted with ibv_post_send).
-            raise einval(f"{name} writes 8 bytes (no SGE or one of 8) to an 8-byte aligned "
+            raise einval(f"{_wr_name(wr)} writes 8 bytes (no SGE or one of 8) to an 8-byte aligned "
                          "remote_addr")
         if wr.opcode in (WrOpcode.SEND_WITH_INV, WrOpcode.LOCAL_INV) \
                 and not 0 <= wr.invalidate_rkey < 1 << 32:
-            raise einval(f"{name} invalidate_rkey {wr.invalidate_rkey:#x} is not a 32-bit key")
+            raise einval(f"{_wr_name(wr)} invalidate_rkey {wr.invalidate_rkey:#x} is not a 32-bit key")
         inline = None
-        if wr.send_flags & SendFlags.INLINE and wr.opcode != WrOpcode.LOCAL_INV:
+        if wr.send_flags & _INLINE and wr.opcode != WrOpcode.LOCAL_INV:
             if not info.inline:
-                raise einval(f"IBV_SEND_INLINE is valid only for SEND and RDMA_WRITE, not {name}")
+                raise einval(f"IBV_SEND_INLINE is valid only for SEND and RDMA_WRITE, not {_wr_name(wr)}")
             inline = self._gather_inline(wr.sg)
-        signaled = self.qp.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
+        signaled = self.qp.sq_sig_all or bool(wr.send_flags & _SIGNALED)
         req = SendRequest(wr, info, signaled, sum(s.length for s in wr.sg), info.wc_opcode,
                           inline=inline)
         if wr.opcode in (WrOpcode.LOCAL_INV, WrOpcode.BIND_MW):

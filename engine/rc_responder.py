@@ -57,12 +57,19 @@ _ATOMICS = with_flags(Op.ATOMIC)
 # The qp_access_flags bit each remote operation needs (ibv_modify_qp(3)
 # qp_access_flags: "Mask of enabled remote access operations"), by run kind; SENDs
 # need none.
+# (Plain ints: ``int & IntFlag`` goes through enum's Python-level operator, per run.)
 _ACCESS_NEEDED = {
-    "RDMA_WRITE": AccessFlags.REMOTE_WRITE,
-    RDMA_READ_REQUEST: AccessFlags.REMOTE_READ,
-    RDMA_ATOMIC_WRITE: AccessFlags.REMOTE_WRITE,
-    **dict.fromkeys(_ATOMICS, AccessFlags.REMOTE_ATOMIC),
+    "RDMA_WRITE": int(AccessFlags.REMOTE_WRITE),
+    RDMA_READ_REQUEST: int(AccessFlags.REMOTE_READ),
+    RDMA_ATOMIC_WRITE: int(AccessFlags.REMOTE_WRITE),
+    **dict.fromkeys(_ATOMICS, int(AccessFlags.REMOTE_ATOMIC)),
 }
+
+# Each opcode's flags as a plain int, and the two a message's last packet is tested
+# for: ``Op & Op`` goes through enum's Python-level operator, a cost paid per message.
+_FLAG_BITS = {name: int(f) for name, f in FLAGS.items()}
+_WITH_IMM = int(Op.WITH_IMM)
+_WITH_INV = int(Op.WITH_INV)
 
 # A SEND_WITH_INV whose IETH key the responder may not invalidate: IBTA responder error
 # class J, as rxe_resp.c implements it (RESPST_ERR_INVALIDATE_RKEY): the receive
@@ -104,6 +111,12 @@ class Responder:
         self._unacked = 0
         # ACKs, NAKs and READ responses (runs of several packets), in the order they go.
         self._resp_out: list[Packet | Run] = []
+        # The ACK owed after everything in _resp_out, as (PSN, MSN), not yet a packet:
+        # ACKs are cumulative (IBTA 9.7.5.1), so each message's ACK replaces the one
+        # before it until something else must go out after it (a NAK, a READ response,
+        # an atomic ACK: ``_out``) or the QP is polled (``take_packets``), and the many
+        # messages of one read of the wire make one ACK packet, not one each.
+        self._ack_due: tuple[int, int] | None = None
         # PSN -> (original value, MSN) of the atomics executed most recently.
         self._atomic_results: OrderedDict[int, tuple[int, int]] = OrderedDict()
         # First PSN -> (packets, rkey, va, length, MSN) of the READs answered most
@@ -136,22 +149,31 @@ class Responder:
 
     def take_packets(self) -> list[Packet | Run]:
         """The ACKs, NAKs and responses owed (READ responses as runs)."""
+        if self._ack_due is not None:
+            self._ack_out()
         out, self._resp_out = self._resp_out, []
         return out
 
     def _queue_ack(self, psn: int) -> None:
         self._unacked = 0
-        pkt = Packet(self.qp.dest_qp, psn, ACKNOWLEDGE, aeth=("ACK", self._msn))
         # ACKs are cumulative: a newer one makes a queued older one useless.
-        last = self._resp_out[-1] if self._resp_out else None
-        if type(last) is Packet and last.opcode == ACKNOWLEDGE and last.aeth[0] == "ACK":
-            self._resp_out[-1] = pkt
-        else:
-            self._resp_out.append(pkt)
+        self._ack_due = (psn, self._msn)
+
+    def _ack_out(self) -> None:
+        """The owed ACK becomes a packet, after everything queued before it."""
+        psn, msn = self._ack_due
+        self._ack_due = None
+        self._resp_out.append(Packet(self.qp.dest_qp, psn, ACKNOWLEDGE, aeth=("ACK", msn)))
+
+    def _out(self, p: Packet | Run) -> None:
+        """Queue a NAK or a response behind the ACK owed before it (their order is the
+        order they were decided in)."""
+        if self._ack_due is not None:
+            self._ack_out()
+        self._resp_out.append(p)
 
     def _nak(self, psn: int, syndrome: str) -> None:
-        self._resp_out.append(Packet(self.qp.dest_qp, psn, ACKNOWLEDGE,
-                                     aeth=(syndrome, self._msn)))
+        self._out(Packet(self.qp.dest_qp, psn, ACKNOWLEDGE, aeth=(syndrome, self._msn)))
 
     def _nak_fatal(self, psn: int, syndrome: str) -> None:
         self._nak(psn, syndrome)
@@ -281,7 +303,7 @@ class Responder:
         if run.kind == RDMA_READ_REQUEST:
             self._answer_read(run, first_time=True)
         elif run.kind in _ATOMICS:
-            self._execute_atomic(run)
+            _execute_atomic(self, run)
         elif run.kind == RDMA_ATOMIC_WRITE:
             _atomic_write(self, run)
         else:
@@ -307,13 +329,13 @@ class Responder:
         self._accept()
         data = run.payload if whole else memoryview(m.buf)
         self._msg = None
-        op = FLAGS[run.opcode(run.n - 1)]
+        op = _FLAG_BITS[run.opcode(run.n - 1)]
         if run.kind == "SEND":
             recv = self._rq.popleft() if whole else m.recv
             ok = self._finish_send(recv, data, psn, op, run.imm, run.ieth)
         else:
             ok = self._finish_write(run.reth if whole else m.reth, data, psn,
-                                    op & Op.WITH_IMM, run.imm)
+                                    op & _WITH_IMM, run.imm)
         if ok:
             self._after_packet(psn, True)
 
@@ -341,7 +363,7 @@ class Responder:
             self._queue_ack(psn)
 
 
-    def _finish_send(self, recv: RecvWR, data, psn: int, kind: Op, imm_data, ieth) -> bool:
+    def _finish_send(self, recv: RecvWR, data, psn: int, kind: int, imm_data, ieth) -> bool:
         """The last packet (PSN ``psn``, opcode flags ``kind``) of a SEND completed
         ``data``: scatter it over the receive, invalidate, complete; False when that
         failed (the QP went to ERR)."""
@@ -354,8 +376,8 @@ class Responder:
             self._fail_recv(recv, err.status(remote=False), psn,
                             "NAK_INV_REQ" if err.fault == Fault.LENGTH else "NAK_REM_OP")
             return False
-        imm = kind & Op.WITH_IMM
-        inv = kind & Op.WITH_INV
+        imm = kind & _WITH_IMM
+        inv = kind & _WITH_INV
         # The data is placed first, then the key invalidated (as rxe's execute()
         # does); a key we may not invalidate fails the receive after all.
         if inv and not self.qp.invalidate(ieth, remote=True):
@@ -417,7 +439,7 @@ class Responder:
             k = min(n - a, READ_RESPONSE_RUN_MAX, PSN_MOD - psn)
             t = Run(self.qp.dest_qp, psn, k, "RDMA_READ_RESPONSE", a == 0, a + k == n, mtu,
                     view[a * mtu:(a + k) * mtu], aeth=aeth)
-            self._resp_out.append(t if k > 1 else t.packet(0))
+            self._out(t if k > 1 else t.packet(0))
             a += k
 
     def _record_read(self, psn: int, n: int, rkey: int, addr: int, length: int) -> None:
@@ -448,36 +470,6 @@ class Responder:
             break
         self.qp.stats["duplicate_reads_dropped"] += 1
 
-    def _execute_atomic(self, pkt: Run) -> None:
-        if pkt.atomic is None:
-            self._nak_fatal(pkt.psn, "NAK_INV_REQ")     # an atomic opcode without AtomicETH
-            return
-        rkey, addr, swap_add, compare = pkt.atomic
-        if pkt.kind == "COMPARE_SWAP":
-            def update(old: int) -> int:
-                return swap_add if old == compare else old
-        else:
-            def update(old: int) -> int:
-                return (old + swap_add) % _U64
-        try:
-            # REMOTE_ATOMIC on the rkey, then 8-byte alignment (IBTA 9.4.5; rxe checks
-            # in this order: check_rkey, then atomic_reply's alignment): Invalid Request.
-            original = transfer.atomic(self.qp.pd, rkey, addr, update, qp_num=self.qp.qp_num)
-        except TransferError as err:
-            self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
-            return
-        self._accept()
-        self._msn = (self._msn + 1) % PSN_MOD
-        self._unacked = 0
-        self._atomic_results[pkt.psn] = (original, self._msn)
-        # The results kept for answering duplicate atomics (IBTA: a duplicate atomic is
-        # answered from the saved result, never executed again) are the responder's
-        # resources for incoming atomics, max_dest_rd_atomic of them (ibv_modify_qp(3));
-        # rxe sizes its replay resources so.
-        while len(self._atomic_results) > self.qp.max_dest_rd_atomic:
-            self._atomic_results.popitem(last=False)
-        self._send_atomic_ack(pkt.psn, original, self._msn)
-
     def _replay_atomic(self, pkt: Run) -> None:
         saved = self._atomic_results.get(pkt.psn)
         if saved is None:
@@ -487,8 +479,41 @@ class Responder:
         self._send_atomic_ack(pkt.psn, *saved)
 
     def _send_atomic_ack(self, psn: int, original: int, msn: int) -> None:
-        self._resp_out.append(Packet(self.qp.dest_qp, psn, ATOMIC_ACKNOWLEDGE, aeth=("ACK", msn),
-                                     atomic_ack=original))
+        self._out(Packet(self.qp.dest_qp, psn, ATOMIC_ACKNOWLEDGE, aeth=("ACK", msn),
+                         atomic_ack=original))
+
+
+def _execute_atomic(self: Responder, pkt: Run) -> None:
+    """A compare-and-swap or fetch-and-add: executed once, its result kept for its
+    duplicates and sent back in an atomic ACK."""
+    if pkt.atomic is None:
+        self._nak_fatal(pkt.psn, "NAK_INV_REQ")     # an atomic opcode without AtomicETH
+        return
+    rkey, addr, swap_add, compare = pkt.atomic
+    if pkt.kind == "COMPARE_SWAP":
+        def update(old: int) -> int:
+            return swap_add if old == compare else old
+    else:
+        def update(old: int) -> int:
+            return (old + swap_add) % _U64
+    try:
+        # REMOTE_ATOMIC on the rkey, then 8-byte alignment (IBTA 9.4.5; rxe checks
+        # in this order: check_rkey, then atomic_reply's alignment): Invalid Request.
+        original = transfer.atomic(self.qp.pd, rkey, addr, update, qp_num=self.qp.qp_num)
+    except TransferError as err:
+        self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
+        return
+    self._accept()
+    self._msn = (self._msn + 1) % PSN_MOD
+    self._unacked = 0
+    self._atomic_results[pkt.psn] = (original, self._msn)
+    # The results kept for answering duplicate atomics (IBTA: a duplicate atomic is
+    # answered from the saved result, never executed again) are the responder's
+    # resources for incoming atomics, max_dest_rd_atomic of them (ibv_modify_qp(3));
+    # rxe sizes its replay resources so.
+    while len(self._atomic_results) > self.qp.max_dest_rd_atomic:
+        self._atomic_results.popitem(last=False)
+    self._send_atomic_ack(pkt.psn, original, self._msn)
 
 
 def _atomic_write(self: Responder, pkt: Run) -> None:

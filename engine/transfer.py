@@ -63,6 +63,12 @@ class Plan:
     n_blocks: int = 0
     tail: int = 0
 
+# The access rights a transfer asks for, as plain ints: ``int & IntFlag`` goes through
+# enum's Python-level operator, a cost paid for every message.
+_REMOTE_READ = int(AccessFlags.REMOTE_READ)
+_REMOTE_WRITE = int(AccessFlags.REMOTE_WRITE)
+_LOCAL_WRITE = int(AccessFlags.LOCAL_WRITE)
+
 
 def _resolve(pd: PD, key: int, access: int, remote: bool, addr: int = 0, length: int = 0,
              qp_num: int | None = None) -> MR | MKey:
@@ -214,7 +220,7 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
     pipelining stops the send queue on an error of this transfer, whatever is latched).
     With ``view``, an MR's bytes come as a view of its memory, read when they are sent
     (as an HCA DMAs READ response data as it sends it), not a copy."""
-    obj = _resolve(pd, key, AccessFlags.REMOTE_READ if remote else 0, remote, offset, length,
+    obj = _resolve(pd, key, _REMOTE_READ if remote else 0, remote, offset, length,
                    qp_num)
     t = _Tracer(trace, TX, key)
     if isinstance(obj, MR):
@@ -262,7 +268,7 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
        trace: Trace = None, sig_errors: list | None = None, qp_num: int | None = None) -> None:
     """Wire to memory: scatter ``wire`` bytes arriving for ``offset`` through ``key``
     (``sig_errors`` as for ``tx``)."""
-    obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
+    obj = _resolve(pd, key, _REMOTE_WRITE if remote else _LOCAL_WRITE,
                    remote, offset, len(wire), qp_num)
     stream = np.frombuffer(wire, dtype=np.uint8)
     t = _Tracer(trace, RX, key)
@@ -310,7 +316,7 @@ def check_rx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False
     responder validates a WRITE's RETH at its first packet (IBTA 9.7.4.1: the RETH
     is checked before the data is accepted), so it never buffers a message it could
     not place. Raises TransferError as rx would."""
-    obj = _resolve(pd, key, AccessFlags.REMOTE_WRITE if remote else AccessFlags.LOCAL_WRITE,
+    obj = _resolve(pd, key, _REMOTE_WRITE if remote else _LOCAL_WRITE,
                    remote, offset, length, qp_num)
     if isinstance(obj, MR):
         _mr_range(obj, offset, length)
