@@ -83,6 +83,7 @@ class Connection:
 
     def __init__(self, link: Link, address: str) -> None:
         self.reader, self.writer = link.reader, link.writer
+        self._transport = link.writer.transport
         self.address = address
         self.welcome = link.welcome
         self.protocol = ControlSession(Role.CLIENT, decoder=link.decoder, peer=address)
@@ -133,7 +134,7 @@ class Connection:
         fut = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
         self._write()
-        if self.writer.transport.get_write_buffer_size() > DRAIN_AT:
+        if self._transport.get_write_buffer_size() > DRAIN_AT:
             await self.writer.drain()
         return await fut
 
@@ -174,8 +175,11 @@ class Connection:
             return
         data = self.protocol.data_to_send()
         if data:
-            with contextlib.suppress(Exception):
-                self.writer.writelines(data)
+            # (try, not contextlib.suppress: this runs for every request.)
+            try:
+                self._transport.writelines(data)
+            except Exception:   # a connection being torn down; the read loop ends it
+                pass
 
     async def _read_loop(self, first: list) -> None:
         proto = self.protocol

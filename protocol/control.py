@@ -692,7 +692,9 @@ REQUESTS: dict[str, dict[str, tuple]] = {verb: cls.SCHEMA for verb, cls in BY_VE
 def decode_request(header: dict, payload: memoryview) -> tuple[int, Request]:
     """(id, typed request) of a control request, or FrameError("EPROTO") naming the
     fault (the verbs' EINVAL for a value C itself would refuse)."""
-    rid = field(header, "id", int, min=0, max=U32)
+    rid = header.get("id")
+    if type(rid) is not int or not 0 <= rid <= U32:
+        rid = field(header, "id", int, min=0, max=U32)      # refuses it, naming why
     verb = header["t"]
     cls = BY_VERB.get(verb)
     if cls is None:
