@@ -300,7 +300,7 @@ class ControlSession:
         h = fr.header
         kind = fr.kind
         rid = h.get("id")
-        if not isinstance(rid, int) or isinstance(rid, bool):
+        if type(rid) is not int:    # (msgpack gives exact ints; a bool is not an id)
             rid = None
         if kind == FrameKind.WC:
             cq, wcs = h.get("cq"), h.get("wcs")
@@ -355,7 +355,7 @@ class ControlSession:
 
     def _server_frame(self, fr: Frame, events: list[SessionEvent]) -> None:
         rid = fr.header.get("id")
-        if not isinstance(rid, int) or isinstance(rid, bool):
+        if type(rid) is not int:    # (msgpack gives exact ints; a bool is not an id)
             rid = 0
         try:
             rid, request = control.decode_request(fr.header, fr.payload)

@@ -35,7 +35,7 @@ REQUEST_CHUNK = 1 << 15
 def _reply_size(ev) -> int:
     """The payload bytes a request's reply will carry (what the reply budget is charged
     before the request runs): an mr_read's length; the rest reply with a small header."""
-    if isinstance(ev, Call) and isinstance(ev.request, control.MrRead):
+    if type(ev) is Call and type(ev.request) is control.MrRead:
         return ev.request.length
     return 0
 
@@ -105,9 +105,11 @@ class ControlSession:
         high = self.daemon.limits.reply_high_water
         turn = loop.time()
         for ev in events:
-            if isinstance(ev, Closed):
+            # By exact type: protocol/session.py's own final dataclasses.
+            kind = type(ev)
+            if kind is Closed:
                 return False
-            if isinstance(ev, Broken):
+            if kind is Broken:
                 # Framing is lost: say why (queued by the protocol), then close
                 # (docs/protocol.md).
                 log.warning("session broke framing %s", kv(
@@ -173,7 +175,7 @@ class ControlSession:
 
     def _handle(self, ev: Call | Refused) -> None:
         proto = self.protocol
-        if isinstance(ev, Refused):
+        if type(ev) is Refused:
             proto.send_error(ev.rid, ev.error)
             self._flush()
             return
