@@ -83,6 +83,7 @@ class Connection:
 
     def __init__(self, link: Link, address: str) -> None:
         self.reader, self.writer = link.reader, link.writer
+        self._transport = link.writer.transport
         self.address = address
         self.welcome = link.welcome
         self.protocol = ControlSession(Role.CLIENT, decoder=link.decoder, peer=address)
@@ -133,7 +134,7 @@ class Connection:
         fut = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
         self._write()
-        if self.writer.transport.get_write_buffer_size() > DRAIN_AT:
+        if self._transport.get_write_buffer_size() > DRAIN_AT:
             await self.writer.drain()
         return await fut
 
@@ -174,8 +175,11 @@ class Connection:
             return
         data = self.protocol.data_to_send()
         if data:
-            with contextlib.suppress(Exception):
-                self.writer.writelines(data)
+            # (try, not contextlib.suppress: this runs for every request.)
+            try:
+                self._transport.writelines(data)
+            except Exception:   # a connection being torn down; the read loop ends it
+                pass
 
     async def _read_loop(self, first: list) -> None:
         proto = self.protocol
@@ -191,28 +195,31 @@ class Connection:
 
     def _dispatch(self, events: list) -> None:
         for ev in events:
-            if isinstance(ev, Reply):
+            # By exact type: the events are protocol/session.py's own final dataclasses,
+            # and this runs for every reply and every push.
+            kind = type(ev)
+            if kind is Reply:
                 fut = self._futures.pop(ev.rid, None)
                 if fut is not None and not fut.done():
                     fut.set_result((ev.header, ev.payload))
-            elif isinstance(ev, Failed):
-                fut = self._futures.pop(ev.rid, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(ev.error)
-            elif isinstance(ev, Completions):
+            elif kind is Completions:
                 st = self.cqs.get(ev.cq)
                 if st is not None:
                     st.wake()
-            elif isinstance(ev, Pushed):
+            elif kind is Failed:
+                fut = self._futures.pop(ev.rid, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(ev.error)
+            elif kind is Pushed:
                 if self.events.qsize() >= EVENT_QUEUE:
                     self.events.get_nowait()
                     self.events_dropped += 1
                 self.events.put_nowait(Event(ev.kind, ev.header, bytes(ev.payload)))
-            elif isinstance(ev, Broken):
+            elif kind is Broken:
                 # The daemon broke the protocol: nothing more it sends can be trusted.
                 with contextlib.suppress(Exception):
                     self.writer.transport.abort()
-            elif isinstance(ev, Closed):
+            elif kind is Closed:
                 self._ended(ev.error)
 
     def _ended(self, reason: RDMAError) -> None:

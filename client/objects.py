@@ -618,8 +618,14 @@ class QP(_Closable):
         # A long list goes as requests of MAX_WRS_PER_POST, in order, each after the one
         # before succeeded: as with ibv_post_send's bad_wr, the WRs before a refused
         # one are posted and none after it.
-        for i in range(0, max(len(wrs), 1), MAX_WRS_PER_POST):
-            await self.node.request(verb, qp=self.handle, wrs=wrs[i:i + MAX_WRS_PER_POST])
+        # (The connection's own request, not Node.request: a post is the data path's
+        # call, and the extra coroutine is one more frame for every WR list.)
+        conn = self.node._conn
+        if len(wrs) <= MAX_WRS_PER_POST:
+            await conn.request(verb, qp=self.handle, wrs=wrs)
+            return
+        for i in range(0, len(wrs), MAX_WRS_PER_POST):
+            await conn.request(verb, qp=self.handle, wrs=wrs[i:i + MAX_WRS_PER_POST])
 
     # -- the WR builder (ibv_wr_start ... ibv_wr_complete) ------------------------------
     def wr_start(self) -> None:

@@ -83,6 +83,11 @@ def credits_from_wire(credits: list, max_count: int = MAX_CQE) -> dict[int, int]
     client's session builds them, the daemon's decodes them with it."""
     total: dict[int, int] = {}
     for i, c in enumerate(credits):
+        if (type(c) is list and len(c) == 2 and type(c[0]) is int and type(c[1]) is int
+                and 1 <= c[0] <= U32 and 1 <= c[1] <= max_count):
+            # (Exact types, what msgpack gives: one per poll, so no generator here.)
+            total[c[0]] = total.get(c[0], 0) + c[1]
+            continue
         if not (isinstance(c, list) and len(c) == 2
                 and all(isinstance(x, int) and not isinstance(x, bool) for x in c)
                 and 1 <= c[0] <= U32 and 1 <= c[1] <= max_count):
@@ -692,7 +697,9 @@ REQUESTS: dict[str, dict[str, tuple]] = {verb: cls.SCHEMA for verb, cls in BY_VE
 def decode_request(header: dict, payload: memoryview) -> tuple[int, Request]:
     """(id, typed request) of a control request, or FrameError("EPROTO") naming the
     fault (the verbs' EINVAL for a value C itself would refuse)."""
-    rid = field(header, "id", int, min=0, max=U32)
+    rid = header.get("id")
+    if type(rid) is not int or not 0 <= rid <= U32:
+        rid = field(header, "id", int, min=0, max=U32)      # refuses it, naming why
     verb = header["t"]
     cls = BY_VERB.get(verb)
     if cls is None:

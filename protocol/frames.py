@@ -95,7 +95,13 @@ def _check_header(header: Any) -> str:
     stack: list[Any] = [header]
     while stack:
         obj = stack.pop()
-        if isinstance(obj, dict):
+        if type(obj) is list:
+            # The usual container (WRs, completions, SGEs): its scalars are passed by a
+            # type lookup each, without the generator and isinstance calls below.
+            for v in obj:
+                if type(v) not in _SCALAR_TYPES:
+                    stack.append(v)
+        elif isinstance(obj, dict):
             for key, value in obj.items():
                 if type(key) not in _KEY_TYPES and not isinstance(key, (str, bytes)):
                     raise FrameError("EPROTO", f"frame header map key of type "

@@ -273,8 +273,10 @@ class ControlSession:
         credits = [[h, n] for h, n in self._owed.items()]
         self._owed.clear()
         for i in range(0, len(credits), control.MAX_CREDITS):
+            # Unchecked: the session builds it of its own ints (one with every poll).
             self._out += encode_frame({"t": FrameKind.CQ_CREDIT, "id": 0,
-                                       "credits": credits[i:i + control.MAX_CREDITS]})
+                                       "credits": credits[i:i + control.MAX_CREDITS]},
+                                      check=False)
         return True
 
     def drop_qp_completions(self, cq: int, qp_num: int) -> None:
@@ -300,7 +302,7 @@ class ControlSession:
         h = fr.header
         kind = fr.kind
         rid = h.get("id")
-        if not isinstance(rid, int) or isinstance(rid, bool):
+        if type(rid) is not int:    # (msgpack gives exact ints; a bool is not an id)
             rid = None
         if kind == FrameKind.WC:
             cq, wcs = h.get("cq"), h.get("wcs")
@@ -343,9 +345,12 @@ class ControlSession:
                                    "msg": error.message})
 
     def push_completions(self, cq: int, wcs: list) -> None:
-        """Queue completions (wire form) of pushed CQ ``cq``: one ``wc`` frame."""
+        """Queue completions of pushed CQ ``cq``: one ``wc`` frame. ``wcs`` are in wire
+        form as ``WC.to_wire`` makes them, and are not checked again here."""
         self._require(Role.SERVER)
-        self._out += encode_frame({"t": FrameKind.WC, "cq": cq, "wcs": wcs})
+        # Unchecked: WC.to_wire builds each of ints and nil from the typed record (the
+        # walk would cost as much as the rest of the frame's encoding).
+        self._out += encode_frame({"t": FrameKind.WC, "cq": cq, "wcs": wcs}, check=False)
 
     def push_event(self, header: dict, payload: bytes | memoryview = b"") -> None:
         """Queue a subscribed event; ``header`` has the event's fields (its ``"t"`` is
@@ -355,7 +360,7 @@ class ControlSession:
 
     def _server_frame(self, fr: Frame, events: list[SessionEvent]) -> None:
         rid = fr.header.get("id")
-        if not isinstance(rid, int) or isinstance(rid, bool):
+        if type(rid) is not int:    # (msgpack gives exact ints; a bool is not an id)
             rid = 0
         try:
             rid, request = control.decode_request(fr.header, fr.payload)

@@ -18,6 +18,8 @@ from .hosts import QPHost
 # The longest a reply waits for its completion: a few round trips between daemons on a
 # loaded machine. Past it the reply goes alone, as before.
 HOLD_S = 0.003
+# As a plain int: an int & an IntFlag member goes through enum's Python __and__.
+_SIGNALED = int(SendFlags.SIGNALED)
 
 
 def send_queue_busy(qph: QPHost) -> int | None:
@@ -38,7 +40,7 @@ def reply_may_wait(qph: QPHost, wrs: list, busy_before: int | None) -> bool:
         return False
     wr = wrs[0]
     q = qph.rcqp
-    if not (getattr(q, "sq_sig_all", False) or wr.send_flags & SendFlags.SIGNALED):
+    if not (getattr(q, "sq_sig_all", False) or wr.send_flags & _SIGNALED):
         return False
     return (send_queue_busy(qph) == 1
             and sum(s.length for s in wr.sg) <= getattr(q, "mtu", 0))
