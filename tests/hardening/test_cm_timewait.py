@@ -210,3 +210,25 @@ async def test_a_ud_id_has_no_timewait():
         assert not d.cm.timewait and d.cm.counts()["timers"] == 0
         srv.close()
         cli.close()
+
+
+async def test_ids_in_timewait_count_against_the_sessions_id_limit(monkeypatch):
+    """An id in timewait is still an id: with a limit of 3 ids per session, a session
+    holding one in timewait may make 2 more, the next is ENOMEM; destroying the one in
+    timewait makes room at once."""
+    import softhca.server.cm as server_cm
+
+    async with daemon(timewait=30.0) as d:
+        srv, cli, child, cid, _ = await connected(d, 7307)
+        await cli.call("cm_disconnect", cmid=cid)
+        await cli.event("disconnected")
+        assert d.cm.ids[cid].state.value == "timewait"
+        monkeypatch.setattr(server_cm, "MAX_IDS", 3)
+        more = [(await cli.call("cm_create_id", ps=cm.PS_TCP))["cmid"] for _ in range(2)]
+        e = await cli.refused("cm_create_id", ps=cm.PS_TCP)
+        assert e["errno"] == "ENOMEM", e
+        await cli.call("cm_destroy_id", cmid=cid)
+        more.append((await cli.call("cm_create_id", ps=cm.PS_TCP))["cmid"])
+        assert not cli.events
+        srv.close()
+        cli.close()
