@@ -28,6 +28,10 @@ class CMState(enum.Enum):
     REP_RCVD = "rep_rcvd"            # REP taken: the library readies its QP, then RTU
     ESTABLISHED = "established"
     DREQ_SENT = "dreq_sent"          # rdma_disconnect: waiting for DREP
+    # The disconnect completed (DREP sent or taken, or the DREQ's resends ran out): the
+    # connection's QP numbers are held until RDMA_CM_EVENT_TIMEWAIT_EXIT, so that a
+    # stale REQ naming them is refused (server/cm.py, ``enter_timewait``).
+    TIMEWAIT = "timewait"
     DISCONNECTED = "disconnected"
 
 
@@ -42,7 +46,7 @@ _ALLOWED = {
     "reject": {CMState.REQ_RCVD},
     "establish": {CMState.REP_RCVD},
     "disconnect": {CMState.ESTABLISHED, CMState.REP_SENT, CMState.REP_RCVD,
-                   CMState.DREQ_SENT, CMState.DISCONNECTED},
+                   CMState.DREQ_SENT, CMState.TIMEWAIT, CMState.DISCONNECTED},
 }
 
 
@@ -66,6 +70,8 @@ class CMId:
     peer_ip: str = ""
     peer_port: int = 0
     remote_cid: int = 0
+    # The peer's QP number (from its REQ or REP): what a connection in timewait holds.
+    remote_qpn: int = 0
     # A listener's children that wait for rdma_accept / rdma_reject (its backlog), and
     # a child's listener.
     backlog: int = 0
@@ -89,3 +95,35 @@ def backlog_of(requested: int, limit: int) -> int:
     """rdma_listen(3)'s backlog: 0 means the default (here the limit), and more than the
     limit is the limit (as listen(2) caps it at somaxconn)."""
     return limit if requested == 0 else min(requested, limit)
+
+
+# -- the timewait's length -------------------------------------------------------------
+# IBTA times are 4.096 us * 2^t. On RoCE rdma_cm gives the path a packet lifetime of
+# t = 16 (the kernel's CMA_IBOE_PACKET_LIFETIME, some 268 ms), and an mlx5 HCA's
+# local_ca_ack_delay is 16 (what softhca's devices report). The IB CM derives the
+# connection's ACK timeout from both (``ack_timeout`` below: 18 for these inputs, on
+# the active side from the REP's target ACK delay, on the passive side from the REQ's
+# local ACK timeout, so 18 on both), and holds a disconnected connection in timewait
+# for that time, taken as 2^(t - 8) ms: 2^10 = 1024 ms.
+ROCE_PACKET_LIFETIME = 16
+CA_ACK_DELAY = 16
+
+
+def ack_timeout(ca_ack_delay: int, packet_life_time: int) -> int:
+    """The ACK timeout exponent of a path: 4.096 us * 2^t should cover the HCA's ACK
+    delay plus the round trip (twice the packet lifetime); the larger of the delay and
+    lifetime + 1, one more when the other is within a factor of two of it (at most 31)."""
+    t = packet_life_time + 1
+    if t >= ca_ack_delay:
+        t += ca_ack_delay >= t - 1
+    else:
+        t = ca_ack_delay + (t >= ca_ack_delay - 1)
+    return min(31, t)
+
+
+def timewait_seconds(packet_life_time: int = ROCE_PACKET_LIFETIME,
+                     ca_ack_delay: int = CA_ACK_DELAY) -> float:
+    """How long a connection stays in timewait: its ACK timeout exponent t read as
+    2^(t - 8) ms (4.096 us * 2^t rounded down to a power of two of milliseconds)."""
+    t = ack_timeout(ca_ack_delay, packet_life_time)
+    return (1 << max(t - 8, 0)) / 1000

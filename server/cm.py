@@ -28,12 +28,13 @@ import random
 import socket
 from dataclasses import dataclass
 
-from ..engine.cm import CMId, CMState, backlog_of
+from ..engine.cm import CMId, CMState, backlog_of, timewait_seconds
 from ..engine.rc import RCQP
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
 from . import cm_sidr
 from .cm_inbound import CmInbound
+from .cm_timewait import CmTimewait
 from .wire import host_class
 
 # Bounds per session: rdma_cm ids, ids waiting for a REP (connects in flight).
@@ -53,6 +54,9 @@ class Timing:
     # How long an MRA'd REQ waits for its REP before it is sent again: the kernel's
     # rdma_cm asks for 4.096 us * 2^24, some 68 s.
     mra_timeout: float = 68.7
+    # How long a disconnected connection stays in timewait (server/cm_timewait.py):
+    # the IB CM's time for a RoCE path, 1.024 s (engine/cm.py); ``serve --cm-timewait``.
+    timewait: float = timewait_seconds()
 
 
 def gid_bytes(ip: str, port: int, dev: int) -> bytes:
@@ -60,7 +64,7 @@ def gid_bytes(ip: str, port: int, dev: int) -> bytes:
         + dev.to_bytes(2, "big")
 
 
-class ConnectionManager(CmInbound):
+class ConnectionManager(CmInbound, CmTimewait):
     """The CM of one daemon (``node``: its host, port, devices, wire plane, counters)."""
 
     def __init__(self, node, timing: Timing | None = None) -> None:
@@ -78,6 +82,7 @@ class ConnectionManager(CmInbound):
         node.counters.update({"cm_messages_in": 0, "cm_messages_out": 0,
                               "cm_messages_refused": 0, "cm_retransmissions": 0,
                               "cm_messages_dropped": 0, "cm_backlog_drops": 0})
+        self._init_timewait()
 
     # -- addresses ---------------------------------------------------------------------
     def my_ip(self) -> str:
@@ -132,6 +137,7 @@ class ConnectionManager(CmInbound):
 
     def _forget(self, cid: CMId) -> None:
         self._cancel(cid)
+        self.end_timewait(cid)
         probe = self._probes.pop(cid.handle, None)
         if probe is not None:
             probe.cancel()
@@ -309,7 +315,8 @@ class ConnectionManager(CmInbound):
 
     def disconnect(self, cid: CMId) -> None:
         cid.check("disconnect")
-        if cid.state in (CMState.DREQ_SENT, CMState.DISCONNECTED) or cm_sidr.is_ud(cid):
+        if cid.state in (CMState.DREQ_SENT, CMState.TIMEWAIT, CMState.DISCONNECTED) \
+                or cm_sidr.is_ud(cid):
             return      # the peer's DREQ came first, or ours is under way; UD: no DREQ
         cid.to(CMState.DREQ_SENT)
         self._send(cid, "dreq", {}, retry="disconnected")
@@ -385,6 +392,8 @@ class ConnectionManager(CmInbound):
         cid.resend = None
         cid.to(CMState.DISCONNECTED)
         self._event(cid, fail, status=0 if fail == "disconnected" else -errno.ETIMEDOUT)
+        if fail == "disconnected":
+            self.enter_timewait(cid)    # the DREQ's resends ran out: done all the same
 
     # -- events --------------------------------------------------------------------------
     def _event(self, cid: CMId, kind: str, status: int = 0, **fields) -> None:
@@ -395,8 +404,10 @@ class ConnectionManager(CmInbound):
 
     def counts(self, owner=None) -> dict[str, int]:
         ids = [c for c in self.ids.values() if owner is None or c.owner is owner]
+        # "timers" counts the timewaits' too, "remote" their records by peer QP number.
         return {"ids": len(ids), "listeners": len(self.listeners),
-                "timers": len(self._timers) + len(self._probes), "remote": len(self.by_remote)}
+                "timers": len(self._timers) + len(self._probes) + len(self._tw_timers),
+                "remote": len(self.by_remote) + len(self.timewait)}
 
 
 def _link_status(failure: BaseException | None) -> int:

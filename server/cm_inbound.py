@@ -70,6 +70,8 @@ class CmInbound:
             elif c is not None and c.state == CMState.REQ_RCVD:
                 self._send(c, "mra", {})        # our MRA was lost: the REQ came again
             return
+        if self.stale_req(m, origin, peer):
+            return
         lid = self.listeners.get((m["ps"], m["port"]))
         parent = self.ids.get(lid) if lid is not None else None
         if parent is None:
@@ -103,6 +105,7 @@ class CmInbound:
         child.peer, child.peer_dev, child.remote_cid = peer, m["dev"], m["lcid"]
         child.ip, child.port, child.dev = parent.ip, parent.port, parent.dev
         child.peer_ip, child.peer_port = m["sip"], m["sport"]
+        child.remote_qpn = m.get("qpn", 0)      # none for a SIDR_REQ: UD has no timewait
         child.to(CMState.REQ_RCVD)
         parent.pending.add(child.handle)
         self.by_remote[(origin, m["lcid"])] = child.handle
@@ -121,7 +124,7 @@ class CmInbound:
         if cid.state != CMState.REQ_SENT:
             return
         self._cancel(cid)
-        cid.remote_cid, cid.peer_dev = m["lcid"], m["dev"]
+        cid.remote_cid, cid.peer_dev, cid.remote_qpn = m["lcid"], m["dev"], m["qpn"]
         cid.to(CMState.REP_RCVD)
         self._event(cid, "connect_response", qpn=m["qpn"], psn=m["psn"], rr=m["rr"],
                     depth=m["depth"], rnr=m["rnr"],
@@ -161,6 +164,7 @@ class CmInbound:
             self._cancel(cid)
             cid.to(CMState.DISCONNECTED)
             self._event(cid, "disconnected")
+            self.enter_timewait(cid)    # our DREP answered it: the disconnect is done
 
     def _on_drep(self, cid: CMId, m: dict) -> None:
         if cid.state != CMState.DREQ_SENT:
@@ -168,3 +172,4 @@ class CmInbound:
         self._cancel(cid)
         cid.to(CMState.DISCONNECTED)
         self._event(cid, "disconnected")
+        self.enter_timewait(cid)

@@ -32,7 +32,7 @@ from ..protocol.handshake import (
     verify_hello,
 )
 from ..protocol.kinds import FrameKind
-from .cm import ConnectionManager
+from .cm import ConnectionManager, Timing
 from .faults import Faults
 from .hosts import Limits, QPHost
 from .link import READ_CHUNK, read_frames
@@ -114,7 +114,7 @@ class Daemon:
                               address=lambda: self.address)
         self.links = self.wire.links
         # rdma_cm's connection manager (server/cm.py): its messages come on wire links.
-        self.cm = ConnectionManager(self)
+        self.cm = ConnectionManager(self, Timing(timewait=limits.cm_timewait))
         self.wire.on_cm = self.cm.receive
         # RC statistics of QPs already destroyed, so daemon totals never go backwards.
         self._gone_qp_stats: dict[str, int] = {}

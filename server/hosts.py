@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..engine.cm import timewait_seconds
 from ..engine.hca import HCA, PD
 from ..engine.mkey_configure import MkeyConfigureBuilder
 from ..engine.rc import RCQP
@@ -55,6 +56,10 @@ def default_memory_budget() -> int:
     return 8 << 30
 
 
+CM_TIMEWAIT_DEFAULT = timewait_seconds()
+CM_TIMEWAIT_MAX = 60.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """What one daemon accepts; each limit hit is a clear error, never a crash."""
@@ -91,6 +96,15 @@ class Limits:
     # Bytes of objects (OBJECT_BYTES each) and registered memory in the daemon in all
     # (ENOMEM past it); default half of the machine's memory.
     memory_budget: int = dataclasses.field(default_factory=default_memory_budget)
+    # Seconds a disconnected rdma_cm connection stays in timewait before
+    # RDMA_CM_EVENT_TIMEWAIT_EXIT (server/cm_timewait.py): the IB CM's 1.024 s for a
+    # RoCE path by default; at most CM_TIMEWAIT_MAX, so no id waits for hours.
+    cm_timewait: float = CM_TIMEWAIT_DEFAULT
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cm_timewait <= CM_TIMEWAIT_MAX:
+            raise ValueError(f"cm_timewait {self.cm_timewait!r}: seconds in (0, "
+                             f"{CM_TIMEWAIT_MAX:g}] are expected")
 
 
 class Session(Protocol):

@@ -204,7 +204,7 @@ def share_limits(args) -> dict:
 
     out: dict = {}
     for name in ("max_credential_connections", "frame_deadline", "idle_timeout",
-                 "memory_budget"):
+                 "memory_budget", "cm_timewait"):
         value = getattr(args, name, None)
         if value is not None:
             out[name] = value

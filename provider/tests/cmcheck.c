@@ -1,7 +1,8 @@
 /* A C check of softhca's librdmacm where no rdmacm-utils program looks
  * (tests/native/test_rdmacm.py): rdma_set_option's answers, rdma_resolve_addr's
- * timeout, and what rdma_disconnect does to both sides' QPs. Each mode prints one line
- * per fact, judged by the test.
+ * timeout, what rdma_disconnect does to both sides' QPs, and the timewait that follows
+ * (RDMA_CM_EVENT_TIMEWAIT_EXIT once the connection's QP may be used again). Each mode
+ * prints one line per fact, judged by the test.
  *
  *   cmcheck options
  *   cmcheck resolve ADDR TIMEOUT_MS
@@ -163,6 +164,17 @@ static int pending(struct rdma_cm_id *id)
 	return ibv_poll_cq(id->recv_cq, 1, &wc);
 }
 
+/* The timewait after a disconnect: TIMEWAIT_EXIT (rdma_get_cm_event(3)), and how long
+ * it took from the DISCONNECTED event. */
+static void timewait(struct rdma_event_channel *ch, const char *who, double since)
+{
+	struct rdma_cm_event *ev = expect(ch, RDMA_CM_EVENT_TIMEWAIT_EXIT);
+
+	printf("%s TIMEWAIT_EXIT status %d after %.0f ms\n", who, ev->status,
+	       now_ms() - since);
+	rdma_ack_cm_event(ev);
+}
+
 static int flush_server(int port)
 {
 	struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -170,6 +182,7 @@ static int flush_server(int port)
 	struct rdma_cm_id *lid, *id;
 	struct rdma_cm_event *ev;
 	static char buf[64 * NRECV];
+	double t;
 
 	if (!ch || rdma_create_id(ch, &lid, NULL, RDMA_PS_TCP))
 		die("rdma_create_id");
@@ -183,11 +196,13 @@ static int flush_server(int port)
 		die("rdma_accept");
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
+	t = now_ms();
 	printf("server DISCONNECTED, completions before its own rdma_disconnect: %d\n",
 	       pending(id));
 	if (rdma_disconnect(id))
 		die("rdma_disconnect");
 	flushed("server", id);
+	timewait(ch, "server", t);
 	rdma_destroy_qp(id);
 	rdma_destroy_id(id);
 	rdma_destroy_id(lid);
@@ -219,6 +234,7 @@ static int flush_client(const char *addr, int port)
 	flushed("client", id);
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
 	printf("client DISCONNECTED\n");
+	timewait(ch, "client", now_ms());
 	rdma_destroy_qp(id);
 	rdma_destroy_id(id);
 	return 0;

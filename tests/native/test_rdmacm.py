@@ -274,7 +274,10 @@ def test_rdma_disconnect_flushes_and_the_peer_is_disconnected(where):
     """The client's rdma_disconnect moves its QP to ERR, so its 4 posted receives
     complete with IBV_WC_WR_FLUSH_ERR, and the server gets DISCONNECTED (its QP
     untouched, as the kernel's CM leaves it: no completion yet); the server's own
-    rdma_disconnect then flushes its 4 receives."""
+    rdma_disconnect then flushes its 4 receives. Then both get
+    RDMA_CM_EVENT_TIMEWAIT_EXIT (status 0) after the IB CM's timewait for a RoCE path:
+    packet lifetime 16 and ACK delay 16 need 4.096 us * 2^t >= 4.096 us * (2^16 + 2 *
+    2^16), so t = 18, waited as 2^(18 - 8) ms."""
     port, wire = str(next(_ports)), next(_wire_ports)
     srv, cli = pair(where, [_cmcheck(), "flush-server", port],
                     [_cmcheck(), "flush-client", where.server.addr, port], wire)
@@ -284,6 +287,16 @@ def test_rdma_disconnect_flushes_and_the_peer_is_disconnected(where):
     assert "server DISCONNECTED, completions before its own rdma_disconnect: 0" \
         in srv.output, both
     assert "server flushed 4 of 4" in srv.output, both
+    need = (1 << 16) + 2 * (1 << 16)
+    want = 1 << (next(t for t in range(32) if 1 << t >= need) - 8)
+    assert want == 1024
+    for out in (srv.output, cli.output):
+        m = re.search(r"^(?:server|client) TIMEWAIT_EXIT status (-?\d+) after (\d+) ms$",
+                      out, re.M)
+        assert m and m.group(1) == "0", both
+        # Counted from the DISCONNECTED event the program read, a little after the
+        # timewait began; the machine may be loaded.
+        assert want - 150 <= int(m.group(2)) < want + 2000, both
 
 
 def test_rdma_set_option(where):

@@ -65,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="seconds a control session that holds nothing (no object, no "
                         "waiting request, no subscription) may send nothing (default 600; "
                         "then ETIMEDOUT and it closes)")
+    limits.add_argument("--cm-timewait", type=_timewait, default=None, metavar="S",
+                        help="seconds a disconnected rdma_cm connection stays in timewait "
+                        "before RDMA_CM_EVENT_TIMEWAIT_EXIT (default 1.024, the IB CM's "
+                        "time for a RoCE path; at most 60)")
     limits.add_argument("--quota", action="append", default=[], metavar="KIND=S,C",
                         help="objects of KIND (ctx, pd, mr, cq, qp, mkey, dek, crypto_login) "
                         "one session (S) and one credential (C) may hold; may be repeated "
@@ -110,3 +114,13 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     return serve.run(options)
 
+
+
+def _timewait(text: str) -> float:
+    """``--cm-timewait``: seconds above zero, at most the daemon's bound."""
+    from ...server.hosts import CM_TIMEWAIT_MAX
+
+    value = positive_float(text)
+    if value > CM_TIMEWAIT_MAX:
+        raise argparse.ArgumentTypeError(f"{text} s: at most {CM_TIMEWAIT_MAX:g}")
+    return value
