@@ -116,6 +116,11 @@ ELSEWHERE = {
     ".json   python run_tests.py -v test_mlx5_crypto          # plaintext DEKs": _UPSTREAM,
     "python run_tests.py                                # every module": _UPSTREAM,
     "python /tmp/pv/x/usr/share/doc/python3-pyverbs/examples/ib_devices.py": _UPSTREAM,
+    "(cd ~/.cache/softhca-upstream/v55/tests && PYTHONPATH=$(\"$OLDPWD\"/.venv/bin/softhca "
+    "pyverbs path)   PATH=\"$OLDPWD\"/tests/support/upstream_bin:$PATH   \"$OLDPWD\"/.venv/"
+    "bin/softhca run -- \"$OLDPWD\"/.venv/bin/python run_tests.py -v test_rdmacm)":
+        "tests/pyverbs/test_upstream_rdmacm.py (the same run_tests.py -v test_rdmacm inside "
+        "softhca run, for v44, v55 and v59)",
     "make images": "tests/containers/test_compose.py",
     "docker-compose -p softhca-twonode -f docker/compose.yaml up --exit-code-from initiator":
         "tests/containers/test_compose.py",
