@@ -160,7 +160,7 @@ def test_a_targets_port_out_of_range_is_a_usage_error(command, capsys):
 def test_bench_names_engine_not_a_target(capsys):
     assert main(["bench", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "[engine]" in out and "TARGET" not in out, out
+    assert "[engine | goals]" in out and "TARGET" not in out, out
 
 
 # -- fault rules list whole opcode names ----------------------------------------------
