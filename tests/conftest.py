@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,16 @@ from softhca.protocol.enums import (
     Mlx5dvQpExSendOps,
     SendFlags,
 )
+
+# Several tests send SIGINT to a child (Ctrl-C of a command, of the pyverbs bridge, of
+# `softhca trace` and `capture`) and expect KeyboardInterrupt there. A suite started in
+# the background of a non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, an
+# ignored disposition survives exec, and every child would ignore the signal: those tests
+# would fail for the way the suite was started, not for the code. A handled signal is
+# reset to the default on exec, so installing Python's own handler here gives the
+# children the disposition a terminal gives them.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The property tests judge behaviour, not speed. On a loaded machine generating examples can
 # be slow, and hypothesis' too_slow health check (or a per-example deadline) would fail a
