@@ -6,7 +6,7 @@ the ceilings of ceilings.py. ``softhca bench engine`` (engine.py) measures the e
 transforms through the transfer pipeline, beside one call of the C primitive each is
 built on. output.py writes either as JSON or a table; compare.py sets a saved run
 beside a new one. Numbers only: the benches judge nothing. ``softhca bench goals``
-(goals.py) is the one judge, and it only reads saved runs: each of issue 26's goals
+(goals.py) is the one judge, and it only reads saved runs: each of softhca's performance goals
 against the median of several.
 
 The names below are the bench's interface to the command line and the tests.

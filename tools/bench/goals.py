@@ -1,4 +1,4 @@
-"""``softhca bench goals``: saved runs of both benches against the goals of issue 26.
+"""``softhca bench goals``: saved runs of both benches against softhca's performance goals.
 
 Every goal is a ratio the bench already prints (a figure over a ceiling of the same run,
 or one engine ceiling in MB/s), so a goal names the JSON field it reads and nothing is
@@ -31,7 +31,7 @@ class GoalsError(ValueError):
 
 @dataclass(frozen=True)
 class Goal:
-    """One row of issue 26's table. ``field`` is the path to the value in a saved run:
+    """One row of the goals table. ``field`` is the path to the value in a saved run:
     member names, and for a list the members its element must have (a ``dict``).
     ``op`` is ">=" or "<="; None for a figure shown beside a peer with no goal."""
 
@@ -54,7 +54,7 @@ def _engine(name: str) -> tuple:
 ROW_C_WRITE = ("goodput", {"op": "RDMA_WRITE", "config": "row_c", "size": MIB,
                            "path_mtu": DEFAULT_PATH_MTU})
 
-# Issue 26's goals, in its table's order and words. The latency ratio is p50 over the
+# The performance goals (docs/performance.md), in their table's order and words. The latency ratio is p50 over the
 # TCP chain of the same hops (tools/bench/ceilings.py); "the lower ceiling" is the row's
 # ratio.min; the engine ceiling of row C's 1 MiB RDMA_WRITE is the target's RX transform.
 GOALS = (
@@ -236,7 +236,7 @@ def report(paths: list[str]) -> dict:
             groups.append({"bench": kind, "engine_backend": engine,
                            "runs": [run_info(p, d) for p, d in these],
                            "rows": _rows(kind, [d for _, d in these])})
-    return {"benchmark": "goals", "goals_of": "issue 26", "groups": groups}
+    return {"benchmark": "goals", "goals_of": "softhca's performance goals (docs/performance.md)", "groups": groups}
 
 
 # -- the table --------------------------------------------------------------------------
@@ -283,7 +283,7 @@ TITLES = {E2E_KIND: ("end to end", "softhca bench --json"),
 
 
 def to_table(rep: dict) -> str:
-    out = ["softhca bench goals: the goals of issue 26 against saved runs; verdict on the "
+    out = ["softhca bench goals: softhca's performance goals against saved runs; verdict on the "
            "median of the runs: met, or missed by F = goal / median (>= goals) or median / "
            "goal (<= goals); runs on different engines are judged apart"]
     for kind, (title, saved_by) in TITLES.items():

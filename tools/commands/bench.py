@@ -76,11 +76,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="timed runs per measurement, the best is kept (default 5)")
     _add_compare(e, "softhca bench engine --json")
     e.set_defaults(func=run_engine)
-    g = what.add_parser("goals", help="saved runs of both benches against issue 26's goals",
+    g = what.add_parser("goals",
+                        help="saved runs of both benches against softhca's performance goals",
                         description="Reads saved `softhca bench --json` and `softhca bench "
                         "engine --json` documents (the --json-out files), each file's bench "
-                        "told by its own \"benchmark\" member, and prints one row per goal "
-                        "of issue 26: the goal, each run's value, min, median, and \"met\" "
+                        "told by its own \"benchmark\" member, and prints one row per "
+                        "performance goal (docs/performance.md): the goal, each run's value, "
+                        "min, median, and \"met\" "
                         "or \"missed by F\" (F = goal / median for a >= goal, median / goal "
                         "for a <= one); runs on different engines (SOFTHCA_ENGINE) are judged "
                         "apart. Nothing runs. A run without a goal's field (saved before the "
