@@ -23,9 +23,11 @@ class CompareError(ValueError):
     """A document ``--compare`` cannot use; the message is the reason."""
 
 
-def load_saved(path: str) -> dict:
-    """A saved ``softhca bench [engine] --json`` document, checked for what a comparison
-    reads; CompareError (reason first, then the file) when it is missing or malformed."""
+def read_document(path: str) -> dict:
+    """A saved ``softhca bench [engine] --json`` document of either bench, read and
+    parsed; CompareError (reason first, then the file) when it is missing, not JSON or
+    not a document of either bench. ``--compare`` and ``softhca bench goals`` both read
+    saved runs through it."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -41,6 +43,14 @@ def load_saved(path: str) -> dict:
     except json.JSONDecodeError as e:
         raise CompareError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno}): "
                            f"{path}") from None
+    doc_kind(doc, path)
+    return doc
+
+
+def load_saved(path: str) -> dict:
+    """A saved document checked for what a comparison reads (read_document, then its
+    rows)."""
+    doc = read_document(path)
     compare_rows(doc, "tcp_stream", path)
     return doc
 

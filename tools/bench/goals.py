@@ -18,15 +18,17 @@ import math
 import statistics
 from dataclasses import dataclass
 
-E2E_KIND, ENGINE_KIND = "softhca end to end", "engine"
+from .compare import E2E_KIND, ENGINE_KIND, CompareError, read_document
+
 # The path MTU of goodput rows saved before each row carried its own: the setup's, and
 # before the setup said, the bench's only one.
 DEFAULT_PATH_MTU = 4096
 MIB = 1 << 20
 
 
-class GoalsError(ValueError):
-    """A file the report cannot read; the message is the reason, then the file."""
+# A file the report cannot read; the message is the reason, then the file. The same
+# error as --compare's: both read saved runs through compare.read_document.
+GoalsError = CompareError
 
 
 @dataclass(frozen=True)
@@ -146,25 +148,7 @@ def lookup(doc: dict, field: tuple) -> float:
 def read_run(path: str) -> dict:
     """A saved ``softhca bench [engine] --json`` document; GoalsError when the file is
     missing, not JSON or not a document of either bench."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise GoalsError(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise GoalsError(f"is a directory, not a saved --json document: {path}") from None
-    except json.JSONDecodeError as e:
-        raise GoalsError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno}): "
-                         f"{path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise GoalsError(f"cannot read ({reason}): {path}") from None
-    kind = doc.get("benchmark") if isinstance(doc, dict) else None
-    if kind not in (E2E_KIND, ENGINE_KIND):
-        raise GoalsError(f'not a saved `softhca bench --json` or `softhca bench engine '
-                         f'--json` document (its "benchmark" is neither {E2E_KIND!r} nor '
-                         f'{ENGINE_KIND!r}): {path}')
-    return doc
+    return read_document(path)
 
 
 def verdict(op: str | None, goal: float | None, median: float | None) -> dict:
