@@ -108,6 +108,21 @@ def check_mr_access(access: int, verb: str = "ibv_reg_mr") -> None:
             raise einval(f"IBV_ACCESS_{flag.name} requires IBV_ACCESS_LOCAL_WRITE")
 
 
+# The packets an RC requester may have unacknowledged (engine/rc_requester.py), by
+# default: 1,024, 4 MiB at MTU 4096. rxe stops at 128 (RXE_MAX_UNACKED_PSNS), which
+# ``serve --rc-window 128`` restores; an mlx5 device has no such small bound, and over
+# our TCP links 128 held a 1 MiB READ to half its responses per round trip and a 1 MiB
+# WRITE at MTU 1024 to 128 KiB in flight (docs/performance.md, "The RC window"). A
+# go-back-N rewind resends at most one window, once per window (rc_completer.py).
+DEFAULT_RC_WINDOW = 1024
+# The bounds ``rc_window`` may take. At least 16 packets: the responder acknowledges every
+# ACK_EVERY (16) packets and a message's last (rc_responder.py), and our packets carry no
+# AckReq bit, so a smaller window would stall each message on the ACK timeout. At most
+# 16,384: 64 MiB at MTU 4096 resent by one rewind, and far below half the 24-bit PSN
+# space, where a late packet could no longer be told from an early one.
+RC_WINDOW_MIN, RC_WINDOW_MAX = 16, 16384
+
+
 # Key indexes: the upper 24 bits of an lkey / rkey.
 _KEY_INDEXES = 1 << 24
 
@@ -116,8 +131,13 @@ class HCA:
     """One simulated mlx5 device (``mlx5_0``) and the host memory behind it."""
 
     def __init__(self, name: str = "mlx5_0", crypto: DeviceCrypto | None = None, *,
-                 strict_blocks: bool = False) -> None:
+                 strict_blocks: bool = False, rc_window: int = DEFAULT_RC_WINDOW) -> None:
+        if not RC_WINDOW_MIN <= rc_window <= RC_WINDOW_MAX:
+            raise einval(f"rc_window {rc_window}: packets in [{RC_WINDOW_MIN}, "
+                         f"{RC_WINDOW_MAX}] are expected")
         self.name = name
+        # The unacknowledged packets each of its RC requesters may have on the wire.
+        self.rc_window = rc_window
         # The crypto import method, KEK and credential, fixed for the device's life.
         self.crypto = crypto or DeviceCrypto()
         # docs/blocks.md: with strict_blocks a signature MKEY's layout and every

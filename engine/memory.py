@@ -25,6 +25,7 @@ class Device(Protocol):
     deks: dict[int, Any]
     strict_blocks: bool
     partial_blocks: dict[str, int]
+    rc_window: int
 
 
 @dataclass(eq=False)

@@ -59,7 +59,7 @@ Modelled:
   window lets them go, a READ's responses) and single packets; ``receive`` takes a run
   (a single packet is a run of one) in one step where that is what its packets one by
   one would do, and its packets one by one otherwise.
-- A window of ``WINDOW`` unacknowledged packets; cumulative ACKs, implicit
+- A window of the device's ``rc_window`` unacknowledged packets; cumulative ACKs, implicit
   acknowledgement of earlier requests by READ responses, atomic ACKs and NAKs.
 - Go-back-N from the oldest unacknowledged PSN on timeout, on NAK(PSN sequence error),
   and after an RNR NAK's rnr_timer; retry_cnt and rnr_retry (7 = forever) exhaustion
@@ -214,6 +214,8 @@ class RCQP(CompletionLists):
         # A subscriber to the pipeline's trace: called with (context, TraceEvent), the
         # context naming the QP, the WR or PSN and the operation. None: no trace work.
         self.trace: Callable[[dict, transfer.TraceEvent], None] | None = None
+        # The device's RC window (engine/hca.py DEFAULT_RC_WINDOW), read by the requester.
+        self.rc_window = pd.hca.rc_window
         self.requester = Requester(self)
         self.completer = Completer(self)
         self.responder = Responder(self)

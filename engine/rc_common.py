@@ -50,6 +50,8 @@ class QPContext(Protocol):
     max_dest_rd_atomic: int
     qp_access_flags: int
     sig_pipelining: bool
+    # Unacknowledged packets the requester may have (the device's rc_window).
+    rc_window: int
     # The completer's view of the send queue: the requester (rc_requester.Requester).
     requester: Any
 

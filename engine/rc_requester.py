@@ -40,16 +40,13 @@ from .rc_common import PSN_MOD, QPContext, SendRequest, psn_add
 if TYPE_CHECKING:
     from ..protocol.records import SendWR
 
-# Unacknowledged packets the requester may have on the wire: 128, rxe's
-# RXE_MAX_UNACKED_PSNS. With packet trains a window of 64 (256 KiB at MTU 4096) held one
-# train in flight, so each waited for the ACK of the one before: measured on a quiet
-# machine, 1 MiB RDMA_WRITEs streamed at 200-212 MB/s with 64, 363-368 with 128
-# (docs/performance.md, "Packet trains").
-WINDOW = 128
-# The most request packets of one WR that go as one run (RCQP.poll_wire): a quarter of
-# the window, so that the responder's ACK of one run comes back while the next three are
-# in flight (the window alone would allow one run of all of it).
-REQUEST_RUN_MAX = 32
+def run_max(window: int) -> int:
+    """The most request packets of one WR that go as one run (RCQP.poll_wire): a quarter
+    of the window, so that the responder's ACK of one run comes back while the next three
+    are in flight (the window alone would allow one run of all of it)."""
+    return max(1, window // 4)
+
+
 _U64 = 1 << 64
 
 # A LOCAL_INV whose key cannot be invalidated (unknown, an MR, another PD's): the
@@ -73,6 +70,7 @@ class Requester:
 
     def __init__(self, qp: QPContext) -> None:
         self.qp = qp
+        self.window, self.run_max = qp.rc_window, run_max(qp.rc_window)
         # Posted WRs in order; the completer (engine/rc_completer.py) retires them.
         self.queue: deque[SendRequest] = deque()
         self.next_psn = 0
@@ -284,7 +282,7 @@ class Requester:
 
     def _start(self, r: SendRequest, inflight: int) -> bool:
         """Build WR ``r`` if it may start now; False when the send queue waits."""
-        if inflight >= WINDOW or self.qp.state != QpState.RTS:
+        if inflight >= self.window or self.qp.state != QpState.RTS:
             return False        # the window is full, or SQD: no new WR starts
         if self.sig_stop and r.wr.send_flags & SendFlags.FENCE:
             # mlx5dv_qp_cancel_posted_send_wrs(3): a pipelining QP "will stop after a
@@ -305,13 +303,13 @@ class Requester:
     def _send_runs(self, r: SendRequest, out: list, inflight: int, runs: bool) -> int:
         """SEND / WRITE ``r``'s packets that the window lets go; how many."""
         sent = 0
-        while r.sent < r.npsn and inflight + sent < WINDOW:
-            # When the caller takes runs, the packets the window allows go as one run
-            # (a view of the gathered bytes: a one-packet message too), up to
-            # REQUEST_RUN_MAX, never across the PSN wrap; counted per packet. An RDMA
-            # ATOMIC WRITE is a packet of its own opcode, never a run.
+        window = self.window
+        while r.sent < r.npsn and inflight + sent < window:
+            # With runs, the packets the window allows go as one run (a view of the
+            # gathered bytes: a one-packet message too), up to run_max, never across the
+            # PSN wrap; counted per packet. An ATOMIC WRITE is a packet, never a run.
             if runs and r.pkts is None:
-                k = min(r.npsn - r.sent, WINDOW - inflight - sent, REQUEST_RUN_MAX,
+                k = min(r.npsn - r.sent, window - inflight - sent, self.run_max,
                         PSN_MOD - psn_add(r.psn, r.sent))
                 out.append(self._run(r, r.sent, k))
             else:

@@ -64,7 +64,8 @@ class Daemon:
                  port: int = DEFAULT_PORT, token: bytes | tuple[bytes, ...] | None = None,
                  max_frame: int | None = None, limits: Limits | None = None,
                  crypto: DeviceCrypto | None = None, strict_blocks: bool = False,
-                 peer_token: bytes | None | object = GENERATED, trains: bool = True) -> None:
+                 peer_token: bytes | None | object = GENERATED, trains: bool = True,
+                 rc_window: int | None = None) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
         limits = limits or Limits()
@@ -74,7 +75,10 @@ class Daemon:
         # Every HCA of the daemon starts with the same crypto configuration
         # (docs/crypto-import.md): import method, import KEK and credential.
         self.crypto = crypto or DeviceCrypto()
-        self.hcas = {name: HCA(name, self.crypto, strict_blocks=strict_blocks) for name in hcas}
+        # ``serve --rc-window``: each HCA's RC window (engine/hca.py), else its default.
+        window = {} if rc_window is None else {"rc_window": rc_window}
+        self.hcas = {name: HCA(name, self.crypto, strict_blocks=strict_blocks, **window)
+                     for name in hcas}
         self.host = host
         self.port = port
         # The client token, or a tuple of them (one per tenant: each its own credential).

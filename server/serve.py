@@ -51,6 +51,8 @@ class ServeOptions:
     trains: bool = True
     # A UNIX socket for local programs (server/unix.py), beside the TCP port.
     unix: str | None = None
+    # Unacknowledged packets per RC requester (``serve --rc-window``); None: the default.
+    rc_window: int | None = None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -195,7 +197,7 @@ def options_from_args(args) -> ServeOptions:
                         args.log_level, args.ready_file, faults, capture or None, crypto,
                         bool(getattr(args, "strict_blocks", False)), peer_token,
                         bool(peer_token_file), not getattr(args, "no_trains", False),
-                        getattr(args, "unix", None))
+                        getattr(args, "unix", None), getattr(args, "rc_window", None))
 
 
 def share_limits(args) -> dict:
@@ -223,7 +225,7 @@ def share_limits(args) -> dict:
 
 async def serve(o: ServeOptions) -> None:
     daemon = Daemon(o.hcas, o.host, o.port, o.token, limits=o.limits, crypto=o.crypto,
-                    strict_blocks=o.strict_blocks, trains=o.trains,
+                    strict_blocks=o.strict_blocks, trains=o.trains, rc_window=o.rc_window,
                     **({"peer_token": o.peer_token} if o.peer_token_given else {}))
     for rule in o.faults:
         daemon.faults.add(rule)

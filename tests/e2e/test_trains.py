@@ -29,11 +29,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import softhca.client as sh
-from softhca.engine.hca import HCA
+from softhca.engine.hca import DEFAULT_RC_WINDOW, HCA, RC_WINDOW_MAX, RC_WINDOW_MIN
 from softhca.engine.rc import RCQP, Packet, RecvWR, Run, SendWR
-from softhca.engine.rc_requester import REQUEST_RUN_MAX, WINDOW
+from softhca.engine.rc_requester import run_max
 from softhca.protocol.attrs import SGE
 from softhca.protocol.enums import AccessFlags, Mtu, SendFlags, WcStatus, WrOpcode
+from softhca.protocol.errors import RDMAError
 from softhca.protocol.frames import FrameDecoder, FrameError, frame_bytes
 from softhca.protocol.packets import (
     FRAME_RUN_MAX,
@@ -54,6 +55,10 @@ ALL = (AccessFlags.LOCAL_WRITE | AccessFlags.REMOTE_WRITE | AccessFlags.REMOTE_R
 SIG = int(SendFlags.SIGNALED)
 # PSNs just below 2^24, so that runs cross the wrap (where a train is cut).
 A_PSN, B_PSN = 0xFFFFA0, 0xFFFF80
+# These links use rxe's window (RXE_MAX_UNACKED_PSNS, ``serve --rc-window 128``): the
+# PSN-wrap and go-back-N cases below are laid out on its runs of 32 packets.
+WINDOW = 128
+REQUEST_RUN_MAX = run_max(WINDOW)
 MTUS = {256: Mtu.MTU_256, 512: Mtu.MTU_512, 1024: Mtu.MTU_1024, 2048: Mtu.MTU_2048,
         4096: Mtu.MTU_4096}
 SETTINGS = settings(max_examples=int(os.environ.get("SOFTHCA_PROPERTY_EXAMPLES", "250")),
@@ -71,8 +76,9 @@ class Link:
     per packet, so the packets delivered are the same with and without trains; a train
     hit at packet i goes on as the sub-trains around it (a cut at a random point)."""
 
-    def __init__(self, mtu: int, trains: bool, rules=(), capture: bool = False) -> None:
-        self.ha, self.hb = HCA("mlx5_0"), HCA("mlx5_1")
+    def __init__(self, mtu: int, trains: bool, rules=(), capture: bool = False,
+                 window: int = WINDOW) -> None:
+        self.ha, self.hb = HCA("mlx5_0", rc_window=window), HCA("mlx5_1", rc_window=window)
         self.pda, self.pdb = self.ha.alloc_pd(), self.hb.alloc_pd()
         self.a = RCQP(self.pda, 0x11, sq_depth=512, rq_depth=512)
         self.b = RCQP(self.pdb, 0x22, sq_depth=512, rq_depth=512)
@@ -413,7 +419,7 @@ def test_a_train_ahead_of_epsn_gets_one_sequence_nak():
 
 
 def test_go_back_n_restarts_inside_a_train():
-    # 30 packets: one train (REQUEST_RUN_MAX is 32).
+    # 30 packets: one train (REQUEST_RUN_MAX is 32 at rxe's window).
     link, src, b_mr, t = write_pair(size=30 * 1024)
     # Packets 0..19 arrive, 20 is lost, the rest is ahead: one NAK names PSN +20.
     link.b.receive(t.sub(0, 20), 0.0)
@@ -481,6 +487,34 @@ def test_trains_never_span_the_psn_wrap():
     assert len(ends) == 1 and ends[0].n == 0x56 - 64 < REQUEST_RUN_MAX
     assert items[items.index(ends[0]) + 1].psn == 0
     assert count(items) == WINDOW
+
+
+@pytest.mark.parametrize("window", [RC_WINDOW_MIN, 21, 128, DEFAULT_RC_WINDOW])
+def test_the_window_bounds_the_packets_in_flight(window):
+    """A device's rc_window: the requester sends that many packets and no more until an
+    ACK comes, in runs of at most a quarter of it; then the message completes intact."""
+    link = Link(256, True, window=window)
+    n = window + 300                        # one WR of more packets than the window
+    src = os.urandom(n * 256)
+    a_mr = link.ha.reg_mr(link.pda, len(src), ALL)
+    a_mr.write(src)
+    b_mr = link.hb.reg_mr(link.pdb, len(src), ALL)
+    link.a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, [SGE(a_mr.addr, len(src), a_mr.lkey)],
+                            SIG, rkey=b_mr.rkey, remote_addr=b_mr.addr), 0.0)
+    items = link.a.poll_wire(0.0)
+    assert count(items) == window
+    assert max(t.n for t in items) == max(1, window // 4)
+    assert link.a.poll_wire(0.0) == []      # the window is full: nothing more goes
+    link.run()
+    assert bytes(b_mr.read()) == src
+    assert [w[:3] for w in link.wcs] == [("a", 1, WcStatus.SUCCESS)]
+
+
+@pytest.mark.parametrize("window", [0, -1, RC_WINDOW_MIN - 1, RC_WINDOW_MAX + 1, 1 << 23])
+def test_a_window_outside_its_bounds_is_refused(window):
+    with pytest.raises(RDMAError) as e:
+        HCA("mlx5_0", rc_window=window)
+    assert e.value.errno_name == "EINVAL" and "rc_window" in str(e.value)
 
 
 # -- the frame ------------------------------------------------------------------------------

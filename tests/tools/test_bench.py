@@ -365,10 +365,53 @@ def test_compare_refuses_a_missing_or_malformed_file(tmp_path, capsys, content, 
     assert err.endswith(path) and "\n" not in err and "Traceback" not in err
 
 
-def test_compare_takes_at_most_two_files(tmp_path, capsys):
+def test_compare_takes_at_most_sixteen_new_files(tmp_path, capsys):
     saved = write(tmp_path, "saved.json", SAVED)
-    assert main(["bench", "--compare", saved, saved, saved]) == 2
-    assert "SAVED and at most one NEW file, not 3" in capsys.readouterr().err
+    assert main(["bench", "--compare", saved, *[saved] * 17]) == 2
+    assert "SAVED and at most 16 NEW files, not 17" in capsys.readouterr().err
+
+
+def test_compare_reads_several_new_runs_as_each_rows_median(tmp_path, capsys):
+    """Three new runs: each row's new ratio is the median of its three (computed here
+    from the documents' numbers), new/saved is that over the saved ratio, and a row in
+    one run only is its figure alone."""
+    ratios = {"RDMA_WRITE 1 MiB plain": (0.43, 0.21, 0.5), "SEND 64 KiB plain": (0.3, 0.1, 0.2)}
+    runs = []
+    for k in range(3):
+        doc = e2e_doc([("RDMA_WRITE", "plain", MIB, 4096, 100.0 * (k + 1),
+                        ratios["RDMA_WRITE 1 MiB plain"][k]),
+                       ("SEND", "plain", 65536, 4096, 50.0 + k,
+                        ratios["SEND 64 KiB plain"][k])], p50=(300.0 + k, 2.0 - k / 2))
+        if k == 1:
+            doc["goodput"].append({"op": "SEND", "config": "plain", "size": MIB,
+                                   "path_mtu": 4096, "mb_s": 9.0,
+                                   "ratio": {"tcp_stream": 0.7, "engine": 0.07, "min": 0.7}})
+        doc["machine"]["load_average_at_start"] = [float(k)] * 3
+        runs.append(write(tmp_path, f"new-{k}.json", doc))
+    saved = write(tmp_path, "saved.json", SAVED)
+    assert main(["bench", "--compare", saved, *runs]) == 0
+    out = capsys.readouterr().out
+    rows = printed_rows(out)
+    old = {"RDMA_WRITE 1 MiB plain": 0.081, "SEND 64 KiB plain": 0.089}
+    for label, three in ratios.items():
+        middle = sorted(three)[1]
+        cells = rows[label]
+        assert float(cells[3]) == middle, cells
+        assert cells[4].split() == [f"{x:.4g}" for x in three], cells
+        assert math.isclose(float(cells[5]), middle / old[label], rel_tol=1e-3), cells
+    assert rows["RDMA_WRITE 1 MiB plain"][1] == "200.0 MB/s"        # median figure
+    assert rows["latency 64 B p50"][1] == "301.0 us"
+    assert float(rows["latency 64 B p50"][3]) == 1.5
+    assert "beside the median of 3 runs" in out
+    assert "load average at start: saved 1.0 2.0 3.0, new 0.0 0.0 0.0; 1.0 1.0 1.0; 2.0" in out
+    assert rows["SEND 1 MiB plain"][:4] == ["-", "9.0 MB/s", "-", "0.7"]
+    assert main(["bench", "--compare", saved, *runs, "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)
+    assert c["new"] == runs
+    by = {r["row"]: r for r in c["rows"]}
+    assert by["SEND 64 KiB plain"]["new"] == {"figure": 51.0, "ratio": 0.2,
+                                              "runs": [0.3, 0.1, 0.2]}
+    assert by["SEND 1 MiB plain"]["new"] == {"figure": 9.0, "ratio": 0.7}
 
 
 def test_compare_reads_runs_saved_before_rows_had_a_path_mtu(tmp_path, capsys):

@@ -177,6 +177,9 @@ CANNOT = {
     ".venv/bin/softhca bench --json-out new.json --compare docs/performance.json": _FULL_BENCH,
     ".venv/bin/softhca bench --compare old.json new.json   # two saved runs, nothing runs":
         "old.json and new.json are two saved runs of the reader's (tests/tools/test_bench.py)",
+    ".venv/bin/softhca bench --compare old.json new-1.json new-2.json new-3.json   # each "
+    "row's median": "the files are saved runs of the reader's (tests/tools/test_bench.py, "
+    "test_compare_reads_several_new_runs_as_each_rows_median)",
     ".venv/bin/softhca bench --no-trains # the daemons without packet trains, to compare":
         _FULL_BENCH,
 }

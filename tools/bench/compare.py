@@ -148,24 +148,34 @@ def _latency_rows(doc: dict, path: str) -> dict[str, dict]:
     return rows
 
 
-def compare(saved: dict, new: dict, ratio: str = "tcp_stream", saved_path: str = "saved",
-            new_path: str = "this run") -> dict:
-    """Each row of either run: its figure and ratio in both, and new ratio / saved ratio."""
-    kinds = doc_kind(saved, saved_path), doc_kind(new, new_path)
-    if kinds[0] != kinds[1]:
-        raise CompareError(f"the two runs are different benches ({kinds[0]!r} and "
-                           f"{kinds[1]!r}): {saved_path} and {new_path}")
+def compare(saved: dict, new: dict | list[dict], ratio: str = "tcp_stream",
+            saved_path: str = "saved", new_path: str | list[str] = "this run") -> dict:
+    """Each row of either side: its figure and ratio in both, and new ratio / saved ratio.
+    ``new`` may be several runs (with as many paths): each row's new figure and ratio
+    are then the median of the runs that have it, its "runs" their ratios, run by run,
+    so that one run's noise is not read as a change."""
+    news = new if isinstance(new, list) else [new]
+    paths = new_path if isinstance(new_path, list) else [new_path]
+    kinds = {doc_kind(saved, saved_path)} | {doc_kind(d, p) for d, p in zip(news, paths, strict=True)}
+    if len(kinds) != 1:
+        raise CompareError("the runs are different benches (" + " and ".join(
+            repr(k) for k in sorted(kinds)) + "): " + " and ".join([saved_path, *paths]))
+    (kind,) = kinds
     a = compare_rows(saved, ratio, saved_path)
-    b = compare_rows(new, ratio, new_path)
+    runs = [compare_rows(d, ratio, p) for d, p in zip(news, paths, strict=True)]
+    labels = [*a]
+    for b in runs:
+        labels += [k for k in b if k not in labels]
     rows, higher = [], []
-    for label in [*a, *(k for k in b if k not in a)]:
-        old, cur = a.get(label), b.get(label)
+    for label in labels:
+        old = a.get(label)
+        cur = _median_row([b[label] for b in runs if label in b])
         rows.append({"row": label, "better": (old or cur)["better"],
                      "unit": (old or cur)["unit"],
                      "saved": None if old is None else {"figure": old["figure"],
                                                         "ratio": old["ratio"]},
-                     "new": None if cur is None else {"figure": cur["figure"],
-                                                      "ratio": cur["ratio"]},
+                     "new": cur and {k: v for k, v in cur.items()
+                                     if k in ("figure", "ratio", "runs")},
                      "ratio_of_ratios": None if old is None or cur is None
                      else sig4(cur["ratio"] / old["ratio"])})
         if old is not None and cur is not None and old["better"] == "higher":
@@ -173,10 +183,22 @@ def compare(saved: dict, new: dict, ratio: str = "tcp_stream", saved_path: str =
     summary = None if not higher else {
         "rows": len(higher), "geometric_mean": sig4(math.exp(statistics.fmean(
             math.log(x) for x in higher))), "min": sig4(min(higher)), "max": sig4(max(higher))}
-    return {"benchmark": kinds[0], "ratio": "engine/primitive" if kinds[0] == ENGINE_KIND
+    return {"benchmark": kind, "ratio": "engine/primitive" if kind == ENGINE_KIND
             else ratio, "saved": saved_path, "new": new_path,
-            "load_average": {"saved": _load(saved), "new": _load(new)}, "rows": rows,
+            "load_average": {"saved": _load(saved), "new": _load(news[0]) if len(news) == 1
+                             else [_load(d) for d in news]}, "rows": rows,
             "higher_is_better_summary": summary}
+
+
+def _median_row(found: list[dict]) -> dict | None:
+    """One row over the runs that have it: as it is for one run; for several, the median
+    figure and ratio (each its own median: the runs need not agree on which is middle)
+    and the ratios run by run."""
+    if len(found) <= 1:
+        return found[0] if found else None
+    return {**found[0], "figure": statistics.median(r["figure"] for r in found),
+            "ratio": statistics.median(r["ratio"] for r in found),
+            "runs": [r["ratio"] for r in found]}
 
 
 def _load(doc: dict):
@@ -189,6 +211,14 @@ RATIO_TEXT = {"tcp_stream": "goodput / TCP stream ceiling", "engine":
               "engine/primitive": "engine / one call of the primitive"}
 
 
+def _load_text(load) -> str:
+    if not load:
+        return "unknown"
+    if isinstance(load[0], list) or load[0] is None:     # several runs: one each
+        return "; ".join(_load_text(x) for x in load)
+    return " ".join(str(x) for x in load)
+
+
 def compare_to_table(c: dict) -> str:
     def fig(side: dict | None, unit: str) -> str:
         return "-" if side is None else f"{side['figure']:.1f} {unit}"
@@ -196,21 +226,25 @@ def compare_to_table(c: dict) -> str:
     def rat(side: dict | None) -> str:
         return "-" if side is None else f"{side['ratio']:.4g}"
 
+    several = isinstance(c["new"], list)
     rows = [[r["row"], fig(r["saved"], r["unit"]), fig(r["new"], r["unit"]), rat(r["saved"]),
-             rat(r["new"]), "-" if r["ratio_of_ratios"] is None
-             else f"{r['ratio_of_ratios']:.4g}", r["better"]]
+             rat(r["new"]), *([" ".join(f"{x:.4g}" for x in (r["new"] or {}).get("runs", []))
+                              or "-"] if several else []),
+             "-" if r["ratio_of_ratios"] is None else f"{r['ratio_of_ratios']:.4g}",
+             r["better"]]
             for r in c["rows"]]
     load = c["load_average"]
-    out = [f"compare: saved {c['saved']} beside {c['new']}; ratio = {RATIO_TEXT[c['ratio']]} "
+    news = (f"the median of {len(c['new'])} runs ({', '.join(c['new'])})" if several
+            else c["new"])
+    out = [f"compare: saved {c['saved']} beside {news}; ratio = {RATIO_TEXT[c['ratio']]} "
            "of the same run; new/saved = new ratio / saved ratio (the change, each run's "
            "machine speed divided out)"]
     if load["saved"] or load["new"]:
-        out.append("load average at start: saved "
-                   + (" ".join(str(x) for x in load["saved"]) if load["saved"] else "unknown")
-                   + ", new " + (" ".join(str(x) for x in load["new"]) if load["new"]
-                                 else "unknown"))
-    out += ["", *table_lines(["row", "saved", "new", "saved ratio", "new ratio", "new/saved",
-                         "better"], rows)]
+        out.append(f"load average at start: saved {_load_text(load['saved'])}, new "
+                   f"{_load_text(load['new'])}")
+    out += ["", *table_lines(["row", "saved", "new", "saved ratio", "new ratio",
+                              *(["new ratio by run"] if several else []), "new/saved",
+                              "better"], rows)]
     s = c["higher_is_better_summary"]
     if s:
         out += ["", f"{s['rows']} rows in both runs where higher is better: new/saved "
@@ -220,5 +254,3 @@ def compare_to_table(c: dict) -> str:
     if only:
         out.append("in one run only: " + ", ".join(only))
     return "\n".join(out)
-
-

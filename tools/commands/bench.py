@@ -10,6 +10,10 @@ import sys
 from ...server.cliargs import positive_float, positive_int
 from . import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 
+# Saved runs --compare reads as the new side at most: enough for a median over repeated
+# runs, and a bound on what one command line makes it read.
+MAX_COMPARE_RUNS = 16
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -98,9 +102,10 @@ def _add_compare(p: argparse.ArgumentParser, saved_by: str) -> None:
     p.add_argument("--compare", nargs="+", metavar=("SAVED", "NEW"),
                    help=f"beside the output of `{saved_by}` saved in SAVED, "
                    "print per row the saved ratio, the new ratio and new/saved (the ratio of "
-                   "ratios). With NEW (another saved output) nothing runs; without it, this "
-                   "run is the new one. A missing or malformed file is refused before "
-                   "anything runs (exit 2)")
+                   "ratios). With NEW (other saved outputs, up to "
+                   f"{MAX_COMPARE_RUNS}) nothing runs, and with several the new ratio is "
+                   "each row's median over them; without NEW, this run is the new one. A "
+                   "missing or malformed file is refused before anything runs (exit 2)")
 
 
 def _load_compare(args: argparse.Namespace, bench, kind: str) -> list[dict] | None:
@@ -109,9 +114,9 @@ def _load_compare(args: argparse.Namespace, bench, kind: str) -> list[dict] | No
     if not args.compare:
         return []
     name = "softhca bench" + (" engine" if kind == bench.ENGINE_KIND else "")
-    if len(args.compare) > 2:
-        print(f"{name} --compare: SAVED and at most one NEW file, not {len(args.compare)}",
-              file=sys.stderr)
+    if len(args.compare) > 1 + MAX_COMPARE_RUNS:
+        print(f"{name} --compare: SAVED and at most {MAX_COMPARE_RUNS} NEW files, not "
+              f"{len(args.compare) - 1}", file=sys.stderr)
         return None
     try:
         docs = []
@@ -130,8 +135,8 @@ def _load_compare(args: argparse.Namespace, bench, kind: str) -> list[dict] | No
     return docs
 
 
-def _show_compare(args: argparse.Namespace, bench, saved: dict, new: dict,
-                  new_path: str) -> dict:
+def _show_compare(args: argparse.Namespace, bench, saved: dict, new: dict | list[dict],
+                  new_path: str | list[str]) -> dict:
     """The comparison; its table printed (after a blank line when the run's table came
     first) unless --json, when the caller prints it as JSON."""
     ratio = getattr(args, "compare_ratio", "tcp_stream")
@@ -142,8 +147,11 @@ def _show_compare(args: argparse.Namespace, bench, saved: dict, new: dict,
 
 
 def _compare_saved(args: argparse.Namespace, bench, docs: list[dict]) -> int:
-    """--compare SAVED NEW: two saved runs side by side, nothing run."""
-    c = _show_compare(args, bench, docs[0], docs[1], args.compare[1])
+    """--compare SAVED NEW [NEW ...]: saved runs side by side, nothing run; several NEW
+    are read as the median of each row."""
+    news, paths = docs[1:], args.compare[1:]
+    c = _show_compare(args, bench, docs[0], news if len(news) > 1 else news[0],
+                      paths if len(paths) > 1 else paths[0])
     if args.json:
         print(json.dumps(c, indent=2))
     return EXIT_OK
@@ -157,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     docs = _load_compare(args, bench, bench.E2E_KIND)
     if docs is None:
         return EXIT_USAGE
-    if len(docs) == 2:
+    if len(docs) >= 2:
         return _compare_saved(args, bench, docs)
     base = bench.QUICK if args.quick else bench.E2EOptions()
     given = {name: getattr(args, name) for name in ("seconds", "mib", "depth",
@@ -191,7 +199,7 @@ def run_engine(args: argparse.Namespace) -> int:
     docs = _load_compare(args, bench, bench.ENGINE_KIND)
     if docs is None:
         return EXIT_USAGE
-    if len(docs) == 2:
+    if len(docs) >= 2:
         return _compare_saved(args, bench, docs)
     report = bench.run_engine(mib=args.mib, repeat=args.repeat)
     text = bench.to_json(report)

@@ -93,6 +93,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="send every RC packet as its own frame, never a packet train "
                    "(a run of one message's packets in one frame, docs/protocol.md); "
                    "for comparison: the traffic is the same")
+    p.add_argument("--rc-window", type=_rc_window, default=None, metavar="N",
+                   help="packets an RC QP's requester may have unacknowledged on the wire "
+                   "(default 1024; 128 is rxe's RXE_MAX_UNACKED_PSNS; 16 to 16384); runs of "
+                   "at most a quarter of it go as one train")
     p.add_argument("--capture", metavar="FILE",
                    help="write every packet this daemon sends and accepts to FILE, a pcap of "
                    "RoCEv2 frames that Wireshark and tshark decode (see 'softhca capture')")
@@ -114,6 +118,19 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     return serve.run(options)
 
+
+
+def _rc_window(text: str) -> int:
+    """``--rc-window``: a whole count of packets within the device's bounds."""
+    from ...engine.hca import RC_WINDOW_MAX, RC_WINDOW_MIN
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of packets") from None
+    if not RC_WINDOW_MIN <= value <= RC_WINDOW_MAX:
+        raise argparse.ArgumentTypeError(f"{text} packets: {RC_WINDOW_MIN} to {RC_WINDOW_MAX}")
+    return value
 
 
 def _timewait(text: str) -> float:
