@@ -4,6 +4,7 @@ it started gone. Speeds are never compared: they depend on the machine and its l
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -508,3 +509,36 @@ def test_latency_wakeups_per_sample(run):
     assert w["total"] > 1.5, w
     assert math.isclose(w["total"], w["target"] + w["initiator"] + w["client"], abs_tol=0.02)
     assert "wake-ups per sample" in e2e_to_table(run["doc"])
+
+
+# -- the SEND rows' credits -------------------------------------------------------------------
+
+async def test_send_rows_never_outrun_the_targets_posted_receives(monkeypatch):
+    """The SEND rows' application keeps credits: a SEND goes only against a receive the
+    target's application has posted. With that application made slow (each reposting
+    held 20 ms), a stream of 64 KiB SENDs completes with no RNR NAK and nothing
+    retransmitted, and every message sent was received."""
+    import dataclasses
+
+    import softhca.client as sh
+    from softhca.tools.bench import e2e
+
+    slow = e2e._Pair._post_recvs
+
+    async def held(self, n):
+        await asyncio.sleep(0.02)
+        await slow(self, n)
+
+    opts = dataclasses.replace(bench.QUICK, seconds=0.5, mib=64.0, depth=16)
+    async with sh.embedded() as tnode, sh.embedded() as inode:
+        pair = await e2e._Pair.create("plain", tnode, inode, opts)
+        monkeypatch.setattr(e2e._Pair, "_post_recvs", held)
+        before = [await tnode.counters(), await inode.counters()]
+        messages, _ = await pair._stream("SEND", 65536, 16, 0.5, 1 << 20)
+        after = [await tnode.counters(), await inode.counters()]
+    moved = {k: sum(after[j][k] - before[j][k] for j in (0, 1))
+             for k in ("rnr_retries", "retransmitted_packets", "packets_sent")}
+    # Far more messages than the receives first posted (4 x depth): credit came back.
+    assert messages > 4 * 16, messages
+    assert moved["rnr_retries"] == 0 and moved["retransmitted_packets"] == 0, moved
+    assert moved["packets_sent"] >= messages * 16

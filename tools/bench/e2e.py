@@ -205,15 +205,23 @@ class _Pair:
         wl = wire_size(self.config, size)
         wrs = [self._wr(OPCODES[op], wl, signaled=(k == batch - 1)) for k in range(batch)]
         i = self.i
-        state = {"sent": 0, "done": False, "received": 0}
+        state = {"sent": 0, "done": False, "received": 0, "credit": asyncio.Event()}
         receiver = None
         if op == "SEND":
             receiver = asyncio.get_running_loop().create_task(self._receiver(state))
         posted = outstanding = completed = 0
         t0 = time.perf_counter()
         deadline = t0 + seconds
+
+        def credit() -> bool:
+            # A SEND goes only against a receive the target's application has posted
+            # (the rq first posted, then one per receive it took and posted again), as
+            # a SEND-based protocol keeps credits: the rows measure the transport, not
+            # RNR NAKs and the go-back-N after each when the receiving task falls behind.
+            return receiver is None or posted + batch <= self.rq + state["received"]
+
         try:
-            while outstanding < lists and (posted == 0 or posted + batch <= budget):
+            while outstanding < lists and (posted == 0 or posted + batch <= budget) and credit():
                 await i.qp.post_send(wrs)
                 posted += batch
                 outstanding += 1
@@ -227,6 +235,11 @@ class _Pair:
                 completed += len(wcs) * batch
                 while (outstanding < lists and posted + batch <= budget
                        and time.perf_counter() < deadline):
+                    if not credit():
+                        if outstanding:
+                            break       # completions come first; credit is asked again
+                        await self._await_credit(state, op, size)
+                        continue
                     await i.qp.post_send(wrs)
                     posted += batch
                     outstanding += 1
@@ -242,12 +255,24 @@ class _Pair:
         return completed, elapsed
 
     async def _receiver(self, state: dict) -> None:
-        """The target's application: take receive completions, post receives again."""
+        """The target's application: take receive completions, post receives again, and
+        tell the sender of the credit each gives back."""
         while not (state["done"] and state["received"] >= state["sent"]):
             wcs = await self.t.rcq.poll(num_entries=self.rq, timeout=0.05)
             _wc_ok(wcs, "SEND's receive")
-            state["received"] += len(wcs)
             await self._post_recvs(len(wcs))
+            state["received"] += len(wcs)
+            if wcs:
+                state["credit"].set()
+
+    @staticmethod
+    async def _await_credit(state: dict, op: str, size: int) -> None:
+        state["credit"].clear()
+        try:
+            await asyncio.wait_for(state["credit"].wait(), COMPLETION_TIMEOUT)
+        except TimeoutError:
+            raise BenchError(f"{op} {size_text(size)}: the target's application posted no "
+                             f"receive within {COMPLETION_TIMEOUT:g} s") from None
 
     async def goodput(self, op: str, size: int) -> dict:
         o = self.opts
