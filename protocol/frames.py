@@ -250,6 +250,17 @@ def _unpack_header(raw: memoryview, limits: HeaderLimits | None = None) -> dict:
     return header
 
 
+def unshared(buf: bytearray) -> bool:
+    """Whether nothing holds a view of ``buf``: a bytearray with a live export refuses
+    to change size (BufferError), and one byte more and back is the cheapest change."""
+    try:
+        buf.append(0)
+    except BufferError:
+        return False
+    del buf[-1]
+    return True
+
+
 class FrameDecoder:
     """Incremental frame decoder: feed it bytes as they arrive, get whole frames back.
 
@@ -270,12 +281,83 @@ class FrameDecoder:
         self.fed = 0
         self.frames_done = 0
         self._buf = bytearray()
+        # A frame cut by a read and continued in place (recv_buffer): its bytes so far
+        # are the first ``_have`` of ``_whole``, ``_total`` in all; ``_have`` None when
+        # there is none. ``_whole`` is kept for the next such frame unless a view of
+        # it is still alive.
+        self._whole = bytearray()
+        self._total = 0
+        self._have: int | None = None
+        # The least of a cut frame still to come for it to be continued in place
+        # (recv_buffer); 0: never (a reader that cannot read into a given buffer).
+        self.direct_min = 0
         self._error: FrameError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a whole frame."""
-        return len(self._buf)
+        return len(self._buf) if self._have is None else self._have
+
+    def recv_buffer(self) -> memoryview | None:
+        """Where the rest of the frame cut by the last read may be read to, in place: a
+        writable view of its bytes still to come, in a buffer that holds the whole
+        frame, when at least ``direct_min`` are still to come and an eighth of the
+        frame has arrived (so a peer that announces a large frame and stalls makes the
+        decoder hold at most eight times what it sent); else None. The caller reads
+        into it, then calls ``filled`` with the count: the copy of each read into the
+        cut frame's buffer that ``feed`` makes is saved."""
+        if self._have is None:
+            if not self._buf or not self._may_continue(self._buf):
+                return None
+            self._start_whole(self._buf)
+        if self._total - self._have < self.direct_min:
+            return None
+        return memoryview(self._whole)[self._have:self._total]
+
+    def _may_continue(self, part) -> bool:
+        """Whether the cut frame that begins ``part`` may be continued in place."""
+        if not self.direct_min or self._error is not None or len(part) < _PREFIX + _HLEN:
+            return False
+        (length,) = _U32.unpack_from(part, 0)
+        total = _PREFIX + length
+        if total - len(part) < self.direct_min or 8 * len(part) < total:
+            return False
+        # Checked as feed checks them, before any buffer is made for the frame.
+        self._check_length(length)
+        self._check_hlen(length, _U32.unpack_from(part, _PREFIX)[0])
+        return True
+
+    def _start_whole(self, part) -> None:
+        """The cut frame ``part`` begins, copied to the front of a buffer of its size
+        (the last one's again when nothing looks at it any more)."""
+        (length,) = _U32.unpack_from(part, 0)
+        total = _PREFIX + length
+        whole = self._whole
+        if len(whole) < total or not unshared(whole):
+            whole = self._whole = bytearray(total)
+        whole[:len(part)] = part
+        self._total, self._have, self._buf = total, len(part), bytearray()
+
+    def filled(self, n: int) -> list[Frame]:
+        """``n`` bytes were read into the view ``recv_buffer`` gave: the frame, once
+        whole (its payload a view of that buffer), or nothing yet."""
+        self.fed += n
+        self._have += n
+        frames: list[Frame] = []
+        try:
+            self._whole_done(frames)
+        except FrameError as exc:
+            self._error = exc
+            raise
+        self.frames_done += len(frames)
+        return frames
+
+    def _whole_done(self, frames: list[Frame]) -> None:
+        """The frame continued in place, parsed into ``frames`` once all of it is in."""
+        if self._have == self._total:
+            self._have = None
+            frame, _ = self._parse_one(memoryview(self._whole)[:self._total], 0)
+            frames.append(frame)
 
     def feed(self, data: bytes | bytearray | memoryview, *, stable: bool = False) -> list[Frame]:
         """Add received bytes; return the frames they complete (possibly none).
@@ -301,20 +383,25 @@ class FrameDecoder:
         frames: list[Frame] = []
         pos, end = 0, len(src)
         try:
-            if self._buf:
+            if self._buf or self._have is not None:
                 pos = self._complete_pending(src, frames)
             while pos < end:
                 frame, used = self._parse_one(src, pos)
                 if frame is None:
                     # The frame is cut by the end of this read (its prefix, when whole,
-                    # is already checked): keep its start for the next feed.
-                    self._buf = bytearray(src[pos:])
+                    # is already checked): keep its start for the next feed, in its
+                    # own whole-sized buffer when it may be continued in place.
+                    part = src[pos:]
+                    if self._may_continue(part):
+                        self._start_whole(part)
+                    else:
+                        self._buf = bytearray(part)
                     break
                 frames.append(frame)
                 pos += used
         except FrameError as exc:
             self._error = exc
-            self._buf = bytearray()  # nothing in it will ever be used
+            self._buf, self._have = bytearray(), None  # nothing in them will ever be used
             raise
         self.frames_done += len(frames)
         return frames
@@ -322,6 +409,13 @@ class FrameDecoder:
     def _complete_pending(self, src: memoryview, frames: list[Frame]) -> int:
         """Top up the frame cut by the previous read from the front of ``src``; append
         it to ``frames`` once whole. Returns how many bytes of ``src`` it took."""
+        if self._have is not None:
+            # A frame continued in place (recv_buffer), continued here by a feed.
+            take = min(self._total - self._have, len(src))
+            self._whole[self._have:self._have + take] = src[:take]
+            self._have += take
+            self._whole_done(frames)
+            return take
         buf = self._buf
         pos = min(max(_PREFIX - len(buf), 0), len(src))
         buf += src[:pos]

@@ -23,19 +23,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from ..protocol.frames import FrameDecoder, FrameError
+from ..protocol.frames import FrameDecoder, FrameError, unshared
 from .link import READ_CHUNK
 
-
-def _unshared(buf: bytearray) -> bool:
-    """Whether nothing holds a view of ``buf``: a bytearray with a live export refuses
-    to change size (BufferError), and one byte more and back is the cheapest change."""
-    try:
-        buf.append(0)
-    except BufferError:
-        return False
-    del buf[-1]
-    return True
+# The least of a cut frame still to come that is read into the frame's own buffer: a
+# read's worth (below it the copy out of the read buffer costs less than a read more).
+DIRECT_MIN = READ_CHUNK // 4
 
 
 class WireIn(asyncio.BufferedProtocol):
@@ -46,6 +39,7 @@ class WireIn(asyncio.BufferedProtocol):
     def __init__(self, decoder: FrameDecoder, take: Callable[[list], int],
                  throttle: Callable[[int], float], on_error: Callable[[FrameError], None]) -> None:
         self.decoder = decoder
+        decoder.direct_min = DIRECT_MIN
         self.take = take
         self.throttle = throttle
         self.on_error = on_error
@@ -55,6 +49,10 @@ class WireIn(asyncio.BufferedProtocol):
         # because a view of the previous one was still alive.
         self._buf = bytearray(READ_CHUNK)
         self.fresh_buffers = 0
+        # Whether the loop's last read went straight into a large frame's own buffer
+        # (FrameDecoder.recv_buffer), and how many reads did.
+        self._direct = False
+        self.direct_reads = 0
 
     def attach(self, transport: asyncio.Transport, first: list, pending: bytes) -> None:
         """Take over ``transport`` from the stream reader: the frames that came with the
@@ -73,13 +71,23 @@ class WireIn(asyncio.BufferedProtocol):
             # The stream reader may have paused reading at its buffer limit.
             transport.resume_reading()
 
-    def get_buffer(self, sizehint: int) -> bytearray:
-        if not _unshared(self._buf):
+    def get_buffer(self, sizehint: int) -> bytearray | memoryview:
+        # The rest of a frame larger than a read (a train of many packets) is read
+        # straight into that frame's buffer: no copy out of the read buffer into it.
+        view = self.decoder.recv_buffer()
+        self._direct = view is not None
+        if view is not None:
+            return view
+        if not unshared(self._buf):
             self._buf = bytearray(READ_CHUNK)
             self.fresh_buffers += 1
         return self._buf
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._direct:
+            self.direct_reads += 1
+            self._deliver(lambda: self.decoder.filled(nbytes))
+            return
         # The frames are views of the buffer, which is not read into again while any
         # view of it lives (get_buffer): the decoder may use it in place.
         self._received(memoryview(self._buf)[:nbytes], True)
@@ -90,10 +98,13 @@ class WireIn(asyncio.BufferedProtocol):
         self._received(data, False)
 
     def _received(self, data, stable: bool) -> None:
+        self._deliver(lambda: self.decoder.feed(data, stable=stable))
+
+    def _deliver(self, decode: Callable[[], list]) -> None:
         if self.done.done():
             return
         try:
-            frames = self.decoder.feed(data, stable=stable)
+            frames = decode()
             if frames:
                 self._pace(self.take(frames))
         except FrameError as e:
