@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,27 @@ def wrong_demo_oracle(monkeypatch):
         return bytes(out)
 
     monkeypatch.setattr(demo, "protect", wrong)
+
+
+@pytest.fixture(scope="session")
+def tshark() -> str:
+    """tshark from Debian's ``tshark`` package: installed once when missing and root, so
+    that every test decoding a capture runs in CI whatever runs first."""
+    path = shutil.which("tshark")
+    if path is not None:
+        return path
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip("tshark is not installed (Debian package 'tshark') and this test is not "
+                    "root with apt-get to install it")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=300,
+                       check=True)
+        subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "tshark"],
+                       env=env, capture_output=True, timeout=300, check=True)
+    except (subprocess.SubprocessError, OSError) as e:
+        pytest.skip(f"could not install Debian package 'tshark': {e}")
+    path = shutil.which("tshark")
+    if path is None:
+        pytest.skip("Debian package 'tshark' installed but no tshark on PATH")
+    return path

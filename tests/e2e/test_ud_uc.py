@@ -248,17 +248,13 @@ async def test_ud_flood_to_a_qp_without_receives_keeps_no_memory(ud):
     await nothing(b.rcq)
 
 
-async def test_ud_and_uc_capture_as_rocev2_with_deth(ud, tmp_path):
+async def test_ud_and_uc_capture_as_rocev2_with_deth(ud, tmp_path, tshark):
     """The receiving daemon's capture (serve --capture's tap), decoded by tshark: the
     IBTA opcode numbers, the DETH's Q_Key and source QP, nothing malformed."""
-    import shutil
     import subprocess
 
     from softhca.server.capture import CaptureTap
 
-    tshark = shutil.which("tshark")
-    if tshark is None:
-        pytest.skip("tshark is not installed (Debian package 'tshark')")
     a, b = ud
     pcap = tmp_path / "ud.pcap"
     tap = CaptureTap(b.node.daemon, pcap)

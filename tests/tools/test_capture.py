@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import os
-import shutil
 import signal
 import struct
 import subprocess
@@ -199,30 +197,7 @@ def test_pcap_writer_format(tmp_path):
     assert [f for _, f in read_pcap(path)] == [b"\x01" * 60, b"\x02" * 70]
 
 
-# -- tshark ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def tshark() -> str:
-    """tshark from Debian's ``tshark`` package: installed once when missing and root."""
-    path = shutil.which("tshark")
-    if path is not None:
-        return path
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip("tshark is not installed (Debian package 'tshark') and this test is not "
-                    "root with apt-get to install it")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=300,
-                       check=True)
-        subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "tshark"],
-                       env=env, capture_output=True, timeout=300, check=True)
-    except (subprocess.SubprocessError, OSError) as e:
-        pytest.skip(f"could not install Debian package 'tshark': {e}")
-    path = shutil.which("tshark")
-    if path is None:
-        pytest.skip("Debian package 'tshark' installed but no tshark on PATH")
-    return path
-
+# -- tshark: the session fixture in tests/conftest.py, shared with tests/e2e ----------------
 
 FIELDS = ("eth.src", "ip.src", "ip.dst", "udp.dstport", "infiniband.bth.opcode",
           "infiniband.bth.destqp", "infiniband.bth.psn", "infiniband.aeth.syndrome",
