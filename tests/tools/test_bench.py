@@ -542,3 +542,28 @@ async def test_send_rows_never_outrun_the_targets_posted_receives(monkeypatch):
     assert messages > 4 * 16, messages
     assert moved["rnr_retries"] == 0 and moved["retransmitted_packets"] == 0, moved
     assert moved["packets_sent"] >= messages * 16
+
+
+def test_the_tcp_ceiling_is_the_best_of_three_streams(monkeypatch, tmp_path):
+    """Each TCP ceiling is the fastest of TCP_TRIALS streams, all of their MB/s kept;
+    --quick measures one."""
+    import dataclasses
+    import itertools
+
+    from softhca.tools.bench import ceilings
+
+    rates = itertools.cycle([300.0, 900.0, 600.0])
+
+    def stream(size, seconds, budget, workdir):
+        mb = next(rates)
+        return {"wire_size": size, "messages": 1, "bytes": size, "seconds": 1.0, "mb_s": mb}
+
+    monkeypatch.setattr(ceilings, "tcp_stream", stream)
+    full = ceilings.tcp_ceilings(dataclasses.replace(bench.QUICK, quick=False), str(tmp_path),
+                                 sizes=(4096,))
+    assert ceilings.TCP_TRIALS == 3
+    assert [c["trials_mb_s"] for c in full] == [[300.0, 900.0, 600.0]] * len(full)
+    assert all(c["mb_s"] == 900.0 for c in full)
+    assert all(c["app_mb_s"] == round(900.0 * 4096 / c["wire_size"], 1) for c in full)
+    quick = ceilings.tcp_ceilings(bench.QUICK, str(tmp_path), sizes=(4096,))
+    assert all(len(c["trials_mb_s"]) == 1 for c in quick)

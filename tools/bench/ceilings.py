@@ -289,14 +289,26 @@ def tcp_stream(size: int, seconds: float, budget: int, workdir: str) -> dict:
             "mb_s": round(mb_s(result["bytes"], result["seconds"]), 1)}
 
 
+# TCP streams per ceiling, the best kept: one stream's MB/s moved by a factor of two from
+# run to run on a quiet 2-core machine (3,178 to 6,143 MB/s at 1 MiB), and a ceiling that
+# low makes every ratio to it, and every --compare of two runs, mostly its noise. Noise
+# only ever slows a stream, so the best of three is the steadier reading of what TCP does.
+TCP_TRIALS = 3
+
+
 def tcp_ceilings(opts: E2EOptions, workdir: str, sizes=SIZES) -> list[dict]:
     """A TCP stream per distinct wire message size (plain, and with T10-DIF's 8 bytes per
-    512), each also given in MB/s of the application bytes those wire bytes carry."""
+    512), the best of TCP_TRIALS (one with --quick), each also given in MB/s of the
+    application bytes those wire bytes carry; ``trials_mb_s`` keeps every stream's."""
     out = []
+    trials = 1 if opts.quick else TCP_TRIALS
     for size in sizes:
         for wire in sorted({wire_size(c, size) for c in CONFIGS}):
             # At least 32 messages, so that even --quick measures a stream, not a start-up.
-            r = tcp_stream(wire, opts.seconds, max(32 * wire, int(opts.mib * MIB)), workdir)
+            runs = [tcp_stream(wire, opts.seconds, max(32 * wire, int(opts.mib * MIB)),
+                               workdir) for _ in range(trials)]
+            r = max(runs, key=lambda x: x["mb_s"])
+            r["trials_mb_s"] = [x["mb_s"] for x in runs]
             r["size"] = size
             r["app_mb_s"] = round(r["mb_s"] * size / wire, 1)
             out.append(r)

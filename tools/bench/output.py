@@ -110,7 +110,7 @@ def e2e_to_table(doc: dict) -> str:
         "WR signaled",
         "",
         "goodput, MB/s of application data; ceilings: TCP = asyncio stream between two "
-        "processes, same wire bytes and message size;",
+        "processes, same wire bytes and message size, best of three;",
         "engine = the target's transform alone (softhca.engine, RX for WRITE/SEND, TX for "
         "READ); ratio = goodput / ceiling, /min = to the lower;",
         "CPU T/I/C = cores busy in the target daemon, the initiator daemon and this client "
