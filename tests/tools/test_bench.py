@@ -567,3 +567,24 @@ def test_the_tcp_ceiling_is_the_best_of_three_streams(monkeypatch, tmp_path):
     assert all(c["app_mb_s"] == round(900.0 * 4096 / c["wire_size"], 1) for c in full)
     quick = ceilings.tcp_ceilings(bench.QUICK, str(tmp_path), sizes=(4096,))
     assert all(len(c["trials_mb_s"]) == 1 for c in quick)
+
+
+def test_compare_by_the_figures_themselves(tmp_path, capsys):
+    """--compare-ratio figure: new/saved is the MB/s (or us) of the new run over the saved
+    one, computed here from the documents' figures; no ceiling enters."""
+    saved, new = write(tmp_path, "saved.json", SAVED), write(tmp_path, "new.json", NEW)
+    assert main(["bench", "--compare", saved, new, "--json", "--compare-ratio", "figure"]) == 0
+    c = json.loads(capsys.readouterr().out)
+    assert c["ratio"] == "figure"
+    by = {r["row"]: r for r in c["rows"]}
+    assert math.isclose(by["RDMA_WRITE 1 MiB plain"]["ratio_of_ratios"], 400.0 / 80.0,
+                        rel_tol=1e-3)
+    assert math.isclose(by["RDMA_READ 4 KiB t10dif"]["ratio_of_ratios"], 7.5 / 9.0,
+                        rel_tol=1e-3)
+    p50 = by["latency 64 B p50"]
+    assert p50["better"] == "lower" and math.isclose(p50["ratio_of_ratios"], 370.0 / 1010.0,
+                                                      rel_tol=1e-3)
+    assert not any(label.endswith("/ chain") for label in by)
+    assert main(["bench", "--compare", saved, new, "--compare-ratio", "figure"]) == 0
+    assert "ratio = the figure itself (MB/s, us; runs of one machine only)" in (
+        capsys.readouterr().out)

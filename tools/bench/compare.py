@@ -17,6 +17,9 @@ from .common import DEFAULT_MTU, LATENCY_BYTES, sig4, size_text
 from .output import table_lines
 
 E2E_KIND, ENGINE_KIND = "softhca end to end", "engine"
+# --compare-ratio figure: the figures themselves (MB/s, us), for runs of one machine, where
+# the TCP ceiling's own run-to-run noise would otherwise be most of what a ratio moves.
+FIGURE = "figure"
 
 
 class CompareError(ValueError):
@@ -77,7 +80,7 @@ def compare_rows(doc, ratio: str = "tcp_stream",
     """label -> {figure, unit, ratio, better} for every row a comparison reads."""
     if doc_kind(doc, path) == ENGINE_KIND:
         return _engine_rows(doc, path)
-    return {**_goodput_rows(doc, ratio, path), **_latency_rows(doc, path)}
+    return {**_goodput_rows(doc, ratio, path), **_latency_rows(doc, path, ratio)}
 
 
 def _engine_rows(doc: dict, path: str) -> dict[str, dict]:
@@ -103,7 +106,7 @@ def _goodput_row_ok(g, ratio: str, setup_mtu: int) -> bool:
     return (isinstance(g, dict) and isinstance(g.get("op"), str)
             and isinstance(g.get("config"), str) and isinstance(g.get("size"), int)
             and g["size"] > 0 and _number(g.get("mb_s")) and isinstance(g.get("ratio"), dict)
-            and _positive(g["ratio"].get(ratio))
+            and _positive(g["mb_s"] if ratio == FIGURE else g["ratio"].get(ratio))
             and isinstance(g.get("path_mtu", setup_mtu), int))
 
 
@@ -121,12 +124,13 @@ def _goodput_rows(doc: dict, ratio: str, path: str) -> dict[str, dict]:
         mtu = g.get("path_mtu", setup_mtu)
         label = (f"{g['op']} {size_text(g['size'])} {g['config']}"
                  + ("" if mtu == DEFAULT_MTU else f" MTU {mtu}"))
-        rows[label] = {"figure": g["mb_s"], "unit": "MB/s", "ratio": g["ratio"][ratio],
+        rows[label] = {"figure": g["mb_s"], "unit": "MB/s",
+                       "ratio": g["mb_s"] if ratio == FIGURE else g["ratio"][ratio],
                        "better": "higher"}
     return rows
 
 
-def _latency_rows(doc: dict, path: str) -> dict[str, dict]:
+def _latency_rows(doc: dict, path: str, ratio: str = "tcp_stream") -> dict[str, dict]:
     lat = doc.get("latency")
     if lat is None:
         return {}
@@ -139,6 +143,12 @@ def _latency_rows(doc: dict, path: str) -> dict[str, dict]:
             raise CompareError(f"latency lacks a numeric {p}_us or a positive "
                                f"ratio.{p}_to_tcp_round_trip: {path}")
         label = f"latency {lat.get('size', LATENCY_BYTES)} B {p}"
+        if ratio == FIGURE:
+            if not _positive(lat[f"{p}_us"]):
+                raise CompareError(f"latency {p}_us is not positive: {path}")
+            rows[label] = {"figure": lat[f"{p}_us"], "unit": "us", "ratio": lat[f"{p}_us"],
+                           "better": "lower"}
+            continue
         rows[label] = {"figure": lat[f"{p}_us"], "unit": "us", "ratio": r, "better": "lower"}
         # The same figure over the chain of the same hops, in runs that measured it.
         rc = ratios.get(f"{p}_to_tcp_chain")
@@ -206,7 +216,8 @@ def _load(doc: dict):
     return m.get("load_average_at_start") if isinstance(m, dict) else None
 
 
-RATIO_TEXT = {"tcp_stream": "goodput / TCP stream ceiling", "engine":
+RATIO_TEXT = {FIGURE: "the figure itself (MB/s, us; runs of one machine only)",
+              "tcp_stream": "goodput / TCP stream ceiling", "engine":
               "goodput / engine ceiling", "min": "goodput / the lower ceiling",
               "engine/primitive": "engine / one call of the primitive"}
 

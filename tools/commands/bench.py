@@ -59,10 +59,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "the libibverbs provider, each side under `softhca run`, beside the "
                    "client's rows (root, the built provider and perftest; skipped otherwise)")
     _add_compare(p, "softhca bench --json")
-    p.add_argument("--compare-ratio", choices=("tcp_stream", "engine", "min"),
+    p.add_argument("--compare-ratio", choices=("tcp_stream", "engine", "min", "figure"),
                    default="tcp_stream",
                    help="which ratio --compare divides: to the TCP stream (default: no "
-                   "softhca change moves that ceiling), to the engine, or to the lower")
+                   "softhca change moves that ceiling), to the engine, to the lower, or "
+                   "the figures themselves (MB/s and us; for runs of one machine, where "
+                   "the ceiling's own noise is set aside)")
     p.set_defaults(func=run)
     # "engine" names what is measured, not a daemon (TARGET means a daemon's address in
     # every other command); "goals" measures nothing, it reads saved runs.
