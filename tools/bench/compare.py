@@ -143,16 +143,15 @@ def _latency_rows(doc: dict, path: str, ratio: str = "tcp_stream") -> dict[str, 
             raise CompareError(f"latency lacks a numeric {p}_us or a positive "
                                f"ratio.{p}_to_tcp_round_trip: {path}")
         label = f"latency {lat.get('size', LATENCY_BYTES)} B {p}"
-        if ratio == FIGURE:
-            if not _positive(lat[f"{p}_us"]):
-                raise CompareError(f"latency {p}_us is not positive: {path}")
-            rows[label] = {"figure": lat[f"{p}_us"], "unit": "us", "ratio": lat[f"{p}_us"],
-                           "better": "lower"}
-            continue
-        rows[label] = {"figure": lat[f"{p}_us"], "unit": "us", "ratio": r, "better": "lower"}
-        # The same figure over the chain of the same hops, in runs that measured it.
+        us = lat[f"{p}_us"]
+        if ratio == FIGURE and not _positive(us):
+            raise CompareError(f"latency {p}_us is not positive: {path}")
+        rows[label] = {"figure": us, "unit": "us", "ratio": us if ratio == FIGURE else r,
+                       "better": "lower"}
+        # The same figure over the chain of the same hops, in runs that measured it (by
+        # the figures themselves it would be the row above again).
         rc = ratios.get(f"{p}_to_tcp_chain")
-        if _positive(rc):
+        if ratio != FIGURE and _positive(rc):
             rows[f"{label} / chain"] = {"figure": lat[f"{p}_us"], "unit": "us", "ratio": rc,
                                         "better": "lower"}
     return rows
