@@ -17,7 +17,9 @@ devices, with no RDMA kernel module:
   that a program linked with Debian's libmlx5.so.1 gets softhca's (provider/mlx5/),
   which serves the mlx5dv calls on softhca devices;
 - the daemon: embedded in this process (on ``--listen``) unless ``--target`` names the
-  UNIX socket of one that runs already.
+  UNIX socket of one that runs already. The program reaches it on the UNIX socket
+  (owner-only); its TCP port takes wire links from peer daemons (the peer token) and,
+  only with ``--token-file``, control sessions that prove that token.
 """
 
 from __future__ import annotations
@@ -290,7 +292,7 @@ async def _run_program(argv: list[str], env: dict[str, str], ndev: int) -> int:
 
 async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     from ..server.daemon import Daemon
-    from ..server.serve import check_hcas, parse_listen, read_secret
+    from ..server.serve import check_exposure, check_hcas, parse_listen, read_secret, read_tokens
     from ..server.unix import UnixListener
 
     try:
@@ -299,6 +301,21 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     except ValueError as e:
         raise RunError(str(e)) from None
     opts: dict = {}     # the Daemon's keyword options
+    # The TCP port takes wire links (the peer token) and, only with --token-file, control
+    # sessions proving that token (softhca trace / faults from another host); the
+    # program itself is served on the UNIX socket.
+    token = None
+    if getattr(args, "token_file", None):
+        try:
+            token = read_tokens(args.token_file, allow_readable=False)
+        except ValueError as e:
+            raise RunError(str(e)) from None
+    try:
+        check_exposure(host, token, control=token is not None, allow_no_auth=False)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    opts["token"] = token
+    opts["tcp_control"] = token is not None
     if args.peer_token_file:
         try:
             opts["peer_token"] = read_secret("--peer-token-file", args.peer_token_file,
@@ -329,9 +346,12 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
             from .trace import Follower
 
             try:
-                follower = await Follower.start(daemon.address, args.trace)
+                # On the UNIX socket: the TCP port serves no control session.
+                follower = await Follower.start(f"unix:{sock}", args.trace)
             except OSError as e:
                 raise RunError(f"--trace {args.trace}: {e.strerror or e}") from None
+            except RDMAError as e:
+                raise RunError(f"--trace {args.trace}: {e.errno_name}: {e.message}") from None
         devices = list(daemon.hcas)
         write_sysfs(tmp / "sys", devices, daemon.host, daemon.port)
         return await _run_program(argv, program_env(tmp / "sys", sock, provider),
