@@ -58,6 +58,9 @@ NO_TCP_CONTROL = ("this daemon's TCP port takes wire links from peer daemons onl
                   "control session: its program reaches it on its UNIX socket, and control "
                   "from another host needs a token (softhca run --token-file FILE)")
 QPN_MOD = 1 << 24
+# How long a stopping daemon waits for its wire links to take the DREQs of its
+# sessions' rdma_cm ids (a link to a peer that is gone must not hold the stop).
+CM_FLUSH_S = 1.0
 # QPs that go to ERR within this many seconds of each other share one malloc_trim.
 TRIM_DELAY_S = 0.1
 
@@ -164,6 +167,13 @@ class Daemon:
             self._server.close()
         if self._trim_timer is not None:
             self._trim_timer.cancel()
+        # As the kernel's CM does for the ids of a process that dies: every connected
+        # rdma_cm id is disconnected (a DREQ to its peer), and the DREQs are handed to
+        # the kernel before the links close, so a peer hears of it now, not when its
+        # keep-alive or an RC retry fails. A session that ended already did the same.
+        for session in list(self.sessions):
+            self.cm.session_gone(session)
+        await self.wire.flush(CM_FLUSH_S)
         for session in list(self.sessions):
             session.verbs.flush_all()
         # A poll_cq waiting when the signal came is owed the flushed completions: let
@@ -342,7 +352,7 @@ class Daemon:
     def release_links(self, qps: set) -> None:
         """A session closed: its QPs' packets and the links nobody sends on go
         (``WirePlane.release``), and the memory they held goes back to the system."""
-        self.wire.release(qps)
+        self.wire.release(qps, self.cm.peers())
         _return_free_memory()
 
     def add_qp(self, qph: QPHost) -> None:
