@@ -110,6 +110,14 @@ class Connection:
                                max_frame=CLIENT_MAX_FRAME, src=dialed)
         return cls(link, f"{host}:{port}")
 
+    @classmethod
+    async def open_unix(cls, path: str, *, timeout: float) -> Connection:
+        """A control session on the daemon's UNIX socket ``path`` (``serve --unix``,
+        ``softhca run``'s): the kernel vouches for this process's user, no token."""
+        link = await open_link("", 0, "control", None, timeout=timeout,
+                               max_frame=CLIENT_MAX_FRAME, path=path)
+        return cls(link, path)
+
     @property
     def error(self) -> RDMAError | None:
         """Why the connection ended (what every request raises now), or None while open."""

@@ -50,7 +50,8 @@ async def connect(address: str, token: bytes | str | None = None, *,
                   timeout: float = 10.0) -> Node:
     """A control session with the daemon at ``host:port``; ``token`` when it requires one.
 
-    ``address`` is ``"host:port"`` (``"[v6addr]:port"``; the port defaults to 4791);
+    ``address`` is ``"host:port"`` (``"[v6addr]:port"``; the port defaults to 4791), or
+    ``"unix:PATH"`` for the daemon's UNIX socket (``serve --unix``; no token there);
     ``token`` (bytes or str) answers the daemon's challenge, never sent itself. Every
     step is bounded by ``timeout`` seconds (default 10). Returns a Node.
 
@@ -62,10 +63,15 @@ async def connect(address: str, token: bytes | str | None = None, *,
     one was given; EBUSY when it is at ``--max-connections``; EPROTO for a daemon
     speaking another protocol version.
     """
-    host, port = split_address(address, DEFAULT_PORT)
-    if isinstance(token, str):
-        token = token.encode()
-    conn = await Connection.open(host, port, token, timeout=timeout)
+    if address.startswith("unix:"):
+        # The welcome on a UNIX socket names the daemon's wire address (server/unix.py).
+        conn = await Connection.open_unix(address[5:], timeout=timeout)
+        host, port = split_address(str(conn.welcome.get("address", "")), DEFAULT_PORT)
+    else:
+        host, port = split_address(address, DEFAULT_PORT)
+        if isinstance(token, str):
+            token = token.encode()
+        conn = await Connection.open(host, port, token, timeout=timeout)
     h = conn.welcome
     node = Node(conn, host, port, list(h.get("devices", [])))
     # mr.write / mr.read chunks must fit the daemon's frame limit with room for the header.

@@ -155,6 +155,12 @@ class ConnectionManager(CmInbound, CmTimewait):
             if cid.handle in self.ids:
                 self.destroy_id(cid)
 
+    def peers(self) -> set[tuple[str, int]]:
+        """The daemons the ids are connected (or connecting) to: their links stay open
+        while the ids live, for the DREQ (or REJ) that ends each, whichever session
+        holds the QP (a program's rdma_cm and its verbs are two sessions)."""
+        return {cid.peer for cid in self.ids.values() if cid.peer is not None}
+
     def bind(self, cid: CMId, ip: str, port: int, reuse: bool = False) -> int:
         cid.check("bind")
         if ip not in ("0.0.0.0", self.my_ip()) and not ip.startswith("127."):

@@ -26,6 +26,7 @@ from ..protocol.enums import QpState
 from ..protocol.errors import RDMAError
 from ..protocol.frames import REQUEST_LIMITS, FrameDecoder, encode_frame
 from ..protocol.handshake import (
+    HandshakeError,
     hello_credential,
     hello_src,
     make_challenge,
@@ -52,7 +53,14 @@ DEFAULT_PORT = 4791
 # other processes share one with ``serve --peer-token-file`` (docs/protocol.md).
 PROCESS_PEER_TOKEN = secrets.token_bytes(32)
 GENERATED = object()
+# Why a control hello is refused on a TCP port that serves wire links only.
+NO_TCP_CONTROL = ("this daemon's TCP port takes wire links from peer daemons only, no "
+                  "control session: its program reaches it on its UNIX socket, and control "
+                  "from another host needs a token (softhca run --token-file FILE)")
 QPN_MOD = 1 << 24
+# How long a stopping daemon waits for its wire links to take the DREQs of its
+# sessions' rdma_cm ids (a link to a peer that is gone must not hold the stop).
+CM_FLUSH_S = 1.0
 # QPs that go to ERR within this many seconds of each other share one malloc_trim.
 TRIM_DELAY_S = 0.1
 
@@ -65,7 +73,7 @@ class Daemon:
                  max_frame: int | None = None, limits: Limits | None = None,
                  crypto: DeviceCrypto | None = None, strict_blocks: bool = False,
                  peer_token: bytes | None | object = GENERATED, trains: bool = True,
-                 rc_window: int | None = None) -> None:
+                 rc_window: int | None = None, tcp_control: bool = True) -> None:
         if not hcas:
             raise ValueError("a daemon needs at least one HCA")
         limits = limits or Limits()
@@ -83,6 +91,11 @@ class Daemon:
         self.port = port
         # The client token, or a tuple of them (one per tenant: each its own credential).
         self.token = token
+        # Whether the TCP port serves control sessions at all. ``softhca run``'s daemon
+        # serves its program on a UNIX socket and, without --token-file, its TCP port
+        # serves wire links only: a control session there could tap, fault and drive
+        # the program's traffic from any host that reaches the port.
+        self.tcp_control = tcp_control
         # Wire links (other daemons) prove the peer token, never the clients' one unless
         # given as it; None: wire links are not authenticated.
         self.peer_token = PROCESS_PEER_TOKEN if peer_token is GENERATED else peer_token
@@ -154,6 +167,13 @@ class Daemon:
             self._server.close()
         if self._trim_timer is not None:
             self._trim_timer.cancel()
+        # As the kernel's CM does for the ids of a process that dies: every connected
+        # rdma_cm id is disconnected (a DREQ to its peer), and the DREQs are handed to
+        # the kernel before the links close, so a peer hears of it now, not when its
+        # keep-alive or an RC retry fails. A session that ended already did the same.
+        for session in list(self.sessions):
+            self.cm.session_gone(session)
+        await self.wire.flush(CM_FLUSH_S)
         for session in list(self.sessions):
             session.verbs.flush_all()
         # A poll_cq waiting when the signal came is owed the flushed completions: let
@@ -211,13 +231,17 @@ class Daemon:
         try:
             # ``auth`` tells a client whether its hello needs the token; a wire hello
             # proves the peer credential whatever it says.
-            challenge, nonce = make_challenge(self.token is not None)
+            # A port that serves no control session asks for a token as well: no
+            # control hello gets anywhere without one.
+            challenge, nonce = make_challenge(self.token is not None or not self.tcp_control)
             writer.writelines(encode_frame(challenge))
             frames = await asyncio.wait_for(read_frames(reader, decoder), limits.hello_timeout)
             if not frames:
                 return
             hello = frames[0].header
             role = verify_hello(hello, nonce, self.token, self.peer_token)
+            if role == "control" and not self.tcp_control:
+                raise HandshakeError("EACCES", NO_TCP_CONTROL)
             self._pre_hello.pop(writer, None)
             credential = self._credential(role, hello, nonce)
             if self.connections >= limits.max_connections:
@@ -328,7 +352,7 @@ class Daemon:
     def release_links(self, qps: set) -> None:
         """A session closed: its QPs' packets and the links nobody sends on go
         (``WirePlane.release``), and the memory they held goes back to the system."""
-        self.wire.release(qps)
+        self.wire.release(qps, self.cm.peers())
         _return_free_memory()
 
     def add_qp(self, qph: QPHost) -> None:

@@ -77,7 +77,8 @@ class Link:
 
 
 async def open_link(host: str, port: int, role: str, token: bytes | None, *,
-                    timeout: float, max_frame: int, src: str | None = None) -> Link:
+                    timeout: float, max_frame: int, src: str | None = None,
+                    path: str | None = None) -> Link:
     """Connect to the daemon at ``host:port`` and complete the HELLO exchange as ``role``.
 
     Each of the two steps (TCP connect; challenge, hello, welcome) is bounded by
@@ -87,15 +88,20 @@ async def open_link(host: str, port: int, role: str, token: bytes | None, *,
     ENETUNREACH, ETIMEDOUT; connect_error) or ECONNRESET for a connection closed in the
     handshake, the daemon's own
     errno for an error frame (EBUSY at its connection limit, EACCES for a wrong token),
-    HandshakeError from make_hello, EPROTO for anything but a welcome.
+    HandshakeError from make_hello, EPROTO for anything but a welcome. With ``path``,
+    the daemon's UNIX socket instead of TCP (``host:port`` then only names it).
     """
     try:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=READ_CHUNK), timeout)
+            asyncio.open_unix_connection(path, limit=READ_CHUNK) if path is not None
+            else asyncio.open_connection(host, port, limit=READ_CHUNK), timeout)
     except asyncio.TimeoutError:
         raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
             from None
     except OSError as e:
+        if path is not None:
+            raise RDMAError(_errno.errorcode.get(e.errno or 0, "ECONNREFUSED"),
+                            f"cannot connect to {path}: {e.strerror or e}") from None
         # The errno that happened (ECONNREFUSED, EHOSTUNREACH, ...), or "cannot resolve
         # host" for a failed name lookup (connect_error).
         raise connect_error(host, port, e) from None

@@ -120,6 +120,24 @@ def read_secret(option: str, path: str, allow_readable: bool) -> bytes:
     return token
 
 
+def read_tokens(path: str, allow_readable: bool) -> bytes | tuple[bytes, ...]:
+    """The client token(s) of ``--token-file`` ``path`` (``serve``'s and ``softhca
+    run``'s): one per line, several being several tenants, each its own credential."""
+    token = read_secret("--token-file", path, allow_readable)
+    tokens = tuple(t.strip() for t in token.splitlines() if t.strip())
+    return tokens if len(tokens) > 1 else token
+
+
+def check_exposure(host: str, token, *, control: bool, allow_no_auth: bool) -> None:
+    """Refuse a TCP port beyond loopback that would serve control sessions without a
+    token (anyone who reaches it could drive, tap and fault every session), unless
+    ``allow_no_auth`` says so. A port that serves no control session (``softhca run``
+    without --token-file) has wire links only, which always prove the peer token."""
+    if control and token is None and not is_loopback(host) and not allow_no_auth:
+        raise ValueError(f"refusing to listen on {host} without a token: give --token-file, "
+                         "or --allow-no-auth to serve anyone who can reach the port")
+
+
 def _whose(path: str) -> str:
     """Why a token file cannot be read, in uids: the daemon's and the file's (a secret
     mounted into the daemon's container is often root's and mode 0600, while the daemon
@@ -143,18 +161,12 @@ def options_from_args(args) -> ServeOptions:
     token = None
     allow_readable = getattr(args, "allow_readable_token", False)
     if args.token_file:
-        token = read_secret("--token-file", args.token_file, allow_readable)
-        # One token per line: several are several tenants, each its own credential.
-        tokens = tuple(t.strip() for t in token.splitlines() if t.strip())
-        if len(tokens) > 1:
-            token = tokens
+        token = read_tokens(args.token_file, allow_readable)
     peer_token_file = getattr(args, "peer_token_file", None)
     peer_token = None
     if peer_token_file:
         peer_token = read_secret("--peer-token-file", peer_token_file, allow_readable)
-    if token is None and not is_loopback(host) and not args.allow_no_auth:
-        raise ValueError(f"refusing to listen on {host} without a token: give --token-file, "
-                         "or --allow-no-auth to serve anyone who can reach the port")
+    check_exposure(host, token, control=True, allow_no_auth=args.allow_no_auth)
     faults = []
     if getattr(args, "faults", None):
         try:

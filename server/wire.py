@@ -59,6 +59,9 @@ WASTE_RATE = 64 << 20
 PACKET_OVERHEAD = 256
 # Room a train frame's prefix and header take beside its payload (a header is well under).
 TRAIN_HEADROOM = 1024
+# How long a link nobody sends on any more may still send its last CM messages (the
+# DREQs of a closing session's rdma_cm ids) before it is cut.
+CM_LINGER_S = 1.0
 
 
 class WirePlane:
@@ -86,6 +89,8 @@ class WirePlane:
         self.heard_from: set[tuple[str, int]] = set()
         self.links: dict[tuple[str, int], WireLink] = {}
         self.resolving: set[asyncio.Task] = set()
+        # Links closed while their sockets still send their last CM messages.
+        self.lingering: set[WireLink] = set()
         self._reorder_timer: asyncio.TimerHandle | None = None
         # Where CM messages go (the daemon's ConnectionManager.receive).
         self.on_cm: Callable = lambda header, payload, origin: None
@@ -299,7 +304,9 @@ class WirePlane:
 
     def send_cm(self, host: str, port: int, header: dict, payload: bytes) -> None:
         """A CM message to the daemon at ``host:port``, on the link its packets take."""
-        self.link_to(host, port).send(None, [CMFrame(header, payload)], src_qp=0)
+        link = self.link_to(host, port)
+        link.cm_sent = True
+        link.send(None, [CMFrame(header, payload)], src_qp=0)
 
     # -- links ------------------------------------------------------------------------------
     def link_to(self, host: str, port: int) -> WireLink:
@@ -316,19 +323,38 @@ class WirePlane:
         self.set_origins(qph, host, port)
         self.link_to(host, port)
 
-    def release(self, qps: set) -> None:
+    def release(self, qps: set, keep: set | frozenset = frozenset()) -> None:
         """A session closed: its QPs' queued packets go, and a link no live QP sends on
-        any more is closed, so a peer that never reads keeps nothing of it."""
+        any more, nor ``keep`` names (the peers of live rdma_cm ids, whose DREQs go on
+        it), is closed, so a peer that never reads keeps nothing of it."""
         for link in list(self.links.values()):
             link.forget(qps)
         wanted = {(q.dest[0], q.dest[1]) for q in self.qps.values() if q.dest is not None}
+        wanted.update(keep)
         wanted.update(r for q in self.qps.values() for r in q.routes)
         for key, link in list(self.links.items()):
             if key not in wanted:
                 # Nobody sends on it any more: what it still holds is lost on the wire,
-                # as for a link that is cut, and freed now.
-                link.close(abort=True)
+                # as for a link that is cut, and freed now. Unless it carried CM
+                # messages: the DREQs of the session's rdma_cm ids must reach the peer
+                # (rdma_cm tells a peer when a process dies), so it closes once its
+                # socket has taken them, within CM_LINGER_S whatever the peer does.
+                if link.cm_sent and link.writer is not None:
+                    self.lingering.add(link)
+                    link.close(linger=CM_LINGER_S,
+                               done=lambda link=link: self.lingering.discard(link))
+                else:
+                    link.close(abort=True)
                 del self.links[key]
+
+    async def flush(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until every link that is not closed has
+        handed all it holds to the kernel (one still opening has first to open)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while any(link.unsent() for link in (*self.links.values(), *self.lingering)) \
+                and loop.time() < end:
+            await asyncio.sleep(0.005)
 
     def close(self) -> None:
         """The daemon stops: every link closes, no peer name is resolved any more."""
@@ -400,7 +426,15 @@ class WireLink:
         # Why it could not open (server/cm.py's address resolution reads it).
         self.failure: BaseException | None = None
         self._draining: asyncio.Task | None = None
+        # Whether a CM message went on it (its close then lets the socket send it).
+        self.cm_sent = False
         self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def unsent(self) -> bool:
+        """Whether it still holds bytes the kernel has not taken (or, opening, will)."""
+        if self.writer is None:
+            return not self.closed
+        return bool(self.backlog_bytes or self.writer.transport.get_write_buffer_size())
 
     def buffered(self) -> int:
         """Bytes this link holds: its backlog and what its socket has not sent."""
@@ -485,13 +519,22 @@ class WireLink:
             self.backlog = deque(q for q in self.backlog if q[4] not in owners)
             self.backlog_bytes = sum(_charge(q[1]) for q in self.backlog)
 
-    def close(self, abort: bool = False) -> None:
+    def close(self, abort: bool = False, *, linger: float | None = None,
+              done=None) -> None:
         """Close the link; with ``abort``, drop what its socket has not sent (a close
-        waits for the peer to take it, which a peer that never reads never does)."""
+        waits for the peer to take it, which a peer that never reads never does); with
+        ``linger``, let the socket send what it holds for that many seconds, then abort
+        (``done`` is called then). What the backlog holds goes either way."""
         self.closed = True
         self.task.cancel()
         if self._draining is not None:
             self._draining.cancel()
+        if linger is not None and self.writer is not None and self.backlog:
+            # A link nobody sends on holds only CM messages (its QPs' packets were
+            # taken back): small, written whole.
+            with contextlib.suppress(Exception):
+                self.writer.writelines([b for dev, p, *_ in self.backlog if dev is None
+                                        for b in encode_frame(p.header, p.payload)])
         self.backlog.clear()
         self.backlog_bytes = 0
         if self.writer is not None:
@@ -500,6 +543,16 @@ class WireLink:
                     self.writer.transport.abort()
                 else:
                     self.writer.close()
+            if linger is not None:
+                transport = self.writer.transport
+
+                def end() -> None:
+                    transport.abort()
+                    if done is not None:
+                        done()
+                asyncio.get_running_loop().call_later(linger, end)
+        elif done is not None:
+            done()
 
     async def _run(self) -> None:
         where = f"{self.host}:{self.port}"

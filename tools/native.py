@@ -17,18 +17,22 @@ devices, with no RDMA kernel module:
   that a program linked with Debian's libmlx5.so.1 gets softhca's (provider/mlx5/),
   which serves the mlx5dv calls on softhca devices;
 - the daemon: embedded in this process (on ``--listen``) unless ``--target`` names the
-  UNIX socket of one that runs already.
+  UNIX socket of one that runs already. The program reaches it on the UNIX socket
+  (owner-only); its TCP port takes wire links from peer daemons (the peer token) and,
+  only with ``--token-file``, control sessions that prove that token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import fcntl
 import json
 import os
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
@@ -48,8 +52,11 @@ _PR_SET_PDEATHSIG = 1
 
 _NS_SCRIPT = r"""
 set -e
-n=$1; shift
-old=$(mktemp -d /tmp/softhca-dev.XXXXXX)
+# PID 1 of the program's PID namespace: a signal without a handler never reaches it.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+n=$1; run=$2; shift 2
+old=$(mktemp -d "$run/dev.XXXXXX")
 mount --bind /dev "$old"
 mount -t tmpfs -o mode=0755,nosuid softhca-dev /dev
 for e in "$old"/* ; do
@@ -68,7 +75,7 @@ while [ "$i" -lt "$n" ]; do mknod "/dev/infiniband/uverbs$i" c 1 3; i=$((i + 1))
 # tests look for: rdma-core's tests/base.py), on a tmpfs over /sys/class that carries
 # bind mounts of the real classes (their relative links still resolve under /sys).
 if [ -d "$SYSFS_PATH/class/infiniband" ] && mountpoint -q /sys 2>/dev/null; then
-  old=$(mktemp -d /tmp/softhca-class.XXXXXX)
+  old=$(mktemp -d "$run/class.XXXXXX")
   mount --bind /sys/class "$old"
   mount -t tmpfs -o mode=0755,nosuid,nodev,noexec softhca-class /sys/class
   for e in "$old"/* ; do
@@ -84,7 +91,23 @@ fi
 # softhca run's pipe, so that unshare's or a mount's refusal reaches it, not lost).
 echo softhca-run-ready >&2
 exec 2>&9 9>&-
-exec "$@"
+# The program runs as a child (its stdin this script's: an asynchronous command's is
+# /dev/null otherwise) so that this shell, PID 1, can pass it softhca run's SIGINT and
+# SIGTERM; when the program ends this shell exits with its status, and the kernel
+# kills whatever else of the tree remains in the namespace.
+set +e
+child=
+trap '[ -n "$child" ] && kill -s INT "$child" 2>/dev/null' INT
+trap '[ -n "$child" ] && kill -s TERM "$child" 2>/dev/null' TERM
+exec 3<&0
+"$@" <&3 3<&- &
+child=$!
+exec 3<&-
+while :; do
+  wait "$child"
+  rc=$?
+  kill -0 "$child" 2>/dev/null || exit "$rc"
+done
 """
 # What the script prints on its pipe once the namespace is set up.
 _READY = b"softhca-run-ready\n"
@@ -112,7 +135,6 @@ def gid(host: str, port: int, index: int) -> str:
 def netdev_of(host: str) -> str | None:
     """The network interface that holds ``host``'s IPv4 address (the one the daemon
     answers on): "lo" for a loopback address; None when no interface has it (0.0.0.0)."""
-    import fcntl
     import struct
 
     try:
@@ -263,18 +285,35 @@ async def _setup_said(proc) -> bytes:
     return said
 
 
-async def _run_program(argv: list[str], env: dict[str, str], ndev: int) -> int:
+def _signal_program(unshare_pid: int, sig: int) -> None:
+    """Pass ``sig`` to the PID namespace's init (the script, which passes it to the
+    program): unshare, its parent, ignores SIGINT and SIGTERM while it waits."""
+    try:
+        children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+        os.kill(int(children[0]), sig)
+    except (OSError, IndexError, ValueError):
+        pass        # not forked yet, or gone: nothing to pass it to
+
+
+async def _run_program(argv: list[str], env: dict[str, str], ndev: int, run_dir: Path) -> int:
     real_stderr = os.dup(2)
     try:
+        # A PID namespace of its own (a new /proc in the mount namespace, which the
+        # provider reads): when softhca run dies, however it dies, unshare gets SIGKILL
+        # (PR_SET_PDEATHSIG), its child, the namespace's init, with it (--kill-child),
+        # and the kernel kills every process left in the namespace: the program's
+        # background children too, which PR_SET_PDEATHSIG alone would leave running.
         proc = await asyncio.create_subprocess_exec(
-            "unshare", "--mount", "--propagation", "private", "sh", "-c", _NS_SCRIPT,
-            "softhca-run", str(ndev), *argv, env=env, stderr=asyncio.subprocess.PIPE,
+            "unshare", "--mount", "--propagation", "private", "--pid", "--fork",
+            "--kill-child", "--mount-proc", "sh", "-c", _NS_SCRIPT,
+            "softhca-run", str(ndev), str(run_dir), *argv, env=env,
+            stderr=asyncio.subprocess.PIPE,
             close_fds=False, preexec_fn=lambda: _child_setup(real_stderr))
     finally:
         os.close(real_stderr)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, proc.send_signal, sig)
+        loop.add_signal_handler(sig, _signal_program, proc.pid, sig)
     try:
         said = await _setup_said(proc)
         rc = await proc.wait()
@@ -290,7 +329,7 @@ async def _run_program(argv: list[str], env: dict[str, str], ndev: int) -> int:
 
 async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     from ..server.daemon import Daemon
-    from ..server.serve import check_hcas, parse_listen, read_secret
+    from ..server.serve import check_exposure, check_hcas, parse_listen, read_secret, read_tokens
     from ..server.unix import UnixListener
 
     try:
@@ -299,6 +338,21 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     except ValueError as e:
         raise RunError(str(e)) from None
     opts: dict = {}     # the Daemon's keyword options
+    # The TCP port takes wire links (the peer token) and, only with --token-file, control
+    # sessions proving that token (softhca trace / faults from another host); the
+    # program itself is served on the UNIX socket.
+    token = None
+    if getattr(args, "token_file", None):
+        try:
+            token = read_tokens(args.token_file, allow_readable=False)
+        except ValueError as e:
+            raise RunError(str(e)) from None
+    try:
+        check_exposure(host, token, control=token is not None, allow_no_auth=False)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    opts["token"] = token
+    opts["tcp_control"] = token is not None
     if args.peer_token_file:
         try:
             opts["peer_token"] = read_secret("--peer-token-file", args.peer_token_file,
@@ -329,13 +383,16 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
             from .trace import Follower
 
             try:
-                follower = await Follower.start(daemon.address, args.trace)
+                # On the UNIX socket: the TCP port serves no control session.
+                follower = await Follower.start(f"unix:{sock}", args.trace)
             except OSError as e:
                 raise RunError(f"--trace {args.trace}: {e.strerror or e}") from None
+            except RDMAError as e:
+                raise RunError(f"--trace {args.trace}: {e.errno_name}: {e.message}") from None
         devices = list(daemon.hcas)
         write_sysfs(tmp / "sys", devices, daemon.host, daemon.port)
         return await _run_program(argv, program_env(tmp / "sys", sock, provider),
-                                  len(devices))
+                                  len(devices), tmp)
     finally:
         if follower is not None:
             await follower.stop()
@@ -370,7 +427,41 @@ async def _targeted(args, argv: list[str], tmp: Path, provider: Path) -> int:
     devices = [str(d) for d in w.get("devices", [])]
     write_sysfs(tmp / "sys", devices, host, int(port))
     return await _run_program(argv, program_env(tmp / "sys", args.target, provider),
-                              len(devices))
+                              len(devices), tmp)
+
+
+RUN_PREFIX = "softhca-run."
+# The lock file in it. A directory without one is never removed: it may be an older
+# softhca run's, alive (a run killed in the instant between making its directory and
+# its lock leaves an empty directory).
+RUN_LOCK = "lock"
+
+
+def remove_stale_run_dirs(parent: str | None = None) -> list[Path]:
+    """Remove the directories of ``softhca run``s that died without removing theirs
+    (SIGKILL): one of this user's whose lock nobody holds. What was removed."""
+    gone = []
+    for d in Path(parent or tempfile.gettempdir()).glob(RUN_PREFIX + "*"):
+        try:
+            st = d.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            try:
+                fd = os.open(d / RUN_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            else:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue        # its softhca run is alive
+                finally:
+                    os.close(fd)
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(d)
+    return gone
 
 
 def run(args, argv: list[str]) -> int:
@@ -390,8 +481,13 @@ def run(args, argv: list[str]) -> int:
         raise RunError("--trace is the embedded daemon's; with --target, run `softhca trace "
                        "--target HOST:PORT` against that daemon's TCP address")
     setup_logging(args.log_level)
-    tmp = Path(tempfile.mkdtemp(prefix="softhca-run."))
+    remove_stale_run_dirs()
+    tmp = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
     try:
+        # Held while this process lives (the kernel drops it when it dies, even by
+        # SIGKILL): the next softhca run removes a directory whose lock is free.
+        lock = os.open(tmp / RUN_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)
         work = _targeted if args.target else _embedded
         rc = asyncio.run(work(args, argv, tmp, provider))
     finally:

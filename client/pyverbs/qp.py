@@ -268,7 +268,15 @@ class QP(Resource):
         if _route.same_daemon(host, port, node.host, node.port):
             names = node.devices
         else:
-            names = _sync.device_names(f"{host}:{port}")
+            try:
+                names = _sync.device_names(f"{host}:{port}")
+            except PyverbsRDMAError as err:
+                if err.error_code != errno.EACCES:
+                    raise
+                # A daemon that serves no control session on its TCP port (softhca
+                # run's, without --token-file) or wants another token: its devices are
+                # taken to be named as this daemon's, the rule the C provider follows.
+                names = node.devices
         if index >= len(names):
             raise PyverbsRDMAError(f"Failed to modify QP: the daemon at {host}:{port} has no "
                                    f"device {index}", errno.EINVAL)

@@ -8,13 +8,17 @@
  *   cmcheck resolve ADDR TIMEOUT_MS
  *   cmcheck flush-server PORT
  *   cmcheck flush-client ADDR PORT
+ *   cmcheck exit-server PORT        (DISCONNECTED when the client's process ends)
+ *   cmcheck exit-client ADDR PORT   (connects, then exits without rdma_disconnect)
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <rdma/rdma_cma.h>
 
@@ -240,6 +244,68 @@ static int flush_client(const char *addr, int port)
 	return 0;
 }
 
+/* Accept one connection, then wait up to 10 s for DISCONNECTED: the peer process exits
+ * without rdma_disconnect, and its CM must tell this side, as the kernel's does for the
+ * ids of a process that dies. */
+static int exit_server(int port)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+	struct rdma_cm_id *lid, *id;
+	struct rdma_cm_event *ev;
+	static char buf[64 * NRECV];
+	struct pollfd pfd;
+	double t;
+
+	if (!ch || rdma_create_id(ch, &lid, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_bind_addr(lid, (struct sockaddr *)&sin) || rdma_listen(lid, 1))
+		die("rdma_listen");
+	ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	id = ev->id;
+	rdma_ack_cm_event(ev);
+	qp_with_recvs(id, buf);
+	if (rdma_accept(id, NULL))
+		die("rdma_accept");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	t = now_ms();
+	printf("server ESTABLISHED\n");
+	pfd.fd = ch->fd;
+	pfd.events = POLLIN;
+	if (poll(&pfd, 1, 10000) != 1) {
+		printf("server no event within 10000 ms\n");
+		return 1;
+	}
+	ev = expect(ch, RDMA_CM_EVENT_DISCONNECTED);
+	printf("server DISCONNECTED after %.0f ms\n", now_ms() - t);
+	rdma_ack_cm_event(ev);
+	return 0;
+}
+
+static int exit_client(const char *addr, int port)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+	struct rdma_cm_id *id;
+	static char buf[64 * NRECV];
+
+	inet_pton(AF_INET, addr, &sin.sin_addr);
+	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&sin, 2000))
+		die("rdma_resolve_addr");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(id, 2000))
+		die("rdma_resolve_route");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	qp_with_recvs(id, buf);
+	if (rdma_connect(id, NULL))
+		die("rdma_connect");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	printf("client ESTABLISHED, exiting\n");
+	_exit(0);
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -251,7 +317,11 @@ int main(int argc, char **argv)
 		return flush_server(atoi(argv[2]));
 	if (argc == 4 && !strcmp(argv[1], "flush-client"))
 		return flush_client(argv[2], atoi(argv[3]));
+	if (argc == 3 && !strcmp(argv[1], "exit-server"))
+		return exit_server(atoi(argv[2]));
+	if (argc == 4 && !strcmp(argv[1], "exit-client"))
+		return exit_client(argv[2], atoi(argv[3]));
 	fprintf(stderr, "usage: cmcheck options | resolve ADDR MS | flush-server PORT | "
-		"flush-client ADDR PORT\n");
+		"flush-client ADDR PORT | exit-server PORT | exit-client ADDR PORT\n");
 	return 2;
 }

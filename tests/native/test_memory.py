@@ -181,7 +181,11 @@ def test_kill_9_leaves_nothing_behind(daemon):
         assert m, line + run.stdout.read()
         # 64 MiB registered: mapped in the daemon from the program's memfd
         assert _memfd_maps(proc.pid) >= 1
-        os.kill(int(m.group(1)), signal.SIGKILL)
+        # The pid it printed is its PID namespace's (softhca run gives it one): this
+        # namespace's is found by its command line.
+        pids = native.processes_of(native.MEMCHECK.name, "hold")
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
         assert run.wait(30) == 128 + signal.SIGKILL
     finally:
         if run.poll() is None:

@@ -332,3 +332,19 @@ def test_the_device_names_the_netdev_whose_address_the_daemon_answers_on(where):
     info = json.loads(next(line for line in out.output.splitlines() if line.startswith("[")))
     assert where.server.addr in [a["local"] for a in info[0]["addr_info"]], out.output
     assert ifc in out.output.split("]", 1)[1].split(), out.output      # in /sys/class/net
+
+
+def test_a_program_that_exits_connected_disconnects_its_peer(where):
+    """The client program exits with its connection up and never calls rdma_disconnect:
+    its daemon, embedded in softhca run, ends with it and must disconnect the program's
+    ids first (a DREQ, as the kernel's CM does for the ids of a process that dies), so
+    the server gets RDMA_CM_EVENT_DISCONNECTED at once, not when a keep-alive or an RC
+    retry fails. "At once": within the client daemon's shutdown, well under 3 s."""
+    port, wire = str(next(_ports)), next(_wire_ports)
+    srv, cli = pair(where, [_cmcheck(), "exit-server", port],
+                    [_cmcheck(), "exit-client", where.server.addr, port], wire, timeout=30)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    assert "client ESTABLISHED, exiting" in cli.output and cli.returncode == 0, both
+    m = re.search(r"^server DISCONNECTED after (\d+) ms$", srv.output, re.M)
+    assert m and srv.returncode == 0, both
+    assert int(m.group(1)) < 3000, both

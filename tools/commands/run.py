@@ -28,6 +28,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "their wire links, as 'serve --peer-token-file' (default: one of its own, "
                    "so that only daemons of this process can link to it); give the daemons "
                    "of both ends the same file")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="let control sessions proving the token in FILE (softhca trace, "
+                   "softhca faults --target from another host) reach the embedded daemon "
+                   "on its TCP port, as 'serve --token-file' (the file must not be readable "
+                   "by other users); without it that port serves peer daemons' wire links "
+                   "only and the program talks to its daemon on a UNIX socket")
     p.add_argument("--hca", action="append", metavar="NAME",
                    help="the embedded daemon's HCAs (default mlx5_0); may be repeated")
     p.add_argument("--provider", metavar="DIR",
