@@ -68,3 +68,24 @@ def test_null_arguments_are_einval_not_a_signal(where):
         "ibv_create_ah(pd, NULL) fails: Invalid argument",
     ])
 
+
+def test_zero_length_rdma_checks_no_rkey(where):
+    expect(postcheck(where, "zerolen"), [
+        "a zero-length RDMA_WRITE_WITH_IMM with rkey 0 completes successfully",
+        "and takes a receive: IBV_WC_RECV_RDMA_WITH_IMM, byte_len 0, imm_data 0x12345678",
+        "a zero-length RDMA_WRITE with rkey 0 completes successfully",
+        "a zero-length RDMA_READ with rkey 0 completes successfully",
+        "and the QP still works: a SEND after them completes on both sides",
+    ])
+
+
+def test_registration_past_2_64_is_einval(where):
+    r = postcheck(where, "iova")
+    expect(r, [
+        "ibv_reg_mr_iova of 8192 bytes at iova 0xfffffffffffff000 (past 2^64) fails: "
+        "Invalid argument",
+        "ibv_reg_mr_iova of 8192 bytes ending at 2^64 - 1 is registered",
+        "ibv_reg_mr of 8192 bytes at 0xfffffffffffff000 (addr + length wraps) fails: "
+        "Invalid argument",
+    ])
+    assert "softhca: ibv_reg_mr_iova" in r.output, r.output
