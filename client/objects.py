@@ -589,7 +589,8 @@ class QP(_Closable):
     async def post_send(self, wr: SendWR | Iterable[SendWR]) -> None:
         """ibv_post_send(3): one SendWR or a list, in order. With a list, the WRs before
         a refused one are posted and the rest are not (the message names the WR's index
-        and ``wr_id``, as ``bad_wr`` would). A WR that fails later does not raise: it
+        and ``wr_id``, and the error's ``bad_wr`` is that index in the list; None when
+        the daemon refused a request of it whole, as a malformed one). A WR that fails later does not raise: it
         completes with an error status. In ERR a WR completes IBV_WC_WR_FLUSH_ERR.
 
         Errors: EINVAL when the QP is not in RTS or SQD (nor ERR), a WR has more SGEs
@@ -625,7 +626,13 @@ class QP(_Closable):
             await conn.request(verb, qp=self.handle, wrs=wrs)
             return
         for i in range(0, len(wrs), MAX_WRS_PER_POST):
-            await conn.request(verb, qp=self.handle, wrs=wrs[i:i + MAX_WRS_PER_POST])
+            try:
+                await conn.request(verb, qp=self.handle, wrs=wrs[i:i + MAX_WRS_PER_POST])
+            except RDMAError as e:
+                # bad_wr: the refused WR's index in the whole list, not in its request
+                if e.bad_wr is not None:
+                    e.bad_wr += i
+                raise
 
     # -- the WR builder (ibv_wr_start ... ibv_wr_complete) ------------------------------
     def wr_start(self) -> None:

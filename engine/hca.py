@@ -97,6 +97,14 @@ class DEK:
         return result if out is not None else result.tobytes()
 
 
+def check_mr_range(addr: int, length: int, verb: str = "ibv_reg_mr") -> None:
+    """EINVAL for a registration whose iova range passes 2^64: its last byte would have
+    no address (a device refuses it as the kernel refuses an address range that
+    wraps)."""
+    if addr + length > 1 << 64:
+        raise einval(f"{verb}: iova {addr:#x} + length {length} passes 2^64")
+
+
 def check_mr_access(access: int, verb: str = "ibv_reg_mr") -> None:
     """EINVAL for access flags an MR may not have (ibv_reg_mr(3))."""
     if access & ~MR_ACCESS:
@@ -187,6 +195,8 @@ class HCA:
         if length <= 0:
             raise einval(f"ibv_reg_mr length {length} must be positive")
         check_mr_access(access)
+        if at is not None:
+            check_mr_range(at[0], length)
         addr, buf = self.fresh_memory(length) if at is None else at
         mr = MR(pd, addr, length, access, self.new_key(), buf)
         self.keys[mr.lkey] = mr

@@ -267,10 +267,14 @@ class Responder:
         return None
 
     def _chk_rkey(self, run: Run) -> Verdict:
-        """An RDMA WRITE's RETH, at its first packet: the rkey must allow the whole range."""
+        """An RDMA WRITE's RETH, at its first packet: the rkey must allow the whole range.
+        A zero-length one names no memory and is not required to carry a valid R_Key or
+        address (IBTA C9-88; rxe's check_rkey skips it): nothing is checked."""
         if run.kind != "RDMA_WRITE" or not run.first:
             return None
         rkey, addr, dma_len = run.reth
+        if not dma_len:
+            return None
         try:
             transfer.check_rx(self.qp.pd, rkey, addr, dma_len, remote=True,
                               qp_num=self.qp.qp_num)
@@ -397,10 +401,12 @@ class Responder:
         """The last packet (PSN ``psn``) of an RDMA WRITE completed ``data``: one
         transfer over the whole RETH range, then the receive of WRITE_WITH_IMM; False
         when the transfer failed (the QP went to ERR)."""
-        rkey, addr, _ = reth
+        rkey, addr, length = reth
         try:
-            transfer.rx(self.qp.pd, rkey, addr, data, remote=True, qp_num=self.qp.qp_num,
-                        trace=self.qp.trace_for(role="responder", psn=psn, op="RDMA_WRITE"))
+            if length:      # zero-length: no memory, no R_Key (_chk_rkey)
+                transfer.rx(self.qp.pd, rkey, addr, data, remote=True, qp_num=self.qp.qp_num,
+                            trace=self.qp.trace_for(role="responder", psn=psn,
+                                                    op="RDMA_WRITE"))
         except TransferError as err:
             self._nak_fatal(psn, _FAULT_NAK[err.fault])
             return False
@@ -416,9 +422,12 @@ class Responder:
         try:
             # A view of an MR's memory, not a copy: the responses are read as the link
             # sends them, so a READ costs no second copy of what it reads.
-            data = transfer.tx(self.qp.pd, rkey, addr, length, remote=True, view=True,
-                               qp_num=self.qp.qp_num,
-                               trace=self.qp.trace_for(role="responder", psn=pkt.psn, op="RDMA_READ"))
+            # A zero-length READ reads no memory: no R_Key check, one empty response
+            # (IBTA C9-88, as rxe).
+            data = b"" if not length else transfer.tx(
+                self.qp.pd, rkey, addr, length, remote=True, view=True,
+                qp_num=self.qp.qp_num,
+                trace=self.qp.trace_for(role="responder", psn=pkt.psn, op="RDMA_READ"))
         except TransferError as err:
             self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
             return

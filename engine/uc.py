@@ -116,8 +116,10 @@ class UCQP(DatagramQP):
             self.drop()
             return
         try:
-            transfer.rx(self.pd, rkey, va, data, remote=True,
-                        trace=self.trace_for(role="responder", op="RDMA_WRITE", psn=psn))
+            # A zero-length WRITE names no memory: no R_Key check (IBTA C9-88, as rxe).
+            if length:
+                transfer.rx(self.pd, rkey, va, data, remote=True,
+                            trace=self.trace_for(role="responder", op="RDMA_WRITE", psn=psn))
         except TransferError:
             self.drop()
             return

@@ -24,16 +24,19 @@ ERRNO_NAMES = ("EINVAL", "EOPNOTSUPP", "ENOENT", "EEXIST", "ENOMEM", "EACCES", "
 class RDMAError(Exception):
     """A verbs call failed: ``errno_name`` (e.g. "EINVAL"), ``errno`` (its number), ``message``."""
 
-    def __init__(self, errno_name: str, message: str) -> None:
+    def __init__(self, errno_name: str, message: str, bad_wr: int | None = None) -> None:
         if errno_name not in ERRNO_NAMES:
             raise ValueError(f"unknown errno name {errno_name!r}")
         self.errno_name = errno_name
         self.errno = getattr(_errno, errno_name)
         self.message = message
+        # A post's refusal: the index in the request of the WR refused (the ones before
+        # it were taken), so a client's bad_wr can name it (ibv_post_send(3)).
+        self.bad_wr = bad_wr
         super().__init__(f"{errno_name}: {message}")
 
     def __reduce__(self):
-        return (type(self), (self.errno_name, self.message))
+        return (type(self), (self.errno_name, self.message, self.bad_wr))
 
 
 def einval(message: str) -> RDMAError:

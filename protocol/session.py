@@ -322,7 +322,9 @@ class ControlSession:
             name = h.get("errno", "EPROTO")
             if name not in ERRNO_NAMES:
                 raise FrameError("EPROTO", f"an 'err' frame names no errno: {name!r}"[:160])
-            err = RDMAError(name, str(h.get("msg", "?")))
+            bad = h.get("bad_wr")
+            err = RDMAError(name, str(h.get("msg", "?")),
+                            bad if type(bad) is int and bad >= 0 else None)
             if rid in self._pending:
                 self._pending.discard(rid)
                 events.append(Failed(rid, err))
@@ -341,8 +343,11 @@ class ControlSession:
     def send_error(self, rid: int, error: RDMAError) -> None:
         """Queue the ``err`` reply to request ``rid`` (0: about the connection)."""
         self._require(Role.SERVER)
-        self._out += encode_frame({"t": FrameKind.ERR, "id": rid, "errno": error.errno_name,
-                                   "msg": error.message})
+        header = {"t": FrameKind.ERR, "id": rid, "errno": error.errno_name,
+                  "msg": error.message}
+        if error.bad_wr is not None:
+            header["bad_wr"] = error.bad_wr
+        self._out += encode_frame(header)
 
     def push_completions(self, cq: int, wcs: list) -> None:
         """Queue completions of pushed CQ ``cq``: one ``wc`` frame. ``wcs`` are in wire

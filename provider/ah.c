@@ -19,6 +19,10 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 	struct shca_frame r;
 	int rc;
 
+	if (!attr) {
+		errno = EINVAL;
+		return NULL;
+	}
 	rc = shca_av_dest(ctx, attr, host, sizeof(host), &port, &dev, "ibv_create_ah");
 	if (!rc && ibv_query_gid(ibpd->context, attr->port_num ? attr->port_num : 1,
 				 attr->grh.sgid_index, &sgid))

@@ -65,11 +65,15 @@ void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_
 	mp_kv_uint(b, "id", c->want_id);
 }
 
-int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
-	      struct shca_frame *r)
+static int call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
+		struct shca_frame *r, uint32_t *taken)
 {
 	struct mp_val t, v;
+	uint64_t bad;
 	int rc;
+
+	if (taken)
+		*taken = 0;
 
 	memset(r, 0, sizeof(*r));
 	pthread_mutex_lock(&c->lock);
@@ -112,7 +116,26 @@ int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t
 		if (mp_get_str(v, &s, &n))
 			shca_log("%.*s", (int)n, s);
 	}
+	/* A post's refusal names the WR refused; those before it were taken. */
+	if (taken && mp_find_uint(r->hdr, "bad_wr", &bad) && bad <= UINT32_MAX)
+		*taken = (uint32_t)bad;
 	shca_frame_free(r);
+	return rc;
+}
+
+int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
+	      struct shca_frame *r)
+{
+	return call(c, b, payload, plen, r, NULL);
+}
+
+int shca_call_post(struct shca_conn *c, struct mp_buf *b, uint32_t *taken)
+{
+	struct shca_frame r;
+	int rc = call(c, b, NULL, 0, &r, taken);
+
+	if (!rc)
+		shca_frame_free(&r);
 	return rc;
 }
 

@@ -29,9 +29,20 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	struct shca_qp *qp;
 	struct mp_buf b;
 	struct shca_frame r;
-	uint32_t inl = attr->cap.max_inline_data, qpn = 0;
+	uint32_t inl, qpn = 0;
 	int rc;
 
+	/* ibv_create_qp(3): the attributes, the send CQ, and the receive CQ unless the
+	 * receives come from an SRQ (or an XRC target's); without them, EINVAL. */
+	if (!attr || !attr->send_cq ||
+	    (!attr->recv_cq && !attr->srq && attr->qp_type != IBV_QPT_XRC_SEND &&
+	     attr->qp_type != IBV_QPT_XRC_RECV)) {
+		shca_log("ibv_create_qp: EINVAL: %s", !attr ? "no qp_init_attr" :
+			 !attr->send_cq ? "no send_cq" : "no recv_cq and no SRQ");
+		errno = EINVAL;
+		return NULL;
+	}
+	inl = attr->cap.max_inline_data;
 	if (inl > MAX_INLINE) {
 		shca_log("ibv_create_qp: EINVAL: max_inline_data %u exceeds the device's %d",
 			 inl, MAX_INLINE);
@@ -129,7 +140,7 @@ struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_a
 	struct ibv_qp *qp;
 	uint64_t ops = 0;
 
-	if (!(ax->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+	if (!ax || !(ax->comp_mask & IBV_QP_INIT_ATTR_PD) || !ax->pd) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -263,6 +274,10 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	size_t i;
 	int rc;
 
+	if (!attr) {
+		shca_log("ibv_modify_qp: EINVAL: no attr");
+		return EINVAL;
+	}
 	if ((mask & IBV_QP_PORT) && attr->port_num != 1) {
 		shca_log("ibv_modify_qp: EINVAL: port %u does not exist (the device has port 1)",
 			 attr->port_num);
@@ -319,6 +334,10 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 	int rc;
 
 	(void)mask;
+	if (!attr || !init) {
+		shca_log("ibv_query_qp: EINVAL: no %s", !attr ? "attr" : "init_attr");
+		return EINVAL;
+	}
 	shca_begin(&ctx->conn, &b, "query_qp", 1);
 	mp_kv_uint(&b, "qp", qp->handle);
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
@@ -433,6 +452,18 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 			 wr->num_sge, qp->max_send_sge);
 		return EINVAL;
 	}
+	if (wr->num_sge && !wr->sg_list) {
+		shca_log("ibv_post_send: EINVAL: wr_id %llu has num_sge %d and no sg_list",
+			 (unsigned long long)wr->wr_id, wr->num_sge);
+		return EINVAL;
+	}
+	/* Refused here, at its WR, as a device refuses an opcode it does not know; the
+	 * ones it knows but a QP cannot take the daemon refuses (at the same WR). */
+	if ((unsigned)wr->opcode > IBV_WR_DRIVER1 && wr->opcode != IBV_WR_ATOMIC_WRITE) {
+		shca_log("ibv_post_send: EINVAL: wr_id %llu has opcode %u, not an enum "
+			 "ibv_wr_opcode", (unsigned long long)wr->wr_id, (unsigned)wr->opcode);
+		return EINVAL;
+	}
 	/* wr.ud shares its storage with wr.rdma and wr.atomic (a union): a UD WR sends
 	 * its AH's handle, remote QPN and Q_Key, and no RDMA fields. */
 	ud = qp->vqp.qp.qp_type == IBV_QPT_UD;
@@ -497,12 +528,10 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 	return 0;
 }
 
-int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n)
+int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, uint32_t *taken)
 {
 	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
 	struct mp_buf b;
-	struct shca_frame r;
-	int rc;
 
 	shca_begin(&ctx->conn, &b, "post_send", 2);
 	mp_kv_uint(&b, "qp", qp->handle);
@@ -510,42 +539,62 @@ int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n)
 	mp_arr(&b, n);
 	mp_raw(&b, wrs->p, wrs->len);
 	b.failed |= wrs->failed;
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
-	if (!rc)
-		shca_frame_free(&r);
-	return rc;
+	return shca_call_post(&ctx->conn, &b, taken);
 }
 
+/* The WR i places after wr in its chain. */
+static struct ibv_send_wr *send_nth(struct ibv_send_wr *wr, uint32_t i)
+{
+	while (i-- && wr)
+		wr = wr->next;
+	return wr;
+}
+
+static struct ibv_recv_wr *recv_nth(struct ibv_recv_wr *wr, uint32_t i)
+{
+	while (i-- && wr)
+		wr = wr->next;
+	return wr;
+}
+
+/* ibv_post_send(3): on failure *bad is the first WR not posted and every WR before it
+ * is posted. The chain goes as requests of up to MAX_WRS_PER_POST WRs; the daemon takes
+ * a request's WRs in order up to the first it refuses and says which (its index), and
+ * a WR the provider refuses itself ends the request before it: the WRs ahead of it
+ * still go, and *bad is it. Nothing after a refused WR is sent. */
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			  struct ibv_send_wr **bad)
 {
 	struct shca_qp *qp = (struct shca_qp *)ibqp;
-	struct ibv_send_wr *first = wr;
+	struct ibv_send_wr *first;
 	struct mp_buf wrs;
-	uint32_t n = 0;
-	int rc = 0;
+	uint32_t n, taken;
+	size_t mark;
+	int rc = 0, sent;
 
 	/* the bounce pages are the QP's: one post at a time fills them */
 	pthread_mutex_lock(&qp->post_lock);
-	while (wr) {
+	while (wr && !rc) {
 		first = wr;
 		mp_init(&wrs);
 		n = 0;
 		qp->bounce_used = 0;
 		for (; wr && n < MAX_WRS_PER_POST; wr = wr->next, n++) {
+			mark = wrs.len;
 			rc = shca_encode_send_wr(qp, &wrs, wr, 0);
-			if (rc)
+			if (rc) {
+				wrs.len = mark;     /* the refused WR's partial encoding */
 				break;
+			}
 		}
-		if (!rc)
-			rc = shca_post_send_batch(qp, &wrs, n);
+		sent = n ? shca_post_send_batch(qp, &wrs, n, &taken) : 0;
 		mp_free(&wrs);
-		if (rc) {
-			/* The daemon takes a post's WRs in order and stops at the first it
-			 * refuses; the WRs before it are posted. */
-			*bad = wr ? wr : first;
-			break;
+		if (sent) {
+			rc = sent;
+			wr = send_nth(first, taken < n ? taken : 0);
 		}
+		if (rc)
+			*bad = wr;
 	}
 	pthread_mutex_unlock(&qp->post_lock);
 	return rc;
@@ -553,46 +602,58 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 
 /* ibv_post_recv and ibv_post_srq_recv: the chain wr as requests of verb (the queue's
  * handle under key) of up to MAX_WRS_PER_POST WRs each, every WR's num_sge checked
- * against max_sge (what is named "limit" in the log line) before its request goes. */
+ * against max_sge (what is named "limit" in the log line) before its request goes.
+ * *bad as for ibv_post_send: a WR refused here ends its request before it (the WRs
+ * ahead of it still go), and a request the daemon refuses in part names the WR. */
 int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *key,
 		       uint32_t handle, uint32_t max_sge, const char *limit,
 		       struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct ibv_recv_wr *w, *first;
 	struct mp_buf b;
-	struct shca_frame r;
-	uint32_t n;
-	int rc;
+	uint32_t n, i, taken;
+	int rc = 0, sent;
 
-	while (wr) {
+	while (wr && !rc) {
 		first = wr;
 		for (n = 0, w = wr; w && n < MAX_WRS_PER_POST; w = w->next, n++) {
 			if (w->num_sge < 0 || w->num_sge > MAX_SGE ||
 			    (uint32_t)w->num_sge > max_sge) {
 				shca_log("ibv_%s: EINVAL: num_sge %d exceeds the %s %u", verb,
 					 w->num_sge, limit, max_sge);
-				*bad = w;
-				return EINVAL;
+				rc = EINVAL;
+				break;
+			}
+			if (w->num_sge && !w->sg_list) {
+				shca_log("ibv_%s: EINVAL: wr_id %llu has num_sge %d and no sg_list",
+					 verb, (unsigned long long)w->wr_id, w->num_sge);
+				rc = EINVAL;
+				break;
 			}
 		}
-		shca_begin(&ctx->conn, &b, verb, 2);
-		mp_kv_uint(&b, key, handle);
-		mp_str(&b, "wrs");
-		mp_arr(&b, n);
-		for (w = wr; w != NULL && n; w = w->next, n--) {
-			mp_map(&b, 2);
-			mp_kv_uint(&b, "wr_id", w->wr_id);
-			encode_sges(&b, w->sg_list, w->num_sge);
-			wr = w->next;
+		/* w: the WR refused here, or the first of the next request */
+		sent = 0;
+		if (n) {
+			shca_begin(&ctx->conn, &b, verb, 2);
+			mp_kv_uint(&b, key, handle);
+			mp_str(&b, "wrs");
+			mp_arr(&b, n);
+			for (i = 0, wr = first; i < n; i++, wr = wr->next) {
+				mp_map(&b, 2);
+				mp_kv_uint(&b, "wr_id", wr->wr_id);
+				encode_sges(&b, wr->sg_list, wr->num_sge);
+			}
+			sent = shca_call_post(&ctx->conn, &b, &taken);
 		}
-		rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
-		if (rc) {
-			*bad = first;
-			return rc;
+		if (sent) {
+			rc = sent;
+			w = recv_nth(first, taken < n ? taken : 0);
 		}
-		shca_frame_free(&r);
+		if (rc)
+			*bad = w;
+		wr = w;
 	}
-	return 0;
+	return rc;
 }
 
 int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,

@@ -125,11 +125,13 @@ static void wr_start(struct ibv_qp_ex *qpx)
 
 static int post_run(struct shca_qp *qp, struct shca_run *r)
 {
+	uint32_t taken;
+
 	if (!r->n)
 		return 0;
 	if (r->kind == SHCA_RUN_CONFIGURE)
 		return shca_dv_post_configure(qp, r);
-	return shca_post_send_batch(qp, &r->buf, r->n);
+	return shca_post_send_batch(qp, &r->buf, r->n, &taken);
 }
 
 static int wr_complete(struct ibv_qp_ex *qpx)

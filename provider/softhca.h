@@ -164,6 +164,10 @@ void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_
  * "ok"; a positive errno on "err" (its message logged) or a lost daemon. */
 int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
 	      struct shca_frame *r);
+/* A post's request (post_send, post_recv, post_srq_recv), its reply freed: on "err",
+ * *taken is how many of its WRs the daemon took before the one it refused (0 when the
+ * reply names none: the request was refused whole, or the daemon is gone). */
+int shca_call_post(struct shca_conn *c, struct mp_buf *b, uint32_t *taken);
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
 /* Asks the daemon for the context's next asynchronous event (answered when one comes). */
 int shca_async_arm(struct shca_conn *c);
@@ -260,7 +264,7 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
 			int bounced);
 int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
-int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n);
+int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, uint32_t *taken);
 
 /* verbs.c */
 bool shca_owns_device(struct ibv_device *device);

@@ -19,6 +19,11 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 	struct shca_frame r;
 	int rc;
 
+	if (!attr) {
+		shca_log("ibv_create_srq: EINVAL: no srq_init_attr");
+		errno = EINVAL;
+		return NULL;
+	}
 	if (attr->attr.max_sge == 0 || attr->attr.max_sge > MAX_SGE) {
 		shca_log("ibv_create_srq: EINVAL: max_sge %u outside 1..%d",
 			 attr->attr.max_sge, MAX_SGE);
@@ -66,7 +71,7 @@ int shca_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
 	struct shca_frame r;
 	int rc;
 
-	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))
+	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) || !attr)
 		return EINVAL;
 	shca_begin(&ctx->conn, &b, "modify_srq", 4);
 	mp_kv_uint(&b, "srq", ((struct shca_srq *)ibsrq)->handle);
@@ -88,6 +93,8 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 	uint64_t x;
 	int rc;
 
+	if (!attr)
+		return EINVAL;
 	shca_begin(&ctx->conn, &b, "query_srq", 1);
 	mp_kv_uint(&b, "srq", ((struct shca_srq *)ibsrq)->handle);
 	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);

@@ -305,6 +305,14 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 		errno = ENOMEM;
 		return NULL;
 	}
+	/* The MR's last byte needs an address below 2^64 (the daemon refuses it too). */
+	if (length && iova > UINT64_MAX - (length - 1)) {
+		shca_log("ibv_reg_mr_iova(%p, %zu, %#llx): EINVAL: iova + length passes 2^64",
+			 addr, length, (unsigned long long)iova);
+		free(mr);
+		errno = EINVAL;
+		return NULL;
+	}
 	mp_init(&pieces);
 	rc = shca_mem_share(ctx, addr, length, &mr->mem, &pieces, &offset);
 	if (rc) {

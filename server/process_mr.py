@@ -22,6 +22,7 @@ import hmac
 
 import numpy as np
 
+from ..engine.hca import check_mr_range
 from ..protocol import control
 from ..protocol.errors import RDMAError, einval
 from .logs import kv, log
@@ -62,6 +63,7 @@ def process_buffer(verbs, secret: bytes, addr: int, length: int) -> np.ndarray:
                                       "provider over the UNIX socket)")
     if length <= 0 or addr == 0:
         raise einval(f"ibv_reg_mr of {length} bytes at {addr:#x}")
+    check_mr_range(addr, length)
     check_mapped(addr, length)
     return np.frombuffer((ctypes.c_uint8 * length).from_address(addr), dtype=np.uint8)
 

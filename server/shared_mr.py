@@ -25,6 +25,7 @@ import stat
 
 import numpy as np
 
+from ..engine.hca import check_mr_range
 from ..protocol import control
 from ..protocol.errors import RDMAError, einval
 from .logs import kv, log
@@ -120,6 +121,7 @@ def op_reg_mr_shared(verbs, r: control.RegMrShared, rid: int) -> dict | None:
     n = r.length
     if n <= 0:
         raise einval(f"ibv_reg_mr length {n} must be positive")
+    check_mr_range(r.addr, n)       # before anything of the program's is mapped
     total = sum(length for _, _, length in r.pieces)
     # The pieces are exactly the registration's pages: nothing more is mapped.
     pages = (r.offset + n + PAGE - 1) // PAGE * PAGE

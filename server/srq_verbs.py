@@ -16,6 +16,7 @@ from ..engine.srq import SRQ
 from ..protocol import control
 from ..protocol.enums import EventType
 from ..protocol.errors import RDMAError, einval
+from .post_wrs import post_each
 
 IBV_SRQ_MAX_WR = 1
 IBV_SRQ_LIMIT = 2
@@ -57,12 +58,7 @@ def op_destroy_srq(v, r: control.DestroySrq, rid: int) -> dict:
 
 def op_post_srq_recv(v, r: control.PostSrqRecv, rid: int) -> dict:
     srq: SRQ = v.get(r.srq, "srq")
-    for i, wr in enumerate(r.wrs):
-        try:
-            srq.post(wr)
-        except RDMAError as e:
-            raise RDMAError(e.errno_name, f"ibv_post_srq_recv: WR {i} (wr_id {wr.wr_id}): "
-                                          f"{e.message}") from None
+    post_each("ibv_post_srq_recv", r.wrs, srq.post)
     # A QP that answered RNR retries on its requester's timer: nothing to wake here.
     return {}
 

@@ -35,6 +35,7 @@ from .mw_verbs import HANDLERS as MW_HANDLERS
 from .mw_verbs import bind_objects, clean_on_reset, refuse_bound
 from .node_verbs import NodeVerbs
 from .post_reply import reply_may_wait, send_queue_busy
+from .post_wrs import post_each
 from .qp_caps import check_caps
 from .shared_mr import op_reg_mr_shared
 from .srq_verbs import SRQ_HANDLERS, srq_of
@@ -422,20 +423,18 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
         now = asyncio.get_running_loop().time()
         bind_objects(self, wrs)
         busy = send_queue_busy(qph)
+        limit = self.daemon.limits.max_msg_size
+
+        def post(wr) -> None:
+            if len(wr.sg) > qph.max_send_sge:
+                raise einval(f"it has {len(wr.sg)} SGEs, the QP's max_send_sge is "
+                             f"{qph.max_send_sge}")
+            size = sum(s.length for s in wr.sg)
+            if size > limit:
+                raise einval(f"it moves {size} bytes, the port's max_msg_sz is {limit}")
+            qph.rcqp.post_send(self.resolve_ah(qph, wr), now)
         try:
-            for i, wr in enumerate(wrs):
-                if len(wr.sg) > qph.max_send_sge:
-                    raise einval(f"send WR {i} has {len(wr.sg)} SGEs, the QP's max_send_sge "
-                                 f"is {qph.max_send_sge}")
-                size = sum(s.length for s in wr.sg)
-                if size > self.daemon.limits.max_msg_size:
-                    raise einval(f"send WR {i} moves {size} bytes, the port's max_msg_sz is "
-                                 f"{self.daemon.limits.max_msg_size}")
-                try:
-                    qph.rcqp.post_send(self.resolve_ah(qph, wr), now)
-                except RDMAError as e:
-                    raise RDMAError(e.errno_name, f"ibv_post_send: WR {i} (wr_id {wr.wr_id}): "
-                                                  f"{e.message}") from None
+            post_each("ibv_post_send", wrs, post)
         finally:
             self.daemon.service(qph)
         # The reply may go with the completion (server/post_reply.py).
@@ -444,12 +443,13 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
     def op_post_recv(self, r: control.PostRecv, rid: int) -> dict | None:
         qph: QPHost = self.get(r.qp, "qp")
         wrs = r.wrs
+        def post(wr) -> None:
+            if len(wr.sg) > qph.max_recv_sge:
+                raise einval(f"it has {len(wr.sg)} SGEs, the QP's max_recv_sge is "
+                             f"{qph.max_recv_sge}")
+            qph.rcqp.post_recv(wr)
         try:
-            for i, wr in enumerate(wrs):
-                if len(wr.sg) > qph.max_recv_sge:
-                    raise einval(f"recv WR {i} has {len(wr.sg)} SGEs, the QP's max_recv_sge "
-                                 f"is {qph.max_recv_sge}")
-                qph.rcqp.post_recv(wr)
+            post_each("ibv_post_recv", wrs, post)
         finally:
             self.daemon.service(qph)
         return {}

@@ -15,8 +15,11 @@ EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, i
 {
 	struct cm_id *id = (struct cm_id *)cid;
 	struct ibv_port_attr pa;
-	enum ibv_qp_state want = attr->qp_state;
+	enum ibv_qp_state want;
 
+	if (!cid || !attr || !mask)
+		return fail(EINVAL);
+	want = attr->qp_state;
 	if (cid->qp_type == IBV_QPT_UD)
 		return cm_ud_qp_attr(cid, attr, mask);
 	memset(attr, 0, sizeof(*attr));

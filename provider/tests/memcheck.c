@@ -164,10 +164,12 @@ static int transfer(void)
 }
 
 /* ibv_post_recv(3) and ibv_post_srq_recv(3): a chain whose second WR has two SGEs, on a
- * QP and an SRQ made for one, fails EINVAL with bad_wr at that WR. */
+ * QP (in INIT, where it takes receives) and an SRQ made for one, fails EINVAL with
+ * bad_wr at that WR; the first WR is posted. */
 static void recv_past_max_sge(struct side *s)
 {
 	struct ibv_srq_init_attr sa = {.attr = {.max_wr = 4, .max_sge = 1}};
+	struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT, .port_num = 1};
 	struct ibv_sge sge[2] = {{0}};
 	struct ibv_recv_wr two = {.wr_id = 2, .sg_list = sge, .num_sge = 2};
 	struct ibv_recv_wr one = {.wr_id = 1, .sg_list = sge, .num_sge = 1, .next = &two};
@@ -175,6 +177,9 @@ static void recv_past_max_sge(struct side *s)
 	struct ibv_srq *srq;
 	int rc;
 
+	if (ibv_modify_qp(s->qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			  IBV_QP_ACCESS_FLAGS))
+		die("INIT");
 	rc = ibv_post_recv(s->qp, &one, &bad);
 	CHECK(rc == EINVAL && bad == &two, "ibv_post_recv of 2 SGEs on a QP of max_recv_sge 1 "
 	      "fails: %s, bad_wr at wr_id %d", strerror(rc), bad ? (int)bad->wr_id : -1);

@@ -217,3 +217,36 @@ async def test_a_daemon_with_two_hcas():
         await m0.write(b"0" * 64)
         await m1.write(b"1" * 64)
         assert (await m0.read(), await m1.read()) == (b"0" * 64, b"1" * 64)
+
+
+async def test_zero_length_rdma_checks_no_rkey(pair: Pair):
+    """A zero-length RDMA WRITE, WRITE_WITH_IMM or READ names no memory: its RETH need
+    carry no valid R_Key or address (IBTA C9-88; rxe's responder skips the check). The
+    WRITE_WITH_IMM still takes a receive, completed with byte_len 0 and its immediate;
+    nothing is flushed and the QP keeps working."""
+    i, t = pair.initiator, pair.target
+    dst = await t.reg_mr(64)
+    await t.qp.post_recv([sh.RecvWR(wr_id=1, sg=whole(dst)), sh.RecvWR(wr_id=2, sg=whole(dst))])
+    for wr_id, op in ((3, sh.IBV_WR_RDMA_WRITE_WITH_IMM), (4, sh.IBV_WR_RDMA_WRITE),
+                      (5, sh.IBV_WR_RDMA_READ)):
+        await i.qp.post_send(rdma(op, [], 0, 0, wr_id, imm_data=0xC0FFEE,
+                                  send_flags=sh.IBV_SEND_SIGNALED))
+    assert [(w.wr_id, w.status) for w in await i.send_wc(3)] == [(3, S), (4, S), (5, S)]
+    (r,) = await t.recv_wc()
+    assert (r.wr_id, r.status, r.opcode, r.byte_len, r.imm_data) == (
+        1, S, sh.IBV_WC_RECV_RDMA_WITH_IMM, 0, 0xC0FFEE)
+    # the second receive was neither taken nor flushed: a SEND lands in it
+    src = await i.reg_mr(b"after")
+    await i.qp.post_send(sh.SendWR(wr_id=6, opcode=sh.IBV_WR_SEND, sg=whole(src)))
+    assert (await i.send_wc())[0].status == S
+    (r,) = await t.recv_wc()
+    assert (r.wr_id, r.status, r.byte_len) == (2, S, 5)
+    assert await dst.read(5) == b"after"
+
+
+async def test_zero_length_write_with_a_bad_rkey_still_fails_when_it_has_bytes(pair: Pair):
+    """The skip is for zero length only: one byte through rkey 0 is a remote access
+    error."""
+    src = await pair.initiator.reg_mr(b"x")
+    wc = await pair.write(whole(src), 0, 0)
+    assert wc.status == sh.IBV_WC_REM_ACCESS_ERR

@@ -219,6 +219,13 @@ async def test_process_memory_with_the_embedded_daemon():
         assert (await p.write([sge(src)], mr.rkey, addr2)).status == S
         assert second[:28] == b"into the caller's own buffer"
         await refused(t.pd.reg_process_mr(4096, 4096, RW), "EFAULT")
+        # a range past 2^64 is no address range at all: EINVAL, as the kernel says of a
+        # registration that wraps, and the same for rereg's new translation
+        msg = await refused(t.pd.reg_process_mr((1 << 64) - 4096, 8192, RW), "EINVAL")
+        assert "passes 2^64" in msg, msg
+        msg = await refused(mr.rereg(sh.IBV_REREG_MR_CHANGE_TRANSLATION, length=8192,
+                                     addr=(1 << 64) - 4096), "EINVAL")
+        assert "passes 2^64" in msg, msg
         # The initiator's daemon is another object: its secret is not this one's.
         await refused(p.initiator.pd.reg_process_mr(addr, 64, RW,
                                                     secret=t.node.daemon.process_secret),

@@ -315,3 +315,25 @@ async def test_trace_and_packet_events_show_ud_and_uc(ud):
               for ev in seen if ev.kind == "trace"}
     assert (b.qp.qp_num, "RECV", "responder") in stages
     assert (d.qp.qp_num, "RDMA_WRITE", "responder") in stages
+
+
+async def test_uc_zero_length_write_with_imm_checks_no_rkey(uc):
+    """A zero-length UC RDMA_WRITE_WITH_IMM with rkey 0 names no memory (IBTA C9-88, as
+    rxe): it takes a receive, byte_len 0, its immediate; one byte through rkey 0 is
+    dropped, as any UC write its rkey refuses."""
+    a, b = uc
+    await b.recv(5, 64)
+    wr = sh.SendWR(wr_id=1, opcode=sh.IBV_WR_RDMA_WRITE_WITH_IMM, sg=[], imm_data=9)
+    wr.set_wr_rdma(0, 0)
+    await a.qp.post_send(wr)
+    assert (await a.scq.poll_n(1, WAIT))[0].status == sh.IBV_WC_SUCCESS
+    (rw,) = await b.rcq.poll_n(1, WAIT)
+    assert (rw.wr_id, rw.status, rw.opcode, rw.byte_len, rw.imm_data) == (
+        5, sh.IBV_WC_SUCCESS, sh.IBV_WC_RECV_RDMA_WITH_IMM, 0, 9)
+    await b.recv(6, 64)
+    wr = sh.SendWR(wr_id=2, opcode=sh.IBV_WR_RDMA_WRITE_WITH_IMM,
+                   sg=[sh.SGE(a.mr.addr, 1, a.mr.lkey)], imm_data=10)
+    wr.set_wr_rdma(0, 0)
+    await a.qp.post_send(wr)
+    assert (await a.scq.poll_n(1, WAIT))[0].status == sh.IBV_WC_SUCCESS
+    await nothing(b.rcq)

@@ -101,3 +101,29 @@ async def test_the_counters_show_the_sessions_dropped_events():
     async with sh.embedded() as node:
         counters = await node.counters()
         assert counters["events_dropped"] == 0
+
+
+async def test_a_post_partly_taken_names_the_first_wr_not_taken():
+    """ibv_post_send(3)/ibv_post_recv(3): the WRs before bad_wr are posted, no other. The
+    error carries the refused WR's index in the list (the daemon's err frame names it in
+    its request; the client counts the requests before it), over one request and over
+    several."""
+    async with sh.embedded() as node:
+        ctx = await node.open_device()
+        pd = await ctx.alloc_pd()
+        cq = await ctx.create_cq(16)
+        for depth, total in ((4, 10), (300, 700)):
+            qp = await pd.create_qp(sh.QPInitAttr(
+                qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq,
+                cap=sh.QPCap(max_send_wr=1, max_recv_wr=depth, max_send_sge=1,
+                             max_recv_sge=1)))
+            await qp.modify(sh.QPAttr(qp_state=sh.IBV_QPS_INIT), sh.IBV_QP_STATE)
+            err = await refused(qp.post_recv([sh.RecvWR(wr_id=i, sg=[]) for i in range(total)]))
+            assert (err.errno_name, err.bad_wr) == ("ENOMEM", depth), err
+            assert f"WR {depth % 256} (wr_id {depth})" in err.message, err
+            # exactly depth were taken: the queue is full, and one more is refused at 0
+            err = await refused(qp.post_recv(sh.RecvWR(wr_id=total, sg=[])))
+            assert (err.errno_name, err.bad_wr) == ("ENOMEM", 0), err
+        # a request refused whole (a WR of the wrong type) names none
+        err = await refused(qp.post_recv([sh.RecvWR(wr_id=-1, sg=[])]))
+        assert err.bad_wr is None, err

@@ -193,3 +193,28 @@ async def test_a_session_that_ends_unmaps_its_memory(tmp_path):
             assert "memfd:softhca-mr" not in open(maps).read()
     finally:
         os.close(fd)
+
+
+async def test_an_iova_range_past_2_64_is_refused_before_anything_is_mapped(tmp_path):
+    """An MR's last byte needs an address: iova + length past 2^64 is EINVAL, checked
+    before the program's memfd is opened; one that ends at 2^64 - 1 is an MR."""
+    fd = memfd(2)
+    try:
+        async with unix_daemon(tmp_path) as (d, u):
+            raw = await Raw.open_unix(u.path)
+            pd = await session_pd(raw)
+            h = await raw.refused("reg_mr_shared", pd=pd, addr=(1 << 64) - PAGE,
+                                  length=2 * PAGE, access=1, offset=0,
+                                  pieces=[[fd, 0, 2 * PAGE]])
+            assert h["errno"] == "EINVAL" and "passes 2^64" in h["msg"], h
+            assert d.registered_bytes == 0
+            # the same with a closed fd: refused for the range, not for the fd
+            h = await raw.refused("reg_mr_shared", pd=pd, addr=(1 << 64) - 1, length=2,
+                                  access=1, offset=0, pieces=[[9999, 0, PAGE]])
+            assert h["errno"] == "EINVAL" and "passes 2^64" in h["msg"], h
+            mr = await raw.call("reg_mr_shared", pd=pd, addr=(1 << 64) - 2 * PAGE,
+                                length=2 * PAGE, access=1, offset=0,
+                                pieces=[[fd, 0, 2 * PAGE]])
+            assert mr["addr"] == (1 << 64) - 2 * PAGE and mr["length"] == 2 * PAGE
+    finally:
+        os.close(fd)

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROVIDER = REPO / "provider" / "build" / "libsofthca-rdmav34.so"
 MEMCHECK = REPO / "provider" / "build" / "memcheck"
 MWCHECK = REPO / "provider" / "build" / "mwcheck"
+POSTCHECK = REPO / "provider" / "build" / "postcheck"
 DVCHECK = REPO / "provider" / "build" / "dvcheck"
 LIBMLX5 = REPO / "provider" / "build" / "libmlx5.so.1"
 PROGRAM_TIMEOUT = 120.0
