@@ -190,6 +190,24 @@ class Daemon:
             self._conn_tasks.add(task)
             task.add_done_callback(self._conn_tasks.discard)
 
+    def pre_hello(self, writer: asyncio.StreamWriter) -> None:
+        """A connection (of any listener) that has not said HELLO yet: one of at most
+        ``max_pre_hello``, shared by every listener. Sockets that never say hello must
+        not lock everyone out: when the pool is full the oldest of them makes room (it
+        has had the longest to speak), so the listeners keep accepting and hold a
+        bounded number of descriptors for them."""
+        if len(self._pre_hello) >= self.limits.max_pre_hello:
+            oldest = next(iter(self._pre_hello))
+            del self._pre_hello[oldest]
+            self.counters["pre_hello_evicted"] += 1
+            with contextlib.suppress(Exception):
+                oldest.transport.abort()
+        self._pre_hello[writer] = None
+
+    def hello_done(self, writer: asyncio.StreamWriter) -> None:
+        """The connection said its HELLO, or ended: it leaves the pre-HELLO pool."""
+        self._pre_hello.pop(writer, None)
+
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -198,15 +216,7 @@ class Daemon:
         # breaks one is refused after bounded work (protocol/frames.py REQUEST_LIMITS).
         decoder = FrameDecoder(self.max_frame, REQUEST_LIMITS)
         limits = self.limits
-        if len(self._pre_hello) >= limits.max_pre_hello:
-            # Sockets that never say hello must not lock everyone out. The oldest of
-            # them makes room; it has had the longest to speak.
-            oldest = next(iter(self._pre_hello))
-            del self._pre_hello[oldest]
-            self.counters["pre_hello_evicted"] += 1
-            with contextlib.suppress(Exception):
-                oldest.transport.abort()
-        self._pre_hello[writer] = None
+        self.pre_hello(writer)
         authenticated = ""
         try:
             # ``auth`` tells a client whether its hello needs the token; a wire hello
@@ -218,7 +228,7 @@ class Daemon:
                 return
             hello = frames[0].header
             role = verify_hello(hello, nonce, self.token, self.peer_token)
-            self._pre_hello.pop(writer, None)
+            self.hello_done(writer)
             credential = self._credential(role, hello, nonce)
             if self.connections >= limits.max_connections:
                 raise RDMAError("EBUSY", f"this daemon serves at most "
@@ -250,7 +260,7 @@ class Daemon:
             # stream callback from reporting the cancellation as an error.
             pass
         finally:
-            self._pre_hello.pop(writer, None)
+            self.hello_done(writer)
             if authenticated:
                 self.connections -= 1
                 self.shares.leave(authenticated)

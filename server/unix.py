@@ -48,20 +48,44 @@ class UnixListener:
         self.daemon = daemon
         self.path = path
         self._server: asyncio.AbstractServer | None = None
+        # The socket's directory (an O_PATH descriptor) and its (st_dev, st_ino).
+        self._dir: int | None = None
+        self._name = ""
+        self._ours = (0, 0)
         self.refused = 0
 
     async def start(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            # A socket left by a daemon that died is replaced; any other file is not.
-            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                os.unlink(self.path)
-        old = os.umask(0o177)
+        # Everything through the socket's name happens in the directory as opened here,
+        # once: a directory of the path swapped for a symlink later moves none of it.
+        parent, name = os.path.split(os.path.abspath(self.path))
+        self._dir = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            self._server = await asyncio.start_unix_server(self._on_connection, self.path,
+            with contextlib.suppress(FileNotFoundError):
+                # A socket left by a daemon that died is replaced; any other file is not.
+                if stat.S_ISSOCK(os.lstat(name, dir_fd=self._dir).st_mode):
+                    os.unlink(name, dir_fd=self._dir)
+            # The mode is the umask's at bind, so the socket is owner-only from the
+            # moment it has a name; the name is never chmod'ed after (it may be a
+            # symlink by then, in a directory others may write).
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old = os.umask(0o177)
+            try:
+                sock.bind(f"/proc/self/fd/{self._dir}/{name}")
+            except BaseException:
+                sock.close()
+                raise
+            finally:
+                os.umask(old)
+            # Which file is ours: at close, the name is unlinked only if it still is.
+            st = os.lstat(name, dir_fd=self._dir)
+            self._ours = (st.st_dev, st.st_ino)
+            self._name = name
+            self._server = await asyncio.start_unix_server(self._on_connection, sock=sock,
                                                            limit=READ_CHUNK)
-        finally:
-            os.umask(old)
-        os.chmod(self.path, 0o600)
+        except BaseException:
+            os.close(self._dir)
+            self._dir = None
+            raise
         log.info("listening %s", kv(event="listen_unix", path=self.path,
                                      uid=os.geteuid()))
 
@@ -70,8 +94,14 @@ class UnixListener:
             self._server.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+            self._server = None
+        if self._dir is not None:
+            with contextlib.suppress(OSError):
+                st = os.lstat(self._name, dir_fd=self._dir)
+                if (st.st_dev, st.st_ino) == self._ours:
+                    os.unlink(self._name, dir_fd=self._dir)
+            os.close(self._dir)
+            self._dir = None
 
     async def _on_connection(self, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
@@ -93,14 +123,22 @@ class UnixListener:
                                                       f"daemon (it serves uid {os.geteuid()})"))
             writer.close()
             return
-        await self._serve(reader, writer, peer, (pid, uid, gid))
+        # Counted among the daemon's connections still in their HELLO, with the TCP
+        # port's: past the bound the oldest is closed, so idle sockets cannot exhaust
+        # the daemon's descriptors and stop it accepting.
+        d.pre_hello(writer)
+        try:
+            await self._serve(reader, writer, peer, (pid, uid, gid))
+        finally:
+            d.hello_done(writer)
 
     async def _serve(self, reader, writer, peer: str, cred: tuple[int, int, int]) -> None:
         d = self.daemon
         # Headers unpacked under the same structural limits as on the TCP port.
         decoder = FrameDecoder(d.max_frame, REQUEST_LIMITS)
-        # A local user is one credential: its connections and objects share one quota.
-        credential = f"uid:{cred[1]}"
+        # A local user is one credential, and each of its processes a share nested in
+        # it (server/shares.py): one program cannot take what its neighbours need.
+        credential = f"uid:{cred[1]}/pid:{cred[0]}"
         counted = False
         try:
             challenge, nonce = make_challenge(False)
@@ -110,6 +148,7 @@ class UnixListener:
             if not frames:
                 return
             role = verify_hello(frames[0].header, nonce, None, None)
+            d.hello_done(writer)
             if role != "control":
                 raise HandshakeError("EPROTO", f"role {role!r}: the UNIX socket serves "
                                                "control sessions only")
