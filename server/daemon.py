@@ -190,23 +190,27 @@ class Daemon:
             self._conn_tasks.add(task)
             task.add_done_callback(self._conn_tasks.discard)
 
-    def pre_hello(self, writer: asyncio.StreamWriter) -> None:
-        """A connection (of any listener) that has not said HELLO yet: one of at most
-        ``max_pre_hello``, shared by every listener. Sockets that never say hello must
-        not lock everyone out: when the pool is full the oldest of them makes room (it
-        has had the longest to speak), so the listeners keep accepting and hold a
-        bounded number of descriptors for them."""
-        if len(self._pre_hello) >= self.limits.max_pre_hello:
-            oldest = next(iter(self._pre_hello))
-            del self._pre_hello[oldest]
+    def pre_hello(self, writer: asyncio.StreamWriter,
+                  pool: dict[asyncio.StreamWriter, None] | None = None) -> None:
+        """A connection that has not said HELLO yet: one of at most ``max_pre_hello`` in
+        ``pool`` (the TCP port's, else a listener's own: a flood on the network port
+        does not evict local programs). Sockets that never say hello must not lock
+        everyone out: when the pool is full the oldest of them makes room (it has had
+        the longest to speak), so the listener keeps accepting and holds a bounded
+        number of descriptors for them."""
+        pool = self._pre_hello if pool is None else pool
+        if len(pool) >= self.limits.max_pre_hello:
+            oldest = next(iter(pool))
+            del pool[oldest]
             self.counters["pre_hello_evicted"] += 1
             with contextlib.suppress(Exception):
                 oldest.transport.abort()
-        self._pre_hello[writer] = None
+        pool[writer] = None
 
-    def hello_done(self, writer: asyncio.StreamWriter) -> None:
-        """The connection said its HELLO, or ended: it leaves the pre-HELLO pool."""
-        self._pre_hello.pop(writer, None)
+    def hello_done(self, writer: asyncio.StreamWriter,
+                   pool: dict[asyncio.StreamWriter, None] | None = None) -> None:
+        """The connection said its HELLO, or ended: it leaves its pre-HELLO pool."""
+        (self._pre_hello if pool is None else pool).pop(writer, None)
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:

@@ -53,6 +53,8 @@ class UnixListener:
         self._name = ""
         self._ours = (0, 0)
         self.refused = 0
+        # Its connections that have not said HELLO yet, oldest first (Daemon.pre_hello).
+        self._pre_hello: dict[asyncio.StreamWriter, None] = {}
 
     async def start(self) -> None:
         # Everything through the socket's name happens in the directory as opened here,
@@ -123,14 +125,14 @@ class UnixListener:
                                                       f"daemon (it serves uid {os.geteuid()})"))
             writer.close()
             return
-        # Counted among the daemon's connections still in their HELLO, with the TCP
-        # port's: past the bound the oldest is closed, so idle sockets cannot exhaust
-        # the daemon's descriptors and stop it accepting.
-        d.pre_hello(writer)
+        # Connections still in their HELLO are bounded as on the TCP port, in a pool of
+        # this socket's own: past the bound the oldest is closed, so idle sockets cannot
+        # exhaust the daemon's descriptors and stop it accepting.
+        d.pre_hello(writer, self._pre_hello)
         try:
             await self._serve(reader, writer, peer, (pid, uid, gid))
         finally:
-            d.hello_done(writer)
+            d.hello_done(writer, self._pre_hello)
 
     async def _serve(self, reader, writer, peer: str, cred: tuple[int, int, int]) -> None:
         d = self.daemon
@@ -148,7 +150,7 @@ class UnixListener:
             if not frames:
                 return
             role = verify_hello(frames[0].header, nonce, None, None)
-            d.hello_done(writer)
+            d.hello_done(writer, self._pre_hello)
             if role != "control":
                 raise HandshakeError("EPROTO", f"role {role!r}: the UNIX socket serves "
                                                "control sessions only")

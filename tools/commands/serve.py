@@ -42,8 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="control sessions and wire links at once (default 1024)")
     limits.add_argument("--max-pre-hello", type=positive_int, default=64, metavar="N",
                         help="connections still in the HELLO, apart from those, on the TCP "
-                        "port and the UNIX socket together (default 64; when full the oldest "
-                        "is closed for the newcomer)")
+                        "port and, as many again, on the UNIX socket (default 64; when full "
+                        "the oldest is closed for the newcomer)")
     limits.add_argument("--hello-timeout", type=positive_float, default=3.0, metavar="S",
                         help="seconds a connection has to complete the HELLO (default 3)")
     limits.add_argument("--max-objects", type=positive_int, default=1 << 16, metavar="N",
