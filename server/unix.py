@@ -4,7 +4,9 @@ verbs calls, above all the libibverbs provider's (provider/).
 Authentication is the kernel's, not a token: the socket file is created owner-only
 (mode 0600, under a umask of 0177, so there is no moment when others may connect), and
 each connection's SO_PEERCRED must name the daemon's own user or root; any other is
-refused with EACCES before its HELLO. The HELLO is the TCP one (docs/protocol.md)
+refused with EACCES before its HELLO. The socket's name is never touched after bind (no
+chmod; unlinked at close only while it is still this socket): in a directory others may
+write, it may be a symlink by then. The HELLO is the TCP one (docs/protocol.md)
 without a token; only the ``control`` role is served here. The welcome also names the
 daemon's wire address, the one a program's GID carries.
 
@@ -61,6 +63,7 @@ class UnixListener:
         # once: a directory of the path swapped for a symlink later moves none of it.
         parent, name = os.path.split(os.path.abspath(self.path))
         self._dir = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        sock = None
         try:
             with contextlib.suppress(FileNotFoundError):
                 # A socket left by a daemon that died is replaced; any other file is not.
@@ -72,10 +75,9 @@ class UnixListener:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             old = os.umask(0o177)
             try:
-                sock.bind(f"/proc/self/fd/{self._dir}/{name}")
-            except BaseException:
-                sock.close()
-                raise
+                # Bound in that directory through its descriptor where /proc is mounted.
+                anchored = f"/proc/self/fd/{self._dir}"
+                sock.bind(f"{anchored}/{name}" if os.path.isdir(anchored) else self.path)
             finally:
                 os.umask(old)
             # Which file is ours: at close, the name is unlinked only if it still is.
@@ -85,6 +87,8 @@ class UnixListener:
             self._server = await asyncio.start_unix_server(self._on_connection, sock=sock,
                                                            limit=READ_CHUNK)
         except BaseException:
+            if sock is not None:
+                sock.close()
             os.close(self._dir)
             self._dir = None
             raise
