@@ -210,6 +210,28 @@ class Daemon:
             self._conn_tasks.add(task)
             task.add_done_callback(self._conn_tasks.discard)
 
+    def pre_hello(self, writer: asyncio.StreamWriter,
+                  pool: dict[asyncio.StreamWriter, None] | None = None) -> None:
+        """A connection that has not said HELLO yet: one of at most ``max_pre_hello`` in
+        ``pool`` (the TCP port's, else a listener's own: a flood on the network port
+        does not evict local programs). Sockets that never say hello must not lock
+        everyone out: when the pool is full the oldest of them makes room (it has had
+        the longest to speak), so the listener keeps accepting and holds a bounded
+        number of descriptors for them."""
+        pool = self._pre_hello if pool is None else pool
+        if len(pool) >= self.limits.max_pre_hello:
+            oldest = next(iter(pool))
+            del pool[oldest]
+            self.counters["pre_hello_evicted"] += 1
+            with contextlib.suppress(Exception):
+                oldest.transport.abort()
+        pool[writer] = None
+
+    def hello_done(self, writer: asyncio.StreamWriter,
+                   pool: dict[asyncio.StreamWriter, None] | None = None) -> None:
+        """The connection said its HELLO, or ended: it leaves its pre-HELLO pool."""
+        (self._pre_hello if pool is None else pool).pop(writer, None)
+
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -218,15 +240,7 @@ class Daemon:
         # breaks one is refused after bounded work (protocol/frames.py REQUEST_LIMITS).
         decoder = FrameDecoder(self.max_frame, REQUEST_LIMITS)
         limits = self.limits
-        if len(self._pre_hello) >= limits.max_pre_hello:
-            # Sockets that never say hello must not lock everyone out. The oldest of
-            # them makes room; it has had the longest to speak.
-            oldest = next(iter(self._pre_hello))
-            del self._pre_hello[oldest]
-            self.counters["pre_hello_evicted"] += 1
-            with contextlib.suppress(Exception):
-                oldest.transport.abort()
-        self._pre_hello[writer] = None
+        self.pre_hello(writer)
         authenticated = ""
         try:
             # ``auth`` tells a client whether its hello needs the token; a wire hello
@@ -242,7 +256,7 @@ class Daemon:
             role = verify_hello(hello, nonce, self.token, self.peer_token)
             if role == "control" and not self.tcp_control:
                 raise HandshakeError("EACCES", NO_TCP_CONTROL)
-            self._pre_hello.pop(writer, None)
+            self.hello_done(writer)
             credential = self._credential(role, hello, nonce)
             if self.connections >= limits.max_connections:
                 raise RDMAError("EBUSY", f"this daemon serves at most "
@@ -274,7 +288,7 @@ class Daemon:
             # stream callback from reporting the cancellation as an error.
             pass
         finally:
-            self._pre_hello.pop(writer, None)
+            self.hello_done(writer)
             if authenticated:
                 self.connections -= 1
                 self.shares.leave(authenticated)

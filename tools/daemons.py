@@ -63,10 +63,14 @@ class Daemons:
     """``softhca serve`` processes on loopback port 0 (``with Daemons(2, dir) as addrs``);
     leaving the block ends them, whatever happened inside."""
 
-    def __init__(self, n: int, workdir: str, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, n: int, workdir: str, extra: tuple[str, ...] = (),
+                 unix: bool = False) -> None:
         self.n, self.workdir, self.extra = n, workdir, extra
         self.procs: list[subprocess.Popen] = []
         self.logs: list[str] = []
+        # With ``unix``, daemon i also serves local programs on workdir/daemonI.sock.
+        self.sockets = [os.path.join(workdir, f"daemon{i}.sock") for i in range(n)] \
+            if unix else []
 
     def __enter__(self) -> list[str]:
         try:
@@ -85,7 +89,8 @@ class Daemons:
                     self.procs.append(subprocess.Popen(
                         [sys.executable, "-m", "softhca.tools.cli", "serve",
                          "--listen", "127.0.0.1:0", "--ready-file", ready,
-                         "--log-level", "warning", "--peer-token-file", peer, *self.extra],
+                         "--log-level", "warning", "--peer-token-file", peer,
+                         *(("--unix", self.sockets[i]) if self.sockets else ()), *self.extra],
                         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                         **OWN_SESSION))
                 addresses.append(wait_file(ready, self.procs[-1:], f"daemon {i}"))

@@ -17,7 +17,13 @@ the target daemon:
 - ``malformed``: malformed frames on a control session;
 - and those of tools/soak_attacks.py: duplicate READs, duplicate trains, a NAK storm,
   msgpack bombs, a subscriber that never reads, a tenant holding its connection share
-  with stalled frames, a DEK flood.
+  with stalled frames, a DEK flood; on the target's UNIX socket, idle connections that
+  never say HELLO and one process holding its uid's sessions.
+
+The daemons also serve a UNIX socket each (``serve --unix``), and, when this runs as
+root with the provider built, a C pair runs beside the Python pair, program after
+program (tools/soak_native.py): ``ibv_rc_pingpong -c`` between the daemons and
+``memcheck transfer`` on the target, each through ``softhca run --target SOCKET``.
 
 The daemons' token file names two tenants, the valid traffic's and the attacker's, and
 they share a peer token, as a deployment runs them.
@@ -37,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -52,11 +59,12 @@ from ..server.cliargs import positive_float
 from ..server.link import read_frames
 from .daemons import Daemons
 from .harness import Side
-from .soak_attacks import ROUND3, Credentials, Round3Attacks
+from .soak_attacks import ROUND3, UNIX, Credentials, Round3Attacks
+from .soak_native import CPair, CPairReport, unavailable
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 ATTACKS = ("injection", "huge_layout", "poll_flood", "mr_read_flood", "idle_sockets",
-           "rule_flood", "malformed", *ROUND3)
+           "rule_flood", "malformed", *ROUND3, *UNIX)
 CHUNK = 64 << 10
 # A flood is contained when the daemon grew by less than this while it ran.
 CONTAINED_RSS = 64 << 20
@@ -84,6 +92,8 @@ class Report:
     # The slowest probe while each kind of attack ran.
     probe_ms: dict[str, float] = field(default_factory=dict)
     peak_rss: dict[str, int] = field(default_factory=dict)
+    # The C programs' runs through the provider (tools/soak_native.py).
+    c_pair: CPairReport = field(default_factory=CPairReport)
 
     @property
     def attacks_refused(self) -> int:
@@ -91,8 +101,10 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        c = self.c_pair
         return (not self.verify_failures and not self.valid_errors and self.wrs > 0
-                and all(t == r for t, r in self.attacks.values()))
+                and all(t == r for t, r in self.attacks.values())
+                and (bool(c.skipped) or (c.total > 0 and not c.failures)))
 
     def as_dict(self) -> dict:
         return {"seconds": self.seconds, "valid_wrs": self.wrs,
@@ -102,7 +114,7 @@ class Report:
                                 "slowest_probe_ms": round(self.probe_ms.get(k, 0.0), 1)}
                             for k, (t, r) in self.attacks.items()},
                 "attacks_refused": self.attacks_refused, "probe_max_ms": self.probe_max_ms,
-                "peak_rss": self.peak_rss, "ok": self.ok}
+                "peak_rss": self.peak_rss, "c_pair": self.c_pair.as_dict(), "ok": self.ok}
 
     def text(self) -> str:
         lines = [f"soak {self.seconds:g} s: {self.wrs} valid WRs completed, "
@@ -112,6 +124,8 @@ class Report:
         for kind, (tried, refused) in sorted(self.attacks.items()):
             lines.append(f"  {kind:<14} tried {tried:<4} refused {refused:<4} slowest answer "
                          f"meanwhile {self.probe_ms.get(kind, 0.0):.1f} ms")
+        lines.append(self.c_pair.text())
+        lines += [f"C pair failure: {e}" for e in self.c_pair.failures[:5]]
         lines.append(f"slowest answer to a second client: {self.probe_max_ms:.1f} ms")
         for who, peak in self.peak_rss.items():
             lines.append(f"peak RSS of the {who} daemon: {peak / (1 << 20):.1f} MiB")
@@ -122,8 +136,18 @@ class Report:
 
 class Soak(Round3Attacks):
     def __init__(self, seconds: float, addresses: list[str], pids: list[int],
-                 attacks: list[str], seed: int = 0, creds: Credentials | None = None) -> None:
+                 attacks: list[str], seed: int = 0, creds: Credentials | None = None,
+                 sockets: list[str] | None = None, c_pair: bool = True) -> None:
         self.report = Report(seconds)
+        # The daemons' UNIX sockets (the target's first), for the C pair and the UNIX
+        # attacks; a C program does not start while ``quiet_start`` is held.
+        self.sockets = sockets or []
+        self.target_sock = self.sockets[0] if self.sockets else ""
+        self.quiet_start = asyncio.Lock()
+        why = unavailable() if c_pair else "--no-c-pair"
+        if not self.sockets:
+            why = "the daemons serve no UNIX socket"
+        self.report.c_pair.skipped = why
         # The tenants' tokens (the valid traffic's and the attacker's) and the daemons'
         # peer token (what an attacker past the HELLO would need).
         self.creds = creds or Credentials(None, None, None)
@@ -395,23 +419,34 @@ class Soak(Round3Attacks):
         await self.setup()
         self.deadline = asyncio.get_running_loop().time() + self.report.seconds
         try:
-            await asyncio.gather(self.valid(), self.probe(), self.attack_loop())
+            work = [self.valid(), self.probe(), self.attack_loop()]
+            if not self.report.c_pair.skipped:
+                pair = CPair(self.sockets, self.report.c_pair, self.quiet_start)
+                work.append(pair.loop(self.deadline))
+            await asyncio.gather(*work)
         finally:
             await self.inode.close()
             await self.tnode.close()
         return self.report
 
 
-def soak(seconds: float, attacks: list[str] | None = None, seed: int = 0) -> Report:
+def soak(seconds: float, attacks: list[str] | None = None, seed: int = 0,
+         c_pair: bool = True) -> Report:
     """Run the soak against two fresh ``softhca serve`` processes, whose token file names
-    two tenants: the valid traffic's and the attacker's."""
+    two tenants: the valid traffic's and the attacker's, each serving a UNIX socket."""
+    # unix_idle holds 1,500 sockets at once.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     with tempfile.TemporaryDirectory(prefix="softhca-soak-") as workdir:
         creds = Credentials.make(workdir)
-        daemons = Daemons(2, workdir, creds.serve_args(workdir))
+        daemons = Daemons(2, workdir, creds.serve_args(workdir), unix=True)
         with daemons as addresses:
             pids = [p.pid for p in daemons.procs]
             creds.peer = Credentials.read_peer(workdir)
-            s = Soak(seconds, addresses, pids, list(attacks or ATTACKS), seed, creds)
+            s = Soak(seconds, addresses, pids, list(attacks or ATTACKS), seed, creds,
+                     daemons.sockets, c_pair)
             report = asyncio.run(s.run())
             report.peak_rss = {"target": rss(pids[0], "VmHWM"),
                                "initiator": rss(pids[1], "VmHWM")}
@@ -425,14 +460,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "co-tenant's forged wire packet, a huge MKEY layout, request floods, "
                        "idle sockets, malformed frames, duplicate READs and trains, a NAK "
                        "storm, msgpack bombs, a stalled subscriber, connection and DEK "
-                       "floods), and report valid WRs, bytes verified, attacks "
-                       "refused, the slowest answer to a second client and the daemons' peak "
-                       "RSS. Exit 0 when every attack was refused and every byte verified.")
+                       "floods, idle and hogged UNIX-socket connections), with a C pair "
+                       "(ibv_rc_pingpong -c, memcheck transfer) through the provider on the "
+                       "daemons' UNIX sockets when run as root, and report valid WRs, bytes "
+                       "verified, attacks refused, the C pair's runs, the slowest answer to "
+                       "a second client and the daemons' peak RSS. Exit 0 when every attack "
+                       "was refused, every byte verified and every C program passed.")
     p.add_argument("--seconds", type=positive_float, default=30.0, metavar="N",
                    help="how long to run (default 30)")
     p.add_argument("--attacks", metavar="A,B,...", default=",".join(ATTACKS),
                    help=f"which attacks, in turn (default all: {','.join(ATTACKS)})")
     p.add_argument("--seed", type=int, default=0, help="the valid traffic's bytes (default 0)")
+    p.add_argument("--no-c-pair", action="store_true",
+                   help="run no C programs through the provider (they run by default when "
+                   "root and the provider is built)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -445,7 +486,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"softhca soak: unknown attack(s) {', '.join(unknown) or '(none given)'}; "
               f"the attacks are {', '.join(ATTACKS)}", file=sys.stderr)
         return EXIT_USAGE
-    report = soak(args.seconds, attacks, args.seed)
+    report = soak(args.seconds, attacks, args.seed, not args.no_c_pair)
     print(json.dumps(report.as_dict(), indent=2, sort_keys=True) if args.json
           else report.text())
     return EXIT_OK if report.ok else EXIT_FAIL

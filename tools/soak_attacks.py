@@ -18,6 +18,13 @@ gives, dropped and counted what it was sent, and (for floods) stayed within
   a frame (EBUSY at its share; the valid tenant still gets in);
 - ``dek_flood``: the attacker creates DEKs until ENOMEM (its quota); the valid tenant
   still creates one.
+
+And on the target daemon's UNIX socket (``serve --unix``), as a local program would:
+
+- ``unix_idle``: 1,500 connections that never say HELLO, then a program's HELLO:
+  welcomed within a second, the oldest idle ones evicted (``pre_hello_evicted``);
+- ``unix_hog``: one process opens sessions until EBUSY, at its share (half of its uid's
+  256); another process of the same uid still gets a session and allocates a PD.
 """
 
 from __future__ import annotations
@@ -26,18 +33,25 @@ import asyncio
 import contextlib
 import os
 import secrets
+import socket
 import struct
+import sys
 from dataclasses import dataclass
 
 from .. import client as sh
 from ..protocol.frames import FrameDecoder, frame_bytes
 from ..protocol.handshake import make_hello
+from ..protocol.kinds import FrameKind
 from ..protocol.packets import Packet, Run, packet_header, train_header
 from ..server.link import read_frames
 
 ROUND3 = ("dup_read", "dup_trains", "nak_storm", "msgpack_bomb", "slow_subscriber",
           "slot_hog", "dek_flood")
+UNIX = ("unix_idle", "unix_hog")
 PSN_MOD = 1 << 24
+# The UNIX socket's defaults the attacks expect: connections one uid may hold
+# (serve --max-credential-connections), of which one process may hold half.
+UID_CONNECTIONS, PROCESS_SHARE = 256, 128
 
 
 @dataclass
@@ -85,6 +99,63 @@ def _bombs() -> list[bytes]:
         _frame(msgpack.packb({"t": "x", "a": [[[] for _ in range(4096)] for _ in range(63)]})),
         _frame(msgpack.packb({"t": "x", "a": "a" * 8192})),
     ]
+
+
+async def _unix_connect(path: str, patience: float = 5.0) -> socket.socket:
+    """A connected UNIX stream socket: a non-blocking connect says EAGAIN while the
+    daemon's listen backlog is full, and is tried again for up to ``patience`` s."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setblocking(False)
+    end = asyncio.get_running_loop().time() + patience
+    while True:
+        try:
+            s.connect(path)
+            return s
+        except BlockingIOError:
+            if asyncio.get_running_loop().time() > end:
+                s.close()
+                raise
+            await asyncio.sleep(0.01)
+
+
+class _Frames:
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader, self.dec, self.queue = reader, FrameDecoder(1 << 20), []
+
+    async def next(self, timeout: float = 10.0) -> dict:
+        while not self.queue:
+            got = await asyncio.wait_for(read_frames(self.reader, self.dec), timeout)
+            if not got:
+                raise ConnectionError("the daemon closed the connection")
+            self.queue += got
+        return self.queue.pop(0).header
+
+
+async def unix_hello(path: str, timeout: float = 10.0):
+    """A control HELLO on a UNIX socket: (the daemon's answer, writer, frames)."""
+    reader, writer = await asyncio.open_unix_connection(sock=await _unix_connect(path))
+    frames = _Frames(reader)
+    challenge = await frames.next(timeout)
+    writer.write(frame_bytes(make_hello(challenge, "control", None)))
+    return await frames.next(timeout), writer, frames
+
+
+async def neighbour(path: str) -> int:
+    """Another program of the same uid (``unix_hog`` runs it as its own process): a
+    session, a context and a PD; 0 when all three were given."""
+    answer, writer, frames = await unix_hello(path)
+    try:
+        if answer.get("t") != FrameKind.WELCOME:
+            print(f"hello: {answer}")
+            return 1
+        writer.write(frame_bytes({"t": "open_device", "id": 1, "name": "mlx5_0"}))
+        ctx = await frames.next()
+        writer.write(frame_bytes({"t": "alloc_pd", "id": 2, "ctx": ctx.get("ctx")}))
+        pd = await frames.next()
+        print(f"open_device: {ctx.get('t')}, alloc_pd: {pd.get('t')}")
+        return 0 if ctx.get("t") == pd.get("t") == "ok" else 1
+    finally:
+        writer.close()
 
 
 class Round3Attacks:
@@ -244,5 +315,51 @@ class Round3Attacks:
             await node.close()
         return refused
 
+    # -- the UNIX socket ------------------------------------------------------------------
+    async def unix_idle(self) -> bool:
+        """1,500 connections to the target's UNIX socket that never say HELLO, then a
+        program's HELLO: welcomed within a second, and the daemon evicted idle ones.
+        No C program of the soak starts meanwhile (``quiet_start``): one that connects
+        in the middle of the burst may be evicted before its HELLO, as on the TCP port."""
+        before = (await self.counters())["pre_hello_evicted"]
+        idle: list[socket.socket] = []
+        async with self.quiet_start:
+            try:
+                for _ in range(1500):
+                    idle.append(await _unix_connect(self.target_sock))
+                t0 = asyncio.get_running_loop().time()
+                answer, writer, _ = await unix_hello(self.target_sock, 5)
+                took = asyncio.get_running_loop().time() - t0
+                writer.close()
+            finally:
+                for s in idle:
+                    s.close()
+        evicted = (await self.counters())["pre_hello_evicted"] - before
+        return answer.get("t") == FrameKind.WELCOME and took < 1.0 and evicted >= 1000
 
-__all__ = ["ROUND3", "Credentials", "Round3Attacks"]
+    async def unix_hog(self) -> bool:
+        """This process opens sessions on the target's UNIX socket until refused: EBUSY
+        at its share (half of its uid's connections), and meanwhile another process of
+        the same uid gets a session, a context and a PD."""
+        held, answers = [], []
+        try:
+            while len(answers) < UID_CONNECTIONS + 1 and "EBUSY" not in answers:
+                answer, writer, _ = await unix_hello(self.target_sock)
+                held.append(writer)
+                answers.append(answer.get("errno", answer.get("t")))
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", "import asyncio, sys\n"
+                "from softhca.tools.soak_attacks import neighbour\n"
+                "sys.exit(asyncio.run(neighbour(sys.argv[1])))", self.target_sock,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            out, _ = await asyncio.wait_for(proc.communicate(), 30)
+        finally:
+            for w in held:
+                w.close()
+        # One more than its share at most: a session of an attack just before may
+        # still be closing.
+        return (answers[-1:] == ["EBUSY"] and len(answers) <= PROCESS_SHARE + 2
+                and proc.returncode == 0)
+
+
+__all__ = ["ROUND3", "UNIX", "Credentials", "Round3Attacks", "neighbour", "unix_hello"]

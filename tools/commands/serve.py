@@ -41,8 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-connections", type=positive_int, default=1024, metavar="N",
                         help="control sessions and wire links at once (default 1024)")
     limits.add_argument("--max-pre-hello", type=positive_int, default=64, metavar="N",
-                        help="connections still in the HELLO, apart from those (default 64; "
-                        "when full the oldest is closed for the newcomer)")
+                        help="connections still in the HELLO, apart from those, on the TCP "
+                        "port and, as many again, on the UNIX socket (default 64; when full "
+                        "the oldest is closed for the newcomer)")
     limits.add_argument("--hello-timeout", type=positive_float, default=3.0, metavar="S",
                         help="seconds a connection has to complete the HELLO (default 3)")
     limits.add_argument("--max-objects", type=positive_int, default=1 << 16, metavar="N",
@@ -57,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="max_send_wr / max_recv_wr of a QP (default 16384)")
     limits.add_argument("--max-credential-connections", type=positive_int, default=256,
                         metavar="N", help="connections one credential (a client token, the "
-                        "peer token) may hold at once (default 256; EBUSY past it)")
+                        "peer token, a uid on the UNIX socket, each of whose processes may hold "
+                        "half) may hold at once (default 256; EBUSY past it)")
     limits.add_argument("--frame-deadline", type=positive_float, default=10.0, metavar="S",
                         help="seconds a frame may take once its first bytes arrived (default "
                         "10; then ETIMEDOUT and the connection closes)")
