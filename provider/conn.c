@@ -4,6 +4,7 @@
  * ibv_get_cq_event still sees its completions arrive. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -280,52 +281,75 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 			 d.event_type);
 }
 
-static void *reader_main(void *arg)
+/* One frame the daemon sent: a reply, pushed completions, an asynchronous event. */
+static void dispatch(struct shca_conn *c, struct shca_frame *r)
 {
-	struct shca_conn *c = arg;
-	struct shca_frame r;
 	struct mp_val t;
 	uint64_t id;
 
-	while (!shca_frame_read(c->fd, &r, MAX_FRAME)) {
-		if (!mp_find(r.hdr, "t", &t)) {
-			shca_frame_free(&r);
-			continue;
-		}
-		if (mp_str_eq(t, "wc")) {
-			take_wcs(c, r.hdr);
-			shca_frame_free(&r);
-			continue;
-		}
-		if (mp_str_eq(t, "ok") && mp_find_uint(r.hdr, "id", &id) && c->async_id &&
-		    id == c->async_id) {
-			take_async(c, r.hdr);
-			shca_frame_free(&r);
-			shca_async_arm(c);
-			continue;
-		}
-		if ((mp_str_eq(t, "ok") || mp_str_eq(t, "err")) && mp_find_uint(r.hdr, "id", &id)
-		    && id == c->want_id && id != 0) {
-			pthread_mutex_lock(&c->lock);
-			shca_frame_free(&c->reply);
-			c->reply = r;
-			c->reply_ready = 1;
-			pthread_cond_broadcast(&c->cond);
-			pthread_mutex_unlock(&c->lock);
-			continue;
-		}
-		if (mp_str_eq(t, "ok"))
-			;       /* the reply of an acknowledgement */
-		else if (mp_str_eq(t, "err")) {
-			struct mp_val v;
-			const char *s;
-			uint32_t n;
+	if (!mp_find(r->hdr, "t", &t)) {
+		shca_frame_free(r);
+		return;
+	}
+	if (mp_str_eq(t, "wc")) {
+		take_wcs(c, r->hdr);
+		shca_frame_free(r);
+		return;
+	}
+	if (mp_str_eq(t, "ok") && mp_find_uint(r->hdr, "id", &id) && c->async_id &&
+	    id == c->async_id) {
+		take_async(c, r->hdr);
+		shca_frame_free(r);
+		shca_async_arm(c);
+		return;
+	}
+	if ((mp_str_eq(t, "ok") || mp_str_eq(t, "err")) && mp_find_uint(r->hdr, "id", &id)
+	    && id == c->want_id && id != 0) {
+		pthread_mutex_lock(&c->lock);
+		shca_frame_free(&c->reply);
+		c->reply = *r;
+		c->reply_ready = 1;
+		pthread_cond_broadcast(&c->cond);
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
+	if (mp_str_eq(t, "ok"))
+		;       /* the reply of an acknowledgement */
+	else if (mp_str_eq(t, "err")) {
+		struct mp_val v;
+		const char *s;
+		uint32_t n;
 
-			/* a refused cq_credit (id 0): a bug, said, not hidden */
-			if (mp_find(r.hdr, "msg", &v) && mp_get_str(v, &s, &n))
-				shca_log("daemon: %.*s", (int)n, s);
-		}
-		shca_frame_free(&r);
+		/* a refused cq_credit (id 0): a bug, said, not hidden */
+		if (mp_find(r->hdr, "msg", &v) && mp_get_str(v, &s, &n))
+			shca_log("daemon: %.*s", (int)n, s);
+	}
+	shca_frame_free(r);
+}
+
+static void *reader_main(void *arg)
+{
+	struct shca_conn *c = arg;
+	struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+	struct shca_frame r;
+	int rc;
+
+	for (;;) {
+		/* Waiting writes no memory but pfd (on this thread's own stack): the
+		 * frame's bytes are read, and everything they change written, under
+		 * dispatch, which ibv_reg_mr takes while it moves pages. */
+		rc = poll(&pfd, 1, -1);
+		if (rc < 0 && errno == EINTR)
+			continue;
+		if (rc < 0)
+			break;
+		pthread_mutex_lock(&c->dispatch);
+		rc = shca_frame_read(c->fd, &r, MAX_FRAME);
+		if (!rc)
+			dispatch(c, &r);
+		pthread_mutex_unlock(&c->dispatch);
+		if (rc)
+			break;
 	}
 	pthread_mutex_lock(&c->lock);
 	c->dead = 1;
@@ -374,6 +398,7 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 	}
 	pthread_mutex_init(&c->call_lock, NULL);
 	pthread_mutex_init(&c->send_lock, NULL);
+	pthread_mutex_init(&c->dispatch, NULL);
 	if (strlen(path) >= sizeof(sa.sun_path)) {
 		shca_log("socket path %s is too long", path);
 		return ENAMETOOLONG;
@@ -416,6 +441,20 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 		return EAGAIN;
 	}
 	c->reader_started = 1;
+	{
+		/* The reader's stack is written by it at any moment: no registration may
+		 * reach it (palloc.h). */
+		pthread_attr_t a;
+		void *stack;
+		size_t size;
+
+		if (!pthread_getattr_np(c->reader, &a)) {
+			if (!pthread_attr_getstack(&a, &stack, &size) &&
+			    !shca_pages_add((uintptr_t)stack, (uintptr_t)stack + size))
+				c->stack = (uintptr_t)stack;
+			pthread_attr_destroy(&a);
+		}
+	}
 	return 0;
 bad:
 	shca_frame_free(&r);
@@ -428,6 +467,8 @@ void shca_disconnect(struct shca_conn *c)
 	shutdown(c->fd, SHUT_RDWR);
 	if (c->reader_started)
 		pthread_join(c->reader, NULL);
+	if (c->stack)
+		shca_pages_remove(c->stack);
 	close(c->fd);
 	shca_frame_free(&c->reply);
 }

@@ -87,6 +87,21 @@ out:
 	return rc;
 }
 
+/* EINVAL, said on stderr, when [start, end) reaches the provider's own pages (its
+ * CQ rings, objects, frames, its reader thread's stack: palloc.h): they are written by
+ * the provider's threads at any moment, and are not the program's to register. */
+static int check_own(uintptr_t start, uintptr_t end, void *addr, size_t length)
+{
+	uintptr_t lo, hi;
+
+	if (!shca_pages_overlap(start, end, &lo, &hi))
+		return 0;
+	shca_log("ibv_reg_mr(%p, %zu): EINVAL: the range reaches [%#lx, %#lx), softhca's "
+		 "own memory (its CQ rings and objects), which a program cannot register",
+		 addr, length, (unsigned long)lo, (unsigned long)hi);
+	return EINVAL;
+}
+
 static struct shca_mem *remap(uintptr_t start, uintptr_t end)
 {
 	size_t size = end - start;
@@ -194,7 +209,14 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 			rc = check_maps(p, stop, addr, length);
 			if (rc)
 				break;
+			rc = check_own(p, stop, addr, length);
+			if (rc)
+				break;
+			/* No write of the reader thread's (a completion, a reply) falls
+			 * between the copy and the mapping that replaces the pages. */
+			pthread_mutex_lock(&ctx->conn->dispatch);
 			m = remap(p, stop);
+			pthread_mutex_unlock(&ctx->conn->dispatch);
 			if (!m) {
 				rc = EFAULT;
 				break;

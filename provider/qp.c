@@ -40,12 +40,12 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	}
 	if (inl < DEFAULT_INLINE)
 		inl = DEFAULT_INLINE;
-	qp = calloc(1, sizeof(*qp));
+	qp = shca_alloc(sizeof(*qp));
 	if (!qp) {
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "create_qp", attr->srq ? 13 : 12);
+	shca_begin(ctx->conn, &b, "create_qp", attr->srq ? 13 : 12);
 	if (attr->srq)
 		mp_kv_uint(&b, "srq", ((struct shca_srq *)attr->srq)->handle);
 	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
@@ -66,7 +66,7 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 				  MLX5DV_QP_EX_WITH_MR_INTERLEAVED) ?
 		   MLX5DV_QP_EX_WITH_MKEY_CONFIGURE : 0);
 	mp_kv_uint(&b, "create_flags", create_flags);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "qp", &qp->handle);
 		if (!rc)
@@ -74,7 +74,7 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		shca_frame_free(&r);
 	}
 	if (rc) {
-		free(qp);
+		shca_free(qp);
 		errno = rc;
 		return NULL;
 	}
@@ -104,10 +104,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	}
 	qp->dv_send_ops = dv_send_ops;
 	shca_dv_qp_init(qp);
-	pthread_mutex_lock(&ctx->conn.lock);
+	pthread_mutex_lock(&ctx->conn->lock);
 	qp->next = ctx->qps;
 	ctx->qps = qp;
-	pthread_mutex_unlock(&ctx->conn.lock);
+	pthread_mutex_unlock(&ctx->conn->lock);
 	return &qp->vqp.qp;
 }
 
@@ -168,7 +168,7 @@ int shca_destroy_qp(struct ibv_qp *ibqp)
 		shca_dereg(qp->bounce);
 	free(qp->bounce_buf);
 	shca_batch_free(qp);
-	free(qp);
+	shca_free(qp);
 	return 0;
 }
 
@@ -283,7 +283,7 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	for (i = 0; i < sizeof(qp_fields) / sizeof(qp_fields[0]); i++)
 		if (mask & qp_fields[i].bit)
 			n++;
-	shca_begin(&ctx->conn, &b, "modify_qp", 3);
+	shca_begin(ctx->conn, &b, "modify_qp", 3);
 	mp_kv_uint(&b, "qp", qp->handle);
 	mp_kv_uint(&b, "mask", (uint32_t)(mask & ~local));
 	mp_str(&b, "attr");
@@ -298,7 +298,7 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		mp_str(&b, "dest_dev");
 		mp_str(&b, dev);
 	}
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	if (!shca_get_u32(&r, "state", &state))
@@ -319,9 +319,9 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 	int rc;
 
 	(void)mask;
-	shca_begin(&ctx->conn, &b, "query_qp", 1);
+	shca_begin(ctx->conn, &b, "query_qp", 1);
 	mp_kv_uint(&b, "qp", qp->handle);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	memset(attr, 0, sizeof(*attr));
@@ -504,13 +504,13 @@ int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n)
 	struct shca_frame r;
 	int rc;
 
-	shca_begin(&ctx->conn, &b, "post_send", 2);
+	shca_begin(ctx->conn, &b, "post_send", 2);
 	mp_kv_uint(&b, "qp", qp->handle);
 	mp_str(&b, "wrs");
 	mp_arr(&b, n);
 	mp_raw(&b, wrs->p, wrs->len);
 	b.failed |= wrs->failed;
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
 		shca_frame_free(&r);
 	return rc;
@@ -575,7 +575,7 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 				return EINVAL;
 			}
 		}
-		shca_begin(&ctx->conn, &b, verb, 2);
+		shca_begin(ctx->conn, &b, verb, 2);
 		mp_kv_uint(&b, key, handle);
 		mp_str(&b, "wrs");
 		mp_arr(&b, n);
@@ -585,7 +585,7 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 			encode_sges(&b, w->sg_list, w->num_sge);
 			wr = w->next;
 		}
-		rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+		rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 		if (rc) {
 			*bad = first;
 			return rc;

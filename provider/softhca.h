@@ -10,19 +10,27 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "abi.h"
 #include "dv_bridge.h"
 #include "frame.h"
 #include "mp.h"
+#include "palloc.h"
 
 #define SHCA_MAX_DEVICES 16
 #define SHCA_NAME_MAX 64
 
+/* The connection and everything its reader thread writes are in palloc's pages. */
 struct shca_conn {
 	int fd;
 	pthread_t reader;
 	int reader_started;
+	/* Held by the reader thread from a frame's first byte until the frame is dealt
+	 * with, and by ibv_reg_mr while it moves pages onto a memfd: no write of the
+	 * reader's can fall inside a move. */
+	pthread_mutex_t dispatch;
+	uintptr_t stack;            /* the reader's stack, as palloc knows it, or 0 */
 	pthread_mutex_t lock;       /* the fields below, and every CQ ring */
 	pthread_cond_t cond;
 	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC) */
@@ -49,7 +57,14 @@ struct shca_memref {
 
 struct shca_context {
 	struct verbs_context vctx; /* libibverbs' part first... */
-	struct shca_conn conn;
+	/* ...which libibverbs allocates with malloc: the connection, which the reader
+	 * thread writes, is not in it (palloc.h) */
+	struct shca_conn *conn;
+	pid_t pid;                 /* the process that opened the context (fork) */
+	int forked_said;           /* the line naming fork was printed (in the child) */
+	char path[108];            /* the daemon's UNIX socket */
+	char memfd_key[65];        /* what a handoff of memfds proves (the welcome's) */
+	uint32_t handoff_seq;      /* the number of the next handoff, under mem_lock */
 	uint32_t handle;           /* the daemon's ctx handle */
 	char devices[SHCA_MAX_DEVICES][SHCA_NAME_MAX];
 	int ndevices;
@@ -283,14 +298,14 @@ int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key
 	__typeof__(obj) *pp_;								\
 											\
 	if (!rc_) {									\
-		pthread_mutex_lock(&(ctx)->conn.lock);					\
+		pthread_mutex_lock(&(ctx)->conn->lock);					\
 		for (pp_ = (head); *pp_; pp_ = &(*pp_)->next) {			\
 			if (*pp_ == (obj)) {						\
 				*pp_ = (obj)->next;					\
 				break;							\
 			}								\
 		}									\
-		pthread_mutex_unlock(&(ctx)->conn.lock);				\
+		pthread_mutex_unlock(&(ctx)->conn->lock);				\
 	}										\
 	rc_;										\
 })
