@@ -52,8 +52,57 @@ static int send_frame(struct shca_conn *c, struct mp_buf *b, const void *payload
 	return rc;
 }
 
+/* -- fork ------------------------------------------------------------------------ */
+
+/* How many fork(2)s separate this process from the one that loaded the provider: a
+ * child has a copy of its parent's contexts, but their socket is the parent's (one
+ * file description, shared), its reader thread is not in the child, and a lock another
+ * of the parent's threads held stays held. A context of an earlier generation answers
+ * every call that needs the daemon with EIO, before any lock or system call. */
+static volatile unsigned fork_generation;
+
+static void after_fork_in_child(void)
+{
+	fork_generation++;
+}
+
+static __attribute__((constructor)) void fork_watch(void)
+{
+	pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+unsigned shca_generation(void)
+{
+	return fork_generation;
+}
+
+int shca_forked(struct shca_context *ctx, const char *verb)
+{
+	static pid_t told;
+	pid_t me;
+
+	if (__builtin_expect(ctx->generation == fork_generation, 1))
+		return 0;
+	me = getpid();
+	if (told != me) {
+		told = me;
+		shca_log("%s: EIO: this process (%d) is a child of fork(2) and the device "
+			 "context is its parent's (process %d): the connection to the daemon is "
+			 "the parent's, so a forked child cannot use it or the verbs objects made "
+			 "on it; the child opens a device context of its own", verb, (int)me,
+			 (int)ctx->pid);
+	}
+	return EIO;
+}
+
 void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields)
 {
+	if (shca_forked(c->ctx, verb)) {
+		/* shca_call refuses it; call_lock may be held by a thread of the parent */
+		mp_init(b);
+		b->failed = true;
+		return;
+	}
 	pthread_mutex_lock(&c->call_lock);
 	mp_init(b);
 	mp_map(b, nfields + 2);
@@ -73,6 +122,10 @@ int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t
 	int rc;
 
 	memset(r, 0, sizeof(*r));
+	if (shca_forked(c->ctx, "the verb")) {
+		mp_free(b);
+		return EIO;
+	}
 	pthread_mutex_lock(&c->lock);
 	c->reply_ready = 0;
 	pthread_mutex_unlock(&c->lock);
@@ -119,7 +172,7 @@ int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t
 
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b)
 {
-	int rc = c->dead ? EIO : send_frame(c, b, NULL, 0);
+	int rc = c->dead || shca_forked(c->ctx, "the verb") ? EIO : send_frame(c, b, NULL, 0);
 
 	mp_free(b);
 	return rc;
@@ -464,6 +517,12 @@ bad:
 
 void shca_disconnect(struct shca_conn *c)
 {
+	if (shca_forked(c->ctx, "ibv_close_device")) {
+		/* the socket is the parent's too: shutdown would end its session, and the
+		 * reader thread is the parent's alone */
+		close(c->fd);
+		return;
+	}
 	shutdown(c->fd, SHUT_RDWR);
 	if (c->reader_started)
 		pthread_join(c->reader, NULL);

@@ -525,6 +525,10 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	uint32_t n = 0;
 	int rc = 0;
 
+	if (shca_forked(to_sctx(ibqp->context), "ibv_post_send")) {
+		*bad = wr;
+		return EIO;
+	}
 	/* the bounce pages are the QP's: one post at a time fills them */
 	pthread_mutex_lock(&qp->post_lock);
 	while (wr) {

@@ -60,8 +60,8 @@ struct shca_context {
 	/* ...which libibverbs allocates with malloc: the connection, which the reader
 	 * thread writes, is not in it (palloc.h) */
 	struct shca_conn *conn;
-	pid_t pid;                 /* the process that opened the context (fork) */
-	int forked_said;           /* the line naming fork was printed (in the child) */
+	pid_t pid;                 /* the process that opened the context... */
+	unsigned generation;       /* ...and its fork generation (shca_forked) */
 	char path[108];            /* the daemon's UNIX socket */
 	char memfd_key[65];        /* what a handoff of memfds proves (the welcome's) */
 	uint32_t handoff_seq;      /* the number of the next handoff, under mem_lock */
@@ -183,6 +183,11 @@ int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
 /* Asks the daemon for the context's next asynchronous event (answered when one comes). */
 int shca_async_arm(struct shca_conn *c);
 int shca_errno(const char *name, uint32_t n);
+/* The fork generation of this process (0 in the one that loaded the provider). */
+unsigned shca_generation(void);
+/* EIO, said once per process on stderr naming `verb` and fork, when ctx was opened by
+ * this process's parent (a child of fork(2)); 0 otherwise. */
+int shca_forked(struct shca_context *ctx, const char *verb);
 
 /* mem.c */
 int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,

@@ -164,6 +164,7 @@ static struct verbs_context *shca_alloc_context(struct ibv_device *ibdev, int cm
 	pthread_mutex_init(&ctx->mem_lock, NULL);
 	ctx->async_pipe[0] = ctx->async_pipe[1] = -1;
 	ctx->pid = getpid();
+	ctx->generation = shca_generation();
 	ctx->conn = shca_alloc(sizeof(*ctx->conn));
 	if (!ctx->conn) {
 		rc = ENOMEM;
@@ -205,7 +206,10 @@ static void shca_free_context(struct ibv_context *ibctx)
 {
 	struct shca_context *ctx = to_sctx(ibctx);
 
-	shca_call_simple(ctx, "close_device", "ctx", ctx->handle);
+	/* a forked child's copy closes its fds and frees; the daemon's objects are the
+	 * parent's */
+	if (!shca_forked(ctx, "ibv_close_device"))
+		shca_call_simple(ctx, "close_device", "ctx", ctx->handle);
 	shca_disconnect(ctx->conn);
 	shca_mem_release_all(ctx);
 	if (ctx->async_pipe[1] >= 0)
@@ -303,13 +307,18 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 {
 	struct shca_context *ctx = to_sctx(ibpd->context);
 	struct shca_pd *pd = (struct shca_pd *)ibpd;
-	struct shca_mr *mr = calloc(1, sizeof(*mr));
+	struct shca_mr *mr;
 	struct mp_buf b;
 	struct shca_frame r;
 	struct mp_buf pieces;
 	uint64_t offset;
 	int rc;
 
+	if (shca_forked(ctx, "ibv_reg_mr")) {
+		errno = EIO;
+		return NULL;
+	}
+	mr = calloc(1, sizeof(*mr));
 	if (!mr) {
 		errno = ENOMEM;
 		return NULL;
@@ -510,6 +519,10 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 	struct mp_buf b;
 	int n = 0;
 
+	if (shca_forked(ctx, "ibv_poll_cq")) {
+		errno = EIO;
+		return -EIO;
+	}
 	if (num <= 0)
 		return 0;
 	pthread_mutex_lock(&ctx->conn->lock);
@@ -559,6 +572,8 @@ static int shca_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	/* Solicited-only arming notifies on any completion: more events than asked
 	 * for, which ibv_req_notify_cq(3) allows a consumer to see (it polls anyway). */
 	(void)solicited_only;
+	if (shca_forked(ctx, "ibv_req_notify_cq"))
+		return EIO;
 	pthread_mutex_lock(&ctx->conn->lock);
 	cq->armed = 1;
 	pthread_mutex_unlock(&ctx->conn->lock);

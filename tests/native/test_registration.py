@@ -29,3 +29,16 @@ def test_completions_arriving_during_reg_mr_are_all_polled(where):
                  "512 completions polled of 512 posted (0 lost, 0 in error)",
                  "a WRITE after completes"):
         assert f"regcheck: ok: {line}" in r.output, r.output
+
+
+def test_a_forked_childs_verbs_fail_eio_at_once(where):
+    r = where.run(where.server, [str(REGCHECK), "fork"], timeout=60)
+    assert r.returncode == 0 and "FAIL" not in r.output, r.output
+    for verb, rc in (("ibv_post_send", 5), ("ibv_poll_cq", -5), ("ibv_post_recv", 5),
+                     ("ibv_reg_mr", 5)):
+        assert f"regcheck: ok: child: {verb} returns {rc} (Input/output error)" in r.output, \
+            r.output
+    assert "regcheck: ok: parent: its QP still completes a WRITE" in r.output, r.output
+    # the child was told why, naming fork, once
+    said = [ln for ln in r.output.splitlines() if "is a child of fork(2)" in ln]
+    assert len(said) == 1 and said[0].startswith("softhca: ibv_post_send: EIO:"), r.output
