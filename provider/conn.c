@@ -515,6 +515,120 @@ bad:
 	return EPROTO;
 }
 
+/* -- memfd handoff ----------------------------------------------------------------- */
+
+/* Hands the n memfds of one registration to the daemon under seq: a connection of its
+ * own to the daemon's socket, whose HELLO (role "memfd", the session's key) carries
+ * them with SCM_RIGHTS; the daemon files them for the session's reg_mr_shared naming
+ * seq. The daemon then maps what this process sent, never a file it opens by number.
+ * 0, or an errno said on stderr. */
+int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	union {
+		struct cmsghdr h;
+		char room[CMSG_SPACE(sizeof(int) * SHCA_MAX_PIECES)];
+	} anc;
+	struct msghdr msg = {0};
+	struct iovec iov[2];
+	struct cmsghdr *cm;
+	struct shca_frame r = {0};
+	struct mp_buf b;
+	uint32_t pre[2];
+	struct mp_val t, v;
+	size_t total, done;
+	ssize_t w;
+	int fd, rc = EPROTO;
+
+	if (!ctx->memfd_key[0]) {
+		shca_log("ibv_reg_mr: EOPNOTSUPP: the daemon at %s takes no memfds (its welcome "
+			 "names no memfd_key): a daemon of another version", ctx->path);
+		return EOPNOTSUPP;
+	}
+	if (n <= 0 || n > SHCA_MAX_PIECES)
+		return EINVAL;
+	strcpy(sa.sun_path, ctx->path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		rc = errno;
+		shca_log("ibv_reg_mr: cannot connect to the daemon at %s to hand over the "
+			 "memory: %s", ctx->path, strerror(rc));
+		close(fd);
+		return rc;
+	}
+	if (shca_frame_read(fd, &r, 1u << 16) || expect(&r, "challenge"))
+		goto out;
+	shca_frame_free(&r);
+	mp_init(&b);
+	mp_map(&b, 5);
+	mp_str(&b, "t");
+	mp_str(&b, "hello");
+	mp_kv_uint(&b, "version", 1);
+	mp_str(&b, "role");
+	mp_str(&b, "memfd");
+	mp_str(&b, "key");
+	mp_str(&b, ctx->memfd_key);
+	mp_kv_uint(&b, "seq", seq);
+	if (b.failed) {
+		mp_free(&b);
+		rc = ENOMEM;
+		goto out;
+	}
+	pre[0] = htonl((uint32_t)(4 + b.len));
+	pre[1] = htonl((uint32_t)b.len);
+	iov[0].iov_base = pre;
+	iov[0].iov_len = sizeof(pre);
+	iov[1].iov_base = b.p;
+	iov[1].iov_len = b.len;
+	total = sizeof(pre) + b.len;
+	memset(&anc, 0, sizeof(anc));
+	msg.msg_iov = iov;
+	msg.msg_iovlen = 2;
+	msg.msg_control = anc.room;
+	msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n);
+	cm = CMSG_FIRSTHDR(&msg);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+	memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n);
+	do
+		w = sendmsg(fd, &msg, MSG_NOSIGNAL);
+	while (w < 0 && errno == EINTR);
+	/* the fds went with the first byte; the rest of the frame (a short write) follows */
+	for (done = w > 0 ? (size_t)w : 0; w > 0 && done < total; done += (size_t)w) {
+		const uint8_t *from = done < sizeof(pre) ? (const uint8_t *)pre + done :
+				      b.p + (done - sizeof(pre));
+		size_t len = done < sizeof(pre) ? sizeof(pre) - done : total - done;
+
+		do
+			w = send(fd, from, len, MSG_NOSIGNAL);
+		while (w < 0 && errno == EINTR);
+	}
+	mp_free(&b);
+	if (w <= 0 || shca_frame_read(fd, &r, 1u << 16))
+		goto out;
+	if (mp_find(r.hdr, "t", &t) && mp_str_eq(t, "welcome")) {
+		rc = 0;
+	} else {
+		const char *s = "";
+		uint32_t len = 0;
+
+		rc = EIO;
+		if (mp_find(r.hdr, "errno", &v) && mp_get_str(v, &s, &len))
+			rc = shca_errno(s, len);
+		if (mp_find(r.hdr, "msg", &v) && mp_get_str(v, &s, &len))
+			shca_log("ibv_reg_mr: the daemon refused the memory: %.*s", (int)len, s);
+	}
+out:
+	if (rc == EPROTO)
+		shca_log("ibv_reg_mr: the daemon at %s broke off the memfd handoff", ctx->path);
+	shca_frame_free(&r);
+	close(fd);
+	return rc;
+}
+
 void shca_disconnect(struct shca_conn *c)
 {
 	if (shca_forked(c->ctx, "ibv_close_device")) {

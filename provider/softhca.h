@@ -183,6 +183,8 @@ int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
 /* Asks the daemon for the context's next asynchronous event (answered when one comes). */
 int shca_async_arm(struct shca_conn *c);
 int shca_errno(const char *name, uint32_t n);
+/* The n memfds of one registration handed to the daemon under seq (SCM_RIGHTS). */
+int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq);
 /* The fork generation of this process (0 in the one that loaded the provider). */
 unsigned shca_generation(void);
 /* EIO, said once per process on stderr naming `verb` and fork, when ctx was opened by
@@ -190,8 +192,11 @@ unsigned shca_generation(void);
 int shca_forked(struct shca_context *ctx, const char *verb);
 
 /* mem.c */
+/* The pages of [addr, +length) on memfds, those handed to the daemon under *seq;
+ * pieces is the reg_mr_shared request's list of them. */
 int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
-		   struct shca_memref *ref, struct mp_buf *pieces, uint64_t *offset);
+		   struct shca_memref *ref, struct mp_buf *pieces, uint64_t *offset,
+		   uint32_t *seq);
 void shca_mem_release(struct shca_context *ctx, struct shca_memref *ref);
 void shca_mem_release_all(struct shca_context *ctx);
 

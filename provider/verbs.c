@@ -65,6 +65,11 @@ static void parse_welcome(struct shca_context *ctx, struct mp_buf *w)
 				break;
 		}
 	}
+	if (mp_find(hdr, "memfd_key", &v) && mp_get_str(v, &s, &len) &&
+	    len < sizeof(ctx->memfd_key)) {
+		memcpy(ctx->memfd_key, s, len);
+		ctx->memfd_key[len] = 0;
+	}
 	if (mp_find(hdr, "address", &v) && mp_get_str(v, &s, &len) &&
 	    len < sizeof(ctx->address)) {
 		memcpy(ctx->address, s, len);
@@ -312,6 +317,7 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 	struct shca_frame r;
 	struct mp_buf pieces;
 	uint64_t offset;
+	uint32_t seq;
 	int rc;
 
 	if (shca_forked(ctx, "ibv_reg_mr")) {
@@ -324,14 +330,15 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 		return NULL;
 	}
 	mp_init(&pieces);
-	rc = shca_mem_share(ctx, addr, length, &mr->mem, &pieces, &offset);
+	rc = shca_mem_share(ctx, addr, length, &mr->mem, &pieces, &offset, &seq);
 	if (rc) {
 		mp_free(&pieces);
 		free(mr);
 		errno = rc;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "reg_mr_shared", 6);
+	shca_begin(ctx->conn, &b, "reg_mr_shared", 7);
+	mp_kv_uint(&b, "fds", seq);
 	mp_kv_uint(&b, "pd", pd->handle);
 	mp_kv_uint(&b, "addr", iova);
 	mp_kv_uint(&b, "length", length);

@@ -5,10 +5,14 @@ keeps its parent's control session cannot have the daemon map its parent's memor
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import native
 import pytest
 
 REGCHECK = native.REPO / "provider" / "build" / "regcheck"
+THIEF = Path(__file__).resolve().parents[1] / "support" / "memfd_thief.py"
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +46,13 @@ def test_a_forked_childs_verbs_fail_eio_at_once(where):
     # the child was told why, naming fork, once
     said = [ln for ln in r.output.splitlines() if "is a child of fork(2)" in ln]
     assert len(said) == 1 and said[0].startswith("softhca: ibv_post_send: EIO:"), r.output
+
+
+def test_an_execed_child_cannot_register_its_parents_memory(where):
+    r = where.run(where.server, [str(REGCHECK), "handoff", sys.executable, str(THIEF)],
+                  timeout=60)
+    assert r.returncode == 0 and "FAIL" not in r.output, r.output
+    assert "regcheck: ok: the parent's page is intact" in r.output, r.output
+    assert "thief: read" not in r.output, r.output
+    # each attempt refused: by the memfd's number, and by the handoffs' numbers
+    assert r.output.count("thief: refused:") >= 5, r.output
