@@ -307,8 +307,9 @@ class RegMr(Request):
 
 
 # ibv_reg_mr of a local program's own memory (the UNIX socket only): the registered
-# pages are ``pieces`` of sealed memfds, each [fd, offset, length] (the fd's number in
-# the program, page-aligned offset and length), side by side in address order; the
+# pages are ``pieces`` of sealed memfds, each [memfd, offset, length] (the memfd's
+# index among those the program handed over under the number ``fds``, page-aligned
+# offset and length; server/shared_mr.py), side by side in address order; the
 # registration is their bytes [offset, offset + length), at the program's virtual
 # address ``addr`` (the MR's iova).
 MAX_PIECES = 16
@@ -319,10 +320,11 @@ def _pieces(pieces: list) -> tuple[tuple[int, int, int], ...]:
     for i, p in enumerate(pieces):
         if not (isinstance(p, list) and len(p) == 3
                 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
-                and 0 <= p[0] <= I32 and 0 <= p[1] <= U64 and 0 < p[2] <= U64
+                and 0 <= p[0] < MAX_PIECES and 0 <= p[1] <= U64 and 0 < p[2] <= U64
                 and p[1] % 4096 == 0 and p[2] % 4096 == 0):
-            raise FrameError("EPROTO", f"reg_mr_shared: pieces[{i}] must be [fd, offset, "
-                                       f"length] with page-aligned offset and length, got "
+            raise FrameError("EPROTO", f"reg_mr_shared: pieces[{i}] must be [memfd, "
+                                       f"offset, length], memfd the index of one in the "
+                                       f"handoff, offset and length page-aligned, got "
                                        f"{p!r}"[:200])
         out.append((p[0], p[1], p[2]))
     return tuple(out)
@@ -336,6 +338,7 @@ class RegMrShared(Request):
     access: int = _u32()
     offset: int = _u64()
     pieces: tuple[tuple[int, int, int], ...] = _wire(list, 1, MAX_PIECES, decode=_pieces)
+    fds: int = _u32()       # the number the memfds were handed over under (UNIX socket)
 
 
 # ibv_reg_mr of the embedded daemon's own process's memory at ``addr``; ``secret`` is

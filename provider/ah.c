@@ -36,7 +36,7 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "create_ah", 9);
+	shca_begin(ctx->conn, &b, "create_ah", 9);
 	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
 	mp_str(&b, "dest_host");
 	mp_str(&b, host);
@@ -50,7 +50,7 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 	mp_kv_uint(&b, "traffic_class", attr->grh.traffic_class);
 	mp_kv_uint(&b, "hop_limit", attr->grh.hop_limit);
 	mp_kv_uint(&b, "flow_label", attr->grh.flow_label & 0xFFFFF);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "ah", &ah->handle);
 		shca_frame_free(&r);

@@ -4,6 +4,7 @@
  * ibv_get_cq_event still sees its completions arrive. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -51,8 +52,57 @@ static int send_frame(struct shca_conn *c, struct mp_buf *b, const void *payload
 	return rc;
 }
 
+/* -- fork ------------------------------------------------------------------------ */
+
+/* How many fork(2)s separate this process from the one that loaded the provider: a
+ * child has a copy of its parent's contexts, but their socket is the parent's (one
+ * file description, shared), its reader thread is not in the child, and a lock another
+ * of the parent's threads held stays held. A context of an earlier generation answers
+ * every call that needs the daemon with EIO, before any lock or system call. */
+static volatile unsigned fork_generation;
+
+static void after_fork_in_child(void)
+{
+	fork_generation++;
+}
+
+static __attribute__((constructor)) void fork_watch(void)
+{
+	pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+unsigned shca_generation(void)
+{
+	return fork_generation;
+}
+
+int shca_forked(struct shca_context *ctx, const char *verb)
+{
+	static pid_t told;
+	pid_t me;
+
+	if (__builtin_expect(ctx->generation == fork_generation, 1))
+		return 0;
+	me = getpid();
+	if (told != me) {
+		told = me;
+		shca_log("%s: EIO: this process (%d) is a child of fork(2) and the device "
+			 "context is its parent's (process %d): the connection to the daemon is "
+			 "the parent's, so a forked child cannot use it or the verbs objects made "
+			 "on it; the child opens a device context of its own", verb, (int)me,
+			 (int)ctx->pid);
+	}
+	return EIO;
+}
+
 void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields)
 {
+	if (shca_forked(c->ctx, verb)) {
+		/* shca_call refuses it; call_lock may be held by a thread of the parent */
+		mp_init(b);
+		b->failed = true;
+		return;
+	}
 	pthread_mutex_lock(&c->call_lock);
 	mp_init(b);
 	mp_map(b, nfields + 2);
@@ -76,6 +126,10 @@ static int call(struct shca_conn *c, struct mp_buf *b, const void *payload, size
 		*taken = 0;
 
 	memset(r, 0, sizeof(*r));
+	if (shca_forked(c->ctx, "the verb")) {
+		mp_free(b);
+		return EIO;
+	}
 	pthread_mutex_lock(&c->lock);
 	c->reply_ready = 0;
 	pthread_mutex_unlock(&c->lock);
@@ -141,7 +195,7 @@ int shca_call_post(struct shca_conn *c, struct mp_buf *b, uint32_t *taken)
 
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b)
 {
-	int rc = c->dead ? EIO : send_frame(c, b, NULL, 0);
+	int rc = c->dead || shca_forked(c->ctx, "the verb") ? EIO : send_frame(c, b, NULL, 0);
 
 	mp_free(b);
 	return rc;
@@ -303,52 +357,75 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 			 d.event_type);
 }
 
-static void *reader_main(void *arg)
+/* One frame the daemon sent: a reply, pushed completions, an asynchronous event. */
+static void dispatch(struct shca_conn *c, struct shca_frame *r)
 {
-	struct shca_conn *c = arg;
-	struct shca_frame r;
 	struct mp_val t;
 	uint64_t id;
 
-	while (!shca_frame_read(c->fd, &r, MAX_FRAME)) {
-		if (!mp_find(r.hdr, "t", &t)) {
-			shca_frame_free(&r);
-			continue;
-		}
-		if (mp_str_eq(t, "wc")) {
-			take_wcs(c, r.hdr);
-			shca_frame_free(&r);
-			continue;
-		}
-		if (mp_str_eq(t, "ok") && mp_find_uint(r.hdr, "id", &id) && c->async_id &&
-		    id == c->async_id) {
-			take_async(c, r.hdr);
-			shca_frame_free(&r);
-			shca_async_arm(c);
-			continue;
-		}
-		if ((mp_str_eq(t, "ok") || mp_str_eq(t, "err")) && mp_find_uint(r.hdr, "id", &id)
-		    && id == c->want_id && id != 0) {
-			pthread_mutex_lock(&c->lock);
-			shca_frame_free(&c->reply);
-			c->reply = r;
-			c->reply_ready = 1;
-			pthread_cond_broadcast(&c->cond);
-			pthread_mutex_unlock(&c->lock);
-			continue;
-		}
-		if (mp_str_eq(t, "ok"))
-			;       /* the reply of an acknowledgement */
-		else if (mp_str_eq(t, "err")) {
-			struct mp_val v;
-			const char *s;
-			uint32_t n;
+	if (!mp_find(r->hdr, "t", &t)) {
+		shca_frame_free(r);
+		return;
+	}
+	if (mp_str_eq(t, "wc")) {
+		take_wcs(c, r->hdr);
+		shca_frame_free(r);
+		return;
+	}
+	if (mp_str_eq(t, "ok") && mp_find_uint(r->hdr, "id", &id) && c->async_id &&
+	    id == c->async_id) {
+		take_async(c, r->hdr);
+		shca_frame_free(r);
+		shca_async_arm(c);
+		return;
+	}
+	if ((mp_str_eq(t, "ok") || mp_str_eq(t, "err")) && mp_find_uint(r->hdr, "id", &id)
+	    && id == c->want_id && id != 0) {
+		pthread_mutex_lock(&c->lock);
+		shca_frame_free(&c->reply);
+		c->reply = *r;
+		c->reply_ready = 1;
+		pthread_cond_broadcast(&c->cond);
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
+	if (mp_str_eq(t, "ok"))
+		;       /* the reply of an acknowledgement */
+	else if (mp_str_eq(t, "err")) {
+		struct mp_val v;
+		const char *s;
+		uint32_t n;
 
-			/* a refused cq_credit (id 0): a bug, said, not hidden */
-			if (mp_find(r.hdr, "msg", &v) && mp_get_str(v, &s, &n))
-				shca_log("daemon: %.*s", (int)n, s);
-		}
-		shca_frame_free(&r);
+		/* a refused cq_credit (id 0): a bug, said, not hidden */
+		if (mp_find(r->hdr, "msg", &v) && mp_get_str(v, &s, &n))
+			shca_log("daemon: %.*s", (int)n, s);
+	}
+	shca_frame_free(r);
+}
+
+static void *reader_main(void *arg)
+{
+	struct shca_conn *c = arg;
+	struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+	struct shca_frame r;
+	int rc;
+
+	for (;;) {
+		/* Waiting writes no memory but pfd (on this thread's own stack): the
+		 * frame's bytes are read, and everything they change written, under
+		 * dispatch, which ibv_reg_mr takes while it moves pages. */
+		rc = poll(&pfd, 1, -1);
+		if (rc < 0 && errno == EINTR)
+			continue;
+		if (rc < 0)
+			break;
+		pthread_mutex_lock(&c->dispatch);
+		rc = shca_frame_read(c->fd, &r, MAX_FRAME);
+		if (!rc)
+			dispatch(c, &r);
+		pthread_mutex_unlock(&c->dispatch);
+		if (rc)
+			break;
 	}
 	pthread_mutex_lock(&c->lock);
 	c->dead = 1;
@@ -397,6 +474,7 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 	}
 	pthread_mutex_init(&c->call_lock, NULL);
 	pthread_mutex_init(&c->send_lock, NULL);
+	pthread_mutex_init(&c->dispatch, NULL);
 	if (strlen(path) >= sizeof(sa.sun_path)) {
 		shca_log("socket path %s is too long", path);
 		return ENAMETOOLONG;
@@ -439,6 +517,20 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 		return EAGAIN;
 	}
 	c->reader_started = 1;
+	{
+		/* The reader's stack is written by it at any moment: no registration may
+		 * reach it (palloc.h). */
+		pthread_attr_t a;
+		void *stack;
+		size_t size;
+
+		if (!pthread_getattr_np(c->reader, &a)) {
+			if (!pthread_attr_getstack(&a, &stack, &size) &&
+			    !shca_pages_add((uintptr_t)stack, (uintptr_t)stack + size))
+				c->stack = (uintptr_t)stack;
+			pthread_attr_destroy(&a);
+		}
+	}
 	return 0;
 bad:
 	shca_frame_free(&r);
@@ -446,11 +538,133 @@ bad:
 	return EPROTO;
 }
 
+/* -- memfd handoff ----------------------------------------------------------------- */
+
+/* Hands the n memfds of one registration to the daemon under seq: a connection of its
+ * own to the daemon's socket, whose HELLO (role "memfd", the session's key) carries
+ * them with SCM_RIGHTS; the daemon files them for the session's reg_mr_shared naming
+ * seq. The daemon then maps what this process sent, never a file it opens by number.
+ * 0, or an errno said on stderr. */
+int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	union {
+		struct cmsghdr h;
+		char room[CMSG_SPACE(sizeof(int) * SHCA_MAX_PIECES)];
+	} anc;
+	struct msghdr msg = {0};
+	struct iovec iov[2];
+	struct cmsghdr *cm;
+	struct shca_frame r = {0};
+	struct mp_buf b;
+	uint32_t pre[2];
+	struct mp_val t, v;
+	size_t total, done;
+	ssize_t w;
+	int fd, rc = EPROTO;
+
+	if (!ctx->memfd_key[0]) {
+		shca_log("ibv_reg_mr: EOPNOTSUPP: the daemon at %s takes no memfds (its welcome "
+			 "names no memfd_key): a daemon of another version", ctx->path);
+		return EOPNOTSUPP;
+	}
+	if (n <= 0 || n > SHCA_MAX_PIECES)
+		return EINVAL;
+	strcpy(sa.sun_path, ctx->path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		rc = errno;
+		shca_log("ibv_reg_mr: cannot connect to the daemon at %s to hand over the "
+			 "memory: %s", ctx->path, strerror(rc));
+		close(fd);
+		return rc;
+	}
+	if (shca_frame_read(fd, &r, 1u << 16) || expect(&r, "challenge"))
+		goto out;
+	shca_frame_free(&r);
+	mp_init(&b);
+	mp_map(&b, 5);
+	mp_str(&b, "t");
+	mp_str(&b, "hello");
+	mp_kv_uint(&b, "version", 1);
+	mp_str(&b, "role");
+	mp_str(&b, "memfd");
+	mp_str(&b, "key");
+	mp_str(&b, ctx->memfd_key);
+	mp_kv_uint(&b, "seq", seq);
+	if (b.failed) {
+		mp_free(&b);
+		rc = ENOMEM;
+		goto out;
+	}
+	pre[0] = htonl((uint32_t)(4 + b.len));
+	pre[1] = htonl((uint32_t)b.len);
+	iov[0].iov_base = pre;
+	iov[0].iov_len = sizeof(pre);
+	iov[1].iov_base = b.p;
+	iov[1].iov_len = b.len;
+	total = sizeof(pre) + b.len;
+	memset(&anc, 0, sizeof(anc));
+	msg.msg_iov = iov;
+	msg.msg_iovlen = 2;
+	msg.msg_control = anc.room;
+	msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n);
+	cm = CMSG_FIRSTHDR(&msg);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+	memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n);
+	do
+		w = sendmsg(fd, &msg, MSG_NOSIGNAL);
+	while (w < 0 && errno == EINTR);
+	/* the fds went with the first byte; the rest of the frame (a short write) follows */
+	for (done = w > 0 ? (size_t)w : 0; w > 0 && done < total; done += (size_t)w) {
+		const uint8_t *from = done < sizeof(pre) ? (const uint8_t *)pre + done :
+				      b.p + (done - sizeof(pre));
+		size_t len = done < sizeof(pre) ? sizeof(pre) - done : total - done;
+
+		do
+			w = send(fd, from, len, MSG_NOSIGNAL);
+		while (w < 0 && errno == EINTR);
+	}
+	mp_free(&b);
+	if (w <= 0 || shca_frame_read(fd, &r, 1u << 16))
+		goto out;
+	if (mp_find(r.hdr, "t", &t) && mp_str_eq(t, "welcome")) {
+		rc = 0;
+	} else {
+		const char *s = "";
+		uint32_t len = 0;
+
+		rc = EIO;
+		if (mp_find(r.hdr, "errno", &v) && mp_get_str(v, &s, &len))
+			rc = shca_errno(s, len);
+		if (mp_find(r.hdr, "msg", &v) && mp_get_str(v, &s, &len))
+			shca_log("ibv_reg_mr: the daemon refused the memory: %.*s", (int)len, s);
+	}
+out:
+	if (rc == EPROTO)
+		shca_log("ibv_reg_mr: the daemon at %s broke off the memfd handoff", ctx->path);
+	shca_frame_free(&r);
+	close(fd);
+	return rc;
+}
+
 void shca_disconnect(struct shca_conn *c)
 {
+	if (shca_forked(c->ctx, "ibv_close_device")) {
+		/* the socket is the parent's too: shutdown would end its session, and the
+		 * reader thread is the parent's alone */
+		close(c->fd);
+		return;
+	}
 	shutdown(c->fd, SHUT_RDWR);
 	if (c->reader_started)
 		pthread_join(c->reader, NULL);
+	if (c->stack)
+		shca_pages_remove(c->stack);
 	close(c->fd);
 	shca_frame_free(&c->reply);
 }

@@ -365,13 +365,13 @@ int shca_dv_post_configure(struct shca_qp *qp, struct shca_run *run)
 	struct shca_frame r;
 	int rc;
 
-	shca_begin(&ctx->conn, &b, "mkey_configure", 2);
+	shca_begin(ctx->conn, &b, "mkey_configure", 2);
 	mp_kv_uint(&b, "qp", qp->handle);
 	mp_str(&b, "calls");
 	mp_arr(&b, run->n);
 	mp_raw(&b, run->buf.p, run->buf.len);
 	b.failed |= run->buf.failed;
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
 		shca_frame_free(&r);
 	return rc;
@@ -441,10 +441,10 @@ static int cancel_posted_send_wrs(struct mlx5dv_qp_ex *m, uint64_t wr_id)
 	uint32_t n = 0;
 	int rc;
 
-	shca_begin(&ctx->conn, &b, "cancel_posted_send_wrs", 2);
+	shca_begin(ctx->conn, &b, "cancel_posted_send_wrs", 2);
 	mp_kv_uint(&b, "qp", qp->handle);
 	mp_kv_uint(&b, "wr_id", wr_id);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return -rc;
 	rc = shca_get_u32(&r, "canceled", &n);

@@ -32,11 +32,11 @@ struct mlx5dv_mkey *shca_dv_create_mkey(struct mlx5dv_mkey_init_attr *attr)
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "create_mkey", 3);
+	shca_begin(ctx->conn, &b, "create_mkey", 3);
 	mp_kv_uint(&b, "pd", ((struct shca_pd *)attr->pd)->handle);
 	mp_kv_uint(&b, "create_flags", attr->create_flags);
 	mp_kv_uint(&b, "max_entries", attr->max_entries);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "mkey", &mk->handle);
 		if (!rc)
@@ -76,9 +76,9 @@ int shca_dv_mkey_check(struct mlx5dv_mkey *mkey, struct mlx5dv_mkey_err *err_inf
 
 	if (!err_info || err_info_size < offsetof(struct mlx5dv_mkey_err, err))
 		return EINVAL;
-	shca_begin(&mk->ctx->conn, &b, "mkey_check", 1);
+	shca_begin(mk->ctx->conn, &b, "mkey_check", 1);
 	mp_kv_uint(&b, "mkey", mk->handle);
-	rc = shca_call(&mk->ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(mk->ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	memset(&e, 0, sizeof(e));
@@ -107,9 +107,9 @@ static int query_caps(struct shca_context *ctx, struct mlx5dv_sig_caps *sig,
 	uint64_t v;
 	int rc;
 
-	shca_begin(&ctx->conn, &b, "query_mlx5_device", 1);
+	shca_begin(ctx->conn, &b, "query_mlx5_device", 1);
 	mp_kv_uint(&b, "ctx", ctx->handle);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	memset(sig, 0, sizeof(*sig));
@@ -172,14 +172,14 @@ static int login_request(struct shca_context *ctx, const char *verb, const void 
 
 	if (cred_len > 4096)
 		return EINVAL;
-	shca_begin(&ctx->conn, &b, verb, 5);
+	shca_begin(ctx->conn, &b, verb, 5);
 	mp_kv_uint(&b, "ctx", ctx->handle);
 	mp_str(&b, "credential");
 	mp_bin(&b, cred, (uint32_t)cred_len);
 	mp_kv_uint(&b, "import_kek_id", kek);
 	mp_kv_uint(&b, "credential_id", cred_id);
 	mp_kv_uint(&b, "comp_mask", comp_mask);
-	return shca_call(&ctx->conn, &b, NULL, 0, r);
+	return shca_call(ctx->conn, &b, NULL, 0, r);
 }
 
 int shca_dv_crypto_login(struct ibv_context *context, struct mlx5dv_crypto_login_attr *a)
@@ -205,9 +205,9 @@ static int login_state(struct shca_context *ctx, const char *verb, const char *k
 	uint32_t v;
 	int rc;
 
-	shca_begin(&ctx->conn, &b, verb, 1);
+	shca_begin(ctx->conn, &b, verb, 1);
 	mp_kv_uint(&b, key, handle);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	rc = shca_get_u32(&r, "state", &v);
@@ -320,7 +320,7 @@ struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "create_dek", 10);
+	shca_begin(ctx->conn, &b, "create_dek", 10);
 	mp_kv_uint(&b, "ctx", ctx->handle);
 	mp_kv_uint(&b, "pd", ((struct shca_pd *)a->pd)->handle);
 	mp_kv_uint(&b, "key_size", a->key_size);
@@ -337,7 +337,7 @@ struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
 	mp_kv_uint(&b, "crypto_login",
 		   (a->comp_mask & MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN) && a->crypto_login ?
 		   a->crypto_login->handle : 0);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "dek", &dek->handle);
 		shca_frame_free(&r);
@@ -362,9 +362,9 @@ int shca_dv_dek_query(struct mlx5dv_dek *dek, struct mlx5dv_dek_attr *attr)
 
 	if (!dek || !attr)
 		return EINVAL;
-	shca_begin(&dek->ctx->conn, &b, "query_dek", 1);
+	shca_begin(dek->ctx->conn, &b, "query_dek", 1);
 	mp_kv_uint(&b, "dek", dek->handle);
-	rc = shca_call(&dek->ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(dek->ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	rc = shca_get_u32(&r, "state", &state);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "palloc.h"
 
 static int read_full(int fd, void *buf, size_t n)
 {
@@ -63,9 +64,9 @@ int shca_frame_read(int fd, struct shca_frame *f, uint32_t max_frame)
 	if (l < 4 || l > max_frame || h > l - 4)
 		return -1;
 	f->len = l - 4;
-	f->buf = malloc(f->len ? f->len : 1);
+	f->buf = shca_alloc(f->len ? f->len : 1);
 	if (!f->buf || read_full(fd, f->buf, f->len)) {
-		free(f->buf);
+		shca_free(f->buf);
 		f->buf = NULL;
 		return -1;
 	}
@@ -78,7 +79,7 @@ int shca_frame_read(int fd, struct shca_frame *f, uint32_t max_frame)
 
 void shca_frame_free(struct shca_frame *f)
 {
-	free(f->buf);
+	shca_free(f->buf);
 	memset(f, 0, sizeof(*f));
 }
 

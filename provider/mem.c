@@ -10,7 +10,8 @@
  * not be shared), memory that is not the program's own writable private memory
  * (read-only, file-backed shared, device mappings), and unmapped addresses (EFAULT).
  * The memfd is sealed against shrinking, so the daemon never maps a file that can be
- * cut under it. */
+ * cut under it. The memfds themselves are handed to the daemon (SCM_RIGHTS, conn.c's
+ * shca_hand_over): it maps what this process sent, never a file it opens by number. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -87,6 +88,21 @@ out:
 	return rc;
 }
 
+/* EINVAL, said on stderr, when [start, end) reaches the provider's own pages (its
+ * CQ rings, objects, frames, its reader thread's stack: palloc.h): they are written by
+ * the provider's threads at any moment, and are not the program's to register. */
+static int check_own(uintptr_t start, uintptr_t end, void *addr, size_t length)
+{
+	uintptr_t lo, hi;
+
+	if (!shca_pages_overlap(start, end, &lo, &hi))
+		return 0;
+	shca_log("ibv_reg_mr(%p, %zu): EINVAL: the range reaches [%#lx, %#lx), softhca's "
+		 "own memory (its CQ rings and objects), which a program cannot register",
+		 addr, length, (unsigned long)lo, (unsigned long)hi);
+	return EINVAL;
+}
+
 static struct shca_mem *remap(uintptr_t start, uintptr_t end)
 {
 	size_t size = end - start;
@@ -158,8 +174,10 @@ static void unref(struct shca_context *ctx, struct shca_mem *mem)
  * may share a page), the others move onto a new one. The daemon maps the pieces
  * side by side, so the registration is one range there as here. */
 int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
-		   struct shca_memref *ref, struct mp_buf *pieces, uint64_t *offset)
+		   struct shca_memref *ref, struct mp_buf *pieces, uint64_t *offset,
+		   uint32_t *seq)
 {
+	int fds[SHCA_MAX_PIECES];
 	uintptr_t ps = page_size();
 	uintptr_t a = (uintptr_t)addr;
 	uintptr_t start = a & ~(ps - 1);
@@ -194,7 +212,14 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 			rc = check_maps(p, stop, addr, length);
 			if (rc)
 				break;
+			rc = check_own(p, stop, addr, length);
+			if (rc)
+				break;
+			/* No write of the reader thread's (a completion, a reply) falls
+			 * between the copy and the mapping that replaces the pages. */
+			pthread_mutex_lock(&ctx->conn->dispatch);
 			m = remap(p, stop);
+			pthread_mutex_unlock(&ctx->conn->dispatch);
 			if (!m) {
 				rc = EFAULT;
 				break;
@@ -203,18 +228,26 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 			ctx->mems = m;
 		}
 		stop = m->end < end ? m->end : end;
-		ref->seg[ref->n++] = m;
+		fds[ref->n] = m->fd;
 		mp_arr(&items, 3);
-		mp_uint(&items, (uint64_t)m->fd);
+		mp_uint(&items, (uint64_t)ref->n);      /* its place in the handoff */
+		ref->seg[ref->n++] = m;
 		mp_uint(&items, p - m->start);
 		mp_uint(&items, stop - p);
 		p = stop;
 	}
+	if (!rc)
+		*seq = ctx->handoff_seq++;
+	pthread_mutex_unlock(&ctx->mem_lock);
+	/* the references taken keep the fds open while they are handed over */
+	if (!rc)
+		rc = shca_hand_over(ctx, fds, ref->n, *seq);
 	if (rc) {
+		pthread_mutex_lock(&ctx->mem_lock);
 		while (ref->n)
 			unref(ctx, ref->seg[--ref->n]);
+		pthread_mutex_unlock(&ctx->mem_lock);
 	}
-	pthread_mutex_unlock(&ctx->mem_lock);
 	if (!rc) {
 		mp_arr(pieces, (uint32_t)ref->n);
 		mp_raw(pieces, items.p, items.len);

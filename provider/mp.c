@@ -1,6 +1,8 @@
 #include "mp.h"
 
 #include <stdlib.h>
+
+#include "palloc.h"
 #include <string.h>
 
 void mp_init(struct mp_buf *b)
@@ -12,7 +14,7 @@ void mp_init(struct mp_buf *b)
 
 void mp_free(struct mp_buf *b)
 {
-	free(b->p);
+	shca_free(b->p);
 	mp_init(b);
 }
 
@@ -26,7 +28,7 @@ static void put(struct mp_buf *b, const void *src, size_t n)
 
 		while (cap < b->len + n)
 			cap *= 2;
-		p = realloc(b->p, cap);
+		p = shca_realloc(b->p, cap);
 		if (!p) {
 			b->failed = true;
 			return;

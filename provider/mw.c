@@ -26,10 +26,10 @@ struct ibv_mw *shca_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "alloc_mw", 2);
+	shca_begin(ctx->conn, &b, "alloc_mw", 2);
 	mp_kv_uint(&b, "pd", pd->handle);
 	mp_kv_uint(&b, "type", (uint32_t)type);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "mw", &mw->handle);
 		if (!rc)
@@ -100,13 +100,13 @@ int shca_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr
 		shca_log("ibv_rereg_mr: EOPNOTSUPP: IBV_REREG_MR_CHANGE_TRANSLATION");
 		return EOPNOTSUPP;
 	}
-	shca_begin(&ctx->conn, &b, "rereg_mr", 4);
+	shca_begin(ctx->conn, &b, "rereg_mr", 4);
 	mp_kv_uint(&b, "mr", mr->handle);
 	mp_kv_uint(&b, "flags", (uint32_t)flags);
 	mp_kv_uint(&b, "pd", (flags & IBV_REREG_MR_CHANGE_PD) && pd ?
 		   ((struct shca_pd *)pd)->handle : 0);
 	mp_kv_uint(&b, "access", (uint32_t)access);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
 		shca_frame_free(&r);
 	return rc;
@@ -127,28 +127,28 @@ int shca_resize_cq(struct ibv_cq *ibcq, int cqe)
 			 ctx->attr.max_cqe);
 		return EINVAL;
 	}
-	ring = calloc((size_t)cqe, sizeof(*ring));
+	ring = shca_alloc((size_t)cqe * sizeof(*ring));
 	if (!ring)
 		return ENOMEM;
 	/* The daemon refuses fewer entries than it has pushed and this process has not
 	 * polled; from its reply on it pushes at most cqe, so the ring's entries fit. */
-	shca_begin(&ctx->conn, &b, "resize_cq", 2);
+	shca_begin(ctx->conn, &b, "resize_cq", 2);
 	mp_kv_uint(&b, "cq", cq->handle);
 	mp_kv_uint(&b, "cqe", (uint32_t)cqe);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc) {
-		free(ring);
+		shca_free(ring);
 		return rc;
 	}
 	shca_frame_free(&r);
-	pthread_mutex_lock(&ctx->conn.lock);
+	pthread_mutex_lock(&ctx->conn->lock);
 	for (i = 0; i < cq->count && i < (uint32_t)cqe; i++)
 		ring[i] = cq->ring[(cq->head + i) % cq->cap];
-	free(cq->ring);
+	shca_free(cq->ring);
 	cq->ring = ring;
 	cq->cap = (uint32_t)cqe;
 	cq->head = 0;
 	ibcq->cqe = cqe;
-	pthread_mutex_unlock(&ctx->conn.lock);
+	pthread_mutex_unlock(&ctx->conn->lock);
 	return 0;
 }

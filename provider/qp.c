@@ -51,12 +51,12 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	}
 	if (inl < DEFAULT_INLINE)
 		inl = DEFAULT_INLINE;
-	qp = calloc(1, sizeof(*qp));
+	qp = shca_alloc(sizeof(*qp));
 	if (!qp) {
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "create_qp", attr->srq ? 13 : 12);
+	shca_begin(ctx->conn, &b, "create_qp", attr->srq ? 13 : 12);
 	if (attr->srq)
 		mp_kv_uint(&b, "srq", ((struct shca_srq *)attr->srq)->handle);
 	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
@@ -77,7 +77,7 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 				  MLX5DV_QP_EX_WITH_MR_INTERLEAVED) ?
 		   MLX5DV_QP_EX_WITH_MKEY_CONFIGURE : 0);
 	mp_kv_uint(&b, "create_flags", create_flags);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "qp", &qp->handle);
 		if (!rc)
@@ -85,7 +85,7 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		shca_frame_free(&r);
 	}
 	if (rc) {
-		free(qp);
+		shca_free(qp);
 		errno = rc;
 		return NULL;
 	}
@@ -115,10 +115,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	}
 	qp->dv_send_ops = dv_send_ops;
 	shca_dv_qp_init(qp);
-	pthread_mutex_lock(&ctx->conn.lock);
+	pthread_mutex_lock(&ctx->conn->lock);
 	qp->next = ctx->qps;
 	ctx->qps = qp;
-	pthread_mutex_unlock(&ctx->conn.lock);
+	pthread_mutex_unlock(&ctx->conn->lock);
 	return &qp->vqp.qp;
 }
 
@@ -179,7 +179,7 @@ int shca_destroy_qp(struct ibv_qp *ibqp)
 		shca_dereg(qp->bounce);
 	free(qp->bounce_buf);
 	shca_batch_free(qp);
-	free(qp);
+	shca_free(qp);
 	return 0;
 }
 
@@ -298,7 +298,7 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	for (i = 0; i < sizeof(qp_fields) / sizeof(qp_fields[0]); i++)
 		if (mask & qp_fields[i].bit)
 			n++;
-	shca_begin(&ctx->conn, &b, "modify_qp", 3);
+	shca_begin(ctx->conn, &b, "modify_qp", 3);
 	mp_kv_uint(&b, "qp", qp->handle);
 	mp_kv_uint(&b, "mask", (uint32_t)(mask & ~local));
 	mp_str(&b, "attr");
@@ -313,7 +313,7 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		mp_str(&b, "dest_dev");
 		mp_str(&b, dev);
 	}
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	if (!shca_get_u32(&r, "state", &state))
@@ -338,9 +338,9 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		shca_log("ibv_query_qp: EINVAL: no %s", !attr ? "attr" : "init_attr");
 		return EINVAL;
 	}
-	shca_begin(&ctx->conn, &b, "query_qp", 1);
+	shca_begin(ctx->conn, &b, "query_qp", 1);
 	mp_kv_uint(&b, "qp", qp->handle);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	memset(attr, 0, sizeof(*attr));
@@ -533,13 +533,13 @@ int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, uin
 	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
 	struct mp_buf b;
 
-	shca_begin(&ctx->conn, &b, "post_send", 2);
+	shca_begin(ctx->conn, &b, "post_send", 2);
 	mp_kv_uint(&b, "qp", qp->handle);
 	mp_str(&b, "wrs");
 	mp_arr(&b, n);
 	mp_raw(&b, wrs->p, wrs->len);
 	b.failed |= wrs->failed;
-	return shca_call_post(&ctx->conn, &b, taken);
+	return shca_call_post(ctx->conn, &b, taken);
 }
 
 /* The WR i places after wr in its chain. */
@@ -572,6 +572,10 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	size_t mark;
 	int rc = 0, sent;
 
+	if (shca_forked(to_sctx(ibqp->context), "ibv_post_send")) {
+		*bad = wr;
+		return EIO;
+	}
 	/* the bounce pages are the QP's: one post at a time fills them */
 	pthread_mutex_lock(&qp->post_lock);
 	while (wr && !rc) {
@@ -634,7 +638,7 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 		/* w: the WR refused here, or the first of the next request */
 		sent = 0;
 		if (n) {
-			shca_begin(&ctx->conn, &b, verb, 2);
+			shca_begin(ctx->conn, &b, verb, 2);
 			mp_kv_uint(&b, key, handle);
 			mp_str(&b, "wrs");
 			mp_arr(&b, n);
@@ -643,7 +647,7 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 				mp_kv_uint(&b, "wr_id", wr->wr_id);
 				encode_sges(&b, wr->sg_list, wr->num_sge);
 			}
-			sent = shca_call_post(&ctx->conn, &b, &taken);
+			sent = shca_call_post(ctx->conn, &b, &taken);
 		}
 		if (sent) {
 			rc = sent;

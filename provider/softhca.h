@@ -10,19 +10,27 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "abi.h"
 #include "dv_bridge.h"
 #include "frame.h"
 #include "mp.h"
+#include "palloc.h"
 
 #define SHCA_MAX_DEVICES 16
 #define SHCA_NAME_MAX 64
 
+/* The connection and everything its reader thread writes are in palloc's pages. */
 struct shca_conn {
 	int fd;
 	pthread_t reader;
 	int reader_started;
+	/* Held by the reader thread from a frame's first byte until the frame is dealt
+	 * with, and by ibv_reg_mr while it moves pages onto a memfd: no write of the
+	 * reader's can fall inside a move. */
+	pthread_mutex_t dispatch;
+	uintptr_t stack;            /* the reader's stack, as palloc knows it, or 0 */
 	pthread_mutex_t lock;       /* the fields below, and every CQ ring */
 	pthread_cond_t cond;
 	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC) */
@@ -49,7 +57,14 @@ struct shca_memref {
 
 struct shca_context {
 	struct verbs_context vctx; /* libibverbs' part first... */
-	struct shca_conn conn;
+	/* ...which libibverbs allocates with malloc: the connection, which the reader
+	 * thread writes, is not in it (palloc.h) */
+	struct shca_conn *conn;
+	pid_t pid;                 /* the process that opened the context... */
+	unsigned generation;       /* ...and its fork generation (shca_forked) */
+	char path[108];            /* the daemon's UNIX socket */
+	char memfd_key[65];        /* what a handoff of memfds proves (the welcome's) */
+	uint32_t handoff_seq;      /* the number of the next handoff, under mem_lock */
 	uint32_t handle;           /* the daemon's ctx handle */
 	char devices[SHCA_MAX_DEVICES][SHCA_NAME_MAX];
 	int ndevices;
@@ -172,10 +187,20 @@ int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
 /* Asks the daemon for the context's next asynchronous event (answered when one comes). */
 int shca_async_arm(struct shca_conn *c);
 int shca_errno(const char *name, uint32_t n);
+/* The n memfds of one registration handed to the daemon under seq (SCM_RIGHTS). */
+int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq);
+/* The fork generation of this process (0 in the one that loaded the provider). */
+unsigned shca_generation(void);
+/* EIO, said once per process on stderr naming `verb` and fork, when ctx was opened by
+ * this process's parent (a child of fork(2)); 0 otherwise. */
+int shca_forked(struct shca_context *ctx, const char *verb);
 
 /* mem.c */
+/* The pages of [addr, +length) on memfds, those handed to the daemon under *seq;
+ * pieces is the reg_mr_shared request's list of them. */
 int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
-		   struct shca_memref *ref, struct mp_buf *pieces, uint64_t *offset);
+		   struct shca_memref *ref, struct mp_buf *pieces, uint64_t *offset,
+		   uint32_t *seq);
 void shca_mem_release(struct shca_context *ctx, struct shca_memref *ref);
 void shca_mem_release_all(struct shca_context *ctx);
 
@@ -287,14 +312,14 @@ int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key
 	__typeof__(obj) *pp_;								\
 											\
 	if (!rc_) {									\
-		pthread_mutex_lock(&(ctx)->conn.lock);					\
+		pthread_mutex_lock(&(ctx)->conn->lock);					\
 		for (pp_ = (head); *pp_; pp_ = &(*pp_)->next) {			\
 			if (*pp_ == (obj)) {						\
 				*pp_ = (obj)->next;					\
 				break;							\
 			}								\
 		}									\
-		pthread_mutex_unlock(&(ctx)->conn.lock);				\
+		pthread_mutex_unlock(&(ctx)->conn->lock);				\
 	}										\
 	rc_;										\
 })

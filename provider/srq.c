@@ -30,23 +30,23 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 		errno = EINVAL;
 		return NULL;
 	}
-	srq = calloc(1, sizeof(*srq));
+	srq = shca_alloc(sizeof(*srq));
 	if (!srq) {
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "create_srq", 4);
+	shca_begin(ctx->conn, &b, "create_srq", 4);
 	mp_kv_uint(&b, "pd", ((struct shca_pd *)pd)->handle);
 	mp_kv_uint(&b, "max_wr", attr->attr.max_wr);
 	mp_kv_uint(&b, "max_sge", attr->attr.max_sge);
 	mp_kv_uint(&b, "srq_limit", attr->attr.srq_limit);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "srq", &srq->handle);
 		shca_frame_free(&r);
 	}
 	if (rc) {
-		free(srq);
+		shca_free(srq);
 		errno = rc;
 		return NULL;
 	}
@@ -57,10 +57,10 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 	srq->srq.handle = srq->handle;
 	pthread_mutex_init(&srq->srq.mutex, NULL);
 	pthread_cond_init(&srq->srq.cond, NULL);
-	pthread_mutex_lock(&ctx->conn.lock);
+	pthread_mutex_lock(&ctx->conn->lock);
 	srq->next = ctx->srqs;
 	ctx->srqs = srq;
-	pthread_mutex_unlock(&ctx->conn.lock);
+	pthread_mutex_unlock(&ctx->conn->lock);
 	return &srq->srq;
 }
 
@@ -73,12 +73,12 @@ int shca_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
 
 	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) || !attr)
 		return EINVAL;
-	shca_begin(&ctx->conn, &b, "modify_srq", 4);
+	shca_begin(ctx->conn, &b, "modify_srq", 4);
 	mp_kv_uint(&b, "srq", ((struct shca_srq *)ibsrq)->handle);
 	mp_kv_uint(&b, "mask", (uint32_t)mask);
 	mp_kv_uint(&b, "max_wr", mask & IBV_SRQ_MAX_WR ? attr->max_wr : 0);
 	mp_kv_uint(&b, "srq_limit", mask & IBV_SRQ_LIMIT ? attr->srq_limit : 0);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
 		shca_frame_free(&r);
 	return rc;
@@ -95,9 +95,9 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 
 	if (!attr)
 		return EINVAL;
-	shca_begin(&ctx->conn, &b, "query_srq", 1);
+	shca_begin(ctx->conn, &b, "query_srq", 1);
 	mp_kv_uint(&b, "srq", ((struct shca_srq *)ibsrq)->handle);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	memset(attr, 0, sizeof(*attr));
@@ -123,7 +123,7 @@ int shca_destroy_srq(struct ibv_srq *ibsrq)
 
 	if (rc)
 		return rc;
-	free(srq);
+	shca_free(srq);
 	return 0;
 }
 

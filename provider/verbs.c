@@ -38,9 +38,9 @@ int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key
 	struct shca_frame r;
 	int rc;
 
-	shca_begin(&ctx->conn, &b, verb, 1);
+	shca_begin(ctx->conn, &b, verb, 1);
 	mp_kv_uint(&b, key, handle);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
 		shca_frame_free(&r);
 	return rc;
@@ -64,6 +64,11 @@ static void parse_welcome(struct shca_context *ctx, struct mp_buf *w)
 			if (!mp_next(&e))
 				break;
 		}
+	}
+	if (mp_find(hdr, "memfd_key", &v) && mp_get_str(v, &s, &len) &&
+	    len < sizeof(ctx->memfd_key)) {
+		memcpy(ctx->memfd_key, s, len);
+		ctx->memfd_key[len] = 0;
 	}
 	if (mp_find(hdr, "address", &v) && mp_get_str(v, &s, &len) &&
 	    len < sizeof(ctx->address)) {
@@ -124,19 +129,19 @@ static int open_device(struct shca_context *ctx, const char *name)
 	struct mp_val a;
 	int rc;
 
-	shca_begin(&ctx->conn, &b, "open_device", 1);
+	shca_begin(ctx->conn, &b, "open_device", 1);
 	mp_str(&b, "name");
 	mp_str(&b, name);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	rc = shca_get_u32(&r, "ctx", &ctx->handle);
 	shca_frame_free(&r);
 	if (rc)
 		return rc;
-	shca_begin(&ctx->conn, &b, "query_device", 1);
+	shca_begin(ctx->conn, &b, "query_device", 1);
 	mp_kv_uint(&b, "ctx", ctx->handle);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
 	if (mp_find(r.hdr, "attr", &a))
@@ -163,14 +168,22 @@ static struct verbs_context *shca_alloc_context(struct ibv_device *ibdev, int cm
 		return NULL;
 	pthread_mutex_init(&ctx->mem_lock, NULL);
 	ctx->async_pipe[0] = ctx->async_pipe[1] = -1;
-	rc = shca_connect(&ctx->conn, path && *path ? path : DEFAULT_SOCKET, ctx, &welcome);
+	ctx->pid = getpid();
+	ctx->generation = shca_generation();
+	ctx->conn = shca_alloc(sizeof(*ctx->conn));
+	if (!ctx->conn) {
+		rc = ENOMEM;
+		goto fail;
+	}
+	snprintf(ctx->path, sizeof(ctx->path), "%s", path && *path ? path : DEFAULT_SOCKET);
+	rc = shca_connect(ctx->conn, ctx->path, ctx, &welcome);
 	if (rc)
 		goto fail;
 	parse_welcome(ctx, &welcome);
 	mp_free(&welcome);
 	rc = open_device(ctx, ibdev->name);
 	if (rc) {
-		shca_disconnect(&ctx->conn);
+		shca_disconnect(ctx->conn);
 		goto fail;
 	}
 	/* libibverbs asks the kernel for an async event fd unless the provider set one;
@@ -182,11 +195,12 @@ static struct verbs_context *shca_alloc_context(struct ibv_device *ibdev, int cm
 		ctx->vctx.context.async_fd = sv[0];
 		ctx->vctx.context.num_comp_vectors = 1;
 		/* The daemon answers this wait with the context's next event. */
-		shca_async_arm(&ctx->conn);
+		shca_async_arm(ctx->conn);
 	}
 	verbs_set_ops(&ctx->vctx, &shca_ops);
 	return &ctx->vctx;
 fail:
+	shca_free(ctx->conn);
 	errno = rc;
 	verbs_uninit_context(&ctx->vctx);
 	free(ctx);
@@ -197,12 +211,16 @@ static void shca_free_context(struct ibv_context *ibctx)
 {
 	struct shca_context *ctx = to_sctx(ibctx);
 
-	shca_call_simple(ctx, "close_device", "ctx", ctx->handle);
-	shca_disconnect(&ctx->conn);
+	/* a forked child's copy closes its fds and frees; the daemon's objects are the
+	 * parent's */
+	if (!shca_forked(ctx, "ibv_close_device"))
+		shca_call_simple(ctx, "close_device", "ctx", ctx->handle);
+	shca_disconnect(ctx->conn);
 	shca_mem_release_all(ctx);
 	if (ctx->async_pipe[1] >= 0)
 		close(ctx->async_pipe[1]);
 	/* async_pipe[0] is the context's async_fd; libibverbs closes it */
+	shca_free(ctx->conn);
 	verbs_uninit_context(&ctx->vctx);
 	free(ctx);
 }
@@ -262,9 +280,9 @@ static struct ibv_pd *shca_alloc_pd(struct ibv_context *ibctx)
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "alloc_pd", 1);
+	shca_begin(ctx->conn, &b, "alloc_pd", 1);
 	mp_kv_uint(&b, "ctx", ctx->handle);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "pd", &pd->handle);
 		shca_frame_free(&r);
@@ -294,13 +312,19 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 {
 	struct shca_context *ctx = to_sctx(ibpd->context);
 	struct shca_pd *pd = (struct shca_pd *)ibpd;
-	struct shca_mr *mr = calloc(1, sizeof(*mr));
+	struct shca_mr *mr;
 	struct mp_buf b;
 	struct shca_frame r;
 	struct mp_buf pieces;
 	uint64_t offset;
+	uint32_t seq;
 	int rc;
 
+	if (shca_forked(ctx, "ibv_reg_mr")) {
+		errno = EIO;
+		return NULL;
+	}
+	mr = calloc(1, sizeof(*mr));
 	if (!mr) {
 		errno = ENOMEM;
 		return NULL;
@@ -314,14 +338,15 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 		return NULL;
 	}
 	mp_init(&pieces);
-	rc = shca_mem_share(ctx, addr, length, &mr->mem, &pieces, &offset);
+	rc = shca_mem_share(ctx, addr, length, &mr->mem, &pieces, &offset, &seq);
 	if (rc) {
 		mp_free(&pieces);
 		free(mr);
 		errno = rc;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "reg_mr_shared", 6);
+	shca_begin(ctx->conn, &b, "reg_mr_shared", 7);
+	mp_kv_uint(&b, "fds", seq);
 	mp_kv_uint(&b, "pd", pd->handle);
 	mp_kv_uint(&b, "addr", iova);
 	mp_kv_uint(&b, "length", length);
@@ -331,7 +356,7 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 	mp_raw(&b, pieces.p, pieces.len);
 	b.failed |= pieces.failed;
 	mp_free(&pieces);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "mr", &mr->handle);
 		if (!rc)
@@ -431,7 +456,7 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 				     struct ibv_comp_channel *channel, int comp_vector)
 {
 	struct shca_context *ctx = to_sctx(ibctx);
-	struct shca_cq *cq = calloc(1, sizeof(*cq));
+	struct shca_cq *cq = shca_alloc(sizeof(*cq));
 	struct mp_buf b;
 	struct shca_frame r;
 	int rc;
@@ -444,24 +469,24 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 	if (cqe <= 0 || (uint32_t)cqe > (uint32_t)ctx->attr.max_cqe) {
 		shca_log("ibv_create_cq: EINVAL: cqe %d is outside [1, max_cqe %d]", cqe,
 			 ctx->attr.max_cqe);
-		free(cq);
+		shca_free(cq);
 		errno = EINVAL;
 		return NULL;
 	}
 	cq->chan_wfd = -1;
 	cq->cap = (uint32_t)cqe;
-	cq->ring = calloc(cq->cap, sizeof(*cq->ring));
+	cq->ring = shca_alloc((size_t)cq->cap * sizeof(*cq->ring));
 	if (!cq->ring) {
-		free(cq);
+		shca_free(cq);
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(&ctx->conn, &b, "create_cq", 3);
+	shca_begin(ctx->conn, &b, "create_cq", 3);
 	mp_kv_uint(&b, "ctx", ctx->handle);
 	mp_kv_uint(&b, "cqe", (uint32_t)cqe);
 	mp_str(&b, "push");
 	mp_bool(&b, true);
-	rc = shca_call(&ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "cq", &cq->handle);
 		shca_frame_free(&r);
@@ -474,18 +499,18 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 		}
 	}
 	if (rc) {
-		free(cq->ring);
-		free(cq);
+		shca_free(cq->ring);
+		shca_free(cq);
 		errno = rc;
 		return NULL;
 	}
 	cq->cq.context = ibctx;
 	cq->cq.cqe = cqe;
 	cq->cq.handle = cq->handle;
-	pthread_mutex_lock(&ctx->conn.lock);
+	pthread_mutex_lock(&ctx->conn->lock);
 	cq->next = ctx->cqs;
 	ctx->cqs = cq;
-	pthread_mutex_unlock(&ctx->conn.lock);
+	pthread_mutex_unlock(&ctx->conn->lock);
 	return &cq->cq;
 }
 
@@ -497,8 +522,8 @@ static int shca_destroy_cq(struct ibv_cq *ibcq)
 
 	if (rc)
 		return rc;
-	free(cq->ring);
-	free(cq);
+	shca_free(cq->ring);
+	shca_free(cq);
 	return 0;
 }
 
@@ -509,9 +534,13 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 	struct mp_buf b;
 	int n = 0;
 
+	if (shca_forked(ctx, "ibv_poll_cq")) {
+		errno = EIO;
+		return -EIO;
+	}
 	if (num <= 0)
 		return 0;
-	pthread_mutex_lock(&ctx->conn.lock);
+	pthread_mutex_lock(&ctx->conn->lock);
 	if (!cq->count) {
 		/* The device is a process on the same CPUs: a program that spins on an
 		 * empty CQ takes the time the daemon needs to complete its work. An empty
@@ -524,14 +553,14 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 			until.tv_sec++;
 			until.tv_nsec -= 1000000000L;
 		}
-		pthread_cond_timedwait(&ctx->conn.wc_cond, &ctx->conn.lock, &until);
+		pthread_cond_timedwait(&ctx->conn->wc_cond, &ctx->conn->lock, &until);
 	}
 	while (n < num && cq->count) {
 		wc[n++] = cq->ring[cq->head];
 		cq->head = (cq->head + 1) % cq->cap;
 		cq->count--;
 	}
-	pthread_mutex_unlock(&ctx->conn.lock);
+	pthread_mutex_unlock(&ctx->conn->lock);
 	if (n) {
 		/* The room goes back at once: the daemon counts every entry it pushed and
 		 * the program has not polled against cqe, as the CQ's overrun rule says. */
@@ -545,7 +574,7 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 		mp_arr(&b, 2);
 		mp_uint(&b, cq->handle);
 		mp_uint(&b, (uint64_t)n);
-		shca_send_oneway(&ctx->conn, &b);
+		shca_send_oneway(ctx->conn, &b);
 	}
 	return n;
 }
@@ -558,9 +587,11 @@ static int shca_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	/* Solicited-only arming notifies on any completion: more events than asked
 	 * for, which ibv_req_notify_cq(3) allows a consumer to see (it polls anyway). */
 	(void)solicited_only;
-	pthread_mutex_lock(&ctx->conn.lock);
+	if (shca_forked(ctx, "ibv_req_notify_cq"))
+		return EIO;
+	pthread_mutex_lock(&ctx->conn->lock);
 	cq->armed = 1;
-	pthread_mutex_unlock(&ctx->conn.lock);
+	pthread_mutex_unlock(&ctx->conn->lock);
 	return 0;
 }
 

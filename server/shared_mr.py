@@ -1,22 +1,34 @@
 """MRs backed by a local program's own memory (the ``reg_mr_shared`` request).
 
 The provider (provider/mem.c) moves the pages of a registration onto memfds at the
-same virtual addresses and names them by their numbers in the program, as pieces in
-address order (pages an earlier registration already moved stay on its memfd, so a
-registration may span several). The daemon opens each as /proc/<pid>/fd/<n>, the pid
-being the UNIX socket's SO_PEERCRED (a program can only name its own files), checks
-that it is a memfd sealed against shrinking (a file cut under the daemon's mapping
-would fault the daemon), maps the pieces side by side into one reserved range, and
-registers the bytes at the program's virtual address. Every access then goes through
-the engine's MR checks, which bound it by the registration: a work request naming an
-address outside it is refused like any other.
+same virtual addresses. It hands the memfds themselves to the daemon: per registration
+it opens a short connection of role ``memfd`` to the UNIX socket and sends, with
+``SCM_RIGHTS``, a hello carrying its session's ``memfd_key`` (random, given in the
+control session's welcome) and a number of its choosing; the listener (server/unix.py)
+files the fds in that session's ``MemfdInbox`` under the number. The ``reg_mr_shared``
+request then names the number (``fds``) and the pieces of the registration as
+``[index, offset, length]``, index being the memfd's place in that handoff, in address
+order (pages an earlier registration already moved stay on its memfd, so a
+registration may span several). The daemon never opens another process's files: what
+it maps is what the caller itself sent, at the time of the call, so a child that kept
+its parent's session (fork, exec) reaches nothing of the parent's.
 
-The daemon keeps no fd of the program's: each is closed once mapped. The mapping goes
-when the MR's last view does (deregistration, the session's end).
+Each fd is checked to be a memfd sealed against shrinking (a file cut under the
+daemon's mapping would fault the daemon) and long enough; the pieces are mapped side by
+side into one reserved range, and the bytes registered at the program's virtual
+address. Every access then goes through the engine's MR checks, which bound it by the
+registration: a work request naming an address outside it is refused like any other.
+
+The daemon keeps no fd of the program's: a handoff's fds are closed once the request
+that names it has mapped them (or failed), when it waits unclaimed past ``TTL_S``, and
+with the session. A session holds at most ``MAX_PENDING_FDS`` fds not yet claimed, the
+listener ``MAX_PENDING_FDS_ALL`` over all sessions. The mapping goes when the MR's last
+view does (deregistration, the session's end).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import fcntl
 import mmap
@@ -74,49 +86,116 @@ class _Mapping:
             _libc.munmap(self.base, self.size)
 
 
-def _open_memfd(pid: int, fd: int, need: int) -> int:
-    """An fd of the daemon's own for the program's memfd ``fd``, checked."""
-    path = f"/proc/{pid}/fd/{fd}"
+# What one session may hold of fds handed over and not yet claimed by a registration
+# (four registrations of MAX_PIECES pieces each at once), all sessions together, and
+# for how long an unclaimed handoff is kept.
+MAX_PENDING_FDS = 64
+MAX_PENDING_FDS_ALL = 1024
+TTL_S = 10.0
+
+
+class MemfdInbox:
+    """The fds a control session's process handed over (role ``memfd``), by number."""
+
+    def __init__(self, key: str, total: list[int], uid: int) -> None:
+        self.key = key
+        self.uid = uid                  # the session's user: only its handoffs count
+        self._total = total             # the listener's count, shared by every inbox
+        self._pending: dict[int, tuple[list[int], asyncio.TimerHandle]] = {}
+        self.closed = False
+
+    def held(self) -> int:
+        return sum(len(fds) for fds, _ in self._pending.values())
+
+    def file(self, seq: int, fds: list[int]) -> None:
+        """Keeps ``fds`` under ``seq``; on RDMAError the caller closes them."""
+        if self.closed:
+            raise RDMAError("ENOTCONN", "memfd handoff: the session has ended")
+        if seq in self._pending:
+            raise RDMAError("EEXIST", f"memfd handoff: number {seq} is already pending")
+        if self.held() + len(fds) > MAX_PENDING_FDS:
+            raise RDMAError("EBUSY", f"memfd handoff: a session holds at most "
+                                     f"{MAX_PENDING_FDS} fds not yet registered")
+        if self._total[0] + len(fds) > MAX_PENDING_FDS_ALL:
+            raise RDMAError("EBUSY", f"memfd handoff: the daemon holds at most "
+                                     f"{MAX_PENDING_FDS_ALL} fds not yet registered")
+        timer = asyncio.get_running_loop().call_later(TTL_S, self._expire, seq)
+        self._pending[seq] = (fds, timer)
+        self._total[0] += len(fds)
+
+    def take(self, seq: int) -> list[int]:
+        """The fds filed under ``seq``, now the caller's to close."""
+        got = self._pending.pop(seq, None)
+        if got is None:
+            raise einval(f"ibv_reg_mr: no memfds were handed over under number {seq} "
+                         f"(a handoff is kept {TTL_S:g} s, for one registration)")
+        fds, timer = got
+        timer.cancel()
+        self._total[0] -= len(fds)
+        return fds
+
+    def _expire(self, seq: int) -> None:
+        if seq in self._pending:
+            log.info("memfd handoff expired %s", kv(event="memfd_expired", seq=seq))
+            close_all(self.take(seq))
+
+    def close(self) -> None:
+        self.closed = True
+        for seq in list(self._pending):
+            close_all(self.take(seq))
+
+
+def close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _check_memfd(fd: int, i: int, need: int) -> None:
+    """The handoff's ``i``th fd (the daemon's own ``fd``) is a memfd sealed against
+    shrinking, of at least ``need`` bytes."""
     try:
-        target = os.readlink(path)
-        own = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        st = os.fstat(fd)
     except OSError as e:
-        raise RDMAError("EFAULT", f"ibv_reg_mr: the program's fd {fd} cannot be opened "
-                                  f"({e.strerror})") from None
-    try:
-        st = os.fstat(own)
-        if not target.startswith("/memfd:") or not stat.S_ISREG(st.st_mode):
-            raise einval(f"ibv_reg_mr: the program's fd {fd} is {target}, not a memfd")
-        if not fcntl.fcntl(own, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
-            raise einval(f"ibv_reg_mr: memfd {fd} is not sealed against shrinking "
-                         "(F_SEAL_SHRINK), so it could be cut under the daemon")
-        if st.st_size < need:
-            raise einval(f"ibv_reg_mr: memfd {fd} holds {st.st_size} bytes, a piece "
-                         f"needs {need}")
-    except BaseException:
-        os.close(own)
-        raise
-    return own
+        raise RDMAError("EFAULT", f"ibv_reg_mr: memfd {i} of the handoff cannot be "
+                                  f"examined ({e.strerror})") from None
+    if not target.startswith("/memfd:") or not stat.S_ISREG(st.st_mode):
+        raise einval(f"ibv_reg_mr: fd {i} of the handoff is {target}, not a memfd")
+    if not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
+        raise einval(f"ibv_reg_mr: memfd {i} of the handoff is not sealed against "
+                     "shrinking (F_SEAL_SHRINK), so it could be cut under the daemon")
+    if st.st_size < need:
+        raise einval(f"ibv_reg_mr: memfd {i} of the handoff holds {st.st_size} bytes, a "
+                     f"piece needs {need}")
 
 
-def _map(pid: int, pieces: tuple[tuple[int, int, int], ...]) -> np.ndarray:
+def _map(fds: list[int], pieces: tuple[tuple[int, int, int], ...]) -> np.ndarray:
+    for i, _, _ in pieces:
+        if i >= len(fds):
+            raise einval(f"ibv_reg_mr: a piece names memfd {i} of a handoff of {len(fds)}")
     m = _Mapping(sum(length for _, _, length in pieces))
     pos = 0
-    for fd, offset, length in pieces:
-        own = _open_memfd(pid, fd, offset + length)
-        try:
-            m.place(pos, own, offset, length)
-        finally:
-            os.close(own)
+    for i, offset, length in pieces:
+        _check_memfd(fds[i], i, offset + length)
+        m.place(pos, fds[i], offset, length)
         pos += length
     return m.array()
 
 
 def op_reg_mr_shared(verbs, r: control.RegMrShared, rid: int) -> dict | None:
-    cred = getattr(verbs.session, "peer_cred", None)
-    if cred is None:
+    inbox = getattr(verbs.session, "memfds", None)
+    if inbox is None:
         raise RDMAError("EOPNOTSUPP", "reg_mr_shared: a program's memory is shared over "
                                       "the daemon's UNIX socket only (serve --unix)")
+    # claimed first: whatever fails below, the handoff's fds are closed
+    fds = inbox.take(r.fds)
+    try:
+        return _register(verbs, r, fds)
+    finally:
+        close_all(fds)
+
+
+def _register(verbs, r: control.RegMrShared, fds: list[int]) -> dict:
     pd = verbs.get(r.pd, "pd")
     n = r.length
     if n <= 0:
@@ -129,7 +208,7 @@ def op_reg_mr_shared(verbs, r: control.RegMrShared, rid: int) -> dict | None:
         raise einval(f"ibv_reg_mr: {n} bytes at offset {r.offset} are {pages} bytes of "
                      f"pages, the pieces named hold {total}")
     verbs.charge_registration(n)
-    buf = _map(cred[0], r.pieces)[r.offset:r.offset + n]
+    buf = _map(fds, r.pieces)[r.offset:r.offset + n]
     mr = pd.hca.reg_mr(pd, n, r.access, at=(r.addr, buf))
     verbs.registered_bytes += n
     verbs.daemon.registered_bytes += n

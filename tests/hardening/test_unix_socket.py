@@ -1,6 +1,7 @@
 """The daemon's UNIX socket (serve --unix) and its MRs backed by a program's memfds
-(reg_mr_shared), attacked with what a broken or hostile local program could send: the
-test process plays the program, its own memfds standing for the provider's."""
+(reg_mr_shared, the memfds handed over with SCM_RIGHTS), attacked with what a broken or
+hostile local program could send: the test process plays the program, its own memfds
+standing for the provider's."""
 
 from __future__ import annotations
 
@@ -54,6 +55,13 @@ def memfd(pages: int, pattern: int = 0, seal: bool = True) -> int:
     return fd
 
 
+async def share(raw: Raw, fds: list[int], seq: int) -> int:
+    """Hands fds over under seq, as the provider does before a reg_mr_shared."""
+    h = await raw.hand_over(fds, seq)
+    assert h["t"] == "welcome" and h["fds"] == len(fds), h
+    return seq
+
+
 async def session_pd(raw: Raw) -> int:
     ctx = (await raw.call("open_device", name="mlx5_0"))["ctx"]
     return (await raw.call("alloc_pd", ctx=ctx))["pd"]
@@ -77,8 +85,8 @@ async def test_shared_mr_is_the_programs_memory_both_ways(tmp_path):
             # 5000 bytes from offset 100 of two pieces side by side: the first page of
             # one memfd, the second page of another
             mr = await raw.call("reg_mr_shared", pd=pd, addr=0x7F0000001064, length=5000,
-                                access=1, offset=100,
-                                pieces=[[fds[0], 0, PAGE], [fds[1], PAGE, PAGE]])
+                                access=1, offset=100, fds=await share(raw, fds, 1),
+                                pieces=[[0, 0, PAGE], [1, PAGE, PAGE]])
             assert mr["addr"] == 0x7F0000001064 and mr["length"] == 5000
             whole = os.pread(fds[0], PAGE, 0) + os.pread(fds[1], PAGE, PAGE)
             raw.writer.write(raw.frame("mr_read", mr=mr["mr"], offset=0, length=5000))
@@ -101,39 +109,45 @@ async def test_shared_mr_is_the_programs_memory_both_ways(tmp_path):
             os.close(fd)
 
 
-@pytest.mark.parametrize("case", ["unsealed", "not_memfd", "closed", "short"])
+@pytest.mark.parametrize("case", ["unsealed", "not_memfd", "short", "not_handed_over"])
 async def test_files_that_are_not_sealed_memfds_are_refused(tmp_path, case):
     plain = tmp_path / "plain"
     plain.write_bytes(bytes(2 * PAGE))
     fd = {"unsealed": lambda: memfd(2, seal=False),
           "not_memfd": lambda: os.open(plain, os.O_RDWR),
-          "closed": lambda: os.open(plain, os.O_RDWR),
-          "short": lambda: memfd(1)}[case]()
-    if case == "closed":
-        os.close(fd)
+          "short": lambda: memfd(1),
+          "not_handed_over": lambda: memfd(2)}[case]()
     try:
         async with unix_daemon(tmp_path) as (d, u):
             raw = await Raw.open_unix(u.path)
             pd = await session_pd(raw)
-            h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=2 * PAGE,
-                                  access=1, offset=0, pieces=[[fd, 0, 2 * PAGE]])
+            seq = 7 if case == "not_handed_over" else await share(raw, [fd], 7)
+            fields = dict(pd=pd, addr=0x10000, length=2 * PAGE, access=1, offset=0,
+                          pieces=[[0, 0, 2 * PAGE]])
+            h = await raw.refused("reg_mr_shared", fds=seq if case != "not_handed_over"
+                                  else 8, **fields)
             want = {"unsealed": ("EINVAL", "not sealed against shrinking"),
                     "not_memfd": ("EINVAL", "not a memfd"),
-                    "closed": ("EFAULT", "cannot be opened"),
-                    "short": ("EINVAL", "holds 4096 bytes")}[case]
+                    "short": ("EINVAL", "holds 4096 bytes"),
+                    "not_handed_over": ("EINVAL", "no memfds were handed over under number 8"
+                                        )}[case]
             assert h["errno"] == want[0] and want[1] in h["msg"], h
             assert d.registered_bytes == 0
+            # a handoff serves one request: refused or not, it is gone
+            if case != "not_handed_over":
+                h = await raw.refused("reg_mr_shared", fds=seq, **fields)
+                assert h["errno"] == "EINVAL" and "no memfds" in h["msg"], h
             await raw.call("alloc_pd", ctx=1)      # the session goes on
     finally:
-        if case != "closed":
-            os.close(fd)
+        os.close(fd)
 
 
 @pytest.mark.parametrize("pieces,errno", [
-    ([[3, 0, 4096]] * 17, "EPROTO"),                     # more pieces than MAX_PIECES
-    ([[3, 100, 4096]], "EPROTO"),                        # not page-aligned
-    ([[3, 0, 0]], "EPROTO"),                             # empty
-    ([[3, 0, 4096, 1]], "EPROTO"),                       # not a triple
+    ([[0, 0, 4096]] * 17, "EPROTO"),                     # more pieces than MAX_PIECES
+    ([[0, 100, 4096]], "EPROTO"),                        # not page-aligned
+    ([[0, 0, 0]], "EPROTO"),                             # empty
+    ([[0, 0, 4096, 1]], "EPROTO"),                       # not a triple
+    ([[16, 0, 4096]], "EPROTO"),                         # no handoff has a 17th memfd
     ([], "EPROTO"),                                      # none
 ])
 async def test_malformed_pieces_are_refused_before_anything_is_mapped(tmp_path, pieces, errno):
@@ -141,7 +155,7 @@ async def test_malformed_pieces_are_refused_before_anything_is_mapped(tmp_path, 
         raw = await Raw.open_unix(u.path)
         pd = await session_pd(raw)
         h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=4096, access=1,
-                              offset=0, pieces=pieces)
+                              offset=0, pieces=pieces, fds=0)
         assert h["errno"] == errno, h
 
 
@@ -152,17 +166,21 @@ async def test_range_beyond_the_pieces_and_quota_are_refused(tmp_path):
             raw = await Raw.open_unix(u.path)
             pd = await session_pd(raw)
             h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=PAGE,
-                                  access=1, offset=1, pieces=[[fd, 0, PAGE]])
+                                  access=1, offset=1, pieces=[[0, 0, PAGE]],
+                                  fds=await share(raw, [fd], 1))
             assert h["errno"] == "EINVAL" and "the pieces named hold 4096" in h["msg"], h
             # pieces beyond the registration's pages are not mapped either
             h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=100,
-                                  access=1, offset=0, pieces=[[fd, 0, 1 << 40]])
+                                  access=1, offset=0, pieces=[[0, 0, 1 << 40]],
+                                  fds=await share(raw, [fd], 2))
             assert h["errno"] == "EINVAL" and "the pieces named hold" in h["msg"], h
             h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=100,
-                                  access=1, offset=PAGE, pieces=[[fd, 0, 2 * PAGE]])
+                                  access=1, offset=PAGE, pieces=[[0, 0, 2 * PAGE]],
+                                  fds=await share(raw, [fd], 3))
             assert h["errno"] == "EINVAL", h
             h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=9 * PAGE,
-                                  access=1, offset=0, pieces=[[fd, 0, 9 * PAGE]])
+                                  access=1, offset=0, pieces=[[0, 0, 9 * PAGE]],
+                                  fds=await share(raw, [fd], 4))
             assert h["errno"] == "ENOMEM" and "this session" in h["msg"], h
     finally:
         os.close(fd)
@@ -175,7 +193,7 @@ async def test_shared_mrs_are_for_the_unix_socket_only(tmp_path):
             raw = await Raw.open(d.address)
             pd = await session_pd(raw)
             h = await raw.refused("reg_mr_shared", pd=pd, addr=0x10000, length=PAGE,
-                                  access=1, offset=0, pieces=[[fd, 0, PAGE]])
+                                  access=1, offset=0, pieces=[[0, 0, PAGE]], fds=0)
             assert h["errno"] == "EOPNOTSUPP" and "UNIX socket only" in h["msg"], h
     finally:
         os.close(fd)
@@ -188,7 +206,8 @@ async def test_a_session_that_ends_unmaps_its_memory(tmp_path):
             raw = await Raw.open_unix(u.path)
             pd = await session_pd(raw)
             await raw.call("reg_mr_shared", pd=pd, addr=0x10000, length=4 * PAGE,
-                           access=1, offset=0, pieces=[[fd, 0, 4 * PAGE]])
+                           access=1, offset=0, pieces=[[0, 0, 4 * PAGE]],
+                           fds=await share(raw, [fd], 1))
             maps = f"/proc/{os.getpid()}/maps"
             assert "memfd:softhca-mr" in open(maps).read()
             raw.writer.close()
@@ -206,7 +225,7 @@ async def test_a_session_that_ends_unmaps_its_memory(tmp_path):
 
 async def test_an_iova_range_past_2_64_is_refused_before_anything_is_mapped(tmp_path):
     """An MR's last byte needs an address: iova + length past 2^64 is EINVAL, checked
-    before the program's memfd is opened; one that ends at 2^64 - 1 is an MR."""
+    before the handed-over memfds are mapped; one that ends at 2^64 - 1 is an MR."""
     fd = memfd(2)
     try:
         async with unix_daemon(tmp_path) as (d, u):
@@ -214,16 +233,17 @@ async def test_an_iova_range_past_2_64_is_refused_before_anything_is_mapped(tmp_
             pd = await session_pd(raw)
             h = await raw.refused("reg_mr_shared", pd=pd, addr=(1 << 64) - PAGE,
                                   length=2 * PAGE, access=1, offset=0,
-                                  pieces=[[fd, 0, 2 * PAGE]])
+                                  fds=await share(raw, [fd], 1), pieces=[[0, 0, 2 * PAGE]])
             assert h["errno"] == "EINVAL" and "passes 2^64" in h["msg"], h
             assert d.registered_bytes == 0
-            # the same with a closed fd: refused for the range, not for the fd
+            # one byte past: refused as well
             h = await raw.refused("reg_mr_shared", pd=pd, addr=(1 << 64) - 1, length=2,
-                                  access=1, offset=0, pieces=[[9999, 0, PAGE]])
+                                  access=1, offset=0, fds=await share(raw, [fd], 3),
+                                  pieces=[[0, 0, PAGE]])
             assert h["errno"] == "EINVAL" and "passes 2^64" in h["msg"], h
             mr = await raw.call("reg_mr_shared", pd=pd, addr=(1 << 64) - 2 * PAGE,
                                 length=2 * PAGE, access=1, offset=0,
-                                pieces=[[fd, 0, 2 * PAGE]])
+                                fds=await share(raw, [fd], 2), pieces=[[0, 0, 2 * PAGE]])
             assert mr["addr"] == (1 << 64) - 2 * PAGE and mr["length"] == 2 * PAGE
     finally:
         os.close(fd)
@@ -240,16 +260,16 @@ async def test_a_symlink_swapped_in_after_bind_is_never_followed(tmp_path, monke
     victim.write_text("not the daemon's")
     victim.chmod(0o644)
     path = tmp_path / "softhca.sock"
-    real = asyncio.start_unix_server
+    real = socket.socket.bind
 
-    async def bind_then_swap(*a, **kw):
-        server = await real(*a, **kw)
-        # What the attacker does between the bind and anything after it.
-        os.rename(path, tmp_path / "moved.sock")
-        os.symlink(victim, path)
-        return server
+    def bind_then_swap(sock, where):
+        real(sock, where)
+        if sock.family == socket.AF_UNIX and str(where).endswith("softhca.sock"):
+            # What the attacker does between the bind and anything after it.
+            os.rename(path, tmp_path / "moved.sock")
+            os.symlink(victim, path)
 
-    monkeypatch.setattr(asyncio, "start_unix_server", bind_then_swap)
+    monkeypatch.setattr(socket.socket, "bind", bind_then_swap)
     d = Daemon(("mlx5_0",), "127.0.0.1", 0)
     await d.start()
     u = UnixListener(d, str(path))

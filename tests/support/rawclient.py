@@ -4,7 +4,9 @@ the test asks for them."""
 
 from __future__ import annotations
 
+import array
 import asyncio
+import socket
 
 from softhca.protocol.frames import FrameDecoder, frame_bytes
 from softhca.protocol.handshake import make_challenge, make_hello
@@ -36,7 +38,16 @@ class Raw:
         welcome = await raw.next()
         assert welcome.kind == "welcome", welcome.header
         raw.welcome = welcome.header
+        raw.path = path
         return raw
+
+    async def hand_over(self, fds: list[int], seq: int, **hello) -> dict:
+        """Hands ``fds`` to the daemon as the provider does for a registration (a memfd
+        HELLO on a connection of its own, SCM_RIGHTS), under ``seq`` and this session's
+        key; ``hello`` replaces fields of the HELLO. The daemon's answer's header."""
+        header = {"t": "hello", "version": 1, "role": "memfd",
+                  "key": self.welcome["memfd_key"], "seq": seq, **hello}
+        return await asyncio.to_thread(hand_over, self.path, header, fds)
 
     async def refused(self, verb: str, **fields) -> dict:
         """The err reply of a request the daemon must refuse."""
@@ -84,3 +95,33 @@ async def silent_peer():
 
     server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1], writers
+
+
+def hand_over(path: str, header: dict, fds: list[int], *, chunks: int = 1) -> dict:
+    """A memfd HELLO with ``fds`` on a new connection to the UNIX socket at ``path``
+    (blocking: run it off the daemon's loop); ``chunks`` > 1 sends the HELLO's bytes in
+    that many messages, each carrying ``fds``. The answer's header."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(path)
+        dec = FrameDecoder(1 << 20)
+
+        def frame():
+            got = []
+            while not got:
+                data = s.recv(1 << 16)
+                if not data:
+                    return {"t": "closed"}
+                got = dec.feed(data)
+            return got[0].header
+
+        assert frame()["t"] == "challenge"
+        data = frame_bytes(header)
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        step = max(1, len(data) // chunks)
+        for at in range(0, len(data), step):
+            try:
+                s.sendmsg([data[at:at + step]], anc)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        return frame()

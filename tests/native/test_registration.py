@@ -1,0 +1,58 @@
+"""ibv_reg_mr's move of a program's pages onto a memfd, and what fork does to a
+session (provider/tests/regcheck.c): completions that arrive during the move are all
+polled; a forked child's verbs calls fail EIO at once; a forked and exec'ed child that
+keeps its parent's control session cannot have the daemon map its parent's memory."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import native
+import pytest
+
+REGCHECK = native.REPO / "provider" / "build" / "regcheck"
+THIEF = Path(__file__).resolve().parents[1] / "support" / "memfd_thief.py"
+
+
+@pytest.fixture(scope="module")
+def where(tmp_path_factory):
+    why = native.unavailable()
+    if why:
+        pytest.skip(why)
+    with native.place(tmp_path_factory.mktemp("registration")) as p:
+        yield p
+
+
+def test_completions_arriving_during_reg_mr_are_all_polled(where):
+    r = where.run(where.server, [str(REGCHECK), "lost"], timeout=120)
+    assert r.returncode == 0 and "FAIL" not in r.output, r.output
+    for line in ("the provider's CQ object is not inside the range of malloc's heap a "
+                 "program registers",
+                 "ibv_reg_mr of the 64 MiB range succeeded 16 times of 16 (0 refused)",
+                 "512 completions polled of 512 posted (0 lost, 0 in error)",
+                 "a WRITE after completes"):
+        assert f"regcheck: ok: {line}" in r.output, r.output
+
+
+def test_a_forked_childs_verbs_fail_eio_at_once(where):
+    r = where.run(where.server, [str(REGCHECK), "fork"], timeout=60)
+    assert r.returncode == 0 and "FAIL" not in r.output, r.output
+    for verb, rc in (("ibv_post_send", 5), ("ibv_poll_cq", -5), ("ibv_post_recv", 5),
+                     ("ibv_reg_mr", 5)):
+        assert f"regcheck: ok: child: {verb} returns {rc} (Input/output error)" in r.output, \
+            r.output
+    assert "regcheck: ok: parent: its QP still completes a WRITE" in r.output, r.output
+    # the child was told why, naming fork, once
+    said = [ln for ln in r.output.splitlines() if "is a child of fork(2)" in ln]
+    assert len(said) == 1 and said[0].startswith("softhca: ibv_post_send: EIO:"), r.output
+
+
+def test_an_execed_child_cannot_register_its_parents_memory(where):
+    r = where.run(where.server, [str(REGCHECK), "handoff", sys.executable, str(THIEF)],
+                  timeout=60)
+    assert r.returncode == 0 and "FAIL" not in r.output, r.output
+    assert "regcheck: ok: the parent's page is intact" in r.output, r.output
+    assert "thief: read" not in r.output, r.output
+    # each attempt refused: by the memfd's number, and by the handoffs' numbers
+    assert r.output.count("thief: refused:") >= 5, r.output
