@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "abi.h"
+#include "chan_bridge.h"
 #include "dv_bridge.h"
 #include "frame.h"
 #include "mp.h"
