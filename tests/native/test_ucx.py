@@ -92,3 +92,22 @@ def test_ucx_perftest(where, ucx_env, test, choice):
             "ucx_default_no_shm": "rc_verbs/"}.get(choice)
     if want:
         assert all(want in line for line in lanes), lanes
+
+
+# UCT level, one transport on softhca's port by name: what each transport has (UD has
+# active messages only; rc_verbs has no "get short", so get is bcopy).
+UCT = [("put_bw", "rc_verbs", []), ("get", "rc_verbs", ["-D", "bcopy"]),
+       ("am_bw", "rc_verbs", []), ("am_bw", "ud_verbs", [])]
+
+
+@pytest.mark.parametrize("test,tl,extra", UCT, ids=[f"{t}-{tl}" for t, tl, _ in UCT])
+def test_ucx_perftest_uct(where, ucx_env, test, tl, extra):
+    ucx_env({})
+    port = native.free_port()
+    args = ["-t", test, *extra, "-x", tl, "-d", "mlx5_0:1", "-n", "2000", "-w", "100",
+            "-p", str(port)]
+    srv, cli = where.pair(["ucx_perftest", *args],
+                          ["ucx_perftest", where.server.addr, *args], port)
+    print(f"{test} {tl}: client\n{cli.output}\nserver\n{srv.output}")
+    assert cli.returncode == 0 and srv.returncode == 0, (cli.output, srv.output)
+    assert "Final:" in cli.output, cli.output
