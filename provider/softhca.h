@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "abi.h"
+#include "chan_bridge.h"
 #include "dv_bridge.h"
 #include "frame.h"
 #include "mp.h"

@@ -400,10 +400,17 @@ static int shca_dereg_mr(struct verbs_mr *vmr)
 
 /* -- CQ --------------------------------------------------------------------------- */
 
-/* The channel's fd: libibverbs' ibv_create_comp_channel asks the kernel for it and,
- * with no kernel, is left with a number that is not a channel. The first CQ bound to
- * the channel gives it a socket pair; ibv_get_cq_event reads CQ pointers from it and
- * ibv_destroy_comp_channel closes it. */
+/* Completion channels. A kernel channel's fd is an event file: read() gives one
+ * struct ib_uverbs_comp_event_desc (the CQ's handle, here its pointer) per event,
+ * poll() says readable while one waits. Here it is the read end of a socket pair whose
+ * write end the reader thread writes an armed CQ's pointer to (conn.c take_wcs).
+ *
+ * libibverbs' own ibv_create_comp_channel asks the kernel for the fd and, with no
+ * kernel, keeps a number that is not a channel. Under `softhca run` the preload library
+ * (preload/) calls shca_create_comp_channel instead, so the fd is real from the start:
+ * a program may make it non-blocking and poll it before any CQ is bound. A channel made
+ * by libibverbs' function (a program run by hand without the preload) still gets a pair
+ * at the first CQ bound to it, its fd replaced then. */
 struct chan {
 	struct ibv_comp_channel *ch;
 	int rfd, wfd;
@@ -412,10 +419,93 @@ struct chan {
 static struct chan *chans;
 static pthread_mutex_t chans_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* A new entry of a fresh pair for ch (chans_lock held), its read end ch's fd. */
+static struct chan *chan_new(struct ibv_comp_channel *ch)
+{
+	struct chan *c = calloc(1, sizeof(*c));
+	int sv[2];
+
+	if (!c)
+		return NULL;
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
+		free(c);
+		return NULL;
+	}
+	/* The reader thread must never block on a program that reads no events. */
+	fcntl(sv[1], F_SETFL, O_NONBLOCK);
+	c->ch = ch;
+	c->rfd = sv[0];
+	c->wfd = sv[1];
+	c->next = chans;
+	chans = c;
+	ch->fd = sv[0];
+	return c;
+}
+
+static struct ibv_comp_channel *shca_create_comp_channel(struct ibv_context *ibctx)
+{
+	struct ibv_comp_channel *ch = calloc(1, sizeof(*ch));
+	struct chan *c = NULL;
+
+	if (ch) {
+		ch->context = ibctx;
+		pthread_mutex_lock(&chans_lock);
+		c = chan_new(ch);
+		pthread_mutex_unlock(&chans_lock);
+	}
+	if (!c) {
+		int rc = ch ? errno : ENOMEM;
+
+		shca_log("ibv_create_comp_channel: %s: no socket pair for the channel's fd",
+			 strerror(rc));
+		free(ch);
+		errno = rc;
+		return NULL;
+	}
+	return ch;
+}
+
+/* libibverbs counts the CQs bound to a channel in its refcnt, under the context's
+ * mutex (ibv_create_cq / ibv_destroy_cq); a channel with any is EBUSY, as the kernel's. */
+static int shca_destroy_comp_channel(struct ibv_comp_channel *ch)
+{
+	struct ibv_context *ibctx = ch->context;
+	struct chan *c, **pp;
+
+	pthread_mutex_lock(&ibctx->mutex);
+	if (ch->refcnt) {
+		pthread_mutex_unlock(&ibctx->mutex);
+		return EBUSY;
+	}
+	pthread_mutex_lock(&chans_lock);
+	for (pp = &chans; (c = *pp); pp = &c->next) {
+		if (c->ch == ch) {
+			*pp = c->next;
+			close(c->wfd);
+			free(c);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&chans_lock);
+	close(ch->fd);
+	pthread_mutex_unlock(&ibctx->mutex);
+	free(ch);
+	return 0;
+}
+
+const struct softhca_channel_ops softhca_channel_ops = {
+	.version = SOFTHCA_CHANNEL_OPS_VERSION,
+	.size = sizeof(struct softhca_channel_ops),
+	.owns = shca_owns,
+	.create = shca_create_comp_channel,
+	.destroy = shca_destroy_comp_channel,
+};
+
+/* The write end for a CQ bound to ch, or -1. */
 static int channel_wfd(struct ibv_comp_channel *ch)
 {
 	struct chan *c, **pp;
-	int sv[2], wfd = -1;
+	int wfd = -1;
 
 	pthread_mutex_lock(&chans_lock);
 	for (pp = &chans; (c = *pp); pp = &c->next) {
@@ -423,31 +513,18 @@ static int channel_wfd(struct ibv_comp_channel *ch)
 			continue;
 		if (ch->fd == c->rfd)
 			break;
-		/* A channel destroyed (its fd closed by libibverbs) and a new one at the
-		 * same address: the old pair's write end goes. */
+		/* A channel of libibverbs' making destroyed (its fd closed by libibverbs)
+		 * and a new one at the same address: the old pair's write end goes. */
 		*pp = c->next;
 		close(c->wfd);
 		free(c);
 		c = NULL;
 		break;
 	}
-	if (c) {
+	if (!c)
+		c = chan_new(ch);
+	if (c)
 		wfd = c->wfd;
-	} else if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
-		c = calloc(1, sizeof(*c));
-		if (c) {
-			fcntl(sv[1], F_SETFL, O_NONBLOCK);
-			c->ch = ch;
-			c->rfd = sv[0];
-			c->wfd = wfd = sv[1];
-			c->next = chans;
-			chans = c;
-			ch->fd = sv[0];
-		} else {
-			close(sv[0]);
-			close(sv[1]);
-		}
-	}
 	pthread_mutex_unlock(&chans_lock);
 	return wfd;
 }

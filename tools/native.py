@@ -13,6 +13,9 @@ devices, with no RDMA kernel module:
   is never written;
 - ``RDMAV_DRIVERS``, naming the provider (provider/build/libsofthca), and
   ``SOFTHCA_SOCKET``, the daemon's UNIX socket;
+- ``LD_PRELOAD`` with provider/build/libsofthca-preload.so first (the user's kept
+  after it): completion channels whose fd is real from ``ibv_create_comp_channel`` on
+  (provider/preload/; docs/native.md says why);
 - ``LD_LIBRARY_PATH`` with provider/build first (the user's entries kept after it), so
   that a program linked with Debian's libmlx5.so.1 gets softhca's (provider/mlx5/),
   which serves the mlx5dv calls on softhca devices;
@@ -48,6 +51,8 @@ NODE_DEV = "1:3"
 # of the real /dev's entries, then the device nodes. $1: the number of nodes; the rest:
 # the program.
 # prctl(2) option: the signal the calling process gets when its parent dies.
+# The preload library in the provider directory (provider/preload/, built by make provider).
+PRELOAD_NAME = "libsofthca-preload.so"
 _PR_SET_PDEATHSIG = 1
 
 _NS_SCRIPT = r"""
@@ -233,6 +238,18 @@ def program_env(sysfs: Path, sock: str, provider: Path) -> dict[str, str]:
     # the system's (which needs a kernel rdma_cm, /dev/infiniband/rdma_cm, not there).
     env["LD_LIBRARY_PATH"] = ":".join(p for p in (str(provider),
                                                   env.get("LD_LIBRARY_PATH")) if p)
+    # softhca's preload library first, the user's preloads kept after it: it defines
+    # ibv_create_comp_channel / ibv_destroy_comp_channel in libibverbs' place, so that a
+    # completion channel's fd is real from its creation (libibverbs' own asks a kernel).
+    # (once: an image's environment may name it already). A provider directory of a build
+    # that has no such library (an older one) is run as before it: the loader would
+    # otherwise complain in every process.
+    preload = str(provider / PRELOAD_NAME)
+    user = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p != preload]
+    if (provider / PRELOAD_NAME).is_file():
+        user.insert(0, preload)
+    if user:
+        env["LD_PRELOAD"] = " ".join(user)
     return env
 
 

@@ -94,6 +94,26 @@ def test_program_env_puts_softhcas_libmlx5_first(tmp_path, monkeypatch):
         "LD_LIBRARY_PATH"] == str(tmp_path)
 
 
+def test_program_env_preloads_softhcas_channel_library_first(tmp_path, monkeypatch):
+    """LD_PRELOAD names provider/build's libsofthca-preload.so first (its
+    ibv_create_comp_channel before libibverbs'), the user's preloads kept after it in
+    their order, and the library named once when the environment has it already (an
+    image's). A provider directory without it (an older build) adds nothing."""
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert "LD_PRELOAD" not in native.program_env(tmp_path / "sys", "/run/x.sock", tmp_path)
+    ours = f"{tmp_path}/libsofthca-preload.so"
+    (tmp_path / native.PRELOAD_NAME).write_bytes(b"")
+    monkeypatch.setenv("LD_PRELOAD", "/opt/a.so:/opt/b.so")
+    env = native.program_env(tmp_path / "sys", "/run/x.sock", tmp_path)
+    assert env["LD_PRELOAD"] == f"{ours} /opt/a.so /opt/b.so"
+    monkeypatch.setenv("LD_PRELOAD", f"/opt/a.so {ours}")
+    assert native.program_env(tmp_path / "sys", "/run/x.sock", tmp_path)[
+        "LD_PRELOAD"] == f"{ours} /opt/a.so"
+    monkeypatch.delenv("LD_PRELOAD")
+    assert native.program_env(tmp_path / "sys", "/run/x.sock", tmp_path)[
+        "LD_PRELOAD"] == ours
+
+
 def test_provider_directory_from_softhca_provider(tmp_path, monkeypatch, capsys):
     """Given no --provider, SOFTHCA_PROVIDER names the directory (the images set it to
     /opt/softhca-provider, as an installed softhca has no source tree): the refusal
