@@ -1,7 +1,7 @@
 """pyverbs' CMID (client/pyverbs/cmid.py) judged by a real rdma_cm peer: Debian's
 ``rping -s`` under ``softhca run`` in one network namespace, an rping client written
 with pyverbs (rping_client.py) in the other, its daemon the ``softhca run`` of its side
-(SOFTHCA_TARGET). The server prints what it RDMA READ from the client ("server ping
+(SOFTHCA_TARGET, its UNIX socket). The server prints what it RDMA READ from the client ("server ping
 data: "); the client prints what the server RDMA WROTE back: both must be exactly what
 the client put in its start buffer."""
 
@@ -42,9 +42,10 @@ def test_pyverbs_rping_client_against_debian_rping_server(where):
     wire, port = 23990, 22990
     server = ["rping", "-s", "-a", where.server.addr, "-p", str(port), "-v", "-C", str(COUNT),
               "-S", str(SIZE)]
-    client = ["env", f"PYTHONPATH={pyverbs_path()}",
-              f"SOFTHCA_TARGET={where.client.addr}:{wire}",
-              f"SOFTHCA_TOKEN_FILE={where.peer_token_file}",
+    # The pyverbs client reaches the run's daemon on its UNIX socket (SOFTHCA_SOCKET, set
+    # by softhca run): the run's TCP port serves wire links only.
+    client = ["sh", "-c", 'SOFTHCA_TARGET="unix:$SOFTHCA_SOCKET" exec "$@"', "sh",
+              "env", f"PYTHONPATH={pyverbs_path()}",
               sys.executable, str(HERE / "rping_client.py"), where.server.addr, str(port),
               str(COUNT), str(SIZE)]
     srv_argv = where.argv(where.server, server, port=wire)
