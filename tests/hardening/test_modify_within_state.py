@@ -7,9 +7,10 @@ changes nothing."""
 from __future__ import annotations
 
 import pytest
-from e2e import ALL, rdma, two_nodes, whole
 
 import softhca.client as sh
+
+from e2e import ALL, rdma, two_nodes, whole
 
 
 async def refused(call) -> sh.RDMAError:
