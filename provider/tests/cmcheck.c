@@ -12,6 +12,10 @@
  *   cmcheck exit-client ADDR PORT   (connects, then exits without rdma_disconnect)
  *   cmcheck addrinfo ADDR           (rdma_getaddrinfo from the hints' addresses; a
  *                                    loopback bind has no device, ADDR's has)
+ *   cmcheck access-server PORT RR   (rdma_init_qp_attr's INIT access: unconnected, at
+ *                                    the CONNECT_REQUEST, after rdma_accept with RR
+ *                                    responder resources)
+ *   cmcheck access-client ADDR PORT DEPTH  (connects with initiator depth DEPTH)
  *   cmcheck migrate ADDR            (rdma_migrate_id: pending events move, the wait
  *                                    for an unacknowledged one, to and from synchronous)
  */
@@ -311,6 +315,80 @@ static int exit_client(const char *addr, int port)
 	_exit(0);
 }
 
+static const char *access_names(struct rdma_cm_id *id, char *buf)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT};
+	int mask;
+
+	if (rdma_init_qp_attr(id, &a, &mask))
+		die("rdma_init_qp_attr");
+	snprintf(buf, 96, "%s%s%s%s", a.qp_access_flags & IBV_ACCESS_REMOTE_WRITE ?
+		 " REMOTE_WRITE" : "", a.qp_access_flags & IBV_ACCESS_REMOTE_READ ?
+		 " REMOTE_READ" : "", a.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC ?
+		 " REMOTE_ATOMIC" : "", a.qp_access_flags ? "" : " none");
+	return buf + 1;
+}
+
+static int access_server(int port, int rr)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+	struct rdma_conn_param p = {.responder_resources = rr, .initiator_depth = 1,
+				    .rnr_retry_count = 7};
+	struct rdma_cm_id *lid, *id;
+	struct rdma_cm_event *ev;
+	static char buf[64 * NRECV];
+	char names[96];
+
+	if (!ch || rdma_create_id(ch, &lid, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_bind_addr(lid, (struct sockaddr *)&sin) || rdma_listen(lid, 1))
+		die("rdma_listen");
+	printf("server unconnected: %s\n", access_names(lid, names));
+	ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	id = ev->id;
+	printf("server request with initiator depth %u: %s\n",
+	       ev->param.conn.initiator_depth, access_names(id, names));
+	rdma_ack_cm_event(ev);
+	qp_with_recvs(id, buf);
+	if (rdma_accept(id, &p))
+		die("rdma_accept");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	printf("server accepted with responder resources %d: %s\n", rr,
+	       access_names(id, names));
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
+	rdma_disconnect(id);
+	return 0;
+}
+
+static int access_client(const char *addr, int port, int depth)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+	struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = depth,
+				    .retry_count = 7, .rnr_retry_count = 7};
+	struct rdma_cm_id *id;
+	static char buf[64 * NRECV];
+
+	inet_pton(AF_INET, addr, &sin.sin_addr);
+	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&sin, 2000))
+		die("rdma_resolve_addr");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(id, 2000))
+		die("rdma_resolve_route");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	qp_with_recvs(id, buf);
+	if (rdma_connect(id, &p))
+		die("rdma_connect");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	printf("client ESTABLISHED\n");
+	if (rdma_disconnect(id))
+		die("rdma_disconnect");
+	return 0;
+}
+
 static const char *ntop(const struct sockaddr *a, char *buf)
 {
 	const struct sockaddr_in *s = (const struct sockaddr_in *)a;
@@ -467,12 +545,17 @@ int main(int argc, char **argv)
 		return exit_server(atoi(argv[2]));
 	if (argc == 4 && !strcmp(argv[1], "exit-client"))
 		return exit_client(argv[2], atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "access-server"))
+		return access_server(atoi(argv[2]), atoi(argv[3]));
+	if (argc == 5 && !strcmp(argv[1], "access-client"))
+		return access_client(argv[2], atoi(argv[3]), atoi(argv[4]));
 	if (argc == 3 && !strcmp(argv[1], "addrinfo"))
 		return addrinfo(argv[2]);
 	if (argc == 3 && !strcmp(argv[1], "migrate"))
 		return migrate(argv[2]);
 	fprintf(stderr, "usage: cmcheck options | resolve ADDR MS | flush-server PORT | "
 		"flush-client ADDR PORT | exit-server PORT | exit-client ADDR PORT | "
-		"addrinfo ADDR | migrate ADDR\n");
+		"access-server PORT RR | access-client ADDR PORT DEPTH | addrinfo ADDR | "
+		"migrate ADDR\n");
 	return 2;
 }

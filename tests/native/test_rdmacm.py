@@ -392,3 +392,30 @@ def test_addrinfo_from_hints_and_a_loopback_bind(where):
                  "bound 127.0.0.1: device none",
                  f"bound {addr}: device yes"):
         assert line in cli.output.splitlines(), f"{line!r} missing:\n{cli.output}"
+
+
+@pytest.mark.parametrize("depth,rr,at_request,accepted", [
+    (1, 0, "REMOTE_WRITE REMOTE_READ REMOTE_ATOMIC", "REMOTE_WRITE"),
+    (0, 1, "REMOTE_WRITE", "REMOTE_WRITE"),
+], ids=["peer-depth-1-accept-rr-0", "peer-depth-0"])
+def test_the_connection_grants_read_and_atomics_with_responder_resources(
+        where, depth, rr, at_request, accepted):
+    """rdma_init_qp_attr(INIT)'s access flags, as the kernel's rdma_cm answers them: none
+    before a connection (rdma_cm's own INIT); then the IB CM's (cm_init_qp_init_attr):
+    remote WRITE always, remote READ and atomics when this side has responder
+    resources. At the CONNECT_REQUEST those are the peer's initiator depth; after
+    rdma_accept, what the accept gave (no more than that depth). A connection with
+    them (depth 1, accept 1) is what qperf's atomics and ib_atomic_bw -R run on
+    (tests/native/test_qperf.py)."""
+    port, wire = str(next(_ports)), next(_wire_ports)
+    srv, cli = pair(where, [_cmcheck(), "access-server", port, str(rr)],
+                    [_cmcheck(), "access-client", where.server.addr, port, str(depth)],
+                    wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    print(both)
+    assert srv.returncode == 0 and cli.returncode == 0, both
+    lines = srv.output.splitlines()
+    for line in ("server unconnected: none",
+                 f"server request with initiator depth {depth}: {at_request}",
+                 f"server accepted with responder resources {rr}: {accepted}"):
+        assert line in lines, f"{line!r} missing:\n{both}"
