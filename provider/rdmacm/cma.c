@@ -327,7 +327,7 @@ EXPORT int rdma_migrate_id(struct rdma_cm_id *cid, struct rdma_event_channel *ch
 	}
 	pthread_mutex_unlock(&to->lock);
 	cid->channel = channel;
-	while (id->acked != id->reported)
+	while (id->acked < id->reported)
 		pthread_cond_wait(&g.acked, &g.lock);
 	pthread_mutex_unlock(&g.lock);
 	if (id->own_channel)
