@@ -38,10 +38,12 @@ test: $(STAMP) provider accel
 
 # The libibverbs provider (provider/) and the Debian packages that build and judge it:
 # libibverbs-dev (headers, libibverbs), ibverbs-utils (ibv_devinfo, ibv_rc_pingpong),
-# perftest (ib_write_bw ...); ucx-utils (ucx_perftest: `softhca bench`'s UCX peer).
+# perftest (ib_write_bw ...); ucx-utils (ucx_perftest: `softhca bench`'s UCX peer);
+# libfabric-bin (fi_pingpong) and qperf, middleware tests/native runs unchanged.
 # Installed when missing and root (CI is); otherwise the provider is skipped with a note
 # and tests/native skips, saying why (and the bench notes that it has no UCX peer).
-NATIVE_PKGS := libibverbs-dev ibverbs-utils perftest librdmacm-dev rdmacm-utils ucx-utils
+NATIVE_PKGS := libibverbs-dev ibverbs-utils perftest librdmacm-dev rdmacm-utils ucx-utils \
+               libfabric-bin qperf
 native-packages: PKGS := $(NATIVE_PKGS)
 native-packages: WHO := provider
 native-packages: WITHOUT := tests/native will skip, saying why

@@ -489,12 +489,14 @@ class QP(_Closable):
     async def modify(self, attr: QPAttr, mask: int = 0) -> int:
         """ibv_modify_qp(3) to ``attr.qp_state`` with the fields ``attr`` has (the ones
         not None); ``mask`` (IBV_QP_* bits, default 0) adds bits for fields it does
-        not carry. Returns the new state. Transitions: RESET -> INIT -> RTR -> RTS,
+        not carry. Without ``qp_state`` the QP stays in its state and the fields change
+        as that state's own transition (RTS -> RTS, ...) allows, as mlx5 and rxe take
+        it. Returns the new state. Transitions: RESET -> INIT -> RTR -> RTS,
         INIT -> INIT, RTS -> RTS, RTS <-> SQD, SQD -> SQD, and RESET or ERR from any
         state (ERR flushes every outstanding WR; RESET empties the queues). All is
         checked before anything changes.
 
-        Errors: EINVAL without ``qp_state``, for a transition that does not exist
+        Errors: EINVAL for a transition that does not exist
         (ERR -> RTS, RESET -> RTR, to SQE, ...), a required attribute missing
         (``to_rtr`` without ``dest_qp_num``, ``rq_psn`` or the peer's address), an
         attribute the transition does not take, ``dest_host`` without ``dest_port``,

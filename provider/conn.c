@@ -511,7 +511,7 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 	welcome->p = r.buf;
 	welcome->len = (size_t)(r.hdr.end - r.hdr.p);
 	welcome->cap = r.len;
-	if (pthread_create(&c->reader, NULL, reader_main, c)) {
+	if (shca_thread_start(&c->reader, reader_main, c)) {
 		shca_frame_free(&r);
 		close(c->fd);
 		return EAGAIN;

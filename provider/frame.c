@@ -2,6 +2,7 @@
  * short transfers and EINTR until the whole frame has moved. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -115,5 +116,17 @@ int shca_frame_hello(int fd)
 	mp_str(&b, "control");
 	rc = shca_frame_write(fd, &b, NULL, 0);
 	mp_free(&b);
+	return rc;
+}
+
+int shca_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+	sigset_t all, old;
+	int rc;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	rc = pthread_create(t, NULL, fn, arg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return rc;
 }

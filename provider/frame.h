@@ -5,6 +5,7 @@
 #ifndef SOFTHCA_FRAME_H
 #define SOFTHCA_FRAME_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,5 +29,9 @@ void shca_frame_free(struct shca_frame *f);
 int shca_frame_write(int fd, const struct mp_buf *b, const void *payload, size_t plen);
 /* The HELLO that opens a control session (after the daemon's challenge). */
 int shca_frame_hello(int fd);
+/* pthread_create with every signal blocked in the new thread (it inherits the
+ * creator's mask, set full around the call): a signal the program sends itself is
+ * then taken by one of its own threads, never by a library's reader. 0 or an errno. */
+int shca_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 
 #endif

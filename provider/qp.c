@@ -194,8 +194,9 @@ int shca_av_dest(struct shca_context *ctx, const struct ibv_ah_attr *ah, char *h
 	int i;
 
 	if (!ah->is_global) {
-		shca_log("%s: EINVAL: a RoCE address vector needs a GRH (is_global "
-			 "1 and a dgid; ibv_rc_pingpong: -g 0)", verb);
+		shca_log("%s: EINVAL: RoCE requires a GRH: the address vector has "
+			 "is_global 0 (a RoCE port routes by GID: set is_global 1 and the "
+			 "peer's dgid; ibv_rc_pingpong: -g 0, qperf: -cm1)", verb);
 		return EINVAL;
 	}
 	for (i = 0; i < 8; i++) {

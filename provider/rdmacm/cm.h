@@ -41,6 +41,9 @@ struct cm_id {
 	 * and IPV6_V6ONLY's counterparts */
 	uint8_t tos, ack_timeout;
 	int has_ack_timeout, reuseaddr, afonly;
+	/* events handed up for this id (a CONNECT_REQUEST counts for its listener) and
+	 * those acknowledged, under g.lock: rdma_migrate_id waits for them to meet */
+	unsigned long reported, acked;
 };
 
 int cm_connect(struct cm_conn *c, const char *path);

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,19 +44,21 @@ struct cm_qev {
 
 struct cm_event {
 	struct rdma_cm_event ev;
+	uint32_t counted;               /* the handle of the id it counts for */
 	uint8_t pdata[PDATA_MAX];
 };
 
 static struct {
 	pthread_mutex_t lock;
+	pthread_cond_t acked;           /* an event was acknowledged */
 	int ready, err;
 	struct cm_conn conn;
 	struct cm_id *ids;
-	int ndev;
+	int ndev, on_lo;                /* on_lo: the daemon's address is a loopback one */
 	char names[MAX_DEVS][64];
 	struct ibv_context *ctx[MAX_DEVS];
 	struct ibv_pd *pd[MAX_DEVS];
-} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER, .acked = PTHREAD_COND_INITIALIZER};
 
 void cm_log(const char *fmt, ...)
 {
@@ -94,6 +97,8 @@ static int init(void)
 		g.err = cm_connect(&g.conn, getenv("SOFTHCA_SOCKET"));
 		if (!g.err) {
 			g.ready = 1;
+			g.on_lo = mp_find(g.conn.welcome.hdr, "address", &v) &&
+				  mp_get_str(v, &s, &len) && len > 4 && !memcmp(s, "127.", 4);
 			if (mp_find(g.conn.welcome.hdr, "devices", &v) && mp_get_arr(v, &n, &d))
 				for (i = 0; i < n && i < MAX_DEVS; i++, mp_next(&d))
 					if (mp_get_str(d, &s, &len) && len < 64) {
@@ -216,13 +221,15 @@ void cm_take_event(struct shca_frame *f)
 
 	mp_find_uint(f->hdr, "cmid", &h);
 	mp_find_uint(f->hdr, "listen", &l);
+	/* g.lock held until the event is queued: rdma_migrate_id moves an id's queued
+	 * events under it, so none lands on the channel the id just left. */
 	pthread_mutex_lock(&g.lock);
 	id = find((uint32_t)(l ? l : h));
 	if (id)
 		c = (struct cm_chan *)id->id.channel;
-	pthread_mutex_unlock(&g.lock);
 	e = c ? malloc(sizeof(*e)) : NULL;
 	if (!e) {
+		pthread_mutex_unlock(&g.lock);
 		shca_frame_free(f);
 		return;
 	}
@@ -237,6 +244,96 @@ void cm_take_event(struct shca_frame *f)
 	if (write(c->wfd, &one, 1) != 1)
 		cm_log("event channel: %s", strerror(errno));
 	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&g.lock);
+}
+
+/* The id an event queued as ``f`` is for: a CONNECT_REQUEST's listener, else its own. */
+static uint32_t event_owner(const struct shca_frame *f)
+{
+	uint64_t h = 0, l = 0;
+
+	mp_find_uint(f->hdr, "cmid", &h);
+	mp_find_uint(f->hdr, "listen", &l);
+	return (uint32_t)(l ? l : h);
+}
+
+/* rdma_migrate_id(3): the id's events go to ``channel`` from now on, with those queued
+ * on its old channel and not yet read (in their order, after any already on the new
+ * one); NULL makes it synchronous (a channel of its own, as rdma_create_id with none).
+ * As the man page says, it waits while events of the id handed up on the old channel
+ * are not acknowledged; a synchronous id's own last event is acknowledged here, and
+ * its own channel goes. */
+EXPORT int rdma_migrate_id(struct rdma_cm_id *cid, struct rdma_event_channel *channel)
+{
+	struct cm_id *id = (struct cm_id *)cid;
+	struct cm_chan *from, *to;
+	struct cm_qev **p, *e, *moved = NULL, **tail = &moved;
+	struct pollfd pfd;
+	char one;
+	int own = 0;
+
+	if (!cid)
+		return fail(EINVAL);
+	if (!channel && id->own_channel)
+		return fail(EINVAL);        /* already synchronous */
+	if (!channel) {
+		channel = rdma_create_event_channel();
+		if (!channel)
+			return -1;
+		own = 1;
+	}
+	if (channel == cid->channel)
+		return 0;
+	if (id->own_channel && cid->event) {
+		rdma_ack_cm_event(cid->event);
+		cid->event = NULL;
+	}
+	pthread_mutex_lock(&g.lock);
+	from = (struct cm_chan *)cid->channel;
+	to = (struct cm_chan *)channel;
+	pthread_mutex_lock(&from->lock);
+	for (p = &from->head; (e = *p);) {
+		if (event_owner(&e->f) != id->handle) {
+			p = &e->next;
+			continue;
+		}
+		*p = e->next;
+		e->next = NULL;
+		*tail = e;
+		tail = &e->next;
+		/* its byte on the old pipe: there unless a reader took it (and found the
+		 * queue without it, so it reads again), which the man page rules out */
+		pfd.fd = from->ch.fd;
+		pfd.events = POLLIN;
+		if (poll(&pfd, 1, 0) == 1 && read(from->ch.fd, &one, 1) != 1)
+			cm_log("rdma_migrate_id: %s", strerror(errno));
+	}
+	from->tail = NULL;
+	for (e = from->head; e; e = e->next)
+		from->tail = e;
+	pthread_mutex_unlock(&from->lock);
+	pthread_mutex_lock(&to->lock);
+	while ((e = moved)) {
+		moved = e->next;
+		e->next = NULL;
+		if (to->tail)
+			to->tail->next = e;
+		else
+			to->head = e;
+		to->tail = e;
+		one = 1;
+		if (write(to->wfd, &one, 1) != 1)
+			cm_log("event channel: %s", strerror(errno));
+	}
+	pthread_mutex_unlock(&to->lock);
+	cid->channel = channel;
+	while (id->acked < id->reported)
+		pthread_cond_wait(&g.acked, &g.lock);
+	pthread_mutex_unlock(&g.lock);
+	if (id->own_channel)
+		rdma_destroy_event_channel(&from->ch);
+	id->own_channel = own;
+	return 0;
 }
 
 /* -- ids ------------------------------------------------------------------------- */
@@ -354,8 +451,16 @@ EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 	shca_frame_free(&r);
 	memcpy(&cid->route.addr.src_sin, addr, sizeof(struct sockaddr_in));
 	cid->route.addr.src_sin.sin_port = htons((uint16_t)got);
-	/* A bound id has its device: the daemon's first (its address is the daemon's). */
-	cid->verbs = device(0);
+	/* A bound id has its device: the daemon's first (its address is the daemon's).
+	 * Not so a loopback address when the daemon is on another interface: lo has no
+	 * RDMA device, and the id, bound as the kernel binds a wildcard, gets its device
+	 * with a connection. libfabric's verbs provider binds "localhost" this way and,
+	 * finding no device, listens on the device's own address (the peer could not
+	 * reach 127.0.0.1). */
+	if (!g.on_lo && (ntohl(((struct sockaddr_in *)addr)->sin_addr.s_addr) >> 24) == 127)
+		cid->verbs = NULL;
+	else
+		cid->verbs = device(0);
 	return 0;
 }
 
@@ -847,6 +952,7 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 {
 	struct cm_chan *c = (struct cm_chan *)channel;
 	struct cm_event *e;
+	struct cm_id *counted;
 	struct cm_qev *q;
 	char one;
 	ssize_t n;
@@ -889,16 +995,33 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 		free(q);
 		*event = &e->ev;
 		e->ev.id->event = &e->ev;
+		e->counted = ((struct cm_id *)(e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST ?
+					       e->ev.listen_id : e->ev.id))->handle;
+		pthread_mutex_lock(&g.lock);
+		counted = find(e->counted);
+		if (counted)
+			counted->reported++;
+		pthread_mutex_unlock(&g.lock);
 		return 0;
 	}
 }
 
 EXPORT int rdma_ack_cm_event(struct rdma_cm_event *event)
 {
+	struct cm_event *e = (struct cm_event *)event;
+	struct cm_id *counted;
+
 	if (!event)
 		return fail(EINVAL);
 	if (event->id && event->id->event == event)
 		event->id->event = NULL;
+	pthread_mutex_lock(&g.lock);
+	counted = find(e->counted);     /* by handle: the id may be gone */
+	if (counted) {
+		counted->acked++;
+		pthread_cond_broadcast(&g.acked);
+	}
+	pthread_mutex_unlock(&g.lock);
 	free(event);
 	return 0;
 }

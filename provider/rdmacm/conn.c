@@ -147,7 +147,7 @@ int cm_connect(struct cm_conn *c, const char *path)
 		shca_frame_free(&c->welcome);
 		goto bad;
 	}
-	if (pthread_create(&c->reader, NULL, reader_main, c))
+	if (shca_thread_start(&c->reader, reader_main, c))
 		goto bad;
 	return 0;
 bad:

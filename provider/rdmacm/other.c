@@ -53,6 +53,20 @@ EXPORT int rdma_getaddrinfo(const char *node, const char *service,
 		memcpy(&sin, ai->ai_addr, sizeof(sin));
 		freeaddrinfo(ai);
 	}
+	/* No node: the address is the hints' own (rdma_getaddrinfo(3): "resolve the RDMA
+	 * addressing information based on the hints.ai_src_addr, hints.ai_dst_addr"), the
+	 * service's port if one is given. libfabric's verbs provider connects so, with
+	 * the peer's address in ai_dst_addr. */
+	if (!node && hints) {
+		const struct sockaddr *h = passive ? hints->ai_src_addr : hints->ai_dst_addr;
+		uint16_t port = sin.sin_port;
+
+		if (h && h->sa_family == AF_INET) {
+			memcpy(&sin, h, sizeof(sin));
+			if (service)
+				sin.sin_port = port;
+		}
+	}
 	r = calloc(1, sizeof(*r));
 	if (!r) {
 		errno = ENOMEM;
@@ -125,7 +139,7 @@ NOSYS(long riomap(void))
 NOSYS(int riounmap(void))
 NOSYS(long riowrite(void))
 
-/* Multicast, SRQs on an id, migration, options, ECE and extended QPs: not modelled. */
+/* Multicast, SRQs on an id, options, ECE and extended QPs: not modelled. */
 EXPORT int rdma_join_multicast(struct rdma_cm_id *id, struct sockaddr *addr, void *context)
 {
 	(void)id; (void)addr; (void)context;
@@ -171,13 +185,6 @@ EXPORT void rdma_destroy_srq(struct rdma_cm_id *id)
 EXPORT int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 {
 	(void)id; (void)event;
-	errno = ENOSYS;
-	return -1;
-}
-
-EXPORT int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
-{
-	(void)id; (void)channel;
 	errno = ENOSYS;
 	return -1;
 }

@@ -28,8 +28,17 @@ EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, i
 	case IBV_QPS_INIT:
 		attr->pkey_index = 0;
 		attr->port_num = 1;
-		attr->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-					IBV_ACCESS_REMOTE_READ;
+		/* The kernel's: no remote access before a connection (rdma_cm's own INIT);
+		 * once the REQ or REP is known, the IB CM's (cm_init_qp_init_attr): remote
+		 * WRITE always, remote READ and atomics when this side has responder
+		 * resources, which the peer's READs and atomics take. */
+		attr->qp_access_flags = 0;
+		if (id->peer_qpn) {
+			attr->qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+			if (id->rr)
+				attr->qp_access_flags |= IBV_ACCESS_REMOTE_READ |
+							 IBV_ACCESS_REMOTE_ATOMIC;
+		}
 		*mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
 		return 0;
 	case IBV_QPS_RTR:
@@ -78,8 +87,14 @@ EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, i
 int cm_move_qp(struct rdma_cm_id *cid, enum ibv_qp_state state)
 {
 	struct ibv_qp_attr a = {.qp_state = state};
-	int mask;
+	int mask, rc;
 
+	/* As librdmacm before RTR: INIT again, now with the connection's access flags. */
+	if (state == IBV_QPS_RTR) {
+		rc = cm_move_qp(cid, IBV_QPS_INIT);
+		if (rc)
+			return rc;
+	}
 	if (rdma_init_qp_attr(cid, &a, &mask))
 		return errno;
 	return ibv_modify_qp(cid->qp, &a, mask);

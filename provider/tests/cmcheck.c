@@ -10,10 +10,19 @@
  *   cmcheck flush-client ADDR PORT
  *   cmcheck exit-server PORT        (DISCONNECTED when the client's process ends)
  *   cmcheck exit-client ADDR PORT   (connects, then exits without rdma_disconnect)
+ *   cmcheck addrinfo ADDR           (rdma_getaddrinfo from the hints' addresses; a
+ *                                    loopback bind has no device, ADDR's has)
+ *   cmcheck access-server PORT RR   (rdma_init_qp_attr's INIT access: unconnected, at
+ *                                    the CONNECT_REQUEST, after rdma_accept with RR
+ *                                    responder resources)
+ *   cmcheck access-client ADDR PORT DEPTH  (connects with initiator depth DEPTH)
+ *   cmcheck migrate ADDR            (rdma_migrate_id: pending events move, the wait
+ *                                    for an unacknowledged one, to and from synchronous)
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,6 +315,221 @@ static int exit_client(const char *addr, int port)
 	_exit(0);
 }
 
+static const char *access_names(struct rdma_cm_id *id, char *buf)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT};
+	int mask;
+
+	if (rdma_init_qp_attr(id, &a, &mask))
+		die("rdma_init_qp_attr");
+	snprintf(buf, 96, "%s%s%s%s", a.qp_access_flags & IBV_ACCESS_REMOTE_WRITE ?
+		 " REMOTE_WRITE" : "", a.qp_access_flags & IBV_ACCESS_REMOTE_READ ?
+		 " REMOTE_READ" : "", a.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC ?
+		 " REMOTE_ATOMIC" : "", a.qp_access_flags ? "" : " none");
+	return buf + 1;
+}
+
+static int access_server(int port, int rr)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+	struct rdma_conn_param p = {.responder_resources = rr, .initiator_depth = 1,
+				    .rnr_retry_count = 7};
+	struct rdma_cm_id *lid, *id;
+	struct rdma_cm_event *ev;
+	static char buf[64 * NRECV];
+	char names[96];
+
+	if (!ch || rdma_create_id(ch, &lid, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_bind_addr(lid, (struct sockaddr *)&sin) || rdma_listen(lid, 1))
+		die("rdma_listen");
+	printf("server unconnected: %s\n", access_names(lid, names));
+	ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	id = ev->id;
+	printf("server request with initiator depth %u: %s\n",
+	       ev->param.conn.initiator_depth, access_names(id, names));
+	rdma_ack_cm_event(ev);
+	qp_with_recvs(id, buf);
+	if (rdma_accept(id, &p))
+		die("rdma_accept");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	printf("server accepted with responder resources %d: %s\n", rr,
+	       access_names(id, names));
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
+	rdma_disconnect(id);
+	return 0;
+}
+
+static int access_client(const char *addr, int port, int depth)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+	struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = depth,
+				    .retry_count = 7, .rnr_retry_count = 7};
+	struct rdma_cm_id *id;
+	static char buf[64 * NRECV];
+
+	inet_pton(AF_INET, addr, &sin.sin_addr);
+	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&sin, 2000))
+		die("rdma_resolve_addr");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(id, 2000))
+		die("rdma_resolve_route");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	qp_with_recvs(id, buf);
+	if (rdma_connect(id, &p))
+		die("rdma_connect");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	printf("client ESTABLISHED\n");
+	if (rdma_disconnect(id))
+		die("rdma_disconnect");
+	return 0;
+}
+
+static const char *ntop(const struct sockaddr *a, char *buf)
+{
+	const struct sockaddr_in *s = (const struct sockaddr_in *)a;
+
+	if (!a)
+		return "none";
+	snprintf(buf, 64, "%s:%u", inet_ntoa(s->sin_addr), ntohs(s->sin_port));
+	return buf;
+}
+
+static int addrinfo(const char *addr)
+{
+	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(7471)};
+	struct sockaddr_in lo = {.sin_family = AF_INET};
+	struct sockaddr_in mine = {.sin_family = AF_INET};
+	struct rdma_addrinfo hints = {.ai_port_space = RDMA_PS_TCP}, *res;
+	struct rdma_cm_id *id;
+	char a[64], b[64];
+
+	inet_pton(AF_INET, addr, &peer.sin_addr);
+	hints.ai_dst_addr = (struct sockaddr *)&peer;
+	hints.ai_dst_len = sizeof(peer);
+	if (rdma_getaddrinfo(NULL, NULL, &hints, &res))
+		die("rdma_getaddrinfo");
+	printf("active from hints: dst %s\n", ntop(res->ai_dst_addr, a));
+	rdma_freeaddrinfo(res);
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_flags = RAI_PASSIVE;
+	hints.ai_port_space = RDMA_PS_TCP;
+	hints.ai_src_addr = (struct sockaddr *)&peer;
+	hints.ai_src_len = sizeof(peer);
+	if (rdma_getaddrinfo(NULL, "7472", &hints, &res))
+		die("rdma_getaddrinfo passive");
+	printf("passive from hints: src %s dst %s\n", ntop(res->ai_src_addr, a),
+	       ntop(res->ai_dst_addr, b));
+	rdma_freeaddrinfo(res);
+
+	inet_pton(AF_INET, "127.0.0.1", &lo.sin_addr);
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) ||
+	    rdma_bind_addr(id, (struct sockaddr *)&lo))
+		die("bind 127.0.0.1");
+	printf("bound 127.0.0.1: device %s\n", id->verbs ? "yes" : "none");
+	rdma_destroy_id(id);
+	inet_pton(AF_INET, addr, &mine.sin_addr);
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) ||
+	    rdma_bind_addr(id, (struct sockaddr *)&mine))
+		die("bind ADDR");
+	printf("bound %s: device %s\n", addr, id->verbs ? "yes" : "none");
+	rdma_destroy_id(id);
+	return 0;
+}
+
+/* rdma_migrate_id(3), with rdma_resolve_addr to ADDR (this daemon's own address: its
+ * ADDR_RESOLVED comes at once) as the event source. */
+struct migrating {
+	struct rdma_cm_id *id;
+	struct rdma_event_channel *to;
+	int rc, done;
+};
+
+static void *migrate_main(void *arg)
+{
+	struct migrating *m = arg;
+
+	m->rc = rdma_migrate_id(m->id, m->to);
+	__atomic_store_n(&m->done, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static int readable(struct rdma_event_channel *ch, int ms)
+{
+	struct pollfd p = {.fd = ch->fd, .events = POLLIN};
+
+	return poll(&p, 1, ms) == 1;
+}
+
+static int migrate(const char *addr)
+{
+	struct rdma_event_channel *a = rdma_create_event_channel();
+	struct rdma_event_channel *b = rdma_create_event_channel();
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(7393)};
+	struct timespec ms300 = {0, 300 * 1000 * 1000};
+	struct rdma_cm_event *ev;
+	struct rdma_cm_id *id;
+	struct migrating m;
+	pthread_t t;
+	int rc;
+
+	inet_pton(AF_INET, addr, &sin.sin_addr);
+	if (!a || !b || rdma_create_id(a, &id, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	/* 1. An event queued on A, unread, moves with the id to B. */
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&sin, 2000))
+		die("rdma_resolve_addr");
+	if (!readable(a, 5000))
+		die("no event on A");
+	if (rdma_migrate_id(id, b))
+		die("rdma_migrate_id to B");
+	printf("pending moved: A readable %d, B readable %d, id channel is B %d\n",
+	       readable(a, 0), readable(b, 0), id->channel == b);
+	if (rdma_get_cm_event(b, &ev))
+		die("rdma_get_cm_event B");
+	printf("B event %s status %d id matches %d\n", rdma_event_str(ev->event), ev->status,
+	       ev->id == id);
+	/* 2. Back to A while that event is not acknowledged: the call waits for the ack. */
+	m = (struct migrating){.id = id, .to = a};
+	if (pthread_create(&t, NULL, migrate_main, &m))
+		die("pthread_create");
+	nanosleep(&ms300, NULL);
+	printf("migrate with an event unacknowledged: returned %d\n",
+	       __atomic_load_n(&m.done, __ATOMIC_SEQ_CST));
+	rdma_ack_cm_event(ev);
+	pthread_join(t, NULL);
+	printf("after the ack: returned %d rc %d, id channel is A %d\n", m.done, m.rc,
+	       id->channel == a);
+	/* 3. A new event goes to the id's new channel only. */
+	if (rdma_resolve_route(id, 2000))
+		die("rdma_resolve_route");
+	if (!readable(a, 5000))
+		die("no event on A");
+	printf("new event: A readable 1, B readable %d\n", readable(b, 0));
+	if (rdma_get_cm_event(a, &ev))
+		die("rdma_get_cm_event A");
+	printf("A event %s status %d\n", rdma_event_str(ev->event), ev->status);
+	rdma_ack_cm_event(ev);
+	/* 4. NULL: synchronous, then NULL again is EINVAL, then back to B. */
+	rc = rdma_migrate_id(id, NULL);
+	printf("to synchronous: rc %d, channel is neither A nor B %d\n", rc,
+	       id->channel != a && id->channel != b && id->channel != NULL);
+	errno = 0;
+	rc = rdma_migrate_id(id, NULL);
+	printf("synchronous again: rc %d errno %s\n", rc, errno == EINVAL ? "EINVAL" :
+	       strerror(errno));
+	rc = rdma_migrate_id(id, b);
+	printf("synchronous to B: rc %d, id channel is B %d\n", rc, id->channel == b);
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(a);
+	rdma_destroy_event_channel(b);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -321,7 +545,17 @@ int main(int argc, char **argv)
 		return exit_server(atoi(argv[2]));
 	if (argc == 4 && !strcmp(argv[1], "exit-client"))
 		return exit_client(argv[2], atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "access-server"))
+		return access_server(atoi(argv[2]), atoi(argv[3]));
+	if (argc == 5 && !strcmp(argv[1], "access-client"))
+		return access_client(argv[2], atoi(argv[3]), atoi(argv[4]));
+	if (argc == 3 && !strcmp(argv[1], "addrinfo"))
+		return addrinfo(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "migrate"))
+		return migrate(argv[2]);
 	fprintf(stderr, "usage: cmcheck options | resolve ADDR MS | flush-server PORT | "
-		"flush-client ADDR PORT | exit-server PORT | exit-client ADDR PORT\n");
+		"flush-client ADDR PORT | exit-server PORT | exit-client ADDR PORT | "
+		"access-server PORT RR | access-client ADDR PORT DEPTH | addrinfo ADDR | "
+		"migrate ADDR\n");
 	return 2;
 }

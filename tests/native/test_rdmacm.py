@@ -348,3 +348,74 @@ def test_a_program_that_exits_connected_disconnects_its_peer(where):
     m = re.search(r"^server DISCONNECTED after (\d+) ms$", srv.output, re.M)
     assert m and srv.returncode == 0, both
     assert int(m.group(1)) < 3000, both
+
+
+def test_rdma_migrate_id(where):
+    """rdma_migrate_id(3): the id's event queued on its old channel and not read moves
+    to the new one (the old no longer polls readable); the call waits while an event
+    of the id is not acknowledged ("This call will block while there are any
+    unacknowledged events"); later events come on the new channel only; NULL makes the
+    id synchronous, and NULL again is EINVAL (librdmacm's answer for an id already
+    synchronous); a synchronous id migrates back to a channel. libfabric's verbs
+    provider migrates every id it makes onto its event queue's channel."""
+    cli = where.run(where.client, [_cmcheck(), "migrate", where.client.addr],
+                    port=next(_wire_ports), timeout=60)
+    print(cli.output)
+    assert cli.returncode == 0, cli.output
+    for line in ("pending moved: A readable 0, B readable 1, id channel is B 1",
+                 "B event RDMA_CM_EVENT_ADDR_RESOLVED status 0 id matches 1",
+                 "migrate with an event unacknowledged: returned 0",
+                 "after the ack: returned 1 rc 0, id channel is A 1",
+                 "new event: A readable 1, B readable 0",
+                 "A event RDMA_CM_EVENT_ROUTE_RESOLVED status 0",
+                 "to synchronous: rc 0, channel is neither A nor B 1",
+                 "synchronous again: rc -1 errno EINVAL",
+                 "synchronous to B: rc 0, id channel is B 1"):
+        assert line in cli.output.splitlines(), f"{line!r} missing:\n{cli.output}"
+
+
+def test_addrinfo_from_hints_and_a_loopback_bind(where):
+    """rdma_getaddrinfo(3) with no node takes the address from the hints
+    (ai_dst_addr active, ai_src_addr passive, the service's port), as libfabric's verbs
+    provider connects with the peer's address there. A bind of 127.0.0.1 while the
+    daemon's device is on another interface leaves the id without a device (lo has
+    none: the kernel gives an id a device only from an address of the device's
+    interface), while the daemon's own address names it; libfabric's provider binds
+    "localhost" and, finding no device, listens on the device's own address."""
+    addr = where.client.addr
+    cli = where.run(where.client, [_cmcheck(), "addrinfo", addr], port=next(_wire_ports),
+                    timeout=60)
+    print(cli.output)
+    assert cli.returncode == 0, cli.output
+    for line in (f"active from hints: dst {addr}:7471",
+                 f"passive from hints: src {addr}:7472 dst none",
+                 "bound 127.0.0.1: device none",
+                 f"bound {addr}: device yes"):
+        assert line in cli.output.splitlines(), f"{line!r} missing:\n{cli.output}"
+
+
+@pytest.mark.parametrize("depth,rr,at_request,accepted", [
+    (1, 0, "REMOTE_WRITE REMOTE_READ REMOTE_ATOMIC", "REMOTE_WRITE"),
+    (0, 1, "REMOTE_WRITE", "REMOTE_WRITE"),
+], ids=["peer-depth-1-accept-rr-0", "peer-depth-0"])
+def test_the_connection_grants_read_and_atomics_with_responder_resources(
+        where, depth, rr, at_request, accepted):
+    """rdma_init_qp_attr(INIT)'s access flags, as the kernel's rdma_cm answers them: none
+    before a connection (rdma_cm's own INIT); then the IB CM's (cm_init_qp_init_attr):
+    remote WRITE always, remote READ and atomics when this side has responder
+    resources. At the CONNECT_REQUEST those are the peer's initiator depth; after
+    rdma_accept, what the accept gave (no more than that depth). A connection with
+    them (depth 1, accept 1) is what qperf's atomics and ib_atomic_bw -R run on
+    (tests/native/test_qperf.py)."""
+    port, wire = str(next(_ports)), next(_wire_ports)
+    srv, cli = pair(where, [_cmcheck(), "access-server", port, str(rr)],
+                    [_cmcheck(), "access-client", where.server.addr, port, str(depth)],
+                    wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    print(both)
+    assert srv.returncode == 0 and cli.returncode == 0, both
+    lines = srv.output.splitlines()
+    for line in ("server unconnected: none",
+                 f"server request with initiator depth {depth}: {at_request}",
+                 f"server accepted with responder resources {rr}: {accepted}"):
+        assert line in lines, f"{line!r} missing:\n{both}"

@@ -53,8 +53,8 @@ def unavailable(*programs: str) -> str | None:
         return f"the provider is not built ({PROVIDER}): `make provider` builds it"
     missing = [p for p in programs if shutil.which(p) is None]
     if missing:
-        return (f"{', '.join(missing)} not installed (Debian's ibverbs-utils / perftest; "
-                "`make provider` installs them as root)")
+        return (f"{', '.join(missing)} not installed (Debian packages of the Makefile's "
+                "NATIVE_PKGS: `make provider` installs them as root)")
     return None
 
 
@@ -109,18 +109,20 @@ class Place:
     def pair(self, server_prog: Sequence[str], client_prog: Sequence[str], tcp_port: int, *,
              server_run_args: Sequence[str] = (), client_run_args: Sequence[str] = (),
              timeout: float = PROGRAM_TIMEOUT,
-             on_listening: Callable[[], None] | None = None) -> tuple[Done, Done]:
+             on_listening: Callable[[], None] | None = None,
+             wire_port: int = 0) -> tuple[Done, Done]:
         """The server program, then, once it listens on ``tcp_port`` for its peer's
         address exchange (and ``on_listening`` has looked at it), the client; both
-        waited for."""
-        argv = self.argv(self.server, server_prog, run_args=server_run_args)
+        waited for. ``wire_port``: both daemons' wire port, which rdma_cm programs need
+        (an address names the daemon on this daemon's own port); 0, one each."""
+        argv = self.argv(self.server, server_prog, run_args=server_run_args, port=wire_port)
         srv = _start(argv, stderr=subprocess.STDOUT)
         try:
             wait_listening(srv, tcp_port, timeout=30)
             if on_listening is not None:
                 on_listening()
             cli = self.run(self.client, client_prog, run_args=client_run_args,
-                           timeout=timeout)
+                           timeout=timeout, port=wire_port)
             out, _ = srv.communicate(timeout=timeout)
         finally:
             _reap(srv)
