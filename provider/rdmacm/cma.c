@@ -22,6 +22,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include "../palloc.h"
 #include "cm.h"
 #include "ud.h"
 
@@ -182,9 +183,9 @@ EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
 		errno = rc;
 		return NULL;
 	}
-	c = calloc(1, sizeof(*c));
+	c = shca_alloc(sizeof(*c));
 	if (!c || pipe2(p, O_CLOEXEC)) {
-		free(c);
+		shca_free(c);
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -202,11 +203,11 @@ EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 	while ((e = c->head)) {
 		c->head = e->next;
 		shca_frame_free(&e->f);
-		free(e);
+		shca_free(e);
 	}
 	close(c->ch.fd);
 	close(c->wfd);
-	free(c);
+	shca_free(c);
 }
 
 /* The reader thread: the event goes to its id's channel (a CONNECT_REQUEST to its
@@ -227,7 +228,7 @@ void cm_take_event(struct shca_frame *f)
 	id = find((uint32_t)(l ? l : h));
 	if (id)
 		c = (struct cm_chan *)id->id.channel;
-	e = c ? malloc(sizeof(*e)) : NULL;
+	e = c ? shca_alloc(sizeof(*e)) : NULL;
 	if (!e) {
 		pthread_mutex_unlock(&g.lock);
 		shca_frame_free(f);
@@ -341,7 +342,7 @@ EXPORT int rdma_migrate_id(struct rdma_cm_id *cid, struct rdma_event_channel *ch
 static struct cm_id *new_id(struct rdma_event_channel *ch, void *context,
 			    enum rdma_port_space ps, enum ibv_qp_type qp_type, uint32_t handle)
 {
-	struct cm_id *id = calloc(1, sizeof(*id));
+	struct cm_id *id = shca_alloc(sizeof(*id));
 
 	if (!id)
 		return NULL;
@@ -410,7 +411,7 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *cid)
 	pthread_mutex_unlock(&g.lock);
 	if (id->own_channel)
 		rdma_destroy_event_channel(cid->channel);
-	free(id);
+	shca_free(id);
 	return rc ? fail(rc) : 0;
 }
 
@@ -982,17 +983,17 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
 		e = calloc(1, sizeof(*e));
 		if (!e) {
 			shca_frame_free(&q->f);
-			free(q);
+			shca_free(q);
 			return fail(ENOMEM);
 		}
 		if (process(e, &q->f)) {
 			free(e);
 			shca_frame_free(&q->f);
-			free(q);
+			shca_free(q);
 			continue;
 		}
 		shca_frame_free(&q->f);
-		free(q);
+		shca_free(q);
 		*event = &e->ev;
 		e->ev.id->event = &e->ev;
 		e->counted = ((struct cm_id *)(e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST ?
