@@ -73,11 +73,12 @@ fi
 PROVIDER=provider/build/libsofthca-rdmav34.so
 LIBMLX5=provider/build/libmlx5.so.1
 LIBRDMACM=provider/build/librdmacm.so.1
-for f in "$PROVIDER" "$LIBMLX5" "$LIBRDMACM"; do
+PRELOAD=provider/build/libsofthca-preload.so
+for f in "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "$PRELOAD"; do
     [ -f "$f" ] || { echo "images: no $f: \`make provider\` builds it (libibverbs-dev)" >&2; exit 1; }
 done
 mapfile -t tests < <(find tests -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
-image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile docker/softhca-node .dockerignore pyproject.toml "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "${tests[@]}"; } | sha256sum | cut -c1-16)
+image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile docker/softhca-node .dockerignore pyproject.toml "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "$PRELOAD" "${tests[@]}"; } | sha256sum | cut -c1-16)
 for stage in daemon tests; do
     if [ "$(label "softhca:$stage" softhca.inputs)" = "$image_inputs" ]; then
         say "softhca:$stage up to date (inputs $image_inputs)"
