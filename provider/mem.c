@@ -5,18 +5,29 @@
  * memfd. The program keeps its pointer and its data; what a peer's RDMA WRITE puts in
  * the daemon's mapping is in the program's buffer, with no copy.
  *
- * What cannot be shared this way is refused with a line on stderr saying why: the
- * stack (its pages cannot be replaced under a running frame, and a grown stack would
- * not be shared), memory that is not the program's own writable private memory
- * (read-only, file-backed shared, device mappings), and unmapped addresses (EFAULT).
- * The memfd is sealed against shrinking, so the daemon never maps a file that can be
- * cut under it. The memfds themselves are handed to the daemon (SCM_RIGHTS, conn.c's
- * shca_hand_over): it maps what this process sent, never a file it opens by number. */
+ * Memory that is already shared (MAP_SHARED) is not moved: moving it would cut it off
+ * from its other mappings (another shmat of a SysV segment, a forked child, another
+ * mmap of a memfd). Its backing object itself is handed over, at the mapping's offset:
+ * a SysV segment or MAP_SHARED | MAP_ANONYMOUS memory (kernel-internal shmem files,
+ * opened through /proc/self/map_files), or a memfd of the program's, which is sealed
+ * against shrinking here first (F_SEAL_SHRINK) if it is not already. A file that its
+ * owner can shrink under the daemon's mapping (a /dev/shm or hugetlbfs file, a memfd
+ * that cannot be sealed) is refused: the daemon would fault on the cut pages.
+ *
+ * What cannot be shared is refused with a line on stderr saying why: the stack (its
+ * pages cannot be replaced under a running frame, and a grown stack would not be
+ * shared), read-only memory and device mappings, and unmapped addresses (EFAULT).
+ * The fds are handed to the daemon (SCM_RIGHTS, conn.c's shca_hand_over): it maps what
+ * this process sent, never a file it opens by number. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "softhca.h"
@@ -25,6 +36,8 @@
 
 struct shca_mem {
 	uintptr_t start, end;
+	uint64_t off;           /* the file offset of start (0 for a moved range) */
+	int shared;             /* memory already shared, handed over as it is */
 	int fd;
 	int refs;
 	struct shca_mem *next;
@@ -35,24 +48,47 @@ static uintptr_t page_size(void)
 	return (uintptr_t)sysconf(_SC_PAGESIZE);
 }
 
-/* 0 when [start, end) lies in the program's own writable private memory; EINVAL or
- * EFAULT, said on stderr, otherwise. */
-static int check_maps(uintptr_t start, uintptr_t end, void *addr, size_t length)
+/* A MAP_SHARED mapping of /proc/self/maps. */
+struct shared_vma {
+	uintptr_t lo, hi;
+	uint64_t off;
+	dev_t dev;
+	unsigned long ino;
+	char name[256];
+};
+
+/* softhca's own memfds: pages an earlier, since deregistered, registration moved are
+ * the program's own private memory still. */
+static int is_moved(const char *name)
+{
+	return !strncmp(name, "/memfd:" MEMFD_NAME " ", strlen(MEMFD_NAME) + 8);
+}
+
+/* 0 when [start, *upto) lies in the program's own writable private memory, *upto being
+ * end or the start of a MAP_SHARED mapping met on the way; 0 with v->hi set when start
+ * itself is in a writable MAP_SHARED mapping (v says which); EINVAL or EFAULT, said on
+ * stderr, otherwise. */
+static int check_maps(uintptr_t start, uintptr_t end, void *addr, size_t length,
+		      uintptr_t *upto, struct shared_vma *v)
 {
 	FILE *f = fopen("/proc/self/maps", "r");
 	char line[512];
 	uintptr_t covered = start;
-	int rc = EFAULT;
+	int rc = EFAULT, met_shared = 0;
 
+	v->hi = 0;
 	if (!f) {
 		shca_log("ibv_reg_mr: cannot read /proc/self/maps: %s", strerror(errno));
 		return EFAULT;
 	}
 	while (covered < end && fgets(line, sizeof(line), f)) {
-		unsigned long lo, hi;
+		unsigned long lo, hi, ino;
+		unsigned long long off;
+		unsigned int major, minor;
 		char perms[8] = "", name[256] = "";
 
-		if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %255[^\n]", &lo, &hi, perms, name) < 3)
+		if (sscanf(line, "%lx-%lx %7s %llx %x:%x %lu %255[^\n]", &lo, &hi, perms, &off,
+			   &major, &minor, &ino, name) < 7)
 			continue;
 		if (hi <= covered || lo > covered)
 			continue;
@@ -63,21 +99,26 @@ static int check_maps(uintptr_t start, uintptr_t end, void *addr, size_t length)
 			rc = EINVAL;
 			goto out;
 		}
-		/* pages an earlier, since deregistered, registration moved are the
-		 * program's own too */
-		if (perms[0] != 'r' || perms[1] != 'w' ||
-		    (perms[3] != 'p' && strncmp(name, "/memfd:" MEMFD_NAME " ",
-						 strlen(MEMFD_NAME) + 8))) {
+		if (perms[0] == 'r' && perms[1] == 'w' && perms[3] == 's' && !is_moved(name)) {
+			if (covered == start) {
+				*v = (struct shared_vma){lo, hi, off, makedev(major, minor), ino, ""};
+				snprintf(v->name, sizeof(v->name), "%s", name);
+				covered = hi < end ? hi : end;
+			}
+			met_shared = 1;
+			break;  /* the private part, if any, ends here */
+		}
+		if (perms[0] != 'r' || perms[1] != 'w' || (perms[3] != 'p' && !is_moved(name))) {
 			shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages are mapped %s (%s), "
-				 "not the program's own writable private memory, which is what "
-				 "softhca can share with its daemon", addr, length, perms,
-				 *name ? name : "anonymous");
+				 "which softhca cannot share with its daemon (it needs them "
+				 "writable)", addr, length, perms, *name ? name : "anonymous");
 			rc = EINVAL;
 			goto out;
 		}
 		covered = hi;
 	}
-	if (covered >= end) {
+	if (covered >= end || met_shared) {
+		*upto = covered < end ? covered : end;
 		rc = 0;
 	} else {
 		shca_log("ibv_reg_mr(%p, %zu): EFAULT: address %#lx is not mapped", addr, length,
@@ -86,6 +127,126 @@ static int check_maps(uintptr_t start, uintptr_t end, void *addr, size_t length)
 out:
 	fclose(f);
 	return rc;
+}
+
+static int same_file(int fd, const struct shared_vma *v)
+{
+	struct stat st;
+
+	return !fstat(fd, &st) && st.st_dev == v->dev && st.st_ino == v->ino;
+}
+
+/* A read-write fd of the object v maps, or -1: through /proc/self/map_files (which the
+ * kernel opens for CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE only), else by the file's
+ * name when it still has one, else by an fd of it the program holds. */
+static int open_backing(const struct shared_vma *v)
+{
+	char path[300];
+	struct dirent *e;
+	DIR *d;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/self/map_files/%lx-%lx", (unsigned long)v->lo,
+		 (unsigned long)v->hi);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd >= 0 && same_file(fd, v))
+		return fd;
+	if (fd >= 0)
+		close(fd);
+	if (v->name[0] == '/' && !strstr(v->name, " (deleted)")) {
+		fd = open(v->name, O_RDWR | O_CLOEXEC);
+		if (fd >= 0 && same_file(fd, v))
+			return fd;
+		if (fd >= 0)
+			close(fd);
+	}
+	d = opendir("/proc/self/fd");
+	if (!d)
+		return -1;
+	fd = -1;
+	while (fd < 0 && (e = readdir(d))) {
+		struct stat st;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		if (stat(path, &st) || st.st_dev != v->dev || st.st_ino != v->ino)
+			continue;
+		/* a new open file of it, read-write, whatever mode the program's fd has */
+		fd = open(path, O_RDWR | O_CLOEXEC);
+		if (fd >= 0 && !same_file(fd, v)) {
+			close(fd);
+			fd = -1;
+		}
+	}
+	closedir(d);
+	return fd;
+}
+
+#define TMPFS_MAGIC_ 0x01021994
+
+/* The MAP_SHARED mapping v as a segment handing its object over from p to stop, or
+ * NULL with *rc EINVAL and a line saying why. Which objects the daemon can map safely:
+ * docs/native.md, "Memory already shared". */
+static struct shca_mem *share_vma(const struct shared_vma *v, uintptr_t p, uintptr_t stop,
+				  void *addr, size_t length, int *rc)
+{
+	int memfd = !strncmp(v->name, "/memfd:", 7);
+	int shmem = !strcmp(v->name, "/dev/zero (deleted)") ||
+		    (!strncmp(v->name, "/SYSV", 5) && strlen(v->name) == 23 &&
+		     !strcmp(v->name + 13, " (deleted)"));
+	struct shca_mem *m;
+	struct statfs sf;
+	int fd, seals;
+
+	*rc = EINVAL;
+	if (!memfd && !shmem) {
+		shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages are a MAP_SHARED mapping of "
+			 "%s, a file its owner can shrink under the daemon, which softhca "
+			 "cannot guard against; register private memory, a SysV segment or a "
+			 "memfd (MFD_ALLOW_SEALING)", addr, length, v->name);
+		return NULL;
+	}
+	fd = open_backing(v);
+	if (fd < 0) {
+		shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages are a MAP_SHARED mapping of "
+			 "%s, which softhca cannot open to hand to its daemon (no fd of it is "
+			 "open, and /proc/self/map_files needs CAP_SYS_ADMIN or "
+			 "CAP_CHECKPOINT_RESTORE)", addr, length, v->name);
+		return NULL;
+	}
+	if (shmem && (fstatfs(fd, &sf) || sf.f_type != TMPFS_MAGIC_)) {
+		/* a SysV segment of huge pages (SHM_HUGETLB) lives on hugetlbfs */
+		shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages are a SysV segment of huge "
+			 "pages (SHM_HUGETLB), which softhca does not share with its daemon; "
+			 "allocate it without SHM_HUGETLB", addr, length);
+		goto fail;
+	}
+	seals = memfd ? fcntl(fd, F_GET_SEALS) : 0;
+	if (memfd && !(seals >= 0 && (seals & F_SEAL_SHRINK)) &&
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK)) {
+		shca_log("ibv_reg_mr(%p, %zu): EINVAL: the memfd %s cannot be sealed against "
+			 "shrinking (F_ADD_SEALS: %s; create it with MFD_ALLOW_SEALING), so its "
+			 "owner could cut it under the daemon", addr, length, v->name,
+			 strerror(errno));
+		goto fail;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		*rc = ENOMEM;
+		goto fail;
+	}
+	m->start = p;
+	m->end = stop;
+	m->off = v->off + (p - v->lo);
+	m->fd = fd;
+	m->refs = 1;
+	m->shared = 1;
+	*rc = 0;
+	return m;
+fail:
+	close(fd);
+	return NULL;
 }
 
 /* EINVAL, said on stderr, when [start, end) reaches the provider's own pages (its
@@ -145,6 +306,8 @@ static struct shca_mem *segment_at(struct shca_context *ctx, uintptr_t p, uintpt
 
 	*next = UINTPTR_MAX;
 	for (m = ctx->mems; m; m = m->next) {
+		if (m->shared)  /* each registration of it takes its own */
+			continue;
 		if (m->start <= p && p < m->end)
 			return m;
 		if (m->start > p && m->start < *next)
@@ -208,21 +371,31 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 		if (m) {
 			m->refs++;
 		} else {
+			struct shared_vma v;
+
 			stop = next < end ? next : end;
-			rc = check_maps(p, stop, addr, length);
+			rc = check_maps(p, stop, addr, length, &stop, &v);
 			if (rc)
 				break;
 			rc = check_own(p, stop, addr, length);
 			if (rc)
 				break;
-			/* No write of the reader thread's (a completion, a reply) falls
-			 * between the copy and the mapping that replaces the pages. */
-			pthread_mutex_lock(&ctx->conn->dispatch);
-			m = remap(p, stop);
-			pthread_mutex_unlock(&ctx->conn->dispatch);
-			if (!m) {
-				rc = EFAULT;
-				break;
+			if (v.hi) {
+				/* already shared: its object goes over as it is */
+				m = share_vma(&v, p, stop, addr, length, &rc);
+				if (!m)
+					break;
+			} else {
+				/* No write of the reader thread's (a completion, a
+				 * reply) falls between the copy and the mapping that
+				 * replaces the pages. */
+				pthread_mutex_lock(&ctx->conn->dispatch);
+				m = remap(p, stop);
+				pthread_mutex_unlock(&ctx->conn->dispatch);
+				if (!m) {
+					rc = EFAULT;
+					break;
+				}
 			}
 			m->next = ctx->mems;
 			ctx->mems = m;
@@ -232,7 +405,7 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 		mp_arr(&items, 3);
 		mp_uint(&items, (uint64_t)ref->n);      /* its place in the handoff */
 		ref->seg[ref->n++] = m;
-		mp_uint(&items, p - m->start);
+		mp_uint(&items, m->off + (p - m->start));
 		mp_uint(&items, stop - p);
 		p = stop;
 	}

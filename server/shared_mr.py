@@ -13,8 +13,12 @@ registration may span several). The daemon never opens another process's files: 
 it maps is what the caller itself sent, at the time of the call, so a child that kept
 its parent's session (fork, exec) reaches nothing of the parent's.
 
-Each fd is checked to be a memfd sealed against shrinking (a file cut under the
-daemon's mapping would fault the daemon) and long enough; the pieces are mapped side by
+Memory that is already shared (a SysV segment, ``MAP_SHARED | MAP_ANONYMOUS``, a
+program's memfd) is not moved: the provider hands over the object behind it, each piece
+at the mapping's file offset. Each fd is checked to be one no one can cut under the
+daemon's mapping (which would fault the daemon): a memfd sealed against shrinking, or
+the kernel-internal shmem file of a segment or of shared anonymous memory (``_check_fd``
+says why those are safe), and long enough; the pieces are mapped side by
 side into one reserved range, and the bytes registered at the program's virtual
 address. Every access then goes through the engine's MR checks, which bound it by the
 registration: a work request naming an address outside it is refused like any other.
@@ -31,8 +35,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import fcntl
+import functools
 import mmap
 import os
+import re
 import stat
 
 import numpy as np
@@ -150,22 +156,51 @@ def close_all(fds: list[int]) -> None:
         os.close(fd)
 
 
-def _check_memfd(fd: int, i: int, need: int) -> None:
-    """The handoff's ``i``th fd (the daemon's own ``fd``) is a memfd sealed against
-    shrinking, of at least ``need`` bytes."""
+# The names the kernel gives its own shmem files behind a SysV segment and behind
+# MAP_SHARED | MAP_ANONYMOUS memory, as /proc/self/fd shows them.
+_SHMEM_NAME = re.compile(r"/(SYSV[0-9a-f]{8}|dev/zero) \(deleted\)")
+
+
+@functools.cache
+def _shmem_dev() -> int:
+    """The device of the kernel's internal shmem mount, where memfds, SysV segments and
+    shared anonymous memory live (one per kernel, whatever the namespaces): learned from
+    a memfd of the daemon's own."""
+    fd = os.memfd_create("softhca-probe", os.MFD_CLOEXEC)
+    try:
+        return os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+
+
+def _check_fd(fd: int, i: int, need: int) -> None:
+    """The handoff's ``i``th fd (the daemon's own ``fd``) is memory no one can shrink
+    under the daemon's mapping, of at least ``need`` bytes: a memfd sealed against
+    shrinking, or the kernel-internal shmem file of a SysV segment or of shared anonymous
+    memory. Those two cannot be sealed, but no unprivileged process can hold an fd of
+    them to truncate them: the only way to one is /proc/PID/map_files, which the kernel
+    opens for CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE only. A file of a filesystem
+    (/dev/shm, hugetlbfs, a disk) its owner can cut at any time: refused."""
     try:
         target = os.readlink(f"/proc/self/fd/{fd}")
         st = os.fstat(fd)
     except OSError as e:
-        raise RDMAError("EFAULT", f"ibv_reg_mr: memfd {i} of the handoff cannot be "
+        raise RDMAError("EFAULT", f"ibv_reg_mr: fd {i} of the handoff cannot be "
                                   f"examined ({e.strerror})") from None
-    if not target.startswith("/memfd:") or not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode):
         raise einval(f"ibv_reg_mr: fd {i} of the handoff is {target}, not a memfd")
-    if not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
-        raise einval(f"ibv_reg_mr: memfd {i} of the handoff is not sealed against "
-                     "shrinking (F_SEAL_SHRINK), so it could be cut under the daemon")
-    if st.st_size < need:
-        raise einval(f"ibv_reg_mr: memfd {i} of the handoff holds {st.st_size} bytes, a "
+    if target.startswith("/memfd:"):
+        if not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
+            raise einval(f"ibv_reg_mr: memfd {i} of the handoff is not sealed against "
+                         "shrinking (F_SEAL_SHRINK), so it could be cut under the daemon")
+    elif not (_SHMEM_NAME.fullmatch(target) and st.st_dev == _shmem_dev()):
+        raise einval(f"ibv_reg_mr: fd {i} of the handoff is {target}, neither a memfd "
+                     "sealed against shrinking nor a SysV segment or shared anonymous "
+                     "memory: a file its owner could cut under the daemon")
+    # a mapping may reach into the last, partial page of a file (a SysV segment of a
+    # size that is no multiple of pages)
+    if (st.st_size + PAGE - 1) // PAGE * PAGE < need:
+        raise einval(f"ibv_reg_mr: fd {i} of the handoff holds {st.st_size} bytes, a "
                      f"piece needs {need}")
 
 
@@ -176,7 +211,7 @@ def _map(fds: list[int], pieces: tuple[tuple[int, int, int], ...]) -> np.ndarray
     m = _Mapping(sum(length for _, _, length in pieces))
     pos = 0
     for i, offset, length in pieces:
-        _check_memfd(fds[i], i, offset + length)
+        _check_fd(fds[i], i, offset + length)
         m.place(pos, fds[i], offset, length)
         pos += length
     return m.array()

@@ -127,7 +127,7 @@ async def test_files_that_are_not_sealed_memfds_are_refused(tmp_path, case):
             h = await raw.refused("reg_mr_shared", fds=seq if case != "not_handed_over"
                                   else 8, **fields)
             want = {"unsealed": ("EINVAL", "not sealed against shrinking"),
-                    "not_memfd": ("EINVAL", "not a memfd"),
+                    "not_memfd": ("EINVAL", "a file its owner could cut under the daemon"),
                     "short": ("EINVAL", "holds 4096 bytes"),
                     "not_handed_over": ("EINVAL", "no memfds were handed over under number 8"
                                         )}[case]

@@ -9,9 +9,9 @@ log line names the transports that carried it.
 - ``UCX_TLS=rc_v`` is UCX's name for rc_verbs with ud_verbs as its wire-up transport;
   ``UCX_TLS=rc_verbs`` alone is refused by UCX itself ("no auxiliary transport"), on
   any device, as RC needs one to connect.
-- UCX's own choice runs with ``UCX_ALLOC_PRIO=thp,mmap,heap``: UCX's default allocates
-  its buffers with SysV shared memory first (``md:sysv``), which softhca cannot register
-  yet (``ibv_reg_mr`` EINVAL). On one host UCX also picks its shared-memory transports
+- UCX's own choice runs with UCX's defaults, nothing set: its allocator gives SysV
+  shared memory first (``md:sysv``), which softhca registers in place (docs/native.md,
+  "Memory already shared"). On one host UCX also picks its shared-memory transports
   (sysv, posix, cma) beside rc_verbs, so a fourth run excludes them (``UCX_TLS=^sysv,
   posix,cma``) to have UCX choose among the network ones."""
 
@@ -23,13 +23,11 @@ import native
 import pytest
 
 TESTS = ["tag_lat", "tag_bw", "ucp_put_bw", "ucp_get", "ucp_am_bw"]
-# The allocator setting that keeps UCX off SysV shared memory (see above).
-NO_SYSV = {"UCX_ALLOC_PRIO": "thp,mmap,heap"}
 CHOICES = {
     "rc_verbs": {"UCX_TLS": "rc_v"},
     "ud_verbs": {"UCX_TLS": "ud_verbs"},
-    "ucx_default": dict(NO_SYSV),
-    "ucx_default_no_shm": {**NO_SYSV, "UCX_TLS": "^sysv,posix,cma"},
+    "ucx_default": {},
+    "ucx_default_no_shm": {"UCX_TLS": "^sysv,posix,cma"},
 }
 
 
