@@ -1,8 +1,9 @@
 """``softhca run`` killed with SIGKILL, which it cannot catch: the program's whole process
 tree ends with it (its background children too), and what it left on disk (its run
 directory: socket, sysfs tree) is removed by the next ``softhca run``; nothing of its
-set-up stays in /tmp. Each run sees a directory of the test's own as /tmp (a bind mount
-in a mount namespace of its own), so runs of other processes are never looked at."""
+set-up stays in /tmp. Each run has a directory of the test's own as its TMPDIR, so runs
+of other processes are never looked at; the host's /tmp must gain no set-up mount point
+(softhca-dev.*, softhca-class.*, where an older softhca run made them)."""
 
 from __future__ import annotations
 
@@ -56,18 +57,21 @@ def alive(pids: set[int]) -> set[int]:
     return {p for p in pids if _ppid(p) is not None}
 
 
-def wrapped(tmp: Path, program: list[str]) -> list[str]:
-    """``softhca run -- program`` seeing ``tmp`` as /tmp; unshare and sh exec it, so
-    the process started is softhca run itself."""
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount --bind "$0" /tmp && exec "$@"', str(tmp), *RUN, "--", *program]
+def run_env(tmp: Path) -> dict[str, str]:
+    """The environment of a ``softhca run`` whose temporary directory is ``tmp``."""
+    return dict(os.environ, TMPDIR=str(tmp))
 
 
 def start(tmp: Path, program: list[str]) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
-    return subprocess.Popen(wrapped(tmp, program), env=env, cwd=native.REPO,
+    return subprocess.Popen([*RUN, "--", *program], env=run_env(tmp), cwd=native.REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
+
+
+def host_set_up_dirs() -> set[str]:
+    """The set-up mount points in the host's /tmp (an older softhca run's)."""
+    return {p.name for pat in ("softhca-dev.*", "softhca-class.*")
+            for p in Path("/tmp").glob(pat)}
 
 
 def until(cond, timeout: float, step: float = 0.01):
@@ -81,15 +85,15 @@ def until(cond, timeout: float, step: float = 0.01):
 
 
 def next_run_cleans(tmp: Path) -> list[str]:
-    """What is left in ``tmp`` (the runs' /tmp) after a next, whole ``softhca run``."""
-    env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
-    r = subprocess.run(wrapped(tmp, ["true"]), env=env, cwd=native.REPO, timeout=60,
+    """What is left in ``tmp`` (the runs' TMPDIR) after a next, whole ``softhca run``."""
+    r = subprocess.run([*RUN, "--", "true"], env=run_env(tmp), cwd=native.REPO, timeout=60,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return sorted(p.name for p in tmp.iterdir())
 
 
 def test_sigkill_ends_the_programs_whole_tree_and_the_next_run_cleans(tmp_path):
+    before = host_set_up_dirs()
     proc = start(tmp_path, ["sh", "-c", "sleep 1000 & sleep 1000 & wait"])
     try:
         sleeps = until(lambda: {p for p in descendants(proc.pid)
@@ -107,9 +111,11 @@ def test_sigkill_ends_the_programs_whole_tree_and_the_next_run_cleans(tmp_path):
         proc.kill()
     assert [p.name for p in tmp_path.glob("softhca-run.*")], "SIGKILL left no directory?"
     assert next_run_cleans(tmp_path) == []
+    assert host_set_up_dirs() - before == set()
 
 
 def test_sigkill_during_set_up_leaves_nothing_the_next_run_does_not_clean(tmp_path):
+    before = host_set_up_dirs()
     proc = start(tmp_path, ["sleep", "1000"])
     try:
         # The moment the namespace's set-up runs: its script (named softhca-run) has
@@ -127,3 +133,4 @@ def test_sigkill_during_set_up_leaves_nothing_the_next_run_does_not_clean(tmp_pa
     finally:
         proc.kill()
     assert next_run_cleans(tmp_path) == []
+    assert host_set_up_dirs() - before == set()
