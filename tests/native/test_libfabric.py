@@ -33,13 +33,7 @@ CASES = {"msg": ["-p", "verbs", "-e", "msg"],
 
 @pytest.fixture(scope="module")
 def where(tmp_path_factory):
-    why = native.unavailable("fi_pingpong")
-    if why:
-        pytest.skip(why)
-    with native.place(tmp_path_factory.mktemp("libfabric")) as p:
-        if p.kind != "netns":
-            pytest.skip("needs two network namespaces: the two daemons' rdma_cm shares "
-                        "one wire port, which two daemons on loopback cannot")
+    with native.cm_place(tmp_path_factory.mktemp("libfabric"), "fi_pingpong") as p:
         yield p
 
 

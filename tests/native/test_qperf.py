@@ -47,13 +47,7 @@ def _client_script(tmp, addr: str) -> str:
 
 @pytest.fixture(scope="module")
 def where(tmp_path_factory):
-    why = native.unavailable("qperf")
-    if why:
-        pytest.skip(why)
-    with native.place(tmp_path_factory.mktemp("qperf")) as p:
-        if p.kind != "netns":
-            pytest.skip("needs two network namespaces: the two daemons' rdma_cm shares "
-                        "one wire port, which two daemons on loopback cannot")
+    with native.cm_place(tmp_path_factory.mktemp("qperf"), "qperf") as p:
         yield p
 
 

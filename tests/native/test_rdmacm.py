@@ -28,15 +28,9 @@ CMCHECK = native.REPO / "provider" / "build" / "cmcheck"
 
 @pytest.fixture(scope="module")
 def where(tmp_path_factory):
-    why = native.unavailable("rping")
-    if why:
-        pytest.skip(why)
     if not CM_LIB.is_file():
         pytest.skip(f"our librdmacm is not built ({CM_LIB}): `make provider` builds it")
-    with native.place(tmp_path_factory.mktemp("rdmacm")) as p:
-        if p.kind != "netns":
-            pytest.skip("needs two network namespaces: both daemons listen on one wire "
-                        "port, which two daemons on loopback cannot")
+    with native.cm_place(tmp_path_factory.mktemp("rdmacm"), "rping") as p:
         yield p
 
 

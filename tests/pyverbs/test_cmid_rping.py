@@ -28,13 +28,7 @@ def ping_text(n: int, size: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def where(tmp_path_factory):
-    why = native.unavailable("rping")
-    if why:
-        pytest.skip(why)
-    with native.place(tmp_path_factory.mktemp("cmid")) as p:
-        if p.kind != "netns":
-            pytest.skip("needs two network namespaces: both daemons listen on one wire "
-                        "port, which two daemons on loopback cannot")
+    with native.cm_place(tmp_path_factory.mktemp("cmid"), "rping") as p:
         yield p
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import netns
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PROVIDER = REPO / "provider" / "build" / "libsofthca-rdmav34.so"
@@ -201,3 +202,18 @@ def place(workdir: Path) -> Iterator[Place]:
                         "netns", token)
     else:
         yield Place(Side(None, "127.0.0.1"), Side(None, "127.0.0.1"), "loopback", token)
+
+
+@contextlib.contextmanager
+def cm_place(workdir: Path, *programs: str) -> Iterator[Place]:
+    """Two network namespaces for rdma_cm programs, whose two daemons listen on one wire
+    port, which two daemons on loopback cannot; the test is skipped, saying why, where
+    they cannot be made or ``programs`` are missing."""
+    why = unavailable(*programs)
+    if why:
+        pytest.skip(why)
+    with place(workdir) as p:
+        if p.kind != "netns":
+            pytest.skip("needs two network namespaces: both daemons listen on one wire "
+                        "port, which two daemons on loopback cannot")
+        yield p
