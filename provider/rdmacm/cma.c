@@ -845,6 +845,11 @@ static void route_of(struct rdma_cm_id *cid, struct mp_val h)
 	cid->route.addr.addr.ibaddr.pkey = htons(0xffff);
 }
 
+/* The event's conn param. A REQ's or REP's resources are the sender's; the IB CM hands
+ * them up as the receiver's to give (cm_format_req_event, cm_format_rep_event): its
+ * responder resources are the peer's initiator depth and its initiator depth the
+ * peer's responder resources, so a program that accepts with the request's values
+ * (tgtd's iSER target does) offers what the peer asked for. */
 static void conn_param(struct cm_event *e, struct shca_frame *f, struct mp_val h)
 {
 	size_t n = f->payload_len < PDATA_MAX ? f->payload_len : PDATA_MAX;
@@ -852,8 +857,8 @@ static void conn_param(struct cm_event *e, struct shca_frame *f, struct mp_val h
 	memcpy(e->pdata, f->payload, n);
 	e->ev.param.conn.private_data = n ? e->pdata : NULL;
 	e->ev.param.conn.private_data_len = (uint8_t)(n > 255 ? 255 : n);
-	e->ev.param.conn.responder_resources = u8(h, "rr");
-	e->ev.param.conn.initiator_depth = u8(h, "depth");
+	e->ev.param.conn.responder_resources = u8(h, "depth");
+	e->ev.param.conn.initiator_depth = u8(h, "rr");
 	e->ev.param.conn.retry_count = u8(h, "retry");
 	e->ev.param.conn.rnr_retry_count = u8(h, "rnr");
 }

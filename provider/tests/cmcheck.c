@@ -356,8 +356,12 @@ static int access_server(int port, int rr)
 	printf("server unconnected: %s\n", access_names(lid, names));
 	ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
 	id = ev->id;
+	/* the peer's initiator depth: the event's responder resources (the IB CM hands
+	 * the REQ's values up as this side's to give) */
 	printf("server request with initiator depth %u: %s\n",
-	       ev->param.conn.initiator_depth, access_names(id, names));
+	       ev->param.conn.responder_resources, access_names(id, names));
+	printf("server request event: responder_resources %u initiator_depth %u\n",
+	       ev->param.conn.responder_resources, ev->param.conn.initiator_depth);
 	rdma_ack_cm_event(ev);
 	qp_with_recvs(id, buf);
 	if (rdma_accept(id, &p))

@@ -415,7 +415,11 @@ def test_the_connection_grants_read_and_atomics_with_responder_resources(
     print(both)
     assert srv.returncode == 0 and cli.returncode == 0, both
     lines = srv.output.splitlines()
+    # The CONNECT_REQUEST's conn param as the IB CM hands it up (cm_format_req_event):
+    # this side's to give, so its responder resources are the client's initiator depth
+    # and its initiator depth the client's responder resources (1, access-client's).
     for line in ("server unconnected: none",
+                 f"server request event: responder_resources {depth} initiator_depth 1",
                  f"server request with initiator depth {depth}: {at_request}",
                  f"server accepted with responder resources {rr}: {accepted}"):
         assert line in lines, f"{line!r} missing:\n{both}"
