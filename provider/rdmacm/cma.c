@@ -694,18 +694,19 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 	struct cm_id *id = (struct cm_id *)cid;
 	struct mp_buf b;
 	uint32_t qpn;
+	uint8_t rep_rnr = 7;
 	int rc;
 
 	/* Our QP's resources: what the user asks, within what the peer offered (its
-	 * initiator depth bounds our responder resources and the other way round). */
+	 * initiator depth bounds our responder resources and the other way round). The
+	 * RNR retry count given here is the peer's, carried in the REP; our own QP's is
+	 * the REQ's (IBTA's CM: each side's is what its peer asked for). */
 	if (p) {
 		if (p->responder_resources < id->rr)
 			id->rr = p->responder_resources;
 		if (p->initiator_depth < id->depth)
 			id->depth = p->initiator_depth;
-		id->rnr = p->rnr_retry_count > 7 ? 7 : p->rnr_retry_count;
-	} else {
-		id->rnr = 7;
+		rep_rnr = p->rnr_retry_count > 7 ? 7 : p->rnr_retry_count;
 	}
 	qpn = cid->qp ? cid->qp->qp_num : (p ? p->qp_num : 0);
 	if (!qpn)
@@ -725,7 +726,7 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 	mp_kv_uint(&b, "psn", id->my_psn);
 	mp_kv_uint(&b, "responder_resources", id->rr);
 	mp_kv_uint(&b, "initiator_depth", id->depth);
-	mp_kv_uint(&b, "rnr_retry_count", id->rnr);
+	mp_kv_uint(&b, "rnr_retry_count", rep_rnr);
 	rc = call(&b, p ? p->private_data : NULL,
 		  p && p->private_data ? p->private_data_len : 0, NULL);
 	if (rc)
@@ -912,7 +913,7 @@ static int process(struct cm_event *e, struct shca_frame *f)
 		id->rr = u8(h, "depth");
 		id->depth = u8(h, "rr");
 		id->retry = u8(h, "retry");
-		id->rnr = 7;
+		id->rnr = u8(h, "rnr");         /* the REQ's: our QP's RNR retry count */
 		id->my_psn = random_psn();
 		e->ev.listen_id = &lid->id;
 		e->ev.id = &id->id;

@@ -338,12 +338,23 @@ static const char *access_names(struct rdma_cm_id *id, char *buf)
 	return buf + 1;
 }
 
+/* The QP's RNR retry count (ibv_query_qp), -1 if it cannot be read. */
+static int rnr_retry_of(struct rdma_cm_id *id)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+
+	if (ibv_query_qp(id->qp, &a, IBV_QP_RNR_RETRY, &ia))
+		return -1;
+	return a.rnr_retry;
+}
+
 static int access_server(int port, int rr)
 {
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
 	struct rdma_conn_param p = {.responder_resources = rr, .initiator_depth = 1,
-				    .rnr_retry_count = 7};
+				    .rnr_retry_count = 3};
 	struct rdma_cm_id *lid, *id;
 	struct rdma_cm_event *ev;
 	static char buf[64 * NRECV];
@@ -369,6 +380,7 @@ static int access_server(int port, int rr)
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
 	printf("server accepted with responder resources %d: %s\n", rr,
 	       access_names(id, names));
+	printf("server qp rnr_retry %d\n", rnr_retry_of(id));
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
 	rdma_disconnect(id);
 	return 0;
@@ -397,6 +409,7 @@ static int access_client(const char *addr, int port, int depth)
 		die("rdma_connect");
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
 	printf("client ESTABLISHED\n");
+	printf("client qp rnr_retry %d\n", rnr_retry_of(id));
 	if (rdma_disconnect(id))
 		die("rdma_disconnect");
 	return 0;

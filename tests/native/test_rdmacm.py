@@ -423,6 +423,13 @@ def test_the_connection_grants_read_and_atomics_with_responder_resources(
                  f"server request with initiator depth {depth}: {at_request}",
                  f"server accepted with responder resources {rr}: {accepted}"):
         assert line in lines, f"{line!r} missing:\n{both}"
+    # Each side's RNR retry count is the one its peer asked for (IBTA's REQ and REP
+    # fields; the kernel's cm_req_handler and cm_rep_handler): the client connects
+    # with 7, the server accepts with 3. tgtd accepts with 0: taken for its own QP, its
+    # login response failed "RNR retry counter exceeded" whenever libiscsi's receive
+    # came late.
+    assert "server qp rnr_retry 7" in lines, both
+    assert "client qp rnr_retry 3" in cli.output.splitlines(), both
 
 
 # -- IPv6 addresses (rdma_cm over AF_INET6, as the kernel's rdma_cm has them) --------------
