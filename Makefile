@@ -43,7 +43,7 @@ test: $(STAMP) provider accel
 # Installed when missing and root (CI is); otherwise the provider is skipped with a note
 # and tests/native skips, saying why (and the bench notes that it has no UCX peer).
 NATIVE_PKGS := libibverbs-dev ibverbs-utils perftest librdmacm-dev rdmacm-utils ucx-utils \
-               libfabric-bin qperf
+               libfabric-bin qperf tgt libiscsi-bin libiscsi-dev
 native-packages: PKGS := $(NATIVE_PKGS)
 native-packages: WHO := provider
 native-packages: WITHOUT := tests/native will skip, saying why

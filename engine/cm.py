@@ -62,6 +62,7 @@ class CMId:
     ip: str = "0.0.0.0"
     port: int = 0
     reuse: bool = False              # RDMA_OPTION_ID_REUSEADDR
+    afonly: bool = True              # RDMA_OPTION_ID_AFONLY (an IPv4 id always is)
     dev: int = 0
     # The peer: its daemon (host, wire port), device index, IP address and port, its
     # communication id once known.

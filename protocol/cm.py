@@ -15,9 +15,11 @@ header a REQ carries (36 bytes, the IP addresses and ports).
 
 from __future__ import annotations
 
+import ipaddress
+
 from .cm_sidr import SIDR_FIELDS, SIDR_PRIVATE_DATA_MAX, check_sidr
 from .control import REQUESTS, Request, _handle, _payload, _request, _wire
-from .errors import einval
+from .errors import RDMAError, einval
 from .frames import FrameError
 from .schema import U32, check_fields
 
@@ -48,6 +50,8 @@ EVENTS = {"addr_resolved": 0, "addr_error": 1, "route_resolved": 2, "route_error
           "unreachable": 7, "rejected": 8, "established": 9, "disconnected": 10,
           "device_removal": 11, "timewait_exit": 15}
 
+# An address's text: IPv4 dotted or IPv6 (INET6_ADDRSTRLEN less its NUL).
+IP_TEXT_MAX = 45
 _PSN = (int, 0, (1 << 24) - 1, True)
 _QPN = (int, 1, (1 << 24) - 1, True)
 _BYTE = (int, 0, 255, True)
@@ -79,6 +83,41 @@ def _ipv4(text: str) -> str:
     return text
 
 
+def ip_text(text: str) -> str:
+    """An IPv4 address as it is, an IPv6 one in its canonical form (RFC 5952, as
+    inet_ntop writes it), so one address has one text; anything else EINVAL."""
+    if ":" not in text:
+        return _ipv4(text)
+    try:
+        a = ipaddress.IPv6Address(text)
+        # inet_ntop writes an IPv4-mapped address's last 32 bits dotted
+        return f"::ffff:{a.ipv4_mapped}" if a.ipv4_mapped is not None else str(a)
+    except ValueError:
+        raise einval(f"address {text!r}: an IPv4 or IPv6 address is expected") from None
+
+
+def ipv4_of(text: str) -> str | None:
+    """The IPv4 address an address of either family names for softhca, whose daemons
+    reach each other over IPv4: itself; for IPv6 the unspecified (``::`` is 0.0.0.0)
+    and loopback (``::1`` is 127.0.0.1) addresses and an IPv4-mapped one
+    (::ffff:a.b.c.d is a.b.c.d); None for any other IPv6 address."""
+    if ":" not in text:
+        return text
+    a = ipaddress.IPv6Address(text)
+    if a.ipv4_mapped is not None:
+        return str(a.ipv4_mapped)
+    if a.is_unspecified:
+        return "0.0.0.0"
+    if a.is_loopback:
+        return "127.0.0.1"
+    return None
+
+
+def family(text: str) -> int:
+    """4 or 6: the IP version an address's text is of."""
+    return 6 if ":" in text else 4
+
+
 # -- the control requests (a program's librdmacm to its daemon) ---------------------------
 
 @_request("cm_create_id")
@@ -93,12 +132,15 @@ class CmDestroyId(Request):
 
 @_request("cm_bind")
 class CmBind(Request):
-    """rdma_bind_addr(3); ``reuse``: the id's RDMA_OPTION_ID_REUSEADDR."""
+    """rdma_bind_addr(3): an IPv4 or IPv6 address; ``reuse``: the id's
+    RDMA_OPTION_ID_REUSEADDR; ``afonly``: RDMA_OPTION_ID_AFONLY (an IPv6 id that takes
+    no IPv4 connection; an IPv4 id is always so, as the kernel's rdma_cm has it)."""
 
     cmid: int = _handle()
-    ip: str = _wire(str, 7, 15, decode=_ipv4)
+    ip: str = _wire(str, 2, IP_TEXT_MAX, decode=ip_text)
     port: int = _wire(int, 0, 65535)
     reuse: bool = _wire(bool, required=False, default=False)
+    afonly: bool = _wire(bool, required=False, default=False)
 
 
 # rdma_resolve_addr(3) / rdma_resolve_route(3)'s timeout_ms (2000 for a client that
@@ -109,7 +151,7 @@ _TIMEOUT_MS = _wire(int, 1, 1 << 31, required=False, default=2000)
 @_request("cm_resolve_addr")
 class CmResolveAddr(Request):
     cmid: int = _handle()
-    ip: str = _wire(str, 7, 15, decode=_ipv4)
+    ip: str = _wire(str, 2, IP_TEXT_MAX, decode=ip_text)
     port: int = _wire(int, 0, 65535)
     timeout_ms: int = _TIMEOUT_MS
 
@@ -189,8 +231,8 @@ _COMMON = {"m": (str, 2, 8, True), "lcid": (int, 1, U32, True),
            "rcid": (int, 0, U32, True), "dev": (int, 0, 255, True)}
 _FIELDS = {
     "req": {"ps": (int, 0, 0xFFFF, True), "port": (int, 1, 65535, True),
-            "sip": (str, 7, 15, True), "sport": (int, 0, 65535, True),
-            "dip": (str, 7, 15, True), "qpn": _QPN, "psn": _PSN, "rr": _BYTE,
+            "sip": (str, 2, IP_TEXT_MAX, True), "sport": (int, 0, 65535, True),
+            "dip": (str, 2, IP_TEXT_MAX, True), "qpn": _QPN, "psn": _PSN, "rr": _BYTE,
             "depth": _BYTE, "retry": _3BIT, "rnr": _3BIT},
     "rep": {"qpn": _QPN, "psn": _PSN, "rr": _BYTE, "depth": _BYTE, "rnr": _3BIT},
     "rej": {"reason": (int, 0, 0xFFFF, True)},
@@ -213,6 +255,15 @@ def decode_message(header: dict, payload) -> dict:
     # A REJ may name no receiver: an active side that gives up before any REP names
     # its own id, which the receiver knows its child by.
     check_sidr(kind, v)
+    # A REQ's addresses are the family its sender used (as the IP version of rdma_cm's
+    # header), one family for both: each must be an address.
+    if "sip" in v:
+        try:
+            v["sip"], v["dip"] = ip_text(v["sip"]), ip_text(v["dip"])
+        except RDMAError as e:
+            raise FrameError("EPROTO", f"CM {kind}: {e.message}") from None
+        if family(v["sip"]) != family(v["dip"]):
+            raise FrameError("EPROTO", f"CM {kind}: addresses of two families")
     if kind not in ("req", "rej", "sidr_req") and v["rcid"] == 0:
         raise FrameError("EPROTO", f"CM {kind} names no receiver (rcid 0)")
     v["private_data"] = bytes(payload)

@@ -25,8 +25,8 @@ SIDR_SUCCESS, SIDR_UNSUPPORTED, SIDR_REJECT, SIDR_NO_QP = 0, 1, 2, 3
 SIDR_PRIVATE_DATA_MAX = {"sidr_req": 180, "sidr_rep": 136}
 SIDR_FIELDS = {
     "sidr_req": {"ps": (int, 0, 0xFFFF, True), "port": (int, 1, 65535, True),
-                 "sip": (str, 7, 15, True), "sport": (int, 0, 65535, True),
-                 "dip": (str, 7, 15, True)},
+                 "sip": (str, 2, 45, True), "sport": (int, 0, 65535, True),
+                 "dip": (str, 2, 45, True)},
     "sidr_rep": {"status": (int, 0, 5, True), "qpn": (int, 0, (1 << 24) - 1, True),
                  "qkey": (int, 0, (1 << 32) - 1, True)},
 }

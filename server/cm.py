@@ -4,7 +4,13 @@ exchanges with other daemons on its wire links.
 
 Addresses: an IPv4 address names the daemon listening at that address on this daemon's
 own wire port (daemons of one fabric share a port, as RoCE v2 shares UDP 4791); this
-daemon's own address, a loopback address or 0.0.0.0 name this daemon. Its softhca GID is
+daemon's own address, a loopback address or 0.0.0.0 name this daemon. An id may be of
+either family, as the kernel's rdma_cm ids are: the IPv6 addresses that name a daemon
+are the unspecified, the loopback and the IPv4-mapped ones (protocol.cm.ipv4_of); any
+other is no address of this daemon (EADDRNOTAVAIL to bind) and has no route
+(ENETUNREACH to resolve), daemons reaching each other over IPv4. A REQ carries the
+family its sender used; a listener takes the REQs of its own family, and a `::`
+listener without RDMA_OPTION_ID_AFONLY IPv4 ones too. Its softhca GID is
 fe80::<IPv4>:<port>:<device index>, the one ``softhca run`` writes to sysfs.
 
 Authentication: a CM message comes on a wire link, whose HELLO proved the peer token,
@@ -71,8 +77,8 @@ class ConnectionManager(CmInbound, CmTimewait):
         self.node = node
         self.timing = timing or Timing()
         self.ids: dict[int, CMId] = {}
-        # (port space, port) -> the listening id.
-        self.listeners: dict[tuple[int, int], int] = {}
+        # (port space, port, IP version) -> the listening id.
+        self.listeners: dict[tuple[int, int, int], int] = {}
         # (origin, the active side's cid) -> the child id a REQ made (duplicates).
         self.by_remote: dict[tuple, int] = {}
         self._next = random.randrange(1, 1 << 30)
@@ -142,8 +148,9 @@ class ConnectionManager(CmInbound, CmTimewait):
         if probe is not None:
             probe.cancel()
         self.ids.pop(cid.handle, None)
-        if self.listeners.get((cid.ps, cid.port)) == cid.handle:
-            del self.listeners[(cid.ps, cid.port)]
+        key = (cid.ps, cid.port, proto.family(cid.ip))
+        if self.listeners.get(key) == cid.handle:
+            del self.listeners[key]
         parent = self.ids.get(cid.listener)
         if parent is not None:
             parent.pending.discard(cid.handle)
@@ -161,18 +168,29 @@ class ConnectionManager(CmInbound, CmTimewait):
         holds the QP (a program's rdma_cm and its verbs are two sessions)."""
         return {cid.peer for cid in self.ids.values() if cid.peer is not None}
 
-    def bind(self, cid: CMId, ip: str, port: int, reuse: bool = False) -> int:
+    def bind(self, cid: CMId, ip: str, port: int, reuse: bool = False,
+             afonly: bool = False) -> int:
         cid.check("bind")
-        if ip not in ("0.0.0.0", self.my_ip()) and not ip.startswith("127."):
+        v4 = proto.ipv4_of(ip)
+        if v4 is None:
+            raise RDMAError("EADDRNOTAVAIL", f"rdma_bind_addr: {ip} is no address of this "
+                            "daemon: its IPv6 addresses are ::, ::1 and the IPv4-mapped "
+                            f"::ffff:{self.my_ip()} (daemons speak IPv4)")
+        if v4 not in ("0.0.0.0", self.my_ip()) and not v4.startswith("127."):
             raise RDMAError("EADDRNOTAVAIL", f"rdma_bind_addr: {ip} is not this daemon's "
                                              f"address ({self.my_ip()})")
+        # The kernel's rdma_cm: an IPv4 id is AFONLY; an IPv6 one as the option says
+        # (net.ipv6.bindv6only's default, 0, when the program did not set it).
+        afonly = afonly or proto.family(ip) == 4
         port = port or self._ephemeral(cid.ps)
         # As SO_REUSEADDR: two ids that both asked may share a port, unless one listens.
+        # Two AFONLY ids of two families never meet (tgtd binds 0.0.0.0 and :: so).
         if any(c.ps == cid.ps and c.port == port and c.state != CMState.IDLE
                and not (reuse and c.reuse and c.state != CMState.LISTEN)
+               and not _apart(c, ip, afonly)
                for c in self.ids.values() if c.listener == 0):
             raise RDMAError("EADDRINUSE", f"rdma_bind_addr: port {port} is bound already")
-        cid.ip, cid.port, cid.reuse = ip, port, reuse
+        cid.ip, cid.port, cid.reuse, cid.afonly = ip, port, reuse, afonly
         cid.to(CMState.BOUND)
         return port
 
@@ -186,10 +204,18 @@ class ConnectionManager(CmInbound, CmTimewait):
 
     def resolve_addr(self, cid: CMId, ip: str, port: int, timeout_ms: int = 2000) -> None:
         cid.check("resolve_addr")
+        v4 = proto.ipv4_of(ip)
+        if v4 is None:
+            raise RDMAError("ENETUNREACH", f"rdma_resolve_addr: no route to {ip}: daemons "
+                            "reach each other over IPv4; name the peer by its IPv4 address "
+                            "or as ::ffff:a.b.c.d")
         if cid.state == CMState.IDLE:
-            self.bind(cid, "0.0.0.0", 0)
+            self.bind(cid, "::" if proto.family(ip) == 6 else "0.0.0.0", 0)
+        elif proto.family(cid.ip) != proto.family(ip):
+            raise RDMAError("EINVAL", f"rdma_resolve_addr: the id is bound to {cid.ip}, "
+                                      f"{ip} is of the other address family")
         back = cid.state
-        cid.peer = self.daemon_of(ip)
+        cid.peer = self.daemon_of(v4)
         cid.peer_ip, cid.peer_port = ip, port
         cid.to(CMState.ADDR_QUERY)
         self._reach(cid, timeout_ms, ("addr_resolved", CMState.ADDR_RESOLVED),
@@ -244,16 +270,32 @@ class ConnectionManager(CmInbound, CmTimewait):
 
     def listen(self, cid: CMId, backlog: int) -> None:
         cid.check("listen")
-        other = self.listeners.get((cid.ps, cid.port))
+        key = (cid.ps, cid.port, proto.family(cid.ip))
+        other = self.listeners.get(key)
         if other is not None and other != cid.handle:
             raise RDMAError("EADDRINUSE", f"rdma_listen: port {cid.port} has a listener")
         if any(c is not cid and c.ps == cid.ps and c.port == cid.port and c.listener == 0
-               and c.state != CMState.IDLE for c in self.ids.values()):
+               and c.state != CMState.IDLE and not _apart(c, cid.ip, cid.afonly)
+               for c in self.ids.values()):
             raise RDMAError("EADDRINUSE", f"rdma_listen: port {cid.port} is shared "
                                           "(RDMA_OPTION_ID_REUSEADDR) with another id")
         cid.backlog = backlog_of(backlog, MAX_BACKLOG)
-        self.listeners[(cid.ps, cid.port)] = cid.handle
+        self.listeners[key] = cid.handle
         cid.to(CMState.LISTEN)
+
+    def listener_for(self, m: dict) -> tuple[CMId | None, bool]:
+        """The listener a REQ (or SIDR_REQ) ``m`` is for, as the kernel's rdma_cm
+        matches one: its port and IP version, or a `::` listener that is not AFONLY
+        for an IPv4 REQ. Also whether the port has a listener at all (one of the other
+        family: the REQ is then rejected by the consumer, not for its service id)."""
+        fam = proto.family(m["dip"])
+        lid = self.listeners.get((m["ps"], m["port"], fam))
+        other = self.ids.get(self.listeners.get((m["ps"], m["port"], 10 - fam), 0))
+        if lid is None and fam == 4 and other is not None and not other.afonly \
+                and proto.ipv4_of(other.ip) == "0.0.0.0":
+            return other, True
+        parent = self.ids.get(lid) if lid is not None else None
+        return parent, parent is not None or other is not None
 
     def _check_qp(self, cid: CMId, qpn: int, call: str, kind: type = RCQP) -> None:
         """The QP a connect or accept names must be a QP of the id's kind (RC, or UD
@@ -334,7 +376,14 @@ class ConnectionManager(CmInbound, CmTimewait):
 
     # -- messages ------------------------------------------------------------------------
     def _src_ip(self, cid: CMId) -> str:
-        return self.my_ip() if cid.ip == "0.0.0.0" or cid.ip.startswith("127.") else cid.ip
+        """The id's source address, in its family: this daemon's address for a
+        wildcard or loopback bind (IPv4-mapped for an IPv6 id, ::1 towards ::1)."""
+        v4 = proto.ipv4_of(cid.ip) or cid.ip
+        if v4 != "0.0.0.0" and not v4.startswith("127."):
+            return cid.ip
+        if proto.family(cid.ip) == 4:
+            return self.my_ip()
+        return "::1" if cid.peer_ip == "::1" else f"::ffff:{self.my_ip()}"
 
     def _addrs(self, cid: CMId) -> dict:
         host, port = cid.peer or (self.node.host, self.node.port)
@@ -414,6 +463,12 @@ class ConnectionManager(CmInbound, CmTimewait):
         return {"ids": len(ids), "listeners": len(self.listeners),
                 "timers": len(self._timers) + len(self._probes) + len(self._tw_timers),
                 "remote": len(self.by_remote) + len(self.timewait)}
+
+
+def _apart(c: CMId, ip: str, afonly: bool) -> bool:
+    """Whether a bound id ``c`` and an id binding ``ip`` (AFONLY or not) may hold one
+    port whatever their addresses: both AFONLY and of two families."""
+    return afonly and c.afonly and proto.family(c.ip) != proto.family(ip)
 
 
 def _link_status(failure: BaseException | None) -> int:

@@ -72,11 +72,15 @@ class CmInbound:
             return
         if self.stale_req(m, origin, peer):
             return
-        lid = self.listeners.get((m["ps"], m["port"]))
-        parent = self.ids.get(lid) if lid is not None else None
+        parent, port_listened = self.listener_for(m)
         if parent is None:
+            # No listener on the port: the IB CM's invalid service id. One of the other
+            # IP version only: rdma_cm's handler refuses the REQ, and the IB CM rejects
+            # it as its consumer's (the kernel's answer to an IPv4 REQ at an AFONLY
+            # `::` listener).
+            reason = proto.REJ_CONSUMER if port_listened else proto.REJ_INVALID_SERVICE_ID
             self._transmit(peer, {"t": "cm", "m": "rej", "lcid": 1, "rcid": m["lcid"],
-                                  "dev": 0, "reason": proto.REJ_INVALID_SERVICE_ID}, b"")
+                                  "dev": 0, "reason": reason}, b"")
             return
         # A full backlog (or no id left for the child) drops the REQ unanswered, as the
         # kernel's ucma and ib_cm do (-ENOMEM: "do not reject, to allow future
@@ -103,7 +107,9 @@ class CmInbound:
         addresses, REQ_RCVD, pending on the listener until accepted or rejected. Returns
         the addresses its connect_request event carries."""
         child.peer, child.peer_dev, child.remote_cid = peer, m["dev"], m["lcid"]
-        child.ip, child.port, child.dev = parent.ip, parent.port, parent.dev
+        # the child's address is the one the REQ names, in its family (an IPv4 REQ at
+        # a `::` listener makes an IPv4 id, as the kernel's rdma_cm makes it)
+        child.ip, child.port, child.dev = m["dip"], parent.port, parent.dev
         child.peer_ip, child.peer_port = m["sip"], m["sport"]
         child.remote_qpn = m.get("qpn", 0)      # none for a SIDR_REQ: UD has no timewait
         child.to(CMState.REQ_RCVD)

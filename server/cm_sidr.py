@@ -81,8 +81,7 @@ def on_req(cm, m: dict, origin) -> None:
         if c is not None and c.resend is not None:
             cm._transmit(c.peer, c.resend["header"], c.resend["data"])
         return
-    lid = cm.listeners.get((m["ps"], m["port"]))
-    parent = cm.ids.get(lid) if lid is not None else None
+    parent, _ = cm.listener_for(m)
     if parent is None:
         _refuse_req(cm, peer, m, sidr.SIDR_UNSUPPORTED)
         return

@@ -28,7 +28,8 @@ def op_destroy_id(v, r: proto.CmDestroyId, rid: int) -> dict:
 
 def op_bind(v, r: proto.CmBind, rid: int) -> dict:
     cm = _cm(v)
-    return {"port": cm.bind(cm.get(v.session, r.cmid), r.ip, r.port, r.reuse)}
+    return {"port": cm.bind(cm.get(v.session, r.cmid), r.ip, r.port, r.reuse,
+                            r.afonly)}
 
 
 def op_resolve_addr(v, r: proto.CmResolveAddr, rid: int) -> dict:

@@ -415,15 +415,37 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *cid)
 	return rc ? fail(rc) : 0;
 }
 
-static int sin_of(const struct sockaddr *a, char ip[16], uint16_t *port)
+/* An address of either family as the daemon takes it: its text and port (IPv6 ids are
+ * the kernel's rdma_cm's too; the daemon says which IPv6 addresses name a daemon). */
+static int ip_of(const struct sockaddr *a, char ip[INET6_ADDRSTRLEN], uint16_t *port)
 {
-	const struct sockaddr_in *s = (const struct sockaddr_in *)a;
+	if (a && a->sa_family == AF_INET) {
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)a)->sin_addr, ip,
+			  INET6_ADDRSTRLEN);
+		*port = ntohs(((const struct sockaddr_in *)a)->sin_port);
+		return 0;
+	}
+	if (a && a->sa_family == AF_INET6) {
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)a)->sin6_addr, ip,
+			  INET6_ADDRSTRLEN);
+		*port = ntohs(((const struct sockaddr_in6 *)a)->sin6_port);
+		return 0;
+	}
+	return EAFNOSUPPORT;
+}
 
-	if (!a || a->sa_family != AF_INET)
-		return EAFNOSUPPORT;
-	inet_ntop(AF_INET, &s->sin_addr, ip, 16);
-	*port = ntohs(s->sin_port);
-	return 0;
+static size_t sa_size(const struct sockaddr *a)
+{
+	return a->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) :
+		sizeof(struct sockaddr_in);
+}
+
+/* 127.0.0.0/8 or ::1 */
+static int loopback(const struct sockaddr *a)
+{
+	if (a->sa_family == AF_INET6)
+		return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)a)->sin6_addr);
+	return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
 }
 
 EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
@@ -431,26 +453,30 @@ EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 	struct cm_id *id = (struct cm_id *)cid;
 	struct shca_frame r;
 	struct mp_buf b;
-	char ip[16];
+	char ip[INET6_ADDRSTRLEN];
 	uint16_t port;
 	uint64_t got = 0;
-	int rc = sin_of(addr, ip, &port);
+	int rc = ip_of(addr, ip, &port);
 
 	if (rc)
 		return fail(rc);
-	cm_begin(&g.conn, &b, "cm_bind", 4);
+	cm_begin(&g.conn, &b, "cm_bind", 5);
 	mp_kv_uint(&b, "cmid", id->handle);
 	mp_str(&b, "ip");
 	mp_str(&b, ip);
 	mp_kv_uint(&b, "port", port);
 	mp_str(&b, "reuse");
 	mp_bool(&b, id->reuseaddr);
+	mp_str(&b, "afonly");
+	mp_bool(&b, id->afonly);
 	rc = call(&b, NULL, 0, &r);
 	if (rc)
 		return fail(rc);
 	mp_find_uint(r.hdr, "port", &got);
 	shca_frame_free(&r);
-	memcpy(&cid->route.addr.src_sin, addr, sizeof(struct sockaddr_in));
+	memset(&cid->route.addr.src_storage, 0, sizeof(cid->route.addr.src_storage));
+	memcpy(&cid->route.addr.src_storage, addr, sa_size(addr));
+	/* sin_port and sin6_port lie at one offset */
 	cid->route.addr.src_sin.sin_port = htons((uint16_t)got);
 	/* A bound id has its device: the daemon's first (its address is the daemon's).
 	 * Not so a loopback address when the daemon is on another interface: lo has no
@@ -458,7 +484,7 @@ EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 	 * with a connection. libfabric's verbs provider binds "localhost" this way and,
 	 * finding no device, listens on the device's own address (the peer could not
 	 * reach 127.0.0.1). */
-	if (!g.on_lo && (ntohl(((struct sockaddr_in *)addr)->sin_addr.s_addr) >> 24) == 127)
+	if (!g.on_lo && loopback(addr))
 		cid->verbs = NULL;
 	else
 		cid->verbs = device(0);
@@ -491,16 +517,15 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src,
 {
 	struct cm_id *id = (struct cm_id *)cid;
 	struct mp_buf b;
-	char ip[16];
+	char ip[INET6_ADDRSTRLEN];
 	uint16_t port;
 	int rc;
 
 	if (src && src->sa_family && rdma_bind_addr(cid, src))
 		return -1;
-	rc = sin_of(dst, ip, &port);
+	rc = ip_of(dst, ip, &port);
 	if (rc)
 		return fail(rc);
-	memcpy(&cid->route.addr.dst_sin, dst, sizeof(struct sockaddr_in));
 	cm_begin(&g.conn, &b, "cm_resolve_addr", 4);
 	mp_kv_uint(&b, "cmid", id->handle);
 	mp_str(&b, "ip");
@@ -510,6 +535,8 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src,
 	rc = call(&b, NULL, 0, NULL);
 	if (rc)
 		return fail(rc);
+	memset(&cid->route.addr.dst_storage, 0, sizeof(cid->route.addr.dst_storage));
+	memcpy(&cid->route.addr.dst_storage, dst, sa_size(dst));
 	return id->own_channel ? sync_wait(cid, RDMA_CM_EVENT_ADDR_RESOLVED, NULL) : 0;
 }
 
@@ -667,18 +694,19 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 	struct cm_id *id = (struct cm_id *)cid;
 	struct mp_buf b;
 	uint32_t qpn;
+	uint8_t rep_rnr = 7;
 	int rc;
 
 	/* Our QP's resources: what the user asks, within what the peer offered (its
-	 * initiator depth bounds our responder resources and the other way round). */
+	 * initiator depth bounds our responder resources and the other way round). The
+	 * RNR retry count given here is the peer's, carried in the REP; our own QP's is
+	 * the REQ's (IBTA's CM: each side's is what its peer asked for). */
 	if (p) {
 		if (p->responder_resources < id->rr)
 			id->rr = p->responder_resources;
 		if (p->initiator_depth < id->depth)
 			id->depth = p->initiator_depth;
-		id->rnr = p->rnr_retry_count > 7 ? 7 : p->rnr_retry_count;
-	} else {
-		id->rnr = 7;
+		rep_rnr = p->rnr_retry_count > 7 ? 7 : p->rnr_retry_count;
 	}
 	qpn = cid->qp ? cid->qp->qp_num : (p ? p->qp_num : 0);
 	if (!qpn)
@@ -698,7 +726,7 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 	mp_kv_uint(&b, "psn", id->my_psn);
 	mp_kv_uint(&b, "responder_resources", id->rr);
 	mp_kv_uint(&b, "initiator_depth", id->depth);
-	mp_kv_uint(&b, "rnr_retry_count", id->rnr);
+	mp_kv_uint(&b, "rnr_retry_count", rep_rnr);
 	rc = call(&b, p ? p->private_data : NULL,
 		  p && p->private_data ? p->private_data_len : 0, NULL);
 	if (rc)
@@ -775,24 +803,34 @@ static void gid_of(struct mp_val h, const char *k, union ibv_gid *gid)
 		memcpy(gid->raw, p, 16);
 }
 
+/* An event's address, in the family its text is: the family the program used (for a
+ * passive id, the one its peer's REQ carried, as the kernel's rdma_cm has it). */
 static void addr_of(struct mp_val h, const char *ipk, const char *portk,
-		    struct sockaddr_in *sin)
+		    struct sockaddr_storage *ss)
 {
+	struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+	struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
 	struct mp_val v;
 	const char *s;
 	uint32_t n;
-	char ip[16];
+	char ip[INET6_ADDRSTRLEN];
 	uint64_t port = 0;
 
-	if (!mp_find(h, ipk, &v) || !mp_get_str(v, &s, &n) || n >= 16)
+	if (!mp_find(h, ipk, &v) || !mp_get_str(v, &s, &n) || n >= sizeof(ip))
 		return;
 	memcpy(ip, s, n);
 	ip[n] = 0;
 	mp_find_uint(h, portk, &port);
-	memset(sin, 0, sizeof(*sin));
-	sin->sin_family = AF_INET;
-	inet_pton(AF_INET, ip, &sin->sin_addr);
-	sin->sin_port = htons((uint16_t)port);
+	memset(ss, 0, sizeof(*ss));
+	if (memchr(ip, ':', n)) {
+		s6->sin6_family = AF_INET6;
+		inet_pton(AF_INET6, ip, &s6->sin6_addr);
+		s6->sin6_port = htons((uint16_t)port);
+	} else {
+		s4->sin_family = AF_INET;
+		inet_pton(AF_INET, ip, &s4->sin_addr);
+		s4->sin_port = htons((uint16_t)port);
+	}
 }
 
 static void route_of(struct rdma_cm_id *cid, struct mp_val h)
@@ -801,13 +839,18 @@ static void route_of(struct rdma_cm_id *cid, struct mp_val h)
 
 	mp_find_uint(h, "dev", &dev);
 	cid->verbs = device((int)dev);
-	addr_of(h, "sip", "sport", &cid->route.addr.src_sin);
-	addr_of(h, "dip", "dport", &cid->route.addr.dst_sin);
+	addr_of(h, "sip", "sport", &cid->route.addr.src_storage);
+	addr_of(h, "dip", "dport", &cid->route.addr.dst_storage);
 	gid_of(h, "sgid", &cid->route.addr.addr.ibaddr.sgid);
 	gid_of(h, "dgid", &cid->route.addr.addr.ibaddr.dgid);
 	cid->route.addr.addr.ibaddr.pkey = htons(0xffff);
 }
 
+/* The event's conn param. A REQ's or REP's resources are the sender's; the IB CM hands
+ * them up as the receiver's to give (cm_format_req_event, cm_format_rep_event): its
+ * responder resources are the peer's initiator depth and its initiator depth the
+ * peer's responder resources, so a program that accepts with the request's values
+ * (tgtd's iSER target does) offers what the peer asked for. */
 static void conn_param(struct cm_event *e, struct shca_frame *f, struct mp_val h)
 {
 	size_t n = f->payload_len < PDATA_MAX ? f->payload_len : PDATA_MAX;
@@ -815,8 +858,8 @@ static void conn_param(struct cm_event *e, struct shca_frame *f, struct mp_val h
 	memcpy(e->pdata, f->payload, n);
 	e->ev.param.conn.private_data = n ? e->pdata : NULL;
 	e->ev.param.conn.private_data_len = (uint8_t)(n > 255 ? 255 : n);
-	e->ev.param.conn.responder_resources = u8(h, "rr");
-	e->ev.param.conn.initiator_depth = u8(h, "depth");
+	e->ev.param.conn.responder_resources = u8(h, "depth");
+	e->ev.param.conn.initiator_depth = u8(h, "rr");
 	e->ev.param.conn.retry_count = u8(h, "retry");
 	e->ev.param.conn.rnr_retry_count = u8(h, "rnr");
 }
@@ -870,7 +913,7 @@ static int process(struct cm_event *e, struct shca_frame *f)
 		id->rr = u8(h, "depth");
 		id->depth = u8(h, "rr");
 		id->retry = u8(h, "retry");
-		id->rnr = 7;
+		id->rnr = u8(h, "rnr");         /* the REQ's: our QP's RNR retry count */
 		id->my_psn = random_psn();
 		e->ev.listen_id = &lid->id;
 		e->ev.id = &id->id;

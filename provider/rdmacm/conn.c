@@ -66,7 +66,7 @@ static const struct { const char *name; int err; } errnos[] = {
 	{"EINVAL", EINVAL}, {"ENOENT", ENOENT}, {"ENOMEM", ENOMEM}, {"EAGAIN", EAGAIN},
 	{"EADDRINUSE", EADDRINUSE}, {"EADDRNOTAVAIL", EADDRNOTAVAIL}, {"EPROTO", EPROTO},
 	{"EOPNOTSUPP", EOPNOTSUPP}, {"EBUSY", EBUSY}, {"ETIMEDOUT", ETIMEDOUT},
-	{"EMSGSIZE", EMSGSIZE},
+	{"EMSGSIZE", EMSGSIZE}, {"ENETUNREACH", ENETUNREACH},
 };
 
 int cm_call(struct cm_conn *c, struct mp_buf *b, const void *payload, size_t plen,

@@ -264,8 +264,8 @@ static int option_int(const void *v, size_t len, int *out)
 
 /* rdma_set_option(3) at level RDMA_OPTION_ID: the ToS (the QP's traffic class), the
  * local ACK timeout (the QP's timeout at RTS), REUSEADDR (a later rdma_bind_addr may
- * share a port, cma.c) and AFONLY (IPv6 only: ids here are IPv4, which it leaves
- * alone). A value of the wrong size is EINVAL; an option rdma_cm does not have, like
+ * share a port, cma.c) and AFONLY (an IPv6 id bound after it takes no IPv4
+ * connection and shares its port with an IPv4 id; IPv4 ids always are so). A value of the wrong size is EINVAL; an option rdma_cm does not have, like
  * the kernel's, ENOSYS; path records (RDMA_OPTION_IB_PATH) are not modelled. */
 EXPORT int rdma_set_option(struct rdma_cm_id *cid, int level, int optname, void *optval,
 			   size_t optlen)

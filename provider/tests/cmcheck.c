@@ -18,6 +18,15 @@
  *   cmcheck access-client ADDR PORT DEPTH  (connects with initiator depth DEPTH)
  *   cmcheck migrate ADDR            (rdma_migrate_id: pending events move, the wait
  *                                    for an unacknowledged one, to and from synchronous)
+ *   cmcheck ip-binds V4ADDR         (IPv6 binds and resolves: the wildcard, loopback,
+ *                                    IPv4-mapped, an address no interface has; the
+ *                                    port a v4 wildcard holds, with and without AFONLY)
+ *   cmcheck ip-server ADDR PORT AFONLY N  (a listener on ADDR, v4 or v6; AFONLY 0 or 1
+ *                                    set before the bind, -1 left alone; accepts N
+ *                                    connections and prints each one's addresses)
+ *   cmcheck ip-client PORT ADDR...  (connects to each ADDR in turn; the first is
+ *                                    retried while it is rejected, until the listener
+ *                                    is up)
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -329,12 +338,23 @@ static const char *access_names(struct rdma_cm_id *id, char *buf)
 	return buf + 1;
 }
 
+/* The QP's RNR retry count (ibv_query_qp), -1 if it cannot be read. */
+static int rnr_retry_of(struct rdma_cm_id *id)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+
+	if (ibv_query_qp(id->qp, &a, IBV_QP_RNR_RETRY, &ia))
+		return -1;
+	return a.rnr_retry;
+}
+
 static int access_server(int port, int rr)
 {
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
 	struct rdma_conn_param p = {.responder_resources = rr, .initiator_depth = 1,
-				    .rnr_retry_count = 7};
+				    .rnr_retry_count = 3};
 	struct rdma_cm_id *lid, *id;
 	struct rdma_cm_event *ev;
 	static char buf[64 * NRECV];
@@ -347,8 +367,12 @@ static int access_server(int port, int rr)
 	printf("server unconnected: %s\n", access_names(lid, names));
 	ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
 	id = ev->id;
+	/* the peer's initiator depth: the event's responder resources (the IB CM hands
+	 * the REQ's values up as this side's to give) */
 	printf("server request with initiator depth %u: %s\n",
-	       ev->param.conn.initiator_depth, access_names(id, names));
+	       ev->param.conn.responder_resources, access_names(id, names));
+	printf("server request event: responder_resources %u initiator_depth %u\n",
+	       ev->param.conn.responder_resources, ev->param.conn.initiator_depth);
 	rdma_ack_cm_event(ev);
 	qp_with_recvs(id, buf);
 	if (rdma_accept(id, &p))
@@ -356,6 +380,7 @@ static int access_server(int port, int rr)
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
 	printf("server accepted with responder resources %d: %s\n", rr,
 	       access_names(id, names));
+	printf("server qp rnr_retry %d\n", rnr_retry_of(id));
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
 	rdma_disconnect(id);
 	return 0;
@@ -384,6 +409,7 @@ static int access_client(const char *addr, int port, int depth)
 		die("rdma_connect");
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
 	printf("client ESTABLISHED\n");
+	printf("client qp rnr_retry %d\n", rnr_retry_of(id));
 	if (rdma_disconnect(id))
 		die("rdma_disconnect");
 	return 0;
@@ -530,6 +556,258 @@ static int migrate(const char *addr)
 	return 0;
 }
 
+/* An address as "AF_INET 10.0.0.1:7" or "AF_INET6 [::1]:7" (the family the id holds). */
+static const char *sa_text(const struct sockaddr *a, char *buf)
+{
+	char ip[INET6_ADDRSTRLEN];
+
+	if (a->sa_family == AF_INET) {
+		const struct sockaddr_in *s = (const struct sockaddr_in *)a;
+
+		inet_ntop(AF_INET, &s->sin_addr, ip, sizeof(ip));
+		snprintf(buf, 80, "AF_INET %s:%u", ip, ntohs(s->sin_port));
+	} else if (a->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)a;
+
+		inet_ntop(AF_INET6, &s->sin6_addr, ip, sizeof(ip));
+		snprintf(buf, 80, "AF_INET6 [%s]:%u", ip, ntohs(s->sin6_port));
+	} else {
+		snprintf(buf, 80, "family %d", a->sa_family);
+	}
+	return buf;
+}
+
+/* ADDR (either family's text) and PORT as a sockaddr. */
+static struct sockaddr *sa_of(const char *addr, int port, struct sockaddr_storage *ss)
+{
+	struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+	struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+
+	memset(ss, 0, sizeof(*ss));
+	if (inet_pton(AF_INET6, addr, &s6->sin6_addr) == 1) {
+		s6->sin6_family = AF_INET6;
+		s6->sin6_port = htons(port);
+	} else if (inet_pton(AF_INET, addr, &s4->sin_addr) == 1) {
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons(port);
+	} else {
+		printf("FAIL address %s\n", addr);
+		exit(1);
+	}
+	return (struct sockaddr *)ss;
+}
+
+static const char *rc_text(int rc)
+{
+	return rc ? strerror(errno) : "ok";
+}
+
+/* One id bound to ADDR:PORT, AFONLY set first when afonly >= 0; NULL when it fails. */
+static struct rdma_cm_id *bound(struct rdma_event_channel *ch, const char *addr, int port,
+				int afonly, const char *label)
+{
+	struct sockaddr_storage ss;
+	struct rdma_cm_id *id;
+	char text[80];
+	int rc;
+
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (afonly >= 0 && rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &afonly,
+					   sizeof(afonly)))
+		die("rdma_set_option AFONLY");
+	rc = rdma_bind_addr(id, sa_of(addr, port, &ss));
+	printf("%s %s", label, rc_text(rc));
+	if (!rc)
+		printf(" %s", sa_text(rdma_get_local_addr(id), text));
+	printf("\n");
+	if (rc) {
+		rdma_destroy_id(id);
+		return NULL;
+	}
+	return id;
+}
+
+static int ip_binds(const char *v4)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *ids[8], *id;
+	struct sockaddr_storage ss;
+	char mapped[64];
+	int n = 0, rc, i;
+
+	if (!ch)
+		die("rdma_create_event_channel");
+	snprintf(mapped, sizeof(mapped), "::ffff:%s", v4);
+	ids[n++] = bound(ch, "::", 7401, -1, "bind-any6");
+	ids[n++] = bound(ch, "::1", 7402, -1, "bind-loopback6");
+	ids[n++] = bound(ch, mapped, 7403, -1, "bind-mapped");
+	ids[n++] = bound(ch, "2001:db8::1", 7404, -1, "bind-foreign6");
+	/* A v4 wildcard's port: a v6 wildcard shares it only when it is AFONLY. */
+	ids[n++] = bound(ch, "0.0.0.0", 7405, -1, "bind-any4");
+	ids[n++] = bound(ch, "::", 7405, -1, "bind-any6-same-port");
+	ids[n++] = bound(ch, "::", 7405, 1, "bind-any6-afonly-same-port");
+	for (i = 0; i < n; i++)
+		if (ids[i])
+			printf("listen-%d %s\n", i, rc_text(rdma_listen(ids[i], 1)));
+	/* A resolve to an IPv6 address that names no daemon: no route to it. */
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	rc = rdma_resolve_addr(id, NULL, sa_of("2001:db8::2", 7406, &ss), 1000);
+	printf("resolve-foreign6 %s\n", rc_text(rc));
+	/* Bound to one family, resolving the other: the kernel's EINVAL. */
+	rc = rdma_bind_addr(id, sa_of("0.0.0.0", 0, &ss));
+	if (rc)
+		die("rdma_bind_addr");
+	rc = rdma_resolve_addr(id, NULL, sa_of(mapped, 7406, &ss), 1000);
+	printf("resolve-other-family %s\n", rc_text(rc));
+	rdma_destroy_id(id);
+	for (i = 0; i < n; i++)
+		if (ids[i])
+			rdma_destroy_id(ids[i]);
+	rdma_destroy_event_channel(ch);
+	return 0;
+}
+
+static void print_conn(const char *who, struct rdma_cm_id *id)
+{
+	char a[80], b[80];
+
+	printf("%s local %s peer %s\n", who, sa_text(rdma_get_local_addr(id), a),
+	       sa_text(rdma_get_peer_addr(id), b));
+}
+
+static void plain_qp(struct rdma_cm_id *id)
+{
+	struct ibv_qp_init_attr a = {.cap = {.max_send_wr = 1, .max_recv_wr = 1,
+					     .max_send_sge = 1, .max_recv_sge = 1},
+				     .qp_type = IBV_QPT_RC};
+
+	if (rdma_create_qp(id, NULL, &a))
+		die("rdma_create_qp");
+}
+
+static int ip_server(const char *addr, int port, int afonly, int n)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *lid;
+	struct rdma_cm_event *ev;
+	int accepted = 0, gone = 0;
+
+	if (!ch)
+		die("rdma_create_event_channel");
+	lid = bound(ch, addr, port, afonly, "server bind");
+	if (!lid)
+		return 1;
+	if (rdma_listen(lid, 4))
+		die("rdma_listen");
+	print_conn("server listening", lid);
+	while (gone < n) {
+		if (rdma_get_cm_event(ch, &ev))
+			die("rdma_get_cm_event");
+		switch (ev->event) {
+		case RDMA_CM_EVENT_CONNECT_REQUEST:
+			print_conn("server request", ev->id);
+			plain_qp(ev->id);
+			if (rdma_accept(ev->id, NULL))
+				die("rdma_accept");
+			break;
+		case RDMA_CM_EVENT_ESTABLISHED:
+			print_conn("server established", ev->id);
+			accepted++;
+			break;
+		case RDMA_CM_EVENT_DISCONNECTED:
+			rdma_disconnect(ev->id);
+			gone++;
+			break;
+		default:
+			printf("server event %s status %d\n", rdma_event_str(ev->event),
+			       ev->status);
+		}
+		rdma_ack_cm_event(ev);
+	}
+	printf("server accepted %d\n", accepted);
+	return 0;
+}
+
+static void ip_disconnect(struct rdma_event_channel *ch, struct rdma_cm_id *id)
+{
+	rdma_disconnect(id);
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+}
+
+/* One connect to ADDR:PORT: 0 established, else the REJECTED status (or -1). An
+ * established connection is kept in *keep when keep is given, else disconnected. */
+static int ip_connect(struct rdma_event_channel *ch, const char *addr, int port, int quiet,
+		      struct rdma_cm_id **keep)
+{
+	struct sockaddr_storage ss;
+	struct rdma_cm_event *ev;
+	struct rdma_cm_id *id;
+	char a[80], b[80];
+	int st;
+
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_resolve_addr(id, NULL, sa_of(addr, port, &ss), 2000))
+		die("rdma_resolve_addr");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	sa_text(rdma_get_local_addr(id), a);
+	sa_text(rdma_get_peer_addr(id), b);
+	if (rdma_resolve_route(id, 2000))
+		die("rdma_resolve_route");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	plain_qp(id);
+	if (rdma_connect(id, NULL))
+		die("rdma_connect");
+	if (rdma_get_cm_event(ch, &ev))
+		die("rdma_get_cm_event");
+	if (ev->event == RDMA_CM_EVENT_ESTABLISHED || !quiet)
+		printf("client resolved local %s peer %s\n", a, b);
+	if (ev->event == RDMA_CM_EVENT_ESTABLISHED) {
+		rdma_ack_cm_event(ev);
+		print_conn("client established", id);
+		if (keep) {
+			*keep = id;
+			return 0;
+		}
+		ip_disconnect(ch, id);
+		return 0;
+	}
+	st = ev->event == RDMA_CM_EVENT_REJECTED ? ev->status : -1;
+	if (!quiet)
+		printf("client %s status %d\n", rdma_event_str(ev->event), ev->status);
+	rdma_ack_cm_event(ev);
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+	return st;
+}
+
+/* The first connection stays up while the others are tried, so the server is still
+ * there for them; it goes last. */
+static int ip_client(int port, int naddr, char **addrs)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct timespec ms200 = {0, 200000000};
+	struct rdma_cm_id *first = NULL;
+	int i, tries;
+
+	if (!ch)
+		die("rdma_create_event_channel");
+	/* the first: until the server's rdma_listen is there (REJECTED 8 before it) */
+	for (tries = 0; ip_connect(ch, addrs[0], port, tries < 50, &first) != 0; tries++) {
+		if (tries >= 50)
+			return 1;
+		nanosleep(&ms200, NULL);
+	}
+	for (i = 1; i < naddr; i++)
+		ip_connect(ch, addrs[i], port, 0, NULL);
+	ip_disconnect(ch, first);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -553,9 +831,16 @@ int main(int argc, char **argv)
 		return addrinfo(argv[2]);
 	if (argc == 3 && !strcmp(argv[1], "migrate"))
 		return migrate(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "ip-binds"))
+		return ip_binds(argv[2]);
+	if (argc == 6 && !strcmp(argv[1], "ip-server"))
+		return ip_server(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+	if (argc >= 4 && !strcmp(argv[1], "ip-client"))
+		return ip_client(atoi(argv[2]), argc - 3, argv + 3);
 	fprintf(stderr, "usage: cmcheck options | resolve ADDR MS | flush-server PORT | "
 		"flush-client ADDR PORT | exit-server PORT | exit-client ADDR PORT | "
 		"access-server PORT RR | access-client ADDR PORT DEPTH | addrinfo ADDR | "
-		"migrate ADDR\n");
+		"migrate ADDR | ip-binds V4ADDR | ip-server ADDR PORT AFONLY N | "
+		"ip-client PORT ADDR...\n");
 	return 2;
 }

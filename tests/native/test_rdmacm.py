@@ -409,7 +409,97 @@ def test_the_connection_grants_read_and_atomics_with_responder_resources(
     print(both)
     assert srv.returncode == 0 and cli.returncode == 0, both
     lines = srv.output.splitlines()
+    # The CONNECT_REQUEST's conn param as the IB CM hands it up (cm_format_req_event):
+    # this side's to give, so its responder resources are the client's initiator depth
+    # and its initiator depth the client's responder resources (1, access-client's).
     for line in ("server unconnected: none",
+                 f"server request event: responder_resources {depth} initiator_depth 1",
                  f"server request with initiator depth {depth}: {at_request}",
                  f"server accepted with responder resources {rr}: {accepted}"):
         assert line in lines, f"{line!r} missing:\n{both}"
+    # Each side's RNR retry count is the one its peer asked for (IBTA's REQ and REP
+    # fields; the kernel's cm_req_handler and cm_rep_handler): the client connects
+    # with 7, the server accepts with 3. tgtd accepts with 0: taken for its own QP, its
+    # login response failed "RNR retry counter exceeded" whenever libiscsi's receive
+    # came late.
+    assert "server qp rnr_retry 7" in lines, both
+    assert "client qp rnr_retry 3" in cli.output.splitlines(), both
+
+
+# -- IPv6 addresses (rdma_cm over AF_INET6, as the kernel's rdma_cm has them) --------------
+# Daemons reach each other over IPv4; an IPv6 address names a daemon when it is the
+# wildcard, loopback or IPv4-mapped (::ffff:a.b.c.d names a.b.c.d).
+
+def test_ipv6_binds_and_resolves(where):
+    """rdma_bind_addr(3) of `::`, `::1` and ::ffff:<this namespace's address> binds
+    (rdma_get_local_addr answers in AF_INET6); an IPv6 address no interface has is
+    EADDRNOTAVAIL, as the kernel's rdma_bind_addr. A v4 wildcard's port is shared with
+    a v6 wildcard only when that one is RDMA_OPTION_ID_AFONLY (the kernel's default,
+    net.ipv6.bindv6only = 0, takes IPv4 too); both then listen. rdma_resolve_addr(3) to
+    an IPv6 address that names no daemon: ENETUNREACH (no route), and an id bound to
+    one family resolving the other: EINVAL."""
+    a = where.client.addr
+    cli = where.run(where.client, [_cmcheck(), "ip-binds", a], port=next(_wire_ports),
+                    timeout=60)
+    got = dict(re.findall(r"^([a-z0-9-]+) (ok.*|[A-Z][a-z ]+)$", cli.output, re.M))
+    assert cli.returncode == 0, cli.output
+    assert got == {
+        "bind-any6": "ok AF_INET6 [::]:7401", "bind-loopback6": "ok AF_INET6 [::1]:7402",
+        "bind-mapped": f"ok AF_INET6 [::ffff:{a}]:7403",
+        "bind-foreign6": "Cannot assign requested address",
+        "bind-any4": "ok AF_INET 0.0.0.0:7405",
+        "bind-any6-same-port": "Address already in use",
+        "bind-any6-afonly-same-port": "ok AF_INET6 [::]:7405",
+        "listen-0": "ok", "listen-1": "ok", "listen-2": "ok", "listen-4": "ok",
+        "listen-6": "ok",
+        "resolve-foreign6": "Network is unreachable",
+        "resolve-other-family": "Invalid argument",
+    }, cli.output
+
+
+def _ip_pair(where, bind: str, afonly: int, accepted: int, *addrs: str):
+    port, wire = str(next(_ports)), next(_wire_ports)
+    srv, cli = pair(where, [_cmcheck(), "ip-server", bind, port, str(afonly), str(accepted)],
+                    [_cmcheck(), "ip-client", port, *addrs], wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    assert srv.returncode == 0 and cli.returncode == 0, both
+    return port, srv.output.splitlines(), cli.output.splitlines(), both
+
+
+def _has(lines, pattern: str) -> bool:
+    return any(re.fullmatch(pattern, line) for line in lines)
+
+
+def test_a_v6_wildcard_listener_takes_ipv4_and_ipv4_mapped_clients(where):
+    """A listener on `::` (AFONLY not set) takes an IPv4 client, whose connection is
+    AF_INET on both sides (the kernel's rdma_cm gives the new id the REQ's family),
+    and an IPv4-mapped one, AF_INET6 on both sides with the mapped addresses."""
+    s, c = re.escape(where.server.addr), re.escape(where.client.addr)
+    port, srv, cli, both = _ip_pair(where, "::", -1, 2, where.server.addr,
+                                    f"::ffff:{where.server.addr}")
+    assert f"server bind ok AF_INET6 [::]:{port}" in srv, both
+    assert _has(srv, rf"server request local AF_INET {s}:{port} peer AF_INET {c}:\d+"), both
+    assert _has(srv, rf"server request local AF_INET6 \[::ffff:{s}\]:{port} "
+                     rf"peer AF_INET6 \[::ffff:{c}\]:\d+"), both
+    assert "server accepted 2" in srv, both
+    assert _has(cli, rf"client established local AF_INET {c}:\d+ peer AF_INET {s}:{port}"), \
+        both
+    assert _has(cli, rf"client established local AF_INET6 \[::ffff:{c}\]:\d+ "
+                     rf"peer AF_INET6 \[::ffff:{s}\]:{port}"), both
+
+
+@pytest.mark.parametrize("bind,afonly", [("::ffff:{s}", -1), ("::", 1)],
+                         ids=["mapped-listener", "afonly-wildcard"])
+def test_an_ipv6_only_listener_refuses_an_ipv4_client(where, bind, afonly):
+    """A listener on ::ffff:<v4>, or on `::` with RDMA_OPTION_ID_AFONLY, takes the
+    IPv4-mapped client and refuses the IPv4 one: the kernel's rdma_cm matches a REQ
+    to a listener of its IP version only (a `::` listener without AFONLY excepted), so
+    the IB CM rejects it, consumer-defined (reason 28), the port being listened on."""
+    s = where.server.addr
+    port, srv, cli, both = _ip_pair(where, bind.format(s=s), afonly, 1, f"::ffff:{s}", s)
+    assert "server accepted 1" in srv, both
+    assert _has(cli, rf"client established local AF_INET6 .* peer AF_INET6 "
+                     rf"\[::ffff:{re.escape(s)}\]:{port}"), both
+    assert _has(cli, rf"client resolved local AF_INET \S+ peer AF_INET {re.escape(s)}:{port}"), \
+        both
+    assert "client RDMA_CM_EVENT_REJECTED status 28" in cli, both

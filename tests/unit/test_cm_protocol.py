@@ -87,3 +87,40 @@ def test_the_tcp_and_udp_port_spaces_are_modelled_and_ib_is_not():
     for ps in (0x0106, 0x0111):
         assert cm.CmCreateId.decode({"t": "cm_create_id", "id": 1, "ps": ps},
                                     memoryview(b"")).ps == ps
+
+
+def test_a_req_of_ipv6_addresses_decodes_in_canonical_form():
+    # inet_ntop's text for ::ffff:10.0.0.2, whatever spelling the sender used
+    m = cm.decode_message(req(sip="0:0:0:0:0:FFFF:a00:2", dip="::ffff:10.0.0.1"), b"")
+    assert (m["sip"], m["dip"]) == ("::ffff:10.0.0.2", "::ffff:10.0.0.1")
+
+
+@pytest.mark.parametrize("sip,dip,why", [
+    ("::ffff:10.0.0.2", "10.0.0.1", "two families"),
+    ("10.0.0.2", "::1", "two families"),
+    ("fe80::1::2", "::1", "IPv4 or IPv6 address"),
+    ("10.0.0.256", "10.0.0.1", "IPv4 address"),
+    ("x" * 46, "::1", "sip"),
+])
+def test_a_req_whose_addresses_are_not_one_family_of_addresses_is_refused(sip, dip, why):
+    with pytest.raises(FrameError) as e:
+        cm.decode_message(req(sip=sip, dip=dip), b"")
+    assert e.value.errno_name == "EPROTO" and why in e.value.message, e.value.message
+
+
+@pytest.mark.parametrize("text,v4", [
+    ("10.1.2.3", "10.1.2.3"), ("::", "0.0.0.0"), ("::1", "127.0.0.1"),
+    ("::ffff:10.1.2.3", "10.1.2.3"), ("2001:db8::1", None), ("fe80::1", None),
+    # IPv4-compatible (deprecated, RFC 4291) is not IPv4-mapped: no IPv4 address
+    ("::10.1.2.3", None),
+])
+def test_the_ipv4_address_an_address_names(text, v4):
+    assert cm.ipv4_of(cm.ip_text(text)) == v4
+
+
+def test_a_bind_request_takes_either_family_and_refuses_other_text():
+    assert cm.ip_text("::FFFF:10.1.2.3") == "::ffff:10.1.2.3"
+    for bad in ("localhost", "1.2.3", "::g", ""):
+        with pytest.raises(RDMAError) as e:
+            cm.ip_text(bad)
+        assert e.value.errno_name == "EINVAL", bad
