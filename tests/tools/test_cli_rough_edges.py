@@ -57,7 +57,9 @@ def interrupt(args: list[str], marker: str | None, delay: float = 0.0,
     (["demo", "faults"], "[1/", 0.0),
     # The bench starts two `softhca serve` processes and its helpers, then measures.
     (["bench", "--quick"], None, 4.0),
-    (["bench", "engine", "--repeat", "100"], None, 3.0),
+    # 2,000 repeats take about a minute: the Ctrl-C at 3 s always finds it running
+    # (100 took 2.96 s on a loaded machine, and the bench ended before its Ctrl-C).
+    (["bench", "engine", "--repeat", "2000"], None, 3.0),
     (["soak", "--seconds", "60"], None, 3.0),
 ])
 def test_ctrl_c_ends_a_command_with_one_line_and_status_130(args, marker, delay):
