@@ -584,13 +584,7 @@ int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq
 	if (shca_frame_read(fd, &r, 1u << 16) || expect(&r, "challenge"))
 		goto out;
 	shca_frame_free(&r);
-	mp_init(&b);
-	mp_map(&b, 5);
-	mp_str(&b, "t");
-	mp_str(&b, "hello");
-	mp_kv_uint(&b, "version", 1);
-	mp_str(&b, "role");
-	mp_str(&b, "memfd");
+	shca_hello_begin(&b, "memfd", 2);
 	mp_str(&b, "key");
 	mp_str(&b, ctx->memfd_key);
 	mp_kv_uint(&b, "seq", seq);

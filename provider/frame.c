@@ -102,18 +102,23 @@ int shca_frame_write(int fd, const struct mp_buf *b, const void *payload, size_t
 	return write_all(fd, iov, plen ? 3 : 2) ? EIO : 0;
 }
 
+void shca_hello_begin(struct mp_buf *b, const char *role, uint32_t extra)
+{
+	mp_init(b);
+	mp_map(b, 3 + extra);
+	mp_str(b, "t");
+	mp_str(b, "hello");
+	mp_kv_uint(b, "version", SHCA_PROTOCOL_VERSION);
+	mp_str(b, "role");
+	mp_str(b, role);
+}
+
 int shca_frame_hello(int fd)
 {
 	struct mp_buf b;
 	int rc;
 
-	mp_init(&b);
-	mp_map(&b, 3);
-	mp_str(&b, "t");
-	mp_str(&b, "hello");
-	mp_kv_uint(&b, "version", 1);
-	mp_str(&b, "role");
-	mp_str(&b, "control");
+	shca_hello_begin(&b, "control", 0);
 	rc = shca_frame_write(fd, &b, NULL, 0);
 	mp_free(&b);
 	return rc;

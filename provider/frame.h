@@ -27,6 +27,11 @@ void shca_frame_free(struct shca_frame *f);
 /* The header b and plen payload bytes as one frame: 0, ENOMEM if b ran out of memory
  * while it was built, or EIO. Not locked: a caller with several writers locks. */
 int shca_frame_write(int fd, const struct mp_buf *b, const void *payload, size_t plen);
+/* The protocol version a HELLO names (docs/protocol.md). */
+#define SHCA_PROTOCOL_VERSION 1
+/* A HELLO's map opened with its common fields (t, version, role) and room for
+ * ``extra`` more entries, which the caller adds. */
+void shca_hello_begin(struct mp_buf *b, const char *role, uint32_t extra);
 /* The HELLO that opens a control session (after the daemon's challenge). */
 int shca_frame_hello(int fd);
 /* pthread_create with every signal blocked in the new thread (it inherits the
