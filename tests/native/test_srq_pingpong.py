@@ -15,6 +15,11 @@ import re
 import native
 import pytest
 
+pytestmark = [
+    pytest.mark.readme_row("`ibv_uc_pingpong`, `ibv_ud_pingpong`, `ibv_srq_pingpong`"),
+    pytest.mark.readme_row("SRQs: `ibv_create_srq`"),
+]
+
 _ports = itertools.count(20400)
 BYTES = re.compile(r"^(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec$", re.M)
 ITERS = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter$", re.M)

@@ -12,6 +12,11 @@ import re
 import native
 import pytest
 
+pytestmark = [
+    pytest.mark.readme_row("`ibv_uc_pingpong`, `ibv_ud_pingpong`, `ibv_srq_pingpong`"),
+    pytest.mark.readme_row("UD and UC QPs"),
+]
+
 _ports = itertools.count(20300)
 # ud_pingpong's result lines (rdma-core libibverbs/examples/ud_pingpong.c)
 BYTES = re.compile(r"^(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec$", re.M)
