@@ -27,6 +27,7 @@ from ..protocol.opcodes import (
     RDMA_READ_REQUEST,
     WR_OPCODES,
     Op,
+    WrInfo,
     opcode_for,
 )
 from ..protocol.packets import Packet, Run
@@ -65,6 +66,34 @@ def _wr_name(wr: SendWR) -> str:
     return WrOpcode(wr.opcode).name
 
 
+def _checked_wr(wr: SendWR) -> WrInfo:
+    """What ``wr``'s opcode is to the requester (``WR_OPCODES``), after the checks
+    ibv_post_send(3) makes of a WR before it is queued: EOPNOTSUPP for an opcode not
+    modelled, EINVAL for a WR its opcode's rules refuse."""
+    info = WR_OPCODES.get(wr.opcode)
+    if info is None or not info.supported:
+        raise eopnotsupp(f"{WrOpcode(wr.opcode).name} is not modelled on this RC QP")
+    if info.imm and wr.imm_data is None:
+        raise einval(f"{_wr_name(wr)} needs imm_data")
+    if info.atomic is not None:
+        # IBTA atomics operate on one 64-bit value: the original comes back into
+        # one 8-byte buffer.
+        if len(wr.sg) != 1 or wr.sg[0].length != 8:
+            raise einval(f"{_wr_name(wr)} needs exactly one SGE of 8 bytes")
+        if not (0 <= wr.compare_add < _U64 and 0 <= wr.swap < _U64):
+            raise einval(f"{_wr_name(wr)} compare_add and swap are 64-bit unsigned values")
+    if wr.opcode == WrOpcode.ATOMIC_WRITE and (len(wr.sg) > 1 or wr.sg and wr.sg[0].length != 8
+                                               or wr.remote_addr % 8):
+        # ibv_wr_atomic_write(3): 8 bytes to an 8-byte aligned remote address (the
+        # value in the WR, or one SGE of 8 bytes when posted with ibv_post_send).
+        raise einval(f"{_wr_name(wr)} writes 8 bytes (no SGE or one of 8) to an 8-byte aligned "
+                     "remote_addr")
+    if wr.opcode in (WrOpcode.SEND_WITH_INV, WrOpcode.LOCAL_INV) \
+            and not 0 <= wr.invalidate_rkey < 1 << 32:
+        raise einval(f"{_wr_name(wr)} invalidate_rkey {wr.invalidate_rkey:#x} is not a 32-bit key")
+    return info
+
+
 class Requester:
     """The send queue side of ``qp``."""
 
@@ -85,27 +114,7 @@ class Requester:
         self._drained_raised = False
 
     def post_send(self, wr: SendWR) -> None:
-        info = WR_OPCODES.get(wr.opcode)
-        if info is None or not info.supported:
-            raise eopnotsupp(f"{WrOpcode(wr.opcode).name} is not modelled on this RC QP")
-        if info.imm and wr.imm_data is None:
-            raise einval(f"{_wr_name(wr)} needs imm_data")
-        if info.atomic is not None:
-            # IBTA atomics operate on one 64-bit value: the original comes back into
-            # one 8-byte buffer.
-            if len(wr.sg) != 1 or wr.sg[0].length != 8:
-                raise einval(f"{_wr_name(wr)} needs exactly one SGE of 8 bytes")
-            if not (0 <= wr.compare_add < _U64 and 0 <= wr.swap < _U64):
-                raise einval(f"{_wr_name(wr)} compare_add and swap are 64-bit unsigned values")
-        if wr.opcode == WrOpcode.ATOMIC_WRITE and (len(wr.sg) > 1 or wr.sg and wr.sg[0].length != 8
-                                                   or wr.remote_addr % 8):
-            # ibv_wr_atomic_write(3): 8 bytes to an 8-byte aligned remote address (the
-            # value in the WR, or one SGE of 8 bytes when posted with ibv_post_send).
-            raise einval(f"{_wr_name(wr)} writes 8 bytes (no SGE or one of 8) to an 8-byte aligned "
-                         "remote_addr")
-        if wr.opcode in (WrOpcode.SEND_WITH_INV, WrOpcode.LOCAL_INV) \
-                and not 0 <= wr.invalidate_rkey < 1 << 32:
-            raise einval(f"{_wr_name(wr)} invalidate_rkey {wr.invalidate_rkey:#x} is not a 32-bit key")
+        info = _checked_wr(wr)
         inline = None
         if wr.send_flags & _INLINE and wr.opcode != WrOpcode.LOCAL_INV:
             if not info.inline:

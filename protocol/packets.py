@@ -446,31 +446,42 @@ def _train_shape(header: dict, payload) -> tuple:
             and type(n) is int and 0 < n <= FRAME_RUN_MAX and type(kind) is str
             and kind in RUN_KINDS and type(pos) is int and 0 <= pos <= 3
             and type(mtu) is int and mtu in TRAIN_MTUS):
-        dev = field(header, "dev", str, min=1, max=64)
-        qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
-        psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
-        n = field(header, "n", int, min=1, max=FRAME_RUN_MAX)
-        kind = field(header, "kind", str, max=40)
-        if kind not in RUN_KINDS:
-            raise _bad_train_frame(f"kind must be one of {', '.join(RUN_KINDS)}, "
-                                   f"got {kind!r}")
-        pos = field(header, "pos", int, min=0, max=3)
-        mtu = field(header, "mtu", int, min=256, max=4096)
-        if mtu not in TRAIN_MTUS:
-            raise _bad_train_frame(f"mtu {mtu} is not an IBTA path MTU")
+        dev, qp, psn, n, kind, pos, mtu = _train_fields_named(header)
     first, last = bool(pos & _FIRST), bool(pos & _LAST)
     if psn + n > PSN_MOD:
         raise _bad_train_frame(f"PSNs [{psn:#x}, +{n}) wrap the 24-bit PSN space")
-    size = len(payload)
-    # n packets of mtu: every one full but the message's last, which holds 1..mtu bytes
-    # (0 only as the lone packet of an empty message).
+    _check_train_payload(len(payload), n, mtu, first, last)
+    return dev, qp, psn, n, kind, pos, first, last, mtu
+
+
+def _check_train_payload(size: int, n: int, mtu: int, first: bool, last: bool) -> None:
+    """EPROTO unless ``size`` bytes are ``n`` packets of ``mtu``: every one full but the
+    message's last, which holds 1..mtu bytes (0 only as the lone packet of an empty
+    message)."""
     if last:
         ok = (n - 1) * mtu < size <= n * mtu or (n == 1 and first and size == 0)
     else:
         ok = size == n * mtu
     if not ok:
         raise _bad_train_frame(f"{size} payload bytes are not {n} packets of path MTU {mtu}")
-    return dev, qp, psn, n, kind, pos, first, last, mtu
+
+
+def _train_fields_named(header: dict) -> tuple:
+    """The fields ``_train_shape`` reads, each checked by ``field()``, which names the
+    fault; the slow path, taken only when the fast test there finds one amiss."""
+    dev = field(header, "dev", str, min=1, max=64)
+    qp = field(header, "qp", int, min=0, max=PSN_MOD - 1)
+    psn = field(header, "psn", int, min=0, max=PSN_MOD - 1)
+    n = field(header, "n", int, min=1, max=FRAME_RUN_MAX)
+    kind = field(header, "kind", str, max=40)
+    if kind not in RUN_KINDS:
+        raise _bad_train_frame(f"kind must be one of {', '.join(RUN_KINDS)}, "
+                               f"got {kind!r}")
+    pos = field(header, "pos", int, min=0, max=3)
+    mtu = field(header, "mtu", int, min=256, max=4096)
+    if mtu not in TRAIN_MTUS:
+        raise _bad_train_frame(f"mtu {mtu} is not an IBTA path MTU")
+    return dev, qp, psn, n, kind, pos, mtu
 
 
 def _train_needs(kind: str, pos: int, imm: bool, ieth: bool, n: int) -> frozenset | str:

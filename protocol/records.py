@@ -160,20 +160,9 @@ class SendWR:
     def from_wire(cls, w: Any, what: str = "send_wr") -> SendWR:
         """The inverse of ``to_wire`` (the daemon's side): EPROTO for a malformed map,
         EINVAL for an opcode that is not an enum ibv_wr_opcode."""
-        if type(w) is dict and _SEND_REQUIRED <= w.keys() <= _SEND_ALL:
-            imm = w.get("imm_data", _ABSENT)
-            opcode = _WR_OPCODES.get(w["opcode"]) if type(w["opcode"]) is int else None
-            sges = _fast_sges(w["sg"])
-            if (opcode is not None and sges is not None and _u(w["wr_id"], U64)
-                    and _u(w["send_flags"], U32) and _u(w["rkey"], U32)
-                    and _u(w["remote_addr"], U64) and _u(w["compare_add"], U64)
-                    and _u(w["swap"], U64) and _u(w["invalidate_rkey"], U32)
-                    and (imm is _ABSENT or _u(imm, U32))):
-                wr = SendWR(w["wr_id"], opcode, sges, w["send_flags"],
-                            None if imm is _ABSENT else imm, w["rkey"], w["remote_addr"],
-                            w["compare_add"], w["swap"], w["invalidate_rkey"])
-                if "ah" not in w and "remote_qpn" not in w and "remote_qkey" not in w:
-                    return wr
+        wr = _send_wr_fast(w)
+        if wr is not None:
+            return wr
         v = _wire_map(w, SEND_WR, what)
         try:
             opcode = WrOpcode(v["opcode"])
@@ -184,6 +173,26 @@ class SendWR:
                       v["invalidate_rkey"], ah=v["ah"], remote_qpn=v["remote_qpn"] or 0,
                       remote_qkey=v["remote_qkey"] or 0,
                       bind=_bind_from_wire(v["bind"], what))
+
+
+def _send_wr_fast(w: Any) -> SendWR | None:
+    """The common send WR (no AH, no bind) taken by exact type and range tests, or None
+    for ``SendWR.from_wire``'s checked path, which names any fault (and reads the rest)."""
+    if not (type(w) is dict and _SEND_REQUIRED <= w.keys() <= _SEND_ALL) \
+            or "ah" in w or "remote_qpn" in w or "remote_qkey" in w:
+        return None
+    imm = w.get("imm_data", _ABSENT)
+    opcode = _WR_OPCODES.get(w["opcode"]) if type(w["opcode"]) is int else None
+    sges = _fast_sges(w["sg"])
+    if not (opcode is not None and sges is not None and _u(w["wr_id"], U64)
+            and _u(w["send_flags"], U32) and _u(w["rkey"], U32)
+            and _u(w["remote_addr"], U64) and _u(w["compare_add"], U64)
+            and _u(w["swap"], U64) and _u(w["invalidate_rkey"], U32)
+            and (imm is _ABSENT or _u(imm, U32))):
+        return None
+    return SendWR(w["wr_id"], opcode, sges, w["send_flags"], None if imm is _ABSENT else imm,
+                  w["rkey"], w["remote_addr"], w["compare_add"], w["swap"],
+                  w["invalidate_rkey"])
 
 
 # bind_mw: [mw handle, mr lkey, addr, length, mw_access_flags].

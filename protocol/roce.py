@@ -1,4 +1,4 @@
-"""RoCEv2 encoding of RC packets, and the pcap files that hold them.
+"""RoCEv2 encoding of RC packets, and the bytes of the pcap files that hold them.
 
 softhca's wire is TCP between daemons (protocol/packets.py); for Wireshark and tshark a
 packet becomes the frame a RoCEv2 NIC would put on the wire for it (IBTA Annex A17):
@@ -227,64 +227,40 @@ def packet_record(direction: str, item: Any, *, local: str | Endpoint | None = N
     return roce_frame(p, src, dst, ident=ident)
 
 
-# -- the pcap file ----------------------------------------------------------------------------
+# -- the pcap file's bytes (the file itself is written in server/capture.py) ---------------
 
-class PcapWriter:
-    """A classic libpcap file (LINKTYPE_ETHERNET, microsecond timestamps); ``autoflush``
-    makes each record reach the file at once (readable while capturing, whole after a
-    kill)."""
-
-    def __init__(self, path, *, snaplen: int = SNAPLEN, autoflush: bool = False) -> None:
-        self.path = path
-        self.snaplen = snaplen
-        self.autoflush = autoflush
-        self.count = 0
-        self._f = open(path, "wb")
-        self._f.write(struct.pack("<IHHiIII", PCAP_MAGIC_US, 2, 4, 0, 0, snaplen,
-                                  LINKTYPE_ETHERNET))
-        self.flush()
-
-    @property
-    def closed(self) -> bool:
-        return self._f.closed
-
-    def write(self, ts: float, frame: bytes) -> None:
-        sec = int(ts)
-        usec = int(round((ts - sec) * 1e6))
-        if usec >= 1_000_000:
-            sec, usec = sec + 1, usec - 1_000_000
-        cap = frame[:self.snaplen]
-        self._f.write(struct.pack("<IIII", sec, usec, len(cap), len(frame)))
-        self._f.write(cap)
-        self.count += 1
-        if self.autoflush:
-            self._f.flush()
-
-    def flush(self) -> None:
-        if not self._f.closed:
-            self._f.flush()
-
-    def close(self) -> None:
-        if not self._f.closed:
-            self._f.close()
-
-    def __enter__(self) -> PcapWriter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+def pcap_file_header(snaplen: int = SNAPLEN) -> bytes:
+    """The 24 bytes that open a classic libpcap file: LINKTYPE_ETHERNET, microsecond
+    timestamps, records cut at ``snaplen`` bytes."""
+    return struct.pack("<IHHiIII", PCAP_MAGIC_US, 2, 4, 0, 0, snaplen, LINKTYPE_ETHERNET)
 
 
-def read_pcap(path) -> list[tuple[float, bytes]]:
-    """The (timestamp, frame) records of a classic pcap file (for tests and tools)."""
-    with open(path, "rb") as f:
-        data = f.read()
+def pcap_record(ts: float, frame: bytes, snaplen: int = SNAPLEN) -> bytes:
+    """One record of such a file: ``frame`` at time ``ts`` (seconds), cut at ``snaplen``
+    bytes (the record keeps the frame's whole length)."""
+    sec = int(ts)
+    usec = int(round((ts - sec) * 1e6))
+    if usec >= 1_000_000:
+        sec, usec = sec + 1, usec - 1_000_000
+    cap = frame[:snaplen]
+    return struct.pack("<IIII", sec, usec, len(cap), len(frame)) + cap
+
+
+def pcap_records(data: bytes) -> list[tuple[float, bytes]]:
+    """The (timestamp, frame) records of a classic pcap file's bytes; ValueError for
+    another kind of file or a record cut short."""
+    if len(data) < 24:
+        raise ValueError("not a pcap file: shorter than its 24-byte header")
     magic, _, _, _, _, _, linktype = struct.unpack("<IHHiIII", data[:24])
     if magic != PCAP_MAGIC_US or linktype != LINKTYPE_ETHERNET:
-        raise ValueError(f"{path}: not a microsecond Ethernet pcap")
+        raise ValueError("not a microsecond Ethernet pcap")
     out, at = [], 24
     while at < len(data):
+        if at + 16 > len(data):
+            raise ValueError(f"a record header cut short at byte {at}")
         sec, usec, caplen, _ = struct.unpack("<IIII", data[at:at + 16])
+        if at + 16 + caplen > len(data):
+            raise ValueError(f"the record at byte {at} is cut short")
         out.append((sec + usec / 1e6, data[at + 16:at + 16 + caplen]))
         at += 16 + caplen
     return out

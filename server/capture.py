@@ -23,7 +23,68 @@ import contextlib
 import time
 
 from ..protocol.packets import Packet
-from ..protocol.roce import Endpoint, PcapWriter, ipv4_of, packet_record, stand_in
+from ..protocol.roce import (
+    SNAPLEN,
+    Endpoint,
+    ipv4_of,
+    packet_record,
+    pcap_file_header,
+    pcap_record,
+    pcap_records,
+    stand_in,
+)
+
+# -- the pcap file (its bytes are protocol/roce.py's) -----------------------------------------
+
+class PcapWriter:
+    """A classic libpcap file (LINKTYPE_ETHERNET, microsecond timestamps); ``autoflush``
+    makes each record reach the file at once (readable while capturing, whole after a
+    kill)."""
+
+    def __init__(self, path, *, snaplen: int = SNAPLEN, autoflush: bool = False) -> None:
+        self.path = path
+        self.snaplen = snaplen
+        self.autoflush = autoflush
+        self.count = 0
+        self._f = open(path, "wb")
+        self._f.write(pcap_file_header(snaplen))
+        self.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def write(self, ts: float, frame: bytes) -> None:
+        self._f.write(pcap_record(ts, frame, self.snaplen))
+        self.count += 1
+        if self.autoflush:
+            self._f.flush()
+
+    def flush(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self) -> PcapWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_pcap(path) -> list[tuple[float, bytes]]:
+    """The (timestamp, frame) records of the classic pcap file at ``path`` (for tests and
+    tools)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return pcap_records(data)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
 
 # -- the daemon's own capture (softhca serve --capture) ---------------------------------------
 

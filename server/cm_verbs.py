@@ -84,7 +84,7 @@ def op_counts(v, r: proto.CmCounts, rid: int) -> dict:
     return {"session": _cm(v).counts(v.session), "daemon": _cm(v).counts()}
 
 
-CM_HANDLERS: dict[type, Callable[[Any, Any, int], dict | None]] = {
+HANDLERS: dict[type, Callable[[Any, Any, int], dict | None]] = {
     proto.CmCreateId: op_create_id, proto.CmDestroyId: op_destroy_id,
     proto.CmBind: op_bind, proto.CmResolveAddr: op_resolve_addr,
     proto.CmResolveRoute: op_resolve_route, proto.CmListen: op_listen,

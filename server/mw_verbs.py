@@ -14,7 +14,7 @@ from ..engine.hca import MR
 from ..protocol import control
 from ..protocol.enums import QpState, WrOpcode
 from ..protocol.errors import einval
-from .process_mr import op_reg_mr_process, process_buffer
+from .process_mr import process_buffer
 
 
 def op_alloc_mw(verbs, r: control.AllocMw, rid: int) -> dict:
@@ -111,5 +111,4 @@ HANDLERS = {
     control.ReregMr: op_rereg_mr,
     control.ResizeCq: op_resize_cq,
     control.AdviseMr: op_advise_mr,
-    control.RegMrProcess: op_reg_mr_process,
 }

@@ -79,3 +79,8 @@ def op_reg_mr_process(verbs, r: control.RegMrProcess, rid: int) -> dict:
                                   length=r.length, lkey=hex(mr.lkey)))
     return {"mr": verbs.add("mr", mr), "lkey": mr.lkey, "rkey": mr.rkey, "addr": mr.addr,
             "length": mr.length}
+
+
+HANDLERS = {
+    control.RegMrProcess: op_reg_mr_process,
+}

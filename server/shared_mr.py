@@ -251,3 +251,8 @@ def _register(verbs, r: control.RegMrShared, fds: list[int]) -> dict:
                                  length=n, pieces=len(r.pieces), lkey=hex(mr.lkey)))
     return {"mr": verbs.add("mr", mr), "lkey": mr.lkey, "rkey": mr.rkey, "addr": mr.addr,
             "length": mr.length}
+
+
+HANDLERS = {
+    control.RegMrShared: op_reg_mr_shared,
+}

@@ -73,7 +73,7 @@ def srq_of(v, r: control.CreateQp, pd) -> SRQ | None:
     return srq
 
 
-SRQ_HANDLERS: dict[type, Callable[[Any, Any, int], dict | None]] = {
+HANDLERS: dict[type, Callable[[Any, Any, int], dict | None]] = {
     control.CreateSrq: op_create_srq,
     control.ModifySrq: op_modify_srq,
     control.QuerySrq: op_query_srq,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from typing import Any
 
 from ..engine.datagram import DatagramQP
 from ..engine.hca import PD
@@ -29,57 +28,58 @@ from .hosts import QPHost
 _HANDLE_BITS = 31
 
 
-class UdVerbs:
-    """Mixin of server/verbs.py's Verbs (whose get, add, destroy_handle, complete and
-    qp_event it uses): the AH handlers and datagram QP creation."""
+def add_qp(v, qph: QPHost, pd_handle: int) -> dict:
+    """A QP created (of any type): the session's handle, the daemon's table."""
+    qph.handle = v.add("qp", qph)
+    qph.ctx = v.ctx_of_pd.get(pd_handle, 0)
+    v.daemon.add_qp(qph)
+    return {"qp": qph.handle, "qp_num": qph.rcqp.qp_num}
 
-    objects: dict
-    daemon: Any
-    session: Any
-    ctx_of_pd: dict
 
-    def add_qp(self, qph: QPHost, pd_handle: int) -> dict:
-        """A QP created (of any type): the session's handle, the daemon's table."""
-        qph.handle = self.add("qp", qph)
-        qph.ctx = self.ctx_of_pd.get(pd_handle, 0)
-        self.daemon.add_qp(qph)
-        return {"qp": qph.handle, "qp_num": qph.rcqp.qp_num}
-
-    def op_create_ah(self, r: control.CreateAh, rid: int) -> dict | None:
-        pd: PD = self.get(r.pd, "pd")
-        host, port = self.daemon.route(r.dest_host, r.dest_port, self.session.dialed)
-        ah = AddressHandle(pd, r.sgid, r.dgid, r.traffic_class, r.hop_limit, r.flow_label,
-                           (host, port, r.dest_dev))
+def op_create_ah(v, r: control.CreateAh, rid: int) -> dict | None:
+    pd: PD = v.get(r.pd, "pd")
+    host, port = v.daemon.route(r.dest_host, r.dest_port, v.session.dialed)
+    ah = AddressHandle(pd, r.sgid, r.dgid, r.traffic_class, r.hop_limit, r.flow_label,
+                       (host, port, r.dest_dev))
+    handle = secrets.randbelow((1 << _HANDLE_BITS) - 1) + 1
+    while handle in v.objects:
         handle = secrets.randbelow((1 << _HANDLE_BITS) - 1) + 1
-        while handle in self.objects:
-            handle = secrets.randbelow((1 << _HANDLE_BITS) - 1) + 1
-        return {"ah": self.add("ah", ah, handle)}
+    return {"ah": v.add("ah", ah, handle)}
 
-    def op_destroy_ah(self, r: control.DestroyAh, rid: int) -> dict | None:
-        return self.destroy_handle(r.ah, "ah")
 
-    def resolve_ah(self, qph: QPHost, wr: SendWR) -> SendWR:
-        """A UD WR with its AH object in place of the handle (the engine checks it)."""
-        if not isinstance(qph.rcqp, UDQP):
-            return wr
-        if wr.ah is None:
-            raise einval("a UD send WR needs wr.ud.ah")
-        ah = self.get(wr.ah, "ah")
-        if ah.pd is not qph.pd:
-            raise einval(f"AH {wr.ah} is of another PD than the QP's")
-        return dataclasses.replace(wr, ah=ah)
+def op_destroy_ah(v, r: control.DestroyAh, rid: int) -> dict | None:
+    return v.destroy_handle(r.ah, "ah")
 
-    def create_datagram_qp(self, r: control.CreateQp, pd: PD, scq, rcq) -> QPHost:
-        """A UD or UC QP (``r.qp_type``); EOPNOTSUPP for the mlx5dv create flags and an SRQ."""
-        if r.create_flags or r.send_ops_flags:
-            raise RDMAError("EOPNOTSUPP", "mlx5dv_create_qp create_flags and send_ops_flags "
-                                          "are modelled on RC QPs only")
-        if r.srq:
-            raise RDMAError("EOPNOTSUPP", "ibv_create_qp: a UC or UD QP taking its receives "
-                                          "from an SRQ is not modelled")
-        cls: type[DatagramQP] = UDQP if r.qp_type == QpType.UD else UCQP
-        qp = cls(pd, self.daemon.new_qpn(), sq_depth=r.max_send_wr, rq_depth=r.max_recv_wr,
-                 sq_sig_all=r.sq_sig_all, max_inline_data=r.max_inline_data)
-        builder = MkeyConfigureBuilder(pd, 0, r.sq_sig_all)
-        return QPHost(self.session, 0, pd.hca, pd, qp, scq, rcq, r.max_send_sge,
-                      r.max_recv_sge, 0, builder, self.complete, self.qp_event)
+
+def resolve_ah(v, qph: QPHost, wr: SendWR) -> SendWR:
+    """A UD WR with its AH object in place of the handle (the engine checks it)."""
+    if not isinstance(qph.rcqp, UDQP):
+        return wr
+    if wr.ah is None:
+        raise einval("a UD send WR needs wr.ud.ah")
+    ah = v.get(wr.ah, "ah")
+    if ah.pd is not qph.pd:
+        raise einval(f"AH {wr.ah} is of another PD than the QP's")
+    return dataclasses.replace(wr, ah=ah)
+
+
+def create_datagram_qp(v, r: control.CreateQp, pd: PD, scq, rcq) -> QPHost:
+    """A UD or UC QP (``r.qp_type``); EOPNOTSUPP for the mlx5dv create flags and an SRQ."""
+    if r.create_flags or r.send_ops_flags:
+        raise RDMAError("EOPNOTSUPP", "mlx5dv_create_qp create_flags and send_ops_flags "
+                                      "are modelled on RC QPs only")
+    if r.srq:
+        raise RDMAError("EOPNOTSUPP", "ibv_create_qp: a UC or UD QP taking its receives "
+                                      "from an SRQ is not modelled")
+    cls: type[DatagramQP] = UDQP if r.qp_type == QpType.UD else UCQP
+    qp = cls(pd, v.daemon.new_qpn(), sq_depth=r.max_send_wr, rq_depth=r.max_recv_wr,
+             sq_sig_all=r.sq_sig_all, max_inline_data=r.max_inline_data)
+    builder = MkeyConfigureBuilder(pd, 0, r.sq_sig_all)
+    return QPHost(v.session, 0, pd.hca, pd, qp, scq, rcq, r.max_send_sge,
+                  r.max_recv_sge, 0, builder, v.complete, v.qp_event)
+
+
+HANDLERS = {
+    control.CreateAh: op_create_ah,
+    control.DestroyAh: op_destroy_ah,
+}

@@ -12,7 +12,18 @@ application API, ``import softhca.client as sh``) and ``softhca.tools`` (the
 
 from __future__ import annotations
 
+from pkgutil import extend_path
+
 __all__ = ["__version__", "pyverbs_path"]
+
+# This folder is the package ``softhca`` only when it is installed; in a source tree it
+# sits beside the five folders it names, not above them. ``python -m softhca`` run from
+# the repository root finds this folder first (the current directory leads sys.path), and
+# without this line ``softhca.tools`` would be looked for in it alone, missing the
+# installed copy of a regular (non-editable) install. With it, the subpackages are found
+# in every ``softhca`` folder on sys.path: the installed one's. An editable install maps
+# them by its own finder and needs none of this.
+__path__ = extend_path(__path__, __name__)
 
 
 def _version() -> str:

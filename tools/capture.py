@@ -14,16 +14,13 @@ import signal
 import sys
 import time
 
+from ..client.token_file import read_token
 from ..protocol.address import split_address
 from ..protocol.frames import FrameError
 from ..protocol.packets import Packet, decode_packet
-from ..protocol.roce import PcapWriter, endpoint, ipv4_of, packet_record
-from ..server.cliargs import (
-    daemon_address,
-    positive_float,
-    positive_int,
-    read_token,
-)
+from ..protocol.roce import endpoint, ipv4_of, packet_record
+from ..server.capture import PcapWriter
+from .cliargs import daemon_address, positive_float, positive_int
 
 
 def summary(direction: str, dev: str, p: Packet) -> str:

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..server.cliargs import TokenFileError
+from ..client.token_file import TokenFileError
 from . import capture, crypto_test_info, explain, pyverbs, soak, trace
 from .commands import (
     EXIT_FAIL,

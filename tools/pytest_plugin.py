@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from ..server.cliargs import TokenFileError, read_token
+from ..client.token_file import TokenFileError, read_token
 
 try:
     import pytest_asyncio

@@ -55,8 +55,8 @@ from ..protocol.frames import FrameDecoder, frame_bytes
 from ..protocol.handshake import make_hello
 from ..protocol.kinds import FrameKind
 from ..protocol.packets import Packet, packet_header
-from ..server.cliargs import positive_float
 from ..server.link import read_frames
+from .cliargs import positive_float
 from .daemons import Daemons
 from .harness import Side
 from .soak_attacks import ROUND3, UNIX, Credentials, Round3Attacks

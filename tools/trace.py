@@ -27,14 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from ..client.token_file import read_token
 from ..protocol.enums import BLOCK_SIZE_BYTES, T10DIF_PI_BYTES, MkeyErrType
-from ..server.cliargs import (
-    daemon_address,
-    nonneg_int,
-    positive_float,
-    positive_int,
-    read_token,
-)
+from .cliargs import daemon_address, nonneg_int, positive_float, positive_int
 from .render import Style, preview, t10dif_fields, use_color
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2

@@ -42,8 +42,8 @@ import threading
 from typing import Any
 
 from ...protocol.errors import RDMAError
-from ...server.cliargs import TokenFileError, read_token
 from .. import api
+from ..token_file import TokenFileError, read_token
 from .pyverbs_error import PyverbsRDMAError
 
 TARGET_ENV = "SOFTHCA_TARGET"

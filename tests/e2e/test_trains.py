@@ -45,8 +45,9 @@ from softhca.protocol.packets import (
     split,
     train_header,
 )
-from softhca.protocol.roce import Endpoint, PcapWriter, packet_record
+from softhca.protocol.roce import Endpoint, packet_record
 from softhca.server import daemon as daemon_mod
+from softhca.server.capture import PcapWriter
 
 from e2e import connect_pair, make_side, sge
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import native
 import pytest
 
+pytestmark = pytest.mark.readme_row("`ibv_create_cq`, `ibv_poll_cq`, `ibv_req_notify_cq`")
+
 CHANCHECK = native.REPO / "provider" / "build" / "chancheck"
 
 

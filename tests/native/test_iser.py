@@ -25,6 +25,8 @@ import time
 import native
 import pytest
 
+pytestmark = pytest.mark.readme_row("iSER: tgt 1.0.85")
+
 PROGRAMS = ("tgtd", "tgtadm", "iscsi-inq", "iscsi-readcapacity16", "iscsi-perf")
 ISCSICHECK = native.REPO / "provider" / "build" / "iscsicheck"
 CM_LIB = native.REPO / "provider" / "build" / "librdmacm.so.1"

@@ -19,6 +19,8 @@ import re
 import native
 import pytest
 
+pytestmark = pytest.mark.readme_row("libfabric 1.17, verbs provider")
+
 ITERS = 200
 CTRL_PORT = 47592      # fi_pingpong's out-of-band control port
 WIRE = 23792           # both daemons' wire port (rdma_cm: one port per fabric)

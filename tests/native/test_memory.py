@@ -35,6 +35,8 @@ def memcheck(where, mode: str) -> native.Done:
     return where.run(where.server, [str(native.MEMCHECK), mode])
 
 
+@pytest.mark.readme_row("`ibv_alloc_pd`, `ibv_reg_mr`, `ibv_reg_mr_iova` of heap")
+@pytest.mark.readme_row("`ibv_post_send`: SEND")
 def test_peer_verbs_land_in_malloced_memory(where):
     r = memcheck(where, "transfer")
     assert r.returncode == 0, r.output
@@ -46,6 +48,7 @@ def test_peer_verbs_land_in_malloced_memory(where):
         assert f"memcheck: ok: {line}" in r.output, r.output
 
 
+@pytest.mark.readme_row("`ibv_alloc_mw`, `ibv_dealloc_mw`")
 def test_memory_windows_rereg_and_resize_from_c(where):
     """provider/mw.c: ibv_rereg_mr, ibv_resize_cq, ibv_alloc_mw, ibv_bind_mw and
     IBV_WR_BIND_MW, IBV_WR_LOCAL_INV of a window, as a C program calls them."""
@@ -64,6 +67,7 @@ def test_memory_windows_rereg_and_resize_from_c(where):
         assert f"mwcheck: ok: {line}" in r.output, r.output
 
 
+@pytest.mark.readme_row("`ibv_alloc_mw`, `ibv_dealloc_mw`")
 def test_the_window_and_atomic_write_builders_from_c(where):
     r = where.run(where.server, [str(native.MWCHECK), "builders"])
     assert r.returncode == 0 and "FAIL" not in r.output, r.output
@@ -74,6 +78,7 @@ def test_the_window_and_atomic_write_builders_from_c(where):
         assert f"mwcheck: ok: {line}" in r.output, r.output
 
 
+@pytest.mark.readme_row("`ibv_reg_mr` of a stack buffer")
 def test_unshareable_memory_is_refused_with_a_reason(where):
     r = memcheck(where, "refuse")
     assert r.returncode == 0, r.output
@@ -107,6 +112,7 @@ def test_forged_addresses_move_nothing(where):
     assert r.output.count("memcheck: ok: no byte moved (0 differ)") == 2, r.output
 
 
+@pytest.mark.readme_row("asynchronous events (`ibv_get_async_event`")
 def test_async_event_of_an_overrun_cq(where):
     r = memcheck(where, "events")
     assert r.returncode == 0, r.output

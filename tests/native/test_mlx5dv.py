@@ -81,6 +81,8 @@ def test_exports_are_debians_names_and_versions():
     assert re.search(r"SONAME\s+libmlx5\.so\.1$", soname, re.M), soname
 
 
+@pytest.mark.readme_row("`mlx5dv_is_supported`, `mlx5dv_open_device`")
+@pytest.mark.readme_row("`mlx5dv_query_device`")
 def test_caps_are_the_modelled_signature_and_crypto(where):
     r = dvcheck(where, "caps")
     caps = dict(re.findall(r"^caps: (\S+) (\d+)$", r.output, re.M))
@@ -96,6 +98,9 @@ def test_caps_are_the_modelled_signature_and_crypto(where):
     assert int(caps["crypto_caps.wrapped_import_method"]) == 0
 
 
+@pytest.mark.readme_row("`mlx5dv_create_qp` (RC)")
+@pytest.mark.readme_row("`mlx5dv_qp_ex_from_ibv_qp_ex`; `mlx5dv_wr_mkey_configure`")
+@pytest.mark.readme_row("`mlx5dv_create_mkey`, `mlx5dv_destroy_mkey`")
 def test_t10dif_memory_domain_generates_the_pi(where):
     """An RDMA WRITE of 4 blocks into an MKEY whose memory domain is T10-DIF (its QP
     connected to itself), in the batch that configures it: the memory holds each block
@@ -140,6 +145,7 @@ def test_t10dif_mkey_written_by_a_peer(where):
     check_t10dif_memory(hex_line(srv.output, "data"))
 
 
+@pytest.mark.readme_row("`mlx5dv_qp_ex_from_ibv_qp_ex`; `mlx5dv_wr_mkey_configure`")
 def test_mr_interleaved_and_mr_list_layouts(where):
     """mlx5dv_wr_post(3): an interleaved layout is its entries' bytes_count bytes, entry
     after entry, repeated repeat_count times, repetition r of an entry starting
@@ -173,6 +179,9 @@ def test_aes_xts_through_a_crypto_mkey(where):
         assert cipher[k * BLOCK:(k + 1) * BLOCK] == want, f"data unit {k}"
 
 
+@pytest.mark.readme_row("`mlx5dv_wr_set_dc_addr`")
+@pytest.mark.readme_row("`mlx5dv_create_mkey`, `mlx5dv_destroy_mkey`")
+@pytest.mark.readme_row("`mlx5dv_init_obj`, `mlx5dv_create_cq`")
 def test_bad_input_gets_the_man_pages_errno(where):
     r = dvcheck(where, "bad")
     for line in (
@@ -200,6 +209,7 @@ def test_bad_input_gets_the_man_pages_errno(where):
     assert "ibv_wr_complete: ENOMEM: more than 2048 MKEY configure calls in a row" in r.output
 
 
+@pytest.mark.readme_row("`mlx5dv_init_obj`, `mlx5dv_create_cq`")
 def test_without_the_provider_every_call_is_unsupported():
     """Without softhca run no provider is loaded: softhca's libmlx5 (taken first from
     LD_LIBRARY_PATH, as its own log lines show) answers each call as on a device it does
@@ -215,6 +225,7 @@ def test_without_the_provider_every_call_is_unsupported():
     assert "softhca libmlx5: mlx5dv_create_mkey: EOPNOTSUPP" in r.stderr, r.stderr
 
 
+@pytest.mark.readme_row("`mlx5dv_crypto_login`, `_login_query_state`")
 def test_dek_and_crypto_login_on_a_wrapped_import_device(where, tmp_path):
     """A device importing DEKs wrapped (softhca run --crypto-config): a DEK outside a
     crypto login is EINVAL; a login session with the credential wrapped under the import
@@ -243,6 +254,7 @@ def test_dek_and_crypto_login_on_a_wrapped_import_device(where, tmp_path):
         assert f"dvcheck: ok: {line}" in r.output, r.output
 
 
+@pytest.mark.readme_row("`ibv_modify_qp` to SQD")
 def test_signature_pipelining_sqd_and_sq_drained(where):
     r = dvcheck(where, "pipelining")
     for line in ("ibv_modify_qp to SQD with en_sqd_async_notify: Success",
@@ -279,6 +291,7 @@ def test_perftest_runs_with_softhcas_libmlx5(where, program):
     assert rows and float(rows[0]) > 0, cli.output
 
 
+@pytest.mark.readme_row("`mlx5dv_create_qp` (RC)")
 def test_perftest_dc_is_refused_by_mlx5dv_create_qp(where):
     """perftest's DC connection type goes through mlx5dv_create_qp with a DC init
     attribute: softhca's libmlx5 answers EOPNOTSUPP (saying why) and the program stops."""

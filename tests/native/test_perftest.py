@@ -14,6 +14,8 @@ import re
 import native
 import pytest
 
+pytestmark = pytest.mark.readme_row("perftest: `ib_write_bw`")
+
 _ports = itertools.count(21000)
 ITERS = 1000
 # perftest's result row: "#bytes #iterations ..." then the figures: for the _bw programs
@@ -65,6 +67,7 @@ API = pytest.mark.parametrize("api", [[], ["--use_old_post_send"]],
                               ids=["wr-api", "old-post-send"])
 
 
+@pytest.mark.readme_row("RC QPs: `ibv_create_qp`")
 @API
 @pytest.mark.parametrize("size", SIZES, ids=["64B", "4KiB", "1MiB"])
 @pytest.mark.parametrize("program", SIZED)
@@ -72,6 +75,7 @@ def test_perftest(where, program, size, api):
     run_pair(where, program, size, api)
 
 
+@pytest.mark.readme_row("`ibv_post_send`: SEND")
 @API
 def test_ib_atomic_bw(where, api):
     """Once per API, not per size: an atomic (FETCH_AND_ADD, or CMP_AND_SWP under -A)

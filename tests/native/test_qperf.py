@@ -20,6 +20,8 @@ import re
 import native
 import pytest
 
+pytestmark = pytest.mark.readme_row("qperf 0.4.11")
+
 RC_TESTS = ["rc_bw", "rc_lat", "rc_bi_bw",
             "rc_rdma_read_bw", "rc_rdma_read_lat", "rc_rdma_write_bw", "rc_rdma_write_lat",
             "rc_rdma_write_poll_lat",

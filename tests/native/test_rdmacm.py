@@ -18,6 +18,8 @@ import time
 import native
 import pytest
 
+pytestmark = pytest.mark.readme_row("rdma_cm, through softhca's own `librdmacm.so.1`")
+
 _ports = itertools.count(22000)
 # perftest's result row: "#bytes #iterations ..." then the figures.
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", re.M)
@@ -55,6 +57,7 @@ def test_rping_pattern_is_rpings():
     assert rping_pattern(1, 20)[-6:] == "BCDEFG"[:6]
 
 
+@pytest.mark.readme_row("rdmacm-utils: `rping -s`")
 def test_rping_100_verified_pings(where):
     port = next(_ports)
     wire = next(_wire_ports)

@@ -12,6 +12,8 @@ import re
 import native
 import pytest
 
+pytestmark = pytest.mark.readme_row("`ibv_reg_mr` of SysV shared memory")
+
 SHMCHECK = native.REPO / "provider" / "build" / "shmcheck"
 
 
@@ -65,6 +67,7 @@ def test_a_programs_memfd_is_registered_in_place_and_sealed(where):
                      r.output), r.output
 
 
+@pytest.mark.readme_row("`ibv_reg_mr` of a stack buffer")
 def test_a_file_its_owner_can_shrink_is_refused_with_a_reason(where):
     r = where.run(where.server, [str(SHMCHECK), "file"], timeout=30)
     assert r.returncode == 0 and "FAIL" not in r.output, r.output

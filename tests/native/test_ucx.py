@@ -22,6 +22,11 @@ import shutil
 import native
 import pytest
 
+pytestmark = [
+    pytest.mark.readme_row("UCX (`ucx_perftest` UCP and UCT tests)"),
+    pytest.mark.readme_row("UCX 1.13 (`ucx-utils`)"),
+]
+
 TESTS = ["tag_lat", "tag_bw", "ucp_put_bw", "ucp_get", "ucp_am_bw"]
 CHOICES = {
     "rc_verbs": {"UCX_TLS": "rc_v"},

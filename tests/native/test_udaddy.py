@@ -10,7 +10,10 @@ import itertools
 import subprocess
 
 import native
+import pytest
 from test_rdmacm import pair, where  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.readme_row("rdmacm-utils: `rping -s`")
 
 _wire_ports = itertools.count(24600)
 

@@ -19,6 +19,8 @@ import pytest
 
 from softhca.tools.pyverbs import path as pyverbs_path
 
+pytestmark = pytest.mark.readme_row("`ibv_devices`, `ibv_devinfo -v`, `ibv_rc_pingpong`")
+
 _ports = itertools.count(20100)
 # ibv_rc_pingpong's result lines (rdma-core libibverbs/examples/rc_pingpong.c)
 BYTES = re.compile(r"^(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec$", re.M)
@@ -47,6 +49,7 @@ def test_ibv_devices_lists_the_device(where):
     assert re.search(r"^\s+mlx5_0\s+[0-9a-f]{16}$", r.output, re.M), r.output
 
 
+@pytest.mark.readme_row("`ibv_get_device_list`, `ibv_open_device`")
 def test_ibv_devinfo_v(where):
     wire_port = native.free_port()
     r = where.run(where.server, ["ibv_devinfo", "-v"], port=wire_port)
@@ -71,6 +74,7 @@ PINGPONG = [
 ]
 
 
+@pytest.mark.readme_row("RC QPs: `ibv_create_qp`")
 @pytest.mark.parametrize("args,size,iters", PINGPONG)
 def test_ibv_rc_pingpong(where, args, size, iters):
     port = next(_ports)

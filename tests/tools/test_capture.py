@@ -32,16 +32,14 @@ from softhca.protocol import roce as cap
 from softhca.protocol.packets import OPCODES, Packet, decode_packet, packet_header
 from softhca.protocol.roce import (
     Endpoint,
-    PcapWriter,
     bth,
     extension_headers,
     ipv4_checksum,
     packet_record,
-    read_pcap,
     roce_frame,
 )
 from softhca.protocol.roce import roce_icrc as icrc
-from softhca.server.capture import CaptureTap
+from softhca.server.capture import CaptureTap, PcapWriter, read_pcap
 from softhca.tools import capture as tool_capture
 
 from e2e import Pair, make_side, rdma, sge, whole
@@ -195,6 +193,25 @@ def test_pcap_writer_format(tmp_path):
     assert struct.unpack("<IIII", data[24:40]) == (1700000000, 250000, 60, 60)
     assert struct.unpack("<IIII", data[100:116]) == (1700000002, 0, 70, 70)
     assert [f for _, f in read_pcap(path)] == [b"\x01" * 60, b"\x02" * 70]
+
+
+def test_pcap_records_refuse_another_file_and_a_record_cut_short(tmp_path):
+    """The pure reader (protocol) names what is wrong; the file reader (server) adds the
+    file's name."""
+    whole = cap.pcap_file_header(100) + cap.pcap_record(1.5, b"\x03" * 120, 100)
+    assert cap.pcap_records(whole) == [(1.5, b"\x03" * 100)]       # cut at the snaplen
+    with pytest.raises(ValueError, match="shorter than its 24-byte header"):
+        cap.pcap_records(whole[:20])
+    with pytest.raises(ValueError, match="record header cut short at byte 24"):
+        cap.pcap_records(whole[:30])
+    with pytest.raises(ValueError, match="record at byte 24 is cut short"):
+        cap.pcap_records(whole[:-1])
+    with pytest.raises(ValueError, match="not a microsecond Ethernet pcap"):
+        cap.pcap_records(struct.pack("<I", 0xA1B23C4D) + whole[4:])     # nanoseconds
+    path = tmp_path / "short.pcap"
+    path.write_bytes(whole[:-1])
+    with pytest.raises(ValueError, match=f"^{path}: the record at byte 24"):
+        read_pcap(path)
 
 
 # -- tshark: the session fixture in tests/conftest.py, shared with tests/e2e ----------------

@@ -333,3 +333,126 @@ def test_the_readme_layout_table_matches_the_tree():
         named = set(re.findall(r"`([\w/]+\.py|\w+/)`", text))
         assert here - named == set(), f"{folder}/: not in README's layout table"
         assert named - here == set(), f"{folder}/: named in README but not in the tree"
+
+
+# -- docs/architecture.md names the whole house ---------------------------------------------
+# Each folder of code has a row in one of its tables (``| `folder/` | ... |``), and the row
+# names, by its path inside that folder, every module (``x.py``, ``__init__.py`` aside), C
+# source and header (``x.c``, ``x.h``) and subfolder of code (``sub/``) the folder holds;
+# every top-level folder and every folder of tests/ is named somewhere on the page. And
+# each "`x.py` imports ..." line of its server section is what the code imports.
+
+CODE_ROOTS = ("protocol", "engine", "server", "client", "tools", "softhca", "accel", "provider")
+CODE_SUFFIXES = (".py", ".c", ".h")
+
+
+def _tracked(root: Path) -> list[Path]:
+    import subprocess
+
+    done = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root,
+                          capture_output=True, text=True)
+    if done.returncode != 0:        # not a checkout: every file
+        return [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
+    return [Path(line) for line in done.stdout.splitlines() if (root / line).is_file()]
+
+
+def code_folders(root: Path) -> dict[str, tuple[set[str], set[str]]]:
+    """Each folder of code (under CODE_ROOTS) -> (its code files, its subfolders of
+    code), by name inside it."""
+    files = [p for p in _tracked(root) if p.parts[0] in CODE_ROOTS
+             and p.suffix in CODE_SUFFIXES and "build" not in p.parts]
+    folders: dict[str, tuple[set[str], set[str]]] = {}
+    for p in files:
+        parent = p.parent
+        folders.setdefault(parent.as_posix(), (set(), set()))[0].add(p.name)
+        while len(parent.parts) > 1:
+            folders.setdefault(parent.parent.as_posix(), (set(), set()))[1].add(
+                parent.name + "/")
+            parent = parent.parent
+    for own, _ in folders.values():
+        own.discard("__init__.py")
+    return folders
+
+
+def folder_rows(markdown: str) -> dict[str, str]:
+    """Every table row whose first cell is a backticked folder: folder -> the row."""
+    return {m.group(1): m.group(0)
+            for m in re.finditer(r"^\| `([\w./-]+)/` \|.*$", markdown, re.M)}
+
+
+def unnamed_in_architecture(markdown: str, root: Path) -> list[str]:
+    rows = folder_rows(markdown)
+    out = []
+    for folder, (files, subs) in sorted(code_folders(root).items()):
+        row = rows.get(folder)
+        if row is None:
+            out.append(f"{folder}/: no row")
+            continue
+        named = set(re.findall(r"`([\w.-]+/?)`", row))
+        out += [f"{folder}/{name}: not in its row" for name in sorted((files | subs) - named)]
+    tops = {p.parts[0] for p in _tracked(root) if len(p.parts) > 1}
+    tests = {"/".join(p.parts[:2]) for p in _tracked(root)
+             if p.parts[0] == "tests" and len(p.parts) > 2}
+    out += [f"{d}/: not named" for d in sorted(tops | tests) if f"`{d}/`" not in markdown]
+    return out
+
+
+def test_architecture_names_every_module_folder_and_c_file():
+    assert unnamed_in_architecture(ARCHITECTURE.read_text(), ROOT) == []
+
+
+def server_imports(root: Path) -> dict[str, set[str]]:
+    """server/x.py -> the server modules it imports (relative imports, anywhere)."""
+    import ast
+
+    out = {}
+    for path in (root / "server").glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                found.update(f"{n.split('.')[0]}.py" for n in names)
+        out[path.name] = found
+    return out
+
+
+_IMPORTS_LINE = re.compile(r"^- `(\w+\.py)` imports (.*);?$", re.M)
+
+
+def false_import_statements(markdown: str, imports: dict[str, set[str]]) -> list[str]:
+    out = []
+    for m in _IMPORTS_LINE.finditer(markdown):
+        said = set(re.findall(r"`(\w+\.py)`", m.group(2)))
+        real = imports.get(m.group(1), set())
+        if said != real:
+            out.append(f"{m.group(1)}: says {sorted(said)}, imports {sorted(real)}")
+    return out
+
+
+def test_architecture_import_statements_are_the_codes():
+    text = ARCHITECTURE.read_text()
+    assert len(_IMPORTS_LINE.findall(text)) >= 6
+    assert false_import_statements(text, server_imports(ROOT)) == []
+    # "serve.py alone imports daemon.py in server/; above it, ... import it too."
+    importers = sorted(f"server/{m}" for m, deps in server_imports(ROOT).items()
+                       if "daemon.py" in deps)
+    above = sorted(str(p.relative_to(ROOT)) for floor in ("client", "tools")
+                   for p in (ROOT / floor).rglob("*.py")
+                   if re.search(r"from \.+server\.daemon import|from \.+server import daemon",
+                                p.read_text()))
+    line = next(line for line in text.splitlines() if "alone imports `daemon.py`" in line)
+    assert importers == ["server/serve.py"], importers
+    assert sorted(re.findall(r"`((?:client|tools)/[\w/]+\.py)`", line)) == above
+
+
+def test_the_architecture_checkers_report_each_gap(tmp_path):
+    for rel in ("server/a.py", "server/b.py", "provider/x.c", "provider/sub/y.h", "docs/z.md",
+                "tests/unit/test_q.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("from . import b\n" if rel == "server/a.py" else "")
+    page = ("| `server/` | `a.py` |\n| `provider/` | `x.c`, `sub/` |\n"
+            "`docs/` and `tests/`\n- `a.py` imports `b.py` and `c.py`;\n")
+    assert unnamed_in_architecture(page, tmp_path) == [
+        "provider/sub/: no row", "server/b.py: not in its row", "tests/unit/: not named"]
+    assert false_import_statements(page, server_imports(tmp_path)) == [
+        "a.py: says ['b.py', 'c.py'], imports ['b.py']"]

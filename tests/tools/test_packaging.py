@@ -8,6 +8,10 @@ every editable install of a package-dir mapping (the five folders installed as
 ``softhca.<folder>``), which the Makefile filters. The install runs twice in a scratch venv:
 as it is, where that notice must be the only warning, and with the Makefile's own filter,
 where nothing at all may be printed.
+
+A regular (non-editable) install, as a wheel gives, runs ``python -m softhca`` from the
+repository root as from anywhere: the tree's ``softhca/`` folder, first on ``sys.path``
+there, takes its subpackages from the installed copy.
 """
 
 from __future__ import annotations
@@ -75,3 +79,45 @@ def test_make_install_prints_no_warning(scratch_python):
     assert quiet.stdout.strip() == "" and quiet.stderr.strip() == "", quiet.stderr
     print(f"\nplain install: {len(kinds)} notice(s) {sorted({t for _, t in kinds})}; "
           f"with the Makefile's filter: no output ({sys.version.split()[0]})")
+
+
+# -- a regular (non-editable) install, run from the repository root ------------------------
+
+@pytest.fixture(scope="module")
+def installed_python(tmp_path_factory) -> Path:
+    """A scratch venv with softhca installed from the tree as a wheel would be (no
+    editable finder); its dependencies come from this interpreter (PYTHONPATH below)."""
+    where = tmp_path_factory.mktemp("installed")
+    venv.EnvBuilder(with_pip=True).create(where)
+    python = where / "bin" / "python"
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-deps",
+         "--disable-pip-version-check", str(ROOT)],
+        capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 and re.search(r"(?i)no matching distribution|connection|"
+                                          r"network is unreachable", done.stderr):
+        pytest.skip(f"setuptools cannot be fetched for the isolated build: "
+                    f"{done.stderr.strip().splitlines()[-1]}")
+    assert done.returncode == 0, done.stderr
+    return python
+
+
+@pytest.mark.parametrize("where", ["the repository root", "another directory"])
+def test_python_m_softhca_with_a_regular_install(installed_python, tmp_path, where):
+    """From the repository root the tree's softhca/ (two files) comes first on sys.path;
+    the subpackages must still be the installed ones (softhca/__init__.py extends its
+    __path__), not a ModuleNotFoundError for softhca.tools."""
+    cwd = ROOT if where == "the repository root" else tmp_path
+    deps = next(p for p in sys.path if p.endswith("site-packages"))
+    env = {**os.environ, "PYTHONPATH": deps}
+    env.pop("PYTHONWARNINGS", None)
+    version = subprocess.run([str(installed_python), "-m", "softhca", "--version"], cwd=cwd,
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith("softhca "), version.stdout
+    where_tools = subprocess.run(
+        [str(installed_python), "-c", "import softhca.tools.cli as c; print(c.__file__)"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert where_tools.returncode == 0, where_tools.stderr
+    installed = Path(installed_python).parent.parent.resolve()
+    assert installed in Path(where_tools.stdout.strip()).resolve().parents, where_tools.stdout

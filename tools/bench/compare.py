@@ -165,38 +165,53 @@ def compare(saved: dict, new: dict | list[dict], ratio: str = "tcp_stream",
     so that one run's noise is not read as a change."""
     news = new if isinstance(new, list) else [new]
     paths = new_path if isinstance(new_path, list) else [new_path]
-    kinds = {doc_kind(saved, saved_path)} | {doc_kind(d, p) for d, p in zip(news, paths, strict=True)}
-    if len(kinds) != 1:
-        raise CompareError("the runs are different benches (" + " and ".join(
-            repr(k) for k in sorted(kinds)) + "): " + " and ".join([saved_path, *paths]))
-    (kind,) = kinds
+    kind = _one_kind(saved, saved_path, news, paths)
     a = compare_rows(saved, ratio, saved_path)
     runs = [compare_rows(d, ratio, p) for d, p in zip(news, paths, strict=True)]
     labels = [*a]
     for b in runs:
         labels += [k for k in b if k not in labels]
-    rows, higher = [], []
-    for label in labels:
-        old = a.get(label)
-        cur = _median_row([b[label] for b in runs if label in b])
-        rows.append({"row": label, "better": (old or cur)["better"],
-                     "unit": (old or cur)["unit"],
-                     "saved": None if old is None else {"figure": old["figure"],
-                                                        "ratio": old["ratio"]},
-                     "new": cur and {k: v for k, v in cur.items()
-                                     if k in ("figure", "ratio", "runs")},
-                     "ratio_of_ratios": None if old is None or cur is None
-                     else sig4(cur["ratio"] / old["ratio"])})
-        if old is not None and cur is not None and old["better"] == "higher":
-            higher.append(cur["ratio"] / old["ratio"])
-    summary = None if not higher else {
-        "rows": len(higher), "geometric_mean": sig4(math.exp(statistics.fmean(
-            math.log(x) for x in higher))), "min": sig4(min(higher)), "max": sig4(max(higher))}
+    sides = [(label, a.get(label), _median_row([b[label] for b in runs if label in b]))
+             for label in labels]
+    rows = [_compared_row(*side) for side in sides]
     return {"benchmark": kind, "ratio": "engine/primitive" if kind == ENGINE_KIND
             else ratio, "saved": saved_path, "new": new_path,
             "load_average": {"saved": _load(saved), "new": _load(news[0]) if len(news) == 1
                              else [_load(d) for d in news]}, "rows": rows,
-            "higher_is_better_summary": summary}
+            "higher_is_better_summary": _higher_summary(sides)}
+
+
+def _one_kind(saved: dict, saved_path: str, news: list[dict], paths: list[str]) -> str:
+    """The bench every document is a run of; CompareError when they are not one."""
+    kinds = {doc_kind(saved, saved_path)} | {doc_kind(d, p)
+                                              for d, p in zip(news, paths, strict=True)}
+    if len(kinds) != 1:
+        raise CompareError("the runs are different benches (" + " and ".join(
+            repr(k) for k in sorted(kinds)) + "): " + " and ".join([saved_path, *paths]))
+    return next(iter(kinds))
+
+
+def _compared_row(label: str, old: dict | None, cur: dict | None) -> dict:
+    """One row of the comparison: the saved side ``old``, the new side ``cur`` (either
+    may be missing) and the new ratio over the saved one where both are there."""
+    either = old or cur
+    return {"row": label, "better": either["better"], "unit": either["unit"],
+            "saved": None if old is None else {"figure": old["figure"],
+                                               "ratio": old["ratio"]},
+            "new": cur and {k: v for k, v in cur.items() if k in ("figure", "ratio", "runs")},
+            "ratio_of_ratios": None if old is None or cur is None
+            else sig4(cur["ratio"] / old["ratio"])}
+
+
+def _higher_summary(sides: list[tuple[str, dict | None, dict | None]]) -> dict | None:
+    """The new/saved ratios of the rows in both runs where higher is better: how many,
+    their geometric mean, min and max; None when there is none."""
+    higher = [cur["ratio"] / old["ratio"] for _, old, cur in sides
+              if old is not None and cur is not None and old["better"] == "higher"]
+    if not higher:
+        return None
+    return {"rows": len(higher), "geometric_mean": sig4(math.exp(statistics.fmean(
+        math.log(x) for x in higher))), "min": sig4(min(higher)), "max": sig4(max(higher))}
 
 
 def _median_row(found: list[dict]) -> dict | None:

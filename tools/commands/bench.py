@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from ...server.cliargs import positive_float, positive_int
+from ..cliargs import positive_float, positive_int
 from . import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 
 # Saved runs --compare reads as the new side at most: enough for a median over repeated

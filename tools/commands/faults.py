@@ -6,7 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ...server.cliargs import daemon_address, read_token
+from ...client.token_file import read_token
+from ..cliargs import daemon_address
 from . import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 
 FAULTS_EPILOG = """\

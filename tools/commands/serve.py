@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ...server.cliargs import positive_float, positive_int
+from ..cliargs import positive_float, positive_int
 from . import EXIT_USAGE
 
 

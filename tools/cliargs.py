@@ -1,4 +1,7 @@
-"""What every ``softhca`` subcommand parses the same way: counts, durations, tokens.
+"""What every ``softhca`` subcommand parses the same way: counts, durations, addresses.
+
+The token file a client command names is read by ``client.token_file.read_token``, which
+softhca's pyverbs reads ``SOFTHCA_TOKEN_FILE`` with too.
 
 Standard library only, so that building the parser (``softhca --help``) stays fast.
 """
@@ -51,19 +54,3 @@ def daemon_address(text: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
-
-
-class TokenFileError(ValueError):
-    """The token file named on the command line cannot be read."""
-
-
-def read_token(path: str | None) -> bytes | None:
-    """The shared token in ``path`` (trailing whitespace ignored, as ``serve --token-file``),
-    None without a path."""
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            return f.read().rstrip()
-    except OSError as e:
-        raise TokenFileError(f"cannot read {path}: {e.strerror}") from None
