@@ -11,7 +11,8 @@
 #      built here, so the image needs no compiler);
 #   3. docker/Dockerfile's daemon and tests stages, installing softhca only from the
 #      wheelhouse, with the provider `make provider` built on the host (provider/build)
-#      and Debian's ibverbs-utils and perftest from the Debian archive.
+#      and Debian's ibverbs-utils, perftest and the middleware (UCX, libfabric, qperf, tgt,
+#      libiscsi) from the Debian archive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,11 +75,13 @@ PROVIDER=provider/build/libsofthca-rdmav34.so
 LIBMLX5=provider/build/libmlx5.so.1
 LIBRDMACM=provider/build/librdmacm.so.1
 PRELOAD=provider/build/libsofthca-preload.so
+ISCSICHECK=provider/build/iscsicheck
 for f in "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "$PRELOAD"; do
     [ -f "$f" ] || { echo "images: no $f: \`make provider\` builds it (libibverbs-dev)" >&2; exit 1; }
 done
+[ -f "$ISCSICHECK" ] || { echo "images: no $ISCSICHECK: \`make provider\` builds it (libiscsi-dev)" >&2; exit 1; }
 mapfile -t tests < <(find tests -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
-image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile docker/softhca-node .dockerignore pyproject.toml "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "$PRELOAD" "${tests[@]}"; } | sha256sum | cut -c1-16)
+image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile docker/softhca-node .dockerignore pyproject.toml "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "$PRELOAD" "$ISCSICHECK" "${tests[@]}"; } | sha256sum | cut -c1-16)
 for stage in daemon tests; do
     if [ "$(label "softhca:$stage" softhca.inputs)" = "$image_inputs" ]; then
         say "softhca:$stage up to date (inputs $image_inputs)"

@@ -158,3 +158,88 @@ def leftovers() -> tuple[list[str], list[str]]:
     volumes = run(["docker", "volume", "ls", "-q",
                    "--filter", f"label=com.docker.compose.project={PROJECT}"]).stdout.split()
     return containers + volumes, networks
+
+
+# -- two nodes for unmodified programs: the target container and the initiator run as a node --
+
+# The initiator image run with softhca-node as its entrypoint (``verbs_nodes``): a daemon on
+# 10.200.0.2 and its UNIX socket, the device node and the sysfs tree.
+NODE = f"{PROJECT}-node2"
+
+
+def exec_output(cid: str, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return run(["docker", "exec", cid, *argv], timeout=timeout)
+
+
+def wait_device(cid: str, timeout: float = 60) -> str:
+    """``ibv_devices`` in the container once its softhca-node has written the tree."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = exec_output(cid, ["ibv_devices"])
+        if r.returncode == 0 and "mlx5_0" in r.stdout:
+            return r.stdout
+        if time.monotonic() > deadline:
+            logs = run(["docker", "logs", cid]).stdout
+            raise AssertionError(f"no device in {cid}: {r.stdout}{r.stderr}\n{logs}")
+        time.sleep(0.5)
+
+
+def listening(cid: str, port: int, timeout: float = 30) -> None:
+    """Returns once a TCP socket of the container listens on ``port``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = exec_output(cid, ["cat", "/proc/net/tcp", "/proc/net/tcp6"])
+        for line in r.stdout.splitlines()[1:]:
+            f = line.split()
+            if len(f) > 3 and f[3] == "0A" and f[1].rsplit(":", 1)[-1] == f"{port:04X}":
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"nothing listens on port {port} in {cid}")
+
+
+def exec_pair(target: str, node: str, program: list[str], port: int,
+              client: list[str] | None = None, timeout: float = 300):
+    """``program`` as the server in the target container, then, once it listens on TCP
+    ``port``, ``client`` (by default ``program`` naming the target's address) in the
+    initiator's; both waited for. ((rc, output) of the server, (rc, output) of the
+    client.)"""
+    srv = subprocess.Popen(["docker", "exec", target, *program], text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        listening(target, port)
+        cli = exec_output(node, client or [*program, TARGET_IP], timeout=timeout)
+        out, _ = srv.communicate(timeout=120)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    return (srv.returncode, out), (cli.returncode, cli.stdout + cli.stderr)
+
+
+def target_running() -> str:
+    """The target container up and healthy (started again if a test stopped it)."""
+    compose("up", "-d", "target")
+    (cid,) = container_ids("target")
+    if run(["docker", "inspect", "-f", "{{.State.Status}}", cid]).stdout.strip() != "running":
+        run(["docker", "start", cid], check=True)
+    wait_healthy([cid])
+    return cid
+
+
+@contextlib.contextmanager
+def verbs_nodes():
+    """The target container, and the initiator run as a node (its image's softhca-node:
+    a daemon on its own address and UNIX socket, the device node and sysfs tree), each
+    ready for a plain ``docker exec`` of a verbs program: (target, node)."""
+    target = target_running()
+    run(["docker", "rm", "-f", NODE])
+    compose("run", "-d", "--name", NODE, "--entrypoint", "softhca-node", "initiator",
+            "--token-file", "/run/secrets/softhca_token",
+            "--peer-token-file", "/run/secrets/softhca_peer_token",
+            "--allow-readable-token")
+    try:
+        wait_device(target)
+        wait_device(NODE)
+        yield target, NODE
+    finally:
+        run(["docker", "rm", "-f", NODE])
