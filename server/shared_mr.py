@@ -62,6 +62,7 @@ _libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctyp
                          ctypes.c_void_p]
 _libc.shmat.restype = ctypes.c_void_p
 _libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+_libc.shmdt.argtypes = [ctypes.c_void_p]
 MAP_FAILED = ctypes.c_void_p(-1).value
 MAP_FIXED = 0x10
 MAP_NORESERVE = 0x4000
@@ -351,7 +352,9 @@ class _Segment:
 
     def close(self) -> None:
         if self.addr is not None:
-            _libc.munmap(self.addr, getattr(self, "size", 0) or PAGE)
+            # the whole attachment, whatever its page size (munmap of part of a
+            # SHM_HUGETLB mapping would be EINVAL)
+            _libc.shmdt(self.addr)
             self.addr = None
 
 
