@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make images: softhca's two images (softhca:daemon, softhca:tests) with no container
 # registry. Each step is cached by a hash of its inputs, so a second run only checks.
+# SOFTHCA_IMAGE names another repository for the two tags (SOFTHCA_IMAGE:daemon,
+# SOFTHCA_IMAGE:tests), for a second checkout on the same engine.
 #
 #   1. the base: PYTHON_IMAGE (default python:3.11-slim-bookworm) if the engine has it or can pull
 #      it; otherwise a Debian bookworm root filesystem made with debootstrap (python3,
@@ -22,6 +24,7 @@ DEBIAN_BASE=softhca-base:bookworm
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ROOTFS_DIR=${ROOTFS_DIR:-/var/tmp/softhca-rootfs}
 WHEELHOUSE=build/wheelhouse
+IMAGE=${SOFTHCA_IMAGE:-softhca}
 
 say() { echo "images: $*"; }
 label() { docker image inspect --format "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true; }
@@ -83,13 +86,13 @@ done
 mapfile -t tests < <(find tests -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
 image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile docker/softhca-node .dockerignore pyproject.toml "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "$PRELOAD" "$ISCSICHECK" "${tests[@]}"; } | sha256sum | cut -c1-16)
 for stage in daemon tests; do
-    if [ "$(label "softhca:$stage" softhca.inputs)" = "$image_inputs" ]; then
-        say "softhca:$stage up to date (inputs $image_inputs)"
+    if [ "$(label "$IMAGE:$stage" softhca.inputs)" = "$image_inputs" ]; then
+        say "$IMAGE:$stage up to date (inputs $image_inputs)"
         continue
     fi
     start=$(date +%s)
     docker build --quiet -f docker/Dockerfile --target "$stage" \
         --build-arg "PYTHON_IMAGE=$base" --label "softhca.inputs=$image_inputs" \
-        --label "softhca.base=$base" -t "softhca:$stage" . >/dev/null
-    say "softhca:$stage built on $base in $(( $(date +%s) - start )) s (inputs $image_inputs)"
+        --label "softhca.base=$base" -t "$IMAGE:$stage" . >/dev/null
+    say "$IMAGE:$stage built on $base in $(( $(date +%s) - start )) s (inputs $image_inputs)"
 done

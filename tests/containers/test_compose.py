@@ -89,7 +89,7 @@ def test_man_page_examples_against_every_target_at_once(stack):
         dc.wait_healthy(cids)
         start = time.monotonic()
         r = dc.compose("--profile", "scale", "run", "--rm", "-e",
-                       "SOFTHCA_TARGET=10.200.0.1:4791,extra-target:4791", "initiator",
+                       f"SOFTHCA_TARGET={dc.TARGET},extra-target:4791", "initiator",
                        "-m", "twonode", "tests/twonode/test_examples.py",
                        "-p", "no:cacheprovider", timeout=600, check=False)
         out = r.stdout + r.stderr
