@@ -104,6 +104,17 @@ lint-docker: $(LINT_STAMP)
 # softhca:daemon and softhca:tests with no container registry: the base is python:3.11-slim-bookworm
 # when the engine has it or can pull it, else a debootstrapped Debian bookworm; the wheels
 # are built here; each step cached by a hash of its inputs (docker/README.md).
+# What two checkouts on one Docker engine must not share: the images' repository
+# (SOFTHCA_IMAGE:daemon, SOFTHCA_IMAGE:tests), the compose network's /24 (its first three
+# octets: the target at .1, the initiator at .2) and the compose project. `make images
+# test SOFTHCA_IMAGE=mine SOFTHCA_SUBNET=10.201.0 SOFTHCA_PROJECT=mine` (or the same
+# environment variables) for a second checkout; docker/compose.yaml, docker/build-images.sh
+# and tests/support/compose.py read them.
+SOFTHCA_IMAGE ?= softhca
+SOFTHCA_SUBNET ?= 10.200.0
+SOFTHCA_PROJECT ?= softhca-twonode
+export SOFTHCA_IMAGE SOFTHCA_SUBNET SOFTHCA_PROJECT
+
 images: $(STAMP) provider accel
 	PY=$(PY) bash docker/build-images.sh
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make images: softhca's two images (softhca:daemon, softhca:tests) with no container
 # registry. Each step is cached by a hash of its inputs, so a second run only checks.
+# SOFTHCA_IMAGE names another repository for the two tags (SOFTHCA_IMAGE:daemon,
+# SOFTHCA_IMAGE:tests), for a second checkout on the same engine.
 #
 #   1. the base: PYTHON_IMAGE (default python:3.11-slim-bookworm) if the engine has it or can pull
 #      it; otherwise a Debian bookworm root filesystem made with debootstrap (python3,
@@ -11,7 +13,8 @@
 #      built here, so the image needs no compiler);
 #   3. docker/Dockerfile's daemon and tests stages, installing softhca only from the
 #      wheelhouse, with the provider `make provider` built on the host (provider/build)
-#      and Debian's ibverbs-utils and perftest from the Debian archive.
+#      and Debian's ibverbs-utils, perftest and the middleware (UCX, libfabric, qperf, tgt,
+#      libiscsi) from the Debian archive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +24,7 @@ DEBIAN_BASE=softhca-base:bookworm
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ROOTFS_DIR=${ROOTFS_DIR:-/var/tmp/softhca-rootfs}
 WHEELHOUSE=build/wheelhouse
+IMAGE=${SOFTHCA_IMAGE:-softhca}
 
 say() { echo "images: $*"; }
 label() { docker image inspect --format "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true; }
@@ -74,19 +78,21 @@ PROVIDER=provider/build/libsofthca-rdmav34.so
 LIBMLX5=provider/build/libmlx5.so.1
 LIBRDMACM=provider/build/librdmacm.so.1
 PRELOAD=provider/build/libsofthca-preload.so
+ISCSICHECK=provider/build/iscsicheck
 for f in "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "$PRELOAD"; do
     [ -f "$f" ] || { echo "images: no $f: \`make provider\` builds it (libibverbs-dev)" >&2; exit 1; }
 done
+[ -f "$ISCSICHECK" ] || { echo "images: no $ISCSICHECK: \`make provider\` builds it (libiscsi-dev)" >&2; exit 1; }
 mapfile -t tests < <(find tests -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
-image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile docker/softhca-node .dockerignore pyproject.toml "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "$PRELOAD" "${tests[@]}"; } | sha256sum | cut -c1-16)
+image_inputs=$( { echo "$base_id"; cat "$WHEELHOUSE/.inputs"; hash_files docker/Dockerfile docker/softhca-node .dockerignore pyproject.toml "$PROVIDER" "$LIBMLX5" "$LIBRDMACM" "$PRELOAD" "$ISCSICHECK" "${tests[@]}"; } | sha256sum | cut -c1-16)
 for stage in daemon tests; do
-    if [ "$(label "softhca:$stage" softhca.inputs)" = "$image_inputs" ]; then
-        say "softhca:$stage up to date (inputs $image_inputs)"
+    if [ "$(label "$IMAGE:$stage" softhca.inputs)" = "$image_inputs" ]; then
+        say "$IMAGE:$stage up to date (inputs $image_inputs)"
         continue
     fi
     start=$(date +%s)
     docker build --quiet -f docker/Dockerfile --target "$stage" \
         --build-arg "PYTHON_IMAGE=$base" --label "softhca.inputs=$image_inputs" \
-        --label "softhca.base=$base" -t "softhca:$stage" . >/dev/null
-    say "softhca:$stage built on $base in $(( $(date +%s) - start )) s (inputs $image_inputs)"
+        --label "softhca.base=$base" -t "$IMAGE:$stage" . >/dev/null
+    say "$IMAGE:$stage built on $base in $(( $(date +%s) - start )) s (inputs $image_inputs)"
 done

@@ -309,24 +309,33 @@ class RegMr(Request):
 # ibv_reg_mr of a local program's own memory (the UNIX socket only): the registered
 # pages are ``pieces`` of sealed memfds, each [memfd, offset, length] (the memfd's
 # index among those the program handed over under the number ``fds``, page-aligned
-# offset and length; server/shared_mr.py), side by side in address order; the
+# offset and length; server/shared_mr.py), or of SysV segments the daemon attaches
+# itself (["sysv", shmid, offset, length, addr]), side by side in address order; the
 # registration is their bytes [offset, offset + length), at the program's virtual
 # address ``addr`` (the MR's iova).
 MAX_PIECES = 16
 
 
-def _pieces(pieces: list) -> tuple[tuple[int, int, int], ...]:
+def _pieces(pieces: list) -> tuple[tuple, ...]:
+    """``[memfd, offset, length]``: a piece of the handoff's fd ``memfd``; or ``["sysv",
+    shmid, offset, length, addr]``: a piece of the SysV segment ``shmid``, which the
+    caller maps at ``addr`` (the daemon attaches it itself)."""
     out = []
     for i, p in enumerate(pieces):
-        if not (isinstance(p, list) and len(p) == 3
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
-                and 0 <= p[0] < MAX_PIECES and 0 <= p[1] <= U64 and 0 < p[2] <= U64
-                and p[1] % 4096 == 0 and p[2] % 4096 == 0):
+        sysv = isinstance(p, list) and len(p) == 5 and p[0] == "sysv"
+        nums = p[1:] if sysv else p
+        if not (isinstance(p, list) and (sysv or len(p) == 3)
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in nums)
+                and (0 <= nums[0] < 1 << 31 if sysv else 0 <= nums[0] < MAX_PIECES)
+                and 0 <= nums[1] <= U64 and 0 < nums[2] <= U64
+                and nums[1] % 4096 == 0 and nums[2] % 4096 == 0
+                and (not sysv or (0 <= nums[3] <= U64 and nums[3] % 4096 == 0))):
             raise FrameError("EPROTO", f"reg_mr_shared: pieces[{i}] must be [memfd, "
                                        f"offset, length], memfd the index of one in the "
-                                       f"handoff, offset and length page-aligned, got "
+                                       f"handoff, or [\"sysv\", shmid, offset, length, "
+                                       f"addr], offset, length and addr page-aligned, got "
                                        f"{p!r}"[:200])
-        out.append((p[0], p[1], p[2]))
+        out.append(("sysv", *nums) if sysv else tuple(nums))
     return tuple(out)
 
 
@@ -337,7 +346,7 @@ class RegMrShared(Request):
     length: int = _u64()
     access: int = _u32()
     offset: int = _u64()
-    pieces: tuple[tuple[int, int, int], ...] = _wire(list, 1, MAX_PIECES, decode=_pieces)
+    pieces: tuple[tuple, ...] = _wire(list, 1, MAX_PIECES, decode=_pieces)
     fds: int = _u32()       # the number the memfds were handed over under (UNIX socket)
 
 

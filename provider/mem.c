@@ -10,7 +10,11 @@
  * mmap of a memfd). Its backing object itself is handed over, at the mapping's offset:
  * a SysV segment or MAP_SHARED | MAP_ANONYMOUS memory (kernel-internal shmem files,
  * opened through /proc/self/map_files), or a memfd of the program's, which is sealed
- * against shrinking here first (F_SEAL_SHRINK) if it is not already. A file that its
+ * against shrinking here first (F_SEAL_SHRINK) if it is not already. A SysV segment
+ * no fd of which can be had (map_files needs a privilege) is named instead: its shmid
+ * (the inode number /proc/self/maps shows) and where this process maps it; the daemon,
+ * in the same IPC namespace, checks this process maps it there and attaches it
+ * itself (shmat). A file that its
  * owner can shrink under the daemon's mapping (a /dev/shm or hugetlbfs file, a memfd
  * that cannot be sealed) is refused: the daemon would fault on the cut pages.
  *
@@ -38,7 +42,8 @@ struct shca_mem {
 	uintptr_t start, end;
 	uint64_t off;           /* the file offset of start (0 for a moved range) */
 	int shared;             /* memory already shared, handed over as it is */
-	int fd;
+	int fd;                 /* -1 for a segment named by its shmid */
+	int shmid;              /* a SysV segment the daemon attaches itself, or -1 */
 	int refs;
 	struct shca_mem *next;
 };
@@ -188,8 +193,8 @@ static int open_backing(const struct shared_vma *v)
 /* The MAP_SHARED mapping v as a segment handing its object over from p to stop, or
  * NULL with *rc EINVAL and a line saying why. Which objects the daemon can map safely:
  * docs/native.md, "Memory already shared". */
-static struct shca_mem *share_vma(const struct shared_vma *v, uintptr_t p, uintptr_t stop,
-				  void *addr, size_t length, int *rc)
+static struct shca_mem *share_vma(struct shca_context *ctx, const struct shared_vma *v,
+				  uintptr_t p, uintptr_t stop, void *addr, size_t length, int *rc)
 {
 	int memfd = !strncmp(v->name, "/memfd:", 7);
 	int shmem = !strcmp(v->name, "/dev/zero (deleted)") ||
@@ -208,6 +213,19 @@ static struct shca_mem *share_vma(const struct shared_vma *v, uintptr_t p, uintp
 		return NULL;
 	}
 	fd = open_backing(v);
+	if (fd < 0 && shmem && v->name[1] == 'S' && ctx->sysv_attach && v->ino <= INT32_MAX) {
+		/* no fd of the segment: the daemon attaches it by its shmid, the inode
+		 * number of its file (checks, SHM_HUGETLB included: server/shared_mr.py) */
+		m = calloc(1, sizeof(*m));
+		if (!m) {
+			*rc = ENOMEM;
+			return NULL;
+		}
+		*m = (struct shca_mem){.start = p, .end = stop, .off = v->off + (p - v->lo),
+				       .shared = 1, .fd = -1, .shmid = (int)v->ino, .refs = 1};
+		*rc = 0;
+		return m;
+	}
 	if (fd < 0) {
 		shca_log("ibv_reg_mr(%p, %zu): EINVAL: the pages are a MAP_SHARED mapping of "
 			 "%s, which softhca cannot open to hand to its daemon (no fd of it is "
@@ -240,6 +258,7 @@ static struct shca_mem *share_vma(const struct shared_vma *v, uintptr_t p, uintp
 	m->end = stop;
 	m->off = v->off + (p - v->lo);
 	m->fd = fd;
+	m->shmid = -1;
 	m->refs = 1;
 	m->shared = 1;
 	*rc = 0;
@@ -287,6 +306,7 @@ static struct shca_mem *remap(uintptr_t start, uintptr_t end)
 	m->start = start;
 	m->end = end;
 	m->fd = fd;
+	m->shmid = -1;
 	m->refs = 1;
 	return m;
 fail_fd:
@@ -328,7 +348,8 @@ static void unref(struct shca_context *ctx, struct shca_mem *mem)
 			break;
 		}
 	}
-	close(mem->fd);
+	if (mem->fd >= 0)
+		close(mem->fd);
 	free(mem);
 }
 
@@ -347,7 +368,7 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 	uintptr_t end, p, next;
 	struct shca_mem *m;
 	struct mp_buf items;
-	int rc = 0;
+	int rc = 0, nfds = 0;
 
 	memset(ref, 0, sizeof(*ref));
 	if (!length || a + length < a) {
@@ -382,7 +403,7 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 				break;
 			if (v.hi) {
 				/* already shared: its object goes over as it is */
-				m = share_vma(&v, p, stop, addr, length, &rc);
+				m = share_vma(ctx, &v, p, stop, addr, length, &rc);
 				if (!m)
 					break;
 			} else {
@@ -401,20 +422,30 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 			ctx->mems = m;
 		}
 		stop = m->end < end ? m->end : end;
-		fds[ref->n] = m->fd;
-		mp_arr(&items, 3);
-		mp_uint(&items, (uint64_t)ref->n);      /* its place in the handoff */
+		if (m->fd >= 0) {
+			fds[nfds] = m->fd;
+			mp_arr(&items, 3);
+			mp_uint(&items, (uint64_t)nfds++);      /* its place in the handoff */
+		} else {
+			/* a segment the daemon attaches: its shmid, and where this
+			 * process maps the piece (what the daemon checks) */
+			mp_arr(&items, 5);
+			mp_str(&items, "sysv");
+			mp_uint(&items, (uint64_t)m->shmid);
+		}
 		ref->seg[ref->n++] = m;
 		mp_uint(&items, m->off + (p - m->start));
 		mp_uint(&items, stop - p);
+		if (m->fd < 0)
+			mp_uint(&items, p);
 		p = stop;
 	}
 	if (!rc)
 		*seq = ctx->handoff_seq++;
 	pthread_mutex_unlock(&ctx->mem_lock);
 	/* the references taken keep the fds open while they are handed over */
-	if (!rc)
-		rc = shca_hand_over(ctx, fds, ref->n, *seq);
+	if (!rc && nfds)
+		rc = shca_hand_over(ctx, fds, nfds, *seq);
 	if (rc) {
 		pthread_mutex_lock(&ctx->mem_lock);
 		while (ref->n)
@@ -448,7 +479,8 @@ void shca_mem_release_all(struct shca_context *ctx)
 	pthread_mutex_lock(&ctx->mem_lock);
 	for (m = ctx->mems; m; m = n) {
 		n = m->next;
-		close(m->fd);
+		if (m->fd >= 0)
+			close(m->fd);
 		free(m);
 	}
 	ctx->mems = NULL;

@@ -65,6 +65,7 @@ struct shca_context {
 	unsigned generation;       /* ...and its fork generation (shca_forked) */
 	char path[108];            /* the daemon's UNIX socket */
 	char memfd_key[65];        /* what a handoff of memfds proves (the welcome's) */
+	int sysv_attach;           /* the daemon attaches a SysV segment by its shmid */
 	uint32_t handoff_seq;      /* the number of the next handoff, under mem_lock */
 	uint32_t handle;           /* the daemon's ctx handle */
 	char devices[SHCA_MAX_DEVICES][SHCA_NAME_MAX];

@@ -53,6 +53,7 @@ static void parse_welcome(struct shca_context *ctx, struct mp_buf *w)
 	struct mp_val hdr = {w->p, w->p + w->len}, v, e;
 	const char *s;
 	uint32_t n, i, len;
+	uint64_t x;
 
 	if (mp_find(hdr, "devices", &v) && mp_get_arr(v, &n, &e)) {
 		for (i = 0; i < n && i < SHCA_MAX_DEVICES; i++) {
@@ -70,6 +71,9 @@ static void parse_welcome(struct shca_context *ctx, struct mp_buf *w)
 		memcpy(ctx->memfd_key, s, len);
 		ctx->memfd_key[len] = 0;
 	}
+	/* a daemon that attaches SysV segments itself (docs/native.md, "Memory already
+	 * shared"); an older one takes fds only */
+	ctx->sysv_attach = mp_find(hdr, "sysv_attach", &v) && mp_get_uint(v, &x) && x == 1;
 	if (mp_find(hdr, "address", &v) && mp_get_str(v, &s, &len) &&
 	    len < sizeof(ctx->address)) {
 		memcpy(ctx->address, s, len);

@@ -34,11 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import fcntl
 import functools
 import mmap
 import os
 import re
+import select
+import socket
 import stat
 
 import numpy as np
@@ -54,10 +57,19 @@ _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                        ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mremap.restype = ctypes.c_void_p
+_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                         ctypes.c_void_p]
+_libc.shmat.restype = ctypes.c_void_p
+_libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+_libc.shmdt.argtypes = [ctypes.c_void_p]
 MAP_FAILED = ctypes.c_void_p(-1).value
 MAP_FIXED = 0x10
 MAP_NORESERVE = 0x4000
 PROT_NONE = 0
+MREMAP_MAYMOVE, MREMAP_FIXED = 1, 2
+# getsockopt(2) of a UNIX socket: a pidfd of the process that connected (Linux 6.5)
+SO_PEERPIDFD = 77
 
 
 class _Mapping:
@@ -80,6 +92,16 @@ class _Mapping:
                          mmap.MAP_SHARED | MAP_FIXED, fd, offset)
         if got in (None, MAP_FAILED):
             raise RDMAError("EFAULT", "ibv_reg_mr: mapping the program's memory failed "
+                                      f"({os.strerror(ctypes.get_errno())})")
+
+    def place_sysv(self, pos: int, seg: _Segment, offset: int, length: int) -> None:
+        """The segment's bytes [offset, offset + length) at ``pos``: a second mapping of
+        the same pages (mremap of a shared mapping with old size 0), which holds the
+        segment as an attachment of its own until it is unmapped."""
+        got = _libc.mremap(seg.addr + offset, 0, length, MREMAP_MAYMOVE | MREMAP_FIXED,
+                           self.base + pos)
+        if got in (None, MAP_FAILED):
+            raise RDMAError("EFAULT", "ibv_reg_mr: mapping the program's SysV segment failed "
                                       f"({os.strerror(ctypes.get_errno())})")
 
     def array(self) -> np.ndarray:
@@ -204,16 +226,164 @@ def _check_fd(fd: int, i: int, need: int) -> None:
                      f"piece needs {need}")
 
 
-def _map(fds: list[int], pieces: tuple[tuple[int, int, int], ...]) -> np.ndarray:
-    for i, _, _ in pieces:
-        if i >= len(fds):
-            raise einval(f"ibv_reg_mr: a piece names memfd {i} of a handoff of {len(fds)}")
-    m = _Mapping(sum(length for _, _, length in pieces))
-    pos = 0
-    for i, offset, length in pieces:
-        _check_fd(fds[i], i, offset + length)
-        m.place(pos, fds[i], offset, length)
-        pos += length
+# A line of /proc/PID/maps: range, permissions, offset, device, inode, name.
+_MAPS_LINE = re.compile(r"([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) "
+                        r"(\d+)\s*(.*)")
+_SYSV_NAME = re.compile(r"/SYSV[0-9a-f]{8} \(deleted\)")
+
+
+def _vma(maps: str, addr: int):
+    """The line of ``maps`` whose range holds ``addr``, parsed, or None."""
+    for line in maps.splitlines():
+        m = _MAPS_LINE.match(line)
+        if m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
+            return (int(m.group(1), 16), int(m.group(2), 16), m.group(3), int(m.group(4), 16),
+                    os.makedev(int(m.group(5), 16), int(m.group(6), 16)), int(m.group(7)),
+                    m.group(8))
+    return None
+
+
+class _Caller:
+    """The process at the other end of a control session, for the SysV checks: its pid
+    (SO_PEERCRED) and a pidfd of it, which tells whether that process still lives after
+    its /proc files were read (so the pid was not another's by then)."""
+
+    def __init__(self, session) -> None:
+        cred = getattr(session, "peer_cred", None)
+        if not cred or cred[0] <= 0:
+            raise RDMAError("EOPNOTSUPP", "ibv_reg_mr: a SysV segment is attached for a "
+                                          "program on the daemon's UNIX socket only")
+        self.pid = cred[0]
+        sock = session.writer.get_extra_info("socket")
+        try:
+            self.pidfd = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        except OSError as e:
+            if e.errno == errno.ESRCH:
+                raise RDMAError("EFAULT", "ibv_reg_mr: the program has exited") from None
+            # an older kernel: the pid's process now (it is the caller while it waits
+            # for this reply, unless it has handed its session to another)
+            try:
+                self.pidfd = os.pidfd_open(self.pid)
+            except OSError:
+                raise RDMAError("EFAULT", "ibv_reg_mr: the program has exited") from None
+
+    def read(self, what: str) -> str:
+        try:
+            with open(f"/proc/{self.pid}/{what}") as f:
+                return f.read()
+        except OSError as e:
+            raise RDMAError("EACCES", f"ibv_reg_mr: the daemon cannot read the program's "
+                                      f"/proc/{self.pid}/{what} ({e.strerror})") from None
+
+    def alive(self) -> bool:
+        return not select.select([self.pidfd], [], [], 0)[0]
+
+    def close(self) -> None:
+        os.close(self.pidfd)
+
+
+class _Segment:
+    """A SysV segment attached in the daemon (shmat by its shmid), checked to be the one
+    the caller maps at ``addr``, for its bytes [offset, offset + length): the caller is
+    in the daemon's IPC namespace (where the shmid names the same segment), and the
+    mapping of its that holds [addr, addr + length) is a shared, writable mapping of
+    that segment's file (the kernel's shmem mount, not hugetlbfs: not SHM_HUGETLB; the
+    inode number is the shmid) at that offset. The attachment is taken first and the
+    caller's maps read after, so the shmid cannot name another segment between the two
+    (a segment's id is not reused while it exists). Detached by ``close``; its pages
+    stay in the registration's own mapping (place_sysv)."""
+
+    def __init__(self, caller: _Caller, i: int, shmid: int, offset: int, length: int,
+                 addr: int) -> None:
+        here = os.stat("/proc/self/ns/ipc")
+        try:
+            there = os.stat(f"/proc/{caller.pid}/ns/ipc")
+        except OSError as e:
+            raise RDMAError("EACCES", f"ibv_reg_mr: the daemon cannot see the program's "
+                                      f"IPC namespace ({e.strerror})") from None
+        if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+            raise einval(f"ibv_reg_mr: piece {i} is SysV segment {shmid}, but the program "
+                         "is in another IPC namespace than the daemon, where that shmid "
+                         "names no segment of its")
+        self.addr = _libc.shmat(shmid, None, 0)
+        if self.addr in (None, MAP_FAILED):
+            err = ctypes.get_errno()
+            self.addr = None
+            raise RDMAError("EACCES" if err == errno.EACCES else "EINVAL",
+                            f"ibv_reg_mr: piece {i}: SysV segment {shmid} cannot be attached "
+                            f"by the daemon (shmat: {os.strerror(err)})")
+        try:
+            self.size = self._check_own(i, shmid)
+            self._check_caller(caller, i, shmid, offset, length, addr)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_own(self, i: int, shmid: int) -> int:
+        with open("/proc/self/maps") as f:
+            vma = _vma(f.read(), self.addr)
+        if vma is None or vma[0] != self.addr or vma[4] != _shmem_dev() or vma[5] != shmid:
+            # a segment of huge pages (SHM_HUGETLB) is a file of hugetlbfs
+            raise einval(f"ibv_reg_mr: piece {i}: SysV segment {shmid} is not on the "
+                         "kernel's shmem mount (a segment of huge pages, SHM_HUGETLB?), "
+                         "which softhca does not share with its daemon")
+        return vma[1] - vma[0]
+
+    def _check_caller(self, caller: _Caller, i: int, shmid: int, offset: int, length: int,
+                      addr: int) -> None:
+        vma = _vma(caller.read("maps"), addr)
+        ok = (vma is not None and addr + length <= vma[1] and vma[2][:2] == "rw"
+              and vma[2][3] == "s" and vma[4] == _shmem_dev() and vma[5] == shmid
+              and _SYSV_NAME.fullmatch(vma[6])
+              and vma[3] + (addr - vma[0]) == offset)
+        if not ok:
+            what = "nothing" if vma is None else (
+                f"[{vma[0]:#x}, {vma[1]:#x}) {vma[2]} offset {vma[3]:#x} inode {vma[5]} "
+                f"{vma[6] or '(anonymous)'}")
+            raise einval(f"ibv_reg_mr: piece {i} names SysV segment {shmid} at offset "
+                         f"{offset:#x} mapped writable and shared at [{addr:#x}, "
+                         f"{addr + length:#x}), but the program maps {what} there")
+        if offset + length > self.size:
+            raise einval(f"ibv_reg_mr: piece {i}: SysV segment {shmid} holds {self.size} "
+                         f"bytes, the piece needs {offset + length}")
+        if not caller.alive():
+            raise RDMAError("EFAULT", "ibv_reg_mr: the program exited while its SysV "
+                                     "segment was checked")
+
+    def close(self) -> None:
+        if self.addr is not None:
+            # the whole attachment, whatever its page size (munmap of part of a
+            # SHM_HUGETLB mapping would be EINVAL)
+            _libc.shmdt(self.addr)
+            self.addr = None
+
+
+def _map(fds: list[int], pieces: tuple[tuple, ...], session=None) -> np.ndarray:
+    for p in pieces:
+        if p[0] != "sysv" and p[0] >= len(fds):
+            raise einval(f"ibv_reg_mr: a piece names memfd {p[0]} of a handoff of {len(fds)}")
+    m = _Mapping(sum(p[-2] if p[0] == "sysv" else p[2] for p in pieces))
+    caller = None
+    try:
+        pos = 0
+        for n, p in enumerate(pieces):
+            if p[0] == "sysv":
+                _, shmid, offset, length, addr = p
+                if caller is None:
+                    caller = _Caller(session)
+                seg = _Segment(caller, n, shmid, offset, length, addr)
+                try:
+                    m.place_sysv(pos, seg, offset, length)
+                finally:
+                    seg.close()
+            else:
+                i, offset, length = p
+                _check_fd(fds[i], i, offset + length)
+                m.place(pos, fds[i], offset, length)
+            pos += length
+    finally:
+        if caller is not None:
+            caller.close()
     return m.array()
 
 
@@ -222,8 +392,9 @@ def op_reg_mr_shared(verbs, r: control.RegMrShared, rid: int) -> dict | None:
     if inbox is None:
         raise RDMAError("EOPNOTSUPP", "reg_mr_shared: a program's memory is shared over "
                                       "the daemon's UNIX socket only (serve --unix)")
-    # claimed first: whatever fails below, the handoff's fds are closed
-    fds = inbox.take(r.fds)
+    # claimed first: whatever fails below, the handoff's fds are closed (a registration
+    # of SysV segments the daemon attaches only has none)
+    fds = inbox.take(r.fds) if any(p[0] != "sysv" for p in r.pieces) else []
     try:
         return _register(verbs, r, fds)
     finally:
@@ -236,14 +407,14 @@ def _register(verbs, r: control.RegMrShared, fds: list[int]) -> dict:
     if n <= 0:
         raise einval(f"ibv_reg_mr length {n} must be positive")
     check_mr_range(r.addr, n)       # before anything of the program's is mapped
-    total = sum(length for _, _, length in r.pieces)
+    total = sum(p[-2] if p[0] == "sysv" else p[2] for p in r.pieces)
     # The pieces are exactly the registration's pages: nothing more is mapped.
     pages = (r.offset + n + PAGE - 1) // PAGE * PAGE
     if r.offset >= PAGE or total != pages:
         raise einval(f"ibv_reg_mr: {n} bytes at offset {r.offset} are {pages} bytes of "
                      f"pages, the pieces named hold {total}")
     verbs.charge_registration(n)
-    buf = _map(fds, r.pieces)[r.offset:r.offset + n]
+    buf = _map(fds, r.pieces, verbs.session)[r.offset:r.offset + n]
     mr = pd.hca.reg_mr(pd, n, r.access, at=(r.addr, buf))
     verbs.registered_bytes += n
     verbs.daemon.registered_bytes += n

@@ -348,7 +348,10 @@ class UnixListener:
                                             "devices": list(d.hcas),
                                             "max_frame": d.max_frame,
                                             "address": d.address,
-                                            "memfd_key": inbox.key}))
+                                            "memfd_key": inbox.key,
+                                            # SysV segments named by shmid are attached
+                                            # here (server/shared_mr.py)
+                                            "sysv_attach": 1}))
             session = ControlSession(d, reader, writer, decoder, peer, credential)
             session.peer_cred = cred
             session.memfds = inbox

@@ -21,7 +21,6 @@ import asyncio
 import ipaddress
 import os
 import re
-import subprocess
 import time
 
 import compose_cm as cm
@@ -52,36 +51,6 @@ def retry_budget_s(exponent: int, retry_cnt: int) -> float:
 # Scheduling, the docker CLI's own latency and the time the kernel takes to report a dead
 # peer: what may pass beyond the verbs bound before the completion is seen here.
 SLACK_S = 1.5
-
-
-@pytest.fixture(scope="module")
-def stack():
-    reason = dc.unavailable()
-    if reason:
-        pytest.skip(reason)
-    with dc.machine_lock():
-        dc.build_images()
-        dc.compose("--profile", "scale", "down", "-v", "--remove-orphans", check=False)
-        try:
-            yield
-        finally:
-            dc.compose("--profile", "scale", "down", "-v", "--remove-orphans", check=False)
-
-
-@pytest.fixture
-def target_up(stack, monkeypatch):
-    """The target container running and healthy; the host set up as its initiator."""
-    dc.compose("up", "-d", "target")
-    (cid,) = dc.container_ids("target")
-    if dc.run(["docker", "inspect", "-f", "{{.State.Status}}", cid]).stdout.strip() != "running":
-        dc.run(["docker", "start", cid], check=True)
-    dc.wait_healthy([cid])
-    monkeypatch.setenv("SOFTHCA_TOKEN_FILE", str(dc.TOKEN_FILE))
-    monkeypatch.setenv("SOFTHCA_PEER_TOKEN_FILE", str(dc.PEER_TOKEN_FILE))
-    monkeypatch.delenv("SOFTHCA_PEER_TOKEN", raising=False)
-    monkeypatch.delenv("SOFTHCA_TOKEN", raising=False)
-    monkeypatch.delenv("SOFTHCA_INITIATOR_ADDR", raising=False)
-    return cid
 
 
 def passed_count(out: str) -> int:
@@ -120,7 +89,7 @@ def test_man_page_examples_against_every_target_at_once(stack):
         dc.wait_healthy(cids)
         start = time.monotonic()
         r = dc.compose("--profile", "scale", "run", "--rm", "-e",
-                       "SOFTHCA_TARGET=10.200.0.1:4791,extra-target:4791", "initiator",
+                       f"SOFTHCA_TARGET={dc.TARGET},extra-target:4791", "initiator",
                        "-m", "twonode", "tests/twonode/test_examples.py",
                        "-p", "no:cacheprovider", timeout=600, check=False)
         out = r.stdout + r.stderr
@@ -139,77 +108,12 @@ def test_man_page_examples_against_every_target_at_once(stack):
 
 # -- Debian's verbs programs, unmodified, from the initiator container to the target's ----
 
-NODE = "softhca-twonode-node2"
-TARGET_IP = "10.200.0.1"
+TARGET_IP = dc.TARGET_IP
 # ibv_rc_pingpong's result lines (rdma-core libibverbs/examples/rc_pingpong.c)
 PP_BYTES = re.compile(r"^(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec$", re.M)
 PP_ITERS = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter$", re.M)
 # perftest's result row: "#bytes #iterations BW peak BW average ..."
 PERF_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", re.M)
-
-
-def _exec_output(cid: str, argv: list[str], timeout: float = 60):
-    return dc.run(["docker", "exec", cid, *argv], timeout=timeout)
-
-
-def _wait_device(cid: str, timeout: float = 60) -> str:
-    """``ibv_devices`` in the container once its softhca-node has written the tree."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r = _exec_output(cid, ["ibv_devices"])
-        if r.returncode == 0 and "mlx5_0" in r.stdout:
-            return r.stdout
-        if time.monotonic() > deadline:
-            logs = dc.run(["docker", "logs", cid]).stdout
-            raise AssertionError(f"no device in {cid}: {r.stdout}{r.stderr}\n{logs}")
-        time.sleep(0.5)
-
-
-def _listening(cid: str, port: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = _exec_output(cid, ["cat", "/proc/net/tcp", "/proc/net/tcp6"])
-        for line in r.stdout.splitlines()[1:]:
-            f = line.split()
-            if len(f) > 3 and f[3] == "0A" and f[1].rsplit(":", 1)[-1] == f"{port:04X}":
-                return
-        time.sleep(0.3)
-    raise AssertionError(f"nothing listens on port {port} in {cid}")
-
-
-def _exec_pair(target: str, node: str, program: list[str], port: int):
-    """``program`` as the server in the target container, then, once it listens, as the
-    client in the initiator's, naming the target; both waited for."""
-    srv = subprocess.Popen(["docker", "exec", target, *program], text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        _listening(target, port)
-        cli = _exec_output(node, [*program, TARGET_IP], timeout=300)
-        out, _ = srv.communicate(timeout=120)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
-    return (srv.returncode, out), (cli.returncode, cli.stdout + cli.stderr)
-
-
-@pytest.fixture
-def verbs_nodes(target_up):
-    """The target container, and the initiator run as a node (its image's softhca-node:
-    a daemon on its own address and UNIX socket, the device node and sysfs tree), each
-    ready for a plain ``docker exec`` of a verbs program."""
-    (target,) = dc.container_ids("target")
-    dc.run(["docker", "rm", "-f", NODE])
-    dc.compose("run", "-d", "--name", NODE, "--entrypoint", "softhca-node", "initiator",
-               "--token-file", "/run/secrets/softhca_token",
-               "--peer-token-file", "/run/secrets/softhca_peer_token",
-               "--allow-readable-token")
-    try:
-        _wait_device(target)
-        _wait_device(NODE)
-        yield target, NODE
-    finally:
-        dc.run(["docker", "rm", "-f", NODE])
 
 
 def test_ibv_rc_pingpong_between_containers(verbs_nodes):
@@ -220,7 +124,7 @@ def test_ibv_rc_pingpong_between_containers(verbs_nodes):
     size, iters, port = 4096, 1000, 18515
     prog = ["ibv_rc_pingpong", "-g", "0", "-c", "-s", str(size), "-n", str(iters),
             "-p", str(port)]
-    (src, sout), (crc, cout) = _exec_pair(target, node, prog, port)
+    (src, sout), (crc, cout) = dc.exec_pair(target, node, prog, port)
     for name, rc, out in (("target", src, sout), ("initiator", crc, cout)):
         assert rc == 0, f"{name}:\n{out}"
         b, it = PP_BYTES.search(out), PP_ITERS.search(out)
@@ -241,11 +145,11 @@ def test_ib_write_bw_between_containers(verbs_nodes):
     links libmlx5.so.1, which the image's LD_LIBRARY_PATH makes softhca's."""
     target, node = verbs_nodes
     for cid in (target, node):
-        r = _exec_output(cid, ["ldd", "/usr/bin/ib_write_bw"])
+        r = dc.exec_output(cid, ["ldd", "/usr/bin/ib_write_bw"])
         assert "libmlx5.so.1 => /opt/softhca-provider/libmlx5.so.1" in r.stdout, r.stdout
     size, iters, port = 65536, 1000, 18516
     prog = ["ib_write_bw", "-s", str(size), "-n", str(iters), "-p", str(port)]
-    (src, sout), (crc, cout) = _exec_pair(target, node, prog, port)
+    (src, sout), (crc, cout) = dc.exec_pair(target, node, prog, port)
     assert src == 0, f"target:\n{sout}"
     assert crc == 0, f"initiator:\n{cout}"
     rows = [m for m in PERF_ROW.finditer(cout) if int(m.group(1)) == size]
@@ -261,7 +165,7 @@ def test_rdma_cm_programs_between_containers(verbs_nodes):
     node bring-up for all; every program is run and judged, then the failures told."""
     target, node = verbs_nodes
     for cid in (target, node):
-        r = _exec_output(cid, ["ldd", "/usr/bin/rping"])
+        r = dc.exec_output(cid, ["ldd", "/usr/bin/rping"])
         assert "librdmacm.so.1 => /opt/softhca-provider/librdmacm.so.1" in r.stdout, r.stdout
     checks = {
         "rping": lambda: cm.check_rping(target, node, 100),

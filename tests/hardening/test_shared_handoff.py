@@ -14,9 +14,10 @@ import os
 
 import pytest
 from rawclient import Raw
-from test_unix_socket import PAGE, session_pd, share, unix_daemon
+from test_unix_socket import PAGE, memfd, session_pd, share, unix_daemon
 
 from softhca.protocol.frames import frame_bytes
+from softhca.server.hosts import Limits
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.shmat.restype = ctypes.c_void_p
@@ -28,15 +29,19 @@ IPC_PRIVATE, IPC_CREAT, IPC_RMID = 0, 0o1000, 0
 
 class Segment:
     """A SysV segment of ``pages`` pages attached here (and removed: it goes with its
-    last user), with an fd of its shmem file as the provider opens it."""
+    last user), with an fd of its shmem file as the provider opens it (``fd=False``: none,
+    as a program without the privilege has; the daemon attaches it by its id)."""
 
-    def __init__(self, pages: int) -> None:
+    def __init__(self, pages: int, fd: bool = True, flags: int = 0) -> None:
         self.size = pages * PAGE
-        self.id = _libc.shmget(IPC_PRIVATE, self.size, IPC_CREAT | 0o600)
+        self.id = _libc.shmget(IPC_PRIVATE, self.size, IPC_CREAT | 0o600 | flags)
         assert self.id >= 0, os.strerror(ctypes.get_errno())
         self.addr = _libc.shmat(self.id, None, 0)
         _libc.shmctl(self.id, IPC_RMID, None)
         self.view = (ctypes.c_uint8 * self.size).from_address(self.addr)
+        self.fd = None
+        if not fd:
+            return
         try:
             self.fd = os.open(f"/proc/self/map_files/{self.addr:x}-{self.addr + self.size:x}",
                               os.O_RDWR | os.O_CLOEXEC)
@@ -45,8 +50,21 @@ class Segment:
             pytest.skip("/proc/self/map_files needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE")
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)
         _libc.shmdt(self.addr)
+
+
+def attachments(shmid: int) -> int:
+    """How many mappings of segment ``shmid`` this process has (the in-process daemon's
+    included): the inode number /proc/self/maps shows for a SysV mapping is its id."""
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].startswith("/SYSV") and int(parts[4]) == shmid:
+                n += 1
+    return n
 
 
 async def test_a_sysv_segments_file_is_mapped_where_the_program_attached_it(tmp_path):
@@ -159,3 +177,189 @@ def test_a_segments_file_cannot_be_sealed():
         assert e.value.errno == errno.EPERM
     finally:
         seg.close()
+
+
+# -- a segment named by its shmid, attached by the daemon itself ----------------------------
+
+def sysv(seg: Segment, offset: int, length: int, at: int | None = None) -> list:
+    """A reg_mr_shared piece naming ``seg`` by its id, as the provider writes it when no
+    fd of the segment can be had: the segment's bytes [offset, offset + length), which
+    the caller maps at ``at`` (by default where this process attached them)."""
+    return ["sysv", seg.id, offset, length, seg.addr + offset if at is None else at]
+
+
+async def test_a_segment_named_by_its_shmid_is_attached_and_mapped_in_place(tmp_path):
+    seg = Segment(3, fd=False)
+    try:
+        for i in range(seg.size):
+            seg.view[i] = (5 * i + 1) & 0xFF
+        async with unix_daemon(tmp_path) as (d, u):
+            raw = await Raw.open_unix(u.path)
+            assert raw.welcome["sysv_attach"] == 1
+            pd = await session_pd(raw)
+            assert attachments(seg.id) == 1
+            # the segment's second and third pages, at an offset: no handoff, no fd
+            mr = await raw.call("reg_mr_shared", pd=pd, addr=0x40000 + 100, length=5000,
+                                access=1, offset=100, fds=77,
+                                pieces=[sysv(seg, PAGE, 2 * PAGE)])
+            # the daemon's one mapping of it is the registration's (its whole-segment
+            # attachment went once the pages were placed)
+            assert attachments(seg.id) == 2
+            raw.writer.write(raw.frame("mr_read", mr=mr["mr"], offset=0, length=5000))
+            got = await raw.next()
+            assert bytes(got.payload) == bytes(seg.view[PAGE + 100:PAGE + 5100])
+            data = bytes(range(90, 130))
+            raw.writer.write(frame_bytes({"t": "mr_write", "id": next(raw.ids),
+                                          "mr": mr["mr"], "offset": 4000}, data))
+            assert (await raw.next()).header["t"] == "ok"
+            assert bytes(seg.view[PAGE + 4100:PAGE + 4140]) == data
+            assert d.registered_bytes == 5000
+            await raw.call("dereg_mr", mr=mr["mr"])
+            assert d.registered_bytes == 0 and attachments(seg.id) == 1
+    finally:
+        seg.close()
+
+
+async def test_a_segment_and_a_memfd_side_by_side_in_one_registration(tmp_path):
+    """A registration over a segment's last page and a memfd's first (pieces of both
+    kinds, in address order): one range in the daemon."""
+    seg = Segment(2, fd=False)
+    fd = memfd(1, pattern=0x5A)
+    try:
+        seg.view[PAGE:2 * PAGE] = bytes([0xA5]) * PAGE
+        async with unix_daemon(tmp_path) as (d, u):
+            raw = await Raw.open_unix(u.path)
+            pd = await session_pd(raw)
+            seq = await share(raw, [fd], 5)
+            mr = await raw.call("reg_mr_shared", pd=pd, addr=0x80000, length=2 * PAGE,
+                                access=1, offset=0, fds=seq,
+                                pieces=[sysv(seg, PAGE, PAGE), [0, 0, PAGE]])
+            raw.writer.write(raw.frame("mr_read", mr=mr["mr"], offset=PAGE - 8, length=16))
+            got = await raw.next()
+            assert bytes(got.payload) == bytes([0xA5]) * 8 + bytes(0x5A + i for i in range(8))
+            await raw.call("dereg_mr", mr=mr["mr"])
+    finally:
+        os.close(fd)
+        seg.close()
+
+
+def _not_mapped_here(seg: Segment, other: int) -> list:
+    # another segment's id, at the address where this process maps ``seg``
+    return ["sysv", other, 0, PAGE, seg.addr]
+
+
+def _nowhere(seg: Segment, other: int) -> list:
+    # another segment's id, at an address this process maps nothing at
+    return ["sysv", other, 0, PAGE, 0x1000]
+
+
+def _past_the_mapping(seg: Segment, other: int) -> list:
+    # more pages than this process maps there (the segment has 2)
+    return sysv(seg, 0, 3 * PAGE)
+
+
+def _wrong_offset(seg: Segment, other: int) -> list:
+    # the segment's second page claimed at the address of its first
+    return sysv(seg, PAGE, PAGE, at=seg.addr)
+
+
+def _no_such_segment(seg: Segment, other: int) -> list:
+    return ["sysv", 0x7FFFFFF0, 0, PAGE, seg.addr]
+
+
+@pytest.mark.parametrize("piece,why", [
+    (_not_mapped_here, "but the program maps [0x"),
+    (_nowhere, "but the program maps nothing there"),
+    (_past_the_mapping, "but the program maps [0x"),
+    (_wrong_offset, "but the program maps [0x"),
+    (_no_such_segment, "cannot be attached by the daemon"),
+], ids=["another_segments_id", "unmapped_address", "past_the_mapping", "wrong_offset",
+        "no_such_segment"])
+async def test_a_segment_the_caller_does_not_map_there_is_refused(tmp_path, piece, why):
+    """The daemon attaches a segment by id only where the caller maps that very segment,
+    at that offset, over the whole piece: another segment's id (one that exists, which
+    this process never attached), an address the caller maps nothing at, a range past
+    its mapping, a wrong offset, an id no segment has. Each refusal leaves nothing
+    registered, no attachment of the daemon's, and the session serving."""
+    seg = Segment(2, fd=False)
+    other = _libc.shmget(IPC_PRIVATE, PAGE, IPC_CREAT | 0o600)
+    assert other >= 0, os.strerror(ctypes.get_errno())
+    try:
+        async with unix_daemon(tmp_path) as (d, u):
+            raw = await Raw.open_unix(u.path)
+            pd = await session_pd(raw)
+            p = piece(seg, other)
+            h = await raw.refused("reg_mr_shared", pd=pd, addr=0x40000, length=p[3],
+                                  access=1, offset=0, fds=3, pieces=[p])
+            assert h["errno"] == "EINVAL" and why in h["msg"], h
+            assert d.registered_bytes == 0
+            assert attachments(seg.id) == 1 and attachments(other) == 0
+            await raw.call("alloc_pd", ctx=1)       # the session goes on
+    finally:
+        _libc.shmctl(other, IPC_RMID, None)
+        seg.close()
+
+
+async def test_a_segment_registration_counts_against_the_budget(tmp_path):
+    """The registered-bytes budget bounds a segment named by id as any registration:
+    refused ENOMEM before anything is attached."""
+    seg = Segment(4, fd=False)
+    try:
+        async with unix_daemon(tmp_path, limits=Limits(max_session_bytes=3 * PAGE)) as (d, u):
+            raw = await Raw.open_unix(u.path)
+            pd = await session_pd(raw)
+            h = await raw.refused("reg_mr_shared", pd=pd, addr=0x40000, length=4 * PAGE,
+                                  access=1, offset=0, fds=3, pieces=[sysv(seg, 0, 4 * PAGE)])
+            assert h["errno"] == "ENOMEM", h
+            assert attachments(seg.id) == 1
+    finally:
+        seg.close()
+
+
+@pytest.fixture
+def huge_page():
+    """One huge page free for a SHM_HUGETLB segment: reserved here (root) when none is,
+    and the reservation put back after."""
+    path = "/proc/sys/vm/nr_hugepages"
+    try:
+        with open(path) as f:
+            before = int(f.read())
+        with open("/proc/meminfo") as f:
+            free = int(next(line for line in f if line.startswith("HugePages_Free:")).split()[1])
+    except (OSError, StopIteration, ValueError) as e:
+        pytest.skip(f"no huge pages on this kernel: {e}")
+    if free == 0:
+        try:
+            with open(path, "w") as f:
+                f.write(str(before + 1))
+        except OSError as e:
+            pytest.skip(f"no huge page free and none can be reserved ({e.strerror})")
+    try:
+        yield
+    finally:
+        if free == 0:
+            with open(path, "w") as f:
+                f.write(str(before))
+
+
+async def test_a_huge_page_segment_named_by_its_shmid_is_refused(tmp_path, huge_page):
+    """SHM_HUGETLB: the segment's file is on hugetlbfs, not the kernel's shmem mount, so
+    the daemon refuses it (as it refuses an fd of it)."""
+    shm_hugetlb = 0o4000
+    huge = 2 << 20
+    seg_id = _libc.shmget(IPC_PRIVATE, huge, IPC_CREAT | 0o600 | shm_hugetlb)
+    if seg_id < 0:
+        pytest.skip(f"shmget(SHM_HUGETLB): {os.strerror(ctypes.get_errno())}")
+    addr = _libc.shmat(seg_id, None, 0)
+    _libc.shmctl(seg_id, IPC_RMID, None)
+    try:
+        async with unix_daemon(tmp_path) as (d, u):
+            raw = await Raw.open_unix(u.path)
+            pd = await session_pd(raw)
+            h = await raw.refused("reg_mr_shared", pd=pd, addr=0x40000, length=PAGE,
+                                  access=1, offset=0, fds=3,
+                                  pieces=[["sysv", seg_id, 0, PAGE, addr]])
+            assert h["errno"] == "EINVAL" and "SHM_HUGETLB" in h["msg"], h
+            assert d.registered_bytes == 0 and attachments(seg_id) == 1
+    finally:
+        _libc.shmdt(addr)

@@ -8,6 +8,7 @@ cannot be sealed) are refused EINVAL with a line saying why."""
 from __future__ import annotations
 
 import re
+import shutil
 
 import native
 import pytest
@@ -39,6 +40,26 @@ def _shared(output: str, kind: str) -> None:
 
 def test_a_sysv_segment_is_registered_in_place(where):
     r = where.run(where.server, [str(SHMCHECK), "sysv"], timeout=30)
+    assert r.returncode == 0 and "FAIL" not in r.output, r.output
+    _shared(r.output, "SysV segment")
+    assert re.search(r"not moved \(rw-s /SYSV[0-9a-f]{8} \(deleted\),", r.output), r.output
+
+
+# CAP_SYS_ADMIN is capability 21, CAP_CHECKPOINT_RESTORE 40 (capability.h)
+NO_MAP_FILES = ["setpriv", "--bounding-set", "-sys_admin,-checkpoint_restore"]
+
+
+def test_a_sysv_segment_is_registered_in_place_without_the_privilege(where):
+    """A program that cannot open /proc/self/map_files (neither CAP_SYS_ADMIN nor
+    CAP_CHECKPOINT_RESTORE, as in a container) has no fd of its segment: the provider
+    names it by its shmid and the daemon attaches it itself."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv (util-linux) to drop the capabilities")
+    r = where.run(where.server, [*NO_MAP_FILES, "sh", "-c",
+                                 f"grep ^CapEff /proc/self/status; exec {SHMCHECK} sysv"],
+                  timeout=30)
+    eff = int(re.search(r"^CapEff:\s+([0-9a-f]+)$", r.output, re.M).group(1), 16)
+    assert not eff & (1 << 21 | 1 << 40), r.output
     assert r.returncode == 0 and "FAIL" not in r.output, r.output
     _shared(r.output, "SysV segment")
     assert re.search(r"not moved \(rw-s /SYSV[0-9a-f]{8} \(deleted\),", r.output), r.output

@@ -19,14 +19,50 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
-PROJECT = "softhca-twonode"
 TOKEN_FILE = ROOT / "docker" / "token.example"
 PEER_TOKEN_FILE = ROOT / "docker" / "peer-token.example"
-TARGET_IP, INITIATOR_IP = "10.200.0.1", "10.200.0.2"
+
+
+@dataclass(frozen=True)
+class Names:
+    """What two checkouts on one engine must not share, each its environment variable's
+    (the Makefile's SOFTHCA_IMAGE, SOFTHCA_SUBNET, SOFTHCA_PROJECT; docker/compose.yaml
+    and docker/build-images.sh read the same): the images' repository (its tags
+    ``:daemon`` and ``:tests``), the compose network's /24 (its first three octets) and
+    the compose project."""
+
+    image: str = "softhca"
+    subnet: str = "10.200.0"
+    project: str = "softhca-twonode"
+
+    @classmethod
+    def from_env(cls, env=None) -> Names:
+        env = os.environ if env is None else env
+        d = cls()
+        return cls(env.get("SOFTHCA_IMAGE") or d.image, env.get("SOFTHCA_SUBNET") or d.subnet,
+                   env.get("SOFTHCA_PROJECT") or d.project)
+
+    def env(self) -> dict[str, str]:
+        return {"SOFTHCA_IMAGE": self.image, "SOFTHCA_SUBNET": self.subnet,
+                "SOFTHCA_PROJECT": self.project}
+
+    @property
+    def target_ip(self) -> str:
+        return f"{self.subnet}.1"
+
+    @property
+    def initiator_ip(self) -> str:
+        return f"{self.subnet}.2"
+
+
+NAMES = Names.from_env()
+PROJECT = NAMES.project
+TARGET_IP, INITIATOR_IP = NAMES.target_ip, NAMES.initiator_ip
 TARGET = f"{TARGET_IP}:4791"
 
 # Lines for pytest's terminal summary, section "containers".
@@ -74,38 +110,48 @@ def unavailable() -> str | None:
 
 
 @contextlib.contextmanager
-def machine_lock():
-    """One compose topology per machine: the project name and the 10.200.0.0/24 subnet are
-    fixed, so a second test run on the same engine (another checkout) waits its turn."""
-    path = Path(tempfile.gettempdir()) / "softhca-compose.lock"
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def machine_lock(names: Names = NAMES):
+    """One compose topology per project name, per subnet and per image repository on the
+    machine: a second test run on the same engine (another checkout) that shares any of
+    them with this one waits its turn; one with names of its own (SOFTHCA_IMAGE,
+    SOFTHCA_SUBNET, SOFTHCA_PROJECT) runs beside it."""
+    tmp = Path(tempfile.gettempdir())
+    paths = [tmp / f"softhca-compose-{what}.lock" for what in sorted(
+        {f"project-{names.project}", f"subnet-{names.subnet}",
+         f"image-{names.image}".replace("/", "_")})]
+    if names == Names():
+        # the one lock of checkouts from before the names were choosable, which use them
+        paths.insert(0, tmp / "softhca-compose.lock")
+    with contextlib.ExitStack() as stack:
+        for path in paths:
+            f = stack.enter_context(open(path, "w"))
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def compose(*args: str, timeout: float = 300, check: bool = True,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    argv = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
+            env: dict[str, str] | None = None, names: Names = NAMES
+            ) -> subprocess.CompletedProcess:
+    argv = [*compose_command(), "-p", names.project, "-f", str(COMPOSE_FILE), *args]
     full_env = {**os.environ, "SOFTHCA_TOKEN_SECRET": str(TOKEN_FILE),
-                "SOFTHCA_PEER_TOKEN_SECRET": str(PEER_TOKEN_FILE), **(env or {})}
+                "SOFTHCA_PEER_TOKEN_SECRET": str(PEER_TOKEN_FILE),
+                "SOFTHCA_TARGET": f"{names.target_ip}:4791", **names.env(), **(env or {})}
     return run(argv, timeout=timeout, check=check, env=full_env)
 
 
 def build_images() -> None:
     start = time.monotonic()
     r = run(["bash", str(ROOT / "docker" / "build-images.sh")], timeout=1200, check=True,
-            env={**os.environ, "PY": sys.executable})
+            env={**os.environ, "PY": sys.executable, **NAMES.env()})
     for line in r.stdout.splitlines():
         if line.startswith("images:"):
             report(line)
     report(f"images: ready in {time.monotonic() - start:.0f} s")
 
 
-def container_ids(*services: str, all_states: bool = True) -> list[str]:
-    argv = ["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"]
+def container_ids(*services: str, all_states: bool = True, names: Names = NAMES) -> list[str]:
+    argv = ["docker", "ps", "-q", "--filter",
+            f"label=com.docker.compose.project={names.project}"]
     if all_states:
         argv.insert(2, "-a")
     ids = run(argv, check=True).stdout.split()
@@ -145,8 +191,8 @@ def wait_healthy(cids: list[str], timeout: float = 60) -> float:
         time.sleep(0.3)
 
 
-def network_name() -> str:
-    return f"{PROJECT}_rdma"
+def network_name(names: Names = NAMES) -> str:
+    return f"{names.project}_rdma"
 
 
 def leftovers() -> tuple[list[str], list[str]]:
@@ -158,3 +204,88 @@ def leftovers() -> tuple[list[str], list[str]]:
     volumes = run(["docker", "volume", "ls", "-q",
                    "--filter", f"label=com.docker.compose.project={PROJECT}"]).stdout.split()
     return containers + volumes, networks
+
+
+# -- two nodes for unmodified programs: the target container and the initiator run as a node --
+
+# The initiator image run with softhca-node as its entrypoint (``verbs_nodes``): a daemon on
+# 10.200.0.2 and its UNIX socket, the device node and the sysfs tree.
+NODE = f"{PROJECT}-node2"
+
+
+def exec_output(cid: str, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return run(["docker", "exec", cid, *argv], timeout=timeout)
+
+
+def wait_device(cid: str, timeout: float = 60) -> str:
+    """``ibv_devices`` in the container once its softhca-node has written the tree."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = exec_output(cid, ["ibv_devices"])
+        if r.returncode == 0 and "mlx5_0" in r.stdout:
+            return r.stdout
+        if time.monotonic() > deadline:
+            logs = run(["docker", "logs", cid]).stdout
+            raise AssertionError(f"no device in {cid}: {r.stdout}{r.stderr}\n{logs}")
+        time.sleep(0.5)
+
+
+def listening(cid: str, port: int, timeout: float = 30) -> None:
+    """Returns once a TCP socket of the container listens on ``port``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = exec_output(cid, ["cat", "/proc/net/tcp", "/proc/net/tcp6"])
+        for line in r.stdout.splitlines()[1:]:
+            f = line.split()
+            if len(f) > 3 and f[3] == "0A" and f[1].rsplit(":", 1)[-1] == f"{port:04X}":
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"nothing listens on port {port} in {cid}")
+
+
+def exec_pair(target: str, node: str, program: list[str], port: int,
+              client: list[str] | None = None, timeout: float = 300):
+    """``program`` as the server in the target container, then, once it listens on TCP
+    ``port``, ``client`` (by default ``program`` naming the target's address) in the
+    initiator's; both waited for. ((rc, output) of the server, (rc, output) of the
+    client.)"""
+    srv = subprocess.Popen(["docker", "exec", target, *program], text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        listening(target, port)
+        cli = exec_output(node, client or [*program, TARGET_IP], timeout=timeout)
+        out, _ = srv.communicate(timeout=120)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    return (srv.returncode, out), (cli.returncode, cli.stdout + cli.stderr)
+
+
+def target_running() -> str:
+    """The target container up and healthy (started again if a test stopped it)."""
+    compose("up", "-d", "target")
+    (cid,) = container_ids("target")
+    if run(["docker", "inspect", "-f", "{{.State.Status}}", cid]).stdout.strip() != "running":
+        run(["docker", "start", cid], check=True)
+    wait_healthy([cid])
+    return cid
+
+
+@contextlib.contextmanager
+def verbs_nodes():
+    """The target container, and the initiator run as a node (its image's softhca-node:
+    a daemon on its own address and UNIX socket, the device node and sysfs tree), each
+    ready for a plain ``docker exec`` of a verbs program: (target, node)."""
+    target = target_running()
+    run(["docker", "rm", "-f", NODE])
+    compose("run", "-d", "--name", NODE, "--entrypoint", "softhca-node", "initiator",
+            "--token-file", "/run/secrets/softhca_token",
+            "--peer-token-file", "/run/secrets/softhca_peer_token",
+            "--allow-readable-token")
+    try:
+        wait_device(target)
+        wait_device(NODE)
+        yield target, NODE
+    finally:
+        run(["docker", "rm", "-f", NODE])
