@@ -85,8 +85,13 @@ static ssize_t (*real_recv)(int, void *, size_t, int);
 static ssize_t (*real_recvfrom)(int, void *, size_t, int, struct sockaddr *, socklen_t *);
 static ssize_t (*real_recvmsg)(int, struct msghdr *, int);
 
+/* fork(2) while another thread holds the table's lock: the child gets it free. */
+static void nl_prefork(void) { pthread_mutex_lock(&lock); }
+static void nl_postfork(void) { pthread_mutex_unlock(&lock); }
+
 __attribute__((constructor)) static void nl_init(void)
 {
+	pthread_atfork(nl_prefork, nl_postfork, nl_postfork);
 #define R(name) real_##name = (__typeof__(real_##name))dlsym(RTLD_NEXT, #name)
 	R(socket); R(bind); R(connect); R(getsockname); R(getpeername); R(setsockopt);
 	R(getsockopt); R(send); R(sendto); R(sendmsg); R(write); R(recv); R(recvfrom);
@@ -96,11 +101,19 @@ __attribute__((constructor)) static void nl_init(void)
 
 /* -- the table ------------------------------------------------------------------- */
 
+static void forget(int i)
+{
+	socks[i].fd = -1;
+	__atomic_sub_fetch(&nsocks, 1, __ATOMIC_RELEASE);
+}
+
 /* A copy of fd's entry if fd is one of ours (its number and its socket: a number the
- * program closed and reused is not); false otherwise. */
+ * program closed and reused is not, and its stale entry goes, so that calls on the new
+ * file take the fast path again); false otherwise. */
 static bool lookup(int fd, struct nlsock *out)
 {
 	struct stat st;
+	bool ours;
 	int i;
 
 	if (fd < 0 || !__atomic_load_n(&nsocks, __ATOMIC_ACQUIRE))
@@ -110,18 +123,14 @@ static bool lookup(int fd, struct nlsock *out)
 			break;
 	if (i == NL_MAX_SOCKS)
 		return false;
-	if (fstat(fd, &st))
-		return false;
 	pthread_mutex_lock(&lock);
 	*out = socks[i];
+	ours = out->fd == fd && fstat(fd, &st) == 0 && out->dev == st.st_dev &&
+	       out->ino == st.st_ino;
+	if (!ours && socks[i].fd == fd)
+		forget(i);
 	pthread_mutex_unlock(&lock);
-	return out->fd == fd && out->dev == st.st_dev && out->ino == st.st_ino;
-}
-
-static void forget(int i)
-{
-	socks[i].fd = -1;
-	__atomic_sub_fetch(&nsocks, 1, __ATOMIC_RELEASE);
+	return ours;
 }
 
 /* Entries whose fd is closed or now another file (the program closed ours). Lock held. */
@@ -246,7 +255,7 @@ static bool dev_at(const char *root, uint32_t index, struct nldev *d)
 	char rel[256], v[128];
 	unsigned int major, minor;
 
-	if (index >= NL_MAX_DEVS)
+	if (!root || index >= NL_MAX_DEVS)
 		return false;
 	memset(d, 0, sizeof(*d));
 	d->index = index;
@@ -919,8 +928,7 @@ static ssize_t nl_send(const struct nlsock *s0, const struct iovec *iov, size_t 
 		errno = EBADF;
 		return -1;
 	}
-	if (!root)
-		return (ssize_t)total;	/* the tree went away: no devices to tell */
+	/* a tree gone since the socket was made: answered as a kernel with no devices */
 	if (iovlen == 1) {
 		receive(root, &s, iov[0].iov_base, total);
 		return (ssize_t)total;

@@ -210,6 +210,18 @@ def main() -> None:
     again = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_RDMA)
     again.send(msg(typ(CMD_SYS_GET), NLM_F_REQUEST))
     r["reused"] = [m["type"] for m in answers(again)]
+    for m in more:
+        m.close()
+    # a closed socket's fd number taken by another socket is that socket's alone
+    gone = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_RDMA)
+    number = gone.fileno()
+    gone.close()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+        u.bind(("127.0.0.1", 0))
+        u.sendto(b"ping", u.getsockname())
+        data, addr = u.recvfrom(16)
+        r["reused_number"] = [u.fileno() == number, data.decode(), list(addr) == list(
+            u.getsockname()), u.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN)]
     print(json.dumps(r))
 
 
