@@ -1,11 +1,14 @@
 """What ``softhca run`` prepares so that an unmodified libibverbs program finds softhca
 devices, with no RDMA kernel module:
 
-- a sysfs tree, read through ``SYSFS_PATH`` (libibverbs reads the device list, node
-  type, GIDs, GID types and P_Keys there when netlink has no RDMA devices to tell):
+- a sysfs tree, read through ``SYSFS_PATH`` (libibverbs reads node type, GIDs, GID
+  types and P_Keys there, UCX a device's NUMA node and CPUs):
   ``class/infiniband_verbs/uverbsN/{ibdev,dev,abi_version}`` and
-  ``class/infiniband/<dev>/...``, GID 0 the softhca GID of the daemon and device
-  (fe80::<IPv4>:<port>:<device index>, as the pyverbs layer's), typed "RoCE v2";
+  ``class/infiniband/<dev>/...`` as a kernel's mlx5 device has them, the values those
+  of the device's ibv_query_device and ibv_query_port, GID 0 the softhca GID of the
+  daemon and device (fe80::<IPv4>:<port>:<device index>, as the pyverbs layer's),
+  typed "RoCE v2". The preload library answers the kernel's RDMA netlink (iproute2's
+  ``rdma``, libibverbs' device list) from the same tree;
 - ``/dev/infiniband/uverbsN``, which libibverbs opens and checks is a character device
   of the numbers sysfs gives (1:3, the null device: the provider sends it nothing).
   They exist only in the program's private mount namespace (``unshare -m``), on a
@@ -14,8 +17,8 @@ devices, with no RDMA kernel module:
 - ``RDMAV_DRIVERS``, naming the provider (provider/build/libsofthca), and
   ``SOFTHCA_SOCKET``, the daemon's UNIX socket;
 - ``LD_PRELOAD`` with provider/build/libsofthca-preload.so first (the user's kept
-  after it): completion channels whose fd is real from ``ibv_create_comp_channel`` on
-  (provider/preload/; docs/native.md says why);
+  after it): completion channels whose fd is real from ``ibv_create_comp_channel`` on,
+  and RDMA netlink (provider/preload/; docs/native.md says why);
 - ``LD_LIBRARY_PATH`` with provider/build first (the user's entries kept after it), so
   that a program linked with Debian's libmlx5.so.1 gets softhca's (provider/mlx5/),
   which serves the mlx5dv calls on softhca devices;

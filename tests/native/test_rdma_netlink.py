@@ -212,3 +212,35 @@ def test_netlink_emulation_is_bounded(probe):
     assert probe["sockets"] == [32, "ENOBUFS"] and probe["reused"] == [5 << 10 | 6]
     # the number of a closed one, reused by a UDP socket, is plain UDP again
     assert probe["reused_number"] == [True, "ping", True, 2]
+
+
+_INDEX = """
+import ctypes, json
+v = ctypes.CDLL("libibverbs.so.1")
+v.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)
+v.ibv_get_device_name.restype = ctypes.c_char_p
+v.ibv_get_device_name.argtypes = [ctypes.c_void_p]
+v.ibv_get_device_index.argtypes = [ctypes.c_void_p]
+n = ctypes.c_int()
+lst = v.ibv_get_device_list(ctypes.byref(n))
+print(json.dumps([[v.ibv_get_device_name(lst[i]).decode(), v.ibv_get_device_index(lst[i])]
+                  for i in range(n.value)]))
+"""
+
+
+def test_libibverbs_finds_the_devices_by_netlink(ready):
+    """libibverbs asks netlink first: answered, it takes each device's index from there
+    (ibv_get_device_index gives it; its sysfs fallback knows none and gives -1), and
+    the index is the one `rdma dev` shows. Two devices: the dumps carry both."""
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "run", "--hca", "mlx5_0",
+                        "--hca", "mlx5_1", "--", "sh", "-c",
+                        f"{sys.executable} -c '{_INDEX}'; echo ==; rdma dev; echo ==; "
+                        f"rdma link; echo ==; LD_PRELOAD= {sys.executable} -c '{_INDEX}'"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    by_netlink, devs, links, by_sysfs = r.stdout.split("==\n")
+    assert json.loads(by_netlink) == [["mlx5_0", 0], ["mlx5_1", 1]]
+    assert re.findall(r"^(\d+): (\w+):", devs, re.M) == [("0", "mlx5_0"), ("1", "mlx5_1")]
+    assert links.split("\n")[:2] == [
+        f"link {d}/1 state ACTIVE physical_state LINK_UP netdev lo " for d in ("mlx5_0", "mlx5_1")]
+    assert json.loads(by_sysfs) == [["mlx5_0", -1], ["mlx5_1", -1]]
