@@ -37,6 +37,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <limits.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -379,7 +380,7 @@ static void ack(const struct nlsock *s, const struct nlmsghdr *req, int err)
 
 	msg_start(&m, NLMSG_ERROR, capped ? NLM_F_CAPPED : 0, s, req);
 	e.error = -err;
-	e.msg = *req;
+	memcpy(&e.msg, req, sizeof(e.msg));
 	if (m.len + sizeof(e) + extra > sizeof(m.buf)) {
 		/* a request too big to echo in our buffer: cap it, and say so */
 		extra = 0;
@@ -891,10 +892,10 @@ static ssize_t nl_send(const struct nlsock *s0, const struct iovec *iov, size_t 
 	size_t total = 0;
 	int sndbuf = 0;
 	socklen_t sl = sizeof(sndbuf);
-	char small[NL_GATHER];
+	char small[NL_GATHER] __attribute__((aligned(8)));
 	char *buf;
 
-	if (name) {
+	if (name && namelen) {
 		struct sockaddr_nl nl;
 
 		if (namelen < sizeof(nl) || ((const struct sockaddr *)name)->sa_family != AF_NETLINK) {
@@ -910,6 +911,10 @@ static ssize_t nl_send(const struct nlsock *s0, const struct iovec *iov, size_t 
 			errno = ECONNREFUSED;	/* another socket: only the kernel is here */
 			return -1;
 		}
+	}
+	if (iovlen > IOV_MAX) {
+		errno = EMSGSIZE;
+		return -1;
 	}
 	for (size_t i = 0; i < iovlen; i++) {
 		if (iov[i].iov_len > SIZE_MAX - total) {
@@ -929,7 +934,8 @@ static ssize_t nl_send(const struct nlsock *s0, const struct iovec *iov, size_t 
 		return -1;
 	}
 	/* a tree gone since the socket was made: answered as a kernel with no devices */
-	if (iovlen == 1) {
+	/* the program's own buffer when it is one and aligned as a message must be */
+	if (iovlen == 1 && !((uintptr_t)iov[0].iov_base % NLMSG_ALIGNTO)) {
 		receive(root, &s, iov[0].iov_base, total);
 		return (ssize_t)total;
 	}

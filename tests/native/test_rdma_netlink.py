@@ -175,6 +175,7 @@ def test_netlink_socket_as_the_kernels(probe):
     assert chardev["attrs"]["70"] == "uverbs0" and chardev["attrs"]["71"] == 1
     assert chardev["attrs"]["72"] == (3 & 0xff) | 1 << 8
     assert probe["batch"] == [5 << 10 | 1, 5 << 10 | 6]
+    assert probe["pieces"] == [5 << 10 | 6, 2]         # the answer, then the ack
     assert os.stat("/dev/null").st_rdev == os.makedev(1, 3)
 
 
@@ -190,6 +191,7 @@ def test_malformed_netlink_gets_the_kernels_errors(probe):
     assert bad["res_dump"] == [-E.EOPNOTSUPP] and bad["chardev_umad"] == [-E.EOPNOTSUPP]
     assert bad["not_a_request_acked"] == [0]
     assert bad["too_big"] == "EMSGSIZE" and bad["to_another_port"] == "ECONNREFUSED"
+    assert bad["iovecs_2000"] == "EMSGSIZE"             # over UIO_MAXIOV, as the kernel
     # the error echoes the request whole, unless NETLINK_CAP_ACK
     (echo,) = probe["echo"]
     assert echo["error"] == -E.EINVAL and echo["flags"] == 0 and echo["echo_len"] == 24

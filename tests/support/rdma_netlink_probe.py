@@ -109,6 +109,10 @@ def main() -> None:
     s.send(msg(typ(CMD_GET), NLM_F_REQUEST, attr(ATTR_DEV_INDEX, struct.pack("=I", 0)))
            + msg(typ(CMD_SYS_GET), NLM_F_REQUEST))
     r["batch"] = [m["type"] for m in answers(s)]
+    # one request in pieces (sendmsg's iovecs split inside the header)
+    whole = msg(typ(CMD_SYS_GET), NLM_F_REQUEST | NLM_F_ACK)
+    s.sendmsg([whole[:5], whole[5:11], whole[11:]])
+    r["pieces"] = [m["type"] for m in answers(s)]
 
     # malformed: nothing answered for what the kernel drops, the kernel's errno for the rest
     bad: dict = {}
@@ -148,6 +152,11 @@ def main() -> None:
         bad["to_another_port"] = "sent"
     except OSError as e:
         bad["to_another_port"] = errno.errorcode[e.errno]
+    try:
+        s.sendmsg([b"\0"] * 2000)
+        bad["iovecs_2000"] = "sent"
+    except OSError as e:
+        bad["iovecs_2000"] = errno.errorcode[e.errno]
     r["bad"] = bad
     # the error message echoes the request (NETLINK_CAP_ACK unset), its type included
     s.send(msg(typ(8), NLM_F_REQUEST, attr(ATTR_DEV_INDEX, struct.pack("=I", 0))))
