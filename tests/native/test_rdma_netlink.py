@@ -246,3 +246,29 @@ def test_libibverbs_finds_the_devices_by_netlink(ready):
     assert links.split("\n")[:2] == [
         f"link {d}/1 state ACTIVE physical_state LINK_UP netdev lo " for d in ("mlx5_0", "mlx5_1")]
     assert json.loads(by_sysfs) == [["mlx5_0", -1], ["mlx5_1", -1]]
+
+
+_KERNEL = """
+import socket
+try:
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 20)
+    print("socket", s.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN))
+except OSError as e:
+    print("refused", e.errno)
+"""
+
+
+def test_without_a_softhca_tree_the_kernel_answers():
+    """The preload library answers RDMA netlink only where SYSFS_PATH names a softhca
+    tree; elsewhere (here without SYSFS_PATH) the program gets the kernel's own socket
+    or refusal, whichever the kernel gives without the library."""
+    preload = REPO / "provider" / "build" / "libsofthca-preload.so"
+    if not preload.is_file():
+        pytest.skip(f"the preload library is not built ({preload}): `make provider`")
+    env = {k: v for k, v in os.environ.items() if k not in ("SYSFS_PATH", "LD_PRELOAD")}
+    plain = subprocess.run([sys.executable, "-c", _KERNEL], env=env, capture_output=True,
+                           text=True, timeout=60)
+    with_it = subprocess.run([sys.executable, "-c", _KERNEL], capture_output=True, text=True,
+                             env={**env, "LD_PRELOAD": str(preload)}, timeout=60)
+    assert plain.returncode == with_it.returncode == 0, (plain.stderr, with_it.stderr)
+    assert with_it.stdout == plain.stdout
