@@ -1,11 +1,14 @@
 """What ``softhca run`` prepares so that an unmodified libibverbs program finds softhca
 devices, with no RDMA kernel module:
 
-- a sysfs tree, read through ``SYSFS_PATH`` (libibverbs reads the device list, node
-  type, GIDs, GID types and P_Keys there when netlink has no RDMA devices to tell):
+- a sysfs tree, read through ``SYSFS_PATH`` (libibverbs reads node type, GIDs, GID
+  types and P_Keys there, UCX a device's NUMA node and CPUs):
   ``class/infiniband_verbs/uverbsN/{ibdev,dev,abi_version}`` and
-  ``class/infiniband/<dev>/...``, GID 0 the softhca GID of the daemon and device
-  (fe80::<IPv4>:<port>:<device index>, as the pyverbs layer's), typed "RoCE v2";
+  ``class/infiniband/<dev>/...`` as a kernel's mlx5 device has them, the values those
+  of the device's ibv_query_device and ibv_query_port, GID 0 the softhca GID of the
+  daemon and device (fe80::<IPv4>:<port>:<device index>, as the pyverbs layer's),
+  typed "RoCE v2". The preload library answers the kernel's RDMA netlink (iproute2's
+  ``rdma``, libibverbs' device list) from the same tree;
 - ``/dev/infiniband/uverbsN``, which libibverbs opens and checks is a character device
   of the numbers sysfs gives (1:3, the null device: the provider sends it nothing).
   They exist only in the program's private mount namespace (``unshare -m``), on a
@@ -14,8 +17,8 @@ devices, with no RDMA kernel module:
 - ``RDMAV_DRIVERS``, naming the provider (provider/build/libsofthca), and
   ``SOFTHCA_SOCKET``, the daemon's UNIX socket;
 - ``LD_PRELOAD`` with provider/build/libsofthca-preload.so first (the user's kept
-  after it): completion channels whose fd is real from ``ibv_create_comp_channel`` on
-  (provider/preload/; docs/native.md says why);
+  after it): completion channels whose fd is real from ``ibv_create_comp_channel`` on,
+  and RDMA netlink (provider/preload/; docs/native.md says why);
 - ``LD_LIBRARY_PATH`` with provider/build first (the user's entries kept after it), so
   that a program linked with Debian's libmlx5.so.1 gets softhca's (provider/mlx5/),
   which serves the mlx5dv calls on softhca devices;
@@ -161,37 +164,109 @@ def netdev_of(host: str) -> str | None:
     return None
 
 
-def write_sysfs(root: Path, devices: list[str], host: str, port: int) -> None:
+# What softhca's provider reports in ibv_query_device's device_cap_flags
+# (provider/verbs.c, attr_from_reply): IBV_DEVICE_RC_RNR_NAK_GEN | PORT_ACTIVE_EVENT |
+# SYS_IMAGE_GUID. The kernel tells it on netlink only (RDMA_NLDEV_ATTR_CAP_FLAGS).
+DEVICE_CAP_FLAGS = 0x1000 | 0x400 | 0x800
+# ibv_query_port's port_cap_flags of the provider's port (shca_query_port): none.
+PORT_CAP_FLAGS = 0
+
+
+def _cpus() -> tuple[str, str]:
+    """The kernel's local_cpus (a hex mask in 32-bit groups, nr_cpu_ids bits) and
+    local_cpulist of a device no NUMA node is nearer to: every possible CPU."""
+    try:
+        possible = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    except OSError:
+        possible = f"0-{(os.cpu_count() or 1) - 1}"
+    cpus: set[int] = set()
+    for part in possible.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    nbits = max(cpus) + 1
+    mask = sum(1 << c for c in cpus)
+    groups = []
+    while nbits > 0:
+        width = nbits % 32 or 32
+        nbits -= width
+        groups.append(f"{(mask >> nbits) & ((1 << width) - 1):0{(width + 3) // 4}x}")
+    return ",".join(groups), possible
+
+
+def _guid_text(value: int) -> str:
+    """A GUID as sysfs prints node_guid: four groups of four hex digits."""
+    h = f"{value & (1 << 64) - 1:016x}"
+    return ":".join(h[i:i + 4] for i in range(0, 16, 4))
+
+
+def write_sysfs(root: Path, devices: list[str], host: str, port: int,
+                attrs: dict[str, dict] | None = None) -> None:
+    """The tree libibverbs, UCX, libfabric and rdma-core's tests read, as a kernel's
+    mlx5 device has it, its values those ibv_query_device and ibv_query_port report:
+    ``attrs`` holds each device's query_device answer (node_guid, fw_ver,
+    vendor_part_id); a device without one gets a GUID made of the daemon's address.
+    Beside the class tree, ``softhca/<dev>/cap_flags``: what only netlink tells, which
+    the preload library's RDMA netlink reads (provider/preload/netlink.c)."""
     verbs = root / "class" / "infiniband_verbs"
     verbs.mkdir(parents=True)
     # The interface whose address the daemon answers on, as an RoCE device's netdev.
     netdev = netdev_of(host)
+    local_cpus, local_cpulist = _cpus()
     (verbs / "abi_version").write_text("6\n")
     for i, dev in enumerate(devices):
-        uv = verbs / f"uverbs{i}"
-        uv.mkdir()
-        (uv / "ibdev").write_text(dev + "\n")
-        (uv / "dev").write_text(NODE_DEV + "\n")
-        (uv / "abi_version").write_text("1\n")
+        a = (attrs or {}).get(dev, {})
+        uverbs = {"ibdev": dev, "dev": NODE_DEV, "abi_version": "1"}
+        for name, text in uverbs.items():
+            (verbs / f"uverbs{i}").mkdir(exist_ok=True)
+            (verbs / f"uverbs{i}" / name).write_text(text + "\n")
         ib = root / "class" / "infiniband" / dev
+        guid = _guid_text(a["node_guid"]) if "node_guid" in a else _guid(host, port, i)
         files = {
-            "node_type": "1: CA", "node_guid": _guid(host, port, i),
-            "sys_image_guid": _guid(host, port, i), "fw_ver": "softhca-1",
-            "board_id": "SOFTHCA0001", "hca_type": "softhca", "hw_rev": "0",
-            "device/modalias": "softhca:",
+            "node_type": "1: CA", "node_guid": guid, "sys_image_guid": guid,
+            "fw_ver": str(a.get("fw_ver", "softhca-1")),
+            "board_id": "SOFTHCA0001",
+            # mlx5's hca_type: "MT" and the PCI device id, vendor_part_id here
+            "hca_type": f"MT{a.get('vendor_part_id', 4123)}", "hw_rev": "0",
+            "node_desc": f"{socket.gethostname()} {dev}",
+            "device/modalias": "softhca:", "device/numa_node": "-1",
+            "device/local_cpus": local_cpus, "device/local_cpulist": local_cpulist,
             "ports/1/gids/0": gid(host, port, i), "ports/1/gid_attrs/types/0": "RoCE v2",
             "ports/1/gid_attrs/ndevs/0": netdev or "lo", "ports/1/pkeys/0": "0xffff",
             "ports/1/link_layer": "Ethernet", "ports/1/state": "4: ACTIVE",
             "ports/1/phys_state": "5: LinkUp", "ports/1/lid": "0x0", "ports/1/sm_lid": "0x0",
-            "ports/1/lid_mask_count": "0", "ports/1/rate": "100 Gb/sec (4X EDR)",
-            "ports/1/cap_mask": "0x00010000",
+            "ports/1/sm_sl": "0", "ports/1/lid_mask_count": "0",
+            "ports/1/rate": "100 Gb/sec (4X EDR)",
+            "ports/1/cap_mask": f"0x{PORT_CAP_FLAGS:08x}",
         }
+        # The uverbs device under its parent, as the kernel's class device is there
+        # (libibverbs reads it when netlink names no char device).
+        for name, text in uverbs.items():
+            files[f"device/infiniband_verbs/uverbs{i}/{name}"] = text
         if netdev is not None:
             files[f"device/net/{netdev}/ifindex"] = str(socket.if_nametoindex(netdev))
         for rel, text in files.items():
             path = ib / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text + "\n")
+        extra = root / "softhca" / dev
+        extra.mkdir(parents=True)
+        (extra / "cap_flags").write_text(f"0x{DEVICE_CAP_FLAGS:x}\n")
+
+
+async def device_attrs(sock: str, devices: list[str]) -> dict[str, dict]:
+    """Each device's ibv_query_device answer from the daemon on UNIX socket ``sock``
+    (a control session of its own, closed after)."""
+    from ..client.node import connect
+
+    node = await connect(f"unix:{sock}")
+    try:
+        out = {}
+        for dev in devices:
+            ctx = await node.open_device(dev)
+            out[dev] = await ctx.query_device()
+        return out
+    finally:
+        await node.close()
 
 
 def _guid(host: str, port: int, index: int) -> str:
@@ -407,7 +482,8 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
             except RDMAError as e:
                 raise RunError(f"--trace {args.trace}: {e.errno_name}: {e.message}") from None
         devices = list(daemon.hcas)
-        write_sysfs(tmp / "sys", devices, daemon.host, daemon.port)
+        write_sysfs(tmp / "sys", devices, daemon.host, daemon.port,
+                    await device_attrs(sock, devices))
         return await _run_program(argv, program_env(tmp / "sys", sock, provider),
                                   len(devices), tmp)
     finally:
@@ -442,7 +518,12 @@ async def _targeted(args, argv: list[str], tmp: Path, provider: Path) -> int:
     w = welcome_of(args.target)
     host, _, port = str(w["address"]).rpartition(":")
     devices = [str(d) for d in w.get("devices", [])]
-    write_sysfs(tmp / "sys", devices, host, int(port))
+    try:
+        attrs = await device_attrs(args.target, devices)
+    except (OSError, RDMAError) as e:
+        raise RunError(f"the daemon at {args.target} did not answer ibv_query_device: "
+                       f"{getattr(e, 'message', e)}") from None
+    write_sysfs(tmp / "sys", devices, host, int(port), attrs)
     return await _run_program(argv, program_env(tmp / "sys", args.target, provider),
                               len(devices), tmp)
 

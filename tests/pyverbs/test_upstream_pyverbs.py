@@ -11,12 +11,13 @@ the test's own environment check (the reasons are listed), errors and failures; 
 report is printed after the pytest run (tests/conftest.py, section "upstream pyverbs").
 
 Two facts of this machine are answered as a host with softhca's devices would: from v55
-on every RDMATestCase asks ``rdma link show -j`` which links exist, and the kernel here
-has no RDMA netlink, so tests/support/upstream_bin/rdma answers with softhca's device
-(no netdev); any other ``rdma`` command goes to the real tool. And from v55 on
-test_get_pkey_index reads the P_Key from /sys/class/infiniband/<dev>/ports/1/pkeys/0: as
-root each run has a private sysfs view holding softhca's answer there
-(tests/support/upstream_sysfs.py).
+on every RDMATestCase asks iproute2's ``rdma link show -j`` which links exist, and the
+kernel here has no RDMA netlink: the run has softhca's preload library
+(provider/preload/netlink.c, as ``softhca run`` gives every program) answer the RDMA
+netlink of the real ``rdma`` from a sysfs tree (SYSFS_PATH) of softhca's device with no
+netdev, as the pyverbs layer's devices have none. And from v55 on test_get_pkey_index
+reads the P_Key from /sys/class/infiniband/<dev>/ports/1/pkeys/0: as root each run has a
+private sysfs view holding softhca's answer there (tests/support/upstream_sysfs.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from upstream_sysfs import wrap, write_tree
 from softhca.tools.pyverbs import path as pyverbs_path
 
 RELEASES = ("v44", "v55", "v59")
-SHIM = Path(__file__).resolve().parents[1] / "support" / "upstream_bin"
+PRELOAD = Path(__file__).resolve().parents[2] / "provider" / "build" / "libsofthca-preload.so"
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 FREE_HUGEPAGES = Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
 
@@ -69,8 +70,22 @@ def _sysfs_view(tmp: Path) -> list[str]:
     return _VIEW[0]
 
 
+def _netlink_tree(tmp: Path) -> Path:
+    """The tree the preload library's RDMA netlink answers from: softhca's device
+    mlx5_0, port 1 ACTIVE, and no netdev (no interface holds 0.0.0.0)."""
+    from softhca.tools.native import write_sysfs
+
+    root = tmp / "netlink-sysfs"
+    if not root.exists():
+        write_sysfs(root, ["mlx5_0"], "0.0.0.0", 0)
+    return root
+
+
 @pytest.fixture(scope="module", params=RELEASES)
 def upstream(request):
+    if not PRELOAD.is_file():
+        pytest.skip(f"the preload library is not built ({PRELOAD}): `make provider` builds "
+                    "it (from v55 on every test asks `rdma link show -j`, which it answers)")
     got = fetch_tests(request.param)
     if isinstance(got, str):
         pytest.skip(got)
@@ -96,7 +111,7 @@ def _plain_env() -> dict:
 
 def _env(tmp: Path, mode: str) -> dict:
     env = _plain_env()
-    env.update(PATH=f"{SHIM}{os.pathsep}{env.get('PATH', '')}",
+    env.update(LD_PRELOAD=str(PRELOAD), SYSFS_PATH=str(_netlink_tree(tmp)),
                SOFTHCA_PYVERBS_MARK_EOPNOTSUPP="1",
                SOFTHCA_CRYPTO_CONFIG=json.dumps({"mode": mode}),
                MLX5_CRYPTO_TEST_INFO=str(_crypto_info(tmp)))

@@ -2,11 +2,11 @@
 ``softhca run``, on softhca's pyverbs layer.
 
 Upstream's RDMACMBaseTest finds the device's IP address as on a RoCE host: it lists
-``/sys/class/infiniband/<dev>/device/net/`` (``rdma link show -j`` first, from v55 on;
-tests/support/upstream_bin/rdma answers that with no netdev, so the sysfs listing
-decides) and asks ``ip -j addr show <if>`` for the address. ``softhca run`` gives the
-program a sysfs tree where the netdev is the interface of the daemon's address (``lo``
-here, so 127.0.0.1). Each test then forks a passive and an active side with
+``/sys/class/infiniband/<dev>/device/net/`` (from v55 on it asks ``rdma link show -j``
+first: iproute2's own tool, whose RDMA netlink the preload library of ``softhca run``
+answers) and asks ``ip -j addr show <if>`` for the address. ``softhca run`` gives the
+program a sysfs tree, and a netlink answer, where the netdev is the interface of the
+daemon's address (``lo`` here, so 127.0.0.1). Each test then forks a passive and an active side with
 multiprocessing's 'fork' after the parent has opened a Context: each child opens its
 own rdma_cm ids over the parent's embedded daemon (client/pyverbs/_sync.py).
 
@@ -17,14 +17,13 @@ upstream's own check (the device has no multicast support).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 from native import unavailable
-from test_upstream_pyverbs import RELEASES, REPORT, SHIM, _judge, _plain_env
+from test_upstream_pyverbs import RELEASES, REPORT, _judge, _plain_env
 from upstream_fetch import tests_dir as fetch_tests
 from upstream_report import parse
 
@@ -43,8 +42,7 @@ def test_rdmacm_inside_softhca_run(release):
     if isinstance(tests, str):
         pytest.skip(tests)
     env = _plain_env()
-    env.update(PATH=f"{SHIM}{os.pathsep}{env.get('PATH', '')}",
-               SOFTHCA_PYVERBS_MARK_EOPNOTSUPP="1")
+    env.update(SOFTHCA_PYVERBS_MARK_EOPNOTSUPP="1")
     start = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "run", "--",
                         sys.executable, "run_tests.py", "-v", "test_rdmacm"],

@@ -117,7 +117,7 @@ ELSEWHERE = {
     "python run_tests.py                                # every module": _UPSTREAM,
     "python /tmp/pv/x/usr/share/doc/python3-pyverbs/examples/ib_devices.py": _UPSTREAM,
     "(cd ~/.cache/softhca-upstream/v55/tests && PYTHONPATH=$(\"$OLDPWD\"/.venv/bin/softhca "
-    "pyverbs path)   PATH=\"$OLDPWD\"/tests/support/upstream_bin:$PATH   \"$OLDPWD\"/.venv/"
+    "pyverbs path)   \"$OLDPWD\"/.venv/"
     "bin/softhca run -- \"$OLDPWD\"/.venv/bin/python run_tests.py -v test_rdmacm)":
         "tests/pyverbs/test_upstream_rdmacm.py (the same run_tests.py -v test_rdmacm inside "
         "softhca run, for v44, v55 and v59)",
