@@ -332,3 +332,44 @@ def test_the_walker_names_an_import_cycle(tmp_path, files, expected):
         (tmp_path / "engine" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "engine" / name).write_text(source)
     assert import_cycles(tmp_path, "engine") == expected
+
+
+# -- protocol/ holds the bytes and does no I/O -------------------------------------------
+# No socket, no event loop, no process, no file: a module of protocol/ that wants one has
+# found its place on a floor above (a pcap file is written by server/capture.py from the
+# bytes protocol/roce.py gives).
+
+IO_MODULES = {"socket", "asyncio", "subprocess", "selectors", "ssl", "os", "io", "shutil",
+              "tempfile", "pathlib"}
+
+
+def io_uses(path: Path) -> list[str]:
+    """Each import of an I/O module and each call of the builtin ``open`` in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [f"{node.lineno}: import {a.name}" for a in node.names
+                    if a.name.split(".")[0] in IO_MODULES]
+        elif isinstance(node, ast.ImportFrom) and not node.level \
+                and (node.module or "").split(".")[0] in IO_MODULES:
+            out.append(f"{node.lineno}: from {node.module} import")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "open":
+            out.append(f"{node.lineno}: open()")
+    return out
+
+
+def test_protocol_does_no_io():
+    found = {str(p.relative_to(ROOT)): io_uses(p) for p in sorted((ROOT / "protocol").glob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import socket\n", ["1: import socket"]),
+    ("from asyncio import sleep\n", ["1: from asyncio import"]),
+    ("def f(p):\n    with open(p) as f:\n        pass\n", ["2: open()"]),
+    ("import struct\nfrom . import frames\n", []),
+], ids=["socket", "asyncio", "open", "none"])
+def test_the_io_walker_finds_each_use(tmp_path, source, expected):
+    (tmp_path / "m.py").write_text(source)
+    assert io_uses(tmp_path / "m.py") == expected
