@@ -83,7 +83,7 @@ def _netlink_tree(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module", params=RELEASES)
 def upstream(request):
-    if not PRELOAD.is_file():
+    if request.param != "v44" and not PRELOAD.is_file():
         pytest.skip(f"the preload library is not built ({PRELOAD}): `make provider` builds "
                     "it (from v55 on every test asks `rdma link show -j`, which it answers)")
     got = fetch_tests(request.param)
@@ -111,8 +111,9 @@ def _plain_env() -> dict:
 
 def _env(tmp: Path, mode: str) -> dict:
     env = _plain_env()
-    env.update(LD_PRELOAD=str(PRELOAD), SYSFS_PATH=str(_netlink_tree(tmp)),
-               SOFTHCA_PYVERBS_MARK_EOPNOTSUPP="1",
+    if PRELOAD.is_file():
+        env.update(LD_PRELOAD=str(PRELOAD), SYSFS_PATH=str(_netlink_tree(tmp)))
+    env.update(SOFTHCA_PYVERBS_MARK_EOPNOTSUPP="1",
                SOFTHCA_CRYPTO_CONFIG=json.dumps({"mode": mode}),
                MLX5_CRYPTO_TEST_INFO=str(_crypto_info(tmp)))
     return env
