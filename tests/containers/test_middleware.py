@@ -17,7 +17,7 @@ provider, softhca's libmlx5.so.1 and librdmacm.so.1), the two daemons on their w
 The verdicts are the programs' own, as in tests/native (exit statuses, ucx_perftest's
 ``Final:`` row, fi_pingpong's table, qperf's figure lines, iscsicheck's compare line);
 every figure goes to the ``containers`` section of pytest's summary. One node bring-up for
-the module; iterations kept small (the module takes about a minute and a half)."""
+the module; iterations kept small (the module takes about two minutes)."""
 
 from __future__ import annotations
 
