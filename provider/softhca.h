@@ -290,7 +290,8 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
 			int bounced);
 int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
-int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, uint32_t *taken);
+int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, int all,
+			 uint32_t *taken);
 
 /* verbs.c */
 bool shca_owns_device(struct ibv_device *device);

@@ -35,7 +35,7 @@ from .mw_verbs import HANDLERS as MW_HANDLERS
 from .mw_verbs import bind_objects, clean_on_reset, refuse_bound
 from .node_verbs import NodeVerbs
 from .post_reply import reply_may_wait, send_queue_busy
-from .post_wrs import post_each
+from .post_wrs import post_each, post_sends
 from .qp_caps import check_caps
 from .shared_mr import op_reg_mr_shared
 from .srq_verbs import SRQ_HANDLERS, srq_of
@@ -423,18 +423,9 @@ class Verbs(Mlx5dvVerbs, NodeVerbs, UdVerbs):
         now = asyncio.get_running_loop().time()
         bind_objects(self, wrs)
         busy = send_queue_busy(qph)
-        limit = self.daemon.limits.max_msg_size
-
-        def post(wr) -> None:
-            if len(wr.sg) > qph.max_send_sge:
-                raise einval(f"it has {len(wr.sg)} SGEs, the QP's max_send_sge is "
-                             f"{qph.max_send_sge}")
-            size = sum(s.length for s in wr.sg)
-            if size > limit:
-                raise einval(f"it moves {size} bytes, the port's max_msg_sz is {limit}")
-            qph.rcqp.post_send(self.resolve_ah(qph, wr), now)
         try:
-            post_each("ibv_post_send", wrs, post)
+            post_sends(qph, wrs, r.wr_complete, now, self.daemon.limits.max_msg_size,
+                       self.resolve_ah)
         finally:
             self.daemon.service(qph)
         # The reply may go with the completion (server/post_reply.py).
