@@ -116,10 +116,14 @@ static void open_wr(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op)
 	qp->wr_open = 1;
 }
 
+/* ibv_wr_post(3), CONCURRENCY: ibv_wr_start .. ibv_wr_complete/abort is a critical
+ * section of the QP, which the provider's lock makes; it is ibv_post_send's too, since
+ * both fill the QP's bounce pages with inline data from their start. */
 static void wr_start(struct ibv_qp_ex *qpx)
 {
 	struct shca_qp *qp = of(qpx);
 
+	pthread_mutex_lock(&qp->post_lock);
 	shca_batch_free(qp);
 	qp->wr_error = 0;
 	qp->wr_open = 0;
@@ -152,6 +156,7 @@ static int wr_complete(struct ibv_qp_ex *qpx)
 		rc = post_run(qp, &qp->runs[i]);
 	shca_batch_free(qp);
 	qp->wr_error = 0;
+	pthread_mutex_unlock(&qp->post_lock);
 	return rc;
 }
 
@@ -162,6 +167,7 @@ static void wr_abort(struct ibv_qp_ex *qpx)
 	shca_batch_free(qp);
 	qp->wr_open = 0;
 	qp->wr_error = 0;
+	pthread_mutex_unlock(&qp->post_lock);
 }
 
 static void wr_send(struct ibv_qp_ex *qpx)

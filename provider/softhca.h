@@ -136,7 +136,7 @@ struct shca_qp {
 	uint32_t max_inline;
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge;
 	int sq_sig_all;
-	pthread_mutex_t post_lock;   /* ibv_post_send's use of the bounce pages */
+	pthread_mutex_t post_lock;   /* the bounce pages: ibv_post_send, ibv_wr_start..complete */
 	/* the ibv_wr_* API (qp_ex.c): what was built since ibv_wr_start, as runs of one
 	 * kind each (send WRs or MKEY configure calls); the open run is wrs/nwrs */
 	struct mp_buf wrs;

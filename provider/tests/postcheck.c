@@ -21,11 +21,16 @@
  *                       the middle, and an aborted one. ibv_wr_post(3): nothing is posted
  *                       unless ibv_wr_complete succeeds, so no completion may follow a
  *                       failed one, and the next run completes with its own WRs only.
+ *   postcheck wrthreads ibv_post_send with inline data in one thread and ibv_wr_* runs with
+ *                       inline data in another, on one QP: ibv_wr_start .. ibv_wr_complete
+ *                       is the QP's critical section (ibv_wr_post(3), CONCURRENCY), so each
+ *                       RDMA WRITE lands its own bytes.
  *
  * Expected values come from the man pages and the count of WRs posted, never from
  * softhca. Exit 0 when every check holds; each check prints one line. */
 #define PROG "postcheck"
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -656,6 +661,123 @@ static void mode_wrbatch(void)
 	nothing_posted(&s, "an aborted run of 5");
 }
 
+/* -- wrthreads ------------------------------------------------------------------------ */
+
+#define RACE_SLOTS 300
+#define SLOT 64
+
+struct racer {
+	struct side *s;
+	int which;          /* 0: ibv_post_send, 1: ibv_wr_* */
+	int failed;         /* a post that failed with other than ENOMEM */
+};
+
+static void slot_bytes(int which, int i, uint8_t *out)
+{
+	int k;
+
+	for (k = 0; k < SLOT; k++)
+		out[k] = pat(which + 3, (size_t)i * SLOT + k);
+}
+
+/* RACE_SLOTS signaled RDMA WRITEs of SLOT inline bytes each into slot i of the racer's
+ * half of the buffer; a full send queue (ENOMEM: nothing of that post was taken) is
+ * tried again. */
+static void *race(void *arg)
+{
+	struct racer *r = arg;
+	struct side *s = r->s;
+	uint8_t data[SLOT];
+	uint64_t remote;
+	int i, rc;
+
+	for (i = 0; i < RACE_SLOTS; i++) {
+		slot_bytes(r->which, i, data);
+		remote = (uintptr_t)s->buf + ((size_t)r->which * RACE_SLOTS + i) * SLOT;
+		do {
+			if (r->which == 0) {
+				struct ibv_sge sge = {(uintptr_t)data, SLOT, 0};
+				struct ibv_send_wr w = {0}, *bad;
+
+				w.wr_id = (uint64_t)i;
+				w.opcode = IBV_WR_RDMA_WRITE;
+				w.sg_list = &sge;
+				w.num_sge = 1;
+				w.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+				w.wr.rdma.remote_addr = remote;
+				w.wr.rdma.rkey = s->mr->rkey;
+				rc = ibv_post_send(s->qp, &w, &bad);
+			} else {
+				ibv_wr_start(s->qpx);
+				s->qpx->wr_id = (uint64_t)i;
+				s->qpx->wr_flags = IBV_SEND_SIGNALED;
+				ibv_wr_rdma_write(s->qpx, s->mr->rkey, remote);
+				ibv_wr_set_inline_data(s->qpx, data, SLOT);
+				rc = ibv_wr_complete(s->qpx);
+			}
+			if (rc == ENOMEM)
+				usleep(200);
+		} while (rc == ENOMEM);
+		if (rc)
+			r->failed++;
+	}
+	return NULL;
+}
+
+static void mode_wrthreads(void)
+{
+	struct racer r[2];
+	pthread_t t[2];
+	struct side s = {0};
+	struct ibv_wc wc;
+	uint8_t want[SLOT];
+	double last;
+	int i, j, got = 0, bad_wc = 0, wrong = 0, n;
+
+	open_ctx(&s);
+	s.cq = ibv_create_cq(s.ctx, 4 * RACE_SLOTS, NULL, NULL, 0);
+	s.buf = unaligned(2 * RACE_SLOTS * SLOT, 1);
+	memset(s.buf, 0, 2 * RACE_SLOTS * SLOT);
+	s.mr = ibv_reg_mr(s.pd, s.buf, 2 * RACE_SLOTS * SLOT, ACCESS);
+	if (!s.cq || !s.mr)
+		die("ibv_create_cq / ibv_reg_mr");
+	fresh_qp_ex(&s);
+	for (i = 0; i < 2; i++) {
+		r[i] = (struct racer){&s, i, 0};
+		if (pthread_create(&t[i], NULL, race, &r[i]))
+			die("pthread_create");
+	}
+	/* every completion, while the racers post and after, until quiet */
+	last = now_ms();
+	while (got < 2 * RACE_SLOTS && now_ms() - last < 10000) {
+		n = ibv_poll_cq(s.cq, 1, &wc);
+		if (n < 0)
+			die("ibv_poll_cq");
+		if (!n) {
+			usleep(100);
+			continue;
+		}
+		got++;
+		bad_wc += wc.status != IBV_WC_SUCCESS;
+		last = now_ms();
+	}
+	for (i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	for (j = 0; j < 2; j++) {
+		for (i = 0; i < RACE_SLOTS; i++) {
+			slot_bytes(j, i, want);
+			wrong += memcmp(s.buf + ((size_t)j * RACE_SLOTS + i) * SLOT, want, SLOT) != 0;
+		}
+	}
+	CHECK(!r[0].failed && !r[1].failed && got == 2 * RACE_SLOTS && !bad_wc,
+	      "%d ibv_post_send and %d ibv_wr_complete of one inline RDMA WRITE each, from "
+	      "two threads on one QP, all complete successfully (%d failed posts, %d "
+	      "completions, %d not successful)", RACE_SLOTS, RACE_SLOTS,
+	      r[0].failed + r[1].failed, got, bad_wc);
+	CHECK(wrong == 0, "and every WRITE landed its own %d bytes (%d of %d slots wrong)",
+	      SLOT, wrong, 2 * RACE_SLOTS);
+}
+
 /* -- iova ----------------------------------------------------------------------------- */
 
 static void mode_iova(void)
@@ -703,8 +825,10 @@ int main(int argc, char **argv)
 		mode_iova();
 	else if (!strcmp(mode, "wrbatch"))
 		mode_wrbatch();
+	else if (!strcmp(mode, "wrthreads"))
+		mode_wrthreads();
 	else {
-		fprintf(stderr, "usage: postcheck badwr|nulls|zerolen|iova|wrbatch\n");
+		fprintf(stderr, "usage: postcheck badwr|nulls|zerolen|iova|wrbatch|wrthreads\n");
 		return 2;
 	}
 	return failures ? 1 : 0;

@@ -1,7 +1,8 @@
 """The post verbs' seams as a C program meets them (provider/tests/postcheck.c): bad_wr of
 a post the queue takes only part of (ibv_post_send(3): WRs before bad_wr were posted,
 and only they), ibv_wr_complete of a run the queue cannot take whole (ibv_wr_post(3):
-nothing posted unless it succeeds), NULL arguments (EINVAL, never a signal), zero-length
+nothing posted unless it succeeds), ibv_wr_start .. ibv_wr_complete as the QP's
+critical section against another thread's ibv_post_send, NULL arguments (EINVAL, never a signal), zero-length
 RDMA operations with rkey 0 (IBTA C9-88: no R_Key check), and registrations past 2^64."""
 
 from __future__ import annotations
@@ -71,6 +72,19 @@ def test_wr_complete_posts_all_or_nothing(where):
         "and no WR of an aborted run of 5 completes (0 completions)",
     ])
     assert r.output.count(f"postcheck: ok: {after}") == 4, r.output
+
+
+def test_wr_start_to_complete_is_the_qps_critical_section(where):
+    # ibv_wr_post(3), CONCURRENCY: the provider locks so that ibv_wr_start ..
+    # ibv_wr_complete is a per-QP critical section no other thread enters; an
+    # ibv_post_send of another thread waits for it, and each WRITE's inline bytes
+    # (postcheck's own pattern per slot) are its own.
+    expect(postcheck(where, "wrthreads"), [
+        "300 ibv_post_send and 300 ibv_wr_complete of one inline RDMA WRITE each, from "
+        "two threads on one QP, all complete successfully (0 failed posts, 600 "
+        "completions, 0 not successful)",
+        "and every WRITE landed its own 64 bytes (0 of 600 slots wrong)",
+    ])
 
 
 def test_null_arguments_are_einval_not_a_signal(where):
