@@ -177,3 +177,10 @@ async def test_a_wr_complete_posting_is_all_or_nothing():
         assert (err.errno_name, err.bad_wr) == ("ENOMEM", None), err
         await i.qp.post_send([], wr_complete=True)
         assert await completions() == []
+        # the request's own bounds, sent as they are: 1 .. 256 WRs, a bool
+        wire = [w.to_wire() for w in writes(257)]
+        for fields in ({"wrs": wire, "wr_complete": True}, {"wrs": [], "wr_complete": True},
+                       {"wrs": wire[:1], "wr_complete": 1}):
+            err = await refused(i.node.request("post_send", qp=i.qp.handle, **fields))
+            assert (err.errno_name, err.bad_wr) == ("EPROTO", None), err
+        assert await completions() == []
