@@ -588,7 +588,8 @@ class QP(_Closable):
         return h["canceled"]
 
     # -- posting ------------------------------------------------------------------------
-    async def post_send(self, wr: SendWR | Iterable[SendWR]) -> None:
+    async def post_send(self, wr: SendWR | Iterable[SendWR], *,
+                        wr_complete: bool = False) -> None:
         """ibv_post_send(3): one SendWR or a list, in order. With a list, the WRs before
         a refused one are posted and the rest are not (the message names the WR's index
         and ``wr_id``, and the error's ``bad_wr`` is that index in the list; None when
@@ -602,8 +603,24 @@ class QP(_Closable):
         RDMA_WRITE, exceeds ``max_inline_data`` or names memory outside an MR of the
         QP's PD; EOPNOTSUPP for IBV_WR_BIND_MW, TSO, DRIVER1; ENOMEM when the send queue
         holds ``max_send_wr`` WRs; EPROTO for a field over its C width (``imm_data``,
-        ``rkey``) or more than 4096 WRs in one call; ENOENT after ``qp.close()``."""
+        ``rkey``) or more than 4096 WRs in one call; ENOENT after ``qp.close()``.
+
+        ``wr_complete=True`` posts as ibv_wr_complete(3) does, all or nothing: the
+        daemon checks every WR (each as if those before it were posted, so the send
+        queue must have room for all of them) before it posts any, and on an error
+        nothing is posted and ``bad_wr`` is None. The errors are the same, ENOMEM when
+        the queue has no room for the whole list; more than 256 WRs (one request) is
+        ENOMEM without asking the daemon, and an empty list posts nothing."""
         wrs = [wr] if isinstance(wr, SendWR) else list(wr)
+        if wr_complete:
+            if not wrs:
+                return      # an empty posting completes, posting nothing
+            if len(wrs) > MAX_WRS_PER_POST:
+                raise RDMAError("ENOMEM", f"ibv_wr_complete: {len(wrs)} WRs in one posting; "
+                                          f"one request holds {MAX_WRS_PER_POST}")
+            await self.node._conn.request("post_send", qp=self.handle,
+                                          wrs=[w.to_wire() for w in wrs], wr_complete=True)
+            return
         await self._post("post_send", [w.to_wire() for w in wrs])
 
     async def post_recv(self, wr: RecvWR | Iterable[RecvWR]) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 from ..protocol.attrs import SGE
 from ..protocol.enums import QpAttrMask as M
@@ -159,6 +160,12 @@ class DatagramQP(CompletionLists):
 
     # -- verbs -----------------------------------------------------------------------
     def post_send(self, wr: SendWR, now: float = 0.0) -> None:
+        self.prepare_send(wr, now, 0)()
+
+    def prepare_send(self, wr: SendWR, now: float = 0.0, ahead: int = 0) -> Callable[[], None]:
+        """RCQP.prepare_send's rule for this QP: the checks of a post of ``wr`` with
+        ``ahead`` WRs of the same posting before it, posting nothing; the call returned
+        posts it (a WR on a QP in ERR completes WR_FLUSH_ERR then)."""
         if wr.opcode not in self.OPCODES:
             raise einval(f"{WrOpcode(wr.opcode).name} is not a WR opcode of {self.TYPE} QP")
         if wr.opcode in (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM) \
@@ -167,12 +174,14 @@ class DatagramQP(CompletionLists):
         self.check_wr(wr)
         signaled = self.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
         if not qp_state.require("ibv_post_send", self.state):
-            self._complete_send(wr, WcStatus.WR_FLUSH_ERR, signaled)
-            return
-        if len(self._sq) >= self.sq_depth:
-            raise RDMAError("ENOMEM", f"send queue full ({self.sq_depth} WRs outstanding)")
+            return partial(self._complete_send, wr, WcStatus.WR_FLUSH_ERR, signaled)
+        if len(self._sq) + ahead >= self.sq_depth:
+            raise RDMAError("ENOMEM", f"send queue full ({self.sq_depth} WRs outstanding)"
+                            if not ahead else
+                            f"the send queue holds {self.sq_depth} WRs, {len(self._sq)} "
+                            f"outstanding and {ahead} of this posting before this one")
         inline = self._gather_inline(wr.sg) if wr.send_flags & SendFlags.INLINE else None
-        self._sq.append((wr, signaled, inline))
+        return partial(self._sq.append, (wr, signaled, inline))
 
     def check_wr(self, wr: SendWR) -> None:
         """A subclass's own checks of a WR at post (UD's address handle)."""

@@ -349,6 +349,15 @@ class RCQP(CompletionLists):
     def post_send(self, wr: SendWR, now: float) -> None:
         self.requester.post_send(wr)
 
+    def prepare_send(self, wr: SendWR, now: float, ahead: int) -> Callable[[], None]:
+        """ibv_wr_complete's half of post_send (ibv_wr_post(3): nothing is posted unless
+        it succeeds): the checks ``post_send(wr, now)`` makes, as if ``ahead`` WRs of
+        the same posting were posted before it, raising what it would raise and
+        posting nothing. The call returned posts ``wr``; it cannot fail as long as
+        nothing else reaches the QP in between (the caller makes the calls of a whole
+        posting at once, after preparing all of it)."""
+        return self.requester.prepare_send(wr, ahead)
+
     def post_local(self, wr_id: int, signaled: bool, opcode: WcOpcode,
                    action: Callable[[], None] | None = None, now: float = 0.0) -> None:
         """A WR that sends nothing: ``action`` (if any) runs when it reaches the head of

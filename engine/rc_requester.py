@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ..protocol.attrs import SGE
@@ -94,6 +95,33 @@ def _checked_wr(wr: SendWR) -> WrInfo:
     return info
 
 
+def gather_inline(qp: QPContext, sges: list[SGE]) -> bytes:
+    """IBV_SEND_INLINE on ``qp``: the bytes are copied now, so the buffer may be reused
+    as soon as ibv_post_send returns (ibv_post_send(3)); "The L_Key will not be
+    checked"."""
+    total = sum(s.length for s in sges)
+    # ibv_post_send(3) fails with EINVAL when the inline data exceeds the QP's
+    # max_inline_data (ibv_create_qp(3) cap).
+    if total > qp.max_inline_data:
+        raise einval(f"{total} bytes of inline data exceed max_inline_data "
+                     f"{qp.max_inline_data}")
+    parts = []
+    for s in sges:
+        if s.length == 0:
+            continue
+        # Verbs reads inline data from the virtual address; here memory exists only
+        # inside MRs, so the lkey is used to find it, but not checked for access or
+        # validity. An address that no MR of this PD holds is unreadable memory.
+        mr = qp.pd.hca.keys.get(s.lkey)
+        if not isinstance(mr, MR) or mr.pd is not qp.pd or s.length < 0 \
+                or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length:
+            raise einval(f"inline SGE [{s.addr:#x}, +{s.length}) with lkey {s.lkey:#x} "
+                         "is not memory of an MR of this PD")
+        start = s.addr - mr.addr
+        parts.append(mr.buf[start:start + s.length].tobytes())
+    return b"".join(parts)
+
+
 class Requester:
     """The send queue side of ``qp``."""
 
@@ -114,12 +142,25 @@ class Requester:
         self._drained_raised = False
 
     def post_send(self, wr: SendWR) -> None:
+        self._enqueue(self._request(wr))
+
+    def prepare_send(self, wr: SendWR, ahead: int) -> Callable[[], None]:
+        """RCQP.prepare_send: what ``post_send(wr)`` checks, made as if ``ahead`` WRs
+        of the same posting were on the queue before it, posting nothing; the call
+        returned posts it."""
+        req = self._request(wr)
+        if qp_state.require("ibv_post_send", self.qp.state):
+            self._check_room(ahead)
+        return partial(self._enqueue, req)
+
+    def _request(self, wr: SendWR) -> SendRequest:
+        """The send queue's entry for ``wr``, or the errno post_send refuses it with."""
         info = _checked_wr(wr)
         inline = None
         if wr.send_flags & _INLINE and wr.opcode != WrOpcode.LOCAL_INV:
             if not info.inline:
                 raise einval(f"IBV_SEND_INLINE is valid only for SEND and RDMA_WRITE, not {_wr_name(wr)}")
-            inline = self._gather_inline(wr.sg)
+            inline = gather_inline(self.qp, wr.sg)
         signaled = self.qp.sq_sig_all or bool(wr.send_flags & _SIGNALED)
         req = SendRequest(wr, info, signaled, sum(s.length for s in wr.sg), info.wc_opcode,
                           inline=inline)
@@ -127,7 +168,7 @@ class Requester:
             if wr.opcode == WrOpcode.BIND_MW:
                 check_bind_wr(wr)
             req.local = req.built = True
-        self._enqueue(req)
+        return req
 
     def post_local(self, wr: SendWR, signaled: bool, opcode: WcOpcode,
                    action: Callable[[], None] | None = None) -> None:
@@ -141,34 +182,18 @@ class Requester:
         if not qp_state.require("ibv_post_send", self.qp.state):
             self.complete(req, WcStatus.WR_FLUSH_ERR)
             return
-        if len(self.queue) >= self.qp.sq_depth:
-            raise RDMAError("ENOMEM", f"send queue full ({self.qp.sq_depth} WRs outstanding)")
+        self._check_room(0)
         self.queue.append(req)
 
-    def _gather_inline(self, sges: list[SGE]) -> bytes:
-        """IBV_SEND_INLINE: the bytes are copied now, so the buffer may be reused as soon
-        as ibv_post_send returns (ibv_post_send(3)); "The L_Key will not be checked"."""
-        total = sum(s.length for s in sges)
-        # ibv_post_send(3) fails with EINVAL when the inline data exceeds the QP's
-        # max_inline_data (ibv_create_qp(3) cap).
-        if total > self.qp.max_inline_data:
-            raise einval(f"{total} bytes of inline data exceed max_inline_data "
-                         f"{self.qp.max_inline_data}")
-        parts = []
-        for s in sges:
-            if s.length == 0:
-                continue
-            # Verbs reads inline data from the virtual address; here memory exists only
-            # inside MRs, so the lkey is used to find it, but not checked for access or
-            # validity. An address that no MR of this PD holds is unreadable memory.
-            mr = self.qp.pd.hca.keys.get(s.lkey)
-            if not isinstance(mr, MR) or mr.pd is not self.qp.pd or s.length < 0 \
-                    or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length:
-                raise einval(f"inline SGE [{s.addr:#x}, +{s.length}) with lkey {s.lkey:#x} "
-                             "is not memory of an MR of this PD")
-            start = s.addr - mr.addr
-            parts.append(mr.buf[start:start + s.length].tobytes())
-        return b"".join(parts)
+    def _check_room(self, ahead: int) -> None:
+        """ENOMEM unless the queue holds a WR more after ``ahead`` more are posted: it
+        holds max_send_wr WRs posted and not completed (ibv_create_qp(3))."""
+        if len(self.queue) + ahead >= self.qp.sq_depth:
+            if not ahead:
+                raise RDMAError("ENOMEM", f"send queue full ({self.qp.sq_depth} WRs outstanding)")
+            raise RDMAError("ENOMEM", f"the send queue holds {self.qp.sq_depth} WRs, "
+                                      f"{len(self.queue)} outstanding and {ahead} of this "
+                                      "posting before this one")
 
     def next_deadline(self) -> float | None:
         """When a timer (retransmission or RNR wait) wants ``poll_wire``; packets owed

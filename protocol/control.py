@@ -513,6 +513,10 @@ class QueryQp(Request):
 class PostSend(Request):
     qp: int = _handle()
     wrs: tuple[SendWR, ...] = _wire(list, 1, MAX_WRS_PER_POST, decode=_send_wrs)
+    # The WRs of one ibv_wr_complete (ibv_wr_post(3): nothing is posted unless it
+    # succeeds): every WR is checked, the queue's room for all of them included, before
+    # any is posted; false, ibv_post_send's rule: in order up to the first refused.
+    wr_complete: bool = _wire(bool, required=False, default=False)
 
 
 @_request("post_recv")

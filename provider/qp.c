@@ -529,17 +529,25 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 	return 0;
 }
 
-int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, uint32_t *taken)
+/* n encoded WRs as one post_send request. all: the WRs of an ibv_wr_complete, which
+ * the daemon posts all or none (ibv_wr_post(3)); else ibv_post_send's, taken in order
+ * up to the first refused (*taken then says how many). */
+int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, int all,
+			 uint32_t *taken)
 {
 	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
 	struct mp_buf b;
 
-	shca_begin(ctx->conn, &b, "post_send", 2);
+	shca_begin(ctx->conn, &b, "post_send", all ? 3 : 2);
 	mp_kv_uint(&b, "qp", qp->handle);
 	mp_str(&b, "wrs");
 	mp_arr(&b, n);
 	mp_raw(&b, wrs->p, wrs->len);
 	b.failed |= wrs->failed;
+	if (all) {
+		mp_str(&b, "wr_complete");
+		mp_bool(&b, 1);
+	}
 	return shca_call_post(ctx->conn, &b, taken);
 }
 
@@ -592,7 +600,7 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 				break;
 			}
 		}
-		sent = n ? shca_post_send_batch(qp, &wrs, n, &taken) : 0;
+		sent = n ? shca_post_send_batch(qp, &wrs, n, 0, &taken) : 0;
 		mp_free(&wrs);
 		if (sent) {
 			rc = sent;

@@ -2,12 +2,15 @@
  * ibv_wr_complete each builder opens a WR with the QP's wr_id and wr_flags and the
  * setters give it its data. mlx5dv's MKEY configure builders (dv.c) add their calls to
  * the same batch. ibv_wr_complete posts the batch in order, as runs: consecutive send
- * WRs in one post_send request, consecutive configure calls in one mkey_configure
- * request; the daemon applies a request whole or refuses it whole (ibv_wr_abort drops
- * the batch). A failed setter, a misplaced call or a builder this device does not model
- * makes ibv_wr_complete fail, posting nothing. A batch that mixes both kinds is not one
- * request, though: when the daemon refuses a later run (say a configure whose values
- * are wrong), the runs before it stay posted (docs/native.md). */
+ * WRs in one post_send request marked wr_complete, consecutive configure calls in one
+ * mkey_configure request; the daemon applies a request whole or refuses it whole: a
+ * send run is checked WR by WR, the send queue's room for all of it included, before
+ * any of it is posted (ibv_wr_post(3): a posting that fails is aborted whole, none of
+ * it reaches the queue; no room is ENOMEM, as mlx5's overflow check gives). ibv_wr_abort
+ * drops the batch. A failed setter, a misplaced call or a builder this device does not
+ * model makes ibv_wr_complete fail, posting nothing. A batch that mixes both kinds is
+ * not one request, though: when the daemon refuses a later run (say a configure whose
+ * values are wrong), the runs before it stay posted (docs/native.md). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,10 +116,14 @@ static void open_wr(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op)
 	qp->wr_open = 1;
 }
 
+/* ibv_wr_post(3), CONCURRENCY: ibv_wr_start .. ibv_wr_complete/abort is a critical
+ * section of the QP, which the provider's lock makes; it is ibv_post_send's too, since
+ * both fill the QP's bounce pages with inline data from their start. */
 static void wr_start(struct ibv_qp_ex *qpx)
 {
 	struct shca_qp *qp = of(qpx);
 
+	pthread_mutex_lock(&qp->post_lock);
 	shca_batch_free(qp);
 	qp->wr_error = 0;
 	qp->wr_open = 0;
@@ -131,7 +138,7 @@ static int post_run(struct shca_qp *qp, struct shca_run *r)
 		return 0;
 	if (r->kind == SHCA_RUN_CONFIGURE)
 		return shca_dv_post_configure(qp, r);
-	return shca_post_send_batch(qp, &r->buf, r->n, &taken);
+	return shca_post_send_batch(qp, &r->buf, r->n, 1, &taken);
 }
 
 static int wr_complete(struct ibv_qp_ex *qpx)
@@ -149,6 +156,7 @@ static int wr_complete(struct ibv_qp_ex *qpx)
 		rc = post_run(qp, &qp->runs[i]);
 	shca_batch_free(qp);
 	qp->wr_error = 0;
+	pthread_mutex_unlock(&qp->post_lock);
 	return rc;
 }
 
@@ -159,6 +167,7 @@ static void wr_abort(struct ibv_qp_ex *qpx)
 	shca_batch_free(qp);
 	qp->wr_open = 0;
 	qp->wr_error = 0;
+	pthread_mutex_unlock(&qp->post_lock);
 }
 
 static void wr_send(struct ibv_qp_ex *qpx)

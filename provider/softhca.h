@@ -137,7 +137,7 @@ struct shca_qp {
 	uint32_t max_inline;
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge;
 	int sq_sig_all;
-	pthread_mutex_t post_lock;   /* ibv_post_send's use of the bounce pages */
+	pthread_mutex_t post_lock;   /* the bounce pages: ibv_post_send, ibv_wr_start..complete */
 	/* the ibv_wr_* API (qp_ex.c): what was built since ibv_wr_start, as runs of one
 	 * kind each (send WRs or MKEY configure calls); the open run is wrs/nwrs */
 	struct mp_buf wrs;
@@ -291,7 +291,8 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
 			int bounced);
 int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
-int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, uint32_t *taken);
+int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, int all,
+			 uint32_t *taken);
 
 /* verbs.c */
 bool shca_owns_device(struct ibv_device *device);

@@ -21,7 +21,7 @@ from ..protocol.errors import RDMAError, einval
 from .hosts import CQHost, QPHost
 from .mw_verbs import bind_objects, clean_on_reset
 from .post_reply import reply_may_wait, send_queue_busy
-from .post_wrs import post_each
+from .post_wrs import post_each, post_sends
 from .qp_caps import check_caps
 from .srq_verbs import srq_of
 from .ud_verbs import add_qp, create_datagram_qp, resolve_ah
@@ -158,18 +158,9 @@ def op_post_send(v, r: control.PostSend, rid: int) -> dict | None:
     now = asyncio.get_running_loop().time()
     bind_objects(v, wrs)
     busy = send_queue_busy(qph)
-    limit = v.daemon.limits.max_msg_size
-
-    def post(wr) -> None:
-        if len(wr.sg) > qph.max_send_sge:
-            raise einval(f"it has {len(wr.sg)} SGEs, the QP's max_send_sge is "
-                         f"{qph.max_send_sge}")
-        size = sum(s.length for s in wr.sg)
-        if size > limit:
-            raise einval(f"it moves {size} bytes, the port's max_msg_sz is {limit}")
-        qph.rcqp.post_send(resolve_ah(v, qph, wr), now)
     try:
-        post_each("ibv_post_send", wrs, post)
+        post_sends(qph, wrs, r.wr_complete, now, v.daemon.limits.max_msg_size,
+                   lambda q, wr: resolve_ah(v, q, wr))
     finally:
         v.daemon.service(qph)
     # The reply may go with the completion (server/post_reply.py).

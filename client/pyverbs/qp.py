@@ -510,8 +510,9 @@ class QPEx(QP):
         _sync.run(self._post_batch(batch), "ibv_wr_complete failed")
 
     async def _post_batch(self, batch):
-        # Runs of sends go as one post_send, runs of MKEY-configure calls as one
-        # mkey_configure, in order; each run is applied whole or refused whole by the
+        # Runs of sends go as one post_send with wr_complete (all or nothing, the send
+        # queue's room for the whole run checked first), runs of MKEY-configure calls as
+        # one mkey_configure, in order; each run is applied whole or refused whole by the
         # daemon, but a batch mixing both kinds can stop after an earlier run was posted
         # (ibv_wr_complete posts all or nothing). rdma-core's tests never mix them.
         i = 0
@@ -521,7 +522,7 @@ class QPEx(QP):
             while j < len(batch) and batch[j][0] == kind:
                 j += 1
             if kind == "send":
-                await self._obj.post_send([item[1] for item in batch[i:j]])
+                await self._obj.post_send([item[1] for item in batch[i:j]], wr_complete=True)
             else:
                 q = self._obj
                 q.wr_start()

@@ -16,11 +16,21 @@
  *                       receive and completes it with byte_len 0 and its immediate.
  *   postcheck iova      ibv_reg_mr_iova whose iova + length passes 2^64, and ibv_reg_mr
  *                       whose addr + length does, fail with EINVAL.
+ *   postcheck wrbatch   ibv_wr_* runs the send queue cannot take whole: longer than the
+ *                       queue, past the provider's 256 WRs, with a WR the verbs forbid in
+ *                       the middle, and an aborted one. ibv_wr_post(3): nothing is posted
+ *                       unless ibv_wr_complete succeeds, so no completion may follow a
+ *                       failed one, and the next run completes with its own WRs only.
+ *   postcheck wrthreads ibv_post_send with inline data in one thread and ibv_wr_* runs with
+ *                       inline data in another, on one QP: ibv_wr_start .. ibv_wr_complete
+ *                       is the QP's critical section (ibv_wr_post(3), CONCURRENCY), so each
+ *                       RDMA WRITE lands its own bytes.
  *
  * Expected values come from the man pages and the count of WRs posted, never from
  * softhca. Exit 0 when every check holds; each check prints one line. */
 #define PROG "postcheck"
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -537,6 +547,237 @@ static void mode_zerolen(void)
 	      "completions)", n);
 }
 
+/* -- wrbatch -------------------------------------------------------------------------- */
+
+/* The side's QP replaced by an extended one (RDMA WRITE and READ builders) connected to
+ * itself, DEPTH deep. */
+static void fresh_qp_ex(struct side *s)
+{
+	struct ibv_qp_init_attr_ex qa = {0};
+	struct peer_info me;
+
+	if (s->qp && ibv_destroy_qp(s->qp))
+		die("ibv_destroy_qp");
+	qa.send_cq = qa.recv_cq = s->cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = DEPTH;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa.cap.max_inline_data = 64;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qa.pd = s->pd;
+	qa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ;
+	s->qp = ibv_create_qp_ex(s->ctx, &qa);
+	if (!s->qp)
+		die("ibv_create_qp_ex");
+	s->qpx = ibv_qp_to_qp_ex(s->qp);
+	me = (struct peer_info){s->qp->qp_num, 0, 0, s->gid};
+	connect_qp(s, &me);
+}
+
+/* n signaled 8-byte RDMA WRITEs built on the side's extended QP, wr_id i; WR odd (if
+ * not -1) an RDMA READ given inline data, which ibv_wr_post(3) allows only for SEND
+ * and RDMA_WRITE. */
+static void build_writes(struct side *s, int n, int odd)
+{
+	uint64_t v = 0x1122334455667788ULL;
+	int i;
+
+	for (i = 0; i < n; i++) {
+		s->qpx->wr_id = (uint64_t)i;
+		s->qpx->wr_flags = IBV_SEND_SIGNALED;
+		if (i == odd) {
+			ibv_wr_rdma_read(s->qpx, s->mr->rkey, (uintptr_t)s->buf + 2048);
+			ibv_wr_set_inline_data(s->qpx, &v, sizeof(v));
+			continue;
+		}
+		ibv_wr_rdma_write(s->qpx, s->mr->rkey, (uintptr_t)s->buf + 2048);
+		ibv_wr_set_sge(s->qpx, s->mr->lkey, (uintptr_t)s->buf, 8);
+	}
+}
+
+/* A run of n WRITEs (WR odd spoiled as build_writes does) completed; its return. */
+static int run_of(struct side *s, int n, int odd)
+{
+	ibv_wr_start(s->qpx);
+	build_writes(s, n, odd);
+	return ibv_wr_complete(s->qpx);
+}
+
+/* After a failed run: no completion comes, and a run of 3 then completes WRs 0..2, no
+ * other. */
+static void nothing_posted(struct side *s, const char *what)
+{
+	struct ibv_wc wcs[64];
+	int n, rc;
+
+	n = drain(s->cq, wcs, 64);
+	CHECK(n == 0, "and no WR of %s completes (%d completions)", what, n);
+	rc = run_of(s, 3, -1);
+	n = drain(s->cq, wcs, 64);
+	CHECK(rc == 0 && exactly(wcs, n, 3, IBV_WC_SUCCESS), "and a run of 3 after it "
+	      "completes WRs 0..2, no other (%s, %d completions)", strerror(rc), n);
+}
+
+static void mode_wrbatch(void)
+{
+	struct ibv_wc wcs[64];
+	struct side s = {0};
+	int rc, n;
+
+	open_ctx(&s);
+	s.buf = unaligned(4096, 1);
+	s.mr = ibv_reg_mr(s.pd, s.buf, 4096, ACCESS);
+	if (!s.mr)
+		die("ibv_reg_mr");
+
+	/* the queue holds max_send_wr WRs (ibv_create_qp(3)): DEPTH fit, DEPTH + 1 not */
+	fresh_qp_ex(&s);
+	rc = run_of(&s, DEPTH, -1);
+	n = drain(s.cq, wcs, 64);
+	CHECK(rc == 0 && exactly(wcs, n, DEPTH, IBV_WC_SUCCESS), "ibv_wr_complete of a run "
+	      "of %d WRITEs on a %d-deep send queue: WRs 0..%d complete (%s, %d completions)",
+	      DEPTH, DEPTH, DEPTH - 1, strerror(rc), n);
+	rc = run_of(&s, DEPTH + 1, -1);
+	CHECK(rc == ENOMEM, "ibv_wr_complete of a run of %d WRITEs on a %d-deep send queue "
+	      "fails: ENOMEM (got %s)", DEPTH + 1, DEPTH, strerror(rc));
+	nothing_posted(&s, "the run of 17");
+
+	/* past the 256 WRs of one posting */
+	rc = run_of(&s, 300, -1);
+	CHECK(rc == ENOMEM, "ibv_wr_complete of a run of 300 WRITEs fails: ENOMEM (got %s)",
+	      strerror(rc));
+	nothing_posted(&s, "the run of 300");
+
+	/* a WR the verbs forbid after one that is fine */
+	rc = run_of(&s, 3, 1);
+	CHECK(rc == EINVAL, "ibv_wr_complete of WRITE, READ with inline data, WRITE fails: "
+	      "EINVAL (got %s)", strerror(rc));
+	nothing_posted(&s, "the run with a bad WR 1");
+
+	/* ibv_wr_abort discards what was built */
+	ibv_wr_start(s.qpx);
+	build_writes(&s, 5, -1);
+	ibv_wr_abort(s.qpx);
+	nothing_posted(&s, "an aborted run of 5");
+}
+
+/* -- wrthreads ------------------------------------------------------------------------ */
+
+#define RACE_SLOTS 300
+#define SLOT 64
+
+struct racer {
+	struct side *s;
+	int which;          /* 0: ibv_post_send, 1: ibv_wr_* */
+	int failed;         /* a post that failed with other than ENOMEM */
+};
+
+static void slot_bytes(int which, int i, uint8_t *out)
+{
+	int k;
+
+	for (k = 0; k < SLOT; k++)
+		out[k] = pat(which + 3, (size_t)i * SLOT + k);
+}
+
+/* RACE_SLOTS signaled RDMA WRITEs of SLOT inline bytes each into slot i of the racer's
+ * half of the buffer; a full send queue (ENOMEM: nothing of that post was taken) is
+ * tried again. */
+static void *race(void *arg)
+{
+	struct racer *r = arg;
+	struct side *s = r->s;
+	uint8_t data[SLOT];
+	uint64_t remote;
+	int i, rc;
+
+	for (i = 0; i < RACE_SLOTS; i++) {
+		slot_bytes(r->which, i, data);
+		remote = (uintptr_t)s->buf + ((size_t)r->which * RACE_SLOTS + i) * SLOT;
+		do {
+			if (r->which == 0) {
+				struct ibv_sge sge = {(uintptr_t)data, SLOT, 0};
+				struct ibv_send_wr w = {0}, *bad;
+
+				w.wr_id = (uint64_t)i;
+				w.opcode = IBV_WR_RDMA_WRITE;
+				w.sg_list = &sge;
+				w.num_sge = 1;
+				w.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+				w.wr.rdma.remote_addr = remote;
+				w.wr.rdma.rkey = s->mr->rkey;
+				rc = ibv_post_send(s->qp, &w, &bad);
+			} else {
+				ibv_wr_start(s->qpx);
+				s->qpx->wr_id = (uint64_t)i;
+				s->qpx->wr_flags = IBV_SEND_SIGNALED;
+				ibv_wr_rdma_write(s->qpx, s->mr->rkey, remote);
+				ibv_wr_set_inline_data(s->qpx, data, SLOT);
+				rc = ibv_wr_complete(s->qpx);
+			}
+			if (rc == ENOMEM)
+				usleep(200);
+		} while (rc == ENOMEM);
+		if (rc)
+			r->failed++;
+	}
+	return NULL;
+}
+
+static void mode_wrthreads(void)
+{
+	struct racer r[2];
+	pthread_t t[2];
+	struct side s = {0};
+	struct ibv_wc wc;
+	uint8_t want[SLOT];
+	double last;
+	int i, j, got = 0, bad_wc = 0, wrong = 0, n;
+
+	open_ctx(&s);
+	s.cq = ibv_create_cq(s.ctx, 4 * RACE_SLOTS, NULL, NULL, 0);
+	s.buf = unaligned(2 * RACE_SLOTS * SLOT, 1);
+	memset(s.buf, 0, 2 * RACE_SLOTS * SLOT);
+	s.mr = ibv_reg_mr(s.pd, s.buf, 2 * RACE_SLOTS * SLOT, ACCESS);
+	if (!s.cq || !s.mr)
+		die("ibv_create_cq / ibv_reg_mr");
+	fresh_qp_ex(&s);
+	for (i = 0; i < 2; i++) {
+		r[i] = (struct racer){&s, i, 0};
+		if (pthread_create(&t[i], NULL, race, &r[i]))
+			die("pthread_create");
+	}
+	/* every completion, while the racers post and after, until quiet */
+	last = now_ms();
+	while (got < 2 * RACE_SLOTS && now_ms() - last < 10000) {
+		n = ibv_poll_cq(s.cq, 1, &wc);
+		if (n < 0)
+			die("ibv_poll_cq");
+		if (!n) {
+			usleep(100);
+			continue;
+		}
+		got++;
+		bad_wc += wc.status != IBV_WC_SUCCESS;
+		last = now_ms();
+	}
+	for (i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	for (j = 0; j < 2; j++) {
+		for (i = 0; i < RACE_SLOTS; i++) {
+			slot_bytes(j, i, want);
+			wrong += memcmp(s.buf + ((size_t)j * RACE_SLOTS + i) * SLOT, want, SLOT) != 0;
+		}
+	}
+	CHECK(!r[0].failed && !r[1].failed && got == 2 * RACE_SLOTS && !bad_wc,
+	      "%d ibv_post_send and %d ibv_wr_complete of one inline RDMA WRITE each, from "
+	      "two threads on one QP, all complete successfully (%d failed posts, %d "
+	      "completions, %d not successful)", RACE_SLOTS, RACE_SLOTS,
+	      r[0].failed + r[1].failed, got, bad_wc);
+	CHECK(wrong == 0, "and every WRITE landed its own %d bytes (%d of %d slots wrong)",
+	      SLOT, wrong, 2 * RACE_SLOTS);
+}
+
 /* -- iova ----------------------------------------------------------------------------- */
 
 static void mode_iova(void)
@@ -582,8 +823,12 @@ int main(int argc, char **argv)
 		mode_zerolen();
 	else if (!strcmp(mode, "iova"))
 		mode_iova();
+	else if (!strcmp(mode, "wrbatch"))
+		mode_wrbatch();
+	else if (!strcmp(mode, "wrthreads"))
+		mode_wrthreads();
 	else {
-		fprintf(stderr, "usage: postcheck badwr|nulls|zerolen|iova\n");
+		fprintf(stderr, "usage: postcheck badwr|nulls|zerolen|iova|wrbatch|wrthreads\n");
 		return 2;
 	}
 	return failures ? 1 : 0;

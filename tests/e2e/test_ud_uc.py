@@ -337,3 +337,43 @@ async def test_uc_zero_length_write_with_imm_checks_no_rkey(uc):
     await a.qp.post_send(wr)
     assert (await a.scq.poll_n(1, WAIT))[0].status == sh.IBV_WC_SUCCESS
     await nothing(b.rcq)
+
+
+async def test_ud_wr_complete_posts_all_or_nothing():
+    """ibv_wr_post(3): none of a posting reaches the queue unless ibv_wr_complete
+    succeeds. On a UD QP of max_send_wr 2 (ibv_create_qp(3): the WRs the send queue
+    holds) a run of 3 fails ENOMEM, and a run whose second WR has no address handle
+    (ibv_wr_set_ud_addr is mandatory on UD) fails EINVAL; neither sends or completes
+    anything, and the receiver gets only the run after them."""
+    async with sh.embedded() as na, sh.embedded() as nb:
+        a, b = await end(na, sh.IBV_QPT_UD, depth=2), await end(nb, sh.IBV_QPT_UD)
+        await a.qp.ready(QKEY)
+        await b.qp.ready(QKEY)
+        ah = await a.pd.create_ah(b.qp.info())
+        for k in range(4):
+            await b.recv(k, 40 + 8, 64 * k)
+        signaled = sh.IBV_SEND_SIGNALED
+        err = await refused_error(a.qp.post_send(
+            [ud_wr(k, a, 8, ah, b.qp.qp_num, send_flags=signaled) for k in range(3)],
+            wr_complete=True))
+        assert (err.errno_name, err.bad_wr) == ("ENOMEM", None), err
+        no_ah = sh.SendWR(wr_id=1, sg=[sh.SGE(a.mr.addr, 8, a.mr.lkey)], send_flags=signaled)
+        err = await refused_error(a.qp.post_send(
+            [ud_wr(0, a, 8, ah, b.qp.qp_num, send_flags=signaled), no_ah], wr_complete=True))
+        assert (err.errno_name, err.bad_wr) == ("EINVAL", None), err
+        await nothing(a.scq)
+        await nothing(b.rcq)
+        await a.qp.post_send([ud_wr(k, a, 8, ah, b.qp.qp_num, send_flags=signaled)
+                              for k in (7, 8)], wr_complete=True)
+        assert [(w.wr_id, w.status) for w in await a.scq.poll_n(2, WAIT)] == \
+            [(7, sh.IBV_WC_SUCCESS), (8, sh.IBV_WC_SUCCESS)]
+        assert [(w.wr_id, w.byte_len) for w in await b.rcq.poll_n(2, WAIT)] == \
+            [(0, 48), (1, 48)]
+        await nothing(a.scq)
+        await nothing(b.rcq)
+
+
+async def refused_error(call) -> RDMAError:
+    with pytest.raises(RDMAError) as e:
+        await call
+    return e.value

@@ -127,3 +127,60 @@ async def test_a_post_partly_taken_names_the_first_wr_not_taken():
         # a request refused whole (a WR of the wrong type) names none
         err = await refused(qp.post_recv([sh.RecvWR(wr_id=-1, sg=[])]))
         assert err.bad_wr is None, err
+
+
+async def test_a_wr_complete_posting_is_all_or_nothing():
+    """ibv_wr_post(3): no work of a posting reaches the queue unless ibv_wr_complete
+    succeeds, and a failure aborts the entire posting, so there is no bad_wr and no
+    completion of it; the send queue holds max_send_wr WRs (ibv_create_qp(3)), ENOMEM
+    past it as mlx5 reports its overflow; IBV_SEND_INLINE is valid only for SEND and
+    RDMA_WRITE (ibv_post_send(3)), so an RDMA_READ with it is an invalid argument."""
+    from e2e import rdma, sge, two_nodes
+
+    depth = 4
+    async with two_nodes(max_wr=depth) as p:
+        i = p.initiator
+        src, dst = await i.reg_mr(8), await p.target.reg_mr(64)
+
+        def writes(n: int, bad: int = -1) -> list[sh.SendWR]:
+            wrs = [rdma(sh.IBV_WR_RDMA_WRITE, [sge(src)], dst.rkey, dst.addr, wr_id=k,
+                        send_flags=sh.IBV_SEND_SIGNALED) for k in range(n)]
+            if bad >= 0:
+                wrs[bad] = rdma(sh.IBV_WR_RDMA_READ, [sge(src)], dst.rkey, dst.addr,
+                                wr_id=bad, send_flags=sh.IBV_SEND_SIGNALED | sh.IBV_SEND_INLINE)
+            return wrs
+
+        async def completions() -> list[tuple[int, int]]:
+            # every completion until none comes for 0.3 s
+            out = []
+            while wcs := await i.scq.poll(64, 0.3):
+                out += [(wc.wr_id, wc.status) for wc in wcs]
+            return out
+
+        err = await refused(i.qp.post_send(writes(depth + 1), wr_complete=True))
+        assert (err.errno_name, err.bad_wr) == ("ENOMEM", None), err
+        assert await completions() == []
+        # the queue was left empty: a whole queue's worth goes, and completes, alone
+        await i.qp.post_send(writes(depth), wr_complete=True)
+        assert await completions() == [(k, sh.IBV_WC_SUCCESS) for k in range(depth)]
+
+        err = await refused(i.qp.post_send(writes(3, bad=1), wr_complete=True))
+        assert (err.errno_name, err.bad_wr) == ("EINVAL", None), err
+        assert await completions() == []
+        # ibv_post_send of the same list keeps its own rule: WR 0 posted, bad_wr 1
+        err = await refused(i.qp.post_send(writes(3, bad=1)))
+        assert (err.errno_name, err.bad_wr) == ("EINVAL", 1), err
+        assert await completions() == [(0, sh.IBV_WC_SUCCESS)]
+
+        # more than one request holds, and nothing at all
+        err = await refused(i.qp.post_send(writes(257), wr_complete=True))
+        assert (err.errno_name, err.bad_wr) == ("ENOMEM", None), err
+        await i.qp.post_send([], wr_complete=True)
+        assert await completions() == []
+        # the request's own bounds, sent as they are: 1 .. 256 WRs, a bool
+        wire = [w.to_wire() for w in writes(257)]
+        for fields in ({"wrs": wire, "wr_complete": True}, {"wrs": [], "wr_complete": True},
+                       {"wrs": wire[:1], "wr_complete": 1}):
+            err = await refused(i.node.request("post_send", qp=i.qp.handle, **fields))
+            assert (err.errno_name, err.bad_wr) == ("EPROTO", None), err
+        assert await completions() == []

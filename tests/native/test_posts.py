@@ -1,7 +1,9 @@
 """The post verbs' seams as a C program meets them (provider/tests/postcheck.c): bad_wr of
 a post the queue takes only part of (ibv_post_send(3): WRs before bad_wr were posted,
-and only they), NULL arguments (EINVAL, never a signal), zero-length RDMA operations
-with rkey 0 (IBTA C9-88: no R_Key check), and registrations past 2^64."""
+and only they), ibv_wr_complete of a run the queue cannot take whole (ibv_wr_post(3):
+nothing posted unless it succeeds), ibv_wr_start .. ibv_wr_complete as the QP's
+critical section against another thread's ibv_post_send, NULL arguments (EINVAL, never a signal), zero-length
+RDMA operations with rkey 0 (IBTA C9-88: no R_Key check), and registrations past 2^64."""
 
 from __future__ import annotations
 
@@ -48,6 +50,40 @@ def test_bad_wr_is_the_first_wr_not_taken(where):
         "and WRs 0..4 flush at ERR, no other (5 completions)",
         "and 16 SENDs take WRs 0..15 of it (16 receives of 32 completions)",
         "and then it has room for one more",
+    ])
+
+
+def test_wr_complete_posts_all_or_nothing(where):
+    # ibv_wr_post(3): no work reaches the queue unless ibv_wr_complete succeeds, and a
+    # failure aborts the entire posting; the queue holds max_send_wr WRs
+    # (ibv_create_qp(3)) and mlx5 reports its overflow as ENOMEM; inline data is valid
+    # only for SEND and RDMA_WRITE.
+    after = "and a run of 3 after it completes WRs 0..2, no other (Success, 3 completions)"
+    r = postcheck(where, "wrbatch")
+    expect(r, [
+        "ibv_wr_complete of a run of 16 WRITEs on a 16-deep send queue: WRs 0..15 "
+        "complete (Success, 16 completions)",
+        "ibv_wr_complete of a run of 17 WRITEs on a 16-deep send queue fails: ENOMEM",
+        "and no WR of the run of 17 completes (0 completions)",
+        "ibv_wr_complete of a run of 300 WRITEs fails: ENOMEM",
+        "and no WR of the run of 300 completes (0 completions)",
+        "ibv_wr_complete of WRITE, READ with inline data, WRITE fails: EINVAL",
+        "and no WR of the run with a bad WR 1 completes (0 completions)",
+        "and no WR of an aborted run of 5 completes (0 completions)",
+    ])
+    assert r.output.count(f"postcheck: ok: {after}") == 4, r.output
+
+
+def test_wr_start_to_complete_is_the_qps_critical_section(where):
+    # ibv_wr_post(3), CONCURRENCY: the provider locks so that ibv_wr_start ..
+    # ibv_wr_complete is a per-QP critical section no other thread enters; an
+    # ibv_post_send of another thread waits for it, and each WRITE's inline bytes
+    # (postcheck's own pattern per slot) are its own.
+    expect(postcheck(where, "wrthreads"), [
+        "300 ibv_post_send and 300 ibv_wr_complete of one inline RDMA WRITE each, from "
+        "two threads on one QP, all complete successfully (0 failed posts, 600 "
+        "completions, 0 not successful)",
+        "and every WRITE landed its own 64 bytes (0 of 600 slots wrong)",
     ])
 
 

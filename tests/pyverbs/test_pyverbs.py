@@ -210,6 +210,72 @@ def test_mr_list_mkey_and_a_completion_channel():
         b.close()
 
 
+def test_wr_complete_posts_all_or_nothing():
+    """QPEx's wr_start .. wr_complete (ibv_wr_post(3)): no work reaches the queue unless
+    wr_complete succeeds, and a failure aborts the entire posting. A run longer than the
+    send queue (which holds max_send_wr WRs, ibv_create_qp(3)) fails ENOMEM, as mlx5
+    reports its overflow, and leaves the queue empty: the next run completes with
+    exactly its own WRs. wr_abort discards what was built."""
+    from softhca.client.pyverbs.qp import QPEx, QPInitAttrEx
+
+    depth = 4
+    a, b = Context(name="mlx5_0"), Context(name="mlx5_0")
+    try:
+        apd = PD(a)
+        acq = CQ(a, 64, None, None, 0)
+        amr = MR(apd, 64, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+        aqp = QPEx(a, QPInitAttrEx(
+            qp_type=e.IBV_QPT_RC, scq=acq, rcq=acq, pd=apd, cap=QPCap(depth, depth),
+            comp_mask=e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+            send_ops_flags=e.IBV_QP_EX_WITH_RDMA_WRITE))
+        aqp.to_init(QPAttr(port_num=1))
+        bpd = PD(b)
+        bcq = CQ(b, 16, None, None, 0)
+        bmr = MR(bpd, 64, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+        bqp = QP(bpd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=bcq, rcq=bcq, cap=QPCap(4, 4)),
+                 QPAttr(port_num=1, qp_access_flags=e.IBV_ACCESS_REMOTE_WRITE))
+        _to_rts(a, aqp, bqp)
+        _to_rts(b, bqp, aqp)
+
+        def build(n):
+            for k in range(n):
+                aqp.wr_id, aqp.wr_flags = k, e.IBV_SEND_SIGNALED
+                aqp.wr_rdma_write(bmr.rkey, bmr.buf)
+                aqp.wr_set_sge(SGE(amr.buf, 8, amr.lkey))
+
+        def completions():
+            # every completion until none came in 300 polls
+            out, quiet = [], 0
+            while quiet < 300:
+                n, wcs = acq.poll(16)
+                quiet = 0 if n else quiet + 1
+                out += [(wc.wr_id, wc.status) for wc in wcs[:n]]
+            return out
+
+        aqp.wr_start()
+        build(depth + 1)
+        with pytest.raises(PyverbsRDMAError) as ex:
+            aqp.wr_complete()
+        assert ex.value.error_code == errno.ENOMEM
+        assert completions() == []
+        aqp.wr_start()
+        build(depth)
+        aqp.wr_complete()
+        assert completions() == [(k, e.IBV_WC_SUCCESS) for k in range(depth)]
+
+        aqp.wr_start()
+        build(3)
+        aqp.wr_abort()
+        assert completions() == []
+        aqp.wr_start()
+        build(1)
+        aqp.wr_complete()
+        assert completions() == [(0, e.IBV_WC_SUCCESS)]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_signature_pipelining_through_pyverbs():
     """MLX5DV_QP_CREATE_SIG_PIPELINING as rdma-core's test_mkey_sig_pipelining_bad uses
     it: a bad CRC32 on an RDMA WRITE through a signature MKEY, a fenced SEND after it;
