@@ -416,8 +416,7 @@ class Requester:
         self._timer = now + self.qp.timeout_s if any(r.sent for r in self.queue) else None
 
     def rnr_wait(self, now: float, wait_s: float) -> None:
-        """An RNR NAK: nothing goes for ``wait_s`` (the timer the NAK carries, the
-        responder's min_rnr_timer), then go-back-N."""
+        """An RNR NAK: nothing goes for the timer it carries, then go-back-N."""
         self.rnr_until = now + wait_s
         self._timer = None
 
