@@ -116,6 +116,13 @@ def rnr_timer_s(code: int) -> float:
     return RNR_TIMER_MS[code] / 1000
 
 
+def rnr_timer_code(seconds: float) -> int:
+    """The code of the shortest RNR NAK timer of at least ``seconds`` (exactly a code's
+    own time for a QP given min_rnr_timer; the longest, 0, past 655.36 ms)."""
+    fits = [c for c in range(1, 32) if RNR_TIMER_MS[c] / 1000 >= seconds - 1e-12]
+    return fits[0] if fits else 0
+
+
 # The attributes whose values RCQP.modify checks and applies (AV is the daemon's).
 _APPLIED = (M.STATE | M.CUR_STATE | M.PATH_MTU
             | M.DEST_QPN | M.RQ_PSN | M.SQ_PSN

@@ -62,7 +62,8 @@ Modelled:
 - A window of the device's ``rc_window`` unacknowledged packets; cumulative ACKs, implicit
   acknowledgement of earlier requests by READ responses, atomic ACKs and NAKs.
 - Go-back-N from the oldest unacknowledged PSN on timeout, on NAK(PSN sequence error),
-  and after an RNR NAK's rnr_timer; retry_cnt and rnr_retry (7 = forever) exhaustion
+  and after an RNR NAK's timer (the responder's min_rnr_timer, which the NAK carries,
+  IBTA 9.7.5.2.8); retry_cnt and rnr_retry (7 = forever) exhaustion
   give RETRY_EXC_ERR / RNR_RETRY_EXC_ERR.
 - The responder's expected PSN: a duplicate is re-ACKed and not applied again (a
   duplicate READ request is answered again from its own RETH, a duplicate atomic from
@@ -91,8 +92,7 @@ Not modelled yet:
   signature pipelining gives it one (above), no fence wait otherwise.
 - Alternate paths and path migration (EOPNOTSUPP), max_dest_rd_atomic as a limit on
   the READs and atomics in flight towards the responder (it sizes the saved atomic
-  results only), the responder's RNR timer value carried in the NAK (the requester waits
-  its own min_rnr_timer), and MSN checking by the requester.
+  results only), and MSN checking by the requester.
 - Packet integrity is the daemon's: it checks each frame's ICRC stand-in
   (protocol/packets.py ``decode``) and drops a bad one before it reaches the QP.
 - Atomics are atomic with respect to this model only (one thread); the MKEY-configure

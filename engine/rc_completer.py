@@ -5,8 +5,9 @@ It takes ACKs, NAKs, READ responses and atomic ACKs as runs (protocol/packets.py
 ``Run``): it completes send WRs in order as they are acknowledged (READs and atomics by
 their own responses only, which implicitly acknowledge every request before them),
 reassembles and scatters READ responses, places atomics' original values, and turns a
-NAK into a go-back-N, an RNR wait or an errored completion. Its own state is the RNR
-retry count; the send queue and its timers are the requester's.
+NAK into a go-back-N, an RNR wait (as long as the responder's min_rnr_timer, which its
+RNR NAK carries) or an errored completion. Its own state is the RNR retry count; the send
+queue and its timers are the requester's.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..protocol.enums import QpState, WcStatus, WrOpcode
-from ..protocol.opcodes import ATOMIC_ACKNOWLEDGE
+from ..protocol.opcodes import ATOMIC_ACKNOWLEDGE, RNR_SYNDROMES
 from ..protocol.packets import Run
-from . import transfer
+from . import qp_state, transfer
 from .completion import TransferError
 from .qp_state import SENDING
 from .rc_common import QPContext, SendRequest, psn_add, psn_diff, scatter
@@ -83,12 +84,13 @@ class Completer:
             self._rewound_to = run.psn
             self.qp.stats["retransmissions"] += 1
             self._req.go_back()
-        elif syndrome == "RNR":
-            self._rnr(now)
+        elif syndrome in RNR_SYNDROMES:
+            # The wait is the responder's min_rnr_timer, which its NAK carries.
+            self._rnr(now, qp_state.rnr_timer_s(RNR_SYNDROMES[syndrome]))
         else:
             self._req.fail_head(_NAK_STATUS.get(syndrome, WcStatus.BAD_RESP_ERR))
 
-    def _rnr(self, now: float) -> None:
+    def _rnr(self, now: float, wait_s: float) -> None:
         if self._req.rnr_until is not None:
             return  # a second RNR NAK for the same wait (a duplicated request)
         self._rnr_count += 1
@@ -96,7 +98,7 @@ class Completer:
         if self.qp.rnr_retry != RNR_RETRY_FOREVER and self._rnr_count > self.qp.rnr_retry:
             self._req.fail_head(WcStatus.RNR_RETRY_EXC_ERR)
             return
-        self._req.rnr_wait(now)
+        self._req.rnr_wait(now, wait_s)
 
     def _ack(self, psn: int, now: float) -> bool:
         """Everything up to ``psn`` is acknowledged; True when that was news."""

@@ -449,9 +449,9 @@ class Requester:
         self._retries = 0
         self._timer = now + self.qp.timeout_s if any(r.sent for r in self.queue) else None
 
-    def rnr_wait(self, now: float) -> None:
-        """An RNR NAK: nothing goes until the RNR timer expires, then go-back-N."""
-        self.rnr_until = now + self.qp.rnr_timer_s
+    def rnr_wait(self, now: float, wait_s: float) -> None:
+        """An RNR NAK: nothing goes for the timer it carries, then go-back-N."""
+        self.rnr_until = now + wait_s
         self._timer = None
 
     def complete(self, r: SendRequest, status: WcStatus) -> None:

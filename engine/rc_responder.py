@@ -31,6 +31,7 @@ from ..protocol.opcodes import (
     RDMA_ATOMIC_WRITE,
     RDMA_READ_REQUEST,
     Op,
+    rnr_syndrome,
     with_flags,
 )
 from ..protocol.packets import Packet, Run
@@ -355,7 +356,8 @@ class Responder:
             self._unacked = total
 
     def _rnr(self, psn: int) -> None:
-        self._nak(psn, "RNR")
+        # The NAK carries this QP's min_rnr_timer: the requester waits that long.
+        self._nak(psn, rnr_syndrome(qp_state.rnr_timer_code(self.qp.rnr_timer_s)))
         # Packets behind the refused one are dropped, not NAKed, until it is retried.
         self._nak_pending = True
 

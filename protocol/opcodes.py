@@ -230,15 +230,26 @@ RNR_TIMER_MS = (655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.
                 0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72,
                 40.96, 61.44, 81.92, 122.88, 163.84, 245.76, 327.68, 491.52)
 
-# The RNR NAK timer a softhca packet does not carry: the client's min_rnr_timer default.
+# The timer of a plain "RNR" syndrome, the name daemons before the timer codes sent:
+# the client's min_rnr_timer default.
 RNR_TIMER_CODE = 12
+
+# An RNR NAK carries the responder's min_rnr_timer, which the requester waits before it
+# sends again (IBTA 9.7.5.2.8): "RNR_<code>" for each of the 32 codes.
+RNR_SYNDROMES = {"RNR": RNR_TIMER_CODE, **{f"RNR_{c}": c for c in range(32)}}
+
+
+def rnr_syndrome(code: int) -> str:
+    """The syndrome name of an RNR NAK with timer ``code``."""
+    return f"RNR_{code}"
+
 
 # AETH syndrome = reserved bit 7, type in bits 6:5 (00 ACK, 01 RNR NAK, 11 NAK), value in
 # bits 4:0 (credit count, 0x1F "invalid" for an ACK without end-to-end credits; RNR
 # timer; NAK code). By the names softhca's packets carry.
 AETH_SYNDROMES = {
     "ACK": 0x1F,
-    "RNR": 0x20 | RNR_TIMER_CODE,
+    **{name: 0x20 | code for name, code in RNR_SYNDROMES.items()},
     "NAK_PSN_SEQ": 0x60,
     "NAK_INV_REQ": 0x61,
     "NAK_REM_ACCESS": 0x62,

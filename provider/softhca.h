@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "abi.h"
@@ -337,5 +339,21 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_
 int shca_dereg(struct shca_mr *mr);
 
 #define shca_log(fmt, ...) fprintf(stderr, "softhca: " fmt "\n", ##__VA_ARGS__)
+
+/* A line only SOFTHCA_DEBUG (set, not "0") asks for: what a kernel device keeps to its
+ * debug log (mlx5's mlx5_ib_dbg, rxe's rxe_dbg), such as a cap beyond the device's that
+ * programs probe for by trial (libfabric's verbs provider finds max_inline_data by
+ * creating QPs with ever larger values until one fails). */
+static inline int shca_debugging(void)
+{
+	const char *v = getenv("SOFTHCA_DEBUG");
+
+	return v && *v && strcmp(v, "0") != 0;
+}
+#define shca_debug(fmt, ...)						\
+	do {								\
+		if (shca_debugging())					\
+			shca_log(fmt, ##__VA_ARGS__);			\
+	} while (0)
 
 #endif

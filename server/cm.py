@@ -18,7 +18,10 @@ and counts as sent by the daemon the link comes from (its TCP source address and
 wire port its HELLO names), never by what the message says; a message for an id that
 is connected to another daemon, or that names another communication id, is refused
 and counted (``cm_messages_refused``), as the wire plane refuses a packet from a QP's
-wrong peer.
+wrong peer. A DREQ or DREP that names no id here ends a disconnect this side is done
+with (both sides sent a DREQ, and the id was destroyed meanwhile): as the IB CM does, a
+DREP is dropped and a DREQ answered with a DREP, without a word, and counted
+(``cm_dreps_discarded``, ``cm_dreqs_answered_after``).
 
 The library (provider/rdmacm/) moves its QPs through INIT, RTR and RTS with what the
 events carry; the daemon relays, retransmits (a REQ or REP not answered within
@@ -87,7 +90,8 @@ class ConnectionManager(CmInbound, CmTimewait):
         self._probes: dict[int, asyncio.Task] = {}
         node.counters.update({"cm_messages_in": 0, "cm_messages_out": 0,
                               "cm_messages_refused": 0, "cm_retransmissions": 0,
-                              "cm_messages_dropped": 0, "cm_backlog_drops": 0})
+                              "cm_messages_dropped": 0, "cm_backlog_drops": 0,
+                              "cm_dreps_discarded": 0, "cm_dreqs_answered_after": 0})
         self._init_timewait()
 
     # -- addresses ---------------------------------------------------------------------

@@ -44,12 +44,31 @@ class CmInbound:
             # away while its REQ waited here): the child its REQ made.
             rcid = self.by_remote.get((origin, m["lcid"]), 0)
         cid = self.ids.get(rcid)
+        if cid is None and m["m"] in ("dreq", "drep"):
+            self._after_disconnect(m, origin)
+            return
         if cid is None or cid.peer is None or (host_class(cid.peer[0]), cid.peer[1]) != origin \
                 or (cid.remote_cid and cid.remote_cid != m["lcid"]) \
                 or cm_sidr.wrong_kind(cid, m["m"]):
             self._refuse(origin, f"{m['m']} for no connection of that daemon")
             return
         getattr(self, "_on_" + m["m"])(cid, m)
+
+    def _after_disconnect(self, m: dict, origin) -> None:
+        """A DREQ or DREP naming no id here: the end of a disconnect this side is done
+        with. Both sides sent a DREQ, each answered the other's and took that as the
+        end, and the program destroyed its id before the DREP for its own DREQ came;
+        or the id went in DREQ_SENT and the peer's DREQ came after. The IB CM drops
+        such a DREP silently (cm_drep_handler) and answers such a DREQ with a DREP
+        (cm_dreq_handler's cm_issue_drep), so that the peer's disconnect completes
+        at once instead of after its DREQ's resends. Nothing here is refused: a DREP
+        changes nothing, and a DREQ's answer only ends the sender's own wait."""
+        if m["m"] == "drep":
+            self.node.counters["cm_dreps_discarded"] += 1
+            return
+        self.node.counters["cm_dreqs_answered_after"] += 1
+        self._transmit(self._reply_to(origin), {"t": "cm", "m": "drep", "lcid": m["rcid"],
+                                                "rcid": m["lcid"], "dev": 0}, b"")
 
     def _refuse(self, origin, why: str) -> None:
         self.node.counters["cm_messages_refused"] += 1

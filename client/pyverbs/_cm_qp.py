@@ -12,7 +12,9 @@ from . import enums as e
 from ._cm_ud import ready_ud_qp, ud_qp_attr
 from .pyverbs_error import PyverbsRDMAError
 
-_RNR_TIMER = 12         # IBTA's RNR NAK timer 12 (0.64 ms), what rdma_cm programs get
+# The RTR's min_rnr_timer: the kernel's IB CM gives rdma_cm QPs 0 (cm_init_qp_rtr_attr),
+# IBTA's code for the longest RNR NAK timer, 655.36 ms
+_RNR_TIMER = 0
 _ACK_TIMEOUT = 14       # 4.096 us * 2^14 per try, librdmacm's default
 # the port spaces modelled, and the QP type of each (rdma_create_id(3))
 QP_TYPE = {ce.RDMA_PS_TCP: e.IBV_QPT_RC, ce.RDMA_PS_UDP: e.IBV_QPT_UD}
@@ -80,8 +82,16 @@ class IdQP:
         a.qp_state = qp_state
         if qp_state == e.IBV_QPS_INIT:
             a.pkey_index, a.port_num = 0, 1
-            a.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-                                 | e.IBV_ACCESS_REMOTE_READ)
+            # The kernel's: no remote access before a connection (rdma_cm's own INIT);
+            # once the REQ or REP is known, the IB CM's (cm_init_qp_init_attr): remote
+            # WRITE always, remote READ and atomics only when this side has responder
+            # resources, which the peer's READs and atomics take.
+            a.qp_access_flags = 0
+            if self._peer_qpn:
+                a.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE
+                if self._rr:
+                    a.qp_access_flags |= (e.IBV_ACCESS_REMOTE_READ
+                                          | e.IBV_ACCESS_REMOTE_ATOMIC)
             return a, (e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
                        | e.IBV_QP_ACCESS_FLAGS)
         if qp_state not in (e.IBV_QPS_RTR, e.IBV_QPS_RTS) or not self._peer_qpn:
@@ -134,8 +144,9 @@ class IdQP:
         return self._qp.qp_num if self._qp is not None else 0
 
     def _move(self, state: str):
+        # INIT again before RTR, as librdmacm does: the connection's access flags
+        self._qp.modify(*self.init_qp_attr(e.IBV_QPS_INIT))
         if state == "INIT":
-            self._qp.modify(*self.init_qp_attr(e.IBV_QPS_INIT))
             return
         self._qp.modify(*self.init_qp_attr(e.IBV_QPS_RTR))
         self._qp.modify(*self.init_qp_attr(e.IBV_QPS_RTS))

@@ -270,7 +270,9 @@ class CMID(IdQP, RdmaVerbs, PyverbsCM):
         c._peer_qpn, c._peer_psn = h.get("qpn", 0), h.get("psn", 0)
         # what the passive side may use: the peer's depth bounds our responder resources
         c._rr, c._depth = h.get("depth", 0), h.get("rr", 0)
-        c._retry, c._rnr = h.get("retry", 7), 7
+        # the REQ's RNR retry count is our QP's (IBTA's CM: each side's is what its peer
+        # asked for); the one rdma_accept gives goes in the REP, for the peer's
+        c._retry, c._rnr = h.get("retry", 7), h.get("rnr", 7)
         c._dgid = bytes(h.get("dgid") or bytes(16))
         c._dev = h.get("dev", 0)
         return c
@@ -387,17 +389,18 @@ class CMID(IdQP, RdmaVerbs, PyverbsCM):
             self._wait("established", "Failed to connect")
 
     def accept(self, param=None):
+        rep_rnr = 7
         if param is not None:
             self._rr = min(self._rr, param.resources)
             self._depth = min(self._depth, param.depth)
-            self._rnr = min(param.rnr_retry, 7)
+            rep_rnr = min(param.rnr_retry, 7)
         qpn = self._qpn(param)
         if self._qp is not None and not self._ud:
             self._move("RTS")
         self._session.request(
             "cm_accept", "Failed to accept", bytes(param.data or b"") if param else b"",
             cmid=self._handle, qpn=qpn, psn=self._my_psn, responder_resources=self._rr,
-            initiator_depth=self._depth, rnr_retry_count=self._rnr)
+            initiator_depth=self._depth, rnr_retry_count=rep_rnr)
         if self._sync is not None and not self._ud:     # a SIDR_REP has no RTU
             self._wait("established", "Failed to accept")
 

@@ -50,8 +50,12 @@ EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, i
 		attr->dest_qp_num = id->peer_qpn;
 		attr->rq_psn = id->peer_psn;
 		attr->max_dest_rd_atomic = id->rr;
-		/* IBTA's RNR NAK timer 12: 0.64 ms, what rdma_cm programs get */
-		attr->min_rnr_timer = 12;
+		/* The kernel's IB CM gives rdma_cm QPs 0 (cm_init_qp_rtr_attr): IBTA's code
+		 * for the longest RNR NAK timer, 655.36 ms, so an RNR retry count of a few
+		 * covers a peer that posts its receives seconds late (tgtd's iSER NOP-In,
+		 * sent every 5 s, may come just after a login response, before libiscsi
+		 * has posted its next receive). A program lowers it with ibv_modify_qp. */
+		attr->min_rnr_timer = 0;
 		attr->ah_attr.is_global = 1;
 		attr->ah_attr.grh.dgid = cid->route.addr.addr.ibaddr.dgid;
 		attr->ah_attr.grh.sgid_index = 0;

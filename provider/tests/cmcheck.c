@@ -27,6 +27,11 @@
  *   cmcheck ip-client PORT ADDR...  (connects to each ADDR in turn; the first is
  *                                    retried while it is rejected, until the listener
  *                                    is up)
+ *   cmcheck rnr-server PORT DELAY_MS (accepts asking the client's QP for RNR retry
+ *                                    count 1, and posts its one receive DELAY_MS after
+ *                                    ESTABLISHED: the client's SEND meets an RNR NAK)
+ *   cmcheck rnr-client ADDR PORT    (connects and SENDs at once; the SEND's status
+ *                                    and how long it took)
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -410,6 +415,115 @@ static int access_client(const char *addr, int port, int depth)
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
 	printf("client ESTABLISHED\n");
 	printf("client qp rnr_retry %d\n", rnr_retry_of(id));
+	if (rdma_disconnect(id))
+		die("rdma_disconnect");
+	return 0;
+}
+
+/* A WC of cq within 10 s; its status, or -1 for none. */
+static int one_wc(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	double t0 = now_ms();
+
+	while (now_ms() - t0 < 10000)
+		if (ibv_poll_cq(cq, 1, wc) == 1)
+			return wc->status;
+	return -1;
+}
+
+/* The RNR NAK timer rdma_cm gives the QP: the kernel's IB CM gives 0 (655.36 ms), so
+ * a receive posted a few hundred ms late still takes the peer's SEND with RNR retry
+ * count 1 (one NAK, one wait). */
+static int rnr_server(int port, int delay_ms)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+	struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1,
+				    .rnr_retry_count = 1};
+	struct ibv_qp_init_attr a = {.cap = {.max_send_wr = 4, .max_recv_wr = 4,
+					     .max_send_sge = 1, .max_recv_sge = 1},
+				     .qp_type = IBV_QPT_RC};
+	struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR};
+	struct rdma_cm_id *lid, *id;
+	struct rdma_cm_event *ev;
+	static char buf[64];
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	int mask, st;
+
+	if (!ch || rdma_create_id(ch, &lid, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_bind_addr(lid, (struct sockaddr *)&sin) || rdma_listen(lid, 1))
+		die("rdma_listen");
+	ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	id = ev->id;
+	rdma_ack_cm_event(ev);
+	if (rdma_create_qp(id, NULL, &a))
+		die("rdma_create_qp");
+	mr = ibv_reg_mr(id->pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	if (!mr)
+		die("ibv_reg_mr");
+	if (rdma_accept(id, &p))
+		die("rdma_accept");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	if (rdma_init_qp_attr(id, &rtr, &mask))
+		die("rdma_init_qp_attr");
+	printf("server rtr min_rnr_timer %u (mask has it: %s)\n", rtr.min_rnr_timer,
+	       mask & IBV_QP_MIN_RNR_TIMER ? "yes" : "no");
+	usleep(delay_ms * 1000);
+	{
+		struct ibv_sge sge = {(uintptr_t)buf, sizeof(buf), mr->lkey};
+		struct ibv_recv_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1}, *bad;
+
+		if (ibv_post_recv(id->qp, &wr, &bad))
+			die("ibv_post_recv");
+	}
+	st = one_wc(id->recv_cq, &wc);
+	printf("server receive posted %d ms late: %s, %u bytes\n", delay_ms,
+	       st < 0 ? "none" : ibv_wc_status_str(wc.status), st < 0 ? 0 : wc.byte_len);
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
+	rdma_disconnect(id);
+	return 0;
+}
+
+static int rnr_client(const char *addr, int port)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+	struct rdma_cm_id *id;
+	static char buf[64 * NRECV];
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	double t0;
+	int st;
+
+	inet_pton(AF_INET, addr, &sin.sin_addr);
+	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&sin, 2000))
+		die("rdma_resolve_addr");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(id, 2000))
+		die("rdma_resolve_route");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	mr = qp_with_recvs(id, buf);
+	if (rdma_connect(id, NULL))
+		die("rdma_connect");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	printf("client qp rnr_retry %d\n", rnr_retry_of(id));
+	{
+		struct ibv_sge sge = {(uintptr_t)buf, 32, mr->lkey};
+		struct ibv_send_wr wr = {.wr_id = 7, .sg_list = &sge, .num_sge = 1,
+					 .opcode = IBV_WR_SEND,
+					 .send_flags = IBV_SEND_SIGNALED}, *bad;
+
+		t0 = now_ms();
+		if (ibv_post_send(id->qp, &wr, &bad))
+			die("ibv_post_send");
+	}
+	st = one_wc(id->send_cq, &wc);
+	printf("client send: %s after %.0f ms\n",
+	       st < 0 ? "no completion" : ibv_wc_status_str(wc.status), now_ms() - t0);
 	if (rdma_disconnect(id))
 		die("rdma_disconnect");
 	return 0;
@@ -837,10 +951,14 @@ int main(int argc, char **argv)
 		return ip_server(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
 	if (argc >= 4 && !strcmp(argv[1], "ip-client"))
 		return ip_client(atoi(argv[2]), argc - 3, argv + 3);
+	if (argc == 4 && !strcmp(argv[1], "rnr-server"))
+		return rnr_server(atoi(argv[2]), atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "rnr-client"))
+		return rnr_client(argv[2], atoi(argv[3]));
 	fprintf(stderr, "usage: cmcheck options | resolve ADDR MS | flush-server PORT | "
 		"flush-client ADDR PORT | exit-server PORT | exit-client ADDR PORT | "
 		"access-server PORT RR | access-client ADDR PORT DEPTH | addrinfo ADDR | "
 		"migrate ADDR | ip-binds V4ADDR | ip-server ADDR PORT AFONLY N | "
-		"ip-client PORT ADDR...\n");
+		"ip-client PORT ADDR... | rnr-server PORT DELAY_MS | rnr-client ADDR PORT\n");
 	return 2;
 }

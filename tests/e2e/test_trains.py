@@ -446,7 +446,9 @@ def test_rnr_on_a_send_train_and_its_retry():
     (t,) = link.a.poll_wire(0.0)
     link.b.receive(t, 0.0)                        # no receive posted
     out = split(link.b.poll_wire(0.0, False))
-    assert [(p.opcode, p.psn, p.aeth[0]) for p in out] == [("ACKNOWLEDGE", t.psn, "RNR")]
+    # the NAK carries B's RNR timer: its 1 ms as IBTA's code 14 (1.28 ms, the shortest
+    # of the table's times that is at least 1 ms; code 13 is 0.96 ms)
+    assert [(p.opcode, p.psn, p.aeth[0]) for p in out] == [("ACKNOWLEDGE", t.psn, "RNR_14")]
     for p in out:
         link.a.receive(Run.of(p), 0.0)
     link.b.post_recv(RecvWR(7, [SGE(b_mr.addr, len(src), b_mr.lkey)]))

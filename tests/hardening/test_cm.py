@@ -400,3 +400,72 @@ def test_a_cm_fault_rule_only_drops():
         with pytest.raises(RDMAError) as e:
             validate_rule(bad)
         assert e.value.errno_name == "EINVAL", bad
+
+
+async def _established(d: Daemon, port: int):
+    """Two sessions of ``d`` connected through it: (srv, cli, listener, child, cid)."""
+    srv, cli = await Session.open(d), await Session.open(d)
+    lid = await listener(srv, port)
+    cid = await resolved(cli, port)
+    cqp, sqp = await make_qp(cli), await make_qp(srv)
+    await cli.call("cm_connect", **connect_fields(cid, cqp))
+    h, _ = await srv.event("connect_request")
+    child = h["cmid"]
+    await srv.call("cm_accept", cmid=child, qpn=sqp, psn=0, responder_resources=1,
+                   initiator_depth=1, rnr_retry_count=7)
+    await cli.event("connect_response")
+    await cli.call("cm_establish", cmid=cid)
+    await srv.event("established")
+    return srv, cli, lid, child, cid
+
+
+async def test_a_drep_after_the_id_is_destroyed_is_dropped_without_a_word(caplog):
+    """rdma_disconnect then rdma_destroy_id at once (one write): the id goes in
+    DREQ_SENT, and the peer's DREP then names no id. The IB CM drops such a DREP
+    silently (cm_drep_handler): counted as discarded, nothing refused, no warning in
+    the daemon's log, and the peer's side disconnects as usual."""
+    async with daemon() as d:
+        srv, cli, lid, child, cid = await _established(d, 7181)
+        refused = d.counters["cm_messages_refused"]
+        caplog.clear()
+        r1 = cli.send("cm_disconnect", cmid=cid)
+        r2 = cli.send("cm_destroy_id", cmid=cid)
+        assert (await cli.reply(r1))["t"] == "ok" and (await cli.reply(r2))["t"] == "ok"
+        await srv.event("disconnected")
+        for _ in range(100):
+            if d.counters.get("cm_dreps_discarded") or d.counters["cm_messages_refused"] > refused:
+                break
+            await asyncio.sleep(0.02)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+        assert d.counters["cm_messages_refused"] == refused
+        assert d.counters["cm_dreps_discarded"] == 1
+        await srv.call("cm_destroy_id", cmid=child)
+        await srv.call("cm_destroy_id", cmid=lid)
+        assert d.counters["cm_messages_refused"] == refused
+        assert d.cm.counts() == {"ids": 0, "listeners": 0, "timers": 0, "remote": 0}
+        srv.close()
+        cli.close()
+
+
+async def test_a_dreq_for_an_id_gone_is_answered_with_a_drep(caplog):
+    """A DREQ naming no id (the peer's, sent after this side's program destroyed its
+    id) is answered with a DREP, as the IB CM's cm_dreq_handler answers it, so that
+    the peer's disconnect completes at once; the DREP naming no id at the daemon that
+    sent the DREQ is dropped there. Neither daemon refuses or warns."""
+    async with daemon() as d1, daemon() as d2:
+        caplog.clear()
+        # d2's wire link to d1: the DREQ comes from d2, and d1 answers d2
+        link = await open_link(d1.host, d1.port, "wire", PEER, timeout=5,
+                               max_frame=1 << 20, src=f"127.0.0.1:{d2.port}")
+        link.writer.writelines(encode_frame({"t": "cm", "m": "dreq", "lcid": 4242,
+                                             "rcid": 777777, "dev": 0}))
+        await link.writer.drain()
+        for _ in range(200):
+            if d2.counters.get("cm_dreps_discarded") or d1.counters["cm_messages_refused"]:
+                break
+            await asyncio.sleep(0.02)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+        assert d1.counters["cm_messages_refused"] == d2.counters["cm_messages_refused"] == 0
+        assert d1.counters["cm_dreqs_answered_after"] == 1
+        assert d2.counters["cm_dreps_discarded"] == 1
+        link.writer.close()

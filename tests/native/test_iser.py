@@ -183,3 +183,13 @@ def test_iscsi_perf(results):
     assert "capacity is 131072 blocks or 67108864 byte (64 MB)" in out, out
     rates = [int(v) for v in re.findall(r"iops average (\d+)", out)]
     assert rates and rates[-1] > 0, out
+
+
+def test_no_cm_message_refused(results):
+    """Each of the four programs disconnects and destroys its id while tgtd does the
+    same: the DREQs cross, and a DREP (or DREQ) comes for an id already gone. The IB CM
+    drops such a DREP and answers such a DREQ without a word; neither daemon's log may
+    say it refused a CM message."""
+    server_out, cli, _ = results
+    for name, out in (("tgtd's daemon", server_out), ("the initiators' daemon", cli.output)):
+        assert "CM message refused" not in out, f"{name}:\n{out}"

@@ -56,3 +56,45 @@ def test_fi_pingpong(where, ep):
         for size, sent, acked, _t, _mbs, usec, _rate in rows:
             assert int(sent) == ITERS and int(acked) == ITERS, f"{name} {size}:\n{both}"
             assert float(usec) > 0, f"{name} {size}:\n{both}"
+
+
+
+def _refused_probes(limit: int) -> list[int]:
+    """The values libfabric's probe (vrb_find_max_inline) tries that a device taking
+    up to ``limit`` bytes refuses: doubling from 2 up to the first refused, then
+    halving the interval between the largest taken and the smallest refused until they
+    are 2 apart."""
+    v = 2
+    while v <= limit:
+        v *= 2
+    refused, pos, neg = [v], v // 2, v
+    while neg - pos > 2:
+        mid = (pos + neg) // 2
+        if mid <= limit:
+            pos = mid
+        else:
+            refused.append(mid)
+            neg = mid
+    return refused
+
+
+def test_the_inline_probe_is_quiet_and_finds_the_limit(where):
+    """libfabric's verbs provider finds a QP's largest max_inline_data by trial
+    (vrb_find_max_inline: ibv_create_qp with ever larger values until one fails, then
+    a bisection): each value past the device's is EINVAL, as on mlx5 and rxe, and, as
+    there, not a line on stderr unless asked (SOFTHCA_DEBUG). Asked, the values refused
+    are exactly those the probe refuses on a device that takes up to 1024 bytes, the
+    most docs/native.md says a QP takes."""
+    args = ["fi_info", "-p", "verbs", "-t", "FI_EP_MSG", "-v"]
+    quiet = where.run(where.client, args, timeout=60)
+    loud = where.run(where.client, ["env", "SOFTHCA_DEBUG=1", *args], timeout=60)
+    print(f"--- fi_info:\n{quiet.output}\n--- with SOFTHCA_DEBUG=1:\n{loud.output}")
+    for r in (quiet, loud):
+        assert r.returncode == 0 and "prov_name: verbs" in r.output, r.output
+    assert "max_inline_data" not in quiet.output, quiet.output
+    probes = [int(v) for v in re.findall(
+        r"^softhca: ibv_create_qp: EINVAL: max_inline_data (\d+) exceeds", loud.output, re.M)]
+    want = _refused_probes(1024)
+    # one probe per endpoint kind fi_info lists, each refused the same values
+    assert probes and len(probes) % len(want) == 0, loud.output
+    assert sorted(probes) == sorted(want * (len(probes) // len(want))), loud.output

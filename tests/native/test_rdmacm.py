@@ -429,6 +429,30 @@ def test_the_connection_grants_read_and_atomics_with_responder_resources(
     assert "client qp rnr_retry 3" in cli.output.splitlines(), both
 
 
+def test_a_receive_posted_late_is_waited_for_with_the_ib_cms_rnr_timer(where):
+    """The RNR NAK timer rdma_cm's QPs get is the IB CM's (the kernel's
+    cm_init_qp_rtr_attr gives min_rnr_timer 0: IBTA's code for 655.36 ms). The server
+    accepts asking for an RNR retry count of 1 and posts its one receive 300 ms after
+    ESTABLISHED; the client SENDs at once. On a kernel device the SEND meets one RNR
+    NAK, waits 655 ms and is taken: IBV_WC_SUCCESS after some 0.7 s. With a 0.64 ms
+    timer (code 12) both tries go within a few ms and the SEND fails 'RNR retry counter
+    exceeded', as tgtd's NOP-In did when it came just after a login response, before
+    libiscsi had posted its next receive (tests/native/test_iser.py)."""
+    port, wire = str(next(_ports)), next(_wire_ports)
+    srv, cli = pair(where, [_cmcheck(), "rnr-server", port, "300"],
+                    [_cmcheck(), "rnr-client", where.server.addr, port], wire)
+    both = f"--- server:\n{srv.output}\n--- client:\n{cli.output}"
+    print(both)
+    assert srv.returncode == 0 and cli.returncode == 0, both
+    assert "server rtr min_rnr_timer 0 (mask has it: yes)" in srv.output.splitlines(), both
+    assert "client qp rnr_retry 1" in cli.output.splitlines(), both
+    m = re.search(r"^client send: (.+) after (\d+) ms$", cli.output, re.M)
+    assert m and m.group(1) == "success", both
+    # one RNR NAK wait of 655.36 ms (a loaded machine may add to it, never take from it)
+    assert int(m.group(2)) >= 655, both
+    assert "server receive posted 300 ms late: success, 32 bytes" in srv.output, both
+
+
 # -- IPv6 addresses (rdma_cm over AF_INET6, as the kernel's rdma_cm has them) --------------
 # Daemons reach each other over IPv4; an IPv6 address names a daemon when it is the
 # wildcard, loopback or IPv4-mapped (::ffff:a.b.c.d names a.b.c.d).

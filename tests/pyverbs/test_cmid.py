@@ -242,3 +242,51 @@ def test_external_qp_moved_with_init_qp_attr_and_established():
     qp.close()
     for o in (child, cid, lid, cli_ch, srv_ch):
         o.close()
+
+
+_WRITE = e.IBV_ACCESS_REMOTE_WRITE
+_ALL = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_ATOMIC
+
+
+@pytest.mark.parametrize("depth,rr,at_request,accepted", [
+    (1, 0, _ALL, _WRITE), (0, 1, _WRITE, _WRITE), (1, 1, _ALL, _ALL),
+], ids=["peer-depth-1-accept-rr-0", "peer-depth-0", "peer-depth-1-accept-rr-1"])
+def test_the_connection_grants_read_and_atomics_with_responder_resources(
+        depth, rr, at_request, accepted):
+    """init_qp_attr(INIT)'s access flags as the kernel's rdma_cm answers them (and
+    our librdmacm, tests/native/test_rdmacm.py): none before a connection (rdma_cm's
+    own INIT); then the IB CM's (cm_init_qp_init_attr): remote WRITE always, remote
+    READ and atomics only with responder resources, at the CONNECT_REQUEST the peer's
+    initiator depth, after accept what the accept gave. The QP the id moves gets them.
+    Each side's QP takes the RNR retry count its peer asked for (the client connects
+    with 5, the server accepts with 3), and the RTR's min_rnr_timer is the IB CM's 0
+    (IBTA's 655.36 ms)."""
+    port = next(_ports)
+    srv_ch, cli_ch = CMEventChannel(), CMEventChannel()
+    lid = CMID(creator=srv_ch)
+    lid.bind_addr(AddrInfo(src="127.0.0.1", src_service=str(port), flags=ce.RAI_PASSIVE))
+    lid.listen()
+    cid = CMID(creator=cli_ch)
+    cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service=str(port)))
+    _next(cli_ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
+    cid.resolve_route()
+    _next(cli_ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
+    assert cid.init_qp_attr(e.IBV_QPS_INIT)[0].qp_access_flags == 0
+    cid.create_qp(_attr())
+    cid.connect(ConnParam(resources=1, depth=depth, rnr_retry=5))
+    req = _next(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
+    child = CMID(creator=req, listen_id=lid)
+    assert child.init_qp_attr(e.IBV_QPS_INIT)[0].qp_access_flags == at_request
+    child.create_qp(_attr())
+    child.accept(ConnParam(resources=rr, depth=1, rnr_retry=3))
+    assert child.init_qp_attr(e.IBV_QPS_INIT)[0].qp_access_flags == accepted
+    _next(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    _next(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    attr, _ = child.query_qp(e.IBV_QP_ACCESS_FLAGS | e.IBV_QP_RNR_RETRY)
+    assert attr.qp_access_flags == accepted
+    assert attr.rnr_retry == 5
+    assert cid.query_qp(e.IBV_QP_RNR_RETRY)[0].rnr_retry == 3
+    for side in (cid, child):
+        assert side.init_qp_attr(e.IBV_QPS_RTR)[0].min_rnr_timer == 0
+    for o in (child, cid, lid, cli_ch, srv_ch):
+        o.close()

@@ -17,6 +17,7 @@ from softhca.protocol.enums import (
     MkeyInitAttrFlags,
     Mlx5dvQpExSendOps,
     Mtu,
+    QpAttrMask,
     QpState,
     SendFlags,
     SigCrcType,
@@ -325,16 +326,36 @@ def test_all_packets_dropped_retry_exceeded_then_flush(rng):
 
 
 def test_no_receive_posted_rnr_retry_exceeded(rng):
-    p = Pair(rnr_retry=2, rnr_timer_s=0.02)
+    p = Pair(rnr_retry=2, rnr_timer_s=0.02048)        # IBTA's code 22
     src = p.mr(p.pda, rng.randbytes(3000))
     p.a.post_send(SendWR(1, WrOpcode.SEND, [SGE(src.addr, 3000, src.lkey)], SIG), p.now)
     p.a.post_send(SendWR(2, WrOpcode.SEND, [SGE(src.addr, 10, src.lkey)]), p.now)
     p.run()
     assert status_of(p.wcs["a_send"]) == [(1, WcStatus.RNR_RETRY_EXC_ERR),
                                           (2, WcStatus.WR_FLUSH_ERR)]
-    assert p.now == pytest.approx(2 * 0.02, abs=1e-3)
+    assert p.now == pytest.approx(2 * 0.02048, abs=1e-3)
     # RNR is not an error on the responder: it stays usable.
     assert p.b.state == QpState.RTS and p.wcs["b_recv"] == []
+
+
+@pytest.mark.parametrize("a_code,b_code", [(0, 12), (12, 0)])
+def test_the_requester_waits_the_timer_the_responders_rnr_nak_carries(rng, a_code, b_code):
+    """IBTA 9.7.5.2.8: the RNR NAK carries the responder's min_rnr_timer and the
+    requester waits that long, whatever its own QP's min_rnr_timer (qperf lowers the
+    passive side's to 12 so that its peer's waits are short). A sends to B, which has
+    no receive; rnr_retry 1: one wait of B's timer, then RNR_RETRY_EXC_ERR."""
+    from softhca.engine.qp_state import rnr_timer_s
+
+    p = Pair(rnr_retry=1)
+    for qp, code in ((p.a, a_code), (p.b, b_code)):
+        qp.modify({"min_rnr_timer": code}, QpAttrMask.MIN_RNR_TIMER)
+    src = p.mr(p.pda, rng.randbytes(100))
+    p.a.post_send(SendWR(1, WrOpcode.SEND, [SGE(src.addr, 100, src.lkey)], SIG), p.now)
+    p.run()
+    assert status_of(p.wcs["a_send"]) == [(1, WcStatus.RNR_RETRY_EXC_ERR)]
+    # IBTA's table: code 0 is 655.36 ms, code 12 0.64 ms
+    assert rnr_timer_s(b_code) == {0: 0.65536, 12: 0.00064}[b_code]
+    assert p.now == pytest.approx(rnr_timer_s(b_code), abs=1e-3)
 
 
 def test_rnr_then_receive_posted_delivers_once(rng):
