@@ -15,7 +15,9 @@ from .pyverbs_error import PyverbsRDMAError
 # The RTR's min_rnr_timer: the kernel's IB CM gives rdma_cm QPs 0 (cm_init_qp_rtr_attr),
 # IBTA's code for the longest RNR NAK timer, 655.36 ms
 _RNR_TIMER = 0
-_ACK_TIMEOUT = 14       # 4.096 us * 2^14 per try, librdmacm's default
+# The IB CM's local ACK timeout for a RoCE path: rdma_cm's packet lifetime 16 plus one,
+# raised by local_ca_ack_delay 16 to 18 (cm_ack_timeout): 4.096 us * 2^18, about 1.07 s.
+_ACK_TIMEOUT = 18
 # the port spaces modelled, and the QP type of each (rdma_create_id(3))
 QP_TYPE = {ce.RDMA_PS_TCP: e.IBV_QPT_RC, ce.RDMA_PS_UDP: e.IBV_QPT_UD}
 

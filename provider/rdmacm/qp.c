@@ -70,8 +70,12 @@ EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, i
 		if (!id->peer_qpn)
 			return fail(EINVAL);
 		attr->sq_psn = id->my_psn;
-		/* 4.096 us * 2^14: some 67 ms per try, unless RDMA_OPTION_ID_ACK_TIMEOUT */
-		attr->timeout = id->has_ack_timeout ? id->ack_timeout : 14;
+		/* The IB CM's local ACK timeout for a RoCE path, unless
+		 * RDMA_OPTION_ID_ACK_TIMEOUT: rdma_cm's packet lifetime 16 plus one, raised
+		 * by the HCA's local_ca_ack_delay 16 (cm_ack_timeout) to 18, 4.096 us * 2^18,
+		 * about 1.07 s per try. A shorter one gave up on a loaded peer that a kernel
+		 * device's QP would still have waited for. */
+		attr->timeout = id->has_ack_timeout ? id->ack_timeout : 18;
 		attr->retry_cnt = id->retry;
 		attr->rnr_retry = id->rnr;
 		attr->max_rd_atomic = id->depth;
