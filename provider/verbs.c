@@ -86,6 +86,7 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 	uint32_t n;
 
 	memset(d, 0, sizeof(*d));
+	ctx->device_cap_flags_ex = 0;
 	if (mp_find(a, "fw_ver", &v) && mp_get_str(v, &s, &n) && n < sizeof(d->fw_ver))
 		memcpy(d->fw_ver, s, n);
 #define U(field, key) if (mp_find_uint(a, key, &x)) d->field = x
@@ -118,8 +119,12 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 	d->atomic_cap = IBV_ATOMIC_HCA;
 	d->max_pkeys = 1;
 	d->local_ca_ack_delay = 16;
-	d->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT |
-			      IBV_DEVICE_SYS_IMAGE_GUID;
+	/* What the device models is the daemon's to say (server/device_attr.py); the
+	 * extended flags hold the same low 32 bits, as the kernel's uverbs answers them. */
+	if (mp_find_uint(a, "device_cap_flags", &x))
+		d->device_cap_flags = (unsigned int)x;
+	if (mp_find_uint(a, "device_cap_flags_ex", &x))
+		ctx->device_cap_flags_ex = x;
 }
 
 static int open_device(struct shca_context *ctx, const char *name)
@@ -235,6 +240,13 @@ static int shca_query_device_ex(struct ibv_context *ibctx,
 	(void)input;
 	memset(attr, 0, attr_size);
 	memcpy(&attr->orig_attr, &ctx->attr, n);
+	/* A caller built against an older struct gets only the fields it has room for. */
+	if (attr_size >= offsetof(struct ibv_device_attr_ex, device_cap_flags_ex) +
+			 sizeof(attr->device_cap_flags_ex))
+		attr->device_cap_flags_ex = ctx->device_cap_flags_ex;
+	if (attr_size >= offsetof(struct ibv_device_attr_ex, phys_port_cnt_ex) +
+			 sizeof(attr->phys_port_cnt_ex))
+		attr->phys_port_cnt_ex = ctx->attr.phys_port_cnt;
 	return 0;
 }
 

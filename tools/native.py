@@ -195,9 +195,10 @@ def write_sysfs(root: Path, devices: list[str], host: str, port: int) -> None:
 
 
 def _guid(host: str, port: int, index: int) -> str:
-    v = int.from_bytes(socket.inet_aton(socket.gethostbyname(host)), "big") << 32 \
-        | port << 16 | index
-    h = f"{v:016x}"
+    """The sysfs form of the device's node GUID: the one its ibv_query_device answers."""
+    from ..server.device_attr import node_guid
+
+    h = f"{node_guid(host, port, index):016x}"
     return ":".join(h[i:i + 4] for i in range(0, 16, 4))
 
 

@@ -239,8 +239,8 @@ class Context(PyverbsCM):
             max_mr_size=a.get("max_mr_size", 0), page_size_cap=0xFFFFF000,
             vendor_id=a.get("vendor_id", 0), vendor_part_id=a.get("vendor_part_id", 0),
             max_qp=a.get("max_qp", 0), max_qp_wr=a.get("max_qp_wr", 0),
-            device_cap_flags=e.IBV_DEVICE_RC_RNR_NAK_GEN | e.IBV_DEVICE_PORT_ACTIVE_EVENT
-            | e.IBV_DEVICE_SRQ_RESIZE,
+            # What the device models is the daemon's to say (server/device_attr.py).
+            device_cap_flags=a.get("device_cap_flags", 0),
             max_srq=a.get("max_srq", 0), max_srq_wr=a.get("max_srq_wr", 0),
             max_srq_sge=a.get("max_srq_sge", 0),
             max_sge=a.get("max_sge", 0), max_sge_rd=a.get("max_sge", 0),

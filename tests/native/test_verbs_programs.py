@@ -58,6 +58,17 @@ def test_ibv_devinfo_v(where):
     assert re.search(r"^\s+phys_port_cnt:\s+1$", out, re.M), out
     assert re.search(r"^\s+state:\s+PORT_ACTIVE \(4\)$", out, re.M), out
     assert re.search(r"^\s+link_layer:\s+Ethernet$", out, re.M), out
+    # The node GUID: the GID's interface identifier, <IPv4>:<port>:<device index>.
+    raw = ipaddress.IPv4Address(where.server.addr).packed + wire_port.to_bytes(2, "big")
+    guid = ":".join(raw.hex()[i:i + 4] for i in range(0, 12, 4)) + ":0000"
+    assert re.search(rf"^\s+node_guid:\s+{guid}$", out, re.M), (guid, out)
+    assert re.search(rf"^\s+sys_image_guid:\s+{guid}$", out, re.M), (guid, out)
+    # rdma-core verbs.h enum ibv_device_cap_flags: CURR_QP_STATE_MOD 128, SYS_IMAGE_GUID
+    # 2048, RC_RNR_NAK_GEN 4096, SRQ_RESIZE 8192, MEM_WINDOW 131072, MEM_WINDOW_TYPE_2B
+    # 16777216; ibv_query_device_ex's device_cap_flags_ex adds ATOMIC_WRITE (1 << 40).
+    flags = 128 | 2048 | 4096 | 8192 | 131072 | 16777216
+    assert re.search(rf"^\s+device_cap_flags:\s+0x{flags:08x}$", out, re.M), out
+    assert re.search(rf"^\s+device_cap_flags_ex:\s+0x{flags | 1 << 40:X}$", out, re.M), out
     gid = expected_gid(where.server.addr, wire_port)
     assert re.search(rf"^\s+GID\[\s*0\]:\s+{re.escape(gid)}, RoCE v2$", out, re.M), (gid, out)
 
