@@ -103,6 +103,17 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 	U(max_srq, "max_srq");
 	U(max_srq_wr, "max_srq_wr");
 	U(max_srq_sge, "max_srq_sge");
+	U(max_cq, "max_cq");
+	U(max_mr, "max_mr");
+	U(max_mw, "max_mw");
+	U(max_ah, "max_ah");
+	U(max_sge_rd, "max_sge_rd");
+	U(max_qp_init_rd_atom, "max_qp_init_rd_atom");
+	U(max_res_rd_atom, "max_res_rd_atom");
+	U(page_size_cap, "page_size_cap");
+	U(atomic_cap, "atomic_cap");
+	U(max_pkeys, "max_pkeys");
+	U(local_ca_ack_delay, "local_ca_ack_delay");
 #undef U
 	if (mp_find_uint(a, "node_guid", &x)) {
 		d->node_guid = htobe64(x);
@@ -110,15 +121,6 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 	}
 	if (mp_find_uint(a, "max_msg_sz", &x))
 		ctx->max_msg_sz = x;
-	d->max_sge_rd = d->max_sge;
-	d->max_cq = 1 << 16;
-	d->max_mr = 1 << 16;
-	d->max_qp_init_rd_atom = d->max_qp_rd_atom;
-	d->max_res_rd_atom = d->max_qp_rd_atom * d->max_qp;
-	d->page_size_cap = 0xfffff000;
-	d->atomic_cap = IBV_ATOMIC_HCA;
-	d->max_pkeys = 1;
-	d->local_ca_ack_delay = 16;
 	/* What the device models is the daemon's to say (server/device_attr.py); the
 	 * extended flags hold the same low 32 bits, as the kernel's uverbs answers them. */
 	if (mp_find_uint(a, "device_cap_flags", &x))

@@ -49,6 +49,8 @@ DEVICE_MEM_WINDOW = 1 << 17
 DEVICE_MEM_WINDOW_TYPE_2B = 1 << 24
 DEVICE_CAP_FLAGS = (DEVICE_CURR_QP_STATE_MOD | DEVICE_SYS_IMAGE_GUID | DEVICE_RC_RNR_NAK_GEN
                     | DEVICE_SRQ_RESIZE | DEVICE_MEM_WINDOW | DEVICE_MEM_WINDOW_TYPE_2B)
+# enum ibv_atomic_cap IBV_ATOMIC_HCA.
+ATOMIC_HCA = 1
 # include/uapi/rdma/ib_user_verbs.h: IB_UVERBS_DEVICE_ATOMIC_WRITE.
 DEVICE_ATOMIC_WRITE = 1 << 40
 # enum ibv_odp_general_caps IBV_ODP_SUPPORT; enum ibv_odp_transport_cap_bits SEND, RECV,
@@ -66,6 +68,16 @@ def device_attr(verbs, hca) -> dict:
             "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr, "max_msg_sz": lim.max_msg_size,
             "max_sge": control.MAX_SGE, "max_cqe": MAX_CQE, "max_mr_size": MAX_MR_SIZE,
             "max_pd": 1 << 16, "max_qp_rd_atom": 16, "phys_port_cnt": 1,
+            # Device-wide pools, each shared by every session (server/hosts.py bounds a
+            # session's and a credential's part of it).
+            "max_cq": 1 << 16, "max_mr": 1 << 16, "max_mw": 1 << 16, "max_ah": 1 << 16,
+            "max_sge_rd": control.MAX_SGE, "max_qp_init_rd_atom": 16,
+            # The responder resources of every QP together (max_qp_rd_atom each).
+            "max_res_rd_atom": 16 << 16,
+            # Any page size from 4 KiB up; atomics are the responder HCA's (engine/rc.py),
+            # IBV_ATOMIC_HCA; one P_Key (0xFFFF); the ACK delay, 4.096 us * 2^16.
+            "page_size_cap": 0xFFFFF000, "atomic_cap": ATOMIC_HCA, "max_pkeys": 1,
+            "local_ca_ack_delay": 16,
             "max_srq": 1 << 16, "max_srq_wr": lim.max_qp_wr, "max_srq_sge": control.MAX_SGE,
             "node_guid": node_guid(verbs.daemon.host, verbs.daemon.port,
                                    list(verbs.daemon.hcas).index(hca.name)),

@@ -4,7 +4,8 @@ addresses; device_cap_flags are the daemon's, the same through both Python clien
 
 Expected values are computed here: the GUID from the rule docs/native.md gives (the
 interface identifier of the device's GID fe80::<IPv4>:<port>:<device index>), the
-flags from the values of rdma-core's verbs.h enum ibv_device_cap_flags."""
+flags and attributes from tests/support/device_expect.py (rdma-core's verbs.h values and
+the daemon's documented defaults)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,9 @@ import subprocess
 import sys
 import time
 
-import softhca.client as sh
+from device_expect import ATOMIC_CAP, ATTRS, FLAGS, FLAGS_EX
 
-# rdma-core verbs.h, enum ibv_device_cap_flags: what softhca models.
-CURR_QP_STATE_MOD = 128
-SYS_IMAGE_GUID = 2048
-RC_RNR_NAK_GEN = 4096
-SRQ_RESIZE = 8192
-MEM_WINDOW = 131072
-MEM_WINDOW_TYPE_2B = 16777216
-EXPECTED_FLAGS = (CURR_QP_STATE_MOD | SYS_IMAGE_GUID | RC_RNR_NAK_GEN | SRQ_RESIZE
-                  | MEM_WINDOW | MEM_WINDOW_TYPE_2B)
-# include/uapi/rdma/ib_user_verbs.h: IB_UVERBS_DEVICE_ATOMIC_WRITE.
-ATOMIC_WRITE = 1 << 40
+import softhca.client as sh
 
 # One daemon, two devices, on a fixed address; prints what each device's
 # ibv_query_device says.
@@ -86,8 +77,8 @@ def test_node_guid_survives_a_restart_and_differs_between_hosts():
     other = _query("127.0.0.2", port, "1")
     assert other["mlx5_0"][0] == _guid("127.0.0.2", port, 0) != first["mlx5_0"][0]
     for name in ("mlx5_0", "mlx5_1"):
-        assert first[name][1] == EXPECTED_FLAGS
-        assert first[name][2] == EXPECTED_FLAGS | ATOMIC_WRITE
+        assert first[name][1] == FLAGS
+        assert first[name][2] == FLAGS_EX
 
 
 def test_wildcard_daemon_guid_comes_from_the_host_name(monkeypatch):
@@ -107,14 +98,15 @@ def test_wildcard_daemon_guid_comes_from_the_host_name(monkeypatch):
 async def test_device_cap_flags_through_the_client():
     async with sh.embedded(("mlx5_0",)) as node:
         a = await (await node.open_device("mlx5_0")).query_device()
-        assert a["device_cap_flags"] == EXPECTED_FLAGS
-        assert a["device_cap_flags_ex"] == EXPECTED_FLAGS | ATOMIC_WRITE
+        assert a["device_cap_flags"] == FLAGS
+        assert a["device_cap_flags_ex"] == FLAGS_EX
         assert a["node_guid"] == _guid("127.0.0.1", node.daemon.port, 0)
 
 
 def test_device_cap_flags_through_pyverbs():
     """pyverbs' Context in a process of its own, against a daemon at a known address:
-    the same flags, and sys_image_guid equal to node_guid."""
+    the flags and attributes tests/native/test_verbs_programs.py expects of the provider
+    (tests/support/device_expect.py), and sys_image_guid equal to node_guid."""
     port = _free_port()
     script = """
 import json, sys
@@ -123,7 +115,8 @@ with Context(name="mlx5_0") as ctx:
     a = ctx.query_device()
     x = ctx.query_device_ex()
     print(json.dumps([a.device_cap_flags, x.device_cap_flags_ex, a.node_guid,
-                      a.sys_image_guid]))
+                      a.sys_image_guid, a.atomic_caps,
+                      {n: getattr(a, n) for n in sys.argv[1:]}]))
 """
     serve = subprocess.Popen(
         [sys.executable, "-m", "softhca.tools.cli", "serve", "--listen", f"127.0.0.1:{port}",
@@ -132,17 +125,19 @@ with Context(name="mlx5_0") as ctx:
         env = dict(os.environ, SOFTHCA_TARGET=f"127.0.0.1:{port}")
         env.pop("SOFTHCA_TOKEN_FILE", None)
         for _ in range(100):
-            r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+            r = subprocess.run([sys.executable, "-c", script, *ATTRS], env=env, capture_output=True,
                                text=True, timeout=60)
             if r.returncode == 0 or "Connection refused" not in r.stderr:
                 break
             time.sleep(0.1)
         assert r.returncode == 0, r.stderr
-        flags, flags_ex, guid, sys_guid = json.loads(r.stdout.strip().splitlines()[-1])
+        flags, flags_ex, guid, sys_guid, atomic, attrs = json.loads(
+            r.stdout.strip().splitlines()[-1])
     finally:
         serve.terminate()
         serve.wait(timeout=30)
-    assert flags == EXPECTED_FLAGS
-    assert flags_ex == EXPECTED_FLAGS | ATOMIC_WRITE
+    assert flags == FLAGS
+    assert flags_ex == FLAGS_EX
     assert guid == sys_guid == _guid("127.0.0.1", port, 0)
-    assert not flags & (1 << 10), "PORT_ACTIVE_EVENT: the port never changes state"
+    assert atomic == ATOMIC_CAP
+    assert attrs == ATTRS
