@@ -147,9 +147,20 @@ struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_a
 		errno = EINVAL;
 		return NULL;
 	}
-	if (ax->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+	if (ax->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+					IBV_QP_INIT_ATTR_CREATE_FLAGS)) {
 		shca_log("ibv_create_qp_ex: EOPNOTSUPP: comp_mask %#x names attributes that "
 			 "are not modelled", ax->comp_mask);
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	/* IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (mlx5 takes it) asks that the QP not receive the
+	 * multicast it sends: softhca has no multicast (ibv_attach_mcast is not modelled),
+	 * no QP receives any, so the request holds. Any other flag is refused. */
+	if ((ax->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+	    (ax->create_flags & ~(uint32_t)IBV_QP_CREATE_BLOCK_SELF_MCAST_LB)) {
+		shca_log("ibv_create_qp_ex: EOPNOTSUPP: create_flags %#x are not modelled",
+			 ax->create_flags);
 		errno = EOPNOTSUPP;
 		return NULL;
 	}

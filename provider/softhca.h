@@ -74,6 +74,8 @@ struct shca_context {
 	int ndevices;
 	char address[128];         /* the daemon's wire address, HOST:PORT */
 	struct ibv_device_attr attr;
+	/* ibv_query_device_ex's device_cap_flags_ex, as the daemon answers it */
+	uint64_t device_cap_flags_ex;
 	uint64_t max_msg_sz;
 	struct shca_cq *cqs;       /* under conn.lock */
 	struct shca_qp *qps;       /* under conn.lock */

@@ -90,6 +90,7 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 	uint32_t n;
 
 	memset(d, 0, sizeof(*d));
+	ctx->device_cap_flags_ex = 0;
 	if (mp_find(a, "fw_ver", &v) && mp_get_str(v, &s, &n) && n < sizeof(d->fw_ver))
 		memcpy(d->fw_ver, s, n);
 #define U(field, key) if (mp_find_uint(a, key, &x)) d->field = x
@@ -106,6 +107,17 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 	U(max_srq, "max_srq");
 	U(max_srq_wr, "max_srq_wr");
 	U(max_srq_sge, "max_srq_sge");
+	U(max_cq, "max_cq");
+	U(max_mr, "max_mr");
+	U(max_mw, "max_mw");
+	U(max_ah, "max_ah");
+	U(max_sge_rd, "max_sge_rd");
+	U(max_qp_init_rd_atom, "max_qp_init_rd_atom");
+	U(max_res_rd_atom, "max_res_rd_atom");
+	U(page_size_cap, "page_size_cap");
+	U(atomic_cap, "atomic_cap");
+	U(max_pkeys, "max_pkeys");
+	U(local_ca_ack_delay, "local_ca_ack_delay");
 #undef U
 	if (mp_find_uint(a, "node_guid", &x)) {
 		d->node_guid = htobe64(x);
@@ -113,17 +125,12 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 	}
 	if (mp_find_uint(a, "max_msg_sz", &x))
 		ctx->max_msg_sz = x;
-	d->max_sge_rd = d->max_sge;
-	d->max_cq = 1 << 16;
-	d->max_mr = 1 << 16;
-	d->max_qp_init_rd_atom = d->max_qp_rd_atom;
-	d->max_res_rd_atom = d->max_qp_rd_atom * d->max_qp;
-	d->page_size_cap = 0xfffff000;
-	d->atomic_cap = IBV_ATOMIC_HCA;
-	d->max_pkeys = 1;
-	d->local_ca_ack_delay = 16;
-	d->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT |
-			      IBV_DEVICE_SYS_IMAGE_GUID;
+	/* What the device models is the daemon's to say (server/device_attr.py); the
+	 * extended flags hold the same low 32 bits, as the kernel's uverbs answers them. */
+	if (mp_find_uint(a, "device_cap_flags", &x))
+		d->device_cap_flags = (unsigned int)x;
+	if (mp_find_uint(a, "device_cap_flags_ex", &x))
+		ctx->device_cap_flags_ex = x;
 }
 
 static int open_device(struct shca_context *ctx, const char *name)
@@ -239,6 +246,13 @@ static int shca_query_device_ex(struct ibv_context *ibctx,
 	(void)input;
 	memset(attr, 0, attr_size);
 	memcpy(&attr->orig_attr, &ctx->attr, n);
+	/* A caller built against an older struct gets only the fields it has room for. */
+	if (attr_size >= offsetof(struct ibv_device_attr_ex, device_cap_flags_ex) +
+			 sizeof(attr->device_cap_flags_ex))
+		attr->device_cap_flags_ex = ctx->device_cap_flags_ex;
+	if (attr_size >= offsetof(struct ibv_device_attr_ex, phys_port_cnt_ex) +
+			 sizeof(attr->phys_port_cnt_ex))
+		attr->phys_port_cnt_ex = ctx->attr.phys_port_cnt;
 	return 0;
 }
 

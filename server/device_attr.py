@@ -8,11 +8,22 @@ the daemon's own and always resident, so an IBV_ACCESS_ON_DEMAND MR works for ev
 operation the engine has, and ibv_advise_mr's prefetch has nothing to fault in
 (docs/semantics.md). Implicit ODP (an MR of the whole address space) is not modelled:
 no IBV_ODP_SUPPORT_IMPLICIT.
+
+The node GUID (and the system image GUID, the same: one device per system image) is
+fixed by the daemon's configuration, as a real HCA's is by its firmware: the interface
+identifier of the device's softhca GID (fe80::<IPv4>:<port>:<device index>, the one
+``softhca run`` writes to sysfs), as rxe's node GUID is the interface identifier of its
+link-local GID (both from the netdev's MAC). A restarted daemon with the same
+``--listen`` and ``--hca`` list keeps it; daemons at different addresses differ. A
+daemon on the wildcard address has no IPv4 of its own to put there: 4 bytes of a
+SHA-256 digest of the host's name stand in for it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
+import hashlib
 import ipaddress
 import socket
 import struct
@@ -21,6 +32,25 @@ from ..engine.hca import MAX_MR_SIZE
 from ..protocol import control
 from ..protocol.control import MAX_CQE
 
+# enum ibv_device_cap_flags (rdma-core's verbs.h): what softhca models.
+# RC_RNR_NAK_GEN: an RC responder without a receive answers RNR NAK (engine/rc_responder).
+# SYS_IMAGE_GUID: sys_image_guid is reported. SRQ_RESIZE: ibv_modify_srq's IBV_SRQ_MAX_WR
+# (engine/srq). CURR_QP_STATE_MOD: ibv_modify_qp takes IBV_QP_CUR_STATE (engine/qp_state).
+# MEM_WINDOW, MEM_WINDOW_TYPE_2B: ibv_alloc_mw of both types; a type 2 window is honoured
+# on the QP that bound it only, and shares its PD (engine/mw). Not set: RESIZE_MAX_WR
+# (IBV_QP_CAP is EOPNOTSUPP), PORT_ACTIVE_EVENT (the port is always active, so no
+# IBV_EVENT_PORT_ACTIVE is ever raised), AUTO_PATH_MIG, XRC, the checksum offloads, and
+# MEM_MGT_EXTENSIONS (no fast-register work request).
+DEVICE_CURR_QP_STATE_MOD = 1 << 7
+DEVICE_SYS_IMAGE_GUID = 1 << 11
+DEVICE_RC_RNR_NAK_GEN = 1 << 12
+DEVICE_SRQ_RESIZE = 1 << 13
+DEVICE_MEM_WINDOW = 1 << 17
+DEVICE_MEM_WINDOW_TYPE_2B = 1 << 24
+DEVICE_CAP_FLAGS = (DEVICE_CURR_QP_STATE_MOD | DEVICE_SYS_IMAGE_GUID | DEVICE_RC_RNR_NAK_GEN
+                    | DEVICE_SRQ_RESIZE | DEVICE_MEM_WINDOW | DEVICE_MEM_WINDOW_TYPE_2B)
+# enum ibv_atomic_cap IBV_ATOMIC_HCA.
+ATOMIC_HCA = 1
 # include/uapi/rdma/ib_user_verbs.h: IB_UVERBS_DEVICE_ATOMIC_WRITE.
 DEVICE_ATOMIC_WRITE = 1 << 40
 # enum ibv_odp_general_caps IBV_ODP_SUPPORT; enum ibv_odp_transport_cap_bits SEND, RECV,
@@ -38,11 +68,38 @@ def device_attr(verbs, hca) -> dict:
             "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr, "max_msg_sz": lim.max_msg_size,
             "max_sge": control.MAX_SGE, "max_cqe": MAX_CQE, "max_mr_size": MAX_MR_SIZE,
             "max_pd": 1 << 16, "max_qp_rd_atom": 16, "phys_port_cnt": 1,
+            # Device-wide pools, each shared by every session (server/hosts.py bounds a
+            # session's and a credential's part of it).
+            "max_cq": 1 << 16, "max_mr": 1 << 16, "max_mw": 1 << 16, "max_ah": 1 << 16,
+            "max_sge_rd": control.MAX_SGE, "max_qp_init_rd_atom": 16,
+            # The responder resources of every QP together (max_qp_rd_atom each).
+            "max_res_rd_atom": 16 << 16,
+            # Any page size from 4 KiB up; atomics are the responder HCA's (engine/rc.py),
+            # IBV_ATOMIC_HCA; one P_Key (0xFFFF); the ACK delay, 4.096 us * 2^16.
+            "page_size_cap": 0xFFFFF000, "atomic_cap": ATOMIC_HCA, "max_pkeys": 1,
+            "local_ca_ack_delay": 16,
             "max_srq": 1 << 16, "max_srq_wr": lim.max_qp_wr, "max_srq_sge": control.MAX_SGE,
-            "node_guid": hash(hca.name) & 0xFFFFFFFFFFFF,
-            "device_cap_flags_ex": DEVICE_ATOMIC_WRITE,
+            "node_guid": node_guid(verbs.daemon.host, verbs.daemon.port,
+                                   list(verbs.daemon.hcas).index(hca.name)),
+            "device_cap_flags": DEVICE_CAP_FLAGS,
+            # ibv_query_device_ex's: the 32 bits of device_cap_flags and the extended ones.
+            "device_cap_flags_ex": DEVICE_CAP_FLAGS | DEVICE_ATOMIC_WRITE,
             "odp_caps": {"general_caps": ODP_SUPPORT, "rc_odp_caps": ODP_RC_CAPS},
             "gid_tbl_len": GID_TBL_LEN, "addresses": answering_addresses(verbs.daemon)}
+
+
+@functools.lru_cache(maxsize=256)
+def node_guid(host: str, port: int, index: int) -> int:
+    """The node GUID of device ``index`` of the daemon listening at ``host``:``port``
+    (the module's docstring). Cached: a host name costs a resolution once, not at every
+    ibv_query_device."""
+    try:
+        ip = socket.inet_aton(socket.gethostbyname(host))
+    except OSError:
+        ip = bytes(4)
+    if ip == bytes(4):
+        ip = hashlib.sha256(b"softhca node " + socket.gethostname().encode()).digest()[:4]
+    return int.from_bytes(ip + port.to_bytes(2, "big") + index.to_bytes(2, "big"), "big")
 
 
 def answering_addresses(daemon) -> list[str]:

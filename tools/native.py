@@ -270,10 +270,10 @@ async def device_attrs(sock: str, devices: list[str]) -> dict[str, dict]:
 
 
 def _guid(host: str, port: int, index: int) -> str:
-    v = int.from_bytes(socket.inet_aton(socket.gethostbyname(host)), "big") << 32 \
-        | port << 16 | index
-    h = f"{v:016x}"
-    return ":".join(h[i:i + 4] for i in range(0, 16, 4))
+    """The sysfs form of the device's node GUID: the one its ibv_query_device answers."""
+    from ..server.device_attr import node_guid
+
+    return _guid_text(node_guid(host, port, index))
 
 
 def welcome_of(path: str) -> dict:

@@ -234,24 +234,16 @@ class Context(PyverbsCM):
     def query_device(self):
         a = self._raw_attr()
         guid = a.get("node_guid", 0)
-        return DeviceAttr(
-            fw_version=a.get("fw_ver", ""), node_guid=guid, sys_image_guid=guid,
-            max_mr_size=a.get("max_mr_size", 0), page_size_cap=0xFFFFF000,
-            vendor_id=a.get("vendor_id", 0), vendor_part_id=a.get("vendor_part_id", 0),
-            max_qp=a.get("max_qp", 0), max_qp_wr=a.get("max_qp_wr", 0),
-            device_cap_flags=e.IBV_DEVICE_RC_RNR_NAK_GEN | e.IBV_DEVICE_PORT_ACTIVE_EVENT
-            | e.IBV_DEVICE_SRQ_RESIZE,
-            max_srq=a.get("max_srq", 0), max_srq_wr=a.get("max_srq_wr", 0),
-            max_srq_sge=a.get("max_srq_sge", 0),
-            max_sge=a.get("max_sge", 0), max_sge_rd=a.get("max_sge", 0),
-            max_cq=a.get("max_qp", 0), max_cqe=a.get("max_cqe", 0),
-            max_mr=a.get("max_qp", 0), max_pd=a.get("max_pd", 0),
-            max_qp_rd_atom=a.get("max_qp_rd_atom", 0),
-            max_res_rd_atom=a.get("max_qp_rd_atom", 0),
-            max_qp_init_rd_atom=a.get("max_qp_rd_atom", 0),
-            # RDMA atomics are executed by the responder's HCA (engine/rc.py).
-            atomic_caps=e.IBV_ATOMIC_HCA, max_ah=a.get("max_qp", 0), max_pkeys=1,
-            local_ca_ack_delay=16, phys_port_cnt=a.get("phys_port_cnt", 1))
+        # Every attribute is the daemon's (server/device_attr.py), as the provider
+        # passes them on: the two clients cannot disagree.
+        names = ("max_mr_size", "page_size_cap", "vendor_id", "vendor_part_id", "max_qp",
+                 "max_qp_wr", "device_cap_flags", "max_srq", "max_srq_wr", "max_srq_sge",
+                 "max_sge", "max_sge_rd", "max_cq", "max_cqe", "max_mr", "max_mw", "max_pd",
+                 "max_ah", "max_qp_rd_atom", "max_res_rd_atom", "max_qp_init_rd_atom",
+                 "max_pkeys", "local_ca_ack_delay", "phys_port_cnt")
+        return DeviceAttr(fw_version=a.get("fw_ver", ""), node_guid=guid,
+                          sys_image_guid=guid, atomic_caps=a.get("atomic_cap", 0),
+                          **{n: a.get(n, 0) for n in names})
 
     def query_device_ex(self, ex_input=None):
         attr = self.query_device()

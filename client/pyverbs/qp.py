@@ -202,8 +202,12 @@ class QP(Resource):
             raise unsupported("XRC domains")
         if getattr(init_attr, "ind_table", None) is not None:
             raise unsupported("RSS indirection tables")
-        if getattr(init_attr, "create_flags", 0):
-            raise unsupported(f"ibv_create_qp_ex create_flags {init_attr.create_flags:#x}")
+        # IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (mlx5 takes it) asks that the QP not receive
+        # the multicast it sends: softhca has no multicast (ibv_attach_mcast is not
+        # modelled), no QP receives any, so the request holds. Any other flag is refused.
+        flags = getattr(init_attr, "create_flags", 0) or 0
+        if flags & ~e.IBV_QP_CREATE_BLOCK_SELF_MCAST_LB:
+            raise unsupported(f"ibv_create_qp_ex create_flags {flags:#x}")
         if getattr(init_attr, "max_tso_header", 0):
             raise unsupported("TSO")
         scq = _client_cq(init_attr.scq, "scq")

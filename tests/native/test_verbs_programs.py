@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import device_expect
 import native
 import pytest
 
@@ -61,6 +62,22 @@ def test_ibv_devinfo_v(where):
     assert re.search(r"^\s+phys_port_cnt:\s+1$", out, re.M), out
     assert re.search(r"^\s+state:\s+PORT_ACTIVE \(4\)$", out, re.M), out
     assert re.search(r"^\s+link_layer:\s+Ethernet$", out, re.M), out
+    # The node GUID: the GID's interface identifier, <IPv4>:<port>:<device index>.
+    raw = ipaddress.IPv4Address(where.server.addr).packed + wire_port.to_bytes(2, "big")
+    guid = ":".join(raw.hex()[i:i + 4] for i in range(0, 12, 4)) + ":0000"
+    assert re.search(rf"^\s+node_guid:\s+{guid}$", out, re.M), (guid, out)
+    assert re.search(rf"^\s+sys_image_guid:\s+{guid}$", out, re.M), (guid, out)
+    # The same flags and attributes as softhca's pyverbs answers
+    # (tests/e2e/test_device_attr.py), written down once in tests/support/device_expect.py.
+    m = re.search(r"^\s+device_cap_flags:\s+0x([0-9a-fA-F]+)\n((?:\t{5}\S.*\n)*)", out, re.M)
+    assert m and int(m.group(1), 16) == device_expect.FLAGS, out
+    assert m.group(2).split() == list(device_expect.FLAG_NAMES), out
+    m = re.search(r"^\s+device_cap_flags_ex:\s+0x([0-9a-fA-F]+)$", out, re.M)
+    assert m and int(m.group(1), 16) == device_expect.FLAGS_EX, out
+    for name, value in device_expect.ATTRS.items():
+        m = re.search(rf"^\s+{name}:\s+(0x[0-9a-f]+|\d+)$", out, re.M)
+        assert m and int(m.group(1), 0) == value, (name, value, out)
+    assert re.search(r"^\s+atomic_cap:\s+ATOMIC_HCA \(1\)$", out, re.M), out
     gid = expected_gid(where.server.addr, wire_port)
     assert re.search(rf"^\s+GID\[\s*0\]:\s+{re.escape(gid)}, RoCE v2$", out, re.M), (gid, out)
 

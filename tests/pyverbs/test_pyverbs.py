@@ -480,3 +480,26 @@ def test_mlx_alloc_type_huge_without_huge_pages_is_enomem(monkeypatch, tmp_path,
                 assert exc.value.error_code == errno.ENOMEM
             else:
                 QP(pd, attr).close()
+
+
+def test_create_flags_as_an_mlx5_device_takes_them():
+    """IBV_QP_CREATE_BLOCK_SELF_MCAST_LB on a UD QP is taken (rdma-core's tests ask it of
+    every device with Mellanox's vendor id, at random): softhca has no multicast, so no
+    QP receives its own. Any other create flag is EOPNOTSUPP."""
+    from softhca.client.pyverbs.qp import QPInitAttrEx
+
+    with Context(name="mlx5_0") as ctx:
+        pd = PD(ctx)
+        cq = CQ(ctx, 4, None, None, 0)
+        mask = e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_CREATE_FLAGS
+
+        def init(flags):
+            return QPInitAttrEx(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, pd=pd, comp_mask=mask,
+                                cap=QPCap(4, 4, 1, 1), create_flags=flags)
+
+        for flags in (0, 2):
+            QP(ctx, init(flags)).close()
+        for flags in (0x100, 0x400, 2 | 0x800):
+            with pytest.raises(PyverbsRDMAError) as ex:
+                QP(ctx, init(flags))
+            assert ex.value.error_code == errno.EOPNOTSUPP, flags

@@ -70,6 +70,10 @@ def test_sysfs_tree(tmp_path):
     dev = tmp_path / "class" / "infiniband" / "mlx5_0"
     assert (dev / "node_type").read_text() == "1: CA\n"
     assert (dev / "device" / "modalias").read_text() == "softhca:\n"
+    # The node GUID is the GID's interface identifier, the one ibv_query_device answers.
+    guid = tmp_path / "class" / "infiniband" / "mlx5_1" / "node_guid"
+    assert guid.read_text() == "0ac8:0001:12b7:0001\n"
+    assert (guid.parent / "sys_image_guid").read_text() == guid.read_text()
 
 
 def test_bad_crypto_config_is_refused(tmp_path, capsys):
