@@ -44,6 +44,7 @@ from pathlib import Path
 
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameDecoder, encode_frame
+from ..server.device_attr import DEVICE_CAP_FLAGS, node_guid
 
 PROVIDER_DIR = Path(__file__).resolve().parents[1] / "provider" / "build"
 PROVIDER_LIB = "libsofthca-rdmav34.so"
@@ -164,10 +165,6 @@ def netdev_of(host: str) -> str | None:
     return None
 
 
-# What softhca's provider reports in ibv_query_device's device_cap_flags
-# (provider/verbs.c, attr_from_reply): IBV_DEVICE_RC_RNR_NAK_GEN | PORT_ACTIVE_EVENT |
-# SYS_IMAGE_GUID. The kernel tells it on netlink only (RDMA_NLDEV_ATTR_CAP_FLAGS).
-DEVICE_CAP_FLAGS = 0x1000 | 0x400 | 0x800
 # ibv_query_port's port_cap_flags of the provider's port (shca_query_port): none.
 PORT_CAP_FLAGS = 0
 
@@ -250,7 +247,10 @@ def write_sysfs(root: Path, devices: list[str], host: str, port: int,
             path.write_text(text + "\n")
         extra = root / "softhca" / dev
         extra.mkdir(parents=True)
-        (extra / "cap_flags").write_text(f"0x{DEVICE_CAP_FLAGS:x}\n")
+        # The kernel tells the device's capability flags on netlink only
+        # (RDMA_NLDEV_ATTR_CAP_FLAGS, 64 bits: ibv_query_device_ex's device_cap_flags_ex).
+        caps = a.get("device_cap_flags_ex", a.get("device_cap_flags", DEVICE_CAP_FLAGS))
+        (extra / "cap_flags").write_text(f"0x{caps:x}\n")
 
 
 async def device_attrs(sock: str, devices: list[str]) -> dict[str, dict]:
@@ -271,8 +271,6 @@ async def device_attrs(sock: str, devices: list[str]) -> dict[str, dict]:
 
 def _guid(host: str, port: int, index: int) -> str:
     """The sysfs form of the device's node GUID: the one its ibv_query_device answers."""
-    from ..server.device_attr import node_guid
-
     return _guid_text(node_guid(host, port, index))
 
 
