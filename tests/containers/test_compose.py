@@ -24,6 +24,7 @@ import re
 import time
 
 import compose_cm as cm
+import compose_fixtures
 import pytest
 
 import softhca.client as sh
@@ -31,6 +32,11 @@ import softhca.client as sh
 import compose as dc
 from e2e import rdma, sge
 from twonode import remote
+
+# The compose stack's fixtures (tests/support/compose_fixtures.py), by name.
+stack = compose_fixtures.stack
+target_up = compose_fixtures.target_up
+verbs_nodes = compose_fixtures.verbs_nodes
 
 pytestmark = pytest.mark.docker
 

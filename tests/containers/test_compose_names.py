@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 
+import compose_fixtures
 import pytest
 
 import compose as dc
+
+# The compose stack's fixtures (tests/support/compose_fixtures.py), by name.
+stack = compose_fixtures.stack
 
 pytestmark = pytest.mark.docker
 

@@ -27,9 +27,13 @@ import select
 import subprocess
 import time
 
+import compose_fixtures
 import pytest
 
 import compose as dc
+
+# The compose stack's fixtures (tests/support/compose_fixtures.py), by name.
+stack = compose_fixtures.stack
 
 pytestmark = pytest.mark.docker
 

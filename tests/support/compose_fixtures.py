@@ -1,6 +1,8 @@
 """The compose stack's fixtures, shared by the modules that drive docker/compose.yaml
-(test_compose.py, test_middleware.py); the commands behind them are
-tests/support/compose.py's."""
+(tests/containers: test_compose.py, test_compose_names.py, test_middleware.py), which
+import them by name; the commands behind them are tests/support/compose.py's. Not a
+conftest.py there: a second module named conftest would shadow tests/conftest.py for
+the modules that import from it."""
 
 from __future__ import annotations
 
