@@ -11,7 +11,7 @@ from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameError
 from . import cm_sidr
 from .logs import kv, log
-from .wire import host_class
+from .wire import peer_origins
 
 
 class CmInbound:
@@ -44,7 +44,7 @@ class CmInbound:
             # away while its REQ waited here): the child its REQ made.
             rcid = self.by_remote.get((origin, m["lcid"]), 0)
         cid = self.ids.get(rcid)
-        if cid is None or cid.peer is None or (host_class(cid.peer[0]), cid.peer[1]) != origin \
+        if cid is None or cid.peer is None or origin not in peer_origins(*cid.peer) \
                 or (cid.remote_cid and cid.remote_cid != m["lcid"]) \
                 or cm_sidr.wrong_kind(cid, m["m"]):
             self._refuse(origin, f"{m['m']} for no connection of that daemon")
@@ -151,6 +151,8 @@ class CmInbound:
             return
         self._cancel(cid)
         self._unpend(cid)
+        if cid.state == CMState.REQ_SENT and m["reason"] == proto.REJ_INVALID_SERVICE_ID:
+            self.explain(cid, "rejected", self.why_rejected(cid))
         cid.to(CMState.DISCONNECTED)
         self._event(cid, "rejected", status=m["reason"],
                     _payload=proto.padded("rej", m["private_data"]))

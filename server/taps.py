@@ -144,7 +144,8 @@ class Taps:
         header = {"t": FrameKind.EVENT, "kind": "trace", "dev": dev, "daemon": self.address(),
                   "time": asyncio.get_running_loop().time(), **plain(ctx),
                   "direction": ev.direction, "stage": ev.stage, "key": ev.key,
-                  "stream": ev.stream, "offset": ev.offset, "detail": plain(ev.detail)}
+                  "stream": ev.stream, "offset": ev.offset, "at": ev.at,
+                  "detail": plain(ev.detail)}
         for s in subs:
             self._push(s, header, ev.data)
 

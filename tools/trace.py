@@ -379,6 +379,23 @@ def header_line(t: Transfer, style: Style) -> str:
     return style("head", text) + (style("dim", f"  [{where}]") if where else "")
 
 
+# What a stage's offset is (the event's ``at``, engine/transfer.py TraceEvent), as the
+# trace labels it: an offset into the MKEY's stream or into the MR, or a virtual address
+# the RETH named (a remote access into this MR) or a local SGE holds (a receive buffer,
+# where a READ's responses land).
+WHERE = {"mkey": "mkey+0x{:x}", "mr": "mr+0x{:x}", "reth": "reth va 0x{:x}",
+         "sge": "sge va 0x{:x}"}
+
+
+def where_text(h: dict) -> str:
+    """Where a stage's bytes are, labelled: ``mkey+0x200``, ``mr+0x0``, ``reth va
+    0x7f..``, ``sge va 0x7f..``; a daemon that does not say (older) gives ``@0x..``."""
+    offset = h.get("offset", 0)
+    if not isinstance(offset, int):
+        return f"@{offset}"
+    return WHERE.get(str(h.get("at")), "@0x{:x}").format(offset)
+
+
 def render_transfer(t: Transfer, style: Style, max_blocks: int = 3) -> list[str]:
     geo = geometry(t)
     states = cipher_states(t)
@@ -418,11 +435,8 @@ def render_transfer(t: Transfer, style: Style, max_blocks: int = 3) -> list[str]
             extra += style("bad", f"  not whole blocks: the last {d['partial_block']}B are a "
                                   "partial block, plain data (partial-block transfer "
                                   f"#{d.get('partial_block_transfers')} on this MKEY)")
-        # Where the bytes are: an offset into the MKEY, or on the wire the virtual address
-        # the packet names (RETH); in hex, as addresses are everywhere else.
-        offset = h.get("offset", 0)
-        at = f"0x{offset:x}" if isinstance(offset, int) else str(offset)
-        lines.append(f"  {name}{stream:<7}@{at:<14}{len(s.data):>8}B  {extra}".rstrip())
+        lines.append(f"  {name}{stream:<7}{where_text(h):<22}{len(s.data):>8}B  "
+                     f"{extra}".rstrip())
         for bl in block_lines(s.data, geo, stream, state, style, max_blocks):
             lines.append(f"      {bl}")
     return lines

@@ -18,8 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "socket, started here unless --target names one. Needs root (a mount namespace). "
         "The exit status is PROGRAM's.")
     p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
-                   help="the embedded daemon's wire address, the one the devices' GIDs carry "
-                   "(default 127.0.0.1, a free port); peers reach it there")
+                   help="the embedded daemon's wire address, the one the devices' GIDs carry; "
+                   "peers reach it there. The default, 127.0.0.1:0, takes an address of its "
+                   "own: the first 127.0.0.N whose port 4791 is free (so the softhca runs of "
+                   "one machine share a port, and an rdma_cm program reaches another's "
+                   "daemon at its address), else 127.0.0.1 and a free port")
     p.add_argument("--target", metavar="SOCKET",
                    help="use the daemon already serving this UNIX socket (serve --unix) "
                    "instead of starting one")
