@@ -5,8 +5,8 @@ A rule watches the packets one daemon sends (``direction: "out"``) or accepts
 
 - ``corrupt``: change bytes of wire block ``block`` of a message (a data byte, or the
   T10-DIF guard, app tag or ref tag field; xor a mask or set a value); a data byte
-  needs no block: without ``block`` and ``block_size``, ``offset`` counts from the
-  message's first byte. With
+  needs no block: given ``offset`` without ``block`` and ``block_size``, it counts from
+  the message's first byte. With
   ``icrc: "recompute"`` the packet's integrity check is computed over the corrupted
   bytes: the corruption happened before the link (a bad DMA, a buggy target), so only
   a signature check can notice it. With ``icrc: "stale"`` the check is the original
@@ -216,7 +216,7 @@ def _check_corrupt(out: dict) -> None:
     out.setdefault("icrc", "recompute")
     if "xor" not in out and "set" not in out:
         out["xor"] = 1
-    if f == "data" and "block" not in out and "block_size" not in out:
+    if f == "data" and "block" not in out and "block_size" not in out and "offset" in out:
         # A byte of the message: ``offset`` from its first byte, no block geometry.
         if "pi_size" in out:
             raise _bad("pi_size goes with 'block' and 'block_size'")
@@ -226,7 +226,7 @@ def _check_corrupt(out: dict) -> None:
     if "block" not in out or "block_size" not in out:
         raise _bad(f"corrupting the {f} field needs 'block' and 'block_size' (wire bytes "
                    "per block, PI included: 520 for T10-DIF on 512-byte blocks); a data "
-                   "byte of the message needs only 'offset'")
+                   "byte of the message needs only 'offset' (from its first byte)")
     pi = out.get("pi_size", 8)
     data = out["block_size"] - pi
     if data <= 0:

@@ -87,10 +87,11 @@ def test_a_corrupt_rule_says_what_it_needs():
     from softhca.protocol.errors import RDMAError
     from softhca.server.faults import validate_rule
 
-    for bad, said in (({"action": "corrupt", "field": "guard"}, "needs 'block' and 'block_size'"),
+    for bad, said in (({"action": "corrupt"}, "needs 'block' and 'block_size'"),
+                      ({"action": "corrupt", "field": "guard"}, "needs 'block' and 'block_size'"),
                       ({"action": "corrupt", "block": 1}, "needs 'block' and 'block_size'"),
                       ({"action": "corrupt", "offset": 3, "xor": 0x100}, "below 0x100"),
-                      ({"action": "corrupt", "pi_size": 4}, "pi_size goes with")):
+                      ({"action": "corrupt", "offset": 3, "pi_size": 4}, "pi_size goes with")):
         with pytest.raises(RDMAError) as e:
             validate_rule(bad)
         assert said in e.value.message, (bad, e.value.message)
