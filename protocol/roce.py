@@ -25,6 +25,7 @@ ICRC        CRC32 over the masked pseudo header (8 bytes of 0xFF for the LRH, th
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 import zlib
@@ -98,11 +99,16 @@ def ipv4_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
+@functools.lru_cache(maxsize=1024)
+def _packed(ip: str) -> bytes:
+    """An IPv4 address's 4 bytes (asked for twice per captured frame: cached)."""
+    return ipaddress.IPv4Address(ip).packed
+
+
 def ipv4_header(src: str, dst: str, payload_len: int, *, ident: int = 0,
                 ttl: int = DEFAULT_TTL, tos: int = 0) -> bytes:
     h = struct.pack(">BBHHHBBH4s4s", 0x45, tos, 20 + payload_len, ident & 0xFFFF,
-                    0x4000, ttl, IPPROTO_UDP, 0, ipaddress.IPv4Address(src).packed,
-                    ipaddress.IPv4Address(dst).packed)
+                    0x4000, ttl, IPPROTO_UDP, 0, _packed(src), _packed(dst))
     return h[:10] + struct.pack(">H", ipv4_checksum(h)) + h[12:]
 
 
@@ -139,7 +145,7 @@ class Endpoint:
 
     @property
     def mac(self) -> bytes:
-        o = ipaddress.IPv4Address(self.ip).packed
+        o = _packed(self.ip)
         return bytes([0x02, o[1], o[2], o[3]]) + struct.pack(">H", self.port & 0xFFFF)
 
 
@@ -234,15 +240,28 @@ class PcapWriter:
     makes each record reach the file at once (readable while capturing, whole after a
     kill)."""
 
-    def __init__(self, path, *, snaplen: int = SNAPLEN, autoflush: bool = False) -> None:
+    def __init__(self, path, *, snaplen: int = SNAPLEN, autoflush: bool = False,
+                 _file=None) -> None:
         self.path = path
         self.snaplen = snaplen
         self.autoflush = autoflush
         self.count = 0
+        if _file is not None:
+            self._f = _file
+            return
         self._f = open(path, "wb")
         self._f.write(struct.pack("<IHHiIII", PCAP_MAGIC_US, 2, 4, 0, 0, snaplen,
                                   LINKTYPE_ETHERNET))
         self.flush()
+
+    @classmethod
+    def append_to(cls, f, *, snaplen: int = SNAPLEN) -> PcapWriter:
+        """Records appended to ``f``, an open binary file whose header another writer
+        wrote (the daemon's capture hands its file to a writer process)."""
+        return cls(getattr(f, "name", None), snaplen=snaplen, _file=f)
+
+    def fileno(self) -> int:
+        return self._f.fileno()
 
     @property
     def closed(self) -> bool:

@@ -38,10 +38,9 @@ from ..engine.cm import CMId, CMState, backlog_of, timewait_seconds
 from ..engine.rc import RCQP
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
-from . import cm_sidr
+from . import cm_addresses, cm_sidr
 from .cm_inbound import CmInbound
 from .cm_timewait import CmTimewait
-from .logs import kv, log
 from .wire import host_class
 
 # Bounds per session: rdma_cm ids, ids waiting for a REP (connects in flight).
@@ -99,15 +98,11 @@ class ConnectionManager(CmInbound, CmTimewait):
             return "127.0.0.1"
 
     def daemon_of(self, ip: str) -> tuple[str, int]:
-        """The daemon (host, wire port) IPv4 address ``ip`` names: this one for its own
-        address and 0.0.0.0, and for every loopback address when this daemon's address
-        is not a loopback one (lo has no other daemon then); a daemon on a loopback
-        address (``softhca run``'s, each on an address of its own in 127.0.0.0/8) finds
-        the other daemons of its host at their loopback addresses."""
-        mine = self.my_ip()
-        if ip in ("0.0.0.0", mine) or ip.startswith("127.") and not mine.startswith("127."):
-            return (self.node.host, self.node.port)
-        return (ip, self.node.port)
+        """The daemon (host, wire port) IPv4 address ``ip`` names (server/cm_addresses.py)."""
+        return cm_addresses.daemon_of(self, ip)
+
+    def explain(self, cid: CMId, event: str, why: str) -> None:
+        cm_addresses.explain(self, cid, event, why)
 
     # -- the session's calls -----------------------------------------------------------
     def get(self, owner, handle: int) -> CMId:
@@ -452,53 +447,11 @@ class ConnectionManager(CmInbound, CmTimewait):
         fail = cid.resend["fail"]
         cid.resend = None
         if fail == "unreachable":
-            self.explain(cid, "unreachable", self._why_unanswered(cid))
+            self.explain(cid, "unreachable", cm_addresses.why_unanswered(self, cid))
         cid.to(CMState.DISCONNECTED)
         self._event(cid, fail, status=0 if fail == "disconnected" else -errno.ETIMEDOUT)
         if fail == "disconnected":
             self.enter_timewait(cid)    # the DREQ's resends ran out: done all the same
-
-    def explain(self, cid: CMId, event: str, why: str) -> None:
-        """One log line saying why ``cid``'s connection cannot be made: the program's
-        event carries a status only (REJECTED 8, UNREACHABLE -110)."""
-        host, port = cid.peer or (self.node.host, self.node.port)
-        log.warning("rdma_cm connect failed %s", kv(
-            event="cm_" + event, dst=f"{cid.peer_ip}:{cid.peer_port}",
-            daemon=f"{host}:{port}", reason=why))
-
-    def _why_unanswered(self, cid: CMId) -> str:
-        """Why a REQ's resends ran out: the wire link to the peer's daemon could not
-        open (nobody listens there, another fabric's peer token, no route), or it is up
-        and nothing answered."""
-        host, port = cid.peer or (self.node.host, self.node.port)
-        sent = self.timing.max_retries + 1
-        link = self.node.wire.links.get((host, port))
-        failure = getattr(link, "failure", None)
-        if failure is None:
-            return f"{sent} REQs to the daemon at {host}:{port} were not answered"
-        said = getattr(failure, "message", None) or str(failure)
-        name = getattr(failure, "errno_name", "")
-        if name == "ECONNREFUSED":
-            return (f"no daemon listens at {host}:{port} ({said}): rdma_cm names the "
-                    f"daemon at the address on this daemon's own wire port {self.node.port}; "
-                    "the peer's daemon must listen there (softhca run --listen "
-                    f"{cid.peer_ip}:{self.node.port}, or the default --listen, which takes "
-                    f"an address of its own in 127.0.0.0/8 on port 4791)")
-        if name == "EACCES":
-            return (f"the daemon at {host}:{port} refused this daemon's wire link ({said}): "
-                    "give both daemons one --peer-token-file")
-        return f"the wire link to the daemon at {host}:{port} failed: {name}: {said}"
-
-    def why_rejected(self, cid: CMId) -> str:
-        """Why a REQ was rejected with reason 8 (invalid service ID): nothing listens on
-        its port at the daemon it reached."""
-        host, port = cid.peer or (self.node.host, self.node.port)
-        why = f"no rdma_cm listener on port {cid.peer_port} at the daemon at {host}:{port}"
-        if (host, port) == (self.node.host, self.node.port) and cid.peer_ip != "0.0.0.0":
-            why += (f": {cid.peer_ip} names this daemon itself; a program under another "
-                    "softhca run has its daemon at another address (its --listen: the "
-                    "default takes the first free 127.0.0.N on port 4791)")
-        return why
 
     # -- events --------------------------------------------------------------------------
     def _event(self, cid: CMId, kind: str, status: int = 0, **fields) -> None:

@@ -9,7 +9,7 @@ from ..engine.cm import CMId, CMState
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameError
-from . import cm_sidr
+from . import cm_addresses, cm_sidr
 from .logs import kv, log
 from .wire import peer_origins
 
@@ -152,7 +152,7 @@ class CmInbound:
         self._cancel(cid)
         self._unpend(cid)
         if cid.state == CMState.REQ_SENT and m["reason"] == proto.REJ_INVALID_SERVICE_ID:
-            self.explain(cid, "rejected", self.why_rejected(cid))
+            self.explain(cid, "rejected", cm_addresses.why_rejected(self, cid))
         cid.to(CMState.DISCONNECTED)
         self._event(cid, "rejected", status=m["reason"],
                     _payload=proto.padded("rej", m["private_data"]))

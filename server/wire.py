@@ -165,11 +165,14 @@ class WirePlane:
         over-MTU drop is per packet). Counters count packets either way. Returns the
         payload bytes dropped on arrival (the fast path's)."""
         qph = self.qps.get((dev, run.dest_qp))
-        if self.events.watching or self.faults.rules or (
+        if self.events.per_packet or self.faults.rules or (
                 qph is not None and run.mtu > qph.rcqp.mtu):
             for pkt in run.packets():
                 self._observe(dev, pkt, qph, sqp, origin, now, touched)
             return 0
+        if self.events.watching:
+            # Taps that take runs (a capture): the run whole, cut later, off this path.
+            self.events.seen("rx", dev, [run], qph.session if qph is not None else None)
         self.counters["packets_received"] += run.n
         if qph is None:
             self.counters["packets_unknown_qp"] += run.n
@@ -261,10 +264,11 @@ class WirePlane:
     def _transmit_to(self, qph: QPHost, dest: tuple[str, int, str],
                      pkts: list[Packet | Run]) -> None:
         host, port, dev = dest
-        if not self.trains or self.events.watching or self.faults.rules:
+        if not self.trains or self.events.per_packet or self.faults.rules:
             # Trains are cut into their packets where packets are needed: each tap
             # and subscriber sees, and each fault rule matches, the packets the QP
-            # would have sent one by one (GSO segmentation before a tap).
+            # would have sent one by one (GSO segmentation before a tap). A tap that
+            # takes runs (a capture) cuts them itself, off the data path.
             pkts = split(pkts)
         if self.events.watching:
             self.events.seen("tx", dev, pkts, qph.session)

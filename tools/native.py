@@ -435,11 +435,12 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     follower = None
     try:
         if args.trace:
-            from .trace import Follower
+            from .trace import ProcessFollower
 
             try:
-                # On the UNIX socket: the TCP port serves no control session.
-                follower = await Follower.start(f"unix:{sock}", args.trace)
+                # On the UNIX socket: the TCP port serves no control session. In a
+                # process of its own: rendering the trace never holds the daemon's loop.
+                follower = await ProcessFollower.start(f"unix:{sock}", args.trace)
             except OSError as e:
                 raise RunError(f"--trace {args.trace}: {e.strerror or e}") from None
             except RDMAError as e:

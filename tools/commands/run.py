@@ -45,11 +45,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faults", metavar="FILE",
                    help="fault rules for the embedded daemon, as 'serve --faults'")
     p.add_argument("--capture", metavar="FILE",
-                   help="the embedded daemon's packets to a pcap, as 'serve --capture'")
+                   help="the embedded daemon's packets to a pcap, as 'serve --capture' "
+                   "(written by a process of its own; a packet that finds 64 MiB waiting is "
+                   "left out and counted, capture_dropped, never delayed)")
     p.add_argument("--trace", metavar="FILE",
                    help="the embedded daemon's pipeline stages of every transfer (the "
                    "program's MKEY blocks: data, guard, app tag, ref tag, ciphertext) to FILE, "
-                   "as 'softhca trace' prints them")
+                   "as 'softhca trace' prints them (rendered by a process of its own; events "
+                   "it cannot keep up with are dropped, and FILE ends saying how many)")
     p.add_argument("--crypto-config", metavar="FILE",
                    help="the embedded daemon's devices' crypto configuration, as 'serve "
                    "--crypto-config' (default: plaintext DEK import)")
