@@ -426,10 +426,13 @@ class Responder:
             # sends them, so a READ costs no second copy of what it reads.
             # A zero-length READ reads no memory: no R_Key check, one empty response
             # (IBTA C9-88, as rxe).
+            # A duplicate READ answered again is the same transfer: traced once, the
+            # first time (the trace lists each transfer once).
             data = b"" if not length else transfer.tx(
                 self.qp.pd, rkey, addr, length, remote=True, view=True,
                 qp_num=self.qp.qp_num,
-                trace=self.qp.trace_for(role="responder", psn=pkt.psn, op="RDMA_READ"))
+                trace=self.qp.trace_for(role="responder", psn=pkt.psn, op="RDMA_READ")
+                if first_time else None)
         except TransferError as err:
             self._nak_fatal(pkt.psn, _FAULT_NAK[err.fault])
             return

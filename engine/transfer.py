@@ -43,9 +43,14 @@ class TraceEvent:
     stage: str              # gather, encrypt, decrypt, check, strip, generate, scatter, wire
     key: int
     stream: str             # memory or wire: the domain the bytes are in after the stage
-    offset: int             # where in that stream the bytes start
+    offset: int             # where in that stream the bytes start (``at`` says what it is)
     data: bytes             # the bytes after the stage
     detail: dict = field(default_factory=dict)
+    # What ``offset`` is: "mkey", an offset into the MKEY's stream (memory or wire
+    # domain); "mr", from the MR's first byte; "reth", the virtual address a remote
+    # access named (the RETH's, within this MR); "sge", the virtual address of a local
+    # SGE (a receive buffer, where a READ's responses land).
+    at: str = "mkey"
 
 
 Trace = Callable[[TraceEvent], None] | None
@@ -185,10 +190,11 @@ class _Tracer:
     def __init__(self, trace: Trace, direction: str, key: int) -> None:
         self.trace, self.direction, self.key = trace, direction, key
 
-    def emit(self, stage: str, stream: str, offset: int, data: np.ndarray, **detail) -> None:
+    def emit(self, stage: str, stream: str, offset: int, data: np.ndarray, *,
+             at: str = "mkey", **detail) -> None:
         if self.trace is not None:
             self.trace(TraceEvent(self.direction, stage, self.key, stream, offset,
-                                  bytes(data), detail))
+                                  bytes(data), detail, at))
 
     def stages(self) -> list[BlockStage] | None:
         return [] if self.trace is not None else None
@@ -226,7 +232,7 @@ def tx(pd: PD, key: int, offset: int, length: int, *, remote: bool = False,
     if isinstance(obj, MR):
         start = _mr_range(obj, offset, length)
         data = obj.buf[start:start + length]
-        t.emit("gather", "memory", start, data)
+        t.emit("gather", "memory", start, data, at="mr")
         return data if view else data.tobytes()
     p = plan(obj, offset, length)
     cs = _precheck(obj, p)
@@ -272,11 +278,13 @@ def rx(pd: PD, key: int, offset: int, wire, *, remote: bool = False,
                    remote, offset, len(wire), qp_num)
     stream = np.frombuffer(wire, dtype=np.uint8)
     t = _Tracer(trace, RX, key)
-    t.emit("wire", "wire", offset, stream)
-    if isinstance(obj, MR):
+    is_mr = isinstance(obj, MR)
+    t.emit("wire", "wire", offset, stream,
+           at=("reth" if remote else "sge") if is_mr else "mkey")
+    if is_mr:
         start = _mr_range(obj, offset, len(stream))
         obj.buf[start:start + len(stream)] = stream
-        t.emit("scatter", "memory", start, stream)
+        t.emit("scatter", "memory", start, stream, at="mr")
         return
     p = plan(obj, offset, len(stream))
     cs = _precheck(obj, p)

@@ -41,7 +41,7 @@ from ..engine.cm import CMId, CMState, backlog_of, timewait_seconds
 from ..engine.rc import RCQP
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
-from . import cm_sidr
+from . import cm_addresses, cm_sidr
 from .cm_inbound import CmInbound
 from .cm_timewait import CmTimewait
 from .wire import host_class
@@ -102,10 +102,11 @@ class ConnectionManager(CmInbound, CmTimewait):
             return "127.0.0.1"
 
     def daemon_of(self, ip: str) -> tuple[str, int]:
-        """The daemon (host, wire port) IPv4 address ``ip`` names."""
-        if ip == "0.0.0.0" or ip.startswith("127.") or ip == self.my_ip():
-            return (self.node.host, self.node.port)
-        return (ip, self.node.port)
+        """The daemon (host, wire port) IPv4 address ``ip`` names (server/cm_addresses.py)."""
+        return cm_addresses.daemon_of(self, ip)
+
+    def explain(self, cid: CMId, event: str, why: str) -> None:
+        cm_addresses.explain(self, cid, event, why)
 
     # -- the session's calls -----------------------------------------------------------
     def get(self, owner, handle: int) -> CMId:
@@ -449,6 +450,8 @@ class ConnectionManager(CmInbound, CmTimewait):
             return
         fail = cid.resend["fail"]
         cid.resend = None
+        if fail == "unreachable":
+            self.explain(cid, "unreachable", cm_addresses.why_unanswered(self, cid))
         cid.to(CMState.DISCONNECTED)
         self._event(cid, fail, status=0 if fail == "disconnected" else -errno.ETIMEDOUT)
         if fail == "disconnected":

@@ -9,9 +9,9 @@ from ..engine.cm import CMId, CMState
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameError
-from . import cm_sidr
+from . import cm_addresses, cm_sidr
 from .logs import kv, log
-from .wire import host_class
+from .wire import peer_origins
 
 
 class CmInbound:
@@ -47,7 +47,7 @@ class CmInbound:
         if cid is None and m["m"] in ("dreq", "drep"):
             self._after_disconnect(m, origin)
             return
-        if cid is None or cid.peer is None or (host_class(cid.peer[0]), cid.peer[1]) != origin \
+        if cid is None or cid.peer is None or origin not in peer_origins(*cid.peer) \
                 or (cid.remote_cid and cid.remote_cid != m["lcid"]) \
                 or cm_sidr.wrong_kind(cid, m["m"]):
             self._refuse(origin, f"{m['m']} for no connection of that daemon")
@@ -170,6 +170,8 @@ class CmInbound:
             return
         self._cancel(cid)
         self._unpend(cid)
+        if cid.state == CMState.REQ_SENT and m["reason"] == proto.REJ_INVALID_SERVICE_ID:
+            self.explain(cid, "rejected", cm_addresses.why_rejected(self, cid))
         cid.to(CMState.DISCONNECTED)
         self._event(cid, "rejected", status=m["reason"],
                     _payload=proto.padded("rej", m["private_data"]))

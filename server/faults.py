@@ -4,7 +4,9 @@ A rule watches the packets one daemon sends (``direction: "out"``) or accepts
 (``"in"``) and, when it matches, changes what the link does with one of them:
 
 - ``corrupt``: change bytes of wire block ``block`` of a message (a data byte, or the
-  T10-DIF guard, app tag or ref tag field; xor a mask or set a value). With
+  T10-DIF guard, app tag or ref tag field; xor a mask or set a value); a data byte
+  needs no block: given ``offset`` without ``block`` and ``block_size``, it counts from
+  the message's first byte. With
   ``icrc: "recompute"`` the packet's integrity check is computed over the corrupted
   bytes: the corruption happened before the link (a bad DMA, a buggy target), so only
   a signature check can notice it. With ``icrc: "stale"`` the check is the original
@@ -20,8 +22,12 @@ A rule watches the packets one daemon sends (``direction: "out"``) or accepts
 
 Matching: ``qp`` (this daemon's QP number: the sender for "out", the receiver for
 "in"), ``opcode`` (a whole opcode name, or a family of them: "RDMA_WRITE" matches
-RDMA_WRITE_FIRST ... _LAST_WITH_IMM; also SEND, RDMA_READ, RDMA_READ_RESPONSE), ``message`` (the n-th message of that QP's
-stream, from 1), ``packet`` (the n-th packet of the message, from 1), ``block``
+RDMA_WRITE_FIRST ... _LAST_WITH_IMM; also SEND, RDMA_READ, RDMA_READ_RESPONSE),
+``message`` (the n-th message, from 1, of one of two streams of that QP in the rule's
+direction, counted apart as they run in two PSN spaces: its requests, SEND, WRITE,
+READ request or atomic, the ones it sends as requester ("out") or takes as responder
+("in"); and its READ responses, one message per READ, sent as responder or taken as
+requester; an ACK begins no message), ``packet`` (the n-th packet of the message, from 1), ``block``
 (only packets that carry bytes of the field in that block), ``probability`` with
 ``seed`` (a rule's own random generator, so the same rules, seed and traffic give
 the same faults), ``count`` (fire at most this many times; absent: no limit).
@@ -143,12 +149,13 @@ class FaultRule:
                  s.get("qp"), op) for op in ops]
 
     def field_range(self) -> tuple[int, int]:
-        """[start, end) of the corrupted field within its block."""
-        w, pi = self.spec["block_size"], self.spec.get("pi_size", 8)
+        """[start, end) of the corrupted field within its block (within the message,
+        for a data byte given without a block)."""
         f = self.spec.get("field", "data")
         if f == "data":
             off = self.spec.get("offset", 0)
             return off, off + 1
+        w, pi = self.spec["block_size"], self.spec.get("pi_size", 8)
         if f == "guard" and pi != T10DIF_PI_BYTES:
             return w - pi, w       # a CRC's PI is its guard, whole
         lo, hi = T10DIF_PI_FIELDS[f]
@@ -203,15 +210,23 @@ def _check_fields(spec: Any) -> None:
 def _check_corrupt(out: dict) -> None:
     """A corrupt rule's block, field and pattern (its defaults filled in ``out``): the
     field must lie inside the block and the pattern fit the field."""
-    if "block" not in out or "block_size" not in out:
-        raise _bad("corrupt needs 'block' and 'block_size' (wire bytes per block, PI "
-                   "included: 520 for T10-DIF on 512-byte blocks)")
     if "xor" in out and "set" in out:
         raise _bad("give 'xor' or 'set', not both")
     f = out.setdefault("field", "data")
     out.setdefault("icrc", "recompute")
     if "xor" not in out and "set" not in out:
         out["xor"] = 1
+    if f == "data" and "block" not in out and "block_size" not in out and "offset" in out:
+        # A byte of the message: ``offset`` from its first byte, no block geometry.
+        if "pi_size" in out:
+            raise _bad("pi_size goes with 'block' and 'block_size'")
+        if "set" in out and out["set"] > 0xFF or out.get("xor", 0) > 0xFF:
+            raise _bad("a data byte takes an xor or set value below 0x100")
+        return
+    if "block" not in out or "block_size" not in out:
+        raise _bad(f"corrupting the {f} field needs 'block' and 'block_size' (wire bytes "
+                   "per block, PI included: 520 for T10-DIF on 512-byte blocks); a data "
+                   "byte of the message needs only 'offset' (from its first byte)")
     pi = out.get("pi_size", 8)
     data = out["block_size"] - pi
     if data <= 0:
@@ -303,7 +318,7 @@ def _block_bytes(r: FaultRule, p: Packet, idx: int, mtu: int) -> tuple[int, int]
     corrupted field for a corrupt rule); empty when the packet carries none of them."""
     s = r.spec
     lo, hi = r.field_range() if s["action"] == "corrupt" else (0, s["block_size"])
-    start = s["block"] * s["block_size"]
+    start = s.get("block", 0) * s.get("block_size", 0)    # 0: a data byte of the message
     po = idx * mtu
     a, b = max(start + lo, po), min(start + hi, po + len(p.payload))
     return a - po, b - po
@@ -420,7 +435,7 @@ class Faults:
         if "packet" in s and (msg is None or idx + 1 != s["packet"]):
             return False, 0, 0
         a = b = 0
-        if "block" in s:
+        if "block" in s or s["action"] == "corrupt":
             if msg is None:
                 return False, 0, 0
             a, b = _block_bytes(r, p, idx, mtu)
@@ -433,7 +448,7 @@ class Faults:
     def _corrupt(self, r: FaultRule, p: Packet, a: int, b: int, idx: int, mtu: int) -> Packet:
         s = r.spec
         lo, hi = r.field_range()
-        field_start = s["block"] * s["block_size"] + lo - idx * mtu   # in packet coordinates
+        field_start = s.get("block", 0) * s.get("block_size", 0) + lo - idx * mtu  # in the packet
         width = hi - lo
         buf = bytearray(p.payload)
         if "set" in s:

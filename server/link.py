@@ -78,7 +78,7 @@ class Link:
 
 async def open_link(host: str, port: int, role: str, token: bytes | None, *,
                     timeout: float, max_frame: int, src: str | None = None,
-                    path: str | None = None) -> Link:
+                    path: str | None = None, local_host: str | None = None) -> Link:
     """Connect to the daemon at ``host:port`` and complete the HELLO exchange as ``role``.
 
     Each of the two steps (TCP connect; challenge, hello, welcome) is bounded by
@@ -90,11 +90,15 @@ async def open_link(host: str, port: int, role: str, token: bytes | None, *,
     errno for an error frame (EBUSY at its connection limit, EACCES for a wrong token),
     HandshakeError from make_hello, EPROTO for anything but a welcome. With ``path``,
     the daemon's UNIX socket instead of TCP (``host:port`` then only names it).
+    ``local_host``: the TCP connection's source address (a daemon on a loopback address
+    of its own leaves from it, so the peer sees which of the host's daemons it is).
     """
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_unix_connection(path, limit=READ_CHUNK) if path is not None
-            else asyncio.open_connection(host, port, limit=READ_CHUNK), timeout)
+            else asyncio.open_connection(
+                host, port, limit=READ_CHUNK,
+                local_addr=(local_host, 0) if local_host is not None else None), timeout)
     except asyncio.TimeoutError:
         raise RDMAError("ETIMEDOUT", f"no answer from {host}:{port} within {timeout:g} s") \
             from None

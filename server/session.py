@@ -31,6 +31,11 @@ TURN_S = 0.002
 # some 700 frames, a few milliseconds of msgpack, not the 5,800 a 256 KiB read holds.
 REQUEST_CHUNK = 1 << 15
 
+# A subscriber's unsent events past this are dropped (counted) rather than queued: the
+# socket's buffer is moved down on every write (asyncio's), so a trace of megabyte
+# transfers that falls behind must not leave megabytes there for the daemon to move.
+EVENT_HIGH_WATER = 2 << 20
+
 
 def _reply_size(ev) -> int:
     """The payload bytes a request's reply will carry (what the reply budget is charged
@@ -154,7 +159,8 @@ class ControlSession:
         """An event to this subscriber. A subscriber that does not keep up loses events
         (counted, and shown in its counters), never slows the wire: the daemon does not
         wait for it."""
-        if self.writer.transport.get_write_buffer_size() > self.daemon.limits.reply_high_water:
+        limit = min(self.daemon.limits.reply_high_water, EVENT_HIGH_WATER)
+        if self.writer.transport.get_write_buffer_size() > limit:
             self.events_dropped += 1
             return
         self.protocol.push_event(header, payload)

@@ -22,6 +22,8 @@ from ..protocol.packets import Packet, packet_header
 from .hosts import QPHost, Session
 from .logs import kv, log
 
+# Trace events kept for the end of a turn of the loop, at most (past it: dropped).
+TRACE_PENDING = 4096
 # A wire tap: called with the direction ("tx" | "rx"), the device and the packet.
 Tap = Callable[[str, str, Packet], None]
 
@@ -38,6 +40,8 @@ def plain(v: Any) -> Any:
     if isinstance(v, dict):
         return {str(k): plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
+        if all(type(x) is int and -(1 << 63) <= x < (1 << 64) for x in v):
+            return list(v)      # a check's results per block: thousands, plain already
         return [plain(x) for x in v]
     if dataclasses.is_dataclass(v):
         return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
@@ -57,6 +61,9 @@ class Taps:
         # ``side_features_stopped``: taps and subscribers stopped because they failed.
         self.counters = counters if counters is not None else {}
         self.counters.setdefault("side_features_stopped", 0)
+        self.counters.setdefault("trace_events_dropped", 0)
+        # Trace events waiting for the end of this turn of the loop (_trace_event).
+        self._trace_pending: list[tuple] = []
         # Wire taps: empty, they cost one truth test per batch.
         self.taps: list[Tap] = []
         # Sessions that asked for pushed events: session -> ({"packets", "trace"},
@@ -67,8 +74,16 @@ class Taps:
 
     @property
     def watching(self) -> bool:
-        """Whether anything must see the packets one by one (a tap or a subscriber)."""
+        """Whether anything must see the packets (a tap or a subscriber)."""
         return bool(self.taps) or self.packet_watch
+
+    @property
+    def per_packet(self) -> bool:
+        """Whether something must see them one by one: a ``packets`` subscriber, or a
+        tap that does not take runs (``takes_runs``: a capture, which cuts a train into
+        its packets on a thread of its own)."""
+        return self.packet_watch or any(not getattr(t, "takes_runs", False)
+                                        for t in self.taps)
 
     def subscribe(self, session: Session, kinds: set[str] | frozenset[str],
                   daemon_wide: bool = False) -> None:
@@ -107,11 +122,12 @@ class Taps:
         dev, owner = qph.hca.name, qph.session
         return lambda ctx, ev: self._trace_event(dev, ctx, ev, owner)
 
-    def seen(self, direction: str, dev: str, pkts: list[Packet],
+    def seen(self, direction: str, dev: str, pkts: list,
              owner: Session | None) -> None:
         """Packets of ``owner``'s QP (None: of no QP here) sent ("tx") or accepted ("rx"):
-        to the wire taps, then to the subscribers. A tap that fails is stopped, never
-        the packets."""
+        to the wire taps, then to the subscribers. ``pkts`` holds runs (trains) only
+        when nothing is ``per_packet``. A tap that fails is stopped, never the
+        packets."""
         failed = None
         for tap in self.taps:
             try:
@@ -138,15 +154,35 @@ class Taps:
             self._push(s, header, p.payload)
 
     def _trace_event(self, dev: str, ctx: dict, ev, owner: Session) -> None:
-        subs = self.wants("trace", owner)
-        if not subs:
+        """A stage of a transfer, on the data path: kept (the engine's event holds a
+        copy of the stage's bytes) and pushed once this turn of the loop is over, after
+        the packets and ACKs the transfer made have gone, so that a trace never delays
+        an ACK. At most ``TRACE_PENDING`` wait; past it an event is dropped, counted
+        (``trace_events_dropped``)."""
+        if not self.wants("trace", owner):
             return
-        header = {"t": FrameKind.EVENT, "kind": "trace", "dev": dev, "daemon": self.address(),
-                  "time": asyncio.get_running_loop().time(), **plain(ctx),
-                  "direction": ev.direction, "stage": ev.stage, "key": ev.key,
-                  "stream": ev.stream, "offset": ev.offset, "detail": plain(ev.detail)}
-        for s in subs:
-            self._push(s, header, ev.data)
+        loop = asyncio.get_running_loop()
+        if len(self._trace_pending) >= TRACE_PENDING:
+            self.counters["trace_events_dropped"] += 1
+            return
+        if not self._trace_pending:
+            loop.call_soon(self._push_traces)
+        self._trace_pending.append((dev, ctx, ev, owner, loop.time()))
+
+    def _push_traces(self) -> None:
+        pending, self._trace_pending = self._trace_pending, []
+        daemon = self.address()
+        for dev, ctx, ev, owner, when in pending:
+            subs = self.wants("trace", owner)
+            if not subs:
+                continue
+            header = {"t": FrameKind.EVENT, "kind": "trace", "dev": dev, "daemon": daemon,
+                      "time": when, **plain(ctx),
+                      "direction": ev.direction, "stage": ev.stage, "key": ev.key,
+                      "stream": ev.stream, "offset": ev.offset, "at": ev.at,
+                      "detail": plain(ev.detail)}
+            for s in subs:
+                self._push(s, header, ev.data)
 
     def notice(self, qph: QPHost, fields: dict) -> None:
         """Something a trace subscriber should be told about QP ``qph`` beside its

@@ -165,11 +165,14 @@ class WirePlane:
         over-MTU drop is per packet). Counters count packets either way. Returns the
         payload bytes dropped on arrival (the fast path's)."""
         qph = self.qps.get((dev, run.dest_qp))
-        if self.events.watching or self.faults.rules or (
+        if self.events.per_packet or self.faults.rules or (
                 qph is not None and run.mtu > qph.rcqp.mtu):
             for pkt in run.packets():
                 self._observe(dev, pkt, qph, sqp, origin, now, touched)
             return 0
+        if self.events.watching:
+            # Taps that take runs (a capture): the run whole, cut later, off this path.
+            self.events.seen("rx", dev, [run], qph.session if qph is not None else None)
         self.counters["packets_received"] += run.n
         if qph is None:
             self.counters["packets_unknown_qp"] += run.n
@@ -261,10 +264,11 @@ class WirePlane:
     def _transmit_to(self, qph: QPHost, dest: tuple[str, int, str],
                      pkts: list[Packet | Run]) -> None:
         host, port, dev = dest
-        if not self.trains or self.events.watching or self.faults.rules:
+        if not self.trains or self.events.per_packet or self.faults.rules:
             # Trains are cut into their packets where packets are needed: each tap
             # and subscriber sees, and each fault rule matches, the packets the QP
-            # would have sent one by one (GSO segmentation before a tap).
+            # would have sent one by one (GSO segmentation before a tap). A tap that
+            # takes runs (a capture) cuts them itself, off the data path.
             pkts = split(pkts)
         if self.events.watching:
             self.events.seen("tx", dev, pkts, qph.session)
@@ -366,7 +370,7 @@ class WirePlane:
     def cannot_hear(self, host: str, port: int) -> bool:
         """Whether the daemon at ``host:port`` was reached by a link from here but never
         opened one back (so its packets, the ACKs included, cannot come)."""
-        return (host, port) in self.reached and (host_class(host), port) not in self.heard_from
+        return (host, port) in self.reached and not peer_origins(host, port) & self.heard_from
 
     def set_origins(self, qph: QPHost, host: str, port: int) -> None:
         """The (host, port) pairs a QP connected to ``host:port`` takes packets from;
@@ -375,7 +379,7 @@ class WirePlane:
         cls = host_class(host)
         qph.origins = frozenset()
         if cls == "loopback" or _is_ip(host):
-            qph.origins = frozenset({(cls, port)})
+            qph.origins = peer_origins(host, port)
             return
 
         async def resolve() -> None:
@@ -386,7 +390,8 @@ class WirePlane:
                                                              host=host, reason=str(e)))
                 return
             if qph.dest is not None and qph.dest[:2] == (host, port):
-                qph.origins = frozenset((host_class(i[4][0]), port) for i in infos)
+                qph.origins = frozenset().union(*(peer_origins(i[4][0], port)
+                                                  for i in infos))
 
         task = asyncio.get_running_loop().create_task(resolve())
         self.resolving.add(task)
@@ -559,7 +564,8 @@ class WireLink:
         try:
             link = await open_link(self.host, self.port, "wire", self.plane.peer_token,
                                    timeout=HANDSHAKE_TIMEOUT, max_frame=self.plane.max_frame,
-                                   src=self.daemon)
+                                   src=self.daemon,
+                                   local_host=loopback_source(self.daemon, self.host))
             reader, writer = link.reader, link.writer
             peer_max = link.welcome.get("max_frame")
             if type(peer_max) is int and peer_max > 0:
@@ -613,15 +619,49 @@ def _charge(p: Packet | Run) -> int:
 
 
 def host_class(ip: str) -> str:
-    """A host as the wire check compares it: every loopback address is one host, and an
-    IPv4-mapped IPv6 address (a dual-stack listener's view) is its IPv4 address."""
+    """A host as the wire check compares it: 127.0.0.1, ::1 and "localhost" are one
+    host ("loopback", where a wildcard or 127.0.0.1 daemon's links come from); any other
+    address of 127.0.0.0/8 is a host of its own, as each ``softhca run`` daemon on one
+    machine takes an address of its own there and leaves from it (``loopback_source``).
+    An IPv4-mapped IPv6 address (a dual-stack listener's view) is its IPv4 address."""
     try:
         addr = ipaddress.ip_address(ip.split("%")[0])
     except ValueError:
         return "loopback" if ip == "localhost" else ip
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
-    return "loopback" if addr.is_loopback else str(addr)
+    if addr.is_loopback and (addr.version == 6 or str(addr) == "127.0.0.1"):
+        return "loopback"
+    return str(addr)
+
+
+def peer_origins(host: str, port: int) -> frozenset[tuple[str, int]]:
+    """The link origins (``link_origin``) the daemon at ``host:port`` may send from: its
+    host's class, and for a loopback address "loopback" too (a daemon listening on
+    0.0.0.0 or 127.0.0.1 that was dialed at another loopback address, or by a host name
+    such as Debian's 127.0.1.1, leaves from 127.0.0.1)."""
+    cls = host_class(host)
+    try:
+        loop = ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        loop = False
+    return frozenset({(cls, port), ("loopback", port)} if loop else {(cls, port)})
+
+
+def loopback_source(daemon: str, host: str) -> str | None:
+    """The source address of a wire link from the daemon at ``daemon`` (HOST:PORT) to
+    ``host``: the daemon's own when both are IPv4 loopback addresses and the daemon's is
+    not 127.0.0.1 (the kernel would pick 127.0.0.1, and the peer would take the link for
+    another daemon's: a reply sent there finds nobody); None (the kernel's choice)
+    otherwise."""
+    own = daemon.rpartition(":")[0]
+    try:
+        a, b = ipaddress.IPv4Address(own), ipaddress.IPv4Address(host)
+    except ValueError:
+        return None
+    if a.is_loopback and b.is_loopback and own != "127.0.0.1":
+        return own
+    return None
 
 
 def self_route(own_host: str, own_port: int, dialed: tuple[str, int] | None, host: str,

@@ -124,6 +124,41 @@ _READY = b"softhca-run-ready\n"
 _STDERR_FD = 9
 
 
+# ``--listen`` 127.0.0.1:0, the default, asks for an address of the daemon's own: the
+# first of 127.0.0.1, 127.0.0.2, ... whose port SHARED_PORT is free. Each ``softhca run``
+# on one machine then has its own loopback address on one wire port, as hosts of one
+# RoCE fabric share UDP 4791, so that an rdma_cm program reaches another's daemon by
+# its address (docs/native.md, "Two programs on one machine").
+OWN_LOOPBACK = ("127.0.0.1", 0)
+SHARED_PORT = 4791
+LOOPBACK_ADDRESSES = 254
+
+
+async def start_on_own_loopback(daemon, port: int = SHARED_PORT) -> None:
+    """Start ``daemon`` on the first 127.0.0.N:``port`` that is free; when none is (a daemon on 0.0.0.0:4791 holds them all), on 127.0.0.1 and a
+    free port, which GID-exchange programs reach and rdma_cm programs of other daemons
+    cannot (said in one log line)."""
+    import errno
+
+    from ..server.logs import kv, log
+
+    for n in range(1, LOOPBACK_ADDRESSES + 1):
+        daemon.host, daemon.port = f"127.0.0.{n}", port
+        try:
+            await daemon.start()
+            return
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+    daemon.host, daemon.port = OWN_LOOPBACK
+    await daemon.start()
+    log.warning("no loopback address of its own %s", kv(
+        event="listen_fallback", address=daemon.address,
+        reason=f"port {port} is taken on every 127.0.0.N: GID-exchange programs "
+        "reach this daemon, rdma_cm programs of other daemons cannot (an address names "
+        f"the daemon on this daemon's wire port); give --listen ADDR:PORT to choose"))
+
+
 class RunError(Exception):
     """``softhca run`` cannot set the program up (said before it starts)."""
 
@@ -458,7 +493,10 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     daemon = Daemon(hcas, host, port, **opts)
     for rule in _fault_rules(args.faults):
         daemon.faults.add(rule)
-    await daemon.start()
+    if (host, port) == OWN_LOOPBACK:
+        await start_on_own_loopback(daemon)
+    else:
+        await daemon.start()
     tap = None
     if args.capture:
         from ..server.capture import CaptureTap
@@ -470,11 +508,12 @@ async def _embedded(args, argv: list[str], tmp: Path, provider: Path) -> int:
     follower = None
     try:
         if args.trace:
-            from .trace import Follower
+            from .trace import ProcessFollower
 
             try:
-                # On the UNIX socket: the TCP port serves no control session.
-                follower = await Follower.start(f"unix:{sock}", args.trace)
+                # On the UNIX socket: the TCP port serves no control session. In a
+                # process of its own: rendering the trace never holds the daemon's loop.
+                follower = await ProcessFollower.start(f"unix:{sock}", args.trace)
             except OSError as e:
                 raise RunError(f"--trace {args.trace}: {e.strerror or e}") from None
             except RDMAError as e:

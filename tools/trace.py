@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -374,6 +376,23 @@ def header_line(t: Transfer, style: Style) -> str:
     return style("head", text) + (style("dim", f"  [{where}]") if where else "")
 
 
+# What a stage's offset is (the event's ``at``, engine/transfer.py TraceEvent), as the
+# trace labels it: an offset into the MKEY's stream or into the MR, or a virtual address
+# the RETH named (a remote access into this MR) or a local SGE holds (a receive buffer,
+# where a READ's responses land).
+WHERE = {"mkey": "mkey+0x{:x}", "mr": "mr+0x{:x}", "reth": "reth va 0x{:x}",
+         "sge": "sge va 0x{:x}"}
+
+
+def where_text(h: dict) -> str:
+    """Where a stage's bytes are, labelled: ``mkey+0x200``, ``mr+0x0``, ``reth va
+    0x7f..``, ``sge va 0x7f..``; a daemon that does not say (older) gives ``@0x..``."""
+    offset = h.get("offset", 0)
+    if not isinstance(offset, int):
+        return f"@{offset}"
+    return WHERE.get(str(h.get("at")), "@0x{:x}").format(offset)
+
+
 def render_transfer(t: Transfer, style: Style, max_blocks: int = 3) -> list[str]:
     geo = geometry(t)
     states = cipher_states(t)
@@ -413,11 +432,8 @@ def render_transfer(t: Transfer, style: Style, max_blocks: int = 3) -> list[str]
             extra += style("bad", f"  not whole blocks: the last {d['partial_block']}B are a "
                                   "partial block, plain data (partial-block transfer "
                                   f"#{d.get('partial_block_transfers')} on this MKEY)")
-        # Where the bytes are: an offset into the MKEY, or on the wire the virtual address
-        # the packet names (RETH); in hex, as addresses are everywhere else.
-        offset = h.get("offset", 0)
-        at = f"0x{offset:x}" if isinstance(offset, int) else str(offset)
-        lines.append(f"  {name}{stream:<7}@{at:<14}{len(s.data):>8}B  {extra}".rstrip())
+        lines.append(f"  {name}{stream:<7}{where_text(h):<22}{len(s.data):>8}B  "
+                     f"{extra}".rstrip())
         for bl in block_lines(s.data, geo, stream, state, style, max_blocks):
             lines.append(f"      {bl}")
     return lines
@@ -566,6 +582,78 @@ async def _follow(args: argparse.Namespace, token: bytes | None, printer: Printe
     return EXIT_OK
 
 
+class ProcessFollower:
+    """A Follower in a process of its own (``softhca run --trace``): the daemon's loop
+    only pushes the events (dropping them, counted, for a reader that falls behind,
+    server/session.py); reading, grouping, rendering and writing them happen in another
+    interpreter, so they take neither the daemon's loop nor its GIL. The child ends when
+    its stdin closes (``stop``, or this process dying), after the stream is quiet."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, address: str, path: str) -> ProcessFollower:
+        """Subscribed (daemon-wide) when it returns; OSError with the child's reason
+        when it could not attach."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _FOLLOW_MAIN, address, path,
+            stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode().strip()
+        except asyncio.TimeoutError:
+            line = "no answer within 60 s"
+        if line != "attached":
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise OSError(line.removeprefix("error: ") or "the trace process ended")
+        return cls(proc)
+
+    async def stop(self) -> int:
+        """Takes what is still coming (until the stream is quiet), closes the session and
+        the file; the number of events written."""
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        out = (await self.proc.stderr.read()).decode().split()
+        await self.proc.wait()
+        return int(out[-1]) if out and out[-1].isdigit() else 0
+
+
+# The child of ProcessFollower: argv[1] the daemon, argv[2] the file.
+_FOLLOW_MAIN = "import sys; from softhca.tools.trace import follow_main; " \
+    "sys.exit(follow_main(sys.argv[1], sys.argv[2]))"
+
+
+def follow_main(address: str, path: str) -> int:
+    """ProcessFollower's child: attach, say "attached" on stderr, follow until stdin
+    closes, then print the number of events written."""
+    # Below the daemon's priority: where the CPUs are short, the daemon's packets and
+    # ACKs come first; the trace falls behind (its events dropped, counted) instead.
+    with contextlib.suppress(OSError):
+        os.nice(10)
+
+    async def main() -> int:
+        try:
+            follower = await Follower.start(address, path)
+        except OSError as e:
+            print(f"error: {e.strerror or e}", file=sys.stderr, flush=True)
+            return 1
+        except Exception as e:         # noqa: BLE001 - said to the parent, which raises
+            print(f"error: {getattr(e, 'errno_name', type(e).__name__)}: "
+                  f"{getattr(e, 'message', e)}", file=sys.stderr, flush=True)
+            return 1
+        print("attached", file=sys.stderr, flush=True)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, sys.stdin.buffer.read)
+        print(await follower.stop(), file=sys.stderr, flush=True)
+        return 0
+
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(main())
+    return 1
+
+
 class Follower:
     """The trace of a daemon this process runs, written to a file as ``softhca trace``
     prints it (``softhca run --trace FILE``: the daemon ``softhca run`` embeds has no
@@ -622,6 +710,15 @@ class Follower:
         except (asyncio.CancelledError, Exception):  # noqa: S110 - the session is ending
             pass
         self.printer.flush()
+        # Events the daemon did not send (this reader fell behind its bounded buffer)
+        # or this side let go: said, so that a transfer missing from the trace is
+        # known to be missing, not taken for one that never happened.
+        lost = getattr(getattr(self.node, "_conn", None), "events_dropped", 0)
+        with contextlib.suppress(Exception):
+            lost += int((await self.node.counters()).get("events_dropped", 0))
+        if lost:
+            self.out.write(f"softhca trace: {lost} events dropped: the trace fell behind "
+                           "the traffic (the daemon never waits for it)\n")
         await self.node.close()
         self.out.close()
         return self.events

@@ -7,6 +7,7 @@ Each test performs the attack the issue describes and asserts the fix.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from softhca.protocol.frames import FrameDecoder, frame_bytes
 from softhca.protocol.handshake import make_hello
 from softhca.protocol.packets import Packet, packet_header
 from softhca.server.daemon import PROCESS_PEER_TOKEN, host_class
+from softhca.server.wire import loopback_source, peer_origins
 
 from e2e import connect_pair, make_side, rdma, sge
 
@@ -351,15 +353,25 @@ async def test_a_packet_or_trace_subscriber_sees_only_its_own_sessions_qps():
 
 
 def test_the_wire_check_compares_hosts_as_addresses():
-    assert host_class("127.0.0.1") == host_class("127.0.0.2") == host_class("::1") \
-        == host_class("localhost") == host_class("::ffff:127.0.0.1") == "loopback"
+    assert host_class("127.0.0.1") == host_class("::1") == host_class("localhost") \
+        == host_class("::ffff:127.0.0.1") == "loopback"
+    # Another loopback address is a host of its own: the address a softhca run daemon
+    # takes on one machine (its links leave from it).
+    assert host_class("127.0.0.2") == "127.0.0.2" != host_class("127.0.0.3")
     assert host_class("::ffff:10.200.0.2") == host_class("10.200.0.2") == "10.200.0.2"
     assert host_class("10.200.0.2") != host_class("10.200.0.3")
+    # A daemon dialed at a loopback address may send from 127.0.0.1 (a wildcard one).
+    assert peer_origins("127.0.0.2", 4791) == {("127.0.0.2", 4791), ("loopback", 4791)}
+    assert peer_origins("10.200.0.2", 4791) == {("10.200.0.2", 4791)}
+    assert loopback_source("127.0.0.2:4791", "127.0.0.3") == "127.0.0.2"
+    assert loopback_source("127.0.0.1:4791", "127.0.0.3") is None
+    assert loopback_source("127.0.0.2:4791", "10.200.0.1") is None
+    assert loopback_source("0.0.0.0:4791", "127.0.0.3") is None
 
 
 async def test_a_qp_connected_by_host_name_takes_its_peers_packets_once_resolved():
     name = socket.gethostname()
-    if not all(host_class(i[4][0]) == "loopback" for i in socket.getaddrinfo(name, 1)):
+    if not all(ipaddress.ip_address(i[4][0]).is_loopback for i in socket.getaddrinfo(name, 1)):
         pytest.skip(f"this host's name {name} does not resolve to loopback")
     async with sh.embedded() as inode, sh.embedded() as tnode:
         i, t = await make_side(inode), await make_side(tnode)

@@ -440,7 +440,7 @@ def test_trace_shows_a_c_programs_blocks(where, tmp_path):
     # the transfer's header names the READ it answered and the MKEY's key, TX
     assert re.search(rf"^QP 0x[0-9a-f]+ RDMA_READ responder psn 0x[0-9a-f]+, rkey 0x{rkey:x}, TX",
                      text, re.M), text[:3000]
-    assert re.search(r"^  generate wire\s+@0x0\s+16416B\s+PI 8B per block", text, re.M), text[:3000]
+    assert re.search(r"^  generate wire\s+mkey\+0x0\s+16416B\s+PI 8B per block", text, re.M), text[:3000]
     for b in (0, 3):    # the first blocks and the last are shown
         pi = dif(data[b * 4096:(b + 1) * 4096], b, 0xFFFF, 0x5A5A, 0x1000)
         line = (rf"^\s+blk {b}\s+data 4096B [0-9a-f .]+\| guard 0x{pi[:2].hex()} "

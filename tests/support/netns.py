@@ -258,3 +258,26 @@ def _teardown(t: Topology) -> None:
     ip("link", "del", t.target_veth, ns=t.target_ns, check=False)
     for ns in (t.target_ns, t.initiator_ns):
         ip("netns", "del", ns, check=False)
+
+
+@contextlib.contextmanager
+def one_host() -> Iterator[str]:
+    """A network namespace with only ``lo`` up: one machine of its own, whose loopback
+    addresses no other test's daemon holds (the README's two programs on one machine
+    run there as on a fresh host). Yields its name; whatever runs in it is killed and
+    the namespace deleted on the way out."""
+    ns = f"shca-one-{os.getpid()}-{next(_counter)}"
+    pids: set[int] = set()
+    try:
+        ip("netns", "add", ns)
+        ip("link", "set", "lo", "up", ns=ns)
+        yield ns
+    finally:
+        for pid in _pids_in(ns):
+            pids.add(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ip("netns", "del", ns, check=False)

@@ -128,3 +128,26 @@ def test_a_wrong_rule_is_named_before_the_daemon_is_reached():
         assert r.returncode == 1, r.stderr
         assert r.stderr == ("softhca faults add: EINVAL: fault rule: action='corupt' is not "
                             "valid: one of corrupt, drop, duplicate, delay, reorder, rnr\n")
+
+
+def test_every_example_of_faults_help_is_a_rule_the_parser_takes():
+    """Each ``softhca faults add`` example of the help parses as the command line would
+    (the CLI's own parser) and its fields are a rule the daemon's check accepts."""
+    import shlex
+
+    from softhca.server.faults import validate_rule
+    from softhca.tools.cli import build_parser
+    from softhca.tools.commands.faults import FAULTS_EPILOG, parse_rule_fields
+
+    text = FAULTS_EPILOG.replace("\\\n", " ")
+    examples = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("softhca faults")]
+    assert len(examples) >= 4, examples
+    for line in examples:
+        argv = shlex.split(line)[1:]
+        args, extra = build_parser().parse_known_args(argv)
+        fields = list(args.fields) + extra
+        assert args.op == "add" and args.daemon_wide and fields, line
+        rule = validate_rule(parse_rule_fields(fields))
+        assert rule["action"] in ("corrupt", "drop"), line
+    # The help names a corrupt rule on a data byte with offset alone: it is one.
+    assert any("offset=" in ln and "block=" not in ln for ln in examples)

@@ -181,10 +181,15 @@ def test_a_bad_opcode_is_answered_with_whole_opcode_names():
 
 # -- the trace's addresses -----------------------------------------------------------
 
-async def test_trace_prints_the_wire_virtual_address_in_hex():
+async def test_trace_labels_each_address_it_prints():
+    """A WRITE into a plain MR: the wire stage's address is the one the RETH named
+    (``reth va``, in hex), the scatter's its offset from the MR's first byte (``mr+``);
+    a RECV's wire stage is at the receive SGE's address (``sge va``); a gather from an
+    MR is at its offset in it. Each expected value is worked out here from the MRs'
+    addresses and the WRs' SGEs."""
     async with sh.embedded() as node:
         trace = await asyncio.create_subprocess_exec(
-            *CLI, "trace", "--target", node.address, "--count", "2", "--no-color",
+            *CLI, "trace", "--target", node.address, "--count", "6", "--no-color",
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         ca, cb = await node.open_device("mlx5_0"), await node.open_device("mlx5_0")
         pa, pb = await ca.alloc_pd(), await cb.alloc_pd()
@@ -202,10 +207,18 @@ async def test_trace_prints_the_wire_virtual_address_in_hex():
         wr.set_wr_rdma(dst.rkey, dst.addr + 0x1230)
         await qa.post_send(wr)
         assert (await cqa.poll(timeout=5.0))[0].status == sh.IBV_WC_SUCCESS
+        await qb.post_recv(sh.RecvWR(wr_id=2, sg=[sh.SGE(dst.addr + 0x40, 64, dst.lkey)]))
+        await qa.post_send(sh.SendWR(wr_id=3, opcode=sh.IBV_WR_SEND,
+                                     sg=[sh.SGE(src.addr + 8, 7, src.lkey)]))
+        assert (await cqa.poll(timeout=5.0))[0].status == sh.IBV_WC_SUCCESS
         out, _ = await asyncio.wait_for(trace.communicate(), 30)
     text = out.decode()
-    wire = [ln for ln in text.splitlines() if ln.lstrip().startswith("wire ")]
-    assert wire and wire[0].split()[2] == f"@0x{dst.addr + 0x1230:x}", text
+    stages = [ln.split(None, 2) for ln in text.splitlines() if re.match(r"  \S", ln)]
+    where = [(name, rest.rsplit(None, 1)[0].strip()) for name, _stream, rest in stages]
+    assert where == [("gather", "mr+0x0"),
+                     ("wire", f"reth va 0x{dst.addr + 0x1230:x}"), ("scatter", "mr+0x1230"),
+                     ("gather", "mr+0x8"),
+                     ("wire", f"sge va 0x{dst.addr + 0x40:x}"), ("scatter", "mr+0x40")], text
 
 
 # -- a token file the daemon's uid cannot read -------------------------------------------

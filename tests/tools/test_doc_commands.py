@@ -43,6 +43,9 @@ _NATIVE = "root and Debian's verbs programs in network namespaces: tests/native 
 _PLACEHOLDER = ("HOST:PORT stands for the reader's daemon; the tutorial's session below "
                 "runs the same command against real ones")
 
+_ONE_MACHINE = ("tests/native/test_one_machine.py (two softhca runs on one machine, as root, "
+                "in a network namespace with only lo)")
+
 PEER_TOKEN = "(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > peer-token)"
 
 RUN = {
@@ -128,9 +131,20 @@ ELSEWHERE = {
         "tests/containers/test_compose.py",
     ".venv/bin/softhca run -- ibv_devinfo -v": "tests/native/test_verbs_programs.py",
     ".venv/bin/softhca run --peer-token-file peer-token --listen 127.0.0.1:0 -- "
-    "ibv_rc_pingpong -g 0": "tests/native/test_verbs_programs.py",
+    "ibv_rc_pingpong -g 0 &": _ONE_MACHINE,
     ".venv/bin/softhca run --peer-token-file peer-token --listen 127.0.0.1:0 -- "
-    "ibv_rc_pingpong -g 0 127.0.0.1": "tests/native/test_verbs_programs.py",
+    "ibv_rc_pingpong -g 0 127.0.0.1": _ONE_MACHINE,
+    ".venv/bin/softhca run --peer-token-file peer-token --listen 127.0.0.1:0 -- "
+    "rping -s -v -C 3 &": _ONE_MACHINE,
+    ".venv/bin/softhca run --peer-token-file peer-token --listen 127.0.0.1:0 -- "
+    "rping -c -v -C 3 -a 127.0.0.1": _ONE_MACHINE,
+    ".venv/bin/softhca run --peer-token-file peer-token -- ibv_rc_pingpong -g 0 &":
+        _ONE_MACHINE,
+    ".venv/bin/softhca run --peer-token-file peer-token -- ibv_rc_pingpong -g 0 127.0.0.1":
+        _ONE_MACHINE,
+    ".venv/bin/softhca run --peer-token-file peer-token -- rping -s -v -C 3 &": _ONE_MACHINE,
+    ".venv/bin/softhca run --peer-token-file peer-token -- rping -c -v -C 3 -a 127.0.0.1":
+        _ONE_MACHINE,
     ".venv/bin/softhca run --peer-token-file peer-token -- ib_write_bw   "
     "# and on the other side:": "tests/native/test_perftest.py",
     ".venv/bin/softhca run --peer-token-file peer-token -- ib_write_bw 127.0.0.1":

@@ -132,7 +132,7 @@ async def test_text_groups_the_stages_under_one_header(rng):
                         lines[0]), lines[0]
     stage_lines = [ln for ln in lines[1:] if re.match(r"  \S", ln)]
     assert [ln.split()[0] for ln in stage_lines] == ["wire", "check", "strip", "scatter"]
-    assert re.match(rf"  wire +wire +@0x0 +{BLOCKS * 520}B$", stage_lines[0])
+    assert re.match(rf"  wire +wire +mkey\+0x0 +{BLOCKS * 520}B$", stage_lines[0])
     assert "check_mask 0xff: blk 0 NO_ERR, blk 1 NO_ERR, blk 2 NO_ERR, blk 3 NO_ERR" in out
     assert "PI 8B per block removed" in out
     # The blocks, cut into fields: data, then guard, app tag and ref tag (REF_REMAP).

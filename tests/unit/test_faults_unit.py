@@ -66,3 +66,32 @@ def test_message_packet_and_block_select_the_bytes():
     again = f.apply("out", 0x22, MTU, [stream(3)[4]])
     assert again[0].packet.payload[8:10] == b"\xab\xcd"
     assert f.rules[0].fired == 2
+
+
+def test_a_data_byte_needs_only_its_offset_in_the_message():
+    # No block: offset 2100 is byte 2100 of message 3, the 53rd byte of its third packet
+    # (bytes 2048..3071 at an MTU of 1024); message 3's bytes are all 2.
+    f = Faults()
+    rule = f.add({"action": "corrupt", "message": 3, "offset": 2100, "xor": 0xFF})
+    assert "block" not in rule.spec and rule.spec["field"] == "data"
+    pkts = stream(4)
+    out = [e.packet for p in pkts for e in f.apply("out", 0x22, MTU, [p])]
+    changed = [(q.psn, i, q.payload[i]) for p, q in zip(pkts, out, strict=True)
+               for i in range(len(p.payload)) if p.payload[i] != q.payload[i]]
+    assert changed == [(8, 2100 - 2048, 2 ^ 0xFF)]
+
+
+def test_a_corrupt_rule_says_what_it_needs():
+    import pytest
+
+    from softhca.protocol.errors import RDMAError
+    from softhca.server.faults import validate_rule
+
+    for bad, said in (({"action": "corrupt"}, "needs 'block' and 'block_size'"),
+                      ({"action": "corrupt", "field": "guard"}, "needs 'block' and 'block_size'"),
+                      ({"action": "corrupt", "block": 1}, "needs 'block' and 'block_size'"),
+                      ({"action": "corrupt", "offset": 3, "xor": 0x100}, "below 0x100"),
+                      ({"action": "corrupt", "offset": 3, "pi_size": 4}, "pi_size goes with")):
+        with pytest.raises(RDMAError) as e:
+            validate_rule(bad)
+        assert said in e.value.message, (bad, e.value.message)

@@ -15,18 +15,34 @@ rule fields (key=value; numbers may be 0x...):
   action      corrupt | drop | duplicate | delay | reorder | rnr   (required)
   direction   out (default: packets this daemon sends) | in (packets it accepts)
   qp          this daemon's QP number          opcode   e.g. RDMA_WRITE, SEND, RDMA_READ_RESPONSE
-  message     the n-th message (from 1)        packet   the n-th packet of the message (from 1)
-  block       wire block k (from 0)            block_size  wire bytes per block (520 for T10-DIF/512)
+  message     the n-th message (from 1) of the QP in that direction, counted in one of
+              two streams: its requests (SEND, RDMA_WRITE, RDMA_READ request, atomic:
+              sent as requester with out, taken as responder with in) or, apart, its
+              READ responses (one message per READ: sent as responder with out, taken
+              as requester with in); a retransmitted message is not a new one
+  packet      the n-th packet of the message (from 1)
+  block       wire block k (from 0), with block_size: wire bytes per block, PI included
+              (520 for T10-DIF on 512-byte blocks)
   probability 0..1, with seed                  count    fire at most this many times
-  corrupt:    field=data|guard|app_tag|ref_tag, offset (data byte), xor=MASK | set=VALUE,
-              icrc=recompute (a corruption before the link) | stale (a link error: dropped)
+  corrupt:    field=data (the default) with offset: a data byte, counted from the
+                message's first byte, or with block and block_size from the block's
+              field=guard|app_tag|ref_tag: needs block and block_size
+              xor=MASK (default 0x1) | set=VALUE
+              icrc=recompute (default: a corruption before the link, which only a
+                signature check notices) | stale (a link error: dropped, retransmitted)
   delay:      seconds      reorder: window (packets)      rnr: direction=in
+  cm=req|rep|rej|rtu|dreq|drep|mra with action=drop: drops CM messages of that kind
 A rule installed by a session belongs to it and goes when it closes; this command's
 session closes at once, so 'add' needs --daemon-wide: a rule on every session's QPs
 that stays until 'clear' removes it.
-example:
+examples:
   softhca faults add --daemon-wide --target 10.200.0.1:4791 action=corrupt \\
       opcode=RDMA_WRITE block=3 block_size=520 field=guard xor=0x1
+  softhca faults add --daemon-wide --target 10.200.0.1:4791 action=corrupt \\
+      opcode=SEND message=2 offset=100 xor=0xff
+  softhca faults add --daemon-wide --target 10.200.0.1:4791 action=drop \\
+      opcode=RDMA_READ_RESPONSE message=1 packet=2
+  softhca faults add --daemon-wide --target 10.200.0.1:4791 action=drop cm=req count=1
 """
 
 

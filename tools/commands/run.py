@@ -18,8 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "socket, started here unless --target names one. Needs root (a mount namespace). "
         "The exit status is PROGRAM's.")
     p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
-                   help="the embedded daemon's wire address, the one the devices' GIDs carry "
-                   "(default 127.0.0.1, a free port); peers reach it there")
+                   help="the embedded daemon's wire address, the one the devices' GIDs carry; "
+                   "peers reach it there. The default, 127.0.0.1:0, takes an address of its "
+                   "own: the first 127.0.0.N whose port 4791 is free (so the softhca runs of "
+                   "one machine share a port, and an rdma_cm program reaches another's "
+                   "daemon at its address), else 127.0.0.1 and a free port")
     p.add_argument("--target", metavar="SOCKET",
                    help="use the daemon already serving this UNIX socket (serve --unix) "
                    "instead of starting one")
@@ -42,11 +45,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faults", metavar="FILE",
                    help="fault rules for the embedded daemon, as 'serve --faults'")
     p.add_argument("--capture", metavar="FILE",
-                   help="the embedded daemon's packets to a pcap, as 'serve --capture'")
+                   help="the embedded daemon's packets to a pcap, as 'serve --capture' "
+                   "(written by a process of its own; a packet that finds 64 MiB waiting is "
+                   "left out and counted, capture_dropped, never delayed)")
     p.add_argument("--trace", metavar="FILE",
                    help="the embedded daemon's pipeline stages of every transfer (the "
                    "program's MKEY blocks: data, guard, app tag, ref tag, ciphertext) to FILE, "
-                   "as 'softhca trace' prints them")
+                   "as 'softhca trace' prints them (rendered by a process of its own; events "
+                   "it cannot keep up with are dropped, and FILE ends saying how many)")
     p.add_argument("--crypto-config", metavar="FILE",
                    help="the embedded daemon's devices' crypto configuration, as 'serve "
                    "--crypto-config' (default: plaintext DEK import)")
