@@ -140,8 +140,7 @@ async def test_a_capture_that_falls_behind_drops_packets_not_the_traffic(tmp_pat
     of 8 KiB (the daemon's is 64 MiB). A 64 KiB WRITE, one train of 64 packets, does
     not fit: its packets are left out of the capture and counted (capture_dropped), the
     WRITE completes, and the file holds every other packet whole."""
-    from softhca.server.capture import read_pcap
-    from softhca.server.capture import CaptureTap
+    from softhca.server.capture import CaptureTap, read_pcap
 
     pcap = tmp_path / "small.pcap"
     async with sh.embedded() as tnode, sh.embedded() as inode:
