@@ -44,7 +44,6 @@ from pathlib import Path
 
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameDecoder, encode_frame
-from ..server.device_attr import DEVICE_CAP_FLAGS, node_guid
 
 PROVIDER_DIR = Path(__file__).resolve().parents[1] / "provider" / "build"
 PROVIDER_LIB = "libsofthca-rdmav34.so"
@@ -284,7 +283,9 @@ def write_sysfs(root: Path, devices: list[str], host: str, port: int,
         extra.mkdir(parents=True)
         # The kernel tells the device's capability flags on netlink only
         # (RDMA_NLDEV_ATTR_CAP_FLAGS, 64 bits: ibv_query_device_ex's device_cap_flags_ex).
-        caps = a.get("device_cap_flags_ex", a.get("device_cap_flags", DEVICE_CAP_FLAGS))
+        caps = a.get("device_cap_flags_ex", a.get("device_cap_flags"))
+        if caps is None:
+            from ..server.device_attr import DEVICE_CAP_FLAGS as caps
         (extra / "cap_flags").write_text(f"0x{caps:x}\n")
 
 
@@ -306,6 +307,10 @@ async def device_attrs(sock: str, devices: list[str]) -> dict[str, dict]:
 
 def _guid(host: str, port: int, index: int) -> str:
     """The sysfs form of the device's node GUID: the one its ibv_query_device answers."""
+    # Imported here: the parser of `softhca run` loads this module, and the device's
+    # attributes bring the engine.
+    from ..server.device_attr import node_guid
+
     return _guid_text(node_guid(host, port, index))
 
 
