@@ -185,6 +185,8 @@ void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_
  * "ok"; a positive errno on "err" (its message logged) or a lost daemon. */
 int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
 	      struct shca_frame *r);
+/* shca_call of a destroy verb: an EBUSY refusal's message only under SOFTHCA_DEBUG. */
+int shca_call_destroy(struct shca_conn *c, struct mp_buf *b, struct shca_frame *r);
 /* A post's request (post_send, post_recv, post_srq_recv), its reply freed: on "err",
  * *taken is how many of its WRs the daemon took before the one it refused (0 when the
  * reply names none: the request was refused whole, or the daemon is gone). */

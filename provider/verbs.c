@@ -30,7 +30,8 @@ int shca_get_u32(struct shca_frame *r, const char *key, uint32_t *out)
 	return 0;
 }
 
-/* A request whose reply carries nothing the caller needs. */
+/* A request whose reply carries nothing the caller needs: the destroy, dealloc and
+ * deregistration verbs (shca_call_destroy). */
 int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
 		       uint32_t handle)
 {
@@ -40,7 +41,7 @@ int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key
 
 	shca_begin(ctx->conn, &b, verb, 1);
 	mp_kv_uint(&b, key, handle);
-	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call_destroy(ctx->conn, &b, &r);
 	if (!rc)
 		shca_frame_free(&r);
 	return rc;
