@@ -76,6 +76,9 @@ struct shca_context {
 	struct ibv_device_attr attr;
 	/* ibv_query_device_ex's device_cap_flags_ex, as the daemon answers it */
 	uint64_t device_cap_flags_ex;
+	/* ibv_query_device_ex's odp_caps: the on-demand paging the daemon models
+	 * (engine/odp.py), as it answers it */
+	struct ibv_odp_caps odp_caps;
 	uint64_t max_msg_sz;
 	struct shca_cq *cqs;       /* under conn.lock */
 	struct shca_qp *qps;       /* under conn.lock */
