@@ -39,6 +39,8 @@ def test_channel_fd_is_real_before_and_after_cqs(where):
         "ibv_get_cq_event on it with no event: -1, EAGAIN",
         "a second channel has an fd of its own",
         "destroying it unused: 0 and its fd closed",
+        "polled from a thread while 200 CQs and 200 other channels come and go: the fd "
+        "stays the channel's, no POLLHUP, POLLERR or POLLNVAL",
         "binding two CQs keeps the channel's fd and its O_NONBLOCK",
         "poll says readable and ibv_get_cq_event gives one of the channel's CQs",
         "and the next event is the other CQ's",
