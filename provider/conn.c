@@ -115,8 +115,10 @@ void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_
 	mp_kv_uint(b, "id", c->want_id);
 }
 
+/* ``quiet``: an errno whose refusal is the program's to see in the return value only,
+ * its reason on stderr only under SOFTHCA_DEBUG (0: none). */
 static int call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
-		struct shca_frame *r, uint32_t *taken)
+		struct shca_frame *r, uint32_t *taken, int quiet)
 {
 	struct mp_val t, v;
 	uint64_t bad;
@@ -167,8 +169,12 @@ static int call(struct shca_conn *c, struct mp_buf *b, const void *payload, size
 		const char *s;
 		uint32_t n;
 
-		if (mp_get_str(v, &s, &n))
-			shca_log("%.*s", (int)n, s);
+		if (mp_get_str(v, &s, &n)) {
+			if (rc == quiet)
+				shca_debug("%.*s", (int)n, s);
+			else
+				shca_log("%.*s", (int)n, s);
+		}
 	}
 	/* A post's refusal names the WR refused; those before it were taken. */
 	if (taken && mp_find_uint(r->hdr, "bad_wr", &bad) && bad <= UINT32_MAX)
@@ -180,13 +186,21 @@ static int call(struct shca_conn *c, struct mp_buf *b, const void *payload, size
 int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
 	      struct shca_frame *r)
 {
-	return call(c, b, payload, plen, r, NULL);
+	return call(c, b, payload, plen, r, NULL, 0);
+}
+
+/* A destroy or dealloc verb: EBUSY (the object is still in use: a PD with MRs, a CQ a
+ * QP uses) is an answer programs meet in their teardown order (qperf destroys the PD
+ * before its MRs, then again after), which a kernel device gives without a line. */
+int shca_call_destroy(struct shca_conn *c, struct mp_buf *b, struct shca_frame *r)
+{
+	return call(c, b, NULL, 0, r, NULL, EBUSY);
 }
 
 int shca_call_post(struct shca_conn *c, struct mp_buf *b, uint32_t *taken)
 {
 	struct shca_frame r;
-	int rc = call(c, b, NULL, 0, &r, taken);
+	int rc = call(c, b, NULL, 0, &r, taken, 0);
 
 	if (!rc)
 		shca_frame_free(&r);

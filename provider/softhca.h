@@ -76,6 +76,9 @@ struct shca_context {
 	struct ibv_device_attr attr;
 	/* ibv_query_device_ex's device_cap_flags_ex, as the daemon answers it */
 	uint64_t device_cap_flags_ex;
+	/* ibv_query_device_ex's odp_caps: the on-demand paging the daemon models
+	 * (engine/odp.py), as it answers it */
+	struct ibv_odp_caps odp_caps;
 	uint64_t max_msg_sz;
 	struct shca_cq *cqs;       /* under conn.lock */
 	struct shca_qp *qps;       /* under conn.lock */
@@ -185,6 +188,8 @@ void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_
  * "ok"; a positive errno on "err" (its message logged) or a lost daemon. */
 int shca_call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
 	      struct shca_frame *r);
+/* shca_call of a destroy verb: an EBUSY refusal's message only under SOFTHCA_DEBUG. */
+int shca_call_destroy(struct shca_conn *c, struct mp_buf *b, struct shca_frame *r);
 /* A post's request (post_send, post_recv, post_srq_recv), its reply freed: on "err",
  * *taken is how many of its WRs the daemon took before the one it refused (0 when the
  * reply names none: the request was refused whole, or the daemon is gone). */

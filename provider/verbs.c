@@ -30,7 +30,8 @@ int shca_get_u32(struct shca_frame *r, const char *key, uint32_t *out)
 	return 0;
 }
 
-/* A request whose reply carries nothing the caller needs. */
+/* A request whose reply carries nothing the caller needs: the destroy, dealloc and
+ * deregistration verbs (shca_call_destroy). */
 int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key,
 		       uint32_t handle)
 {
@@ -40,7 +41,7 @@ int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key
 
 	shca_begin(ctx->conn, &b, verb, 1);
 	mp_kv_uint(&b, key, handle);
-	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
+	rc = shca_call_destroy(ctx->conn, &b, &r);
 	if (!rc)
 		shca_frame_free(&r);
 	return rc;
@@ -131,6 +132,17 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 		d->device_cap_flags = (unsigned int)x;
 	if (mp_find_uint(a, "device_cap_flags_ex", &x))
 		ctx->device_cap_flags_ex = x;
+	memset(&ctx->odp_caps, 0, sizeof(ctx->odp_caps));
+	if (mp_find(a, "odp_caps", &v)) {
+		if (mp_find_uint(v, "general_caps", &x))
+			ctx->odp_caps.general_caps = x;
+		if (mp_find_uint(v, "rc_odp_caps", &x))
+			ctx->odp_caps.per_transport_caps.rc_odp_caps = (uint32_t)x;
+		if (mp_find_uint(v, "uc_odp_caps", &x))
+			ctx->odp_caps.per_transport_caps.uc_odp_caps = (uint32_t)x;
+		if (mp_find_uint(v, "ud_odp_caps", &x))
+			ctx->odp_caps.per_transport_caps.ud_odp_caps = (uint32_t)x;
+	}
 }
 
 static int open_device(struct shca_context *ctx, const char *name)
@@ -250,6 +262,8 @@ static int shca_query_device_ex(struct ibv_context *ibctx,
 	if (attr_size >= offsetof(struct ibv_device_attr_ex, device_cap_flags_ex) +
 			 sizeof(attr->device_cap_flags_ex))
 		attr->device_cap_flags_ex = ctx->device_cap_flags_ex;
+	if (attr_size >= offsetof(struct ibv_device_attr_ex, odp_caps) + sizeof(attr->odp_caps))
+		attr->odp_caps = ctx->odp_caps;
 	if (attr_size >= offsetof(struct ibv_device_attr_ex, phys_port_cnt_ex) +
 			 sizeof(attr->phys_port_cnt_ex))
 		attr->phys_port_cnt_ex = ctx->attr.phys_port_cnt;

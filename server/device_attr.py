@@ -62,23 +62,39 @@ GID_TBL_LEN = 16
 _SIOCGIFADDR = 0x8915
 
 
+# The objects of each kind a device holds, by ibv_device_attr's field and the kind's
+# name in the daemon's quotas (server/hosts.py DEFAULT_QUOTAS).
+POOL = 1 << 16
+_POOLS = {"max_qp": "qp", "max_cq": "cq", "max_mr": "mr", "max_mw": "mw", "max_ah": "ah",
+          "max_pd": "pd", "max_srq": "srq"}
+
+
+def pools(lim) -> dict[str, int]:
+    """Each pool's size as one program can use it: the device's, or the session's quota
+    of that kind when it is smaller (a program that creates max_qp QPs, as perftest's and
+    qperf's scaling tests size themselves, must not meet ENOMEM short of it)."""
+    return {attr: min(POOL, lim.quotas.get(kind, (POOL, POOL))[0])
+            for attr, kind in _POOLS.items()}
+
+
 def device_attr(verbs, hca) -> dict:
     lim = verbs.daemon.limits
+    pool = pools(lim)
     return {"fw_ver": "softhca-1", "vendor_id": 0x02C9, "vendor_part_id": 4123,
-            "max_qp": 1 << 16, "max_qp_wr": lim.max_qp_wr, "max_msg_sz": lim.max_msg_size,
+            "max_qp_wr": lim.max_qp_wr, "max_msg_sz": lim.max_msg_size,
             "max_sge": control.MAX_SGE, "max_cqe": MAX_CQE, "max_mr_size": MAX_MR_SIZE,
-            "max_pd": 1 << 16, "max_qp_rd_atom": 16, "phys_port_cnt": 1,
+            "max_qp_rd_atom": 16, "phys_port_cnt": 1,
             # Device-wide pools, each shared by every session (server/hosts.py bounds a
             # session's and a credential's part of it).
-            "max_cq": 1 << 16, "max_mr": 1 << 16, "max_mw": 1 << 16, "max_ah": 1 << 16,
+            **pool,
             "max_sge_rd": control.MAX_SGE, "max_qp_init_rd_atom": 16,
             # The responder resources of every QP together (max_qp_rd_atom each).
-            "max_res_rd_atom": 16 << 16,
+            "max_res_rd_atom": 16 * pool["max_qp"],
             # Any page size from 4 KiB up; atomics are the responder HCA's (engine/rc.py),
             # IBV_ATOMIC_HCA; one P_Key (0xFFFF); the ACK delay, 4.096 us * 2^16.
             "page_size_cap": 0xFFFFF000, "atomic_cap": ATOMIC_HCA, "max_pkeys": 1,
             "local_ca_ack_delay": 16,
-            "max_srq": 1 << 16, "max_srq_wr": lim.max_qp_wr, "max_srq_sge": control.MAX_SGE,
+            "max_srq_wr": lim.max_qp_wr, "max_srq_sge": control.MAX_SGE,
             "node_guid": node_guid(verbs.daemon.host, verbs.daemon.port,
                                    list(verbs.daemon.hcas).index(hca.name)),
             "device_cap_flags": DEVICE_CAP_FLAGS,

@@ -366,7 +366,7 @@ def program_env(sysfs: Path, sock: str, provider: Path) -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGKILL it when ``softhca run`` dies, however it dies.
     The program's daemon lives in ``softhca run``; a program left without it would spin
     on its CQs for good (and keep its parent's pipes open). The setting survives the
@@ -382,7 +382,7 @@ def _child_setup(real_stderr: int) -> None:
     """In the child before exec (fd 2 is already the pipe): the real stderr at fd 9 for
     the script, then every other fd from 3 up closed, as close_fds would (which runs
     after this and would close fd 9 too, hence close_fds=False)."""
-    _die_with_parent()
+    die_with_parent()
     if real_stderr != _STDERR_FD:
         os.dup2(real_stderr, _STDERR_FD)
     os.set_inheritable(_STDERR_FD, True)

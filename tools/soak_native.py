@@ -11,6 +11,11 @@ libibverbs provider, each started with ``softhca run --target <the daemon's UNIX
   the bytes around each target; the bytes it says it checked (``N bytes ... (0
   differ)``) are what the report counts as checked.
 
+Every program started is killed (its process group) and reaped on every way out: its
+hang past ``RUN_TIMEOUT``, the soak's end or cancellation, an error; and it gets SIGKILL
+when the soak's process dies (PR_SET_PDEATHSIG), which softhca run passes on to its
+program.
+
 ``softhca run`` makes a mount namespace, so this needs root and a built provider; when
 either is missing ``unavailable`` says why and the soak runs without the pair.
 """
@@ -18,19 +23,23 @@ either is missing ``unavailable`` says why and the soak runs without the pair.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 from dataclasses import dataclass, field
 
-from .native import PROVIDER_DIR, PROVIDER_LIB
+from .native import PROVIDER_DIR, PROVIDER_LIB, die_with_parent
 
 MEMCHECK = PROVIDER_DIR / "memcheck"
 PINGPONG_SIZE, PINGPONG_ITERS = 4096, 200
 # A program that takes longer than this has hung: counted as a failure and killed.
 RUN_TIMEOUT = 60.0
+# How long a killed program's process group may take to be reaped.
+REAP_TIMEOUT = 10.0
 _BYTES = re.compile(r"^(\d+) bytes in [\d.]+ seconds", re.M)
 _CHECKED = re.compile(r"^memcheck: ok: .*?(\d+) bytes.*\(0 differ\)$", re.M)
 
@@ -102,21 +111,54 @@ class CPair:
         # that would evict a connection before its HELLO (a flood of idle ones) holds
         # it meanwhile.
         self.start_lock = start_lock
+        self.live: set[asyncio.subprocess.Process] = set()     # started, not yet reaped
+
+    def command(self, sock: str, argv: tuple[str, ...]) -> list[str]:
+        """The command line that runs ``argv`` on the daemon at ``sock``."""
+        return [sys.executable, "-m", "softhca.tools.cli", "run", "--target", sock, "--",
+                *argv]
 
     async def _start(self, sock: str, *argv: str) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "softhca.tools.cli", "run", "--target", sock, "--", *argv,
+        # A session of its own (the process group _kill signals), and SIGKILL when the
+        # soak dies, however it dies (softhca run takes its program down with it): a
+        # soak killed by its caller's timeout left a pingpong spinning on CQs of daemons
+        # long gone.
+        proc = await asyncio.create_subprocess_exec(
+            *self.command(sock, argv),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent)
+        self.live.add(proc)
+        return proc
 
-    @staticmethod
-    async def _finish(proc: asyncio.subprocess.Process) -> tuple[int, str]:
+    def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        """SIGKILL to ``proc``'s process group, unless it has been reaped."""
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    async def _reap(self, proc: asyncio.subprocess.Process) -> None:
+        """``proc`` killed (if still running) and waited for."""
+        self._kill(proc)
+        try:
+            await asyncio.wait_for(proc.wait(), REAP_TIMEOUT)
+        finally:
+            self.live.discard(proc)
+
+    async def _finish(self, proc: asyncio.subprocess.Process) -> tuple[int, str]:
+        """Its exit status and output; on every way out (a hang past RUN_TIMEOUT, the
+        soak's cancellation, an error) it is killed and reaped."""
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
         except asyncio.TimeoutError:
-            proc.kill()
-            out, _ = await proc.communicate()
+            self._kill(proc)
+            try:
+                out, _ = await asyncio.wait_for(proc.communicate(), REAP_TIMEOUT)
+            except asyncio.TimeoutError:
+                out = b""
             return -1, out.decode(errors="replace") + f"\n(killed after {RUN_TIMEOUT:g} s)"
+        finally:
+            await self._reap(proc)
         return proc.returncode, out.decode(errors="replace")
 
     async def pingpong(self) -> None:
@@ -126,13 +168,19 @@ class CPair:
                   str(PINGPONG_SIZE), "-n", str(PINGPONG_ITERS)]
         async with self.start_lock:
             server = await self._start(self.target_sock, *common)
-            loop = asyncio.get_running_loop()
-            end = loop.time() + 20
-            while not _listening(port) and server.returncode is None and loop.time() < end:
-                await asyncio.sleep(0.05)
-            client = await self._start(self.initiator_sock, *common, "127.0.0.1")
-            (src, sout), (crc, cout) = await asyncio.gather(self._finish(server),
-                                                            self._finish(client))
+            try:
+                loop = asyncio.get_running_loop()
+                end = loop.time() + 20
+                while not _listening(port) and server.returncode is None \
+                        and loop.time() < end:
+                    await asyncio.sleep(0.05)
+                client = await self._start(self.initiator_sock, *common, "127.0.0.1")
+                (src, sout), (crc, cout) = await asyncio.gather(self._finish(server),
+                                                                self._finish(client))
+            finally:
+                # the server when the client never started (no _finish reaps it)
+                if server in self.live:
+                    await self._reap(server)
         want = 2 * PINGPONG_SIZE * PINGPONG_ITERS
         r.runs["ibv_rc_pingpong"] = r.runs.get("ibv_rc_pingpong", 0) + 1
         for who, rc, out in (("server", src, sout), ("client", crc, cout)):
@@ -159,10 +207,16 @@ class CPair:
     async def loop(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
         k = 0
-        while loop.time() < deadline:
-            await (self.pingpong() if k % 2 == 0 else self.memcheck())
-            k += 1
-            await asyncio.sleep(0.2)
+        try:
+            while loop.time() < deadline:
+                await (self.pingpong() if k % 2 == 0 else self.memcheck())
+                k += 1
+                await asyncio.sleep(0.2)
+        finally:
+            for proc in list(self.live):
+                self._kill(proc)
+            for proc in list(self.live):
+                await self._reap(proc)
 
 
 __all__ = ["CPair", "CPairReport", "unavailable"]

@@ -51,6 +51,10 @@ int main(void)
 	printf(PROG ": device_cap_flags 0x%x\n", (unsigned int)x.orig_attr.device_cap_flags);
 	printf(PROG ": device_cap_flags_ex 0x%llx\n", (unsigned long long)x.device_cap_flags_ex);
 	printf(PROG ": phys_port_cnt_ex %u\n", (unsigned int)x.phys_port_cnt_ex);
+	printf(PROG ": odp general_caps 0x%llx\n", (unsigned long long)x.odp_caps.general_caps);
+	printf(PROG ": odp rc_odp_caps 0x%x\n", x.odp_caps.per_transport_caps.rc_odp_caps);
+	printf(PROG ": odp uc_odp_caps 0x%x\n", x.odp_caps.per_transport_caps.uc_odp_caps);
+	printf(PROG ": odp ud_odp_caps 0x%x\n", x.odp_caps.per_transport_caps.ud_odp_caps);
 
 	/* A struct of an older libibverbs, cut before device_cap_flags_ex, with a guard
 	 * pattern after it: the provider writes nothing past its size. */

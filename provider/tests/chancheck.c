@@ -6,6 +6,7 @@
 #define PROG "chancheck"
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,31 @@
 static int fd_valid(int fd)
 {
 	return fcntl(fd, F_GETFL) != -1;
+}
+
+/* A thread that polls a channel's fd until told to stop, counting the answers that
+ * are not "nothing yet" (the channel has no armed CQ, so POLLIN is wrong too). */
+struct watch {
+	int fd, stop;
+	long polls, bad;
+	short last_bad;
+};
+
+static void *watch_main(void *arg)
+{
+	struct watch *w = arg;
+
+	while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) {
+		struct pollfd p = {.fd = w->fd, .events = POLLIN};
+		int n = poll(&p, 1, 1);
+
+		w->polls++;
+		if (n != 0 || p.revents) {
+			w->bad++;
+			w->last_bad = p.revents;
+		}
+	}
+	return NULL;
 }
 
 /* One SEND of the QP to itself, its receive posted first. */
@@ -112,6 +138,37 @@ int main(void)
 	CHECK(rc == 0 && !fd_valid(fd2), "destroying it unused: 0 and its fd closed "
 	      "(rc %d)", rc);
 
+	/* The fd's lifecycle: polled from another thread (as libiscsi and UCX poll theirs
+	 * from their event loops) while CQs come and go on the channel and other channels
+	 * with CQs of their own are made and destroyed, it is never closed, replaced or
+	 * hung up: poll answers nothing but "no event". */
+	{
+		struct watch w = {.fd = fd};
+		pthread_t t;
+		int i, same = 1;
+
+		if (pthread_create(&t, NULL, watch_main, &w))
+			die("pthread_create");
+		for (i = 0; i < 200; i++) {
+			struct ibv_comp_channel *other = ibv_create_comp_channel(s.ctx);
+			struct ibv_cq *a = ibv_create_cq(s.ctx, 4, NULL, ch, 0);
+			struct ibv_cq *b = other ? ibv_create_cq(s.ctx, 4, NULL, other, 0) : NULL;
+
+			if (!other || !a || !b)
+				die("ibv_create_comp_channel / ibv_create_cq (churn)");
+			same &= ch->fd == fd;
+			if (ibv_destroy_cq(b) || ibv_destroy_comp_channel(other) ||
+			    ibv_destroy_cq(a))
+				die("destroy (churn)");
+		}
+		__atomic_store_n(&w.stop, 1, __ATOMIC_RELEASE);
+		pthread_join(t, NULL);
+		CHECK(same && ch->fd == fd && fd_valid(fd) && w.polls > 0 && w.bad == 0,
+		      "polled from a thread while 200 CQs and 200 other channels come and go: "
+		      "the fd stays the channel's, no POLLHUP, POLLERR or POLLNVAL (%ld polls, "
+		      "%ld bad, last revents 0x%x)", w.polls, w.bad, w.last_bad);
+	}
+
 	/* Two CQs on the one channel: the QP's send CQ and its receive CQ. */
 	scq = ibv_create_cq(s.ctx, 16, &c1, ch, 0);
 	rcq = ibv_create_cq(s.ctx, 16, &c2, ch, 0);
@@ -188,6 +245,23 @@ int main(void)
 	rc = ibv_get_cq_event(ch, &cq, &cctx);
 	CHECK(rc == -1 && errno == EAGAIN, "then the channel is empty: EAGAIN (%s)",
 	      strerror(errno));
+
+	/* Objects still in use: EBUSY, as the kernel answers (a teardown in the wrong
+	 * order, as qperf's, meets it), and they stay usable. */
+	rc = ibv_destroy_cq(rcq);
+	CHECK(rc == EBUSY, "ibv_destroy_cq of a CQ a QP uses: EBUSY (%d)", rc);
+	rc = ibv_dealloc_pd(s.pd);
+	CHECK(rc == EBUSY, "ibv_dealloc_pd of a PD with an MR and a QP: EBUSY (%d)", rc);
+	if (ibv_req_notify_cq(rcq, 0))
+		die("ibv_req_notify_cq");
+	send_one(&s, buf, mr);
+	ev1 = next_event(ch, &cctx);
+	CHECK(ev1 == rcq, "and the CQ still raises its events");
+	if (ev1)
+		ibv_ack_cq_events(ev1, 1);
+	recvs += drain(rcq);
+	for (n = 0; sends < 5 && n < 100000; n++)
+		sends += drain(scq);
 
 	/* The destroy order: the channel outlives its CQs, as the kernel's. */
 	rc = ibv_destroy_comp_channel(ch);

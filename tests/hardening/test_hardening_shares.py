@@ -225,3 +225,28 @@ async def test_address_handles_past_the_quota_are_enomem_and_freed_ones_make_roo
             assert e.errno_name == "ENOMEM" and "ah" in str(e), e
         await ahs[0].close()
         await pd.create_ah(peer)        # room again
+
+
+async def test_max_qp_is_the_quota_a_session_can_reach():
+    """ibv_query_device's pools are what one program can create: a session's quota of
+    QPs set to 8 (``--quota qp=8,16``) makes max_qp 8 (and max_res_rd_atom 16 x 8), eight
+    QPs are created and the ninth is ENOMEM; a kind left at its default stays 2^16."""
+    import softhca.client as sh
+    from softhca.server.hosts import Limits
+
+    async with sh.embedded(limits=Limits(quotas={"qp": (8, 16)})) as node:
+        ctx = await node.open_device()
+        attr = await ctx.query_device()
+        assert attr["max_qp"] == 8 and attr["max_res_rd_atom"] == 16 * 8, attr
+        assert attr["max_mr"] == 1 << 16, attr
+        pd = await ctx.alloc_pd()
+        cq = await ctx.create_cq(4)
+        init = sh.QPInitAttr(qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq,
+                             cap=sh.QPCap(max_send_wr=1, max_recv_wr=1))
+        for _ in range(attr["max_qp"]):
+            await pd.create_qp(init)
+        try:
+            await pd.create_qp(init)
+            raise AssertionError("a QP past max_qp")
+        except sh.RDMAError as e:
+            assert e.errno_name == "ENOMEM" and "qp" in str(e), e

@@ -8,9 +8,11 @@ serving. Raw handoffs, as a hostile program would frame them (tests/support/rawc
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import errno
 import os
+import time
 
 import pytest
 from rawclient import Raw
@@ -363,3 +365,154 @@ async def test_a_huge_page_segment_named_by_its_shmid_is_refused(tmp_path, huge_
             assert d.registered_bytes == 0 and attachments(seg_id) == 1
     finally:
         _libc.shmdt(addr)
+
+
+# -- a program of very many mappings --------------------------------------------------------
+
+SHM_REMAP = 0o40000
+
+
+class _ManyMappings:
+    """A SysV segment of ``pages`` pages attached past ``n`` mappings of this process (pages
+    of alternating protection in one reserved range, which the kernel cannot merge): its
+    line comes after all of theirs in /proc/self/maps, a file of megabytes."""
+
+    def __init__(self, n: int, pages: int) -> None:
+        self.size = (n + pages) * PAGE
+        self.base = _libc.mmap(None, self.size, 0, 0x22 | 0x4000, -1, 0)   # PRIVATE|ANON|NORESERVE
+        assert self.base not in (None, ctypes.c_void_p(-1).value)
+        for k in range(1, n, 2):
+            assert _libc.mprotect(self.base + k * PAGE, PAGE, 1) == 0, \
+                os.strerror(ctypes.get_errno())
+        self.seg_size = pages * PAGE
+        self.id = _libc.shmget(IPC_PRIVATE, self.seg_size, IPC_CREAT | 0o600)
+        assert self.id >= 0, os.strerror(ctypes.get_errno())
+        self.addr = _libc.shmat(self.id, self.base + n * PAGE, SHM_REMAP)
+        _libc.shmctl(self.id, IPC_RMID, None)
+        assert self.addr == self.base + n * PAGE, os.strerror(ctypes.get_errno())
+
+    def close(self) -> None:
+        _libc.shmdt(self.addr)
+        _libc.munmap(self.base, self.size)
+
+
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
+@pytest.fixture
+def many_mappings():
+    with open("/proc/sys/vm/max_map_count") as f:
+        limit = int(f.read())
+    with open("/proc/self/maps") as f:
+        have = sum(1 for _ in f)
+    n = min(50_000, limit - have - 200) // 2 * 2
+    if n < 20_000:
+        pytest.skip(f"vm.max_map_count {limit} leaves room for {n} mappings only")
+    m = _ManyMappings(n, shared_mr_pieces())
+    try:
+        with open("/proc/self/maps") as f:
+            size = len(f.read())
+        assert size > 2 << 20, size            # the file the daemon must not read whole
+        yield m
+    finally:
+        m.close()
+
+
+def shared_mr_pieces() -> int:
+    from softhca.protocol.control import MAX_PIECES
+    return MAX_PIECES
+
+
+async def _register_past_many_mappings(tmp_path, m: _ManyMappings) -> tuple[dict, float]:
+    """A registration of the segment's pages, one piece each (as many as a request may
+    name: each is looked up in the caller's maps and the daemon's own), and the time a
+    second session's request, sent right after it, waits for its answer."""
+    async with unix_daemon(tmp_path) as (d, u):
+        raw = await Raw.open_unix(u.path)
+        other = await Raw.open_unix(u.path)
+        pd = await session_pd(raw)
+        ctx = (await other.call("open_device", name="mlx5_0"))["ctx"]
+        pages = m.seg_size // PAGE
+        raw.writer.write(raw.frame(
+            "reg_mr_shared", pd=pd, addr=0x40000, length=m.seg_size, access=1, offset=0,
+            fds=3, pieces=[["sysv", m.id, k * PAGE, PAGE, m.addr + k * PAGE]
+                           for k in range(pages)]))
+        await raw.writer.drain()
+        t0 = time.monotonic()
+        other.writer.write(other.frame("alloc_pd", ctx=ctx))
+        waited = asyncio.create_task(other.next())
+        reply = (await raw.next()).header
+        got = await waited
+        elapsed = time.monotonic() - t0
+        assert got.header["t"] == "ok", got.header
+        if reply["t"] == "ok":
+            await raw.call("dereg_mr", mr=reply["mr"])
+        assert d.registered_bytes == 0
+        return reply, elapsed
+
+
+async def test_a_segment_past_fifty_thousand_mappings_is_looked_up_not_read(
+        tmp_path, many_mappings):
+    """The caller's mapping of a segment is asked of the kernel (PROCMAP_QUERY), not read
+    out of a /proc/PID/maps of megabytes: sixteen pieces past 50,000 mappings register
+    while another session's request waits well under the ~2 s reading the file whole,
+    twice a piece, held the event loop."""
+    from softhca.server import shared_mr
+    with open("/proc/self/maps") as f:
+        if shared_mr._vma_query(f.fileno(), many_mappings.addr) is NotImplemented:
+            pytest.skip("this kernel has no PROCMAP_QUERY ioctl (Linux 6.11)")
+    reply, waited = await _register_past_many_mappings(tmp_path, many_mappings)
+    assert reply["t"] == "ok" and reply["length"] == many_mappings.seg_size, reply
+    assert waited < 0.3, waited
+
+
+async def test_without_procmap_query_the_maps_read_is_bounded_and_refused_e2big(
+        tmp_path, many_mappings, monkeypatch):
+    """On a kernel without PROCMAP_QUERY the daemon reads a caller's maps only up to the
+    line of the address, and no more than MAX_MAPS_BYTES: a segment past 50,000 mappings
+    is refused E2BIG, naming the bound, and another session is answered meanwhile."""
+    from softhca.server import shared_mr
+    monkeypatch.setattr(shared_mr, "_procmap_query", [False])
+    reply, waited = await _register_past_many_mappings(tmp_path, many_mappings)
+    assert reply["t"] == "err" and reply["errno"] == "E2BIG", reply
+    assert f"first {shared_mr.MAX_MAPS_BYTES} bytes of /proc/" in reply["msg"], reply
+    assert waited < 0.3, waited
+    assert attachments(many_mappings.id) == 1
+
+
+@pytest.mark.parametrize("piece,why", [
+    (None, None),
+    (_not_mapped_here, "but the program maps [0x"),
+    (_nowhere, "but the program maps nothing there"),
+    (_wrong_offset, "but the program maps [0x"),
+], ids=["registered", "another_segments_id", "unmapped_address", "wrong_offset"])
+async def test_without_procmap_query_a_segment_is_checked_by_reading_maps(
+        tmp_path, monkeypatch, piece, why):
+    """The reading of /proc/PID/maps a kernel without PROCMAP_QUERY needs finds what the
+    ioctl does: the segment where the caller maps it, and the same refusals."""
+    from softhca.server import shared_mr
+    monkeypatch.setattr(shared_mr, "_procmap_query", [False])
+    seg = Segment(2, fd=False)
+    other = _libc.shmget(IPC_PRIVATE, PAGE, IPC_CREAT | 0o600)
+    try:
+        async with unix_daemon(tmp_path) as (d, u):
+            raw = await Raw.open_unix(u.path)
+            pd = await session_pd(raw)
+            p = sysv(seg, 0, 2 * PAGE) if piece is None else piece(seg, other)
+            fields = dict(pd=pd, addr=0x40000, length=p[3], access=1, offset=0, fds=3,
+                          pieces=[p])
+            if piece is None:
+                mr = await raw.call("reg_mr_shared", **fields)
+                assert mr["length"] == 2 * PAGE and attachments(seg.id) == 2
+                await raw.call("dereg_mr", mr=mr["mr"])
+            else:
+                h = await raw.refused("reg_mr_shared", **fields)
+                assert h["errno"] == "EINVAL" and why in h["msg"], h
+            assert attachments(seg.id) == 1 and attachments(other) == 0
+    finally:
+        _libc.shmctl(other, IPC_RMID, None)
+        seg.close()

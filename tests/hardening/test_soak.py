@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -39,6 +43,16 @@ def test_soak_refuses_an_unknown_attack():
     assert r.returncode == 2 and "unknown attack(s) teleport" in r.stderr
 
 
+def _cmdlines() -> list[list[str]]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    out.append([a.decode(errors="replace") for a in f.read().split(b"\0")])
+    return out
+
+
 def test_soak_runs_a_c_pair_through_the_provider_beside_the_unix_attacks():
     """The daemons serve UNIX sockets too; C programs run through the provider on them
     (``softhca run --target``) beside the Python pair, while the UNIX socket is flooded
@@ -52,6 +66,10 @@ def test_soak_runs_a_c_pair_through_the_provider_beside_the_unix_attacks():
     r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "20",
                         "--attacks", attacks, "--json"],
                        capture_output=True, text=True, timeout=240)
+    # no program of the pair outlives the soak (softhca run on a soak's socket)
+    left = [cmd for cmd in _cmdlines() if cmd[:1] == [sys.executable] and "--target" in cmd
+            and "softhca-soak-" in cmd[cmd.index("--target") + 1]]
+    assert not left, left
     report = json.loads(r.stdout)
     print(f"\n{json.dumps(report, sort_keys=True)}")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -67,3 +85,140 @@ def test_soak_runs_a_c_pair_through_the_provider_beside_the_unix_attacks():
     assert set(report["attacks"]) == set(attacks.split(","))
     assert all(a["tried"] == a["refused"] >= 1 for a in report["attacks"].values())
     assert report["verify_failures"] == 0 and report["valid_wrs"] > 0
+
+
+# -- the C pair's programs do not outlive the soak ------------------------------------------
+# A stand-in for ``softhca run ... -- program`` (no root, no provider): a shell that
+# writes its pid and its background child's to a file and then hangs, as a program
+# spinning on the CQs of a daemon gone hangs.
+
+class _Hanging:
+    def __init__(self, tmp_path) -> None:
+        self.pids = tmp_path / "pids"
+
+    def pair(self, **kw):
+        from softhca.tools.soak_native import CPair, CPairReport
+
+        pids = self.pids
+
+        class Hanging(CPair):
+            def command(self, sock, argv):
+                return ["sh", "-c", f'sleep 600 & echo $! $$ >> {pids}; wait']
+
+        return Hanging(["target.sock", "initiator.sock"], CPairReport(), **kw)
+
+    async def started(self, n: int = 1) -> list[int]:
+        import asyncio
+        for _ in range(200):
+            if self.pids.exists() and len(self.pids.read_text().split()) >= 2 * n:
+                return [int(p) for p in self.pids.read_text().split()]
+            await asyncio.sleep(0.05)
+        raise AssertionError("the stand-in never started")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process not yet dead (a zombie is dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _gone(pids: list[int]) -> list[int]:
+    """The pids of ``pids`` still running a moment after (SIGKILL is not instant)."""
+    import asyncio
+    for _ in range(40):
+        alive = [p for p in pids if _running(p)]
+        if not alive:
+            return []
+        await asyncio.sleep(0.05)
+    return alive
+
+
+async def test_a_c_pair_program_past_its_timeout_is_killed_with_its_children(
+        tmp_path, monkeypatch):
+    import asyncio
+
+    from softhca.tools import soak_native
+    monkeypatch.setattr(soak_native, "RUN_TIMEOUT", 0.5)
+    h = _Hanging(tmp_path)
+    pair = h.pair(start_lock=asyncio.Lock())
+    await pair.memcheck()
+    assert pair.report.failures and "killed after 0.5 s" in pair.report.failures[0]
+    pids = await h.started()
+    try:
+        assert await _gone(pids) == [], "a program or its child outlived its timeout"
+        assert not pair.live
+    finally:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("after", [0.3, 1.5], ids=["pingpong_server_alone", "memcheck"])
+async def test_a_cancelled_c_pair_kills_and_reaps_every_program(tmp_path, after):
+    """The soak cancels the pair (another part of it failed, asyncio.run ends): the
+    pingpong server waiting for its port, or memcheck, is killed with its children."""
+    import asyncio
+
+    from softhca.tools import soak_native
+    h = _Hanging(tmp_path)
+    pair = h.pair(start_lock=asyncio.Lock())
+    if after > 1:
+        # memcheck first, not the pingpong
+        pair.pingpong = pair.memcheck
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(pair.loop(loop.time() + 600))
+    pids = await h.started()
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    try:
+        assert await _gone(pids) == [], "a program or its child outlived the soak"
+        assert not pair.live
+        assert soak_native.RUN_TIMEOUT == 60.0      # not by its own timeout
+    finally:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_a_c_pair_program_dies_with_a_killed_soak(tmp_path):
+    """The soak's process killed outright (its caller's timeout): the program it started
+    gets SIGKILL too (softhca run passes that on to its own program)."""
+    pids = tmp_path / "pids"
+    script = f"""
+import asyncio
+from softhca.tools.soak_native import CPair, CPairReport
+
+class Hanging(CPair):
+    def command(self, sock, argv):
+        return ["sh", "-c", "echo $$ >> {pids}; exec sleep 600"]
+
+async def main():
+    await Hanging(["t", "i"], CPairReport(), asyncio.Lock()).memcheck()
+
+asyncio.run(main())
+"""
+    soak = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(200):
+            if pids.exists() and pids.read_text().strip():
+                break
+            time.sleep(0.05)
+        child = int(pids.read_text())
+        assert _running(child)
+    finally:
+        soak.kill()
+        soak.wait()
+    try:
+        for _ in range(40):
+            if not _running(child):
+                break
+            time.sleep(0.05)
+        assert not _running(child), "the program outlived its soak"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
