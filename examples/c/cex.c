@@ -396,7 +396,7 @@ void cex_send(struct cex *c, uint32_t lkey, uint64_t addr, uint32_t len)
 	complete_wr(c, id, "SEND");
 }
 
-void cex_post_recv(struct cex *c, uint32_t lkey, uint64_t addr, uint32_t len)
+uint64_t cex_post_recv(struct cex *c, uint32_t lkey, uint64_t addr, uint32_t len)
 {
 	struct ibv_sge sge = { .addr = addr, .length = len, .lkey = lkey };
 	struct ibv_recv_wr wr = { .sg_list = &sge, .num_sge = 1 }, *bad;
@@ -406,11 +406,17 @@ void cex_post_recv(struct cex *c, uint32_t lkey, uint64_t addr, uint32_t len)
 	rc = ibv_post_recv(c->qp, &wr, &bad);
 	if (rc)
 		cex_die("ibv_post_recv: %s", strerror(rc));
+	return wr.wr_id;
 }
 
 void cex_wait_recv(struct cex *c, uint32_t expect_len)
 {
-	struct ibv_wc wc = wait_wc(c, recv_wr_id, "RECV");
+	cex_wait_recv_wr(c, recv_wr_id, expect_len);
+}
+
+void cex_wait_recv_wr(struct cex *c, uint64_t wr_id, uint32_t expect_len)
+{
+	struct ibv_wc wc = wait_wc(c, wr_id, "RECV");
 
 	if (wc.opcode != IBV_WC_RECV || wc.byte_len != expect_len)
 		cex_die("RECV completed as opcode %d with %u bytes, not %u", wc.opcode,

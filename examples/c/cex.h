@@ -75,8 +75,11 @@ void cex_close(struct cex *c);
 /* The data operations, each posted with ibv_wr_* and waited for (its completion must be
  * IBV_WC_SUCCESS; anything else exits). */
 void cex_send(struct cex *c, uint32_t lkey, uint64_t addr, uint32_t len);
-void cex_post_recv(struct cex *c, uint32_t lkey, uint64_t addr, uint32_t len);
+/* cex_post_recv returns the receive's wr_id; cex_wait_recv waits for the last one
+ * posted, cex_wait_recv_wr for the one named (several posted at once). */
+uint64_t cex_post_recv(struct cex *c, uint32_t lkey, uint64_t addr, uint32_t len);
 void cex_wait_recv(struct cex *c, uint32_t expect_len);
+void cex_wait_recv_wr(struct cex *c, uint64_t wr_id, uint32_t expect_len);
 void cex_rdma_write(struct cex *c, uint32_t lkey, uint64_t addr, uint32_t len,
 		    uint32_t rkey, uint64_t raddr);
 void cex_rdma_read(struct cex *c, uint32_t lkey, uint64_t addr, uint32_t len,

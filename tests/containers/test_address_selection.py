@@ -1,4 +1,4 @@
-"""Address selection across hosts (issue 25, item 2), between two network namespaces and
+"""Address selection across hosts (the address a daemon binds and advertises), between two network namespaces and
 a veth pair (tests/support/netns.py): a `softhca serve` at 10.200.0.1:4791 in one, the
 programs in the other, as from a host against the compose target.
 

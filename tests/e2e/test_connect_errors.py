@@ -1,4 +1,4 @@
-"""A connection that cannot be had names its cause (issue 16, item 3): the errno that
+"""A connection that cannot be had names its cause (the connection errors a new user meets): the errno that
 happened, and "cannot resolve host" for a name that does not resolve."""
 
 from __future__ import annotations

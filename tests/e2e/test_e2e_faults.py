@@ -1,4 +1,4 @@
-"""Fault injection on the wire between two daemons, through the client API (issue 4).
+"""Fault injection on the wire between two daemons, through the client API (the fault injection walk-through's cases).
 
 Corrupting what travels shows the T10-PI end-to-end promise: a corruption made
 before the link (integrity check recomputed) is caught only by the signature check

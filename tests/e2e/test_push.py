@@ -1,4 +1,4 @@
-"""Completions pushed (issue 14): a client's CQs receive their completions as the daemon
+"""Completions pushed (the CQ push and its credits): a client's CQs receive their completions as the daemon
 makes them, ``cq.poll`` answers from those without a request, and the room they take
 is credited back with cq_credit. Each attack on the credits and on the bound has its
 test; the CQ's cqe still bounds what is unpolled, exactly as ibv_create_cq(3) says.

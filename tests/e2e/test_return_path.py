@@ -1,4 +1,4 @@
-"""Address selection on one host (issue 25, item 2; tests/containers/test_address_selection.py
+"""Address selection on one host (tests/containers/test_address_selection.py
 has the same across network namespaces):
 
 - a QP's peer that never connects back: the WR's IBV_WC_RETRY_EXC_ERR carries

@@ -1,4 +1,4 @@
-"""Hardening (issue 5): bad input at every edge, authentication, limits.
+"""Hardening: bad input at every edge, authentication, limits.
 
 Whatever arrives, the daemon answers with a precise error (or, for a peer that broke
 framing, an error frame and a close), keeps serving every other connection, and

@@ -1,4 +1,4 @@
-"""Hardening, round two (issue 13, defects 2, 3, 5, 6 and 7's second half): no single
+"""Hardening, round two (the event loop and memory under one client's load): no single
 client freezes or bloats the daemon.
 
 Each test performs the attack and asserts the fix; the timing and memory bounds are
@@ -81,7 +81,7 @@ def test_interleaved_repeat_2_to_32_is_not_expanded(node):
 
 
 def test_interleaved_4m_repeats_transfer_in_numpy(node, rng):
-    """bytes_count=1, repeat 4M (the issue's 494 MB attack): the layout is two entries,
+    """bytes_count=1, repeat 4M (a 494 MB attack): the layout is two entries,
     and a transfer of the whole MKEY is strided copies, checked against numpy slicing."""
     n = 4 << 20
     mr = node.reg_mr(rng.randbytes(2 * n))
@@ -473,7 +473,7 @@ def test_a_gap_in_read_responses_is_re_requested_at_once(rng):
 
 
 def test_reads_complete_at_30_percent_loss(rng):
-    """The issue's case: at 30% loss each gap used to wait a full ACK timeout and the
+    """At 30% loss each gap used to wait a full ACK timeout and the
     READs ended in RETRY_EXC_ERR; re-requesting at once they all complete."""
     from test_rc import Faults, Pair
 
@@ -507,7 +507,7 @@ def test_an_errored_read_reports_byte_len_0(rng):
 
 
 async def test_qps_to_a_peer_that_never_reads_keep_serve_rss_bounded(tmp_path):
-    """The issue's measure: 400 QPs sending to a peer that never reads grew `softhca
+    """400 QPs sending to a peer that never reads grew `softhca
     serve` by 234 MB, kept after the session closed. Now each link's buffer is bounded,
     so the growth is the QPs' own send queues (400 x 64 KiB), and what a closed session
     held is freed: a second session doing the same grows the daemon no further."""
@@ -539,7 +539,7 @@ async def test_qps_to_a_peer_that_never_reads_keep_serve_rss_bounded(tmp_path):
             print(f"400 QPs x 64 KiB to a peer that never reads: serve RSS "
                   f"+{peaks[0] / 2**20:.0f} MiB, after a close and a second session "
                   f"+{peaks[1] / 2**20:.0f} MiB (bounds {bound / 2**20:.0f} MiB, and "
-                  f"{again / 2**20:.0f} MiB more the second time; the issue measured "
+                  f"{again / 2**20:.0f} MiB more the second time; it once measured "
                   f"+234 MB)")
             assert peaks[0] < bound and peaks[1] < peaks[0] + again
 

@@ -1,7 +1,7 @@
-"""Hardening, round two (issue 13): packet injection, pre-HELLO sockets, fault rules and
+"""Hardening, round two (peers and sessions): packet injection, pre-HELLO sockets, fault rules and
 taps that belong to a session, the token file's mode.
 
-Each test performs the attack the issue describes and asserts the fix.
+Each test performs an attack and asserts that it is refused.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ async def test_an_injected_write_is_dropped_and_counted_and_the_victims_next_wri
         i, t = await make_side(inode), await make_side(tnode)
         await connect_pair(i, t)
         victim = await t.reg_mr(b"\x00" * 64)
-        evil = b"INJECTED BY ATTACKER!"        # 21 bytes, as in the issue
+        evil = b"INJECTED BY ATTACKER!"        # 21 bytes
         assert len(evil) == 21
         attacks = [
-            # The issue's attack: a wire link that names no daemon at all.
+            # The attack: a wire link that names no daemon at all.
             (None, None),
             # Claiming another daemon's address, with the right source QP.
             (other.address, i.qp.qp_num),
@@ -290,7 +290,7 @@ async def send_latency(i, t, src, dst, n: int) -> float:
 
 
 async def test_rules_that_cannot_match_cost_nothing():
-    """The issue's 20,000 no-op rules raised SEND latency 25-fold; now a daemon holds at
+    """20,000 no-op rules once raised SEND latency 25-fold; now a daemon holds at
     most MAX_RULES, and those on other QPs or opcodes are never looked at."""
     from softhca.server.faults import MAX_RULES
 

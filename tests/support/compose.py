@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 TOKEN_FILE = ROOT / "docker" / "token.example"
 PEER_TOKEN_FILE = ROOT / "docker" / "peer-token.example"
+# SOFTHCA_USER_DIR of the tests' containers: what a test builds there is /mnt/user in
+# both nodes (docker/compose.yaml mounts it read-only).
+USER_DIR = ROOT / "build" / "compose-user"
 
 
 @dataclass(frozen=True)
@@ -133,8 +136,11 @@ def compose(*args: str, timeout: float = 300, check: bool = True,
             env: dict[str, str] | None = None, names: Names = NAMES
             ) -> subprocess.CompletedProcess:
     argv = [*compose_command(), "-p", names.project, "-f", str(COMPOSE_FILE), *args]
+    # made here, by this user: Docker would make a missing source as root
+    USER_DIR.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "SOFTHCA_TOKEN_SECRET": str(TOKEN_FILE),
                 "SOFTHCA_PEER_TOKEN_SECRET": str(PEER_TOKEN_FILE),
+                "SOFTHCA_USER_DIR": str(USER_DIR),
                 "SOFTHCA_TARGET": f"{names.target_ip}:4791", **names.env(), **(env or {})}
     return run(argv, timeout=timeout, check=check, env=full_env)
 

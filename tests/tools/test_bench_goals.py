@@ -1,8 +1,8 @@
-"""``softhca bench goals``: saved runs against issue 26's goals (tools/bench/goals.py).
+"""``softhca bench goals``: saved runs against the performance goals (tools/bench/goals.py).
 
 The runs are small hand-written documents with only the members the goals read; each
 expected median and factor is worked out here from the numbers written in the test, as
-issue 26 defines them: F = goal / median for a >= goal, median / goal for a <= goal."""
+tools/bench/goals.py defines them: F = goal / median for a >= goal, median / goal for a <= goal."""
 
 from __future__ import annotations
 
@@ -235,8 +235,8 @@ def test_a_file_it_cannot_read_is_refused(tmp_path, capsys, content, reason):
     assert captured.err.rstrip().endswith(path)
 
 
-def test_the_goals_table_holds_issue_26s_goals():
-    # Written out from the issue's table, independently of the module's wording.
+def test_the_goals_table_holds_the_performance_goals():
+    # Written out from the goals' table (docs/performance.md), independently of the module's wording.
     judged = {(g.field[-1] if g.kind == "softhca end to end" else g.field[1]["name"],
                g.op, g.goal) for g in goals.GOALS if g.op is not None}
     assert sum(g.op is not None for g in goals.GOALS) == 12

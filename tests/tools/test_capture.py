@@ -1,4 +1,4 @@
-"""Wire capture (issue 7): RC packets as RoCEv2 frames in a pcap that tshark decodes.
+"""Wire capture (softhca capture): RC packets as RoCEv2 frames in a pcap that tshark decodes.
 
 The encoder is checked by hand against the IBTA layouts (BTH, RETH, AETH, AtomicETH),
 the IPv4 checksum against RFC 791's arithmetic, and the ICRC against a RoCEv2 packet

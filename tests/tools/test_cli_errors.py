@@ -1,4 +1,4 @@
-"""What a new user meets first on the command line (issue 16, item 5): the version, a
+"""What a new user meets first on the command line: the version, a
 mistyped fault rule answered with the values to pick from, a capture of a daemon that
 is not there, and an embedded daemon's warnings in the daemon's log format."""
 

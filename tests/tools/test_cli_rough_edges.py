@@ -1,4 +1,4 @@
-"""The command line's rough edges (issue 25, item 4): Ctrl-C, what serve refuses at
+"""The command line's rough edges: Ctrl-C, what serve refuses at
 start-up, a mistyped option of a subcommand, ports out of range, the bench's words, the
 fault rules' opcode names, addresses in the trace, and an unreadable token file."""
 

@@ -1,9 +1,9 @@
-"""``softhca demo faults``: the fault injection walk-through of issue 4, and its verdicts.
+"""``softhca demo faults``: the fault injection walk-through, and its verdicts.
 
 The walk-through runs every case between two embedded daemons and judges it against
 its own oracle (crcmod T10-DIF, cryptography XTS, docs/semantics.md's check order), so
-these tests check that every case is run and passes with the facts the issue asks
-to see, that ``--list`` and ``--only`` work for it, and that a disagreeing oracle or
+these tests check that every case is run and passes with the facts it must show,
+that ``--list`` and ``--only`` work for it, and that a disagreeing oracle or
 a fault the engine does not inject really makes a case FAIL with exit status 1.
 """
 

@@ -1,5 +1,5 @@
 """Every code block of the README and every command of docs/*.md runs as printed, or is
-listed here with the reason it cannot run in this test (issue 25, item 3).
+listed here with the reason it cannot run in this test.
 
 A command is one logical line of a ``sh`` block (continuation lines joined, its trailing
 comment kept: bash reads it as the reader would). Each one is in exactly one of:

@@ -456,3 +456,51 @@ def test_the_architecture_checkers_report_each_gap(tmp_path):
         "provider/sub/: no row", "server/b.py: not in its row", "tests/unit/: not named"]
     assert false_import_statements(page, server_imports(tmp_path)) == [
         "a.py: says ['b.py', 'c.py'], imports ['b.py']"]
+
+
+# -- no issue numbers -----------------------------------------------------------------------
+# The repository names features, never the numbers of the issues that asked for them: a
+# number means nothing to a reader without the tracker. A reference is "issue" (or
+# "issues", any case) then a number, joined by spaces, a line break, '#', '-' or '_', and
+# not followed by a word ("the HCA may issue 16 RDMA READs" is the verb), "item", "and"
+# and "or" aside ("issue N, item M", "issues N and M"); "GH-N"; a bare "(#N)". A "#1" or a
+# "#3-anchor" alone is a count or a heading's anchor, not a reference.
+
+ISSUE_REF = re.compile(
+    r"(?i)(?<![a-z])issues?(?:[#_-]|\s)*#?\d+(?!\d)(?!\s+(?!(?:item|and|or)\b)[a-z])"
+    r"|(?<![a-z])gh-\d+|\(#\d+\)")
+
+
+def issue_references(text: str) -> list[tuple[int, str]]:
+    """(line, the reference) for each issue number ``text`` names."""
+    return [(text.count("\n", 0, m.start()) + 1, " ".join(m.group(0).split()))
+            for m in ISSUE_REF.finditer(text)]
+
+
+def test_no_tracked_file_names_an_issue_number():
+    found = []
+    for rel in _tracked(ROOT):
+        if any(part in SKIP_DIRS for part in rel.parts):
+            continue
+        try:
+            text = (ROOT / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue        # a binary file
+        found += [f"{rel}:{line}: {ref}" for line, ref in issue_references(text)]
+    assert not found, "name the feature instead:\n" + "\n".join(found)
+
+
+def test_the_issue_number_checker_reports_each_form():
+    # written in pieces, so that this file itself names none
+    word = "iss" + "ue"
+    refs = [f"Hardening ({word} 5): bad input", f"({word} 25, item 3)", f"{word}-28",
+            f"{word}_26s_goals", f"{word.upper()} #7", f"the goals of {word}\n  26, one row",
+            f"{word}s 13 and 26", "fixed (" + "#" + "41)", "G" + "H-12"]
+    for text in refs:
+        assert len(issue_references(text)) == 1, text
+    assert issue_references(f"a\nb {word} 4.\n")[0][0] == 2
+    fine = [f"the HCA may {word} 16 RDMA READs at once", f"{word}s 2 requests",
+            "partial-block transfer #1 on this MKEY", "[10](#10-choices-where)",
+            f"{word} of the week", "RFC 791", f"{word}d 3 times"]
+    for text in fine:
+        assert issue_references(text) == [], text

@@ -1,4 +1,4 @@
-"""The tests are quiet where the working directory is read-only (issue 25, item 5): the
+"""The tests are quiet where the working directory is read-only: the
 initiator container runs them from /src as uid 10001, where hypothesis could not make
 its ``.hypothesis`` directory and warned twice. tests/conftest.py then points
 hypothesis at a directory of that user's own in the temporary directory."""

@@ -1,4 +1,4 @@
-"""``softhca demo --html FILE``: the self-contained HTML report of issue 7.
+"""``softhca demo --html FILE``: the self-contained HTML report of the walk-through.
 
 Structure (html.parser): every example has its section with its verdict, its
 configuration, its pipeline stages as the daemons traced them, and block diagrams

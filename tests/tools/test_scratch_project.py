@@ -1,4 +1,4 @@
-"""softhca in someone else's project (issue 25, item 1): the wheel built from this tree,
+"""softhca in someone else's project: the wheel built from this tree,
 installed into a fresh venv outside the repository, and the README's pytest example
 (its test file and its pytest.ini, copied from the README as a reader copies them) run
 there with ``pytest -q``: one async test on ``softhca_rc_pair``, one on
