@@ -328,9 +328,15 @@ def test_the_tutorials_daemon_session(tmp_path):
     assert "4791" in text and str(t) in body
     cwd, env = _scratch(tmp_path)
     # A reader waits for a daemon (or the trace, the capture) to be up before the next
-    # line, and for the capture to end before reading its file: the script waits two
-    # seconds after each background start, and for the capture before tshark.
-    body = body.replace("&\n", "&\nlast=$!\nsleep 2\n")
+    # line, and for the capture to end before reading its file: the script waits for
+    # each daemon's port to answer (a loaded machine starts Python slowly), two seconds
+    # after a trace or capture starts, and for the capture before tshark.
+    for port in (t, i):
+        up = (f"for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null "
+              f"&& break; sleep 0.1; done\n")
+        body = body.replace(f"127.0.0.1:{port} --peer-token-file peer-token &\n",
+                            f"127.0.0.1:{port} --peer-token-file peer-token &\n{up}", 1)
+    body = re.sub(r"&\n(?!for _ in)", "&\nlast=$!\nsleep 2\n", body)
     body = re.sub(r"(--out write\.pcap [^\n]*&\nlast=\$!)", r"\1\ncapture=$last", body)
     body = body.replace("tshark -r write.pcap\n", "wait $capture\ntshark -r write.pcap\n", 1)
     full = "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + body + "\n"
