@@ -7,9 +7,9 @@
 #include <string.h>
 
 #include "softhca.h"
+#include "wr.h"
 
 /* As qp.c: WRs per post_srq_recv request, SGEs per WR (the daemon's bounds). */
-#define MAX_SGE 32
 
 struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
@@ -24,9 +24,9 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 		errno = EINVAL;
 		return NULL;
 	}
-	if (attr->attr.max_sge == 0 || attr->attr.max_sge > MAX_SGE) {
+	if (attr->attr.max_sge == 0 || attr->attr.max_sge > SHCA_MAX_SGE) {
 		shca_log("ibv_create_srq: EINVAL: max_sge %u outside 1..%d",
-			 attr->attr.max_sge, MAX_SGE);
+			 attr->attr.max_sge, SHCA_MAX_SGE);
 		errno = EINVAL;
 		return NULL;
 	}
