@@ -61,10 +61,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	}
 	shca_begin(ctx->conn, &b, "create_qp", attr->srq ? 13 : 12);
 	if (attr->srq)
-		mp_kv_uint(&b, "srq", ((struct shca_srq *)attr->srq)->handle);
-	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
-	mp_kv_uint(&b, "scq", ((struct shca_cq *)attr->send_cq)->handle);
-	mp_kv_uint(&b, "rcq", ((struct shca_cq *)attr->recv_cq)->handle);
+		mp_kv_uint(&b, "srq", to_ssrq(attr->srq)->handle);
+	mp_kv_uint(&b, "pd", to_spd(ibpd)->handle);
+	mp_kv_uint(&b, "scq", to_scq(attr->send_cq)->handle);
+	mp_kv_uint(&b, "rcq", to_scq(attr->recv_cq)->handle);
 	mp_kv_uint(&b, "qp_type", attr->qp_type);
 	mp_kv_uint(&b, "max_send_wr", attr->cap.max_send_wr ? attr->cap.max_send_wr : 1);
 	mp_kv_uint(&b, "max_recv_wr", attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1);
@@ -236,7 +236,7 @@ struct ibv_qp *shca_dv_create_qp(struct ibv_context *context, struct ibv_qp_init
 int shca_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_qp", "qp", &ctx->qps, qp);
 
 	if (rc)
@@ -328,7 +328,7 @@ static uint64_t field_value(const struct ibv_qp_attr *a, const struct qp_field *
 int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	/* The port, the P_Key index and the current state the caller asserts are
 	 * checked here: the device has one port and one P_Key. */
 	const int local = IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_CUR_STATE;
@@ -393,7 +393,7 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 			 struct ibv_qp_init_attr *init)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	struct mp_buf b;
 	struct shca_frame r;
 	struct mp_val a;
@@ -460,7 +460,7 @@ static struct ibv_send_wr *send_nth(struct ibv_send_wr *wr, uint32_t i)
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			  struct ibv_send_wr **bad)
 {
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	struct ibv_send_wr *first;
 	struct mp_buf wrs;
 	uint32_t n, taken;
@@ -502,7 +502,7 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			  struct ibv_recv_wr **bad)
 {
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 
 	return shca_post_recv_wrs(to_sctx(ibqp->context), "post_recv", "qp", qp->handle,
 				  qp->max_recv_sge, "QP's max_recv_sge", wr, bad);

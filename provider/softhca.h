@@ -168,11 +168,58 @@ struct shca_qp {
 	size_t bounce_used;
 };
 
+/* A verbs object's softhca object, as rdma-core's providers reach theirs (rxe's to_rqp,
+ * to_rcq): each softhca object embeds its verbs object, and container_of gives the
+ * container from the member whatever its place. */
+#define shca_container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
+
 /* struct ibv_context is the last member of struct verbs_context (verbs.h): the
  * extension fields grow before it. */
 static inline struct shca_context *to_sctx(struct ibv_context *c)
 {
-	return (struct shca_context *)((char *)c - offsetof(struct shca_context, vctx.context));
+	return shca_container_of(c, struct shca_context, vctx.context);
+}
+
+static inline struct shca_pd *to_spd(struct ibv_pd *pd)
+{
+	return shca_container_of(pd, struct shca_pd, pd);
+}
+
+static inline struct shca_ah *to_sah(struct ibv_ah *ah)
+{
+	return shca_container_of(ah, struct shca_ah, ah);
+}
+
+static inline struct shca_mr *to_smr(struct ibv_mr *mr)
+{
+	return shca_container_of(mr, struct shca_mr, vmr.ibv_mr);
+}
+
+static inline struct shca_mw *to_smw(struct ibv_mw *mw)
+{
+	return shca_container_of(mw, struct shca_mw, mw);
+}
+
+static inline struct shca_srq *to_ssrq(struct ibv_srq *srq)
+{
+	return shca_container_of(srq, struct shca_srq, srq);
+}
+
+static inline struct shca_cq *to_scq(struct ibv_cq *cq)
+{
+	return shca_container_of(cq, struct shca_cq, cq);
+}
+
+/* struct verbs_qp holds the QP as struct ibv_qp and, over the same bytes, as struct
+ * ibv_qp_ex (a union): the QP of ibv_create_qp and of ibv_create_qp_ex. */
+static inline struct shca_qp *to_sqp(struct ibv_qp *qp)
+{
+	return shca_container_of(qp, struct shca_qp, vqp.qp);
+}
+
+static inline struct shca_qp *to_sqp_ex(struct ibv_qp_ex *qpx)
+{
+	return shca_container_of(qpx, struct shca_qp, vqp.qp_ex);
 }
 
 /* conn.c */
@@ -215,7 +262,6 @@ void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);
 
 /* dv.c, dv_keys.c: mlx5dv. The objects the application sees as mlx5dv.h's (an MKEY's
  * lkey and rkey; DEKs and login objects only as pointers, declared incomplete there). */
-#define shca_container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
 
 struct shca_mkey {
 	struct mlx5dv_mkey dv;   /* what the application sees: lkey, rkey */

@@ -317,7 +317,7 @@ static struct ibv_pd *shca_alloc_pd(struct ibv_context *ibctx)
 
 static int shca_dealloc_pd(struct ibv_pd *ibpd)
 {
-	struct shca_pd *pd = (struct shca_pd *)ibpd;
+	struct shca_pd *pd = to_spd(ibpd);
 	int rc = shca_call_simple(to_sctx(ibpd->context), "dealloc_pd", "pd", pd->handle);
 
 	if (!rc)
@@ -329,7 +329,7 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 			   int access)
 {
 	struct shca_context *ctx = to_sctx(ibpd->context);
-	struct shca_pd *pd = (struct shca_pd *)ibpd;
+	struct shca_pd *pd = to_spd(ibpd);
 	struct shca_mr *mr;
 	struct mp_buf b;
 	struct shca_frame r;
@@ -413,7 +413,7 @@ int shca_dereg(struct shca_mr *mr)
 
 static int shca_dereg_mr(struct verbs_mr *vmr)
 {
-	return shca_dereg((struct shca_mr *)vmr);
+	return shca_dereg(to_smr(&vmr->ibv_mr));
 }
 
 /* -- CQ --------------------------------------------------------------------------- */
@@ -612,7 +612,7 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 static int shca_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct shca_context *ctx = to_sctx(ibcq->context);
-	struct shca_cq *cq = (struct shca_cq *)ibcq;
+	struct shca_cq *cq = to_scq(ibcq);
 	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_cq", "cq", &ctx->cqs, cq);
 
 	if (rc)
@@ -625,7 +625,7 @@ static int shca_destroy_cq(struct ibv_cq *ibcq)
 static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 {
 	struct shca_context *ctx = to_sctx(ibcq->context);
-	struct shca_cq *cq = (struct shca_cq *)ibcq;
+	struct shca_cq *cq = to_scq(ibcq);
 	struct mp_buf b;
 	int n = 0;
 
@@ -677,7 +677,7 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 static int shca_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 {
 	struct shca_context *ctx = to_sctx(ibcq->context);
-	struct shca_cq *cq = (struct shca_cq *)ibcq;
+	struct shca_cq *cq = to_scq(ibcq);
 
 	/* Solicited-only arming notifies on any completion: more events than asked
 	 * for, which ibv_req_notify_cq(3) allows a consumer to see (it polls anyway). */

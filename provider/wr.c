@@ -56,7 +56,7 @@ int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
 			qp->bounce_buf = NULL;
 			return errno;
 		}
-		qp->bounce = (struct shca_mr *)mr;
+		qp->bounce = to_smr(mr);
 	}
 	out->addr = (uintptr_t)qp->bounce_buf + qp->bounce_used;
 	out->length = (uint32_t)total;
@@ -121,7 +121,7 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 	if (imm)
 		mp_kv_uint(b, "imm_data", ntohl(wr->imm_data));
 	if (ud) {
-		mp_kv_uint(b, "ah", ((struct shca_ah *)wr->wr.ud.ah)->handle);
+		mp_kv_uint(b, "ah", to_sah(wr->wr.ud.ah)->handle);
 		mp_kv_uint(b, "remote_qpn", wr->wr.ud.remote_qpn & 0xFFFFFF);
 		mp_kv_uint(b, "remote_qkey", wr->wr.ud.remote_qkey);
 		mp_kv_uint(b, "rkey", 0);
@@ -154,7 +154,7 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 			return EINVAL;
 		mp_str(b, "bind");
 		mp_arr(b, 5);
-		mp_uint(b, ((struct shca_mw *)wr->bind_mw.mw)->handle);
+		mp_uint(b, to_smw(wr->bind_mw.mw)->handle);
 		mp_uint(b, bi->mr ? bi->mr->lkey : 0);
 		mp_uint(b, bi->addr);
 		mp_uint(b, bi->length);
