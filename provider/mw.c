@@ -141,7 +141,7 @@ int shca_resize_cq(struct ibv_cq *ibcq, int cqe)
 		return rc;
 	}
 	shca_frame_free(&r);
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	for (i = 0; i < cq->count && i < (uint32_t)cqe; i++)
 		ring[i] = cq->ring[(cq->head + i) % cq->cap];
 	shca_free(cq->ring);
@@ -149,6 +149,6 @@ int shca_resize_cq(struct ibv_cq *ibcq, int cqe)
 	cq->cap = (uint32_t)cqe;
 	cq->head = 0;
 	ibcq->cqe = cqe;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return 0;
 }

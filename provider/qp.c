@@ -118,10 +118,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	}
 	qp->dv_send_ops = dv_send_ops;
 	shca_dv_qp_init(qp);
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	qp->next = ctx->qps;
 	ctx->qps = qp;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return &qp->vqp.qp;
 }
 

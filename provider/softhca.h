@@ -16,6 +16,7 @@
 
 #include "abi.h"
 #include "chan_bridge.h"
+#include "core.h"
 #include "dv_bridge.h"
 #include "frame.h"
 #include "mp.h"
@@ -26,7 +27,9 @@
 
 /* The connection and everything its reader thread writes are in palloc's pages. */
 struct shca_conn {
-	int fd;
+	/* the socket, the request in flight, the reader's loop (core.h); core.lock guards
+	 * the reply and every CQ ring, and the lists of the context's objects */
+	struct shca_core core;
 	pthread_t reader;
 	int reader_started;
 	/* Held by the reader thread from a frame's first byte until the frame is dealt
@@ -34,18 +37,9 @@ struct shca_conn {
 	 * reader's can fall inside a move. */
 	pthread_mutex_t dispatch;
 	uintptr_t stack;            /* the reader's stack, as palloc knows it, or 0 */
-	pthread_mutex_t lock;       /* the fields below, and every CQ ring */
-	pthread_cond_t cond;
-	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC) */
-	pthread_mutex_t call_lock;  /* one request in flight at a time */
-	pthread_mutex_t send_lock;  /* whole frames on the socket */
-	uint32_t next_id;
-	uint32_t want_id;
+	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC), under core.lock */
 	uint32_t async_id;          /* the get_async_event waiting on the daemon, or 0 */
 	uint32_t own_ids;           /* ids of the reader thread's own requests */
-	struct shca_frame reply;
-	int reply_ready;
-	int dead;
 	struct shca_context *ctx;
 };
 
@@ -239,7 +233,6 @@ int shca_call_post(struct shca_conn *c, struct mp_buf *b, uint32_t *taken);
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
 /* Asks the daemon for the context's next asynchronous event (answered when one comes). */
 int shca_async_arm(struct shca_conn *c);
-int shca_errno(const char *name, uint32_t n);
 /* The n memfds of one registration handed to the daemon under seq (SCM_RIGHTS). */
 int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq);
 /* The fork generation of this process (0 in the one that loaded the provider). */
@@ -347,14 +340,14 @@ int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key
 	__typeof__(obj) *pp_;								\
 											\
 	if (!rc_) {									\
-		pthread_mutex_lock(&(ctx)->conn->lock);					\
+		pthread_mutex_lock(&(ctx)->conn->core.lock);					\
 		for (pp_ = (head); *pp_; pp_ = &(*pp_)->next) {			\
 			if (*pp_ == (obj)) {						\
 				*pp_ = (obj)->next;					\
 				break;							\
 			}								\
 		}									\
-		pthread_mutex_unlock(&(ctx)->conn->lock);				\
+		pthread_mutex_unlock(&(ctx)->conn->core.lock);				\
 	}										\
 	rc_;										\
 })

@@ -602,10 +602,10 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 	cq->cq.context = ibctx;
 	cq->cq.cqe = cqe;
 	cq->cq.handle = cq->handle;
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	cq->next = ctx->cqs;
 	ctx->cqs = cq;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return &cq->cq;
 }
 
@@ -635,7 +635,7 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 	}
 	if (num <= 0)
 		return 0;
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	if (!cq->count) {
 		/* The device is a process on the same CPUs: a program that spins on an
 		 * empty CQ takes the time the daemon needs to complete its work. An empty
@@ -648,14 +648,14 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 			until.tv_sec++;
 			until.tv_nsec -= 1000000000L;
 		}
-		pthread_cond_timedwait(&ctx->conn->wc_cond, &ctx->conn->lock, &until);
+		pthread_cond_timedwait(&ctx->conn->wc_cond, &ctx->conn->core.lock, &until);
 	}
 	while (n < num && cq->count) {
 		wc[n++] = cq->ring[cq->head];
 		cq->head = (cq->head + 1) % cq->cap;
 		cq->count--;
 	}
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	if (n) {
 		/* The room goes back at once: the daemon counts every entry it pushed and
 		 * the program has not polled against cqe, as the CQ's overrun rule says. */
@@ -684,9 +684,9 @@ static int shca_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	(void)solicited_only;
 	if (shca_forked(ctx, "ibv_req_notify_cq"))
 		return EIO;
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	cq->armed = 1;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return 0;
 }
 
