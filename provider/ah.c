@@ -37,7 +37,7 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 		return NULL;
 	}
 	shca_begin(ctx->conn, &b, "create_ah", 9);
-	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
+	mp_kv_uint(&b, "pd", to_spd(ibpd)->handle);
 	mp_str(&b, "dest_host");
 	mp_str(&b, host);
 	mp_kv_uint(&b, "dest_port", port);
@@ -68,7 +68,7 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 
 int shca_destroy_ah(struct ibv_ah *ibah)
 {
-	struct shca_ah *ah = (struct shca_ah *)ibah;
+	struct shca_ah *ah = to_sah(ibah);
 	int rc = shca_call_simple(to_sctx(ibah->context), "destroy_ah", "ah", ah->handle);
 
 	if (!rc)

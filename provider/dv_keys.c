@@ -33,7 +33,7 @@ struct mlx5dv_mkey *shca_dv_create_mkey(struct mlx5dv_mkey_init_attr *attr)
 		return NULL;
 	}
 	shca_begin(ctx->conn, &b, "create_mkey", 3);
-	mp_kv_uint(&b, "pd", ((struct shca_pd *)attr->pd)->handle);
+	mp_kv_uint(&b, "pd", to_spd(attr->pd)->handle);
 	mp_kv_uint(&b, "create_flags", attr->create_flags);
 	mp_kv_uint(&b, "max_entries", attr->max_entries);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
@@ -322,7 +322,7 @@ struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
 	}
 	shca_begin(ctx->conn, &b, "create_dek", 10);
 	mp_kv_uint(&b, "ctx", ctx->handle);
-	mp_kv_uint(&b, "pd", ((struct shca_pd *)a->pd)->handle);
+	mp_kv_uint(&b, "pd", to_spd(a->pd)->handle);
 	mp_kv_uint(&b, "key_size", a->key_size);
 	mp_str(&b, "key");
 	mp_bin(&b, a->key, (uint32_t)len);

@@ -1,5 +1,6 @@
-/* RC, UC and UD queue pairs: create (plain and extended), modify (the address vector's softhca
- * GID decoded into the peer daemon), query, destroy, and the two post verbs. */
+/* RC, UC and UD queue pairs: create (plain, extended and mlx5dv_create_qp's), modify (the
+ * address vector's softhca GID decoded into the peer daemon), query, destroy, and the two
+ * post verbs (their WRs encoded by wr.c). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stddef.h>
@@ -7,13 +8,12 @@
 #include <string.h>
 
 #include "softhca.h"
+#include "wr.h"
 
 /* What a QP offers for IBV_SEND_INLINE when asked for less (ibv_create_qp(3): the
  * provider may return more than requested); ConnectX's own figure for RC. */
 #define DEFAULT_INLINE 236
 #define MAX_INLINE 1024
-#define MAX_WRS_PER_POST 256
-#define MAX_SGE 32
 
 /* -- QP --------------------------------------------------------------------------- */
 
@@ -61,10 +61,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	}
 	shca_begin(ctx->conn, &b, "create_qp", attr->srq ? 13 : 12);
 	if (attr->srq)
-		mp_kv_uint(&b, "srq", ((struct shca_srq *)attr->srq)->handle);
-	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
-	mp_kv_uint(&b, "scq", ((struct shca_cq *)attr->send_cq)->handle);
-	mp_kv_uint(&b, "rcq", ((struct shca_cq *)attr->recv_cq)->handle);
+		mp_kv_uint(&b, "srq", to_ssrq(attr->srq)->handle);
+	mp_kv_uint(&b, "pd", to_spd(ibpd)->handle);
+	mp_kv_uint(&b, "scq", to_scq(attr->send_cq)->handle);
+	mp_kv_uint(&b, "rcq", to_scq(attr->recv_cq)->handle);
 	mp_kv_uint(&b, "qp_type", attr->qp_type);
 	mp_kv_uint(&b, "max_send_wr", attr->cap.max_send_wr ? attr->cap.max_send_wr : 1);
 	mp_kv_uint(&b, "max_recv_wr", attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1);
@@ -118,10 +118,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	}
 	qp->dv_send_ops = dv_send_ops;
 	shca_dv_qp_init(qp);
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	qp->next = ctx->qps;
 	ctx->qps = qp;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return &qp->vqp.qp;
 }
 
@@ -130,14 +130,9 @@ struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	return create_qp(pd->context, pd, attr, 0, 0, 0, 0);
 }
 
-struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx,
-					struct ibv_qp_init_attr_ex *ax)
-{
-	return shca_create_qp_dv(ibctx, ax, 0, 0);
-}
-
-struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax,
-				 uint64_t dv_send_ops, uint32_t create_flags)
+/* ibv_create_qp_ex, with mlx5dv_create_qp's send_ops_flags and create_flags. */
+static struct ibv_qp *create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax,
+				    uint64_t dv_send_ops, uint32_t create_flags)
 {
 	struct ibv_qp_init_attr a;
 	struct ibv_qp *qp;
@@ -181,10 +176,67 @@ struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_a
 	return qp;
 }
 
+struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx,
+					struct ibv_qp_init_attr_ex *ax)
+{
+	return create_qp_dv(ibctx, ax, 0, 0);
+}
+
+/* The man pages' MKEY builders (dv.c), each needing its mlx5dv send_ops_flags bit. */
+#define MKEY_OPS (MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MR_LIST | \
+		  MLX5DV_QP_EX_WITH_MKEY_CONFIGURE)
+
+struct ibv_qp *shca_dv_create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *qp_attr,
+				 struct mlx5dv_qp_init_attr *dv)
+{
+	const uint64_t known = MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS |
+			       MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS;
+	/* DISABLE_SCATTER_TO_CQE only changes where hardware puts small receives, never
+	 * what the application sees; softhca never scatters into a CQE. */
+	const uint32_t flags_ok = MLX5DV_QP_CREATE_SIG_PIPELINING |
+				  MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE;
+	uint64_t ops = 0;
+	uint32_t flags = 0;
+
+	if (!qp_attr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (dv && dv->comp_mask & ~known) {
+		shca_log("mlx5dv_create_qp: EOPNOTSUPP: comp_mask %#llx (DC, DCI streams) is not "
+			 "modelled", (unsigned long long)(dv->comp_mask & ~known));
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (dv && dv->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS)
+		flags = dv->create_flags;
+	if (flags & ~flags_ok) {
+		shca_log("mlx5dv_create_qp: EOPNOTSUPP: create_flags %#x are not modelled",
+			 flags & ~flags_ok);
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (dv && dv->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS)
+		ops = dv->send_ops_flags;
+	if (ops & ~(uint64_t)MKEY_OPS) {
+		shca_log("mlx5dv_create_qp: EOPNOTSUPP: send_ops_flags %#llx (raw WQEs, memcpy) "
+			 "are not modelled", (unsigned long long)(ops & ~(uint64_t)MKEY_OPS));
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (ops && !(qp_attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+		shca_log("mlx5dv_create_qp: EINVAL: mlx5dv send_ops_flags need an extended QP "
+			 "(IBV_QP_INIT_ATTR_SEND_OPS_FLAGS in qp_attr->comp_mask)");
+		errno = EINVAL;
+		return NULL;
+	}
+	return create_qp_dv(context, qp_attr, ops, flags & MLX5DV_QP_CREATE_SIG_PIPELINING);
+}
+
 int shca_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_qp", "qp", &ctx->qps, qp);
 
 	if (rc)
@@ -276,7 +328,7 @@ static uint64_t field_value(const struct ibv_qp_attr *a, const struct qp_field *
 int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	/* The port, the P_Key index and the current state the caller asserts are
 	 * checked here: the device has one port and one P_Key. */
 	const int local = IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_CUR_STATE;
@@ -341,7 +393,7 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 			 struct ibv_qp_init_attr *init)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	struct mp_buf b;
 	struct shca_frame r;
 	struct mp_val a;
@@ -392,179 +444,6 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 	return 0;
 }
 
-static void encode_sges(struct mp_buf *b, const struct ibv_sge *sg, int n)
-{
-	int i;
-
-	mp_str(b, "sg");
-	mp_arr(b, (uint32_t)n);
-	for (i = 0; i < n; i++) {
-		mp_arr(b, 3);
-		mp_uint(b, sg[i].addr);
-		mp_uint(b, sg[i].length);
-		mp_uint(b, sg[i].lkey);
-	}
-}
-
-/* IBV_SEND_INLINE: the bytes may be in memory no MR covers (ibv_post_send(3): the
- * lkey is not checked), and the daemon reads them at post time. They are copied into
- * the QP's own registered bounce pages, which the daemon has read before the post's
- * reply comes back, so one post at a time may use them. */
-int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
-		    struct ibv_sge *out)
-{
-	size_t total = 0, need;
-	int i;
-
-	for (i = 0; i < n; i++)
-		total += sg[i].length;
-	if (total > qp->max_inline) {
-		shca_log("ibv_post_send: EINVAL: %zu bytes of inline data exceed max_inline_data "
-			 "%u", total, qp->max_inline);
-		return EINVAL;
-	}
-	need = (size_t)qp->max_inline * MAX_WRS_PER_POST;
-	if (!qp->bounce) {
-		struct ibv_mr *mr;
-
-		if (posix_memalign((void **)&qp->bounce_buf, 4096, need))
-			return ENOMEM;
-		mr = shca_reg_mr(qp->vqp.qp.pd, qp->bounce_buf, need,
-				 (uintptr_t)qp->bounce_buf, 0);
-		if (!mr) {
-			free(qp->bounce_buf);
-			qp->bounce_buf = NULL;
-			return errno;
-		}
-		qp->bounce = (struct shca_mr *)mr;
-	}
-	out->addr = (uintptr_t)qp->bounce_buf + qp->bounce_used;
-	out->length = (uint32_t)total;
-	out->lkey = qp->bounce->vmr.ibv_mr.lkey;
-	for (i = 0; i < n; i++) {
-		memcpy(qp->bounce_buf + qp->bounce_used, (void *)(uintptr_t)sg[i].addr,
-		       sg[i].length);
-		qp->bounce_used += sg[i].length;
-	}
-	return 0;
-}
-
-int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
-			int bounced)
-{
-	int imm = wr->opcode == IBV_WR_SEND_WITH_IMM ||
-		  wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-	/* ibv_wr_atomic_write's value is in wr.atomic (qp_ex.c); with ibv_post_send the
-	 * 8 bytes are an SGE and the target wr.rdma. */
-	int atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
-		     (wr->opcode == IBV_WR_ATOMIC_WRITE && wr->num_sge == 0);
-	struct ibv_sge one = {0};
-	int rc, ud;
-
-	if (wr->num_sge < 0 || wr->num_sge > MAX_SGE || (uint32_t)wr->num_sge > qp->max_send_sge) {
-		shca_log("ibv_post_send: EINVAL: num_sge %d exceeds the QP's max_send_sge %u",
-			 wr->num_sge, qp->max_send_sge);
-		return EINVAL;
-	}
-	if (wr->num_sge && !wr->sg_list) {
-		shca_log("ibv_post_send: EINVAL: wr_id %llu has num_sge %d and no sg_list",
-			 (unsigned long long)wr->wr_id, wr->num_sge);
-		return EINVAL;
-	}
-	/* Refused here, at its WR, as a device refuses an opcode it does not know; the
-	 * ones it knows but a QP cannot take the daemon refuses (at the same WR). */
-	if ((unsigned)wr->opcode > IBV_WR_DRIVER1 && wr->opcode != IBV_WR_ATOMIC_WRITE) {
-		shca_log("ibv_post_send: EINVAL: wr_id %llu has opcode %u, not an enum "
-			 "ibv_wr_opcode", (unsigned long long)wr->wr_id, (unsigned)wr->opcode);
-		return EINVAL;
-	}
-	/* wr.ud shares its storage with wr.rdma and wr.atomic (a union): a UD WR sends
-	 * its AH's handle, remote QPN and Q_Key, and no RDMA fields. */
-	ud = qp->vqp.qp.qp_type == IBV_QPT_UD;
-	if (ud && !wr->wr.ud.ah) {
-		shca_log("ibv_post_send: EINVAL: a UD WR needs wr.ud.ah");
-		return EINVAL;
-	}
-	mp_map(b, (imm ? 10 : 9) + (ud ? 3 : 0) + (wr->opcode == IBV_WR_BIND_MW));
-	mp_kv_uint(b, "wr_id", wr->wr_id);
-	mp_kv_uint(b, "opcode", wr->opcode);
-	if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge && !bounced) {
-		rc = shca_inline_sge(qp, wr->sg_list, wr->num_sge, &one);
-		if (rc)
-			return rc;
-		encode_sges(b, &one, 1);
-	} else {
-		encode_sges(b, wr->sg_list, wr->num_sge);
-	}
-	mp_kv_uint(b, "send_flags", wr->send_flags);
-	if (imm)
-		mp_kv_uint(b, "imm_data", ntohl(wr->imm_data));
-	if (ud) {
-		mp_kv_uint(b, "ah", ((struct shca_ah *)wr->wr.ud.ah)->handle);
-		mp_kv_uint(b, "remote_qpn", wr->wr.ud.remote_qpn & 0xFFFFFF);
-		mp_kv_uint(b, "remote_qkey", wr->wr.ud.remote_qkey);
-		mp_kv_uint(b, "rkey", 0);
-		mp_kv_uint(b, "remote_addr", 0);
-		mp_kv_uint(b, "compare_add", 0);
-		mp_kv_uint(b, "swap", 0);
-	} else if (atomic) {
-		mp_kv_uint(b, "rkey", wr->wr.atomic.rkey);
-		mp_kv_uint(b, "remote_addr", wr->wr.atomic.remote_addr);
-		mp_kv_uint(b, "compare_add", wr->wr.atomic.compare_add);
-		mp_kv_uint(b, "swap", wr->wr.atomic.swap);
-	} else {
-		/* A bind's new key is bind_mw.rkey, in a union of its own. */
-		mp_kv_uint(b, "rkey", wr->opcode == IBV_WR_BIND_MW ? wr->bind_mw.rkey :
-			   wr->wr.rdma.rkey);
-		mp_kv_uint(b, "remote_addr", wr->opcode == IBV_WR_BIND_MW ? 0 :
-			   wr->wr.rdma.remote_addr);
-		mp_kv_uint(b, "compare_add", 0);
-		mp_kv_uint(b, "swap", 0);
-	}
-	mp_kv_uint(b, "invalidate_rkey",
-		   wr->opcode == IBV_WR_SEND_WITH_INV || wr->opcode == IBV_WR_LOCAL_INV ?
-		   wr->invalidate_rkey : 0);
-	if (wr->opcode == IBV_WR_BIND_MW) {
-		/* bind_mw: the window's handle, the MR's lkey, addr, length, access; the new
-		 * key travels as "rkey" (server/mw_verbs.py). */
-		const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
-
-		if (!wr->bind_mw.mw)
-			return EINVAL;
-		mp_str(b, "bind");
-		mp_arr(b, 5);
-		mp_uint(b, ((struct shca_mw *)wr->bind_mw.mw)->handle);
-		mp_uint(b, bi->mr ? bi->mr->lkey : 0);
-		mp_uint(b, bi->addr);
-		mp_uint(b, bi->length);
-		mp_uint(b, bi->mw_access_flags);
-	}
-	return 0;
-}
-
-/* n encoded WRs as one post_send request. all: the WRs of an ibv_wr_complete, which
- * the daemon posts all or none (ibv_wr_post(3)); else ibv_post_send's, taken in order
- * up to the first refused (*taken then says how many). */
-int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, int all,
-			 uint32_t *taken)
-{
-	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
-	struct mp_buf b;
-
-	shca_begin(ctx->conn, &b, "post_send", all ? 3 : 2);
-	mp_kv_uint(&b, "qp", qp->handle);
-	mp_str(&b, "wrs");
-	mp_arr(&b, n);
-	mp_raw(&b, wrs->p, wrs->len);
-	b.failed |= wrs->failed;
-	if (all) {
-		mp_str(&b, "wr_complete");
-		mp_bool(&b, 1);
-	}
-	return shca_call_post(ctx->conn, &b, taken);
-}
-
 /* The WR i places after wr in its chain. */
 static struct ibv_send_wr *send_nth(struct ibv_send_wr *wr, uint32_t i)
 {
@@ -573,22 +452,15 @@ static struct ibv_send_wr *send_nth(struct ibv_send_wr *wr, uint32_t i)
 	return wr;
 }
 
-static struct ibv_recv_wr *recv_nth(struct ibv_recv_wr *wr, uint32_t i)
-{
-	while (i-- && wr)
-		wr = wr->next;
-	return wr;
-}
-
 /* ibv_post_send(3): on failure *bad is the first WR not posted and every WR before it
- * is posted. The chain goes as requests of up to MAX_WRS_PER_POST WRs; the daemon takes
+ * is posted. The chain goes as requests of up to SHCA_MAX_WRS_PER_POST WRs; the daemon takes
  * a request's WRs in order up to the first it refuses and says which (its index), and
  * a WR the provider refuses itself ends the request before it: the WRs ahead of it
  * still go, and *bad is it. Nothing after a refused WR is sent. */
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			  struct ibv_send_wr **bad)
 {
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	struct ibv_send_wr *first;
 	struct mp_buf wrs;
 	uint32_t n, taken;
@@ -606,7 +478,7 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		mp_init(&wrs);
 		n = 0;
 		qp->bounce_used = 0;
-		for (; wr && n < MAX_WRS_PER_POST; wr = wr->next, n++) {
+		for (; wr && n < SHCA_MAX_WRS_PER_POST; wr = wr->next, n++) {
 			mark = wrs.len;
 			rc = shca_encode_send_wr(qp, &wrs, wr, 0);
 			if (rc) {
@@ -627,66 +499,10 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	return rc;
 }
 
-/* ibv_post_recv and ibv_post_srq_recv: the chain wr as requests of verb (the queue's
- * handle under key) of up to MAX_WRS_PER_POST WRs each, every WR's num_sge checked
- * against max_sge (what is named "limit" in the log line) before its request goes.
- * *bad as for ibv_post_send: a WR refused here ends its request before it (the WRs
- * ahead of it still go), and a request the daemon refuses in part names the WR. */
-int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *key,
-		       uint32_t handle, uint32_t max_sge, const char *limit,
-		       struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
-{
-	struct ibv_recv_wr *w, *first;
-	struct mp_buf b;
-	uint32_t n, i, taken;
-	int rc = 0, sent;
-
-	while (wr && !rc) {
-		first = wr;
-		for (n = 0, w = wr; w && n < MAX_WRS_PER_POST; w = w->next, n++) {
-			if (w->num_sge < 0 || w->num_sge > MAX_SGE ||
-			    (uint32_t)w->num_sge > max_sge) {
-				shca_log("ibv_%s: EINVAL: num_sge %d exceeds the %s %u", verb,
-					 w->num_sge, limit, max_sge);
-				rc = EINVAL;
-				break;
-			}
-			if (w->num_sge && !w->sg_list) {
-				shca_log("ibv_%s: EINVAL: wr_id %llu has num_sge %d and no sg_list",
-					 verb, (unsigned long long)w->wr_id, w->num_sge);
-				rc = EINVAL;
-				break;
-			}
-		}
-		/* w: the WR refused here, or the first of the next request */
-		sent = 0;
-		if (n) {
-			shca_begin(ctx->conn, &b, verb, 2);
-			mp_kv_uint(&b, key, handle);
-			mp_str(&b, "wrs");
-			mp_arr(&b, n);
-			for (i = 0, wr = first; i < n; i++, wr = wr->next) {
-				mp_map(&b, 2);
-				mp_kv_uint(&b, "wr_id", wr->wr_id);
-				encode_sges(&b, wr->sg_list, wr->num_sge);
-			}
-			sent = shca_call_post(ctx->conn, &b, &taken);
-		}
-		if (sent) {
-			rc = sent;
-			w = recv_nth(first, taken < n ? taken : 0);
-		}
-		if (rc)
-			*bad = w;
-		wr = w;
-	}
-	return rc;
-}
-
 int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			  struct ibv_recv_wr **bad)
 {
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 
 	return shca_post_recv_wrs(to_sctx(ibqp->context), "post_recv", "qp", qp->handle,
 				  qp->max_recv_sge, "QP's max_recv_sge", wr, bad);

@@ -16,6 +16,7 @@
 
 #include "abi.h"
 #include "chan_bridge.h"
+#include "core.h"
 #include "dv_bridge.h"
 #include "frame.h"
 #include "mp.h"
@@ -26,7 +27,9 @@
 
 /* The connection and everything its reader thread writes are in palloc's pages. */
 struct shca_conn {
-	int fd;
+	/* the socket, the request in flight, the reader's loop (core.h); core.lock guards
+	 * the reply and every CQ ring, and the lists of the context's objects */
+	struct shca_core core;
 	pthread_t reader;
 	int reader_started;
 	/* Held by the reader thread from a frame's first byte until the frame is dealt
@@ -34,18 +37,9 @@ struct shca_conn {
 	 * reader's can fall inside a move. */
 	pthread_mutex_t dispatch;
 	uintptr_t stack;            /* the reader's stack, as palloc knows it, or 0 */
-	pthread_mutex_t lock;       /* the fields below, and every CQ ring */
-	pthread_cond_t cond;
-	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC) */
-	pthread_mutex_t call_lock;  /* one request in flight at a time */
-	pthread_mutex_t send_lock;  /* whole frames on the socket */
-	uint32_t next_id;
-	uint32_t want_id;
+	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC), under core.lock */
 	uint32_t async_id;          /* the get_async_event waiting on the daemon, or 0 */
 	uint32_t own_ids;           /* ids of the reader thread's own requests */
-	struct shca_frame reply;
-	int reply_ready;
-	int dead;
 	struct shca_context *ctx;
 };
 
@@ -171,11 +165,58 @@ struct shca_qp {
 	size_t bounce_used;
 };
 
+/* A verbs object's softhca object, as rdma-core's providers reach theirs (rxe's to_rqp,
+ * to_rcq): each softhca object embeds its verbs object, and container_of gives the
+ * container from the member whatever its place. */
+#define shca_container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
+
 /* struct ibv_context is the last member of struct verbs_context (verbs.h): the
  * extension fields grow before it. */
 static inline struct shca_context *to_sctx(struct ibv_context *c)
 {
-	return (struct shca_context *)((char *)c - offsetof(struct shca_context, vctx.context));
+	return shca_container_of(c, struct shca_context, vctx.context);
+}
+
+static inline struct shca_pd *to_spd(struct ibv_pd *pd)
+{
+	return shca_container_of(pd, struct shca_pd, pd);
+}
+
+static inline struct shca_ah *to_sah(struct ibv_ah *ah)
+{
+	return shca_container_of(ah, struct shca_ah, ah);
+}
+
+static inline struct shca_mr *to_smr(struct ibv_mr *mr)
+{
+	return shca_container_of(mr, struct shca_mr, vmr.ibv_mr);
+}
+
+static inline struct shca_mw *to_smw(struct ibv_mw *mw)
+{
+	return shca_container_of(mw, struct shca_mw, mw);
+}
+
+static inline struct shca_srq *to_ssrq(struct ibv_srq *srq)
+{
+	return shca_container_of(srq, struct shca_srq, srq);
+}
+
+static inline struct shca_cq *to_scq(struct ibv_cq *cq)
+{
+	return shca_container_of(cq, struct shca_cq, cq);
+}
+
+/* struct verbs_qp holds the QP as struct ibv_qp and, over the same bytes, as struct
+ * ibv_qp_ex (a union): the QP of ibv_create_qp and of ibv_create_qp_ex. */
+static inline struct shca_qp *to_sqp(struct ibv_qp *qp)
+{
+	return shca_container_of(qp, struct shca_qp, vqp.qp);
+}
+
+static inline struct shca_qp *to_sqp_ex(struct ibv_qp_ex *qpx)
+{
+	return shca_container_of(qpx, struct shca_qp, vqp.qp_ex);
 }
 
 /* conn.c */
@@ -197,7 +238,6 @@ int shca_call_post(struct shca_conn *c, struct mp_buf *b, uint32_t *taken);
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
 /* Asks the daemon for the context's next asynchronous event (answered when one comes). */
 int shca_async_arm(struct shca_conn *c);
-int shca_errno(const char *name, uint32_t n);
 /* The n memfds of one registration handed to the daemon under seq (SCM_RIGHTS). */
 int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq);
 /* The fork generation of this process (0 in the one that loaded the provider). */
@@ -217,17 +257,9 @@ void shca_mem_release_all(struct shca_context *ctx);
 
 /* qp_ex.c */
 void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);
-/* The WR a send builder opened goes into the batch. */
-void shca_wr_close(struct shca_qp *qp);
-/* The open run becomes one of `kind` (the other kind's run is closed); 0 or an errno. */
-int shca_batch_run(struct shca_qp *qp, int kind);
-/* The batch's first error is the one ibv_wr_complete returns. */
-void shca_wr_fail(struct shca_qp *qp, int err);
-void shca_batch_free(struct shca_qp *qp);
 
 /* dv.c, dv_keys.c: mlx5dv. The objects the application sees as mlx5dv.h's (an MKEY's
  * lkey and rkey; DEKs and login objects only as pointers, declared incomplete there). */
-#define shca_container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
 
 struct shca_mkey {
 	struct mlx5dv_mkey dv;   /* what the application sees: lkey, rkey */
@@ -252,9 +284,6 @@ static inline struct shca_mkey *shca_to_mkey(struct mlx5dv_mkey *m)
 
 /* dv.c */
 void shca_dv_qp_init(struct shca_qp *qp);
-/* The open mlx5dv_wr_mkey_configure got all its setters (EINVAL into the batch if not). */
-void shca_dv_end_configure(struct shca_qp *qp);
-int shca_dv_post_configure(struct shca_qp *qp, struct shca_run *run);
 extern const struct softhca_mlx5dv_ops softhca_mlx5dv_ops;
 
 /* dv_keys.c: the calls of softhca_mlx5dv_ops on MKEYs, caps, crypto login and DEKs */
@@ -279,29 +308,21 @@ int shca_dv_dek_destroy(struct mlx5dv_dek *dek);
 
 /* qp.c */
 struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
-/* ibv_create_qp_ex with mlx5dv_create_qp's send_ops_flags and create_flags. */
-struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax,
-				 uint64_t dv_send_ops, uint32_t create_flags);
+/* mlx5dv_create_qp: ibv_create_qp_ex with mlx5dv's send_ops_flags and create_flags. */
+struct ibv_qp *shca_dv_create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *qp_attr,
+				 struct mlx5dv_qp_init_attr *dv);
 struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax);
 int shca_destroy_qp(struct ibv_qp *ibqp);
 int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask);
 int shca_av_dest(struct shca_context *ctx, const struct ibv_ah_attr *ah, char *host,
 		 size_t hlen, unsigned *port, const char **dev, const char *verb);
-/* ah.c */
-struct ibv_ah *shca_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
-int shca_destroy_ah(struct ibv_ah *ah);
 int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		  struct ibv_qp_init_attr *init);
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
-int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *key,
-		       uint32_t handle, uint32_t max_sge, const char *limit,
-		       struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
-int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
-			int bounced);
-int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
-int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, int all,
-			 uint32_t *taken);
+/* ah.c */
+struct ibv_ah *shca_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+int shca_destroy_ah(struct ibv_ah *ah);
 
 /* verbs.c */
 bool shca_owns_device(struct ibv_device *device);
@@ -324,14 +345,14 @@ int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key
 	__typeof__(obj) *pp_;								\
 											\
 	if (!rc_) {									\
-		pthread_mutex_lock(&(ctx)->conn->lock);					\
+		pthread_mutex_lock(&(ctx)->conn->core.lock);					\
 		for (pp_ = (head); *pp_; pp_ = &(*pp_)->next) {			\
 			if (*pp_ == (obj)) {						\
 				*pp_ = (obj)->next;					\
 				break;							\
 			}								\
 		}									\
-		pthread_mutex_unlock(&(ctx)->conn->lock);				\
+		pthread_mutex_unlock(&(ctx)->conn->core.lock);				\
 	}										\
 	rc_;										\
 })

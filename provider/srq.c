@@ -7,9 +7,9 @@
 #include <string.h>
 
 #include "softhca.h"
+#include "wr.h"
 
 /* As qp.c: WRs per post_srq_recv request, SGEs per WR (the daemon's bounds). */
-#define MAX_SGE 32
 
 struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
@@ -24,9 +24,9 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 		errno = EINVAL;
 		return NULL;
 	}
-	if (attr->attr.max_sge == 0 || attr->attr.max_sge > MAX_SGE) {
+	if (attr->attr.max_sge == 0 || attr->attr.max_sge > SHCA_MAX_SGE) {
 		shca_log("ibv_create_srq: EINVAL: max_sge %u outside 1..%d",
-			 attr->attr.max_sge, MAX_SGE);
+			 attr->attr.max_sge, SHCA_MAX_SGE);
 		errno = EINVAL;
 		return NULL;
 	}
@@ -36,7 +36,7 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 		return NULL;
 	}
 	shca_begin(ctx->conn, &b, "create_srq", 4);
-	mp_kv_uint(&b, "pd", ((struct shca_pd *)pd)->handle);
+	mp_kv_uint(&b, "pd", to_spd(pd)->handle);
 	mp_kv_uint(&b, "max_wr", attr->attr.max_wr);
 	mp_kv_uint(&b, "max_sge", attr->attr.max_sge);
 	mp_kv_uint(&b, "srq_limit", attr->attr.srq_limit);
@@ -57,10 +57,10 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 	srq->srq.handle = srq->handle;
 	pthread_mutex_init(&srq->srq.mutex, NULL);
 	pthread_cond_init(&srq->srq.cond, NULL);
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	srq->next = ctx->srqs;
 	ctx->srqs = srq;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return &srq->srq;
 }
 
@@ -74,7 +74,7 @@ int shca_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
 	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) || !attr)
 		return EINVAL;
 	shca_begin(ctx->conn, &b, "modify_srq", 4);
-	mp_kv_uint(&b, "srq", ((struct shca_srq *)ibsrq)->handle);
+	mp_kv_uint(&b, "srq", to_ssrq(ibsrq)->handle);
 	mp_kv_uint(&b, "mask", (uint32_t)mask);
 	mp_kv_uint(&b, "max_wr", mask & IBV_SRQ_MAX_WR ? attr->max_wr : 0);
 	mp_kv_uint(&b, "srq_limit", mask & IBV_SRQ_LIMIT ? attr->srq_limit : 0);
@@ -96,7 +96,7 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 	if (!attr)
 		return EINVAL;
 	shca_begin(ctx->conn, &b, "query_srq", 1);
-	mp_kv_uint(&b, "srq", ((struct shca_srq *)ibsrq)->handle);
+	mp_kv_uint(&b, "srq", to_ssrq(ibsrq)->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
@@ -118,7 +118,7 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 int shca_destroy_srq(struct ibv_srq *ibsrq)
 {
 	struct shca_context *ctx = to_sctx(ibsrq->context);
-	struct shca_srq *srq = (struct shca_srq *)ibsrq;
+	struct shca_srq *srq = to_ssrq(ibsrq);
 	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_srq", "srq", &ctx->srqs, srq);
 
 	if (rc)
@@ -130,7 +130,7 @@ int shca_destroy_srq(struct ibv_srq *ibsrq)
 int shca_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 		       struct ibv_recv_wr **bad)
 {
-	struct shca_srq *srq = (struct shca_srq *)ibsrq;
+	struct shca_srq *srq = to_ssrq(ibsrq);
 
 	return shca_post_recv_wrs(to_sctx(ibsrq->context), "post_srq_recv", "srq",
 				  srq->handle, srq->max_sge, "SRQ's max_sge", wr, bad);

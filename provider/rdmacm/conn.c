@@ -1,9 +1,11 @@
-/* librdmacm's own connection to the softhca daemon: the UNIX socket of SOFTHCA_SOCKET,
- * the HELLO as a control session (docs/protocol.md), one request in flight at a time,
- * and a reader thread that hands replies to the caller and queues the pushed rdma_cm
- * events on their ids' event channels (cma.c). */
+/* librdmacm's own connection to the softhca daemon: the UNIX socket of SOFTHCA_SOCKET
+ * and the HELLO as a control session (docs/protocol.md); the requests, their replies
+ * and the reader thread are the provider's core (../core.c), which hands the pushed
+ * rdma_cm events to cma.c's callback (it queues them on their ids' event channels). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -14,143 +16,93 @@
 
 #define MAX_FRAME (1u << 20)
 
-static void *reader_main(void *arg)
+void cm_log(const char *fmt, ...)
 {
-	struct cm_conn *c = arg;
-	struct shca_frame f;
-	struct mp_val t;
-	uint64_t id;
+	va_list ap;
 
-	while (!shca_frame_read(c->fd, &f, MAX_FRAME)) {
-		if (!mp_find(f.hdr, "t", &t)) {
-			shca_frame_free(&f);
-			continue;
-		}
-		if (mp_str_eq(t, "event")) {
-			cm_take_event(&f);      /* keeps the frame, or frees it */
-			continue;
-		}
-		if ((mp_str_eq(t, "ok") || mp_str_eq(t, "err")) && mp_find_uint(f.hdr, "id", &id)
-		    && id == c->want_id && id != 0) {
-			pthread_mutex_lock(&c->lock);
-			shca_frame_free(&c->reply);
-			c->reply = f;
-			c->reply_ready = 1;
-			pthread_cond_broadcast(&c->cond);
-			pthread_mutex_unlock(&c->lock);
-			continue;
-		}
-		shca_frame_free(&f);
-	}
-	pthread_mutex_lock(&c->lock);
-	c->dead = 1;
-	pthread_cond_broadcast(&c->cond);
-	pthread_mutex_unlock(&c->lock);
-	return NULL;
+	va_start(ap, fmt);
+	fputs("softhca-rdmacm: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+/* The reader thread's, for a frame that is no reply of ours: an event, else dropped. */
+static void on_frame(void *owner, struct shca_frame *f)
+{
+	struct cm_conn *c = owner;
+	struct mp_val t;
+
+	if (mp_find(f->hdr, "t", &t) && mp_str_eq(t, "event"))
+		c->on_event(f);         /* keeps the frame, or frees it */
+	else
+		shca_frame_free(f);
 }
 
 void cm_begin(struct cm_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields)
 {
-	pthread_mutex_lock(&c->call_lock);
-	mp_init(b);
-	mp_map(b, nfields + 2);
-	mp_str(b, "t");
-	mp_str(b, verb);
-	c->want_id = c->next_id++;
-	if (!c->next_id)
-		c->next_id = 1;
-	mp_kv_uint(b, "id", c->want_id);
+	shca_core_begin(&c->core, b, verb, nfields);
 }
-
-static const struct { const char *name; int err; } errnos[] = {
-	{"EINVAL", EINVAL}, {"ENOENT", ENOENT}, {"ENOMEM", ENOMEM}, {"EAGAIN", EAGAIN},
-	{"EADDRINUSE", EADDRINUSE}, {"EADDRNOTAVAIL", EADDRNOTAVAIL}, {"EPROTO", EPROTO},
-	{"EOPNOTSUPP", EOPNOTSUPP}, {"EBUSY", EBUSY}, {"ETIMEDOUT", ETIMEDOUT},
-	{"EMSGSIZE", EMSGSIZE}, {"ENETUNREACH", ENETUNREACH},
-};
 
 int cm_call(struct cm_conn *c, struct mp_buf *b, const void *payload, size_t plen,
 	    struct shca_frame *r)
 {
-	struct mp_val t, v;
 	const char *s;
 	uint32_t n;
-	size_t i;
-	int rc;
+	int rc = shca_core_call(&c->core, b, payload, plen, r);
 
-	memset(r, 0, sizeof(*r));
-	pthread_mutex_lock(&c->lock);
-	c->reply_ready = 0;
-	pthread_mutex_unlock(&c->lock);
-	rc = c->dead ? EIO : shca_frame_write(c->fd, b, payload, plen);
-	mp_free(b);
-	if (!rc) {
-		pthread_mutex_lock(&c->lock);
-		while (!c->reply_ready && !c->dead)
-			pthread_cond_wait(&c->cond, &c->lock);
-		if (c->reply_ready) {
-			*r = c->reply;
-			memset(&c->reply, 0, sizeof(c->reply));
-			c->reply_ready = 0;
-		} else {
-			rc = EIO;
-		}
-		pthread_mutex_unlock(&c->lock);
-	}
-	pthread_mutex_unlock(&c->call_lock);
 	if (rc)
 		return rc;
-	if (mp_find(r->hdr, "t", &t) && mp_str_eq(t, "ok"))
+	rc = shca_reply_errno(r);
+	if (!rc)
 		return 0;
-	rc = EIO;
-	if (mp_find(r->hdr, "errno", &v) && mp_get_str(v, &s, &n))
-		for (i = 0; i < sizeof(errnos) / sizeof(errnos[0]); i++)
-			if (strlen(errnos[i].name) == n && !memcmp(errnos[i].name, s, n))
-				rc = errnos[i].err;
-	if (getenv("SOFTHCA_CM_DEBUG") && mp_find(r->hdr, "msg", &v) && mp_get_str(v, &s, &n))
+	if (getenv("SOFTHCA_CM_DEBUG") && shca_reply_msg(r, &s, &n))
 		cm_log("%.*s", (int)n, s);
 	shca_frame_free(r);
 	return rc;
 }
 
-int cm_connect(struct cm_conn *c, const char *path)
+int cm_connect(struct cm_conn *c, const char *path, void (*on_event)(struct shca_frame *f))
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	struct shca_frame f;
 	struct mp_val t;
+	int fd;
 
 	memset(c, 0, sizeof(*c));
-	c->next_id = 1;
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
-	pthread_mutex_init(&c->call_lock, NULL);
+	shca_core_init(&c->core, 0, MAX_FRAME);
+	c->core.on_frame = on_frame;
+	c->core.owner = c;
+	c->on_event = on_event;
 	if (!path || strlen(path) >= sizeof(sa.sun_path))
 		return ENODEV;
 	strcpy(sa.sun_path, path);
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (c->fd < 0)
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
 		return errno;
-	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)))
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)))
 		goto bad;
-	if (shca_frame_read(c->fd, &f, MAX_FRAME))
+	if (shca_frame_read(fd, &f, MAX_FRAME))
 		goto bad;
 	if (!mp_find(f.hdr, "t", &t) || !mp_str_eq(t, "challenge")) {
 		shca_frame_free(&f);
 		goto bad;
 	}
 	shca_frame_free(&f);
-	if (shca_frame_hello(c->fd))
+	if (shca_frame_hello(fd))
 		goto bad;
-	if (shca_frame_read(c->fd, &c->welcome, MAX_FRAME))
+	if (shca_frame_read(fd, &c->welcome, MAX_FRAME))
 		goto bad;
 	if (!mp_find(c->welcome.hdr, "t", &t) || !mp_str_eq(t, "welcome")) {
 		shca_frame_free(&c->welcome);
 		goto bad;
 	}
-	if (shca_thread_start(&c->reader, reader_main, c))
+	c->core.fd = fd;
+	if (shca_thread_start(&c->reader, shca_core_reader, &c->core))
 		goto bad;
 	return 0;
 bad:
-	close(c->fd);
+	c->core.fd = -1;
+	close(fd);
 	return ENODEV;
 }
