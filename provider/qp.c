@@ -12,8 +12,6 @@
  * provider may return more than requested); ConnectX's own figure for RC. */
 #define DEFAULT_INLINE 236
 #define MAX_INLINE 1024
-#define MAX_WRS_PER_POST 256
-#define MAX_SGE 32
 
 /* -- QP --------------------------------------------------------------------------- */
 
@@ -59,7 +57,8 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "create_qp", attr->srq ? 13 : 12);
+	/* every field; srq only when the QP takes its receives from one */
+	shca_begin(ctx->conn, &b, SHCA_V_CREATE_QP, SHCA_NFIELDS_CREATE_QP - !attr->srq);
 	if (attr->srq)
 		mp_kv_uint(&b, "srq", ((struct shca_srq *)attr->srq)->handle);
 	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
@@ -185,7 +184,7 @@ int shca_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
 	struct shca_qp *qp = (struct shca_qp *)ibqp;
-	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_qp", "qp", &ctx->qps, qp);
+	int rc = SHCA_DESTROY_LISTED(ctx, SHCA_V_DESTROY_QP, SHCA_K_QP, &ctx->qps, qp);
 
 	if (rc)
 		return rc;
@@ -313,7 +312,7 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	for (i = 0; i < sizeof(qp_fields) / sizeof(qp_fields[0]); i++)
 		if (mask & qp_fields[i].bit)
 			n++;
-	shca_begin(ctx->conn, &b, "modify_qp", 3);
+	shca_begin(ctx->conn, &b, SHCA_V_MODIFY_QP, SHCA_NREQ_MODIFY_QP);
 	mp_kv_uint(&b, "qp", qp->handle);
 	mp_kv_uint(&b, "mask", (uint32_t)(mask & ~local));
 	mp_str(&b, "attr");
@@ -353,7 +352,7 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		shca_log("ibv_query_qp: EINVAL: no %s", !attr ? "attr" : "init_attr");
 		return EINVAL;
 	}
-	shca_begin(ctx->conn, &b, "query_qp", 1);
+	shca_begin(ctx->conn, &b, SHCA_V_QUERY_QP, SHCA_NREQ_QUERY_QP);
 	mp_kv_uint(&b, "qp", qp->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
@@ -392,20 +391,6 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 	return 0;
 }
 
-static void encode_sges(struct mp_buf *b, const struct ibv_sge *sg, int n)
-{
-	int i;
-
-	mp_str(b, "sg");
-	mp_arr(b, (uint32_t)n);
-	for (i = 0; i < n; i++) {
-		mp_arr(b, 3);
-		mp_uint(b, sg[i].addr);
-		mp_uint(b, sg[i].length);
-		mp_uint(b, sg[i].lkey);
-	}
-}
-
 /* IBV_SEND_INLINE: the bytes may be in memory no MR covers (ibv_post_send(3): the
  * lkey is not checked), and the daemon reads them at post time. They are copied into
  * the QP's own registered bounce pages, which the daemon has read before the post's
@@ -423,7 +408,7 @@ int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
 			 "%u", total, qp->max_inline);
 		return EINVAL;
 	}
-	need = (size_t)qp->max_inline * MAX_WRS_PER_POST;
+	need = (size_t)qp->max_inline * SHCA_MAX_WRS_PER_POST;
 	if (!qp->bounce) {
 		struct ibv_mr *mr;
 
@@ -452,17 +437,12 @@ int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
 int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
 			int bounced)
 {
-	int imm = wr->opcode == IBV_WR_SEND_WITH_IMM ||
-		  wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-	/* ibv_wr_atomic_write's value is in wr.atomic (qp_ex.c); with ibv_post_send the
-	 * 8 bytes are an SGE and the target wr.rdma. */
-	int atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
-		     (wr->opcode == IBV_WR_ATOMIC_WRITE && wr->num_sge == 0);
+	const struct ibv_sge *sg = wr->sg_list;
 	struct ibv_sge one = {0};
-	int rc, ud;
+	int rc, ud, nsge = wr->num_sge;
 
-	if (wr->num_sge < 0 || wr->num_sge > MAX_SGE || (uint32_t)wr->num_sge > qp->max_send_sge) {
+	if (wr->num_sge < 0 || wr->num_sge > SHCA_MAX_SGE ||
+	    (uint32_t)wr->num_sge > qp->max_send_sge) {
 		shca_log("ibv_post_send: EINVAL: num_sge %d exceeds the QP's max_send_sge %u",
 			 wr->num_sge, qp->max_send_sge);
 		return EINVAL;
@@ -479,67 +459,24 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 			 "ibv_wr_opcode", (unsigned long long)wr->wr_id, (unsigned)wr->opcode);
 		return EINVAL;
 	}
-	/* wr.ud shares its storage with wr.rdma and wr.atomic (a union): a UD WR sends
-	 * its AH's handle, remote QPN and Q_Key, and no RDMA fields. */
 	ud = qp->vqp.qp.qp_type == IBV_QPT_UD;
 	if (ud && !wr->wr.ud.ah) {
 		shca_log("ibv_post_send: EINVAL: a UD WR needs wr.ud.ah");
 		return EINVAL;
 	}
-	mp_map(b, (imm ? 10 : 9) + (ud ? 3 : 0) + (wr->opcode == IBV_WR_BIND_MW));
-	mp_kv_uint(b, "wr_id", wr->wr_id);
-	mp_kv_uint(b, "opcode", wr->opcode);
+	if (wr->opcode == IBV_WR_BIND_MW && !wr->bind_mw.mw)
+		return EINVAL;
 	if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge && !bounced) {
 		rc = shca_inline_sge(qp, wr->sg_list, wr->num_sge, &one);
 		if (rc)
 			return rc;
-		encode_sges(b, &one, 1);
-	} else {
-		encode_sges(b, wr->sg_list, wr->num_sge);
+		sg = &one;
+		nsge = 1;
 	}
-	mp_kv_uint(b, "send_flags", wr->send_flags);
-	if (imm)
-		mp_kv_uint(b, "imm_data", ntohl(wr->imm_data));
-	if (ud) {
-		mp_kv_uint(b, "ah", ((struct shca_ah *)wr->wr.ud.ah)->handle);
-		mp_kv_uint(b, "remote_qpn", wr->wr.ud.remote_qpn & 0xFFFFFF);
-		mp_kv_uint(b, "remote_qkey", wr->wr.ud.remote_qkey);
-		mp_kv_uint(b, "rkey", 0);
-		mp_kv_uint(b, "remote_addr", 0);
-		mp_kv_uint(b, "compare_add", 0);
-		mp_kv_uint(b, "swap", 0);
-	} else if (atomic) {
-		mp_kv_uint(b, "rkey", wr->wr.atomic.rkey);
-		mp_kv_uint(b, "remote_addr", wr->wr.atomic.remote_addr);
-		mp_kv_uint(b, "compare_add", wr->wr.atomic.compare_add);
-		mp_kv_uint(b, "swap", wr->wr.atomic.swap);
-	} else {
-		/* A bind's new key is bind_mw.rkey, in a union of its own. */
-		mp_kv_uint(b, "rkey", wr->opcode == IBV_WR_BIND_MW ? wr->bind_mw.rkey :
-			   wr->wr.rdma.rkey);
-		mp_kv_uint(b, "remote_addr", wr->opcode == IBV_WR_BIND_MW ? 0 :
-			   wr->wr.rdma.remote_addr);
-		mp_kv_uint(b, "compare_add", 0);
-		mp_kv_uint(b, "swap", 0);
-	}
-	mp_kv_uint(b, "invalidate_rkey",
-		   wr->opcode == IBV_WR_SEND_WITH_INV || wr->opcode == IBV_WR_LOCAL_INV ?
-		   wr->invalidate_rkey : 0);
-	if (wr->opcode == IBV_WR_BIND_MW) {
-		/* bind_mw: the window's handle, the MR's lkey, addr, length, access; the new
-		 * key travels as "rkey" (server/mw_verbs.py). */
-		const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
-
-		if (!wr->bind_mw.mw)
-			return EINVAL;
-		mp_str(b, "bind");
-		mp_arr(b, 5);
-		mp_uint(b, ((struct shca_mw *)wr->bind_mw.mw)->handle);
-		mp_uint(b, bi->mr ? bi->mr->lkey : 0);
-		mp_uint(b, bi->addr);
-		mp_uint(b, bi->length);
-		mp_uint(b, bi->mw_access_flags);
-	}
+	shca_wire_send_wr(b, wr, sg, nsge, ud,
+			  ud ? ((struct shca_ah *)wr->wr.ud.ah)->handle : 0,
+			  wr->opcode == IBV_WR_BIND_MW ?
+			  ((struct shca_mw *)wr->bind_mw.mw)->handle : 0);
 	return 0;
 }
 
@@ -552,16 +489,8 @@ int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, int
 	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
 	struct mp_buf b;
 
-	shca_begin(ctx->conn, &b, "post_send", all ? 3 : 2);
-	mp_kv_uint(&b, "qp", qp->handle);
-	mp_str(&b, "wrs");
-	mp_arr(&b, n);
-	mp_raw(&b, wrs->p, wrs->len);
-	b.failed |= wrs->failed;
-	if (all) {
-		mp_str(&b, "wr_complete");
-		mp_bool(&b, 1);
-	}
+	shca_begin(ctx->conn, &b, SHCA_V_POST_SEND, SHCA_POST_SEND_NFIELDS(all));
+	shca_wire_post_send(&b, qp->handle, wrs, n, all);
 	return shca_call_post(ctx->conn, &b, taken);
 }
 
@@ -581,8 +510,8 @@ static struct ibv_recv_wr *recv_nth(struct ibv_recv_wr *wr, uint32_t i)
 }
 
 /* ibv_post_send(3): on failure *bad is the first WR not posted and every WR before it
- * is posted. The chain goes as requests of up to MAX_WRS_PER_POST WRs; the daemon takes
- * a request's WRs in order up to the first it refuses and says which (its index), and
+ * is posted. The chain goes as requests of up to SHCA_MAX_WRS_PER_POST WRs; the daemon
+ * takes a request's WRs in order up to the first it refuses and says which (its index), and
  * a WR the provider refuses itself ends the request before it: the WRs ahead of it
  * still go, and *bad is it. Nothing after a refused WR is sent. */
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
@@ -606,7 +535,7 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		mp_init(&wrs);
 		n = 0;
 		qp->bounce_used = 0;
-		for (; wr && n < MAX_WRS_PER_POST; wr = wr->next, n++) {
+		for (; wr && n < SHCA_MAX_WRS_PER_POST; wr = wr->next, n++) {
 			mark = wrs.len;
 			rc = shca_encode_send_wr(qp, &wrs, wr, 0);
 			if (rc) {
@@ -628,7 +557,7 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 }
 
 /* ibv_post_recv and ibv_post_srq_recv: the chain wr as requests of verb (the queue's
- * handle under key) of up to MAX_WRS_PER_POST WRs each, every WR's num_sge checked
+ * handle under key) of up to SHCA_MAX_WRS_PER_POST WRs each, every WR's num_sge checked
  * against max_sge (what is named "limit" in the log line) before its request goes.
  * *bad as for ibv_post_send: a WR refused here ends its request before it (the WRs
  * ahead of it still go), and a request the daemon refuses in part names the WR. */
@@ -643,8 +572,8 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 
 	while (wr && !rc) {
 		first = wr;
-		for (n = 0, w = wr; w && n < MAX_WRS_PER_POST; w = w->next, n++) {
-			if (w->num_sge < 0 || w->num_sge > MAX_SGE ||
+		for (n = 0, w = wr; w && n < SHCA_MAX_WRS_PER_POST; w = w->next, n++) {
+			if (w->num_sge < 0 || w->num_sge > SHCA_MAX_SGE ||
 			    (uint32_t)w->num_sge > max_sge) {
 				shca_log("ibv_%s: EINVAL: num_sge %d exceeds the %s %u", verb,
 					 w->num_sge, limit, max_sge);
@@ -665,11 +594,8 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 			mp_kv_uint(&b, key, handle);
 			mp_str(&b, "wrs");
 			mp_arr(&b, n);
-			for (i = 0, wr = first; i < n; i++, wr = wr->next) {
-				mp_map(&b, 2);
-				mp_kv_uint(&b, "wr_id", wr->wr_id);
-				encode_sges(&b, wr->sg_list, wr->num_sge);
-			}
+			for (i = 0, wr = first; i < n; i++, wr = wr->next)
+				shca_wire_recv_wr(&b, wr);
 			sent = shca_call_post(ctx->conn, &b, &taken);
 		}
 		if (sent) {

@@ -13,6 +13,7 @@
 
 #include "../frame.h"
 #include "../mp.h"
+#include "../wire_enc.h"
 
 struct cm_conn {
 	int fd;

@@ -149,7 +149,7 @@ static int call_id(const char *verb, struct cm_id *id)
 	struct mp_buf b;
 
 	cm_begin(&g.conn, &b, verb, 1);
-	mp_kv_uint(&b, "cmid", id->handle);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
 	return call(&b, NULL, 0, NULL);
 }
 
@@ -378,8 +378,8 @@ EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id 
 			return -1;
 		own = 1;
 	}
-	cm_begin(&g.conn, &b, "cm_create_id", 1);
-	mp_kv_uint(&b, "ps", ps);
+	cm_begin(&g.conn, &b, SHCA_V_CM_CREATE_ID, SHCA_NREQ_CM_CREATE_ID);
+	mp_kv_uint(&b, SHCA_K_PS, ps);
 	rc = call(&b, NULL, 0, &r);
 	if (rc) {
 		if (own)
@@ -460,14 +460,14 @@ EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 
 	if (rc)
 		return fail(rc);
-	cm_begin(&g.conn, &b, "cm_bind", 5);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_str(&b, "ip");
+	cm_begin(&g.conn, &b, SHCA_V_CM_BIND, SHCA_NFIELDS_CM_BIND);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_str(&b, SHCA_K_IP);
 	mp_str(&b, ip);
-	mp_kv_uint(&b, "port", port);
-	mp_str(&b, "reuse");
+	mp_kv_uint(&b, SHCA_K_PORT, port);
+	mp_str(&b, SHCA_K_REUSE);
 	mp_bool(&b, id->reuseaddr);
-	mp_str(&b, "afonly");
+	mp_str(&b, SHCA_K_AFONLY);
 	mp_bool(&b, id->afonly);
 	rc = call(&b, NULL, 0, &r);
 	if (rc)
@@ -526,12 +526,12 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src,
 	rc = ip_of(dst, ip, &port);
 	if (rc)
 		return fail(rc);
-	cm_begin(&g.conn, &b, "cm_resolve_addr", 4);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_str(&b, "ip");
+	cm_begin(&g.conn, &b, SHCA_V_CM_RESOLVE_ADDR, SHCA_NFIELDS_CM_RESOLVE_ADDR);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_str(&b, SHCA_K_IP);
 	mp_str(&b, ip);
-	mp_kv_uint(&b, "port", port);
-	mp_kv_uint(&b, "timeout_ms", timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
+	mp_kv_uint(&b, SHCA_K_PORT, port);
+	mp_kv_uint(&b, SHCA_K_TIMEOUT_MS, timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
 	rc = call(&b, NULL, 0, NULL);
 	if (rc)
 		return fail(rc);
@@ -546,9 +546,9 @@ EXPORT int rdma_resolve_route(struct rdma_cm_id *cid, int timeout_ms)
 	struct mp_buf b;
 	int rc;
 
-	cm_begin(&g.conn, &b, "cm_resolve_route", 2);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_kv_uint(&b, "timeout_ms", timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
+	cm_begin(&g.conn, &b, SHCA_V_CM_RESOLVE_ROUTE, SHCA_NFIELDS_CM_RESOLVE_ROUTE);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_kv_uint(&b, SHCA_K_TIMEOUT_MS, timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
 	rc = call(&b, NULL, 0, NULL);
 	if (rc)
 		return fail(rc);
@@ -563,9 +563,9 @@ EXPORT int rdma_listen(struct rdma_cm_id *cid, int backlog)
 
 	if (backlog < 0)
 		backlog = 0;
-	cm_begin(&g.conn, &b, "cm_listen", 2);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_kv_uint(&b, "backlog", (uint32_t)backlog);
+	cm_begin(&g.conn, &b, SHCA_V_CM_LISTEN, SHCA_NREQ_CM_LISTEN);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_kv_uint(&b, SHCA_K_BACKLOG, (uint32_t)backlog);
 	rc = call(&b, NULL, 0, NULL);
 	return rc ? fail(rc) : 0;
 }
@@ -675,14 +675,14 @@ EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 	id->depth = p->initiator_depth;
 	id->retry = p->retry_count > 7 ? 7 : p->retry_count;
 	id->rnr = p->rnr_retry_count > 7 ? 7 : p->rnr_retry_count;
-	cm_begin(&g.conn, &b, "cm_connect", 7);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_kv_uint(&b, "qpn", qpn);
-	mp_kv_uint(&b, "psn", id->my_psn);
-	mp_kv_uint(&b, "responder_resources", id->rr);
-	mp_kv_uint(&b, "initiator_depth", id->depth);
-	mp_kv_uint(&b, "retry_count", id->retry);
-	mp_kv_uint(&b, "rnr_retry_count", id->rnr);
+	cm_begin(&g.conn, &b, SHCA_V_CM_CONNECT, SHCA_NREQ_CM_CONNECT);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_kv_uint(&b, SHCA_K_QPN, qpn);
+	mp_kv_uint(&b, SHCA_K_PSN, id->my_psn);
+	mp_kv_uint(&b, SHCA_K_RESPONDER_RESOURCES, id->rr);
+	mp_kv_uint(&b, SHCA_K_INITIATOR_DEPTH, id->depth);
+	mp_kv_uint(&b, SHCA_K_RETRY_COUNT, id->retry);
+	mp_kv_uint(&b, SHCA_K_RNR_RETRY_COUNT, id->rnr);
 	rc = call(&b, p->private_data, p->private_data ? p->private_data_len : 0, NULL);
 	if (rc)
 		return fail(rc);
@@ -720,13 +720,13 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 		if (rc)
 			return fail(rc);
 	}
-	cm_begin(&g.conn, &b, "cm_accept", 6);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_kv_uint(&b, "qpn", qpn);
-	mp_kv_uint(&b, "psn", id->my_psn);
-	mp_kv_uint(&b, "responder_resources", id->rr);
-	mp_kv_uint(&b, "initiator_depth", id->depth);
-	mp_kv_uint(&b, "rnr_retry_count", rep_rnr);
+	cm_begin(&g.conn, &b, SHCA_V_CM_ACCEPT, SHCA_NREQ_CM_ACCEPT);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_kv_uint(&b, SHCA_K_QPN, qpn);
+	mp_kv_uint(&b, SHCA_K_PSN, id->my_psn);
+	mp_kv_uint(&b, SHCA_K_RESPONDER_RESOURCES, id->rr);
+	mp_kv_uint(&b, SHCA_K_INITIATOR_DEPTH, id->depth);
+	mp_kv_uint(&b, SHCA_K_RNR_RETRY_COUNT, rep_rnr);
 	rc = call(&b, p ? p->private_data : NULL,
 		  p && p->private_data ? p->private_data_len : 0, NULL);
 	if (rc)
@@ -743,8 +743,8 @@ EXPORT int rdma_reject(struct rdma_cm_id *cid, const void *private_data,
 	struct mp_buf b;
 	int rc;
 
-	cm_begin(&g.conn, &b, "cm_reject", 1);
-	mp_kv_uint(&b, "cmid", id->handle);
+	cm_begin(&g.conn, &b, SHCA_V_CM_REJECT, SHCA_NREQ_CM_REJECT);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
 	rc = call(&b, private_data, private_data ? private_data_len : 0, NULL);
 	return rc ? fail(rc) : 0;
 }

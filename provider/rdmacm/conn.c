@@ -52,22 +52,11 @@ static void *reader_main(void *arg)
 void cm_begin(struct cm_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields)
 {
 	pthread_mutex_lock(&c->call_lock);
-	mp_init(b);
-	mp_map(b, nfields + 2);
-	mp_str(b, "t");
-	mp_str(b, verb);
 	c->want_id = c->next_id++;
 	if (!c->next_id)
 		c->next_id = 1;
-	mp_kv_uint(b, "id", c->want_id);
+	shca_wire_begin(b, verb, c->want_id, nfields);
 }
-
-static const struct { const char *name; int err; } errnos[] = {
-	{"EINVAL", EINVAL}, {"ENOENT", ENOENT}, {"ENOMEM", ENOMEM}, {"EAGAIN", EAGAIN},
-	{"EADDRINUSE", EADDRINUSE}, {"EADDRNOTAVAIL", EADDRNOTAVAIL}, {"EPROTO", EPROTO},
-	{"EOPNOTSUPP", EOPNOTSUPP}, {"EBUSY", EBUSY}, {"ETIMEDOUT", ETIMEDOUT},
-	{"EMSGSIZE", EMSGSIZE}, {"ENETUNREACH", ENETUNREACH},
-};
 
 int cm_call(struct cm_conn *c, struct mp_buf *b, const void *payload, size_t plen,
 	    struct shca_frame *r)
@@ -75,7 +64,6 @@ int cm_call(struct cm_conn *c, struct mp_buf *b, const void *payload, size_t ple
 	struct mp_val t, v;
 	const char *s;
 	uint32_t n;
-	size_t i;
 	int rc;
 
 	memset(r, 0, sizeof(*r));
@@ -103,10 +91,9 @@ int cm_call(struct cm_conn *c, struct mp_buf *b, const void *payload, size_t ple
 	if (mp_find(r->hdr, "t", &t) && mp_str_eq(t, "ok"))
 		return 0;
 	rc = EIO;
+	/* wire.h's table of protocol/errors.py's names, as the provider's */
 	if (mp_find(r->hdr, "errno", &v) && mp_get_str(v, &s, &n))
-		for (i = 0; i < sizeof(errnos) / sizeof(errnos[0]); i++)
-			if (strlen(errnos[i].name) == n && !memcmp(errnos[i].name, s, n))
-				rc = errnos[i].err;
+		rc = shca_errno_of(s, n);
 	if (getenv("SOFTHCA_CM_DEBUG") && mp_find(r->hdr, "msg", &v) && mp_get_str(v, &s, &n))
 		cm_log("%.*s", (int)n, s);
 	shca_frame_free(r);
