@@ -1,11 +1,11 @@
-/* mlx5dv on a softhca device: mlx5dv_create_qp, the MKEY configure WR builders of
- * struct mlx5dv_qp_ex and signature pipelining's cancel (MKEYs, DEKs, crypto logins and
- * the caps are in dv_keys.c); softhca's libmlx5.so.1 (provider/mlx5/) reaches them
+/* mlx5dv on a softhca device: the MKEY configure WR builders of struct mlx5dv_qp_ex and
+ * signature pipelining's cancel (mlx5dv_create_qp is qp.c's; MKEYs, DEKs, crypto logins
+ * and the caps are in dv_keys.c); softhca's libmlx5.so.1 (provider/mlx5/) reaches them
  * through `softhca_mlx5dv_ops` (dv_bridge.h), defined here. Each is a control request
  * to the daemon (protocol/control.py), encoded the way the Python client encodes it.
  *
  * The builders only record: mlx5dv_wr_mkey_configure and its setters append calls to
- * the QP's ibv_wr_* batch (qp_ex.c), and ibv_wr_complete posts each run of them as one
+ * the QP's ibv_wr_* batch (wr.c), and ibv_wr_complete posts each run of them as one
  * mkey_configure request, which the daemon validates whole and applies whole. What can
  * be told without the daemon (a setter with no open configure, more or fewer setters
  * than announced, a builder the QP was not created for) is caught here, before anything
@@ -15,12 +15,10 @@
 #include <string.h>
 
 #include "softhca.h"
+#include "wr.h"
 
 /* Calls in one mkey_configure request (protocol/control.py MkeyConfigure). */
 #define MAX_CONFIGURE_CALLS 2048
-/* The man pages' MKEY builders, each needing its mlx5dv send_ops_flags bit. */
-#define MKEY_OPS (MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MR_LIST | \
-		  MLX5DV_QP_EX_WITH_MKEY_CONFIGURE)
 
 static struct shca_qp *dvq(struct mlx5dv_qp_ex *m)
 {
@@ -28,18 +26,6 @@ static struct shca_qp *dvq(struct mlx5dv_qp_ex *m)
 }
 
 /* -- the MKEY configure builders ---------------------------------------------------- */
-
-void shca_dv_end_configure(struct shca_qp *qp)
-{
-	if (!qp->cfg_open)
-		return;
-	qp->cfg_open = 0;
-	if (qp->cfg_got < qp->cfg_need) {
-		shca_log("mlx5dv_wr_mkey_configure: EINVAL: %u setters announced, %u called",
-			 qp->cfg_need, qp->cfg_got);
-		shca_wr_fail(qp, EINVAL);
-	}
-}
 
 /* Room for one more configure call in the batch's open configure run, or an error. */
 static int add_call(struct shca_qp *qp)
@@ -358,73 +344,7 @@ void shca_dv_qp_init(struct shca_qp *qp)
 	m->wr_set_mkey_crypto = wr_set_mkey_crypto;
 }
 
-int shca_dv_post_configure(struct shca_qp *qp, struct shca_run *run)
-{
-	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
-	struct mp_buf b;
-	struct shca_frame r;
-	int rc;
-
-	shca_begin(ctx->conn, &b, "mkey_configure", 2);
-	mp_kv_uint(&b, "qp", qp->handle);
-	mp_str(&b, "calls");
-	mp_arr(&b, run->n);
-	mp_raw(&b, run->buf.p, run->buf.len);
-	b.failed |= run->buf.failed;
-	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
-	if (!rc)
-		shca_frame_free(&r);
-	return rc;
-}
-
 /* -- QPs ---------------------------------------------------------------------------- */
-
-static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *qp_attr,
-				struct mlx5dv_qp_init_attr *dv)
-{
-	const uint64_t known = MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS |
-			       MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS;
-	/* DISABLE_SCATTER_TO_CQE only changes where hardware puts small receives, never
-	 * what the application sees; softhca never scatters into a CQE. */
-	const uint32_t flags_ok = MLX5DV_QP_CREATE_SIG_PIPELINING |
-				  MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE;
-	uint64_t ops = 0;
-	uint32_t flags = 0;
-
-	if (!qp_attr) {
-		errno = EINVAL;
-		return NULL;
-	}
-	if (dv && dv->comp_mask & ~known) {
-		shca_log("mlx5dv_create_qp: EOPNOTSUPP: comp_mask %#llx (DC, DCI streams) is not "
-			 "modelled", (unsigned long long)(dv->comp_mask & ~known));
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
-	if (dv && dv->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS)
-		flags = dv->create_flags;
-	if (flags & ~flags_ok) {
-		shca_log("mlx5dv_create_qp: EOPNOTSUPP: create_flags %#x are not modelled",
-			 flags & ~flags_ok);
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
-	if (dv && dv->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS)
-		ops = dv->send_ops_flags;
-	if (ops & ~(uint64_t)MKEY_OPS) {
-		shca_log("mlx5dv_create_qp: EOPNOTSUPP: send_ops_flags %#llx (raw WQEs, memcpy) "
-			 "are not modelled", (unsigned long long)(ops & ~(uint64_t)MKEY_OPS));
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
-	if (ops && !(qp_attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
-		shca_log("mlx5dv_create_qp: EINVAL: mlx5dv send_ops_flags need an extended QP "
-			 "(IBV_QP_INIT_ATTR_SEND_OPS_FLAGS in qp_attr->comp_mask)");
-		errno = EINVAL;
-		return NULL;
-	}
-	return shca_create_qp_dv(context, qp_attr, ops, flags & MLX5DV_QP_CREATE_SIG_PIPELINING);
-}
 
 static struct mlx5dv_qp_ex *qp_ex_from_ibv_qp_ex(struct ibv_qp_ex *qpx)
 {
@@ -441,9 +361,10 @@ static int cancel_posted_send_wrs(struct mlx5dv_qp_ex *m, uint64_t wr_id)
 	uint32_t n = 0;
 	int rc;
 
-	shca_begin(ctx->conn, &b, "cancel_posted_send_wrs", 2);
-	mp_kv_uint(&b, "qp", qp->handle);
-	mp_kv_uint(&b, "wr_id", wr_id);
+	shca_begin(ctx->conn, &b, SHCA_V_CANCEL_POSTED_SEND_WRS,
+		   SHCA_NREQ_CANCEL_POSTED_SEND_WRS);
+	mp_kv_uint(&b, SHCA_K_QP, qp->handle);
+	mp_kv_uint(&b, SHCA_K_WR_ID, wr_id);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return -rc;
@@ -458,7 +379,7 @@ const struct softhca_mlx5dv_ops softhca_mlx5dv_ops = {
 	.owns_device = shca_owns_device,
 	.owns = shca_owns,
 	.query_device = shca_dv_query_device,
-	.create_qp = create_qp,
+	.create_qp = shca_dv_create_qp,
 	.qp_ex_from_ibv_qp_ex = qp_ex_from_ibv_qp_ex,
 	.qp_cancel_posted_send_wrs = cancel_posted_send_wrs,
 	.create_mkey = shca_dv_create_mkey,

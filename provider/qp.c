@@ -1,5 +1,6 @@
-/* RC, UC and UD queue pairs: create (plain and extended), modify (the address vector's softhca
- * GID decoded into the peer daemon), query, destroy, and the two post verbs. */
+/* RC, UC and UD queue pairs: create (plain, extended and mlx5dv_create_qp's), modify (the
+ * address vector's softhca GID decoded into the peer daemon), query, destroy, and the two
+ * post verbs (their WRs encoded by wr.c). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stddef.h>
@@ -7,6 +8,7 @@
 #include <string.h>
 
 #include "softhca.h"
+#include "wr.h"
 
 /* What a QP offers for IBV_SEND_INLINE when asked for less (ibv_create_qp(3): the
  * provider may return more than requested); ConnectX's own figure for RC. */
@@ -60,25 +62,25 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	/* every field; srq only when the QP takes its receives from one */
 	shca_begin(ctx->conn, &b, SHCA_V_CREATE_QP, SHCA_NFIELDS_CREATE_QP - !attr->srq);
 	if (attr->srq)
-		mp_kv_uint(&b, "srq", ((struct shca_srq *)attr->srq)->handle);
-	mp_kv_uint(&b, "pd", ((struct shca_pd *)ibpd)->handle);
-	mp_kv_uint(&b, "scq", ((struct shca_cq *)attr->send_cq)->handle);
-	mp_kv_uint(&b, "rcq", ((struct shca_cq *)attr->recv_cq)->handle);
-	mp_kv_uint(&b, "qp_type", attr->qp_type);
-	mp_kv_uint(&b, "max_send_wr", attr->cap.max_send_wr ? attr->cap.max_send_wr : 1);
-	mp_kv_uint(&b, "max_recv_wr", attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1);
-	mp_kv_uint(&b, "max_send_sge", attr->cap.max_send_sge);
-	mp_kv_uint(&b, "max_recv_sge", attr->cap.max_recv_sge);
-	mp_kv_uint(&b, "max_inline_data", inl);
-	mp_str(&b, "sq_sig_all");
+		mp_kv_uint(&b, SHCA_K_SRQ, ((struct shca_srq *)attr->srq)->handle);
+	mp_kv_uint(&b, SHCA_K_PD, ((struct shca_pd *)ibpd)->handle);
+	mp_kv_uint(&b, SHCA_K_SCQ, ((struct shca_cq *)attr->send_cq)->handle);
+	mp_kv_uint(&b, SHCA_K_RCQ, ((struct shca_cq *)attr->recv_cq)->handle);
+	mp_kv_uint(&b, SHCA_K_QP_TYPE, attr->qp_type);
+	mp_kv_uint(&b, SHCA_K_MAX_SEND_WR, attr->cap.max_send_wr ? attr->cap.max_send_wr : 1);
+	mp_kv_uint(&b, SHCA_K_MAX_RECV_WR, attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1);
+	mp_kv_uint(&b, SHCA_K_MAX_SEND_SGE, attr->cap.max_send_sge);
+	mp_kv_uint(&b, SHCA_K_MAX_RECV_SGE, attr->cap.max_recv_sge);
+	mp_kv_uint(&b, SHCA_K_MAX_INLINE_DATA, inl);
+	mp_str(&b, SHCA_K_SQ_SIG_ALL);
 	mp_bool(&b, attr->sq_sig_all != 0);
 	/* The daemon's QP takes configure WRs (what each MKEY builder posts) when any MKEY
 	 * builder is allowed; which one the application may call the builders check. */
-	mp_kv_uint(&b, "send_ops_flags",
+	mp_kv_uint(&b, SHCA_K_SEND_OPS_FLAGS,
 		   dv_send_ops & (MLX5DV_QP_EX_WITH_MKEY_CONFIGURE | MLX5DV_QP_EX_WITH_MR_LIST |
 				  MLX5DV_QP_EX_WITH_MR_INTERLEAVED) ?
 		   MLX5DV_QP_EX_WITH_MKEY_CONFIGURE : 0);
-	mp_kv_uint(&b, "create_flags", create_flags);
+	mp_kv_uint(&b, SHCA_K_CREATE_FLAGS, create_flags);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "qp", &qp->handle);
@@ -129,14 +131,9 @@ struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	return create_qp(pd->context, pd, attr, 0, 0, 0, 0);
 }
 
-struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx,
-					struct ibv_qp_init_attr_ex *ax)
-{
-	return shca_create_qp_dv(ibctx, ax, 0, 0);
-}
-
-struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax,
-				 uint64_t dv_send_ops, uint32_t create_flags)
+/* ibv_create_qp_ex, with mlx5dv_create_qp's send_ops_flags and create_flags. */
+static struct ibv_qp *create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax,
+				    uint64_t dv_send_ops, uint32_t create_flags)
 {
 	struct ibv_qp_init_attr a;
 	struct ibv_qp *qp;
@@ -178,6 +175,63 @@ struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_a
 	if (qp)
 		ax->cap = a.cap;
 	return qp;
+}
+
+struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx,
+					struct ibv_qp_init_attr_ex *ax)
+{
+	return create_qp_dv(ibctx, ax, 0, 0);
+}
+
+/* The man pages' MKEY builders (dv.c), each needing its mlx5dv send_ops_flags bit. */
+#define MKEY_OPS (MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MR_LIST | \
+		  MLX5DV_QP_EX_WITH_MKEY_CONFIGURE)
+
+struct ibv_qp *shca_dv_create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *qp_attr,
+				 struct mlx5dv_qp_init_attr *dv)
+{
+	const uint64_t known = MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS |
+			       MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS;
+	/* DISABLE_SCATTER_TO_CQE only changes where hardware puts small receives, never
+	 * what the application sees; softhca never scatters into a CQE. */
+	const uint32_t flags_ok = MLX5DV_QP_CREATE_SIG_PIPELINING |
+				  MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE;
+	uint64_t ops = 0;
+	uint32_t flags = 0;
+
+	if (!qp_attr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (dv && dv->comp_mask & ~known) {
+		shca_log("mlx5dv_create_qp: EOPNOTSUPP: comp_mask %#llx (DC, DCI streams) is not "
+			 "modelled", (unsigned long long)(dv->comp_mask & ~known));
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (dv && dv->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS)
+		flags = dv->create_flags;
+	if (flags & ~flags_ok) {
+		shca_log("mlx5dv_create_qp: EOPNOTSUPP: create_flags %#x are not modelled",
+			 flags & ~flags_ok);
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (dv && dv->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS)
+		ops = dv->send_ops_flags;
+	if (ops & ~(uint64_t)MKEY_OPS) {
+		shca_log("mlx5dv_create_qp: EOPNOTSUPP: send_ops_flags %#llx (raw WQEs, memcpy) "
+			 "are not modelled", (unsigned long long)(ops & ~(uint64_t)MKEY_OPS));
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (ops && !(qp_attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+		shca_log("mlx5dv_create_qp: EINVAL: mlx5dv send_ops_flags need an extended QP "
+			 "(IBV_QP_INIT_ATTR_SEND_OPS_FLAGS in qp_attr->comp_mask)");
+		errno = EINVAL;
+		return NULL;
+	}
+	return create_qp_dv(context, qp_attr, ops, flags & MLX5DV_QP_CREATE_SIG_PIPELINING);
 }
 
 int shca_destroy_qp(struct ibv_qp *ibqp)
@@ -243,20 +297,20 @@ struct qp_field {
 #define F(bit, name, member) {bit, name, offsetof(struct ibv_qp_attr, member), \
 			      sizeof(((struct ibv_qp_attr *)0)->member)}
 static const struct qp_field qp_fields[] = {
-	F(IBV_QP_STATE, "qp_state", qp_state),
-	F(IBV_QP_EN_SQD_ASYNC_NOTIFY, "en_sqd_async_notify", en_sqd_async_notify),
-	F(IBV_QP_ACCESS_FLAGS, "qp_access_flags", qp_access_flags),
-	F(IBV_QP_PATH_MTU, "path_mtu", path_mtu),
-	F(IBV_QP_TIMEOUT, "timeout", timeout),
-	F(IBV_QP_RETRY_CNT, "retry_cnt", retry_cnt),
-	F(IBV_QP_RNR_RETRY, "rnr_retry", rnr_retry),
-	F(IBV_QP_RQ_PSN, "rq_psn", rq_psn),
-	F(IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic", max_rd_atomic),
-	F(IBV_QP_MIN_RNR_TIMER, "min_rnr_timer", min_rnr_timer),
-	F(IBV_QP_SQ_PSN, "sq_psn", sq_psn),
-	F(IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic", max_dest_rd_atomic),
-	F(IBV_QP_DEST_QPN, "dest_qp_num", dest_qp_num),
-	F(IBV_QP_QKEY, "qkey", qkey),
+	F(IBV_QP_STATE, SHCA_K_QP_STATE, qp_state),
+	F(IBV_QP_EN_SQD_ASYNC_NOTIFY, SHCA_K_EN_SQD_ASYNC_NOTIFY, en_sqd_async_notify),
+	F(IBV_QP_ACCESS_FLAGS, SHCA_K_QP_ACCESS_FLAGS, qp_access_flags),
+	F(IBV_QP_PATH_MTU, SHCA_K_PATH_MTU, path_mtu),
+	F(IBV_QP_TIMEOUT, SHCA_K_TIMEOUT, timeout),
+	F(IBV_QP_RETRY_CNT, SHCA_K_RETRY_CNT, retry_cnt),
+	F(IBV_QP_RNR_RETRY, SHCA_K_RNR_RETRY, rnr_retry),
+	F(IBV_QP_RQ_PSN, SHCA_K_RQ_PSN, rq_psn),
+	F(IBV_QP_MAX_QP_RD_ATOMIC, SHCA_K_MAX_RD_ATOMIC, max_rd_atomic),
+	F(IBV_QP_MIN_RNR_TIMER, SHCA_K_MIN_RNR_TIMER, min_rnr_timer),
+	F(IBV_QP_SQ_PSN, SHCA_K_SQ_PSN, sq_psn),
+	F(IBV_QP_MAX_DEST_RD_ATOMIC, SHCA_K_MAX_DEST_RD_ATOMIC, max_dest_rd_atomic),
+	F(IBV_QP_DEST_QPN, SHCA_K_DEST_QP_NUM, dest_qp_num),
+	F(IBV_QP_QKEY, SHCA_K_QKEY, qkey),
 };
 #undef F
 
@@ -313,18 +367,18 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		if (mask & qp_fields[i].bit)
 			n++;
 	shca_begin(ctx->conn, &b, SHCA_V_MODIFY_QP, SHCA_NREQ_MODIFY_QP);
-	mp_kv_uint(&b, "qp", qp->handle);
-	mp_kv_uint(&b, "mask", (uint32_t)(mask & ~local));
-	mp_str(&b, "attr");
+	mp_kv_uint(&b, SHCA_K_QP, qp->handle);
+	mp_kv_uint(&b, SHCA_K_MASK, (uint32_t)(mask & ~local));
+	mp_str(&b, SHCA_K_ATTR);
 	mp_map(&b, n);
 	for (i = 0; i < sizeof(qp_fields) / sizeof(qp_fields[0]); i++)
 		if (mask & qp_fields[i].bit)
 			mp_kv_uint(&b, qp_fields[i].name, field_value(attr, &qp_fields[i]));
 	if (mask & IBV_QP_AV) {
-		mp_str(&b, "dest_host");
+		mp_str(&b, SHCA_K_DEST_HOST);
 		mp_str(&b, host);
-		mp_kv_uint(&b, "dest_port", port);
-		mp_str(&b, "dest_dev");
+		mp_kv_uint(&b, SHCA_K_DEST_PORT, port);
+		mp_str(&b, SHCA_K_DEST_DEV);
 		mp_str(&b, dev);
 	}
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
@@ -353,7 +407,7 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		return EINVAL;
 	}
 	shca_begin(ctx->conn, &b, SHCA_V_QUERY_QP, SHCA_NREQ_QUERY_QP);
-	mp_kv_uint(&b, "qp", qp->handle);
+	mp_kv_uint(&b, SHCA_K_QP, qp->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
@@ -391,118 +445,8 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 	return 0;
 }
 
-/* IBV_SEND_INLINE: the bytes may be in memory no MR covers (ibv_post_send(3): the
- * lkey is not checked), and the daemon reads them at post time. They are copied into
- * the QP's own registered bounce pages, which the daemon has read before the post's
- * reply comes back, so one post at a time may use them. */
-int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
-		    struct ibv_sge *out)
-{
-	size_t total = 0, need;
-	int i;
-
-	for (i = 0; i < n; i++)
-		total += sg[i].length;
-	if (total > qp->max_inline) {
-		shca_log("ibv_post_send: EINVAL: %zu bytes of inline data exceed max_inline_data "
-			 "%u", total, qp->max_inline);
-		return EINVAL;
-	}
-	need = (size_t)qp->max_inline * SHCA_MAX_WRS_PER_POST;
-	if (!qp->bounce) {
-		struct ibv_mr *mr;
-
-		if (posix_memalign((void **)&qp->bounce_buf, 4096, need))
-			return ENOMEM;
-		mr = shca_reg_mr(qp->vqp.qp.pd, qp->bounce_buf, need,
-				 (uintptr_t)qp->bounce_buf, 0);
-		if (!mr) {
-			free(qp->bounce_buf);
-			qp->bounce_buf = NULL;
-			return errno;
-		}
-		qp->bounce = (struct shca_mr *)mr;
-	}
-	out->addr = (uintptr_t)qp->bounce_buf + qp->bounce_used;
-	out->length = (uint32_t)total;
-	out->lkey = qp->bounce->vmr.ibv_mr.lkey;
-	for (i = 0; i < n; i++) {
-		memcpy(qp->bounce_buf + qp->bounce_used, (void *)(uintptr_t)sg[i].addr,
-		       sg[i].length);
-		qp->bounce_used += sg[i].length;
-	}
-	return 0;
-}
-
-int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
-			int bounced)
-{
-	const struct ibv_sge *sg = wr->sg_list;
-	struct ibv_sge one = {0};
-	int rc, ud, nsge = wr->num_sge;
-
-	if (wr->num_sge < 0 || wr->num_sge > SHCA_MAX_SGE ||
-	    (uint32_t)wr->num_sge > qp->max_send_sge) {
-		shca_log("ibv_post_send: EINVAL: num_sge %d exceeds the QP's max_send_sge %u",
-			 wr->num_sge, qp->max_send_sge);
-		return EINVAL;
-	}
-	if (wr->num_sge && !wr->sg_list) {
-		shca_log("ibv_post_send: EINVAL: wr_id %llu has num_sge %d and no sg_list",
-			 (unsigned long long)wr->wr_id, wr->num_sge);
-		return EINVAL;
-	}
-	/* Refused here, at its WR, as a device refuses an opcode it does not know; the
-	 * ones it knows but a QP cannot take the daemon refuses (at the same WR). */
-	if ((unsigned)wr->opcode > IBV_WR_DRIVER1 && wr->opcode != IBV_WR_ATOMIC_WRITE) {
-		shca_log("ibv_post_send: EINVAL: wr_id %llu has opcode %u, not an enum "
-			 "ibv_wr_opcode", (unsigned long long)wr->wr_id, (unsigned)wr->opcode);
-		return EINVAL;
-	}
-	ud = qp->vqp.qp.qp_type == IBV_QPT_UD;
-	if (ud && !wr->wr.ud.ah) {
-		shca_log("ibv_post_send: EINVAL: a UD WR needs wr.ud.ah");
-		return EINVAL;
-	}
-	if (wr->opcode == IBV_WR_BIND_MW && !wr->bind_mw.mw)
-		return EINVAL;
-	if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge && !bounced) {
-		rc = shca_inline_sge(qp, wr->sg_list, wr->num_sge, &one);
-		if (rc)
-			return rc;
-		sg = &one;
-		nsge = 1;
-	}
-	shca_wire_send_wr(b, wr, sg, nsge, ud,
-			  ud ? ((struct shca_ah *)wr->wr.ud.ah)->handle : 0,
-			  wr->opcode == IBV_WR_BIND_MW ?
-			  ((struct shca_mw *)wr->bind_mw.mw)->handle : 0);
-	return 0;
-}
-
-/* n encoded WRs as one post_send request. all: the WRs of an ibv_wr_complete, which
- * the daemon posts all or none (ibv_wr_post(3)); else ibv_post_send's, taken in order
- * up to the first refused (*taken then says how many). */
-int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, int all,
-			 uint32_t *taken)
-{
-	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
-	struct mp_buf b;
-
-	shca_begin(ctx->conn, &b, SHCA_V_POST_SEND, SHCA_POST_SEND_NFIELDS(all));
-	shca_wire_post_send(&b, qp->handle, wrs, n, all);
-	return shca_call_post(ctx->conn, &b, taken);
-}
-
 /* The WR i places after wr in its chain. */
 static struct ibv_send_wr *send_nth(struct ibv_send_wr *wr, uint32_t i)
-{
-	while (i-- && wr)
-		wr = wr->next;
-	return wr;
-}
-
-static struct ibv_recv_wr *recv_nth(struct ibv_recv_wr *wr, uint32_t i)
 {
 	while (i-- && wr)
 		wr = wr->next;
@@ -556,65 +500,12 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	return rc;
 }
 
-/* ibv_post_recv and ibv_post_srq_recv: the chain wr as requests of verb (the queue's
- * handle under key) of up to SHCA_MAX_WRS_PER_POST WRs each, every WR's num_sge checked
- * against max_sge (what is named "limit" in the log line) before its request goes.
- * *bad as for ibv_post_send: a WR refused here ends its request before it (the WRs
- * ahead of it still go), and a request the daemon refuses in part names the WR. */
-int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *key,
-		       uint32_t handle, uint32_t max_sge, const char *limit,
-		       struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
-{
-	struct ibv_recv_wr *w, *first;
-	struct mp_buf b;
-	uint32_t n, i, taken;
-	int rc = 0, sent;
-
-	while (wr && !rc) {
-		first = wr;
-		for (n = 0, w = wr; w && n < SHCA_MAX_WRS_PER_POST; w = w->next, n++) {
-			if (w->num_sge < 0 || w->num_sge > SHCA_MAX_SGE ||
-			    (uint32_t)w->num_sge > max_sge) {
-				shca_log("ibv_%s: EINVAL: num_sge %d exceeds the %s %u", verb,
-					 w->num_sge, limit, max_sge);
-				rc = EINVAL;
-				break;
-			}
-			if (w->num_sge && !w->sg_list) {
-				shca_log("ibv_%s: EINVAL: wr_id %llu has num_sge %d and no sg_list",
-					 verb, (unsigned long long)w->wr_id, w->num_sge);
-				rc = EINVAL;
-				break;
-			}
-		}
-		/* w: the WR refused here, or the first of the next request */
-		sent = 0;
-		if (n) {
-			shca_begin(ctx->conn, &b, verb, 2);
-			mp_kv_uint(&b, key, handle);
-			mp_str(&b, "wrs");
-			mp_arr(&b, n);
-			for (i = 0, wr = first; i < n; i++, wr = wr->next)
-				shca_wire_recv_wr(&b, wr);
-			sent = shca_call_post(ctx->conn, &b, &taken);
-		}
-		if (sent) {
-			rc = sent;
-			w = recv_nth(first, taken < n ? taken : 0);
-		}
-		if (rc)
-			*bad = w;
-		wr = w;
-	}
-	return rc;
-}
-
 int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			  struct ibv_recv_wr **bad)
 {
 	struct shca_qp *qp = (struct shca_qp *)ibqp;
 
-	return shca_post_recv_wrs(to_sctx(ibqp->context), "post_recv", "qp", qp->handle,
+	return shca_post_recv_wrs(to_sctx(ibqp->context), SHCA_V_POST_RECV, SHCA_K_QP, qp->handle,
 				  qp->max_recv_sge, "QP's max_recv_sge", wr, bad);
 }
 

@@ -16,89 +16,11 @@
 #include <string.h>
 
 #include "softhca.h"
-
-#define MAX_WRS_PER_POST 256
+#include "wr.h"
 
 static struct shca_qp *of(struct ibv_qp_ex *qpx)
 {
 	return (struct shca_qp *)qpx;
-}
-
-void shca_wr_fail(struct shca_qp *qp, int err)
-{
-	if (!qp->wr_error)
-		qp->wr_error = err;
-}
-
-int shca_batch_run(struct shca_qp *qp, int kind)
-{
-	struct shca_run *r;
-
-	if (qp->run_kind == kind || !qp->nwrs) {
-		qp->run_kind = kind;
-		return 0;
-	}
-	if (qp->nruns == qp->cap_runs) {
-		uint32_t cap = qp->cap_runs ? qp->cap_runs * 2 : 4;
-
-		r = realloc(qp->runs, cap * sizeof(*r));
-		if (!r)
-			return ENOMEM;
-		qp->runs = r;
-		qp->cap_runs = cap;
-	}
-	r = &qp->runs[qp->nruns++];
-	r->kind = qp->run_kind;
-	r->buf = qp->wrs;
-	r->n = qp->nwrs;
-	mp_init(&qp->wrs);
-	qp->nwrs = 0;
-	qp->run_kind = kind;
-	return 0;
-}
-
-void shca_batch_free(struct shca_qp *qp)
-{
-	uint32_t i;
-
-	for (i = 0; i < qp->nruns; i++)
-		mp_free(&qp->runs[i].buf);
-	free(qp->runs);
-	qp->runs = NULL;
-	qp->nruns = qp->cap_runs = 0;
-	mp_free(&qp->wrs);
-	qp->nwrs = 0;
-	qp->run_kind = 0;
-	qp->batch_sends = 0;
-	qp->cfg_open = 0;
-}
-
-/* The WR being built goes into the batch (at the next builder or at complete). */
-void shca_wr_close(struct shca_qp *qp)
-{
-	int rc;
-
-	if (!qp->wr_open)
-		return;
-	qp->wr_open = 0;
-	if (qp->wr_error)
-		return;
-	/* the bounce pages hold the inline data of this many WRs */
-	if (qp->batch_sends >= MAX_WRS_PER_POST) {
-		shca_log("ibv_wr_complete: ENOMEM: more than %d send WRs in one batch",
-			 MAX_WRS_PER_POST);
-		shca_wr_fail(qp, ENOMEM);
-		return;
-	}
-	rc = shca_batch_run(qp, SHCA_RUN_SEND);
-	if (!rc)
-		rc = shca_encode_send_wr(qp, &qp->wrs, &qp->cur, qp->cur_bounced);
-	if (rc) {
-		shca_wr_fail(qp, rc);
-	} else {
-		qp->nwrs++;
-		qp->batch_sends++;
-	}
 }
 
 static void open_wr(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op)
@@ -130,30 +52,16 @@ static void wr_start(struct ibv_qp_ex *qpx)
 	qp->bounce_used = 0;
 }
 
-static int post_run(struct shca_qp *qp, struct shca_run *r)
-{
-	uint32_t taken;
-
-	if (!r->n)
-		return 0;
-	if (r->kind == SHCA_RUN_CONFIGURE)
-		return shca_dv_post_configure(qp, r);
-	return shca_post_send_batch(qp, &r->buf, r->n, 1, &taken);
-}
-
 static int wr_complete(struct ibv_qp_ex *qpx)
 {
 	struct shca_qp *qp = of(qpx);
-	uint32_t i;
 	int rc;
 
 	shca_wr_close(qp);
 	shca_dv_end_configure(qp);
 	rc = qp->wr_error;
 	if (!rc)
-		rc = shca_batch_run(qp, 0);     /* closes the open run */
-	for (i = 0; !rc && i < qp->nruns; i++)
-		rc = post_run(qp, &qp->runs[i]);
+		rc = shca_batch_post(qp);
 	shca_batch_free(qp);
 	qp->wr_error = 0;
 	pthread_mutex_unlock(&qp->post_lock);

@@ -213,13 +213,6 @@ void shca_mem_release_all(struct shca_context *ctx);
 
 /* qp_ex.c */
 void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);
-/* The WR a send builder opened goes into the batch. */
-void shca_wr_close(struct shca_qp *qp);
-/* The open run becomes one of `kind` (the other kind's run is closed); 0 or an errno. */
-int shca_batch_run(struct shca_qp *qp, int kind);
-/* The batch's first error is the one ibv_wr_complete returns. */
-void shca_wr_fail(struct shca_qp *qp, int err);
-void shca_batch_free(struct shca_qp *qp);
 
 /* dv.c, dv_keys.c: mlx5dv. The objects the application sees as mlx5dv.h's (an MKEY's
  * lkey and rkey; DEKs and login objects only as pointers, declared incomplete there). */
@@ -248,9 +241,6 @@ static inline struct shca_mkey *shca_to_mkey(struct mlx5dv_mkey *m)
 
 /* dv.c */
 void shca_dv_qp_init(struct shca_qp *qp);
-/* The open mlx5dv_wr_mkey_configure got all its setters (EINVAL into the batch if not). */
-void shca_dv_end_configure(struct shca_qp *qp);
-int shca_dv_post_configure(struct shca_qp *qp, struct shca_run *run);
 extern const struct softhca_mlx5dv_ops softhca_mlx5dv_ops;
 
 /* dv_keys.c: the calls of softhca_mlx5dv_ops on MKEYs, caps, crypto login and DEKs */
@@ -275,29 +265,21 @@ int shca_dv_dek_destroy(struct mlx5dv_dek *dek);
 
 /* qp.c */
 struct ibv_qp *shca_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
-/* ibv_create_qp_ex with mlx5dv_create_qp's send_ops_flags and create_flags. */
-struct ibv_qp *shca_create_qp_dv(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax,
-				 uint64_t dv_send_ops, uint32_t create_flags);
+/* mlx5dv_create_qp: ibv_create_qp_ex with mlx5dv's send_ops_flags and create_flags. */
+struct ibv_qp *shca_dv_create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *qp_attr,
+				 struct mlx5dv_qp_init_attr *dv);
 struct ibv_qp *shca_create_qp_ex(struct ibv_context *ibctx, struct ibv_qp_init_attr_ex *ax);
 int shca_destroy_qp(struct ibv_qp *ibqp);
 int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask);
 int shca_av_dest(struct shca_context *ctx, const struct ibv_ah_attr *ah, char *host,
 		 size_t hlen, unsigned *port, const char **dev, const char *verb);
-/* ah.c */
-struct ibv_ah *shca_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
-int shca_destroy_ah(struct ibv_ah *ah);
 int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		  struct ibv_qp_init_attr *init);
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
-int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *key,
-		       uint32_t handle, uint32_t max_sge, const char *limit,
-		       struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
-int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
-			int bounced);
-int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n, struct ibv_sge *out);
-int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, int all,
-			 uint32_t *taken);
+/* ah.c */
+struct ibv_ah *shca_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+int shca_destroy_ah(struct ibv_ah *ah);
 
 /* verbs.c */
 bool shca_owns_device(struct ibv_device *device);

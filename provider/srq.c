@@ -7,8 +7,7 @@
 #include <string.h>
 
 #include "softhca.h"
-
-/* As qp.c: WRs per post_srq_recv request, SGEs per WR (the daemon's bounds). */
+#include "wr.h"
 
 struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
@@ -131,6 +130,6 @@ int shca_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 {
 	struct shca_srq *srq = (struct shca_srq *)ibsrq;
 
-	return shca_post_recv_wrs(to_sctx(ibsrq->context), "post_srq_recv", "srq",
+	return shca_post_recv_wrs(to_sctx(ibsrq->context), SHCA_V_POST_SRQ_RECV, SHCA_K_SRQ,
 				  srq->handle, srq->max_sge, "SRQ's max_sge", wr, bad);
 }

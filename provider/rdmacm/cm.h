@@ -23,6 +23,9 @@ struct cm_conn {
 	uint32_t next_id, want_id;
 	struct shca_frame reply, welcome;
 	int reply_ready, dead;
+	/* the reader thread's: a pushed event, kept (or freed) by the callee (cma.c's
+	 * queues it on its id's channel) */
+	void (*on_event)(struct shca_frame *f);
 };
 
 /* One rdma_cm_id: the user's struct first. */
@@ -47,16 +50,13 @@ struct cm_id {
 	unsigned long reported, acked;
 };
 
-int cm_connect(struct cm_conn *c, const char *path);
+int cm_connect(struct cm_conn *c, const char *path, void (*on_event)(struct shca_frame *f));
 void cm_begin(struct cm_conn *c, struct mp_buf *b, const char *verb, uint32_t nfields);
 int cm_call(struct cm_conn *c, struct mp_buf *b, const void *payload, size_t plen,
 	    struct shca_frame *r);
-/* The reader thread's: a pushed event, queued on its channel (cma.c). */
-void cm_take_event(struct shca_frame *f);
 /* qp.c: the id's QP moved as librdmacm moves it (rdma_init_qp_attr's attributes). */
 int cm_move_qp(struct rdma_cm_id *cid, enum ibv_qp_state state);
 int cm_qp_to_err(struct rdma_cm_id *cid);
-struct ibv_pd *cm_default_pd(struct ibv_context *ctx);
 
 static inline int fail(int e)
 {
@@ -64,6 +64,7 @@ static inline int fail(int e)
 	return -1;
 }
 
+/* conn.c: a line on stderr, "softhca-rdmacm: " first. */
 void cm_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -12,7 +12,6 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,33 +57,9 @@ static struct {
 	int ndev, on_lo;                /* on_lo: the daemon's address is a loopback one */
 	char names[MAX_DEVS][64];
 	struct ibv_context *ctx[MAX_DEVS];
-	struct ibv_pd *pd[MAX_DEVS];
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER, .acked = PTHREAD_COND_INITIALIZER};
 
-void cm_log(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs("softhca-rdmacm: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-}
-
-/* librdmacm's default PD of the device, shared by the ids on it (rdma_create_qp with
- * no PD). */
-struct ibv_pd *cm_default_pd(struct ibv_context *ctx)
-{
-	struct ibv_pd *pd;
-
-	pthread_mutex_lock(&g.lock);
-	if (!g.pd[0])
-		g.pd[0] = ibv_alloc_pd(ctx);
-	pd = g.pd[0];
-	pthread_mutex_unlock(&g.lock);
-	return pd;
-}
+static void take_event(struct shca_frame *f);
 
 /* The daemon's connection and its devices, once per process. */
 static int init(void)
@@ -95,7 +70,7 @@ static int init(void)
 
 	pthread_mutex_lock(&g.lock);
 	if (!g.ready && !g.err) {
-		g.err = cm_connect(&g.conn, getenv("SOFTHCA_SOCKET"));
+		g.err = cm_connect(&g.conn, getenv("SOFTHCA_SOCKET"), take_event);
 		if (!g.err) {
 			g.ready = 1;
 			g.on_lo = mp_find(g.conn.welcome.hdr, "address", &v) &&
@@ -210,9 +185,9 @@ EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 	shca_free(c);
 }
 
-/* The reader thread: the event goes to its id's channel (a CONNECT_REQUEST to its
- * listener's). */
-void cm_take_event(struct shca_frame *f)
+/* The reader thread's (cm_connect's on_event): the event goes to its id's channel (a
+ * CONNECT_REQUEST to its listener's). */
+static void take_event(struct shca_frame *f)
 {
 	uint64_t h = 0, l = 0;
 	struct cm_id *id;

@@ -1,9 +1,11 @@
 /* librdmacm's own connection to the softhca daemon: the UNIX socket of SOFTHCA_SOCKET,
  * the HELLO as a control session (docs/protocol.md), one request in flight at a time,
  * and a reader thread that hands replies to the caller and queues the pushed rdma_cm
- * events on their ids' event channels (cma.c). */
+ * events on their ids' event channels (cma.c's callback, given to cm_connect). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -13,6 +15,17 @@
 #include "cm.h"
 
 #define MAX_FRAME (1u << 20)
+
+void cm_log(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fputs("softhca-rdmacm: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
 
 static void *reader_main(void *arg)
 {
@@ -27,7 +40,7 @@ static void *reader_main(void *arg)
 			continue;
 		}
 		if (mp_str_eq(t, "event")) {
-			cm_take_event(&f);      /* keeps the frame, or frees it */
+			c->on_event(&f);        /* keeps the frame, or frees it */
 			continue;
 		}
 		if ((mp_str_eq(t, "ok") || mp_str_eq(t, "err")) && mp_find_uint(f.hdr, "id", &id)
@@ -100,7 +113,7 @@ int cm_call(struct cm_conn *c, struct mp_buf *b, const void *payload, size_t ple
 	return rc;
 }
 
-int cm_connect(struct cm_conn *c, const char *path)
+int cm_connect(struct cm_conn *c, const char *path, void (*on_event)(struct shca_frame *f))
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	struct shca_frame f;
@@ -108,6 +121,7 @@ int cm_connect(struct cm_conn *c, const char *path)
 
 	memset(c, 0, sizeof(*c));
 	c->next_id = 1;
+	c->on_event = on_event;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	pthread_mutex_init(&c->call_lock, NULL);

@@ -10,6 +10,38 @@
 #include "ud.h"
 
 #define EXPORT __attribute__((visibility("default")))
+#define MAX_DEVS 16
+
+/* librdmacm's default PD of a device, shared by the ids on it (rdma_create_qp with no
+ * PD): one per verbs context, as librdmacm keeps one per cma_device. */
+static struct {
+	pthread_mutex_t lock;
+	int n;
+	struct ibv_context *ctx[MAX_DEVS];
+	struct ibv_pd *pd[MAX_DEVS];
+} pds = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static struct ibv_pd *default_pd(struct ibv_context *ctx)
+{
+	struct ibv_pd *pd = NULL;
+	int i;
+
+	pthread_mutex_lock(&pds.lock);
+	for (i = 0; i < pds.n && !pd; i++)
+		if (pds.ctx[i] == ctx)
+			pd = pds.pd[i];
+	if (!pd && pds.n < MAX_DEVS) {
+		pd = ibv_alloc_pd(ctx);
+		if (pd) {
+			pds.ctx[pds.n] = ctx;
+			pds.pd[pds.n++] = pd;
+		}
+	} else if (!pd) {
+		errno = ENOMEM;
+	}
+	pthread_mutex_unlock(&pds.lock);
+	return pd;
+}
 
 EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, int *mask)
 {
@@ -189,7 +221,7 @@ EXPORT int rdma_create_qp_ex(struct rdma_cm_id *cid, struct ibv_qp_init_attr_ex 
 		return fail(EINVAL);        /* one QP per id */
 	a = *attr;
 	if (!(a.comp_mask & IBV_QP_INIT_ATTR_PD) || !a.pd) {
-		a.pd = cm_default_pd(cid->verbs);
+		a.pd = default_pd(cid->verbs);
 		if (!a.pd)
 			return -1;
 		a.comp_mask |= IBV_QP_INIT_ATTR_PD;
