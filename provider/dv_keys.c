@@ -164,6 +164,9 @@ int shca_dv_query_device(struct ibv_context *context, struct mlx5dv_context *att
 
 /* -- crypto login and DEKs ------------------------------------------------------------ */
 
+_Static_assert(SHCA_NFIELDS_CRYPTO_LOGIN == SHCA_NFIELDS_CREATE_CRYPTO_LOGIN,
+	       "crypto_login and create_crypto_login take the same fields (login_request)");
+
 static int login_request(struct shca_context *ctx, const char *verb, const void *cred,
 			 size_t cred_len, uint32_t kek, uint32_t cred_id, uint64_t comp_mask,
 			 struct shca_frame *r)
@@ -172,7 +175,8 @@ static int login_request(struct shca_context *ctx, const char *verb, const void 
 
 	if (cred_len > 4096)
 		return EINVAL;
-	shca_begin(ctx->conn, &b, verb, 5);
+	/* every field of crypto_login and create_crypto_login, which take the same */
+	shca_begin(ctx->conn, &b, verb, SHCA_NFIELDS_CRYPTO_LOGIN);
 	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
 	mp_str(&b, SHCA_K_CREDENTIAL);
 	mp_bin(&b, cred, (uint32_t)cred_len);
@@ -189,13 +193,16 @@ int shca_dv_crypto_login(struct ibv_context *context, struct mlx5dv_crypto_login
 
 	if (!a)
 		return EINVAL;
-	rc = login_request(to_sctx(context), "crypto_login", a->credential,
+	rc = login_request(to_sctx(context), SHCA_V_CRYPTO_LOGIN, a->credential,
 			   sizeof(a->credential), a->import_kek_id, a->credential_id,
 			   a->comp_mask, &r);
 	if (!rc)
 		shca_frame_free(&r);
 	return rc;
 }
+
+_Static_assert(SHCA_NREQ_CRYPTO_LOGIN_QUERY == SHCA_NREQ_CRYPTO_LOGIN_QUERY_STATE,
+	       "both login state queries take one handle (login_state)");
 
 static int login_state(struct shca_context *ctx, const char *verb, const char *key,
 		       uint32_t handle, enum mlx5dv_crypto_login_state *state)
@@ -205,7 +212,7 @@ static int login_state(struct shca_context *ctx, const char *verb, const char *k
 	uint32_t v;
 	int rc;
 
-	shca_begin(ctx->conn, &b, verb, 1);
+	shca_begin(ctx->conn, &b, verb, SHCA_NREQ_CRYPTO_LOGIN_QUERY);
 	mp_kv_uint(&b, key, handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
@@ -224,7 +231,7 @@ int shca_dv_crypto_login_query_state(struct ibv_context *context,
 
 	if (!state)
 		return EINVAL;
-	return login_state(ctx, "crypto_login_query_state", "ctx", ctx->handle, state);
+	return login_state(ctx, SHCA_V_CRYPTO_LOGIN_QUERY_STATE, SHCA_K_CTX, ctx->handle, state);
 }
 
 int shca_dv_crypto_logout(struct ibv_context *context)
@@ -251,7 +258,7 @@ struct mlx5dv_crypto_login_obj *shca_dv_crypto_login_create(
 		errno = ENOMEM;
 		return NULL;
 	}
-	rc = login_request(ctx, "create_crypto_login", a->credential, a->credential_len,
+	rc = login_request(ctx, SHCA_V_CREATE_CRYPTO_LOGIN, a->credential, a->credential_len,
 			   a->import_kek_id, a->credential_id, a->comp_mask, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "login", &o->handle);
@@ -272,7 +279,7 @@ int shca_dv_crypto_login_query(struct mlx5dv_crypto_login_obj *o,
 	if (!o || !q)
 		return EINVAL;
 	q->comp_mask = 0;
-	return login_state(o->ctx, "crypto_login_query", "login", o->handle, &q->state);
+	return login_state(o->ctx, SHCA_V_CRYPTO_LOGIN_QUERY, SHCA_K_LOGIN, o->handle, &q->state);
 }
 
 int shca_dv_crypto_login_destroy(struct mlx5dv_crypto_login_obj *o)

@@ -375,7 +375,7 @@ EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id 
 EXPORT int rdma_destroy_id(struct rdma_cm_id *cid)
 {
 	struct cm_id *id = (struct cm_id *)cid, **p;
-	int rc = call_id("cm_destroy_id", id);
+	int rc = call_id(SHCA_V_CM_DESTROY_ID, id);
 
 	pthread_mutex_lock(&g.lock);
 	for (p = &g.ids; *p; p = &(*p)->next)
@@ -726,7 +726,7 @@ EXPORT int rdma_reject(struct rdma_cm_id *cid, const void *private_data,
 
 EXPORT int rdma_establish(struct rdma_cm_id *cid)
 {
-	int rc = call_id("cm_establish", (struct cm_id *)cid);
+	int rc = call_id(SHCA_V_CM_ESTABLISH, (struct cm_id *)cid);
 
 	return rc ? fail(rc) : 0;
 }
@@ -739,7 +739,7 @@ EXPORT int rdma_disconnect(struct rdma_cm_id *cid)
 	rc = cm_qp_to_err(cid);
 	if (rc)
 		return fail(rc);
-	rc = call_id("cm_disconnect", (struct cm_id *)cid);
+	rc = call_id(SHCA_V_CM_DISCONNECT, (struct cm_id *)cid);
 	return rc ? fail(rc) : 0;
 }
 
@@ -938,7 +938,7 @@ static int process(struct cm_event *e, struct shca_frame *f)
 			if (!rc)
 				rc = cm_move_qp(&id->id, IBV_QPS_RTS);
 			if (!rc)
-				rc = call_id("cm_establish", id);
+				rc = call_id(SHCA_V_CM_ESTABLISH, id);
 			if (rc) {
 				e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
 				e->ev.status = -rc;

@@ -314,3 +314,84 @@ def test_docs_request_table_names_every_field():
             missing += [f"{verb}.{f}" for f in sorted(fields - named)]
     assert {"post_send", "post_recv", "create_qp", "create_ah"} <= seen
     assert missing == [], f"docs/protocol.md's request table does not name {missing}"
+
+
+# -- the provider's and librdmacm's request sites -------------------------------------------
+
+C_SOURCES = sorted(p for p in [*(ROOT / "provider").glob("*.c"),
+                               *(ROOT / "provider" / "rdmacm").glob("*.c")])
+# Where a request's fields end: the call that sends it.
+_SENT = re.compile(r"shca_call\(|shca_call_post\(|cm_call\(|\bcall\(&b|shca_send_oneway\(")
+
+
+def _code(path: Path) -> str:
+    """The file without its comments (a key named in a comment is not written)."""
+    return re.sub(r"/\*.*?\*/", "", path.read_text(), flags=re.S)
+
+
+def _function_keys(name: str) -> set[str]:
+    """The keys a wire_enc.c function writes (a request's fields it writes for its caller)."""
+    code = _code(ROOT / "provider" / "wire_enc.c")
+    body = re.search(rf"\n\w[^\n]*\b{name}\([^)]*\)\n\{{\n(.*?)\n\}}\n", code, re.S)
+    assert body, name
+    return {k.lower() for k in re.findall(r"SHCA_K_(\w+)", body.group(1))}
+
+
+def request_sites() -> list[tuple[str, str, str, set[str]]]:
+    """(file:line, verb, count expression, keys written) of every request head whose
+    verb is a wire.h name."""
+    sites = []
+    for path in C_SOURCES:
+        code = _code(path)
+        for m in re.finditer(r"\b(?:shca_begin|cm_begin|shca_wire_begin)\(([^;]*?)\);", code):
+            args = [a.strip() for a in m.group(1).split(",")]
+            verb = next((v for v in map(re.compile(r"SHCA_V_(\w+)").fullmatch, args) if v),
+                        None)
+            if verb is None:
+                continue
+            end = _SENT.search(code, m.end())
+            body = code[m.end():end.start() if end else len(code)]
+            keys = {k.lower() for k in re.findall(r"SHCA_K_(\w+)", body)}
+            if "shca_wire_post_send(" in body:
+                keys |= _function_keys("shca_wire_post_send")
+            line = code[:m.start()].count("\n") + 1
+            sites.append((f"{path.relative_to(ROOT)}:{line}", verb.group(1).lower(),
+                          args[-1], keys))
+    return sites
+
+
+def test_request_sites_write_their_verbs_fields():
+    """Each request the C libraries build names only fields of its verb (modify_qp's
+    attr, a post's WRs aside: nested maps), and the count its head announces is the
+    fields it writes: NREQ with exactly the required fields, NFIELDS with all of them."""
+    nested = {"modify_qp": {"dest_host", "dest_port", "dest_dev"}}
+    sites = request_sites()
+    faults = []
+    for where, verb, count, keys in sites:
+        assert verb in BY_VERB, f"{where}: {verb} is not a request"
+        schema = BY_VERB[verb].SCHEMA
+        required = {k for k, spec in schema.items() if spec[3]}
+        written = keys & set(schema)
+        stray = keys - set(schema) - nested.get(verb, set())
+        if stray:
+            faults.append(f"{where}: {verb} has no field(s) {sorted(stray)}")
+        if count == f"SHCA_NREQ_{verb.upper()}" and written != required:
+            faults.append(f"{where}: {verb} announces its required fields "
+                          f"{sorted(required)} and writes {sorted(written)}")
+        if count.startswith(f"SHCA_NFIELDS_{verb.upper()}") and written != set(schema):
+            faults.append(f"{where}: {verb} announces every field {sorted(schema)} "
+                          f"and writes {sorted(written)}")
+        if not required <= written:
+            faults.append(f"{where}: {verb} lacks {sorted(required - written)}")
+    assert len(sites) >= 30
+    assert faults == []
+
+
+def test_no_request_named_by_a_literal():
+    """A verb is wire.h's SHCA_V_ name in the C libraries, never a string of its own."""
+    verbs = "|".join(map(re.escape, BY_VERB))
+    # (a reply's or welcome's field read by mp_find may share a verb's name: "devices")
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in C_SOURCES
+             for m in re.finditer(rf'(mp_find\w*\([^,]*, )?"({verbs})"', _code(p))
+             if not m.group(1)]
+    assert found == []
