@@ -37,7 +37,7 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 		return NULL;
 	}
 	shca_begin(ctx->conn, &b, SHCA_V_CREATE_AH, SHCA_NFIELDS_CREATE_AH);
-	mp_kv_uint(&b, SHCA_K_PD, ((struct shca_pd *)ibpd)->handle);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(ibpd)->handle);
 	mp_str(&b, SHCA_K_DEST_HOST);
 	mp_str(&b, host);
 	mp_kv_uint(&b, SHCA_K_DEST_PORT, port);
@@ -68,7 +68,7 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 
 int shca_destroy_ah(struct ibv_ah *ibah)
 {
-	struct shca_ah *ah = (struct shca_ah *)ibah;
+	struct shca_ah *ah = to_sah(ibah);
 	int rc = shca_call_simple(to_sctx(ibah->context), SHCA_V_DESTROY_AH, SHCA_K_AH, ah->handle);
 
 	if (!rc)

@@ -1,10 +1,10 @@
 /* The control connection: the socket, the HELLO (the frames themselves are frame.c's),
- * one request at a time, and a reader thread that takes the replies and the daemon's
- * pushed completions ("wc" frames) as they come, so that a program blocked in
- * ibv_get_cq_event still sees its completions arrive. */
+ * fork's generations, and what the daemon pushes: one request at a time and the
+ * reader thread are core.c's, which hands this file each frame that is no call's reply,
+ * so that the daemon's pushed completions ("wc" frames) reach their CQ's ring as they
+ * come and a program blocked in ibv_get_cq_event still sees them arrive. */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -21,23 +21,6 @@
 #define OWN_IDS 0x80000000u
 /* How long one get_async_event waits on the daemon before it is asked anew (s). */
 #define ASYNC_WAIT_S 3600
-
-/* The err reply's errno name as a number: wire.h's table, protocol/errors.py's names. */
-int shca_errno(const char *name, uint32_t n)
-{
-	return shca_errno_of(name, n);
-}
-
-static int send_frame(struct shca_conn *c, struct mp_buf *b, const void *payload,
-		      size_t plen)
-{
-	int rc;
-
-	pthread_mutex_lock(&c->send_lock);
-	rc = shca_frame_write(c->fd, b, payload, plen);
-	pthread_mutex_unlock(&c->send_lock);
-	return rc;
-}
 
 /* -- fork ------------------------------------------------------------------------ */
 
@@ -90,69 +73,34 @@ void shca_begin(struct shca_conn *c, struct mp_buf *b, const char *verb, uint32_
 		b->failed = true;
 		return;
 	}
-	pthread_mutex_lock(&c->call_lock);
-	c->want_id = c->next_id++;
-	/* the ids above are the reader thread's own requests' (OWN_IDS) */
-	if (c->next_id >= OWN_IDS)
-		c->next_id = 1;
-	shca_wire_begin(b, verb, c->want_id, nfields);
+	shca_core_begin(&c->core, b, verb, nfields);
 }
 
 static int call(struct shca_conn *c, struct mp_buf *b, const void *payload, size_t plen,
 		struct shca_frame *r, uint32_t *taken)
 {
-	struct mp_val t, v;
+	const char *s;
 	uint64_t bad;
+	uint32_t n;
 	int rc;
 
 	if (taken)
 		*taken = 0;
-
-	memset(r, 0, sizeof(*r));
 	if (shca_forked(c->ctx, "the verb")) {
+		memset(r, 0, sizeof(*r));
 		mp_free(b);
 		return EIO;
 	}
-	pthread_mutex_lock(&c->lock);
-	c->reply_ready = 0;
-	pthread_mutex_unlock(&c->lock);
-	rc = c->dead ? EIO : send_frame(c, b, payload, plen);
-	mp_free(b);
-	if (!rc) {
-		pthread_mutex_lock(&c->lock);
-		while (!c->reply_ready && !c->dead)
-			pthread_cond_wait(&c->cond, &c->lock);
-		if (c->reply_ready) {
-			*r = c->reply;
-			memset(&c->reply, 0, sizeof(c->reply));
-			c->reply_ready = 0;
-		} else {
-			rc = EIO;
-		}
-		pthread_mutex_unlock(&c->lock);
-	}
-	pthread_mutex_unlock(&c->call_lock);
+	rc = shca_core_call(&c->core, b, payload, plen, r);
 	if (rc) {
 		shca_log("the daemon's connection is gone");
 		return rc;
 	}
-	if (mp_find(r->hdr, "t", &t) && mp_str_eq(t, "ok"))
+	rc = shca_reply_errno(r);
+	if (!rc)
 		return 0;
-	rc = EIO;
-	if (mp_find(r->hdr, "errno", &v)) {
-		const char *s;
-		uint32_t n;
-
-		if (mp_get_str(v, &s, &n))
-			rc = shca_errno(s, n);
-	}
-	if (mp_find(r->hdr, "msg", &v)) {
-		const char *s;
-		uint32_t n;
-
-		if (mp_get_str(v, &s, &n))
-			shca_log("%.*s", (int)n, s);
-	}
+	if (shca_reply_msg(r, &s, &n))
+		shca_log("%.*s", (int)n, s);
 	/* A post's refusal names the WR refused; those before it were taken. */
 	if (taken && mp_find_uint(r->hdr, "bad_wr", &bad) && bad <= UINT32_MAX)
 		*taken = (uint32_t)bad;
@@ -178,7 +126,8 @@ int shca_call_post(struct shca_conn *c, struct mp_buf *b, uint32_t *taken)
 
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b)
 {
-	int rc = c->dead || shca_forked(c->ctx, "the verb") ? EIO : send_frame(c, b, NULL, 0);
+	int rc = c->core.dead || shca_forked(c->ctx, "the verb") ? EIO :
+		 shca_core_send(&c->core, b, NULL, 0);
 
 	mp_free(b);
 	return rc;
@@ -196,7 +145,7 @@ static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 	if (!mp_find_uint(hdr, "cq", &handle) || !mp_find(hdr, "wcs", &wcs) ||
 	    !mp_get_arr(wcs, &n, &w))
 		return;
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&c->core.lock);
 	for (cq = c->ctx->cqs; cq && cq->handle != handle; cq = cq->next)
 		;
 	if (cq) {
@@ -221,7 +170,7 @@ static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 				shca_log("completion channel write failed: %s", strerror(errno));
 		}
 	}
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&c->core.lock);
 }
 
 static uint32_t own_id(struct shca_conn *c)
@@ -268,7 +217,7 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 	mp_kv_uint(&b, SHCA_K_EVENT, id);
 	shca_send_oneway(c, &b);
 	d.event_type = (uint32_t)type;
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&c->core.lock);
 	if (mp_find_uint(ev, "qp", &h)) {
 		struct shca_qp *qp;
 
@@ -288,7 +237,7 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 			;
 		d.element = srq ? (uintptr_t)&srq->srq : 0;
 	}
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&c->core.lock);
 	if (!d.element) {
 		shca_log("asynchronous event %u of an object already destroyed: dropped",
 			 d.event_type);
@@ -300,9 +249,11 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 			 d.event_type);
 }
 
-/* One frame the daemon sent: a reply, pushed completions, an asynchronous event. */
-static void dispatch(struct shca_conn *c, struct shca_frame *r)
+/* The reader thread's, for each frame that is not the reply a call waits for: pushed
+ * completions, an asynchronous event, the replies of its own requests. */
+static void on_frame(void *owner, struct shca_frame *r)
 {
+	struct shca_conn *c = owner;
 	struct mp_val t;
 	uint64_t id;
 
@@ -322,75 +273,37 @@ static void dispatch(struct shca_conn *c, struct shca_frame *r)
 		shca_async_arm(c);
 		return;
 	}
-	if ((mp_str_eq(t, "ok") || mp_str_eq(t, "err")) && mp_find_uint(r->hdr, "id", &id)
-	    && id == c->want_id && id != 0) {
-		pthread_mutex_lock(&c->lock);
-		shca_frame_free(&c->reply);
-		c->reply = *r;
-		c->reply_ready = 1;
-		pthread_cond_broadcast(&c->cond);
-		pthread_mutex_unlock(&c->lock);
-		return;
-	}
 	if (mp_str_eq(t, "ok"))
 		;       /* the reply of an acknowledgement */
 	else if (mp_str_eq(t, "err")) {
-		struct mp_val v;
 		const char *s;
 		uint32_t n;
 
 		/* a refused cq_credit (id 0): a bug, said, not hidden */
-		if (mp_find(r->hdr, "msg", &v) && mp_get_str(v, &s, &n))
+		if (shca_reply_msg(r, &s, &n))
 			shca_log("daemon: %.*s", (int)n, s);
 	}
 	shca_frame_free(r);
 }
 
-static void *reader_main(void *arg)
+/* The connection ended: a thread waiting for completions sees it (under core.lock). */
+static void on_dead(void *owner)
 {
-	struct shca_conn *c = arg;
-	struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-	struct shca_frame r;
-	int rc;
+	struct shca_conn *c = owner;
 
-	for (;;) {
-		/* Waiting writes no memory but pfd (on this thread's own stack): the
-		 * frame's bytes are read, and everything they change written, under
-		 * dispatch, which ibv_reg_mr takes while it moves pages. */
-		rc = poll(&pfd, 1, -1);
-		if (rc < 0 && errno == EINTR)
-			continue;
-		if (rc < 0)
-			break;
-		pthread_mutex_lock(&c->dispatch);
-		rc = shca_frame_read(c->fd, &r, MAX_FRAME);
-		if (!rc)
-			dispatch(c, &r);
-		pthread_mutex_unlock(&c->dispatch);
-		if (rc)
-			break;
-	}
-	pthread_mutex_lock(&c->lock);
-	c->dead = 1;
-	pthread_cond_broadcast(&c->cond);
 	pthread_cond_broadcast(&c->wc_cond);
-	pthread_mutex_unlock(&c->lock);
-	return NULL;
 }
 
 static int expect(struct shca_frame *r, const char *kind)
 {
 	struct mp_val t;
+	const char *s;
+	uint32_t n;
 
 	if (mp_find(r->hdr, "t", &t) && mp_str_eq(t, kind))
 		return 0;
-	if (mp_find(r->hdr, "msg", &t)) {
-		const char *s;
-		uint32_t n;
-
-		if (mp_get_str(t, &s, &n))
-			shca_log("the daemon refused the connection: %.*s", (int)n, s);
-	}
+	if (shca_reply_msg(r, &s, &n))
+		shca_log("the daemon refused the connection: %.*s", (int)n, s);
 	return -1;
 }
 
@@ -404,9 +317,12 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 
 	memset(c, 0, sizeof(*c));
 	c->ctx = ctx;
-	c->next_id = 1;
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
+	/* the ids from OWN_IDS up are the reader thread's own requests' */
+	shca_core_init(&c->core, OWN_IDS, MAX_FRAME);
+	c->core.on_frame = on_frame;
+	c->core.on_dead = on_dead;
+	c->core.owner = c;
+	c->core.dispatch = &c->dispatch;
 	{
 		pthread_condattr_t ca;
 
@@ -415,25 +331,23 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 		pthread_cond_init(&c->wc_cond, &ca);
 		pthread_condattr_destroy(&ca);
 	}
-	pthread_mutex_init(&c->call_lock, NULL);
-	pthread_mutex_init(&c->send_lock, NULL);
 	pthread_mutex_init(&c->dispatch, NULL);
 	if (strlen(path) >= sizeof(sa.sun_path)) {
 		shca_log("socket path %s is too long", path);
 		return ENAMETOOLONG;
 	}
 	strcpy(sa.sun_path, path);
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (c->fd < 0)
+	c->core.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->core.fd < 0)
 		return errno;
-	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa))) {
+	if (connect(c->core.fd, (struct sockaddr *)&sa, sizeof(sa))) {
 		int e = errno;
 
 		shca_log("cannot connect to the daemon at %s: %s", path, strerror(e));
-		close(c->fd);
+		close(c->core.fd);
 		return e;
 	}
-	if (shca_frame_read(c->fd, &r, MAX_FRAME) || expect(&r, "challenge"))
+	if (shca_frame_read(c->core.fd, &r, MAX_FRAME) || expect(&r, "challenge"))
 		goto bad;
 	if (mp_find(r.hdr, "auth", &auth))
 		mp_get_uint(auth, &need);
@@ -442,21 +356,21 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 		/* The UNIX socket's peer credentials are its authentication; a daemon that
 		 * asks this socket for a token is misconfigured. */
 		shca_log("the daemon at %s asks for a token on its UNIX socket", path);
-		close(c->fd);
+		close(c->core.fd);
 		return EACCES;
 	}
-	if (shca_frame_hello(c->fd))
+	if (shca_frame_hello(c->core.fd))
 		goto bad;
-	if (shca_frame_read(c->fd, &r, MAX_FRAME) || expect(&r, "welcome"))
+	if (shca_frame_read(c->core.fd, &r, MAX_FRAME) || expect(&r, "welcome"))
 		goto bad;
 	mp_init(welcome);
 	/* kept for the caller: the device list and the daemon's address */
 	welcome->p = r.buf;
 	welcome->len = (size_t)(r.hdr.end - r.hdr.p);
 	welcome->cap = r.len;
-	if (shca_thread_start(&c->reader, reader_main, c)) {
+	if (shca_thread_start(&c->reader, shca_core_reader, &c->core)) {
 		shca_frame_free(&r);
-		close(c->fd);
+		close(c->core.fd);
 		return EAGAIN;
 	}
 	c->reader_started = 1;
@@ -477,7 +391,7 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 	return 0;
 bad:
 	shca_frame_free(&r);
-	close(c->fd);
+	close(c->core.fd);
 	return EPROTO;
 }
 
@@ -578,7 +492,7 @@ int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq
 		rc = EIO;
 		if (mp_find(r.hdr, "errno", &v) && mp_get_str(v, &s, &len))
 			rc = shca_errno(s, len);
-		if (mp_find(r.hdr, "msg", &v) && mp_get_str(v, &s, &len))
+		if (shca_reply_msg(&r, &s, &len))
 			shca_log("ibv_reg_mr: the daemon refused the memory: %.*s", (int)len, s);
 	}
 out:
@@ -594,14 +508,14 @@ void shca_disconnect(struct shca_conn *c)
 	if (shca_forked(c->ctx, "ibv_close_device")) {
 		/* the socket is the parent's too: shutdown would end its session, and the
 		 * reader thread is the parent's alone */
-		close(c->fd);
+		close(c->core.fd);
 		return;
 	}
-	shutdown(c->fd, SHUT_RDWR);
+	shutdown(c->core.fd, SHUT_RDWR);
 	if (c->reader_started)
 		pthread_join(c->reader, NULL);
 	if (c->stack)
 		shca_pages_remove(c->stack);
-	close(c->fd);
-	shca_frame_free(&c->reply);
+	close(c->core.fd);
+	shca_frame_free(&c->core.reply);
 }

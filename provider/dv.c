@@ -348,7 +348,7 @@ void shca_dv_qp_init(struct shca_qp *qp)
 
 static struct mlx5dv_qp_ex *qp_ex_from_ibv_qp_ex(struct ibv_qp_ex *qpx)
 {
-	return &((struct shca_qp *)qpx)->dv;
+	return &to_sqp_ex(qpx)->dv;
 }
 
 /* Number of WRs canceled, or -errno (mlx5dv_qp_cancel_posted_send_wrs(3)). */

@@ -33,7 +33,7 @@ struct mlx5dv_mkey *shca_dv_create_mkey(struct mlx5dv_mkey_init_attr *attr)
 		return NULL;
 	}
 	shca_begin(ctx->conn, &b, SHCA_V_CREATE_MKEY, SHCA_NREQ_CREATE_MKEY);
-	mp_kv_uint(&b, SHCA_K_PD, ((struct shca_pd *)attr->pd)->handle);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(attr->pd)->handle);
 	mp_kv_uint(&b, SHCA_K_CREATE_FLAGS, attr->create_flags);
 	mp_kv_uint(&b, SHCA_K_MAX_ENTRIES, attr->max_entries);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
@@ -329,7 +329,7 @@ struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
 	}
 	shca_begin(ctx->conn, &b, SHCA_V_CREATE_DEK, SHCA_NFIELDS_CREATE_DEK);
 	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
-	mp_kv_uint(&b, SHCA_K_PD, ((struct shca_pd *)a->pd)->handle);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(a->pd)->handle);
 	mp_kv_uint(&b, SHCA_K_KEY_SIZE, a->key_size);
 	mp_str(&b, SHCA_K_KEY);
 	mp_bin(&b, a->key, (uint32_t)len);

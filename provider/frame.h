@@ -1,7 +1,8 @@
 /* The control protocol's framing (docs/protocol.md: u32 L, u32 H, an H-byte msgpack
  * header, a raw payload; L counts H's 4 bytes, the header and the payload), shared by
- * the provider (conn.c) and softhca's librdmacm (rdmacm/conn.c). Each caller keeps its
- * own connection, locking and limit; these only move whole frames over a socket. */
+ * the provider (conn.c) and softhca's librdmacm (rdmacm/conn.c), through their common
+ * core (core.c, which locks and sets the limit); these only move whole frames over a
+ * socket. */
 #ifndef SOFTHCA_FRAME_H
 #define SOFTHCA_FRAME_H
 

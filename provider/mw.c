@@ -16,7 +16,7 @@
 struct ibv_mw *shca_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
 {
 	struct shca_context *ctx = to_sctx(ibpd->context);
-	struct shca_pd *pd = (struct shca_pd *)ibpd;
+	struct shca_pd *pd = to_spd(ibpd);
 	struct shca_mw *mw = calloc(1, sizeof(*mw));
 	struct mp_buf b;
 	struct shca_frame r;
@@ -50,7 +50,7 @@ struct ibv_mw *shca_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
 
 int shca_dealloc_mw(struct ibv_mw *ibmw)
 {
-	struct shca_mw *mw = (struct shca_mw *)ibmw;
+	struct shca_mw *mw = to_smw(ibmw);
 	int rc = shca_call_simple(to_sctx(ibmw->context), SHCA_V_DEALLOC_MW, SHCA_K_MW, mw->handle);
 
 	if (!rc)
@@ -86,7 +86,7 @@ int shca_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *mw_bi
 int shca_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr,
 		  size_t length, int access)
 {
-	struct shca_mr *mr = (struct shca_mr *)vmr;
+	struct shca_mr *mr = to_smr(&vmr->ibv_mr);
 	struct shca_context *ctx = to_sctx(vmr->ibv_mr.context);
 	struct mp_buf b;
 	struct shca_frame r;
@@ -104,7 +104,7 @@ int shca_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr
 	mp_kv_uint(&b, SHCA_K_MR, mr->handle);
 	mp_kv_uint(&b, SHCA_K_FLAGS, (uint32_t)flags);
 	mp_kv_uint(&b, SHCA_K_PD, (flags & IBV_REREG_MR_CHANGE_PD) && pd ?
-		   ((struct shca_pd *)pd)->handle : 0);
+		   to_spd(pd)->handle : 0);
 	mp_kv_uint(&b, SHCA_K_ACCESS, (uint32_t)access);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
@@ -115,7 +115,7 @@ int shca_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr
 int shca_resize_cq(struct ibv_cq *ibcq, int cqe)
 {
 	struct shca_context *ctx = to_sctx(ibcq->context);
-	struct shca_cq *cq = (struct shca_cq *)ibcq;
+	struct shca_cq *cq = to_scq(ibcq);
 	struct ibv_wc *ring;
 	struct mp_buf b;
 	struct shca_frame r;
@@ -141,7 +141,7 @@ int shca_resize_cq(struct ibv_cq *ibcq, int cqe)
 		return rc;
 	}
 	shca_frame_free(&r);
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	for (i = 0; i < cq->count && i < (uint32_t)cqe; i++)
 		ring[i] = cq->ring[(cq->head + i) % cq->cap];
 	shca_free(cq->ring);
@@ -149,6 +149,6 @@ int shca_resize_cq(struct ibv_cq *ibcq, int cqe)
 	cq->cap = (uint32_t)cqe;
 	cq->head = 0;
 	ibcq->cqe = cqe;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return 0;
 }

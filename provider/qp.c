@@ -62,10 +62,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	/* every field; srq only when the QP takes its receives from one */
 	shca_begin(ctx->conn, &b, SHCA_V_CREATE_QP, SHCA_NFIELDS_CREATE_QP - !attr->srq);
 	if (attr->srq)
-		mp_kv_uint(&b, SHCA_K_SRQ, ((struct shca_srq *)attr->srq)->handle);
-	mp_kv_uint(&b, SHCA_K_PD, ((struct shca_pd *)ibpd)->handle);
-	mp_kv_uint(&b, SHCA_K_SCQ, ((struct shca_cq *)attr->send_cq)->handle);
-	mp_kv_uint(&b, SHCA_K_RCQ, ((struct shca_cq *)attr->recv_cq)->handle);
+		mp_kv_uint(&b, SHCA_K_SRQ, to_ssrq(attr->srq)->handle);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(ibpd)->handle);
+	mp_kv_uint(&b, SHCA_K_SCQ, to_scq(attr->send_cq)->handle);
+	mp_kv_uint(&b, SHCA_K_RCQ, to_scq(attr->recv_cq)->handle);
 	mp_kv_uint(&b, SHCA_K_QP_TYPE, attr->qp_type);
 	mp_kv_uint(&b, SHCA_K_MAX_SEND_WR, attr->cap.max_send_wr ? attr->cap.max_send_wr : 1);
 	mp_kv_uint(&b, SHCA_K_MAX_RECV_WR, attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1);
@@ -119,10 +119,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	}
 	qp->dv_send_ops = dv_send_ops;
 	shca_dv_qp_init(qp);
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	qp->next = ctx->qps;
 	ctx->qps = qp;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return &qp->vqp.qp;
 }
 
@@ -237,7 +237,7 @@ struct ibv_qp *shca_dv_create_qp(struct ibv_context *context, struct ibv_qp_init
 int shca_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	int rc = SHCA_DESTROY_LISTED(ctx, SHCA_V_DESTROY_QP, SHCA_K_QP, &ctx->qps, qp);
 
 	if (rc)
@@ -329,7 +329,7 @@ static uint64_t field_value(const struct ibv_qp_attr *a, const struct qp_field *
 int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	/* The port, the P_Key index and the current state the caller asserts are
 	 * checked here: the device has one port and one P_Key. */
 	const int local = IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_CUR_STATE;
@@ -394,7 +394,7 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 			 struct ibv_qp_init_attr *init)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	struct mp_buf b;
 	struct shca_frame r;
 	struct mp_val a;
@@ -461,7 +461,7 @@ static struct ibv_send_wr *send_nth(struct ibv_send_wr *wr, uint32_t i)
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			  struct ibv_send_wr **bad)
 {
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 	struct ibv_send_wr *first;
 	struct mp_buf wrs;
 	uint32_t n, taken;
@@ -503,7 +503,7 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			  struct ibv_recv_wr **bad)
 {
-	struct shca_qp *qp = (struct shca_qp *)ibqp;
+	struct shca_qp *qp = to_sqp(ibqp);
 
 	return shca_post_recv_wrs(to_sctx(ibqp->context), SHCA_V_POST_RECV, SHCA_K_QP, qp->handle,
 				  qp->max_recv_sge, "QP's max_recv_sge", wr, bad);

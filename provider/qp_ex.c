@@ -18,14 +18,9 @@
 #include "softhca.h"
 #include "wr.h"
 
-static struct shca_qp *of(struct ibv_qp_ex *qpx)
-{
-	return (struct shca_qp *)qpx;
-}
-
 static void open_wr(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 
 	shca_wr_close(qp);
 	shca_dv_end_configure(qp);
@@ -43,7 +38,7 @@ static void open_wr(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op)
  * both fill the QP's bounce pages with inline data from their start. */
 static void wr_start(struct ibv_qp_ex *qpx)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 
 	pthread_mutex_lock(&qp->post_lock);
 	shca_batch_free(qp);
@@ -54,7 +49,7 @@ static void wr_start(struct ibv_qp_ex *qpx)
 
 static int wr_complete(struct ibv_qp_ex *qpx)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 	int rc;
 
 	shca_wr_close(qp);
@@ -70,7 +65,7 @@ static int wr_complete(struct ibv_qp_ex *qpx)
 
 static void wr_abort(struct ibv_qp_ex *qpx)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 
 	shca_batch_free(qp);
 	qp->wr_open = 0;
@@ -86,21 +81,21 @@ static void wr_send(struct ibv_qp_ex *qpx)
 static void wr_send_imm(struct ibv_qp_ex *qpx, __be32 imm)
 {
 	open_wr(qpx, IBV_WR_SEND_WITH_IMM);
-	of(qpx)->cur.imm_data = imm;
+	to_sqp_ex(qpx)->cur.imm_data = imm;
 }
 
 static void wr_send_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
 {
 	open_wr(qpx, IBV_WR_SEND_WITH_INV);
-	of(qpx)->cur.invalidate_rkey = rkey;
+	to_sqp_ex(qpx)->cur.invalidate_rkey = rkey;
 }
 
 static void wr_rdma(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op, uint32_t rkey,
 		    uint64_t addr)
 {
 	open_wr(qpx, op);
-	of(qpx)->cur.wr.rdma.rkey = rkey;
-	of(qpx)->cur.wr.rdma.remote_addr = addr;
+	to_sqp_ex(qpx)->cur.wr.rdma.rkey = rkey;
+	to_sqp_ex(qpx)->cur.wr.rdma.remote_addr = addr;
 }
 
 static void wr_rdma_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
@@ -112,7 +107,7 @@ static void wr_rdma_write_imm(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t add
 			      __be32 imm)
 {
 	wr_rdma(qpx, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr);
-	of(qpx)->cur.imm_data = imm;
+	to_sqp_ex(qpx)->cur.imm_data = imm;
 }
 
 static void wr_rdma_read(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
@@ -123,7 +118,7 @@ static void wr_rdma_read(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
 static void wr_atomic(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op, uint32_t rkey,
 		      uint64_t addr, uint64_t compare_add, uint64_t swap)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 
 	open_wr(qpx, op);
 	qp->cur.wr.atomic.rkey = rkey;
@@ -146,7 +141,7 @@ static void wr_atomic_fetch_add(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t a
 
 static void unsupported(struct ibv_qp_ex *qpx, const char *what)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 
 	shca_wr_close(qp);
 	shca_dv_end_configure(qp);
@@ -157,14 +152,14 @@ static void unsupported(struct ibv_qp_ex *qpx, const char *what)
 static void wr_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
 {
 	open_wr(qpx, IBV_WR_LOCAL_INV);
-	of(qpx)->cur.invalidate_rkey = rkey;
+	to_sqp_ex(qpx)->cur.invalidate_rkey = rkey;
 }
 
 /* A window's bind (provider/mw.c; the device's checks are the daemon's). */
 static void wr_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw, uint32_t rkey,
 		       const struct ibv_mw_bind_info *info)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 
 	open_wr(qpx, IBV_WR_BIND_MW);
 	qp->cur.bind_mw.mw = mw;
@@ -185,9 +180,9 @@ static void wr_send_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t sz, uint16_t 
 static void wr_set_ud_addr(struct ibv_qp_ex *qpx, struct ibv_ah *ah, uint32_t qpn,
 			   uint32_t qkey)
 {
-	of(qpx)->cur.wr.ud.ah = ah;
-	of(qpx)->cur.wr.ud.remote_qpn = qpn;
-	of(qpx)->cur.wr.ud.remote_qkey = qkey;
+	to_sqp_ex(qpx)->cur.wr.ud.ah = ah;
+	to_sqp_ex(qpx)->cur.wr.ud.remote_qpn = qpn;
+	to_sqp_ex(qpx)->cur.wr.ud.remote_qkey = qkey;
 }
 
 static void wr_set_xrc_srqn(struct ibv_qp_ex *qpx, uint32_t srqn)
@@ -201,7 +196,7 @@ static void wr_set_xrc_srqn(struct ibv_qp_ex *qpx, uint32_t srqn)
 static void wr_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr,
 			    const void *data)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 	uint64_t v = 0;
 	int i;
 
@@ -224,7 +219,7 @@ static int need_open(struct shca_qp *qp, const char *what)
 
 static void wr_set_sge_list(struct ibv_qp_ex *qpx, size_t n, const struct ibv_sge *sg)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 
 	if (!need_open(qp, "ibv_wr_set_sge_list"))
 		return;
@@ -250,7 +245,7 @@ static void wr_set_sge(struct ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint
 static void wr_set_inline_data_list(struct ibv_qp_ex *qpx, size_t n,
 				    const struct ibv_data_buf *bufs)
 {
-	struct shca_qp *qp = of(qpx);
+	struct shca_qp *qp = to_sqp_ex(qpx);
 	struct ibv_sge sg[32];
 	size_t i;
 	int rc;

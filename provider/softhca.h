@@ -16,6 +16,7 @@
 
 #include "abi.h"
 #include "chan_bridge.h"
+#include "core.h"
 #include "dv_bridge.h"
 #include "frame.h"
 #include "mp.h"
@@ -27,7 +28,9 @@
 
 /* The connection and everything its reader thread writes are in palloc's pages. */
 struct shca_conn {
-	int fd;
+	/* the socket, the request in flight, the reader's loop (core.h); core.lock guards
+	 * the reply and every CQ ring, and the lists of the context's objects */
+	struct shca_core core;
 	pthread_t reader;
 	int reader_started;
 	/* Held by the reader thread from a frame's first byte until the frame is dealt
@@ -35,18 +38,9 @@ struct shca_conn {
 	 * reader's can fall inside a move. */
 	pthread_mutex_t dispatch;
 	uintptr_t stack;            /* the reader's stack, as palloc knows it, or 0 */
-	pthread_mutex_t lock;       /* the fields below, and every CQ ring */
-	pthread_cond_t cond;
-	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC) */
-	pthread_mutex_t call_lock;  /* one request in flight at a time */
-	pthread_mutex_t send_lock;  /* whole frames on the socket */
-	uint32_t next_id;
-	uint32_t want_id;
+	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC), under core.lock */
 	uint32_t async_id;          /* the get_async_event waiting on the daemon, or 0 */
 	uint32_t own_ids;           /* ids of the reader thread's own requests */
-	struct shca_frame reply;
-	int reply_ready;
-	int dead;
 	struct shca_context *ctx;
 };
 
@@ -169,11 +163,58 @@ struct shca_qp {
 	size_t bounce_used;
 };
 
+/* A verbs object's softhca object, as rdma-core's providers reach theirs (rxe's to_rqp,
+ * to_rcq): each softhca object embeds its verbs object, and container_of gives the
+ * container from the member whatever its place. */
+#define shca_container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
+
 /* struct ibv_context is the last member of struct verbs_context (verbs.h): the
  * extension fields grow before it. */
 static inline struct shca_context *to_sctx(struct ibv_context *c)
 {
-	return (struct shca_context *)((char *)c - offsetof(struct shca_context, vctx.context));
+	return shca_container_of(c, struct shca_context, vctx.context);
+}
+
+static inline struct shca_pd *to_spd(struct ibv_pd *pd)
+{
+	return shca_container_of(pd, struct shca_pd, pd);
+}
+
+static inline struct shca_ah *to_sah(struct ibv_ah *ah)
+{
+	return shca_container_of(ah, struct shca_ah, ah);
+}
+
+static inline struct shca_mr *to_smr(struct ibv_mr *mr)
+{
+	return shca_container_of(mr, struct shca_mr, vmr.ibv_mr);
+}
+
+static inline struct shca_mw *to_smw(struct ibv_mw *mw)
+{
+	return shca_container_of(mw, struct shca_mw, mw);
+}
+
+static inline struct shca_srq *to_ssrq(struct ibv_srq *srq)
+{
+	return shca_container_of(srq, struct shca_srq, srq);
+}
+
+static inline struct shca_cq *to_scq(struct ibv_cq *cq)
+{
+	return shca_container_of(cq, struct shca_cq, cq);
+}
+
+/* struct verbs_qp holds the QP as struct ibv_qp and, over the same bytes, as struct
+ * ibv_qp_ex (a union): the QP of ibv_create_qp and of ibv_create_qp_ex. */
+static inline struct shca_qp *to_sqp(struct ibv_qp *qp)
+{
+	return shca_container_of(qp, struct shca_qp, vqp.qp);
+}
+
+static inline struct shca_qp *to_sqp_ex(struct ibv_qp_ex *qpx)
+{
+	return shca_container_of(qpx, struct shca_qp, vqp.qp_ex);
 }
 
 /* conn.c */
@@ -193,7 +234,6 @@ int shca_call_post(struct shca_conn *c, struct mp_buf *b, uint32_t *taken);
 int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
 /* Asks the daemon for the context's next asynchronous event (answered when one comes). */
 int shca_async_arm(struct shca_conn *c);
-int shca_errno(const char *name, uint32_t n);
 /* The n memfds of one registration handed to the daemon under seq (SCM_RIGHTS). */
 int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq);
 /* The fork generation of this process (0 in the one that loaded the provider). */
@@ -216,7 +256,6 @@ void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);
 
 /* dv.c, dv_keys.c: mlx5dv. The objects the application sees as mlx5dv.h's (an MKEY's
  * lkey and rkey; DEKs and login objects only as pointers, declared incomplete there). */
-#define shca_container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
 
 struct shca_mkey {
 	struct mlx5dv_mkey dv;   /* what the application sees: lkey, rkey */
@@ -302,14 +341,14 @@ int shca_call_simple(struct shca_context *ctx, const char *verb, const char *key
 	__typeof__(obj) *pp_;								\
 											\
 	if (!rc_) {									\
-		pthread_mutex_lock(&(ctx)->conn->lock);					\
+		pthread_mutex_lock(&(ctx)->conn->core.lock);					\
 		for (pp_ = (head); *pp_; pp_ = &(*pp_)->next) {			\
 			if (*pp_ == (obj)) {						\
 				*pp_ = (obj)->next;					\
 				break;							\
 			}								\
 		}									\
-		pthread_mutex_unlock(&(ctx)->conn->lock);				\
+		pthread_mutex_unlock(&(ctx)->conn->core.lock);				\
 	}										\
 	rc_;										\
 })

@@ -34,7 +34,7 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 		return NULL;
 	}
 	shca_begin(ctx->conn, &b, SHCA_V_CREATE_SRQ, SHCA_NFIELDS_CREATE_SRQ);
-	mp_kv_uint(&b, SHCA_K_PD, ((struct shca_pd *)pd)->handle);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(pd)->handle);
 	mp_kv_uint(&b, SHCA_K_MAX_WR, attr->attr.max_wr);
 	mp_kv_uint(&b, SHCA_K_MAX_SGE, attr->attr.max_sge);
 	mp_kv_uint(&b, SHCA_K_SRQ_LIMIT, attr->attr.srq_limit);
@@ -55,10 +55,10 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 	srq->srq.handle = srq->handle;
 	pthread_mutex_init(&srq->srq.mutex, NULL);
 	pthread_cond_init(&srq->srq.cond, NULL);
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	srq->next = ctx->srqs;
 	ctx->srqs = srq;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return &srq->srq;
 }
 
@@ -72,7 +72,7 @@ int shca_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
 	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) || !attr)
 		return EINVAL;
 	shca_begin(ctx->conn, &b, SHCA_V_MODIFY_SRQ, SHCA_NFIELDS_MODIFY_SRQ);
-	mp_kv_uint(&b, SHCA_K_SRQ, ((struct shca_srq *)ibsrq)->handle);
+	mp_kv_uint(&b, SHCA_K_SRQ, to_ssrq(ibsrq)->handle);
 	mp_kv_uint(&b, SHCA_K_MASK, (uint32_t)mask);
 	mp_kv_uint(&b, SHCA_K_MAX_WR, mask & IBV_SRQ_MAX_WR ? attr->max_wr : 0);
 	mp_kv_uint(&b, SHCA_K_SRQ_LIMIT, mask & IBV_SRQ_LIMIT ? attr->srq_limit : 0);
@@ -94,7 +94,7 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 	if (!attr)
 		return EINVAL;
 	shca_begin(ctx->conn, &b, SHCA_V_QUERY_SRQ, SHCA_NREQ_QUERY_SRQ);
-	mp_kv_uint(&b, SHCA_K_SRQ, ((struct shca_srq *)ibsrq)->handle);
+	mp_kv_uint(&b, SHCA_K_SRQ, to_ssrq(ibsrq)->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
@@ -116,7 +116,7 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 int shca_destroy_srq(struct ibv_srq *ibsrq)
 {
 	struct shca_context *ctx = to_sctx(ibsrq->context);
-	struct shca_srq *srq = (struct shca_srq *)ibsrq;
+	struct shca_srq *srq = to_ssrq(ibsrq);
 	int rc = SHCA_DESTROY_LISTED(ctx, SHCA_V_DESTROY_SRQ, SHCA_K_SRQ, &ctx->srqs, srq);
 
 	if (rc)
@@ -128,7 +128,7 @@ int shca_destroy_srq(struct ibv_srq *ibsrq)
 int shca_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 		       struct ibv_recv_wr **bad)
 {
-	struct shca_srq *srq = (struct shca_srq *)ibsrq;
+	struct shca_srq *srq = to_ssrq(ibsrq);
 
 	return shca_post_recv_wrs(to_sctx(ibsrq->context), SHCA_V_POST_SRQ_RECV, SHCA_K_SRQ,
 				  srq->handle, srq->max_sge, "SRQ's max_sge", wr, bad);

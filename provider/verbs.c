@@ -317,7 +317,7 @@ static struct ibv_pd *shca_alloc_pd(struct ibv_context *ibctx)
 
 static int shca_dealloc_pd(struct ibv_pd *ibpd)
 {
-	struct shca_pd *pd = (struct shca_pd *)ibpd;
+	struct shca_pd *pd = to_spd(ibpd);
 	int rc = shca_call_simple(to_sctx(ibpd->context), SHCA_V_DEALLOC_PD, SHCA_K_PD, pd->handle);
 
 	if (!rc)
@@ -329,7 +329,7 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 			   int access)
 {
 	struct shca_context *ctx = to_sctx(ibpd->context);
-	struct shca_pd *pd = (struct shca_pd *)ibpd;
+	struct shca_pd *pd = to_spd(ibpd);
 	struct shca_mr *mr;
 	struct mp_buf b;
 	struct shca_frame r;
@@ -413,7 +413,7 @@ int shca_dereg(struct shca_mr *mr)
 
 static int shca_dereg_mr(struct verbs_mr *vmr)
 {
-	return shca_dereg((struct shca_mr *)vmr);
+	return shca_dereg(to_smr(&vmr->ibv_mr));
 }
 
 /* -- CQ --------------------------------------------------------------------------- */
@@ -602,17 +602,17 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 	cq->cq.context = ibctx;
 	cq->cq.cqe = cqe;
 	cq->cq.handle = cq->handle;
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	cq->next = ctx->cqs;
 	ctx->cqs = cq;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return &cq->cq;
 }
 
 static int shca_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct shca_context *ctx = to_sctx(ibcq->context);
-	struct shca_cq *cq = (struct shca_cq *)ibcq;
+	struct shca_cq *cq = to_scq(ibcq);
 	int rc = SHCA_DESTROY_LISTED(ctx, SHCA_V_DESTROY_CQ, SHCA_K_CQ, &ctx->cqs, cq);
 
 	if (rc)
@@ -625,7 +625,7 @@ static int shca_destroy_cq(struct ibv_cq *ibcq)
 static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 {
 	struct shca_context *ctx = to_sctx(ibcq->context);
-	struct shca_cq *cq = (struct shca_cq *)ibcq;
+	struct shca_cq *cq = to_scq(ibcq);
 	struct mp_buf b;
 	int n = 0;
 
@@ -635,7 +635,7 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 	}
 	if (num <= 0)
 		return 0;
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	if (!cq->count) {
 		/* The device is a process on the same CPUs: a program that spins on an
 		 * empty CQ takes the time the daemon needs to complete its work. An empty
@@ -648,14 +648,14 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 			until.tv_sec++;
 			until.tv_nsec -= 1000000000L;
 		}
-		pthread_cond_timedwait(&ctx->conn->wc_cond, &ctx->conn->lock, &until);
+		pthread_cond_timedwait(&ctx->conn->wc_cond, &ctx->conn->core.lock, &until);
 	}
 	while (n < num && cq->count) {
 		wc[n++] = cq->ring[cq->head];
 		cq->head = (cq->head + 1) % cq->cap;
 		cq->count--;
 	}
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	if (n) {
 		/* The room goes back at once: the daemon counts every entry it pushed and
 		 * the program has not polled against cqe, as the CQ's overrun rule says. */
@@ -673,16 +673,16 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 static int shca_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 {
 	struct shca_context *ctx = to_sctx(ibcq->context);
-	struct shca_cq *cq = (struct shca_cq *)ibcq;
+	struct shca_cq *cq = to_scq(ibcq);
 
 	/* Solicited-only arming notifies on any completion: more events than asked
 	 * for, which ibv_req_notify_cq(3) allows a consumer to see (it polls anyway). */
 	(void)solicited_only;
 	if (shca_forked(ctx, "ibv_req_notify_cq"))
 		return EIO;
-	pthread_mutex_lock(&ctx->conn->lock);
+	pthread_mutex_lock(&ctx->conn->core.lock);
 	cq->armed = 1;
-	pthread_mutex_unlock(&ctx->conn->lock);
+	pthread_mutex_unlock(&ctx->conn->core.lock);
 	return 0;
 }
 

@@ -42,7 +42,7 @@ int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
 			qp->bounce_buf = NULL;
 			return errno;
 		}
-		qp->bounce = (struct shca_mr *)mr;
+		qp->bounce = to_smr(mr);
 	}
 	out->addr = (uintptr_t)qp->bounce_buf + qp->bounce_used;
 	out->length = (uint32_t)total;
@@ -97,9 +97,8 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 	/* the map itself is wire_enc.c's (tests/unit/test_wire_codec.py holds it to the
 	 * daemon's decoder); here what only the QP knows: the handles of its AH and MW */
 	shca_wire_send_wr(b, wr, sg, nsge, ud,
-			  ud ? ((struct shca_ah *)wr->wr.ud.ah)->handle : 0,
-			  wr->opcode == IBV_WR_BIND_MW ?
-			  ((struct shca_mw *)wr->bind_mw.mw)->handle : 0);
+			  ud ? to_sah(wr->wr.ud.ah)->handle : 0,
+			  wr->opcode == IBV_WR_BIND_MW ? to_smw(wr->bind_mw.mw)->handle : 0);
 	return 0;
 }
 

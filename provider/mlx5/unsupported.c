@@ -1,11 +1,13 @@
-/* The mlx5dv calls softhca does not model (generated from mlx5dv.h's prototypes of
- * the names Debian's libmlx5.so.1 exports; regenerate rather than edit by hand). Each
- * answers as its man page says a call fails: pointer-returning ones NULL with errno
- * EOPNOTSUPP, int-returning ones the errno value EOPNOTSUPP (errno set as well), the
- * two that return -1 on failure (mlx5dv_devx_get_event, mlx5dv_vfio_get_events_fd) -1
- * with errno EOPNOTSUPP, void ones nothing. DevX, steering (flow and DR), device memory,
- * UARs, VARs, packet pacing, scheduling elements, LAG, VFIO and DC streams are mlx5
- * hardware interfaces with no counterpart in the model. */
+/* The mlx5dv calls softhca does not model, written by gen_unsupported.py (beside this
+ * file) from mlx5dv.h's prototypes of the names Debian's libmlx5.so.1 exports
+ * (libmlx5.map) that mlx5.c does not define: regenerate rather than edit by hand
+ * (tests/unit/test_mlx5_unsupported.py checks it is current). Each answers as its man
+ * page says a call fails: pointer-returning ones NULL with errno EOPNOTSUPP,
+ * int-returning ones the errno value EOPNOTSUPP (errno set as well), the two that
+ * return -1 on failure (mlx5dv_devx_get_event, mlx5dv_vfio_get_events_fd) -1 with errno
+ * EOPNOTSUPP, void ones nothing. DevX, steering (flow and DR), device memory, UARs,
+ * VARs, packet pacing, scheduling elements, LAG, VFIO and DC streams are mlx5 hardware
+ * interfaces with no counterpart in the model. */
 #include <errno.h>
 
 #include "mlx5.h"
@@ -554,7 +556,7 @@ mlx5dv_get_clock_info(struct ibv_context *context, struct mlx5dv_clock_info *clo
 	return shca_dv_unsupported("mlx5dv_get_clock_info");
 }
 
-struct ibv_device * *
+struct ibv_device **
 mlx5dv_get_vfio_device_list(struct mlx5dv_vfio_context_attr *attr)
 {
 	return shca_dv_unsupported_ptr("mlx5dv_get_vfio_device_list");

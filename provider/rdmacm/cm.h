@@ -11,18 +11,15 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include "../core.h"
 #include "../frame.h"
 #include "../mp.h"
 #include "../wire_enc.h"
 
 struct cm_conn {
-	int fd;
+	struct shca_core core;      /* the requests, the reader thread (../core.h) */
 	pthread_t reader;
-	pthread_mutex_t lock, call_lock;
-	pthread_cond_t cond;
-	uint32_t next_id, want_id;
-	struct shca_frame reply, welcome;
-	int reply_ready, dead;
+	struct shca_frame welcome;
 	/* the reader thread's: a pushed event, kept (or freed) by the callee (cma.c's
 	 * queues it on its id's channel) */
 	void (*on_event)(struct shca_frame *f);

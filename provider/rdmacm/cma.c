@@ -839,130 +839,182 @@ static void conn_param(struct cm_event *e, struct shca_frame *f, struct mp_val h
 	e->ev.param.conn.rnr_retry_count = u8(h, "rnr");
 }
 
-/* What librdmacm does with an event before its user sees it; 0 to hand it up. */
-static int process(struct cm_event *e, struct shca_frame *f)
+/* The event's status: an int of either sign (msgpack's negative fixint, int 8, int 16
+ * for a negative errno; a uint otherwise). */
+static int event_status(struct mp_val h)
 {
-	struct mp_val h = f->hdr, v;
-	uint64_t handle = 0, status = 0, x;
-	struct cm_id *id, *lid;
-	size_t i;
-	int64_t st = 0;
+	struct mp_val v;
+	uint64_t status;
 
-	mp_find_uint(h, "cmid", &handle);
-	if (mp_find(h, "status", &v)) {
-		if (mp_get_uint(v, &status))
-			st = (int64_t)status;
-		else if (v.p[0] >= 0xe0)        /* a negative fixint */
-			st = (int8_t)v.p[0];
-		else if (v.p[0] == 0xd0 && v.end - v.p >= 2)
-			st = (int8_t)v.p[1];
-		else if (v.p[0] == 0xd1 && v.end - v.p >= 3)
-			st = (int16_t)((v.p[1] << 8) | v.p[2]);
-	}
-	e->ev.status = (int)st;
-	e->ev.event = RDMA_CM_EVENT_ADDR_ERROR;
+	if (!mp_find(h, "status", &v))
+		return 0;
+	if (mp_get_uint(v, &status))
+		return (int)(int64_t)status;
+	if (v.p[0] >= 0xe0)             /* a negative fixint */
+		return (int8_t)v.p[0];
+	if (v.p[0] == 0xd0 && v.end - v.p >= 2)
+		return (int8_t)v.p[1];
+	if (v.p[0] == 0xd1 && v.end - v.p >= 3)
+		return (int16_t)((v.p[1] << 8) | v.p[2]);
+	return 0;
+}
+
+/* The event's kind by its name (kinds[]); an unknown one is an ADDR_ERROR. */
+static enum rdma_cm_event_type event_kind(struct mp_val h)
+{
+	struct mp_val v;
+	size_t i;
+
 	if (mp_find(h, "cm", &v))
 		for (i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
 			if (mp_str_eq(v, kinds[i].name))
-				e->ev.event = kinds[i].type;
-	pthread_mutex_lock(&g.lock);
-	id = find((uint32_t)handle);
+				return kinds[i].type;
+	return RDMA_CM_EVENT_ADDR_ERROR;
+}
+
+/* The peer QP's number and first PSN, as a REQ or a REP carries them. */
+static void peer_qp_of(struct cm_id *id, struct mp_val h)
+{
+	uint64_t x = 0;
+
+	mp_find_uint(h, "qpn", &x);
+	id->peer_qpn = (uint32_t)x;
 	x = 0;
-	mp_find_uint(h, "listen", &x);
-	lid = x ? find((uint32_t)x) : NULL;
-	pthread_mutex_unlock(&g.lock);
-	if (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST) {
-		if (!lid)
-			return -1;
-		id = new_id(lid->id.channel, lid->id.context, lid->id.ps, lid->id.qp_type,
-			    (uint32_t)handle);
-		if (!id)
-			return -1;
-		route_of(&id->id, h);
-		mp_find_uint(h, "qpn", &x);
-		id->peer_qpn = (uint32_t)x;
-		x = 0;
-		mp_find_uint(h, "psn", &x);
-		id->peer_psn = (uint32_t)x;
-		/* what the passive side may use: the peer's depth is our responder limit */
-		id->rr = u8(h, "depth");
-		id->depth = u8(h, "rr");
-		id->retry = u8(h, "retry");
-		id->rnr = u8(h, "rnr");         /* the REQ's: our QP's RNR retry count */
-		id->my_psn = random_psn();
-		e->ev.listen_id = &lid->id;
-		e->ev.id = &id->id;
-		conn_param(e, f, h);
-		e->ev.param.conn.qp_num = id->peer_qpn;
-		if (id->id.qp_type == IBV_QPT_UD)
-			cm_ud_param(&e->ev, &id->id, h, e->pdata, e->ev.param.conn.private_data_len);
-		if (lid->has_ep_attr) {
-			id->ep_attr = lid->ep_attr;
-			id->has_ep_attr = 1;
-		}
-		return 0;
-	}
+	mp_find_uint(h, "psn", &x);
+	id->peer_psn = (uint32_t)x;
+}
+
+/* A CONNECT_REQUEST: a new id on the listener's channel, with what the REQ carries;
+ * 0 to hand it up. */
+static int connect_request(struct cm_event *e, struct shca_frame *f, struct cm_id *lid,
+			   uint32_t handle)
+{
+	struct mp_val h = f->hdr;
+	struct cm_id *id;
+
+	if (!lid)
+		return -1;
+	id = new_id(lid->id.channel, lid->id.context, lid->id.ps, lid->id.qp_type, handle);
 	if (!id)
-		return -1;          /* destroyed meanwhile */
+		return -1;
+	route_of(&id->id, h);
+	peer_qp_of(id, h);
+	/* what the passive side may use: the peer's depth is our responder limit */
+	id->rr = u8(h, "depth");
+	id->depth = u8(h, "rr");
+	id->retry = u8(h, "retry");
+	id->rnr = u8(h, "rnr");         /* the REQ's: our QP's RNR retry count */
+	id->my_psn = random_psn();
+	e->ev.listen_id = &lid->id;
 	e->ev.id = &id->id;
-	if (id->id.qp_type == IBV_QPT_UD) {
-		if (e->ev.event == RDMA_CM_EVENT_ESTABLISHED ||
-		    e->ev.event == RDMA_CM_EVENT_ADDR_RESOLVED)
-			route_of(&id->id, h);
-		conn_param(e, f, h);
+	conn_param(e, f, h);
+	e->ev.param.conn.qp_num = id->peer_qpn;
+	if (id->id.qp_type == IBV_QPT_UD)
 		cm_ud_param(&e->ev, &id->id, h, e->pdata, e->ev.param.conn.private_data_len);
-		return 0;
+	if (lid->has_ep_attr) {
+		id->ep_attr = lid->ep_attr;
+		id->has_ep_attr = 1;
 	}
+	return 0;
+}
+
+/* An event of a UD id (SIDR): its route and its UD parameters. */
+static void ud_event(struct cm_event *e, struct shca_frame *f, struct cm_id *id)
+{
+	if (e->ev.event == RDMA_CM_EVENT_ESTABLISHED ||
+	    e->ev.event == RDMA_CM_EVENT_ADDR_RESOLVED)
+		route_of(&id->id, f->hdr);
+	conn_param(e, f, f->hdr);
+	cm_ud_param(&e->ev, &id->id, f->hdr, e->pdata, e->ev.param.conn.private_data_len);
+}
+
+/* librdmacm's part of a CONNECT_RESPONSE for an id that owns its QP: the QP to RTR and
+ * RTS, then the RTU; the user sees ESTABLISHED, or CONNECT_ERROR with the failure. */
+static void establish(struct cm_event *e, struct cm_id *id)
+{
+	int rc = cm_move_qp(&id->id, IBV_QPS_RTR);
+
+	if (!rc)
+		rc = cm_move_qp(&id->id, IBV_QPS_RTS);
+	if (!rc)
+		rc = call_id(SHCA_V_CM_ESTABLISH, id);
+	if (rc) {
+		e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
+		e->ev.status = -rc;
+	} else {
+		e->ev.event = RDMA_CM_EVENT_ESTABLISHED;
+	}
+}
+
+/* A CONNECT_RESPONSE (a REP): the peer's QP, the values both sides agree on (the lower
+ * of each), and the id's QP connected if it has one. */
+static void connect_response(struct cm_event *e, struct shca_frame *f, struct cm_id *id)
+{
+	struct mp_val h = f->hdr;
+
+	route_of(&id->id, h);
+	peer_qp_of(id, h);
+	if (u8(h, "depth") < id->rr)
+		id->rr = u8(h, "depth");
+	if (u8(h, "rr") < id->depth)
+		id->depth = u8(h, "rr");
+	id->rnr = u8(h, "rnr");
+	conn_param(e, f, h);
+	e->ev.param.conn.qp_num = id->peer_qpn;
+	if (id->id.qp)
+		establish(e, id);
+}
+
+/* An event of a connected-mode id other than a CONNECT_REQUEST. */
+static void rc_event(struct cm_event *e, struct shca_frame *f, struct cm_id *id)
+{
 	switch (e->ev.event) {
 	case RDMA_CM_EVENT_ADDR_RESOLVED:
-		route_of(&id->id, h);
+		route_of(&id->id, f->hdr);
 		break;
 	case RDMA_CM_EVENT_CONNECT_RESPONSE:
-		route_of(&id->id, h);
-		mp_find_uint(h, "qpn", &x);
-		id->peer_qpn = (uint32_t)x;
-		x = 0;
-		mp_find_uint(h, "psn", &x);
-		id->peer_psn = (uint32_t)x;
-		if (u8(h, "depth") < id->rr)
-			id->rr = u8(h, "depth");
-		if (u8(h, "rr") < id->depth)
-			id->depth = u8(h, "rr");
-		id->rnr = u8(h, "rnr");
-		conn_param(e, f, h);
-		e->ev.param.conn.qp_num = id->peer_qpn;
-		if (id->id.qp) {
-			/* librdmacm's part: the QP to RTR and RTS, then the RTU */
-			int rc = cm_move_qp(&id->id, IBV_QPS_RTR);
-
-			if (!rc)
-				rc = cm_move_qp(&id->id, IBV_QPS_RTS);
-			if (!rc)
-				rc = call_id(SHCA_V_CM_ESTABLISH, id);
-			if (rc) {
-				e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
-				e->ev.status = -rc;
-			} else {
-				e->ev.event = RDMA_CM_EVENT_ESTABLISHED;
-			}
-		}
+		connect_response(e, f, id);
 		break;
 	case RDMA_CM_EVENT_REJECTED:
 		/* the kernel's CM moves the id's QP to ERR on a REJ: its WRs flush */
 		cm_qp_to_err(&id->id);
-		conn_param(e, f, h);
+		conn_param(e, f, f->hdr);
 		break;
 	case RDMA_CM_EVENT_CONNECT_ERROR:
 	case RDMA_CM_EVENT_UNREACHABLE:
-		conn_param(e, f, h);
-		break;
-	case RDMA_CM_EVENT_DISCONNECTED:
-		/* The QP is the program's: it may have destroyed it already (rping does,
-		 * with ibv_destroy_qp); its own rdma_disconnect moves it to ERR. */
+		conn_param(e, f, f->hdr);
 		break;
 	default:
+		/* DISCONNECTED among them: the QP is the program's, which may have destroyed
+		 * it already (rping does, with ibv_destroy_qp); its own rdma_disconnect
+		 * moves it to ERR. */
 		break;
 	}
+}
+
+/* What librdmacm does with an event before its user sees it; 0 to hand it up. */
+static int process(struct cm_event *e, struct shca_frame *f)
+{
+	uint64_t handle = 0, listen = 0;
+	struct cm_id *id, *lid;
+
+	mp_find_uint(f->hdr, "cmid", &handle);
+	mp_find_uint(f->hdr, "listen", &listen);
+	e->ev.status = event_status(f->hdr);
+	e->ev.event = event_kind(f->hdr);
+	pthread_mutex_lock(&g.lock);
+	id = find((uint32_t)handle);
+	lid = listen ? find((uint32_t)listen) : NULL;
+	pthread_mutex_unlock(&g.lock);
+	if (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST)
+		return connect_request(e, f, lid, (uint32_t)handle);
+	if (!id)
+		return -1;          /* destroyed meanwhile */
+	e->ev.id = &id->id;
+	if (id->id.qp_type == IBV_QPT_UD)
+		ud_event(e, f, id);
+	else
+		rc_event(e, f, id);
 	return 0;
 }
 
