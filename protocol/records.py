@@ -27,8 +27,8 @@ from .errors import einval
 from .frames import FrameError
 from .schema import MAX_SGE, U32, U64, check_fields, sge_to_wire, sges_from_wire
 
-__all__ = ["RECV_WR", "SEND_WR", "VENDOR_ERRORS", "VENDOR_ERR_NO_RETURN_LINK", "WC", "RecvWR",
-           "SendWR", "build_configure_wr"]
+__all__ = ["RECV_WR", "SEND_WR", "SEND_WR_UD", "VENDOR_ERRORS", "VENDOR_ERR_NO_RETURN_LINK", "WC", "RecvWR",
+           "SendWR", "WC_FIELDS", "build_configure_wr"]
 
 # softhca's ibv_wc.vendor_err values (a device's own syndromes; 0: nothing more to say),
 # docs/semantics.md section 9. NO_RETURN_LINK: a WR ended in IBV_WC_RETRY_EXC_ERR while
@@ -54,8 +54,14 @@ SEND_WR = {"wr_id": _U64, "opcode": _U32, "sg": _SG, "send_flags": _U32,
            "ah": (int, 0, U32, False), "remote_qpn": (int, 0, (1 << 24) - 1, False),
            "remote_qkey": (int, 0, U32, False),
            "bind": (list, 5, 5, False)}
+# The fields of SEND_WR that a UD QP's WR carries (wr.ud) and no other WR does.
+SEND_WR_UD = ("ah", "remote_qpn", "remote_qkey")
 # One element of post_recv's "wrs".
 RECV_WR = {"wr_id": _U64, "sg": _SG}
+# A WC on the wire (poll_cq's "wcs", a pushed "wc" frame's): a list in this order, since
+# a poll may carry thousands; src_qp, the last, only in a UD receive's.
+WC_FIELDS = ("wr_id", "status", "opcode", "byte_len", "imm_data", "qp_num", "wc_flags",
+             "vendor_err", "invalidated_rkey", "src_qp")
 
 
 # The fast path of from_wire (one WR per post is the latency path): a map holding exactly
@@ -179,7 +185,7 @@ def _send_wr_fast(w: Any) -> SendWR | None:
     """The common send WR (no AH, no bind) taken by exact type and range tests, or None
     for ``SendWR.from_wire``'s checked path, which names any fault (and reads the rest)."""
     if not (type(w) is dict and _SEND_REQUIRED <= w.keys() <= _SEND_ALL) \
-            or "ah" in w or "remote_qpn" in w or "remote_qkey" in w:
+            or not w.keys().isdisjoint(SEND_WR_UD):
         return None
     imm = w.get("imm_data", _ABSENT)
     opcode = _WR_OPCODES.get(w["opcode"]) if type(w["opcode"]) is int else None

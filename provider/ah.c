@@ -36,20 +36,20 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "create_ah", 9);
-	mp_kv_uint(&b, "pd", to_spd(ibpd)->handle);
-	mp_str(&b, "dest_host");
+	shca_begin(ctx->conn, &b, SHCA_V_CREATE_AH, SHCA_NFIELDS_CREATE_AH);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(ibpd)->handle);
+	mp_str(&b, SHCA_K_DEST_HOST);
 	mp_str(&b, host);
-	mp_kv_uint(&b, "dest_port", port);
-	mp_str(&b, "dest_dev");
+	mp_kv_uint(&b, SHCA_K_DEST_PORT, port);
+	mp_str(&b, SHCA_K_DEST_DEV);
 	mp_str(&b, dev);
-	mp_str(&b, "sgid");
+	mp_str(&b, SHCA_K_SGID);
 	mp_bin(&b, sgid.raw, 16);
-	mp_str(&b, "dgid");
+	mp_str(&b, SHCA_K_DGID);
 	mp_bin(&b, attr->grh.dgid.raw, 16);
-	mp_kv_uint(&b, "traffic_class", attr->grh.traffic_class);
-	mp_kv_uint(&b, "hop_limit", attr->grh.hop_limit);
-	mp_kv_uint(&b, "flow_label", attr->grh.flow_label & 0xFFFFF);
+	mp_kv_uint(&b, SHCA_K_TRAFFIC_CLASS, attr->grh.traffic_class);
+	mp_kv_uint(&b, SHCA_K_HOP_LIMIT, attr->grh.hop_limit);
+	mp_kv_uint(&b, SHCA_K_FLOW_LABEL, attr->grh.flow_label & 0xFFFFF);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "ah", &ah->handle);
@@ -69,7 +69,7 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 int shca_destroy_ah(struct ibv_ah *ibah)
 {
 	struct shca_ah *ah = to_sah(ibah);
-	int rc = shca_call_simple(to_sctx(ibah->context), "destroy_ah", "ah", ah->handle);
+	int rc = shca_call_simple(to_sctx(ibah->context), SHCA_V_DESTROY_AH, SHCA_K_AH, ah->handle);
 
 	if (!rc)
 		free(ah);

@@ -149,38 +149,6 @@ int shca_send_oneway(struct shca_conn *c, struct mp_buf *b)
 
 /* -- pushed completions ---------------------------------------------------------- */
 
-static void wc_from_wire(struct mp_val w, struct ibv_wc *wc)
-{
-	uint64_t f[10] = {0};
-	int has_imm = 0;
-	struct mp_val e;
-	uint32_t n, i;
-
-	memset(wc, 0, sizeof(*wc));
-	if (!mp_get_arr(w, &n, &e))
-		return;
-	for (i = 0; i < n && i < 10; i++) {
-		if (mp_get_uint(e, &f[i]) && i == 4)
-			has_imm = 1;
-		if (!mp_next(&e))
-			break;
-	}
-	wc->wr_id = f[0];
-	wc->status = (enum ibv_wc_status)f[1];
-	wc->opcode = (enum ibv_wc_opcode)f[2];
-	wc->byte_len = (uint32_t)f[3];
-	wc->qp_num = (uint32_t)f[5];
-	wc->wc_flags = (unsigned int)f[6];
-	wc->vendor_err = (uint32_t)f[7];
-	/* A UD receive's source QP (the tenth field; slid, sl, pkey_index are 0). */
-	wc->src_qp = (uint32_t)f[9];
-	/* imm_data is the C field's big-endian bits; the wire carries its value. */
-	if (wc->wc_flags & IBV_WC_WITH_INV)
-		wc->invalidated_rkey = (uint32_t)f[8];
-	else if (has_imm)
-		wc->imm_data = htonl((uint32_t)f[4]);
-}
-
 static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 {
 	uint64_t handle;
@@ -199,7 +167,7 @@ static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 			/* The daemon pushes at most cqe entries the program has not polled
 			 * (cq_credit returns the room), so the ring never overflows. */
 			if (cq->count < cq->cap) {
-				wc_from_wire(w, &cq->ring[(cq->head + cq->count) % cq->cap]);
+				shca_wire_wc(w, &cq->ring[(cq->head + cq->count) % cq->cap]);
 				cq->count++;
 			}
 			if (!mp_next(&w))
@@ -231,13 +199,9 @@ int shca_async_arm(struct shca_conn *c)
 	struct mp_buf b;
 
 	c->async_id = own_id(c);
-	mp_init(&b);
-	mp_map(&b, 4);
-	mp_str(&b, "t");
-	mp_str(&b, "get_async_event");
-	mp_kv_uint(&b, "id", c->async_id);
-	mp_kv_uint(&b, "ctx", c->ctx->handle);
-	mp_kv_uint(&b, "timeout", ASYNC_WAIT_S);
+	shca_wire_begin(&b, SHCA_V_GET_ASYNC_EVENT, c->async_id, SHCA_NREQ_GET_ASYNC_EVENT);
+	mp_kv_uint(&b, SHCA_K_CTX, c->ctx->handle);
+	mp_kv_uint(&b, SHCA_K_TIMEOUT, ASYNC_WAIT_S);
 	return shca_send_oneway(c, &b);
 }
 
@@ -263,12 +227,8 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 	if (!mp_find(hdr, "event", &ev) || mp_kind(ev) != MP_MAP ||
 	    !mp_find_uint(ev, "event", &id) || !mp_find_uint(ev, "event_type", &type))
 		return;
-	mp_init(&b);
-	mp_map(&b, 3);
-	mp_str(&b, "t");
-	mp_str(&b, "ack_async_event");
-	mp_kv_uint(&b, "id", own_id(c));
-	mp_kv_uint(&b, "event", id);
+	shca_wire_begin(&b, SHCA_V_ACK_ASYNC_EVENT, own_id(c), SHCA_NREQ_ACK_ASYNC_EVENT);
+	mp_kv_uint(&b, SHCA_K_EVENT, id);
 	shca_send_oneway(c, &b);
 	d.event_type = (uint32_t)type;
 	pthread_mutex_lock(&c->core.lock);

@@ -5,29 +5,14 @@
 #include <string.h>
 
 #include "core.h"
+#include "wire_enc.h"
 
-/* Every name of protocol/errors.py's ERRNO_NAMES, and those the provider has been
- * answered with before (ENOSPC, ERANGE, ENOTCONN, ENODATA): one table for both
- * libraries. */
-static const struct { const char *name; int err; } errnos[] = {
-	{"EPERM", EPERM}, {"ENOENT", ENOENT}, {"EIO", EIO}, {"EAGAIN", EAGAIN},
-	{"ENOMEM", ENOMEM}, {"EACCES", EACCES}, {"EFAULT", EFAULT}, {"EBUSY", EBUSY},
-	{"EEXIST", EEXIST}, {"EINVAL", EINVAL}, {"ENOSPC", ENOSPC}, {"ERANGE", ERANGE},
-	{"EPROTO", EPROTO}, {"EMSGSIZE", EMSGSIZE}, {"EOPNOTSUPP", EOPNOTSUPP},
-	{"ETIMEDOUT", ETIMEDOUT}, {"ECONNREFUSED", ECONNREFUSED}, {"ENOTCONN", ENOTCONN},
-	{"ECONNRESET", ECONNRESET}, {"ENODATA", ENODATA}, {"EHOSTUNREACH", EHOSTUNREACH},
-	{"ENETUNREACH", ENETUNREACH}, {"E2BIG", E2BIG}, {"EADDRINUSE", EADDRINUSE},
-	{"EADDRNOTAVAIL", EADDRNOTAVAIL},
-};
-
+/* An err reply's errno name as its number: wire.h's table, generated from
+ * protocol/errors.py's ERRNO_NAMES (every name the daemon may send), one for both
+ * libraries; EIO for another. */
 int shca_errno(const char *name, uint32_t n)
 {
-	size_t i;
-
-	for (i = 0; i < sizeof(errnos) / sizeof(errnos[0]); i++)
-		if (strlen(errnos[i].name) == n && !memcmp(errnos[i].name, name, n))
-			return errnos[i].err;
-	return EIO;
+	return shca_errno_of(name, n);
 }
 
 int shca_reply_errno(const struct shca_frame *r)
@@ -67,15 +52,11 @@ void shca_core_begin(struct shca_core *c, struct mp_buf *b, const char *verb,
 		     uint32_t nfields)
 {
 	pthread_mutex_lock(&c->call_lock);
-	mp_init(b);
-	mp_map(b, nfields + 2);
-	mp_str(b, "t");
-	mp_str(b, verb);
 	c->want_id = c->next_id++;
 	/* 0 is no request's; the ids from id_limit up are the owner's own */
 	if (!c->next_id || (c->id_limit && c->next_id >= c->id_limit))
 		c->next_id = 1;
-	mp_kv_uint(b, "id", c->want_id);
+	shca_wire_begin(b, verb, c->want_id, nfields);
 }
 
 int shca_core_send(struct shca_core *c, const struct mp_buf *b, const void *payload,

@@ -361,9 +361,10 @@ static int cancel_posted_send_wrs(struct mlx5dv_qp_ex *m, uint64_t wr_id)
 	uint32_t n = 0;
 	int rc;
 
-	shca_begin(ctx->conn, &b, "cancel_posted_send_wrs", 2);
-	mp_kv_uint(&b, "qp", qp->handle);
-	mp_kv_uint(&b, "wr_id", wr_id);
+	shca_begin(ctx->conn, &b, SHCA_V_CANCEL_POSTED_SEND_WRS,
+		   SHCA_NREQ_CANCEL_POSTED_SEND_WRS);
+	mp_kv_uint(&b, SHCA_K_QP, qp->handle);
+	mp_kv_uint(&b, SHCA_K_WR_ID, wr_id);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return -rc;

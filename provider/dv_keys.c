@@ -32,10 +32,10 @@ struct mlx5dv_mkey *shca_dv_create_mkey(struct mlx5dv_mkey_init_attr *attr)
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "create_mkey", 3);
-	mp_kv_uint(&b, "pd", to_spd(attr->pd)->handle);
-	mp_kv_uint(&b, "create_flags", attr->create_flags);
-	mp_kv_uint(&b, "max_entries", attr->max_entries);
+	shca_begin(ctx->conn, &b, SHCA_V_CREATE_MKEY, SHCA_NREQ_CREATE_MKEY);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(attr->pd)->handle);
+	mp_kv_uint(&b, SHCA_K_CREATE_FLAGS, attr->create_flags);
+	mp_kv_uint(&b, SHCA_K_MAX_ENTRIES, attr->max_entries);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "mkey", &mk->handle);
@@ -57,7 +57,7 @@ struct mlx5dv_mkey *shca_dv_create_mkey(struct mlx5dv_mkey_init_attr *attr)
 int shca_dv_destroy_mkey(struct mlx5dv_mkey *mkey)
 {
 	struct shca_mkey *mk = shca_to_mkey(mkey);
-	int rc = shca_call_simple(mk->ctx, "destroy_mkey", "mkey", mk->handle);
+	int rc = shca_call_simple(mk->ctx, SHCA_V_DESTROY_MKEY, SHCA_K_MKEY, mk->handle);
 
 	if (!rc)
 		free(mk);
@@ -76,8 +76,8 @@ int shca_dv_mkey_check(struct mlx5dv_mkey *mkey, struct mlx5dv_mkey_err *err_inf
 
 	if (!err_info || err_info_size < offsetof(struct mlx5dv_mkey_err, err))
 		return EINVAL;
-	shca_begin(mk->ctx->conn, &b, "mkey_check", 1);
-	mp_kv_uint(&b, "mkey", mk->handle);
+	shca_begin(mk->ctx->conn, &b, SHCA_V_MKEY_CHECK, SHCA_NREQ_MKEY_CHECK);
+	mp_kv_uint(&b, SHCA_K_MKEY, mk->handle);
 	rc = shca_call(mk->ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
@@ -107,8 +107,8 @@ static int query_caps(struct shca_context *ctx, struct mlx5dv_sig_caps *sig,
 	uint64_t v;
 	int rc;
 
-	shca_begin(ctx->conn, &b, "query_mlx5_device", 1);
-	mp_kv_uint(&b, "ctx", ctx->handle);
+	shca_begin(ctx->conn, &b, SHCA_V_QUERY_MLX5_DEVICE, SHCA_NREQ_QUERY_MLX5_DEVICE);
+	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
@@ -164,6 +164,9 @@ int shca_dv_query_device(struct ibv_context *context, struct mlx5dv_context *att
 
 /* -- crypto login and DEKs ------------------------------------------------------------ */
 
+_Static_assert(SHCA_NFIELDS_CRYPTO_LOGIN == SHCA_NFIELDS_CREATE_CRYPTO_LOGIN,
+	       "crypto_login and create_crypto_login take the same fields (login_request)");
+
 static int login_request(struct shca_context *ctx, const char *verb, const void *cred,
 			 size_t cred_len, uint32_t kek, uint32_t cred_id, uint64_t comp_mask,
 			 struct shca_frame *r)
@@ -172,13 +175,14 @@ static int login_request(struct shca_context *ctx, const char *verb, const void 
 
 	if (cred_len > 4096)
 		return EINVAL;
-	shca_begin(ctx->conn, &b, verb, 5);
-	mp_kv_uint(&b, "ctx", ctx->handle);
-	mp_str(&b, "credential");
+	/* every field of crypto_login and create_crypto_login, which take the same */
+	shca_begin(ctx->conn, &b, verb, SHCA_NFIELDS_CRYPTO_LOGIN);
+	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
+	mp_str(&b, SHCA_K_CREDENTIAL);
 	mp_bin(&b, cred, (uint32_t)cred_len);
-	mp_kv_uint(&b, "import_kek_id", kek);
-	mp_kv_uint(&b, "credential_id", cred_id);
-	mp_kv_uint(&b, "comp_mask", comp_mask);
+	mp_kv_uint(&b, SHCA_K_IMPORT_KEK_ID, kek);
+	mp_kv_uint(&b, SHCA_K_CREDENTIAL_ID, cred_id);
+	mp_kv_uint(&b, SHCA_K_COMP_MASK, comp_mask);
 	return shca_call(ctx->conn, &b, NULL, 0, r);
 }
 
@@ -189,13 +193,16 @@ int shca_dv_crypto_login(struct ibv_context *context, struct mlx5dv_crypto_login
 
 	if (!a)
 		return EINVAL;
-	rc = login_request(to_sctx(context), "crypto_login", a->credential,
+	rc = login_request(to_sctx(context), SHCA_V_CRYPTO_LOGIN, a->credential,
 			   sizeof(a->credential), a->import_kek_id, a->credential_id,
 			   a->comp_mask, &r);
 	if (!rc)
 		shca_frame_free(&r);
 	return rc;
 }
+
+_Static_assert(SHCA_NREQ_CRYPTO_LOGIN_QUERY == SHCA_NREQ_CRYPTO_LOGIN_QUERY_STATE,
+	       "both login state queries take one handle (login_state)");
 
 static int login_state(struct shca_context *ctx, const char *verb, const char *key,
 		       uint32_t handle, enum mlx5dv_crypto_login_state *state)
@@ -205,7 +212,7 @@ static int login_state(struct shca_context *ctx, const char *verb, const char *k
 	uint32_t v;
 	int rc;
 
-	shca_begin(ctx->conn, &b, verb, 1);
+	shca_begin(ctx->conn, &b, verb, SHCA_NREQ_CRYPTO_LOGIN_QUERY);
 	mp_kv_uint(&b, key, handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
@@ -224,14 +231,14 @@ int shca_dv_crypto_login_query_state(struct ibv_context *context,
 
 	if (!state)
 		return EINVAL;
-	return login_state(ctx, "crypto_login_query_state", "ctx", ctx->handle, state);
+	return login_state(ctx, SHCA_V_CRYPTO_LOGIN_QUERY_STATE, SHCA_K_CTX, ctx->handle, state);
 }
 
 int shca_dv_crypto_logout(struct ibv_context *context)
 {
 	struct shca_context *ctx = to_sctx(context);
 
-	return shca_call_simple(ctx, "crypto_logout", "ctx", ctx->handle);
+	return shca_call_simple(ctx, SHCA_V_CRYPTO_LOGOUT, SHCA_K_CTX, ctx->handle);
 }
 
 struct mlx5dv_crypto_login_obj *shca_dv_crypto_login_create(
@@ -251,7 +258,7 @@ struct mlx5dv_crypto_login_obj *shca_dv_crypto_login_create(
 		errno = ENOMEM;
 		return NULL;
 	}
-	rc = login_request(ctx, "create_crypto_login", a->credential, a->credential_len,
+	rc = login_request(ctx, SHCA_V_CREATE_CRYPTO_LOGIN, a->credential, a->credential_len,
 			   a->import_kek_id, a->credential_id, a->comp_mask, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "login", &o->handle);
@@ -272,7 +279,7 @@ int shca_dv_crypto_login_query(struct mlx5dv_crypto_login_obj *o,
 	if (!o || !q)
 		return EINVAL;
 	q->comp_mask = 0;
-	return login_state(o->ctx, "crypto_login_query", "login", o->handle, &q->state);
+	return login_state(o->ctx, SHCA_V_CRYPTO_LOGIN_QUERY, SHCA_K_LOGIN, o->handle, &q->state);
 }
 
 int shca_dv_crypto_login_destroy(struct mlx5dv_crypto_login_obj *o)
@@ -281,7 +288,7 @@ int shca_dv_crypto_login_destroy(struct mlx5dv_crypto_login_obj *o)
 
 	if (!o)
 		return EINVAL;
-	rc = shca_call_simple(o->ctx, "destroy_crypto_login", "login", o->handle);
+	rc = shca_call_simple(o->ctx, SHCA_V_DESTROY_CRYPTO_LOGIN, SHCA_K_LOGIN, o->handle);
 	if (!rc)
 		free(o);
 	return rc;
@@ -320,21 +327,21 @@ struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "create_dek", 10);
-	mp_kv_uint(&b, "ctx", ctx->handle);
-	mp_kv_uint(&b, "pd", to_spd(a->pd)->handle);
-	mp_kv_uint(&b, "key_size", a->key_size);
-	mp_str(&b, "key");
+	shca_begin(ctx->conn, &b, SHCA_V_CREATE_DEK, SHCA_NFIELDS_CREATE_DEK);
+	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(a->pd)->handle);
+	mp_kv_uint(&b, SHCA_K_KEY_SIZE, a->key_size);
+	mp_str(&b, SHCA_K_KEY);
 	mp_bin(&b, a->key, (uint32_t)len);
-	mp_str(&b, "has_keytag");
+	mp_str(&b, SHCA_K_HAS_KEYTAG);
 	mp_bool(&b, a->has_keytag);
-	mp_str(&b, "keytag");
+	mp_str(&b, SHCA_K_KEYTAG);
 	mp_bin(&b, "", 0);
-	mp_kv_uint(&b, "key_purpose", a->key_purpose);
-	mp_str(&b, "opaque");
+	mp_kv_uint(&b, SHCA_K_KEY_PURPOSE, a->key_purpose);
+	mp_str(&b, SHCA_K_OPAQUE);
 	mp_bin(&b, a->opaque, sizeof(a->opaque));
-	mp_kv_uint(&b, "comp_mask", a->comp_mask);
-	mp_kv_uint(&b, "crypto_login",
+	mp_kv_uint(&b, SHCA_K_COMP_MASK, a->comp_mask);
+	mp_kv_uint(&b, SHCA_K_CRYPTO_LOGIN,
 		   (a->comp_mask & MLX5DV_DEK_INIT_ATTR_CRYPTO_LOGIN) && a->crypto_login ?
 		   a->crypto_login->handle : 0);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
@@ -362,8 +369,8 @@ int shca_dv_dek_query(struct mlx5dv_dek *dek, struct mlx5dv_dek_attr *attr)
 
 	if (!dek || !attr)
 		return EINVAL;
-	shca_begin(dek->ctx->conn, &b, "query_dek", 1);
-	mp_kv_uint(&b, "dek", dek->handle);
+	shca_begin(dek->ctx->conn, &b, SHCA_V_QUERY_DEK, SHCA_NREQ_QUERY_DEK);
+	mp_kv_uint(&b, SHCA_K_DEK, dek->handle);
 	rc = shca_call(dek->ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
@@ -386,7 +393,7 @@ int shca_dv_dek_destroy(struct mlx5dv_dek *dek)
 
 	if (!dek)
 		return EINVAL;
-	rc = shca_call_simple(dek->ctx, "destroy_dek", "dek", dek->handle);
+	rc = shca_call_simple(dek->ctx, SHCA_V_DESTROY_DEK, SHCA_K_DEK, dek->handle);
 	if (!rc)
 		free(dek);
 	return rc;

@@ -107,7 +107,7 @@ void shca_hello_begin(struct mp_buf *b, const char *role, uint32_t extra)
 	mp_init(b);
 	mp_map(b, 3 + extra);
 	mp_str(b, "t");
-	mp_str(b, "hello");
+	mp_str(b, SHCA_T_HELLO);
 	mp_kv_uint(b, "version", SHCA_PROTOCOL_VERSION);
 	mp_str(b, "role");
 	mp_str(b, role);

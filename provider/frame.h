@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "mp.h"
+#include "wire.h"
 
 /* One frame read: buf (malloc'ed) holds the header and the payload, len bytes. */
 struct shca_frame {
@@ -28,8 +29,6 @@ void shca_frame_free(struct shca_frame *f);
 /* The header b and plen payload bytes as one frame: 0, ENOMEM if b ran out of memory
  * while it was built, or EIO. Not locked: a caller with several writers locks. */
 int shca_frame_write(int fd, const struct mp_buf *b, const void *payload, size_t plen);
-/* The protocol version a HELLO names (docs/protocol.md). */
-#define SHCA_PROTOCOL_VERSION 1
 /* A HELLO's map opened with its common fields (t, version, role) and room for
  * ``extra`` more entries, which the caller adds. */
 void shca_hello_begin(struct mp_buf *b, const char *role, uint32_t extra);

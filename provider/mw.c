@@ -26,9 +26,9 @@ struct ibv_mw *shca_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "alloc_mw", 2);
-	mp_kv_uint(&b, "pd", pd->handle);
-	mp_kv_uint(&b, "type", (uint32_t)type);
+	shca_begin(ctx->conn, &b, SHCA_V_ALLOC_MW, SHCA_NREQ_ALLOC_MW);
+	mp_kv_uint(&b, SHCA_K_PD, pd->handle);
+	mp_kv_uint(&b, SHCA_K_TYPE, (uint32_t)type);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "mw", &mw->handle);
@@ -51,7 +51,7 @@ struct ibv_mw *shca_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
 int shca_dealloc_mw(struct ibv_mw *ibmw)
 {
 	struct shca_mw *mw = to_smw(ibmw);
-	int rc = shca_call_simple(to_sctx(ibmw->context), "dealloc_mw", "mw", mw->handle);
+	int rc = shca_call_simple(to_sctx(ibmw->context), SHCA_V_DEALLOC_MW, SHCA_K_MW, mw->handle);
 
 	if (!rc)
 		free(mw);
@@ -100,12 +100,12 @@ int shca_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr
 		shca_log("ibv_rereg_mr: EOPNOTSUPP: IBV_REREG_MR_CHANGE_TRANSLATION");
 		return EOPNOTSUPP;
 	}
-	shca_begin(ctx->conn, &b, "rereg_mr", 4);
-	mp_kv_uint(&b, "mr", mr->handle);
-	mp_kv_uint(&b, "flags", (uint32_t)flags);
-	mp_kv_uint(&b, "pd", (flags & IBV_REREG_MR_CHANGE_PD) && pd ?
+	shca_begin(ctx->conn, &b, SHCA_V_REREG_MR, SHCA_NREQ_REREG_MR + 2 /* pd, access */);
+	mp_kv_uint(&b, SHCA_K_MR, mr->handle);
+	mp_kv_uint(&b, SHCA_K_FLAGS, (uint32_t)flags);
+	mp_kv_uint(&b, SHCA_K_PD, (flags & IBV_REREG_MR_CHANGE_PD) && pd ?
 		   to_spd(pd)->handle : 0);
-	mp_kv_uint(&b, "access", (uint32_t)access);
+	mp_kv_uint(&b, SHCA_K_ACCESS, (uint32_t)access);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
 		shca_frame_free(&r);
@@ -132,9 +132,9 @@ int shca_resize_cq(struct ibv_cq *ibcq, int cqe)
 		return ENOMEM;
 	/* The daemon refuses fewer entries than it has pushed and this process has not
 	 * polled; from its reply on it pushes at most cqe, so the ring's entries fit. */
-	shca_begin(ctx->conn, &b, "resize_cq", 2);
-	mp_kv_uint(&b, "cq", cq->handle);
-	mp_kv_uint(&b, "cqe", (uint32_t)cqe);
+	shca_begin(ctx->conn, &b, SHCA_V_RESIZE_CQ, SHCA_NREQ_RESIZE_CQ);
+	mp_kv_uint(&b, SHCA_K_CQ, cq->handle);
+	mp_kv_uint(&b, SHCA_K_CQE, (uint32_t)cqe);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc) {
 		shca_free(ring);

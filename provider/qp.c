@@ -59,27 +59,28 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "create_qp", attr->srq ? 13 : 12);
+	/* every field; srq only when the QP takes its receives from one */
+	shca_begin(ctx->conn, &b, SHCA_V_CREATE_QP, SHCA_NFIELDS_CREATE_QP - !attr->srq);
 	if (attr->srq)
-		mp_kv_uint(&b, "srq", to_ssrq(attr->srq)->handle);
-	mp_kv_uint(&b, "pd", to_spd(ibpd)->handle);
-	mp_kv_uint(&b, "scq", to_scq(attr->send_cq)->handle);
-	mp_kv_uint(&b, "rcq", to_scq(attr->recv_cq)->handle);
-	mp_kv_uint(&b, "qp_type", attr->qp_type);
-	mp_kv_uint(&b, "max_send_wr", attr->cap.max_send_wr ? attr->cap.max_send_wr : 1);
-	mp_kv_uint(&b, "max_recv_wr", attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1);
-	mp_kv_uint(&b, "max_send_sge", attr->cap.max_send_sge);
-	mp_kv_uint(&b, "max_recv_sge", attr->cap.max_recv_sge);
-	mp_kv_uint(&b, "max_inline_data", inl);
-	mp_str(&b, "sq_sig_all");
+		mp_kv_uint(&b, SHCA_K_SRQ, to_ssrq(attr->srq)->handle);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(ibpd)->handle);
+	mp_kv_uint(&b, SHCA_K_SCQ, to_scq(attr->send_cq)->handle);
+	mp_kv_uint(&b, SHCA_K_RCQ, to_scq(attr->recv_cq)->handle);
+	mp_kv_uint(&b, SHCA_K_QP_TYPE, attr->qp_type);
+	mp_kv_uint(&b, SHCA_K_MAX_SEND_WR, attr->cap.max_send_wr ? attr->cap.max_send_wr : 1);
+	mp_kv_uint(&b, SHCA_K_MAX_RECV_WR, attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1);
+	mp_kv_uint(&b, SHCA_K_MAX_SEND_SGE, attr->cap.max_send_sge);
+	mp_kv_uint(&b, SHCA_K_MAX_RECV_SGE, attr->cap.max_recv_sge);
+	mp_kv_uint(&b, SHCA_K_MAX_INLINE_DATA, inl);
+	mp_str(&b, SHCA_K_SQ_SIG_ALL);
 	mp_bool(&b, attr->sq_sig_all != 0);
 	/* The daemon's QP takes configure WRs (what each MKEY builder posts) when any MKEY
 	 * builder is allowed; which one the application may call the builders check. */
-	mp_kv_uint(&b, "send_ops_flags",
+	mp_kv_uint(&b, SHCA_K_SEND_OPS_FLAGS,
 		   dv_send_ops & (MLX5DV_QP_EX_WITH_MKEY_CONFIGURE | MLX5DV_QP_EX_WITH_MR_LIST |
 				  MLX5DV_QP_EX_WITH_MR_INTERLEAVED) ?
 		   MLX5DV_QP_EX_WITH_MKEY_CONFIGURE : 0);
-	mp_kv_uint(&b, "create_flags", create_flags);
+	mp_kv_uint(&b, SHCA_K_CREATE_FLAGS, create_flags);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "qp", &qp->handle);
@@ -237,7 +238,7 @@ int shca_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct shca_context *ctx = to_sctx(ibqp->context);
 	struct shca_qp *qp = to_sqp(ibqp);
-	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_qp", "qp", &ctx->qps, qp);
+	int rc = SHCA_DESTROY_LISTED(ctx, SHCA_V_DESTROY_QP, SHCA_K_QP, &ctx->qps, qp);
 
 	if (rc)
 		return rc;
@@ -296,20 +297,20 @@ struct qp_field {
 #define F(bit, name, member) {bit, name, offsetof(struct ibv_qp_attr, member), \
 			      sizeof(((struct ibv_qp_attr *)0)->member)}
 static const struct qp_field qp_fields[] = {
-	F(IBV_QP_STATE, "qp_state", qp_state),
-	F(IBV_QP_EN_SQD_ASYNC_NOTIFY, "en_sqd_async_notify", en_sqd_async_notify),
-	F(IBV_QP_ACCESS_FLAGS, "qp_access_flags", qp_access_flags),
-	F(IBV_QP_PATH_MTU, "path_mtu", path_mtu),
-	F(IBV_QP_TIMEOUT, "timeout", timeout),
-	F(IBV_QP_RETRY_CNT, "retry_cnt", retry_cnt),
-	F(IBV_QP_RNR_RETRY, "rnr_retry", rnr_retry),
-	F(IBV_QP_RQ_PSN, "rq_psn", rq_psn),
-	F(IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic", max_rd_atomic),
-	F(IBV_QP_MIN_RNR_TIMER, "min_rnr_timer", min_rnr_timer),
-	F(IBV_QP_SQ_PSN, "sq_psn", sq_psn),
-	F(IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic", max_dest_rd_atomic),
-	F(IBV_QP_DEST_QPN, "dest_qp_num", dest_qp_num),
-	F(IBV_QP_QKEY, "qkey", qkey),
+	F(IBV_QP_STATE, SHCA_K_QP_STATE, qp_state),
+	F(IBV_QP_EN_SQD_ASYNC_NOTIFY, SHCA_K_EN_SQD_ASYNC_NOTIFY, en_sqd_async_notify),
+	F(IBV_QP_ACCESS_FLAGS, SHCA_K_QP_ACCESS_FLAGS, qp_access_flags),
+	F(IBV_QP_PATH_MTU, SHCA_K_PATH_MTU, path_mtu),
+	F(IBV_QP_TIMEOUT, SHCA_K_TIMEOUT, timeout),
+	F(IBV_QP_RETRY_CNT, SHCA_K_RETRY_CNT, retry_cnt),
+	F(IBV_QP_RNR_RETRY, SHCA_K_RNR_RETRY, rnr_retry),
+	F(IBV_QP_RQ_PSN, SHCA_K_RQ_PSN, rq_psn),
+	F(IBV_QP_MAX_QP_RD_ATOMIC, SHCA_K_MAX_RD_ATOMIC, max_rd_atomic),
+	F(IBV_QP_MIN_RNR_TIMER, SHCA_K_MIN_RNR_TIMER, min_rnr_timer),
+	F(IBV_QP_SQ_PSN, SHCA_K_SQ_PSN, sq_psn),
+	F(IBV_QP_MAX_DEST_RD_ATOMIC, SHCA_K_MAX_DEST_RD_ATOMIC, max_dest_rd_atomic),
+	F(IBV_QP_DEST_QPN, SHCA_K_DEST_QP_NUM, dest_qp_num),
+	F(IBV_QP_QKEY, SHCA_K_QKEY, qkey),
 };
 #undef F
 
@@ -365,19 +366,19 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	for (i = 0; i < sizeof(qp_fields) / sizeof(qp_fields[0]); i++)
 		if (mask & qp_fields[i].bit)
 			n++;
-	shca_begin(ctx->conn, &b, "modify_qp", 3);
-	mp_kv_uint(&b, "qp", qp->handle);
-	mp_kv_uint(&b, "mask", (uint32_t)(mask & ~local));
-	mp_str(&b, "attr");
+	shca_begin(ctx->conn, &b, SHCA_V_MODIFY_QP, SHCA_NREQ_MODIFY_QP);
+	mp_kv_uint(&b, SHCA_K_QP, qp->handle);
+	mp_kv_uint(&b, SHCA_K_MASK, (uint32_t)(mask & ~local));
+	mp_str(&b, SHCA_K_ATTR);
 	mp_map(&b, n);
 	for (i = 0; i < sizeof(qp_fields) / sizeof(qp_fields[0]); i++)
 		if (mask & qp_fields[i].bit)
 			mp_kv_uint(&b, qp_fields[i].name, field_value(attr, &qp_fields[i]));
 	if (mask & IBV_QP_AV) {
-		mp_str(&b, "dest_host");
+		mp_str(&b, SHCA_K_DEST_HOST);
 		mp_str(&b, host);
-		mp_kv_uint(&b, "dest_port", port);
-		mp_str(&b, "dest_dev");
+		mp_kv_uint(&b, SHCA_K_DEST_PORT, port);
+		mp_str(&b, SHCA_K_DEST_DEV);
 		mp_str(&b, dev);
 	}
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
@@ -405,8 +406,8 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		shca_log("ibv_query_qp: EINVAL: no %s", !attr ? "attr" : "init_attr");
 		return EINVAL;
 	}
-	shca_begin(ctx->conn, &b, "query_qp", 1);
-	mp_kv_uint(&b, "qp", qp->handle);
+	shca_begin(ctx->conn, &b, SHCA_V_QUERY_QP, SHCA_NREQ_QUERY_QP);
+	mp_kv_uint(&b, SHCA_K_QP, qp->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
@@ -453,8 +454,8 @@ static struct ibv_send_wr *send_nth(struct ibv_send_wr *wr, uint32_t i)
 }
 
 /* ibv_post_send(3): on failure *bad is the first WR not posted and every WR before it
- * is posted. The chain goes as requests of up to SHCA_MAX_WRS_PER_POST WRs; the daemon takes
- * a request's WRs in order up to the first it refuses and says which (its index), and
+ * is posted. The chain goes as requests of up to SHCA_MAX_WRS_PER_POST WRs; the daemon
+ * takes a request's WRs in order up to the first it refuses and says which (its index), and
  * a WR the provider refuses itself ends the request before it: the WRs ahead of it
  * still go, and *bad is it. Nothing after a refused WR is sent. */
 int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
@@ -504,7 +505,7 @@ int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 {
 	struct shca_qp *qp = to_sqp(ibqp);
 
-	return shca_post_recv_wrs(to_sctx(ibqp->context), "post_recv", "qp", qp->handle,
+	return shca_post_recv_wrs(to_sctx(ibqp->context), SHCA_V_POST_RECV, SHCA_K_QP, qp->handle,
 				  qp->max_recv_sge, "QP's max_recv_sge", wr, bad);
 }
 

@@ -21,6 +21,7 @@
 #include "frame.h"
 #include "mp.h"
 #include "palloc.h"
+#include "wire_enc.h"
 
 #define SHCA_MAX_DEVICES 16
 #define SHCA_NAME_MAX 64

@@ -9,8 +9,6 @@
 #include "softhca.h"
 #include "wr.h"
 
-/* As qp.c: WRs per post_srq_recv request, SGEs per WR (the daemon's bounds). */
-
 struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
 	struct shca_context *ctx = to_sctx(pd->context);
@@ -35,11 +33,11 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "create_srq", 4);
-	mp_kv_uint(&b, "pd", to_spd(pd)->handle);
-	mp_kv_uint(&b, "max_wr", attr->attr.max_wr);
-	mp_kv_uint(&b, "max_sge", attr->attr.max_sge);
-	mp_kv_uint(&b, "srq_limit", attr->attr.srq_limit);
+	shca_begin(ctx->conn, &b, SHCA_V_CREATE_SRQ, SHCA_NFIELDS_CREATE_SRQ);
+	mp_kv_uint(&b, SHCA_K_PD, to_spd(pd)->handle);
+	mp_kv_uint(&b, SHCA_K_MAX_WR, attr->attr.max_wr);
+	mp_kv_uint(&b, SHCA_K_MAX_SGE, attr->attr.max_sge);
+	mp_kv_uint(&b, SHCA_K_SRQ_LIMIT, attr->attr.srq_limit);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "srq", &srq->handle);
@@ -73,11 +71,11 @@ int shca_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
 
 	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) || !attr)
 		return EINVAL;
-	shca_begin(ctx->conn, &b, "modify_srq", 4);
-	mp_kv_uint(&b, "srq", to_ssrq(ibsrq)->handle);
-	mp_kv_uint(&b, "mask", (uint32_t)mask);
-	mp_kv_uint(&b, "max_wr", mask & IBV_SRQ_MAX_WR ? attr->max_wr : 0);
-	mp_kv_uint(&b, "srq_limit", mask & IBV_SRQ_LIMIT ? attr->srq_limit : 0);
+	shca_begin(ctx->conn, &b, SHCA_V_MODIFY_SRQ, SHCA_NFIELDS_MODIFY_SRQ);
+	mp_kv_uint(&b, SHCA_K_SRQ, to_ssrq(ibsrq)->handle);
+	mp_kv_uint(&b, SHCA_K_MASK, (uint32_t)mask);
+	mp_kv_uint(&b, SHCA_K_MAX_WR, mask & IBV_SRQ_MAX_WR ? attr->max_wr : 0);
+	mp_kv_uint(&b, SHCA_K_SRQ_LIMIT, mask & IBV_SRQ_LIMIT ? attr->srq_limit : 0);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc)
 		shca_frame_free(&r);
@@ -95,8 +93,8 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 
 	if (!attr)
 		return EINVAL;
-	shca_begin(ctx->conn, &b, "query_srq", 1);
-	mp_kv_uint(&b, "srq", to_ssrq(ibsrq)->handle);
+	shca_begin(ctx->conn, &b, SHCA_V_QUERY_SRQ, SHCA_NREQ_QUERY_SRQ);
+	mp_kv_uint(&b, SHCA_K_SRQ, to_ssrq(ibsrq)->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
@@ -119,7 +117,7 @@ int shca_destroy_srq(struct ibv_srq *ibsrq)
 {
 	struct shca_context *ctx = to_sctx(ibsrq->context);
 	struct shca_srq *srq = to_ssrq(ibsrq);
-	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_srq", "srq", &ctx->srqs, srq);
+	int rc = SHCA_DESTROY_LISTED(ctx, SHCA_V_DESTROY_SRQ, SHCA_K_SRQ, &ctx->srqs, srq);
 
 	if (rc)
 		return rc;
@@ -132,6 +130,6 @@ int shca_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 {
 	struct shca_srq *srq = to_ssrq(ibsrq);
 
-	return shca_post_recv_wrs(to_sctx(ibsrq->context), "post_srq_recv", "srq",
+	return shca_post_recv_wrs(to_sctx(ibsrq->context), SHCA_V_POST_SRQ_RECV, SHCA_K_SRQ,
 				  srq->handle, srq->max_sge, "SRQ's max_sge", wr, bad);
 }

@@ -152,8 +152,8 @@ static int open_device(struct shca_context *ctx, const char *name)
 	struct mp_val a;
 	int rc;
 
-	shca_begin(ctx->conn, &b, "open_device", 1);
-	mp_str(&b, "name");
+	shca_begin(ctx->conn, &b, SHCA_V_OPEN_DEVICE, SHCA_NREQ_OPEN_DEVICE);
+	mp_str(&b, SHCA_K_NAME);
 	mp_str(&b, name);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
@@ -162,8 +162,8 @@ static int open_device(struct shca_context *ctx, const char *name)
 	shca_frame_free(&r);
 	if (rc)
 		return rc;
-	shca_begin(ctx->conn, &b, "query_device", 1);
-	mp_kv_uint(&b, "ctx", ctx->handle);
+	shca_begin(ctx->conn, &b, SHCA_V_QUERY_DEVICE, SHCA_NREQ_QUERY_DEVICE);
+	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
@@ -237,7 +237,7 @@ static void shca_free_context(struct ibv_context *ibctx)
 	/* a forked child's copy closes its fds and frees; the daemon's objects are the
 	 * parent's */
 	if (!shca_forked(ctx, "ibv_close_device"))
-		shca_call_simple(ctx, "close_device", "ctx", ctx->handle);
+		shca_call_simple(ctx, SHCA_V_CLOSE_DEVICE, SHCA_K_CTX, ctx->handle);
 	shca_disconnect(ctx->conn);
 	shca_mem_release_all(ctx);
 	if (ctx->async_pipe[1] >= 0)
@@ -312,8 +312,8 @@ static struct ibv_pd *shca_alloc_pd(struct ibv_context *ibctx)
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "alloc_pd", 1);
-	mp_kv_uint(&b, "ctx", ctx->handle);
+	shca_begin(ctx->conn, &b, SHCA_V_ALLOC_PD, SHCA_NREQ_ALLOC_PD);
+	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, "pd", &pd->handle);
@@ -332,7 +332,7 @@ static struct ibv_pd *shca_alloc_pd(struct ibv_context *ibctx)
 static int shca_dealloc_pd(struct ibv_pd *ibpd)
 {
 	struct shca_pd *pd = to_spd(ibpd);
-	int rc = shca_call_simple(to_sctx(ibpd->context), "dealloc_pd", "pd", pd->handle);
+	int rc = shca_call_simple(to_sctx(ibpd->context), SHCA_V_DEALLOC_PD, SHCA_K_PD, pd->handle);
 
 	if (!rc)
 		free(pd);
@@ -377,14 +377,14 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 		errno = rc;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "reg_mr_shared", 7);
-	mp_kv_uint(&b, "fds", seq);
-	mp_kv_uint(&b, "pd", pd->handle);
-	mp_kv_uint(&b, "addr", iova);
-	mp_kv_uint(&b, "length", length);
-	mp_kv_uint(&b, "access", (uint32_t)access);
-	mp_kv_uint(&b, "offset", offset);
-	mp_str(&b, "pieces");
+	shca_begin(ctx->conn, &b, SHCA_V_REG_MR_SHARED, SHCA_NREQ_REG_MR_SHARED);
+	mp_kv_uint(&b, SHCA_K_FDS, seq);
+	mp_kv_uint(&b, SHCA_K_PD, pd->handle);
+	mp_kv_uint(&b, SHCA_K_ADDR, iova);
+	mp_kv_uint(&b, SHCA_K_LENGTH, length);
+	mp_kv_uint(&b, SHCA_K_ACCESS, (uint32_t)access);
+	mp_kv_uint(&b, SHCA_K_OFFSET, offset);
+	mp_str(&b, SHCA_K_PIECES);
 	mp_raw(&b, pieces.p, pieces.len);
 	b.failed |= pieces.failed;
 	mp_free(&pieces);
@@ -416,7 +416,7 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 int shca_dereg(struct shca_mr *mr)
 {
 	struct shca_context *ctx = to_sctx(mr->vmr.ibv_mr.context);
-	int rc = shca_call_simple(ctx, "dereg_mr", "mr", mr->handle);
+	int rc = shca_call_simple(ctx, SHCA_V_DEREG_MR, SHCA_K_MR, mr->handle);
 
 	if (rc)
 		return rc;
@@ -590,10 +590,10 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, "create_cq", 3);
-	mp_kv_uint(&b, "ctx", ctx->handle);
-	mp_kv_uint(&b, "cqe", (uint32_t)cqe);
-	mp_str(&b, "push");
+	shca_begin(ctx->conn, &b, SHCA_V_CREATE_CQ, SHCA_NFIELDS_CREATE_CQ);
+	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
+	mp_kv_uint(&b, SHCA_K_CQE, (uint32_t)cqe);
+	mp_str(&b, SHCA_K_PUSH);
 	mp_bool(&b, true);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
@@ -603,7 +603,7 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 	if (!rc && channel) {
 		cq->chan_wfd = channel_wfd(channel);
 		if (cq->chan_wfd < 0) {
-			shca_call_simple(ctx, "destroy_cq", "cq", cq->handle);
+			shca_call_simple(ctx, SHCA_V_DESTROY_CQ, SHCA_K_CQ, cq->handle);
 			rc = EMFILE;
 		}
 	}
@@ -627,7 +627,7 @@ static int shca_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct shca_context *ctx = to_sctx(ibcq->context);
 	struct shca_cq *cq = to_scq(ibcq);
-	int rc = SHCA_DESTROY_LISTED(ctx, "destroy_cq", "cq", &ctx->cqs, cq);
+	int rc = SHCA_DESTROY_LISTED(ctx, SHCA_V_DESTROY_CQ, SHCA_K_CQ, &ctx->cqs, cq);
 
 	if (rc)
 		return rc;
@@ -673,12 +673,8 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 	if (n) {
 		/* The room goes back at once: the daemon counts every entry it pushed and
 		 * the program has not polled against cqe, as the CQ's overrun rule says. */
-		mp_init(&b);
-		mp_map(&b, 3);
-		mp_str(&b, "t");
-		mp_str(&b, "cq_credit");
-		mp_kv_uint(&b, "id", 0);
-		mp_str(&b, "credits");
+		shca_wire_begin(&b, SHCA_V_CQ_CREDIT, 0, SHCA_NREQ_CQ_CREDIT);
+		mp_str(&b, SHCA_K_CREDITS);
 		mp_arr(&b, 1);
 		mp_arr(&b, 2);
 		mp_uint(&b, cq->handle);

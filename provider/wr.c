@@ -12,20 +12,6 @@
 #include "wr.h"
 
 
-static void encode_sges(struct mp_buf *b, const struct ibv_sge *sg, int n)
-{
-	int i;
-
-	mp_str(b, "sg");
-	mp_arr(b, (uint32_t)n);
-	for (i = 0; i < n; i++) {
-		mp_arr(b, 3);
-		mp_uint(b, sg[i].addr);
-		mp_uint(b, sg[i].length);
-		mp_uint(b, sg[i].lkey);
-	}
-}
-
 /* IBV_SEND_INLINE: the bytes may be in memory no MR covers (ibv_post_send(3): the
  * lkey is not checked), and the daemon reads them at post time. They are copied into
  * the QP's own registered bounce pages, which the daemon has read before the post's
@@ -72,17 +58,12 @@ int shca_inline_sge(struct shca_qp *qp, const struct ibv_sge *sg, int n,
 int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_send_wr *wr,
 			int bounced)
 {
-	int imm = wr->opcode == IBV_WR_SEND_WITH_IMM ||
-		  wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-	/* ibv_wr_atomic_write's value is in wr.atomic (qp_ex.c); with ibv_post_send the
-	 * 8 bytes are an SGE and the target wr.rdma. */
-	int atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-		     wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
-		     (wr->opcode == IBV_WR_ATOMIC_WRITE && wr->num_sge == 0);
+	const struct ibv_sge *sg = wr->sg_list;
 	struct ibv_sge one = {0};
-	int rc, ud;
+	int rc, ud, nsge = wr->num_sge;
 
-	if (wr->num_sge < 0 || wr->num_sge > SHCA_MAX_SGE || (uint32_t)wr->num_sge > qp->max_send_sge) {
+	if (wr->num_sge < 0 || wr->num_sge > SHCA_MAX_SGE ||
+	    (uint32_t)wr->num_sge > qp->max_send_sge) {
 		shca_log("ibv_post_send: EINVAL: num_sge %d exceeds the QP's max_send_sge %u",
 			 wr->num_sge, qp->max_send_sge);
 		return EINVAL;
@@ -99,67 +80,25 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 			 "ibv_wr_opcode", (unsigned long long)wr->wr_id, (unsigned)wr->opcode);
 		return EINVAL;
 	}
-	/* wr.ud shares its storage with wr.rdma and wr.atomic (a union): a UD WR sends
-	 * its AH's handle, remote QPN and Q_Key, and no RDMA fields. */
 	ud = qp->vqp.qp.qp_type == IBV_QPT_UD;
 	if (ud && !wr->wr.ud.ah) {
 		shca_log("ibv_post_send: EINVAL: a UD WR needs wr.ud.ah");
 		return EINVAL;
 	}
-	mp_map(b, (imm ? 10 : 9) + (ud ? 3 : 0) + (wr->opcode == IBV_WR_BIND_MW));
-	mp_kv_uint(b, "wr_id", wr->wr_id);
-	mp_kv_uint(b, "opcode", wr->opcode);
+	if (wr->opcode == IBV_WR_BIND_MW && !wr->bind_mw.mw)
+		return EINVAL;
 	if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge && !bounced) {
 		rc = shca_inline_sge(qp, wr->sg_list, wr->num_sge, &one);
 		if (rc)
 			return rc;
-		encode_sges(b, &one, 1);
-	} else {
-		encode_sges(b, wr->sg_list, wr->num_sge);
+		sg = &one;
+		nsge = 1;
 	}
-	mp_kv_uint(b, "send_flags", wr->send_flags);
-	if (imm)
-		mp_kv_uint(b, "imm_data", ntohl(wr->imm_data));
-	if (ud) {
-		mp_kv_uint(b, "ah", to_sah(wr->wr.ud.ah)->handle);
-		mp_kv_uint(b, "remote_qpn", wr->wr.ud.remote_qpn & 0xFFFFFF);
-		mp_kv_uint(b, "remote_qkey", wr->wr.ud.remote_qkey);
-		mp_kv_uint(b, "rkey", 0);
-		mp_kv_uint(b, "remote_addr", 0);
-		mp_kv_uint(b, "compare_add", 0);
-		mp_kv_uint(b, "swap", 0);
-	} else if (atomic) {
-		mp_kv_uint(b, "rkey", wr->wr.atomic.rkey);
-		mp_kv_uint(b, "remote_addr", wr->wr.atomic.remote_addr);
-		mp_kv_uint(b, "compare_add", wr->wr.atomic.compare_add);
-		mp_kv_uint(b, "swap", wr->wr.atomic.swap);
-	} else {
-		/* A bind's new key is bind_mw.rkey, in a union of its own. */
-		mp_kv_uint(b, "rkey", wr->opcode == IBV_WR_BIND_MW ? wr->bind_mw.rkey :
-			   wr->wr.rdma.rkey);
-		mp_kv_uint(b, "remote_addr", wr->opcode == IBV_WR_BIND_MW ? 0 :
-			   wr->wr.rdma.remote_addr);
-		mp_kv_uint(b, "compare_add", 0);
-		mp_kv_uint(b, "swap", 0);
-	}
-	mp_kv_uint(b, "invalidate_rkey",
-		   wr->opcode == IBV_WR_SEND_WITH_INV || wr->opcode == IBV_WR_LOCAL_INV ?
-		   wr->invalidate_rkey : 0);
-	if (wr->opcode == IBV_WR_BIND_MW) {
-		/* bind_mw: the window's handle, the MR's lkey, addr, length, access; the new
-		 * key travels as "rkey" (server/mw_verbs.py). */
-		const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
-
-		if (!wr->bind_mw.mw)
-			return EINVAL;
-		mp_str(b, "bind");
-		mp_arr(b, 5);
-		mp_uint(b, to_smw(wr->bind_mw.mw)->handle);
-		mp_uint(b, bi->mr ? bi->mr->lkey : 0);
-		mp_uint(b, bi->addr);
-		mp_uint(b, bi->length);
-		mp_uint(b, bi->mw_access_flags);
-	}
+	/* the map itself is wire_enc.c's (tests/unit/test_wire_codec.py holds it to the
+	 * daemon's decoder); here what only the QP knows: the handles of its AH and MW */
+	shca_wire_send_wr(b, wr, sg, nsge, ud,
+			  ud ? to_sah(wr->wr.ud.ah)->handle : 0,
+			  wr->opcode == IBV_WR_BIND_MW ? to_smw(wr->bind_mw.mw)->handle : 0);
 	return 0;
 }
 
@@ -172,16 +111,8 @@ int shca_post_send_batch(struct shca_qp *qp, struct mp_buf *wrs, uint32_t n, int
 	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
 	struct mp_buf b;
 
-	shca_begin(ctx->conn, &b, "post_send", all ? 3 : 2);
-	mp_kv_uint(&b, "qp", qp->handle);
-	mp_str(&b, "wrs");
-	mp_arr(&b, n);
-	mp_raw(&b, wrs->p, wrs->len);
-	b.failed |= wrs->failed;
-	if (all) {
-		mp_str(&b, "wr_complete");
-		mp_bool(&b, 1);
-	}
+	shca_begin(ctx->conn, &b, SHCA_V_POST_SEND, SHCA_POST_SEND_NFIELDS(all));
+	shca_wire_post_send(&b, qp->handle, wrs, n, all);
 	return shca_call_post(ctx->conn, &b, taken);
 }
 
@@ -197,6 +128,9 @@ static struct ibv_recv_wr *recv_nth(struct ibv_recv_wr *wr, uint32_t i)
  * against max_sge (what is named "limit" in the log line) before its request goes.
  * *bad as for ibv_post_send: a WR refused here ends its request before it (the WRs
  * ahead of it still go), and a request the daemon refuses in part names the WR. */
+_Static_assert(SHCA_NREQ_POST_RECV == SHCA_NREQ_POST_SRQ_RECV,
+	       "post_recv and post_srq_recv take as many fields (one request head below)");
+
 int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *key,
 		       uint32_t handle, uint32_t max_sge, const char *limit,
 		       struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
@@ -226,15 +160,12 @@ int shca_post_recv_wrs(struct shca_context *ctx, const char *verb, const char *k
 		/* w: the WR refused here, or the first of the next request */
 		sent = 0;
 		if (n) {
-			shca_begin(ctx->conn, &b, verb, 2);
+			shca_begin(ctx->conn, &b, verb, SHCA_NREQ_POST_RECV);
 			mp_kv_uint(&b, key, handle);
-			mp_str(&b, "wrs");
+			mp_str(&b, SHCA_K_WRS);
 			mp_arr(&b, n);
-			for (i = 0, wr = first; i < n; i++, wr = wr->next) {
-				mp_map(&b, 2);
-				mp_kv_uint(&b, "wr_id", wr->wr_id);
-				encode_sges(&b, wr->sg_list, wr->num_sge);
-			}
+			for (i = 0, wr = first; i < n; i++, wr = wr->next)
+				shca_wire_recv_wr(&b, wr);
 			sent = shca_call_post(ctx->conn, &b, &taken);
 		}
 		if (sent) {
@@ -345,9 +276,9 @@ static int post_configure(struct shca_qp *qp, struct shca_run *run)
 	struct shca_frame r;
 	int rc;
 
-	shca_begin(ctx->conn, &b, "mkey_configure", 2);
-	mp_kv_uint(&b, "qp", qp->handle);
-	mp_str(&b, "calls");
+	shca_begin(ctx->conn, &b, SHCA_V_MKEY_CONFIGURE, SHCA_NREQ_MKEY_CONFIGURE);
+	mp_kv_uint(&b, SHCA_K_QP, qp->handle);
+	mp_str(&b, SHCA_K_CALLS);
 	mp_arr(&b, run->n);
 	mp_raw(&b, run->buf.p, run->buf.len);
 	b.failed |= run->buf.failed;

@@ -5,10 +5,9 @@
 
 #include "softhca.h"
 
-/* WRs in one post request; the bounce pages hold the inline data of this many. */
-#define SHCA_MAX_WRS_PER_POST 256
-/* SGEs of one WR (max_send_sge, max_recv_sge and an SRQ's max_sge are at most this). */
-#define SHCA_MAX_SGE 32
+/* SHCA_MAX_WRS_PER_POST (WRs in one post request; the bounce pages hold the inline data
+ * of this many) and SHCA_MAX_SGE (SGEs of one WR: max_send_sge, max_recv_sge and an
+ * SRQ's max_sge are at most this) are wire.h's, the protocol's limits. */
 
 /* One send WR appended to b (a map the daemon's post_send takes); bounced: its SGE is
  * inline data already in the bounce pages. 0 or an errno (the WR is refused). */

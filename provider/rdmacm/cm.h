@@ -14,6 +14,7 @@
 #include "../core.h"
 #include "../frame.h"
 #include "../mp.h"
+#include "../wire_enc.h"
 
 struct cm_conn {
 	struct shca_core core;      /* the requests, the reader thread (../core.h) */

@@ -124,7 +124,7 @@ static int call_id(const char *verb, struct cm_id *id)
 	struct mp_buf b;
 
 	cm_begin(&g.conn, &b, verb, 1);
-	mp_kv_uint(&b, "cmid", id->handle);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
 	return call(&b, NULL, 0, NULL);
 }
 
@@ -353,8 +353,8 @@ EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id 
 			return -1;
 		own = 1;
 	}
-	cm_begin(&g.conn, &b, "cm_create_id", 1);
-	mp_kv_uint(&b, "ps", ps);
+	cm_begin(&g.conn, &b, SHCA_V_CM_CREATE_ID, SHCA_NREQ_CM_CREATE_ID);
+	mp_kv_uint(&b, SHCA_K_PS, ps);
 	rc = call(&b, NULL, 0, &r);
 	if (rc) {
 		if (own)
@@ -375,7 +375,7 @@ EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id 
 EXPORT int rdma_destroy_id(struct rdma_cm_id *cid)
 {
 	struct cm_id *id = (struct cm_id *)cid, **p;
-	int rc = call_id("cm_destroy_id", id);
+	int rc = call_id(SHCA_V_CM_DESTROY_ID, id);
 
 	pthread_mutex_lock(&g.lock);
 	for (p = &g.ids; *p; p = &(*p)->next)
@@ -435,14 +435,14 @@ EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 
 	if (rc)
 		return fail(rc);
-	cm_begin(&g.conn, &b, "cm_bind", 5);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_str(&b, "ip");
+	cm_begin(&g.conn, &b, SHCA_V_CM_BIND, SHCA_NFIELDS_CM_BIND);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_str(&b, SHCA_K_IP);
 	mp_str(&b, ip);
-	mp_kv_uint(&b, "port", port);
-	mp_str(&b, "reuse");
+	mp_kv_uint(&b, SHCA_K_PORT, port);
+	mp_str(&b, SHCA_K_REUSE);
 	mp_bool(&b, id->reuseaddr);
-	mp_str(&b, "afonly");
+	mp_str(&b, SHCA_K_AFONLY);
 	mp_bool(&b, id->afonly);
 	rc = call(&b, NULL, 0, &r);
 	if (rc)
@@ -501,12 +501,12 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src,
 	rc = ip_of(dst, ip, &port);
 	if (rc)
 		return fail(rc);
-	cm_begin(&g.conn, &b, "cm_resolve_addr", 4);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_str(&b, "ip");
+	cm_begin(&g.conn, &b, SHCA_V_CM_RESOLVE_ADDR, SHCA_NFIELDS_CM_RESOLVE_ADDR);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_str(&b, SHCA_K_IP);
 	mp_str(&b, ip);
-	mp_kv_uint(&b, "port", port);
-	mp_kv_uint(&b, "timeout_ms", timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
+	mp_kv_uint(&b, SHCA_K_PORT, port);
+	mp_kv_uint(&b, SHCA_K_TIMEOUT_MS, timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
 	rc = call(&b, NULL, 0, NULL);
 	if (rc)
 		return fail(rc);
@@ -521,9 +521,9 @@ EXPORT int rdma_resolve_route(struct rdma_cm_id *cid, int timeout_ms)
 	struct mp_buf b;
 	int rc;
 
-	cm_begin(&g.conn, &b, "cm_resolve_route", 2);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_kv_uint(&b, "timeout_ms", timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
+	cm_begin(&g.conn, &b, SHCA_V_CM_RESOLVE_ROUTE, SHCA_NFIELDS_CM_RESOLVE_ROUTE);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_kv_uint(&b, SHCA_K_TIMEOUT_MS, timeout_ms > 0 ? (uint32_t)timeout_ms : 2000);
 	rc = call(&b, NULL, 0, NULL);
 	if (rc)
 		return fail(rc);
@@ -538,9 +538,9 @@ EXPORT int rdma_listen(struct rdma_cm_id *cid, int backlog)
 
 	if (backlog < 0)
 		backlog = 0;
-	cm_begin(&g.conn, &b, "cm_listen", 2);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_kv_uint(&b, "backlog", (uint32_t)backlog);
+	cm_begin(&g.conn, &b, SHCA_V_CM_LISTEN, SHCA_NREQ_CM_LISTEN);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_kv_uint(&b, SHCA_K_BACKLOG, (uint32_t)backlog);
 	rc = call(&b, NULL, 0, NULL);
 	return rc ? fail(rc) : 0;
 }
@@ -650,14 +650,14 @@ EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 	id->depth = p->initiator_depth;
 	id->retry = p->retry_count > 7 ? 7 : p->retry_count;
 	id->rnr = p->rnr_retry_count > 7 ? 7 : p->rnr_retry_count;
-	cm_begin(&g.conn, &b, "cm_connect", 7);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_kv_uint(&b, "qpn", qpn);
-	mp_kv_uint(&b, "psn", id->my_psn);
-	mp_kv_uint(&b, "responder_resources", id->rr);
-	mp_kv_uint(&b, "initiator_depth", id->depth);
-	mp_kv_uint(&b, "retry_count", id->retry);
-	mp_kv_uint(&b, "rnr_retry_count", id->rnr);
+	cm_begin(&g.conn, &b, SHCA_V_CM_CONNECT, SHCA_NREQ_CM_CONNECT);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_kv_uint(&b, SHCA_K_QPN, qpn);
+	mp_kv_uint(&b, SHCA_K_PSN, id->my_psn);
+	mp_kv_uint(&b, SHCA_K_RESPONDER_RESOURCES, id->rr);
+	mp_kv_uint(&b, SHCA_K_INITIATOR_DEPTH, id->depth);
+	mp_kv_uint(&b, SHCA_K_RETRY_COUNT, id->retry);
+	mp_kv_uint(&b, SHCA_K_RNR_RETRY_COUNT, id->rnr);
 	rc = call(&b, p->private_data, p->private_data ? p->private_data_len : 0, NULL);
 	if (rc)
 		return fail(rc);
@@ -695,13 +695,13 @@ EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p)
 		if (rc)
 			return fail(rc);
 	}
-	cm_begin(&g.conn, &b, "cm_accept", 6);
-	mp_kv_uint(&b, "cmid", id->handle);
-	mp_kv_uint(&b, "qpn", qpn);
-	mp_kv_uint(&b, "psn", id->my_psn);
-	mp_kv_uint(&b, "responder_resources", id->rr);
-	mp_kv_uint(&b, "initiator_depth", id->depth);
-	mp_kv_uint(&b, "rnr_retry_count", rep_rnr);
+	cm_begin(&g.conn, &b, SHCA_V_CM_ACCEPT, SHCA_NREQ_CM_ACCEPT);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
+	mp_kv_uint(&b, SHCA_K_QPN, qpn);
+	mp_kv_uint(&b, SHCA_K_PSN, id->my_psn);
+	mp_kv_uint(&b, SHCA_K_RESPONDER_RESOURCES, id->rr);
+	mp_kv_uint(&b, SHCA_K_INITIATOR_DEPTH, id->depth);
+	mp_kv_uint(&b, SHCA_K_RNR_RETRY_COUNT, rep_rnr);
 	rc = call(&b, p ? p->private_data : NULL,
 		  p && p->private_data ? p->private_data_len : 0, NULL);
 	if (rc)
@@ -718,15 +718,15 @@ EXPORT int rdma_reject(struct rdma_cm_id *cid, const void *private_data,
 	struct mp_buf b;
 	int rc;
 
-	cm_begin(&g.conn, &b, "cm_reject", 1);
-	mp_kv_uint(&b, "cmid", id->handle);
+	cm_begin(&g.conn, &b, SHCA_V_CM_REJECT, SHCA_NREQ_CM_REJECT);
+	mp_kv_uint(&b, SHCA_K_CMID, id->handle);
 	rc = call(&b, private_data, private_data ? private_data_len : 0, NULL);
 	return rc ? fail(rc) : 0;
 }
 
 EXPORT int rdma_establish(struct rdma_cm_id *cid)
 {
-	int rc = call_id("cm_establish", (struct cm_id *)cid);
+	int rc = call_id(SHCA_V_CM_ESTABLISH, (struct cm_id *)cid);
 
 	return rc ? fail(rc) : 0;
 }
@@ -739,7 +739,7 @@ EXPORT int rdma_disconnect(struct rdma_cm_id *cid)
 	rc = cm_qp_to_err(cid);
 	if (rc)
 		return fail(rc);
-	rc = call_id("cm_disconnect", (struct cm_id *)cid);
+	rc = call_id(SHCA_V_CM_DISCONNECT, (struct cm_id *)cid);
 	return rc ? fail(rc) : 0;
 }
 
@@ -937,7 +937,7 @@ static void establish(struct cm_event *e, struct cm_id *id)
 	if (!rc)
 		rc = cm_move_qp(&id->id, IBV_QPS_RTS);
 	if (!rc)
-		rc = call_id("cm_establish", id);
+		rc = call_id(SHCA_V_CM_ESTABLISH, id);
 	if (rc) {
 		e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
 		e->ev.status = -rc;
