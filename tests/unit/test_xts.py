@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from softhca.engine.backend import xts_transform
@@ -166,7 +166,10 @@ def test_rejects_non_uint8_array() -> None:
 def test_round_trip(
     key: bytes, unit_size: int, data: bytes, first_unit: int, initial_tweak: int
 ) -> None:
-    assume(not 0 < len(data) % unit_size < 16)
+    # A last partial unit under 16 bytes has no XTS encoding: trim it rather than reject
+    # the example (rejections can trip hypothesis' filter_too_much health check).
+    if 0 < len(data) % unit_size < 16:
+        data = data[: len(data) - len(data) % unit_size]
     ciphertext = xts_transform(key, data, unit_size, first_unit, initial_tweak, encrypt=True)
     assert len(ciphertext) == len(data)
     assert (
