@@ -411,14 +411,44 @@ bad:
 
 /* -- memfd handoff ----------------------------------------------------------------- */
 
-/* Hands the n memfds of one registration to the daemon under seq: a connection of its
- * own to the daemon's socket, whose HELLO (role "memfd", the session's key) carries
- * them with SCM_RIGHTS; the daemon files them for the session's reg_mr_shared naming
- * seq. The daemon then maps what this process sent, never a file it opens by number.
- * 0, or an errno said on stderr. */
-int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq)
+/* A new connection of the context's to the daemon's socket, its challenge read: the fd,
+ * or -1 with *rc an errno (said on stderr). */
+static int handoff_connect(struct shca_context *ctx, int *rc)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct shca_frame r = {0};
+	int fd;
+
+	strcpy(sa.sun_path, ctx->path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		*rc = errno;
+		return -1;
+	}
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		*rc = errno;
+		shca_log("ibv_reg_mr: cannot connect to the daemon at %s to hand over the "
+			 "memory: %s", ctx->path, strerror(*rc));
+		close(fd);
+		return -1;
+	}
+	if (shca_frame_read(fd, &r, 1u << 16) || expect(&r, "challenge")) {
+		shca_log("ibv_reg_mr: the daemon at %s broke off the memfd handoff", ctx->path);
+		shca_frame_free(&r);
+		close(fd);
+		*rc = EPROTO;
+		return -1;
+	}
+	shca_frame_free(&r);
+	return fd;
+}
+
+/* One memfd HELLO on fd carrying the n fds (SCM_RIGHTS, with its first byte), and the
+ * daemon's answer in *r: 0, ENOMEM, or EPIPE when the connection broke before an
+ * answer came (nothing said). */
+static int handoff_exchange(struct shca_context *ctx, int fd, const int *fds, int n,
+			    uint32_t seq, struct shca_frame *r)
+{
 	union {
 		struct cmsghdr h;
 		char room[CMSG_SPACE(sizeof(int) * SHCA_MAX_PIECES)];
@@ -426,43 +456,18 @@ int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq
 	struct msghdr msg = {0};
 	struct iovec iov[2];
 	struct cmsghdr *cm;
-	struct shca_frame r = {0};
 	struct mp_buf b;
 	uint32_t pre[2];
-	struct mp_val t, v;
 	size_t total, done;
 	ssize_t w;
-	int fd, rc = EPROTO;
 
-	if (!ctx->memfd_key[0]) {
-		shca_log("ibv_reg_mr: EOPNOTSUPP: the daemon at %s takes no memfds (its welcome "
-			 "names no memfd_key): a daemon of another version", ctx->path);
-		return EOPNOTSUPP;
-	}
-	if (n <= 0 || n > SHCA_MAX_PIECES)
-		return EINVAL;
-	strcpy(sa.sun_path, ctx->path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		rc = errno;
-		shca_log("ibv_reg_mr: cannot connect to the daemon at %s to hand over the "
-			 "memory: %s", ctx->path, strerror(rc));
-		close(fd);
-		return rc;
-	}
-	if (shca_frame_read(fd, &r, 1u << 16) || expect(&r, "challenge"))
-		goto out;
-	shca_frame_free(&r);
 	shca_hello_begin(&b, "memfd", 2);
 	mp_str(&b, "key");
 	mp_str(&b, ctx->memfd_key);
 	mp_kv_uint(&b, "seq", seq);
 	if (b.failed) {
 		mp_free(&b);
-		rc = ENOMEM;
-		goto out;
+		return ENOMEM;
 	}
 	pre[0] = htonl((uint32_t)(4 + b.len));
 	pre[1] = htonl((uint32_t)b.len);
@@ -495,11 +500,57 @@ int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq
 		while (w < 0 && errno == EINTR);
 	}
 	mp_free(&b);
-	if (w <= 0 || shca_frame_read(fd, &r, 1u << 16))
-		goto out;
-	if (mp_find(r.hdr, "t", &t) && mp_str_eq(t, "welcome")) {
-		rc = 0;
-	} else {
+	if (w <= 0 || shca_frame_read(fd, r, 1u << 16))
+		return EPIPE;
+	return 0;
+}
+
+/* Hands the n memfds of one registration to the daemon under seq: a HELLO of role
+ * "memfd" with the session's key carries them with SCM_RIGHTS; the daemon files them
+ * for the session's reg_mr_shared naming seq. It maps what this process sent, never a
+ * file it opens by number. The HELLOs go on one connection of the context's own, made
+ * at its first registration and kept while the daemon keeps it (its welcome says
+ * "keep"): a connection per registration costs the daemon's one thread an accept and a
+ * challenge each, milliseconds under load. A kept connection found broken is made anew
+ * once; any refusal ends it (the daemon's too). A forked child's copy is its parent's
+ * and is never used (shca_forked). 0, or an errno said on stderr. */
+int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq)
+{
+	struct shca_frame r = {0};
+	struct mp_val t, v;
+	int rc = 0, fresh, keep = 0;
+
+	if (shca_forked(ctx, "ibv_reg_mr"))
+		return EIO;
+	if (!ctx->memfd_key[0]) {
+		shca_log("ibv_reg_mr: EOPNOTSUPP: the daemon at %s takes no memfds (its welcome "
+			 "names no memfd_key): a daemon of another version", ctx->path);
+		return EOPNOTSUPP;
+	}
+	if (n <= 0 || n > SHCA_MAX_PIECES)
+		return EINVAL;
+	pthread_mutex_lock(&ctx->handoff_lock);
+	do {
+		fresh = ctx->handoff_fd < 0;
+		if (fresh)
+			ctx->handoff_fd = handoff_connect(ctx, &rc);
+		if (ctx->handoff_fd < 0)
+			break;
+		rc = handoff_exchange(ctx, ctx->handoff_fd, fds, n, seq, &r);
+		if (rc == EPIPE) {
+			/* the daemon ended it (idle, or before this HELLO was read) */
+			close(ctx->handoff_fd);
+			ctx->handoff_fd = -1;
+		}
+	} while (rc == EPIPE && !fresh);
+	if (rc == EPIPE) {
+		shca_log("ibv_reg_mr: the daemon at %s broke off the memfd handoff", ctx->path);
+		rc = EPROTO;
+	} else if (!rc && mp_find(r.hdr, "t", &t) && mp_str_eq(t, "welcome")) {
+		uint64_t k = 0;
+
+		keep = mp_find_uint(r.hdr, "keep", &k) && k;
+	} else if (!rc) {
 		const char *s = "";
 		uint32_t len = 0;
 
@@ -509,12 +560,29 @@ int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq
 		if (shca_reply_msg(&r, &s, &len))
 			shca_log("ibv_reg_mr: the daemon refused the memory: %.*s", (int)len, s);
 	}
-out:
-	if (rc == EPROTO)
-		shca_log("ibv_reg_mr: the daemon at %s broke off the memfd handoff", ctx->path);
+	if (!keep && ctx->handoff_fd >= 0) {
+		close(ctx->handoff_fd);
+		ctx->handoff_fd = -1;
+	}
+	pthread_mutex_unlock(&ctx->handoff_lock);
 	shca_frame_free(&r);
-	close(fd);
 	return rc;
+}
+
+/* The context's memfd connection closed (ibv_close_device); a forked child's is its
+ * parent's file, closed here but not shut down, its lock never taken (a thread of the
+ * parent may have held it at the fork). */
+void shca_hand_over_close(struct shca_context *ctx)
+{
+	int forked = ctx->generation != shca_generation();
+
+	if (!forked)
+		pthread_mutex_lock(&ctx->handoff_lock);
+	if (ctx->handoff_fd >= 0)
+		close(ctx->handoff_fd);
+	ctx->handoff_fd = -1;
+	if (!forked)
+		pthread_mutex_unlock(&ctx->handoff_lock);
 }
 
 void shca_disconnect(struct shca_conn *c)

@@ -64,6 +64,8 @@ struct shca_context {
 	char memfd_key[65];        /* what a handoff of memfds proves (the welcome's) */
 	int sysv_attach;           /* the daemon attaches a SysV segment by its shmid */
 	uint32_t handoff_seq;      /* the number of the next handoff, under mem_lock */
+	int handoff_fd;            /* the kept memfd connection, or -1 (conn.c)... */
+	pthread_mutex_t handoff_lock; /* ...one handoff on it at a time */
 	uint32_t handle;           /* the daemon's ctx handle */
 	char devices[SHCA_MAX_DEVICES][SHCA_NAME_MAX];
 	int ndevices;
@@ -241,6 +243,8 @@ int shca_send_oneway(struct shca_conn *c, struct mp_buf *b);
 int shca_async_arm(struct shca_conn *c);
 /* The n memfds of one registration handed to the daemon under seq (SCM_RIGHTS). */
 int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq);
+/* The context's kept handoff connection closed (ibv_close_device). */
+void shca_hand_over_close(struct shca_context *ctx);
 /* The fork generation of this process (0 in the one that loaded the provider). */
 unsigned shca_generation(void);
 /* EIO, said once per process on stderr naming `verb` and fork, when ctx was opened by

@@ -190,6 +190,8 @@ static struct verbs_context *shca_alloc_context(struct ibv_device *ibdev, int cm
 	if (!ctx)
 		return NULL;
 	pthread_mutex_init(&ctx->mem_lock, NULL);
+	pthread_mutex_init(&ctx->handoff_lock, NULL);
+	ctx->handoff_fd = -1;
 	ctx->async_pipe[0] = ctx->async_pipe[1] = -1;
 	ctx->pid = getpid();
 	ctx->generation = shca_generation();
@@ -239,6 +241,7 @@ static void shca_free_context(struct ibv_context *ibctx)
 	if (!shca_forked(ctx, "ibv_close_device"))
 		shca_call_simple(ctx, SHCA_V_CLOSE_DEVICE, SHCA_K_CTX, ctx->handle);
 	shca_disconnect(ctx->conn);
+	shca_hand_over_close(ctx);
 	shca_mem_release_all(ctx);
 	if (ctx->async_pipe[1] >= 0)
 		close(ctx->async_pipe[1]);

@@ -2,10 +2,13 @@
 
 The provider (provider/mem.c) moves the pages of a registration onto memfds at the
 same virtual addresses. It hands the memfds themselves to the daemon: per registration
-it opens a short connection of role ``memfd`` to the UNIX socket and sends, with
-``SCM_RIGHTS``, a hello carrying its session's ``memfd_key`` (random, given in the
-control session's welcome) and a number of its choosing; the listener (server/unix.py)
-files the fds in that session's ``MemfdInbox`` under the number. The ``reg_mr_shared``
+it sends, with ``SCM_RIGHTS``, a hello of role ``memfd`` carrying its session's
+``memfd_key`` (random, given in the control session's welcome) and a number of its
+choosing, on a connection of that role to the UNIX socket which it keeps for the
+context's next registrations; the listener (server/unix.py) files the fds in that
+session's ``MemfdInbox`` under the number. A session keeps at most
+``MAX_HANDOFF_CONNS`` such connections, each bound to it by its first hello and ended
+with it. The ``reg_mr_shared``
 request then names the number (``fds``) and the pieces of the registration as
 ``[index, offset, length]``, index being the memfd's place in that handoff, in address
 order (pages an earlier registration already moved stay on its memfd, so a
@@ -33,6 +36,7 @@ view does (deregistration, the session's end).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -120,6 +124,9 @@ class _Mapping:
 MAX_PENDING_FDS = 64
 MAX_PENDING_FDS_ALL = 1024
 TTL_S = 10.0
+# The memfd connections one session may keep open (server/unix.py): the provider keeps
+# one per device context, and opens another only when it has lost that one.
+MAX_HANDOFF_CONNS = 4
 
 
 class MemfdInbox:
@@ -130,6 +137,8 @@ class MemfdInbox:
         self.uid = uid                  # the session's user: only its handoffs count
         self._total = total             # the listener's count, shared by every inbox
         self._pending: dict[int, tuple[list[int], asyncio.TimerHandle]] = {}
+        # the memfd connections bound to this session, ended with it
+        self.handoffs: set[socket.socket] = set()
         self.closed = False
 
     def held(self) -> int:
@@ -169,6 +178,9 @@ class MemfdInbox:
 
     def close(self) -> None:
         self.closed = True
+        for conn in self.handoffs:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         for seq in list(self._pending):
             close_all(self.take(seq))
 

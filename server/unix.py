@@ -15,8 +15,10 @@ Every connection's first frame is read here, with recvmsg, before it becomes a s
 (asyncio's streams read with recv, which drops the fds a message carries): a HELLO of
 role ``memfd`` is a provider handing over the memfds of one registration with
 ``SCM_RIGHTS`` (server/shared_mr.py), filed in the session its key names and answered
-at once; any other is a control session's, whose bytes go to its stream reader as if
-they had been read there.
+at once (a welcome with ``keep``); the connection then takes that session's next memfd
+HELLOs, one at a time, each read with recvmsg to its last byte, until a refusal or the
+session's end. Any other first frame is a control session's, whose bytes go to its
+stream reader as if they had been read there.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ..protocol.kinds import FrameKind
 from .link import READ_CHUNK, read_frames
 from .logs import kv, log
 from .session import ControlSession, send_error
-from .shared_mr import MemfdInbox, close_all
+from .shared_mr import MAX_HANDOFF_CONNS, MemfdInbox, close_all
 from .shares import Watchdog
 
 _CRED = struct.Struct("3i")
@@ -47,6 +49,10 @@ _CRED = struct.Struct("3i")
 HANDOFF_FDS = MAX_PIECES
 _FD_ROOM = socket.CMSG_SPACE(HANDOFF_FDS * array.array("i").itemsize)
 KEY_HEX = 64
+# A frame's length prefix, and the most a memfd HELLO after a connection's first may be
+# (one is about 120 bytes).
+_FRAME_LEN = struct.Struct(">I")
+HANDOFF_FRAME = 4096
 
 
 def peer_credentials(sock) -> tuple[int, int, int]:
@@ -69,6 +75,28 @@ def _send_raw(sock: socket.socket, header: dict) -> None:
     it loses it."""
     with contextlib.suppress(OSError):
         sock.send(b"".join(bytes(b) for b in encode_frame(header)))
+
+
+async def _read_exact(sock: socket.socket, n: int, fds: list[int]
+                      ) -> tuple[bytes, bool] | None:
+    """``n`` bytes of the stream and no more (None at its end), and whether fds were cut;
+    the fds received with them go into ``fds``."""
+    data = bytearray()
+    cut = False
+    while len(data) < n:
+        try:
+            msg, anc, flags, _ = sock.recvmsg(n - len(data), _FD_ROOM)
+        except (BlockingIOError, InterruptedError):
+            await _readable(sock)
+            continue
+        except OSError:
+            return None
+        fds.extend(_fds_of(anc))
+        cut |= bool(flags & socket.MSG_CTRUNC) or len(fds) > HANDOFF_FDS
+        if not msg:
+            return None
+        data += msg
+    return bytes(data), cut
 
 
 async def _readable(sock: socket.socket) -> None:
@@ -264,7 +292,8 @@ class UnixListener:
                 d.hello_done(waiting, self._pre_hello)
             if cut or (first is not None and first.header.get("t") == FrameKind.HELLO
                        and first.header.get("role") == "memfd"):
-                self._handoff(conn, first.header if first else {}, fds, cut, peer, uid)
+                await self._handoffs(conn, data, first.header if first else {}, fds, cut,
+                                     peer, uid)
                 return
             close_all(fds)
             fds = []
@@ -282,10 +311,61 @@ class UnixListener:
             if conn is not None:
                 conn.close()
 
+    async def _handoffs(self, conn: socket.socket, data: bytes, hello: dict,
+                        fds: list[int], cut: bool, peer: str, uid: int) -> None:
+        """A memfd connection: its first HELLO, then, while each is filed, the next ones
+        on the same connection (the provider keeps one per device context), each read
+        to its frame's last byte and no further, so that the fds read with its bytes
+        are its own. It is bound to the session the first key names, which ends it;
+        any refusal, and a frame that is not a memfd HELLO, end it too."""
+        inbox = None
+        # bytes past the first HELLO: a peer that did not wait for the answer, whose
+        # connection ends with it
+        keep = (len(data) >= _FRAME_LEN.size
+                and len(data) == _FRAME_LEN.size + _FRAME_LEN.unpack_from(data)[0])
+        try:
+            while True:
+                inbox = self._handoff(conn, hello, fds, cut, peer, uid, inbox)
+                if inbox is None or not keep:
+                    return
+                hello, cut = await self._next_handoff(conn, fds)
+                if hello is None:
+                    return
+        finally:
+            if inbox is not None:
+                inbox.handoffs.discard(conn)
+
+    async def _next_handoff(self, conn: socket.socket, fds: list[int]
+                            ) -> tuple[dict | None, bool]:
+        """The next frame of a memfd connection, if it is a memfd HELLO (else None:
+        the end of it), and whether fds were cut; the fds received go into ``fds``."""
+        got = await _read_exact(conn, _FRAME_LEN.size, fds)
+        if got is None:
+            return None, False
+        head, cut = got
+        (length,) = _FRAME_LEN.unpack(head)
+        if length > HANDOFF_FRAME:
+            return None, cut
+        got = await _read_exact(conn, length, fds)
+        if got is None:
+            return None, cut
+        body, more = got
+        try:
+            frames = FrameDecoder(HANDOFF_FRAME, REQUEST_LIMITS).feed(head + body)
+        except RDMAError:
+            return None, cut
+        if len(frames) != 1:
+            return None, cut
+        header = frames[0].header
+        if header.get("t") != FrameKind.HELLO or header.get("role") != "memfd":
+            return None, cut
+        return header, cut or more
+
     def _handoff(self, conn: socket.socket, hello: dict, fds: list[int], cut: bool,
-                 peer: str, uid: int) -> None:
-        """A memfd HELLO: its fds filed in the session its key names, or closed; the
-        answer is a welcome naming how many were filed, or an err."""
+                 peer: str, uid: int, bound: MemfdInbox | None) -> MemfdInbox | None:
+        """A memfd HELLO: its fds filed in the session its key names (``bound``'s, after
+        the connection's first), or closed; the answer is a welcome naming how many
+        were filed, or an err. The session's inbox when filed, else None."""
         try:
             if cut:
                 raise einval(f"memfd handoff: at most {HANDOFF_FDS} fds per hello")
@@ -301,17 +381,26 @@ class UnixListener:
                     and 0 <= seq < 1 << 32):
                 raise RDMAError("EPROTO", "memfd hello: seq must be an unsigned 32-bit int")
             inbox = self._inboxes.get(key)
-            if inbox is None or inbox.uid != uid:
+            if inbox is None or inbox.uid != uid or (bound is not None and inbox is not bound):
                 raise RDMAError("EACCES", "memfd handoff: the key names no session of this "
-                                          "process's user on this daemon")
+                                          "process's user on this daemon"
+                                + (", or another session than the connection's first"
+                                   if bound is not None else ""))
+            if bound is None and len(inbox.handoffs) >= MAX_HANDOFF_CONNS:
+                raise RDMAError("EBUSY", f"memfd handoff: a session keeps at most "
+                                         f"{MAX_HANDOFF_CONNS} memfd connections open")
             inbox.file(seq, list(fds))
             n = len(fds)
             fds.clear()                     # the inbox's now
-            _send_raw(conn, {"t": FrameKind.WELCOME, "role": "memfd", "fds": n})
+            inbox.handoffs.add(conn)
+            # keep: the connection takes the session's next handoffs too
+            _send_raw(conn, {"t": FrameKind.WELCOME, "role": "memfd", "fds": n, "keep": 1})
+            return inbox
         except RDMAError as e:
             log.warning("refused %s", kv(event="memfd_refused", peer=peer,
                                           errno=e.errno_name, reason=e.message))
             _send_raw(conn, _err(e))
+            return None
 
     async def _serve(self, reader, writer, peer: str, cred: tuple[int, int, int],
                      nonce: bytes) -> None:

@@ -10,14 +10,25 @@
  *                      registration of the CQ's own pages is refused, not moved.
  *   regcheck fork      registers memory, forks; the child's ibv_post_send, ibv_poll_cq,
  *                      ibv_post_recv and ibv_reg_mr on the parent's objects fail EIO at
- *                      once (each timed, the child killed by an alarm if one hangs); the
- *                      parent's QP still completes a WRITE after.
+ *                      once (each timed, the child killed by an alarm if one hangs), and
+ *                      it closes its copy of the context; the parent's QP still
+ *                      completes a WRITE after, and its next ibv_reg_mr goes over the
+ *                      same connections to the daemon it had before the fork.
  *   regcheck handoff HELPER...  registers a page of a known pattern, forks, and the
  *                      child execs HELPER... with the control socket kept open (its
  *                      close-on-exec cleared) and the numbers of the parent's memfds as
  *                      arguments: "HELPER... PARENT_PID SOCKET_FD MEMFD...". The parent
  *                      stops itself (SIGSTOP) so that the child alone reads the session;
  *                      the child continues it when done. Exit status: the helper's.
+ *   regcheck speed N [MAPS]  times ibv_reg_mr and ibv_dereg_mr: N buffers of each of
+ *                      4 KiB, 64 KiB and 1 MiB (each its own mmap), all registered, then
+ *                      all deregistered; prints the median and the mean time of a call
+ *                      (microseconds). MAPS:
+ *                      first make the program hold that many more mappings (one page
+ *                      each, alternately writable and read-only, so none merge, below
+ *                      the buffers), as a program with many libraries and arenas does.
+ *                      Then counts its connections to the daemon: the control one and
+ *                      one kept for the handoffs, none after ibv_close_device.
  *
  * Expected values are computed here, never read back from softhca. Exit 0 when every
  * check holds; each check prints one line. */
@@ -28,6 +39,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -214,6 +226,33 @@ static int lost(void)
 	return failures ? 1 : 0;
 }
 
+/* The inode numbers of this process's connections to the daemon's socket at path, in
+ * the order of their fds: at most max; how many there are. */
+static int daemon_sockets(const char *path, unsigned long *inos, int max)
+{
+	struct sockaddr_un sa;
+	struct stat st;
+	socklen_t len;
+	int fd, n = 0;
+
+	for (fd = 0; fd < 1024; fd++) {
+		len = sizeof(sa);
+		memset(&sa, 0, sizeof(sa));
+		if (getpeername(fd, (struct sockaddr *)&sa, &len) || sa.sun_family != AF_UNIX ||
+		    strcmp(sa.sun_path, path) || fstat(fd, &st))
+			continue;
+		if (n < max)
+			inos[n] = (unsigned long)st.st_ino;
+		n++;
+	}
+	return n;
+}
+
+static int same_sockets(const unsigned long *a, int na, const unsigned long *b, int nb)
+{
+	return na == nb && !memcmp(a, b, sizeof(*a) * (size_t)(na < 8 ? na : 8));
+}
+
 /* fork: the child's calls on the parent's objects. */
 static void timed(const char *what, int rc, int want, double t0)
 {
@@ -228,6 +267,10 @@ static int forked(void)
 	struct side s = {0};
 	struct peer_info self;
 	uint8_t *buf = malloc(8192), *more = malloc(8192);
+	const char *path = getenv("SOFTHCA_SOCKET");
+	unsigned long before[8], after[8];
+	int nbefore, nafter;
+	struct ibv_mr *again;
 	struct ibv_wc wc;
 	int status, rc;
 	pid_t pid;
@@ -243,6 +286,8 @@ static int forked(void)
 		die("ibv_reg_mr");
 	self = (struct peer_info){s.qp->qp_num, s.mr->rkey, (uintptr_t)buf, s.gid};
 	connect_qp(&s, &self);
+	/* the control connection and the kept memfd one */
+	nbefore = daemon_sockets(path ? path : "", before, 8);
 	fflush(stdout);
 	pid = fork();
 	if (pid < 0)
@@ -269,6 +314,10 @@ static int forked(void)
 		errno = 0;
 		mr = ibv_reg_mr(s.pd, more, 8192, IBV_ACCESS_LOCAL_WRITE);
 		timed("ibv_reg_mr", mr ? 0 : errno, EIO, t0);
+		/* its copies of the parent's connections are closed, not shut down */
+		t0 = now();
+		rc = ibv_close_device(s.ctx);
+		timed("ibv_close_device", rc, 0, t0);
 		fflush(stdout);
 		_exit(failures ? 1 : 0);
 	}
@@ -288,6 +337,13 @@ static int forked(void)
 		CHECK(rc == 1 && wc.status == IBV_WC_SUCCESS, "parent: its QP still completes a "
 		      "WRITE after the child's calls");
 	}
+	again = ibv_reg_mr(s.pd, more, 8192, IBV_ACCESS_LOCAL_WRITE);
+	nafter = daemon_sockets(path ? path : "", after, 8);
+	CHECK(again && nbefore == 2 && same_sockets(before, nbefore, after, nafter),
+	      "parent: ibv_reg_mr after the child closed its copy of the context succeeds on "
+	      "the same %d connections to the daemon (%d after)", nbefore, nafter);
+	if (again)
+		ibv_dereg_mr(again);
 	return failures ? 1 : 0;
 }
 
@@ -376,6 +432,108 @@ static int handoff(int argc, char **argv)
 	return WIFEXITED(status) ? WEXITSTATUS(status) | (failures ? 1 : 0) : 3;
 }
 
+static int by_value(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The median and the mean of n times, in microseconds ("MEDIAN us (mean MEAN)"); t is
+ * sorted. */
+static void said_times(char *out, size_t size, double *t, int n)
+{
+	double sum = 0;
+	int i;
+
+	for (i = 0; i < n; i++)
+		sum += t[i];
+	qsort(t, (size_t)n, sizeof(*t), by_value);
+	snprintf(out, size, "%.0f us (mean %.0f)", t[n / 2] * 1e6, sum / n * 1e6);
+}
+
+/* speed: the cost of ibv_reg_mr and ibv_dereg_mr by size, each call timed. */
+static int speed(int argc, char **argv)
+{
+	static const size_t sizes[] = {4096, 64u << 10, 1u << 20};
+	struct side s = {0};
+	const char *path = getenv("SOFTHCA_SOCKET");
+	int n = argc > 2 ? atoi(argv[2]) : 100;
+	long maps = argc > 3 ? atol(argv[3]) : 0;
+	char reg[64], dereg[64];
+	double *treg, *tdereg;
+	struct ibv_mr **mrs;
+	uint8_t **bufs;
+	size_t k;
+	long i;
+	int j;
+
+	if (n <= 0)
+		return 2;
+	for (i = 0; i < maps; i++) {
+		int prot = i % 2 ? PROT_READ : PROT_READ | PROT_WRITE;
+
+		/* low, below the buffers: /proc/self/maps lists them before */
+		if (mmap((void *)(0x100000000ul + (uintptr_t)i * 4096), 4096, prot,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0) == MAP_FAILED)
+			die("mmap of the extra mappings");
+	}
+	open_ctx(&s);
+	mrs = calloc((size_t)n, sizeof(*mrs));
+	bufs = calloc((size_t)n, sizeof(*bufs));
+	treg = calloc((size_t)n, sizeof(*treg));
+	tdereg = calloc((size_t)n, sizeof(*tdereg));
+	if (!mrs || !bufs || !treg || !tdereg)
+		die("calloc");
+	for (k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		double t0;
+		int ok = 0;
+
+		for (j = 0; j < n; j++) {
+			bufs[j] = mmap(NULL, sizes[k], PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (bufs[j] == MAP_FAILED)
+				die("mmap");
+			memset(bufs[j], j, sizes[k]);
+		}
+		for (j = 0; j < n; j++) {
+			t0 = now();
+			mrs[j] = ibv_reg_mr(s.pd, bufs[j], sizes[k], IBV_ACCESS_LOCAL_WRITE);
+			treg[j] = now() - t0;
+			ok += !!mrs[j];
+		}
+		for (j = 0; j < n; j++) {
+			t0 = now();
+			if (mrs[j] && ibv_dereg_mr(mrs[j]))
+				ok--;
+			tdereg[j] = now() - t0;
+		}
+		for (j = 0; j < n; j++)
+			munmap(bufs[j], sizes[k]);
+		said_times(reg, sizeof(reg), treg, n);
+		said_times(dereg, sizeof(dereg), tdereg, n);
+		CHECK(ok == n, "%zu KiB x %d (%ld extra mappings): ibv_reg_mr %s, ibv_dereg_mr %s",
+		      sizes[k] >> 10, n, maps, reg, dereg);
+	}
+	if (path) {
+		unsigned long inos[8];
+
+		j = daemon_sockets(path, inos, 8);
+		CHECK(j == 2, "after %d registrations the process has %d connections to the "
+		      "daemon (the control one and one kept for handing over memfds)", 3 * n, j);
+	}
+	ibv_dealloc_pd(s.pd);
+	ibv_destroy_cq(s.cq);
+	ibv_close_device(s.ctx);
+	if (path) {
+		unsigned long inos[8];
+
+		j = daemon_sockets(path, inos, 8);
+		CHECK(j == 0, "after ibv_close_device it has %d", j);
+	}
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "lost";
@@ -387,6 +545,8 @@ int main(int argc, char **argv)
 		return forked();
 	if (!strcmp(mode, "handoff"))
 		return handoff(argc, argv);
-	fprintf(stderr, "usage: regcheck lost|fork|handoff HELPER...\n");
+	if (!strcmp(mode, "speed"))
+		return speed(argc, argv);
+	fprintf(stderr, "usage: regcheck lost|fork|handoff HELPER...|speed N [MAPS]\n");
 	return 2;
 }
