@@ -136,12 +136,18 @@ def run_alone(where, settings: dict[str, str], name: str,
 
 @pytest.fixture(scope="module")
 def batches(where):
-    """Each setting's batch, run when a test first asks for it."""
-    done: dict[str, tuple] = {}
+    """Each setting's batch, run when a test first asks for it; one that raised (a time-out)
+    raises again for its other tests rather than being run again."""
+    done: dict[str, tuple | Exception] = {}
 
     def get(key: str, settings: dict[str, str], runs: dict[str, list[str]]):
         if key not in done:
-            done[key] = run_batch(where, settings, runs)
+            try:
+                done[key] = run_batch(where, settings, runs)
+            except Exception as e:      # kept for the batch's other tests
+                done[key] = e
+        if isinstance(done[key], Exception):
+            raise done[key]
         return done[key]
     return get
 
