@@ -64,13 +64,30 @@ base_id=$(docker image inspect --format '{{.Id}}' "$base")
 mapfile -t sources < <(find pyproject.toml README.md accel engine protocol server client tools \
     -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
 wheel_inputs=$(hash_files "${sources[@]}")
+# A copy of each wheelhouse built, outside the checkout, by the hash of its inputs: a fresh
+# clone of the same sources takes it instead of building it again (pip wheel is most of a
+# minute, mostly the package index), and the same wheel files keep Docker's COPY of them,
+# and the venv layers after it, cached. The three most recent are kept.
+WHEEL_CACHE=${SOFTHCA_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/softhca-wheelhouse}
 if [ -f "$WHEELHOUSE/.inputs" ] && [ "$(cat "$WHEELHOUSE/.inputs")" = "$wheel_inputs" ]; then
     say "wheelhouse $WHEELHOUSE up to date"
+elif [ -f "$WHEEL_CACHE/$wheel_inputs/.inputs" ]; then
+    rm -rf "$WHEELHOUSE" && mkdir -p "$(dirname "$WHEELHOUSE")"
+    cp -a "$WHEEL_CACHE/$wheel_inputs" "$WHEELHOUSE"
+    touch "$WHEEL_CACHE/$wheel_inputs"
+    say "wheelhouse $WHEELHOUSE from $WHEEL_CACHE/$wheel_inputs ($(ls "$WHEELHOUSE"/*.whl | wc -l) wheels)"
 else
     rm -rf "$WHEELHOUSE" && mkdir -p "$WHEELHOUSE"
     "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$WHEELHOUSE" '.[fast,test]'
     echo "$wheel_inputs" >"$WHEELHOUSE/.inputs"
     say "wheelhouse $WHEELHOUSE built ($(ls "$WHEELHOUSE"/*.whl | wc -l) wheels)"
+    if mkdir -p "$WHEEL_CACHE" 2>/dev/null; then
+        part=$(mktemp -d "$WHEEL_CACHE/.part.XXXXXX")
+        cp -a "$WHEELHOUSE/." "$part/" && { mv -T "$part" "$WHEEL_CACHE/$wheel_inputs" 2>/dev/null \
+            || rm -rf "$part"; }
+        # shellcheck disable=SC2012  # names are hashes
+        ls -1t "$WHEEL_CACHE" | tail -n +4 | while read -r old; do rm -rf "${WHEEL_CACHE:?}/$old"; done
+    fi
 fi
 
 # -- 3. the images ----------------------------------------------------------------------

@@ -39,7 +39,6 @@ from twonode import remote
 # The compose stack's fixtures (tests/support/compose_fixtures.py), by name.
 stack = compose_fixtures.stack
 target_up = compose_fixtures.target_up
-verbs_nodes = compose_fixtures.verbs_nodes
 
 pytestmark = pytest.mark.docker
 
@@ -125,79 +124,88 @@ PP_ITERS = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter$",
 PERF_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", re.M)
 
 
-def test_ibv_rc_pingpong_between_containers(verbs_nodes):
-    """Debian's ibv_rc_pingpong, unmodified, each side exec'd in its container and served
-    by that container's daemon over its UNIX socket; -c: each side checks the bytes it
-    received against the pattern the other sent."""
-    target, node = verbs_nodes
-    size, iters, port = 4096, 1000, 18515
-    prog = ["ibv_rc_pingpong", "-g", "0", "-c", "-s", str(size), "-n", str(iters),
-            "-p", str(port)]
-    (src, sout), (crc, cout) = dc.exec_pair(target, node, prog, port)
-    for name, rc, out in (("target", src, sout), ("initiator", crc, cout)):
-        assert rc == 0, f"{name}:\n{out}"
-        b, it = PP_BYTES.search(out), PP_ITERS.search(out)
-        assert b and it, f"{name} printed no figures:\n{out}"
-        # Each iteration's send and receive: 2 * size * iters bytes.
-        assert int(b.group(1)) == 2 * size * iters and int(it.group(1)) == iters, out
-        dc.report(f"ibv_rc_pingpong {name} container: {b.group(0)}; {it.group(0)}")
-    assert "invalid data" not in cout and "invalid data" not in sout, cout + sout
-    # The target's GID, as the initiator's program read it, carries the target daemon's
-    # address: fe80::<IPv4>:<port>:<device index>, printed by inet_ntop.
-    gid = ipaddress.IPv6Address(bytes.fromhex("fe80" + "00" * 6) + ipaddress.IPv4Address(
-        TARGET_IP).packed + (4791).to_bytes(2, "big") + bytes(2))
-    assert f"GID {gid}" in cout, cout
+class TestVerbsPrograms:
+    """The programs below on one pair of nodes (a node bring-up is some ten seconds),
+    made for the class and removed after it, before the tests that stop the target."""
+
+    @pytest.fixture(scope="class")
+    def verbs_nodes(self, stack):
+        with dc.verbs_nodes() as nodes:
+            yield nodes
+
+    def test_ibv_rc_pingpong_between_containers(self, verbs_nodes):
+        """Debian's ibv_rc_pingpong, unmodified, each side exec'd in its container and served
+        by that container's daemon over its UNIX socket; -c: each side checks the bytes it
+        received against the pattern the other sent."""
+        target, node = verbs_nodes
+        size, iters, port = 4096, 1000, 18515
+        prog = ["ibv_rc_pingpong", "-g", "0", "-c", "-s", str(size), "-n", str(iters),
+                "-p", str(port)]
+        (src, sout), (crc, cout) = dc.exec_pair(target, node, prog, port)
+        for name, rc, out in (("target", src, sout), ("initiator", crc, cout)):
+            assert rc == 0, f"{name}:\n{out}"
+            b, it = PP_BYTES.search(out), PP_ITERS.search(out)
+            assert b and it, f"{name} printed no figures:\n{out}"
+            # Each iteration's send and receive: 2 * size * iters bytes.
+            assert int(b.group(1)) == 2 * size * iters and int(it.group(1)) == iters, out
+            dc.report(f"ibv_rc_pingpong {name} container: {b.group(0)}; {it.group(0)}")
+        assert "invalid data" not in cout and "invalid data" not in sout, cout + sout
+        # The target's GID, as the initiator's program read it, carries the target daemon's
+        # address: fe80::<IPv4>:<port>:<device index>, printed by inet_ntop.
+        gid = ipaddress.IPv6Address(bytes.fromhex("fe80" + "00" * 6) + ipaddress.IPv4Address(
+            TARGET_IP).packed + (4791).to_bytes(2, "big") + bytes(2))
+        assert f"GID {gid}" in cout, cout
 
 
-def test_ib_write_bw_between_containers(verbs_nodes):
-    """perftest's ib_write_bw, unmodified, initiator container to target container; it
-    links libmlx5.so.1, which the image's LD_LIBRARY_PATH makes softhca's."""
-    target, node = verbs_nodes
-    for cid in (target, node):
-        r = dc.exec_output(cid, ["ldd", "/usr/bin/ib_write_bw"])
-        assert "libmlx5.so.1 => /opt/softhca-provider/libmlx5.so.1" in r.stdout, r.stdout
-    size, iters, port = 65536, 1000, 18516
-    prog = ["ib_write_bw", "-s", str(size), "-n", str(iters), "-p", str(port)]
-    (src, sout), (crc, cout) = dc.exec_pair(target, node, prog, port)
-    assert src == 0, f"target:\n{sout}"
-    assert crc == 0, f"initiator:\n{cout}"
-    rows = [m for m in PERF_ROW.finditer(cout) if int(m.group(1)) == size]
-    assert rows, f"ib_write_bw printed no row for {size} bytes:\n{cout}"
-    assert int(rows[0].group(2)) == iters and float(rows[0].group(4)) > 0, cout
-    dc.report(f"ib_write_bw initiator container: {rows[0].group(0).strip()}")
+    def test_ib_write_bw_between_containers(self, verbs_nodes):
+        """perftest's ib_write_bw, unmodified, initiator container to target container; it
+        links libmlx5.so.1, which the image's LD_LIBRARY_PATH makes softhca's."""
+        target, node = verbs_nodes
+        for cid in (target, node):
+            r = dc.exec_output(cid, ["ldd", "/usr/bin/ib_write_bw"])
+            assert "libmlx5.so.1 => /opt/softhca-provider/libmlx5.so.1" in r.stdout, r.stdout
+        size, iters, port = 65536, 1000, 18516
+        prog = ["ib_write_bw", "-s", str(size), "-n", str(iters), "-p", str(port)]
+        (src, sout), (crc, cout) = dc.exec_pair(target, node, prog, port)
+        assert src == 0, f"target:\n{sout}"
+        assert crc == 0, f"initiator:\n{cout}"
+        rows = [m for m in PERF_ROW.finditer(cout) if int(m.group(1)) == size]
+        assert rows, f"ib_write_bw printed no row for {size} bytes:\n{cout}"
+        assert int(rows[0].group(2)) == iters and float(rows[0].group(4)) > 0, cout
+        dc.report(f"ib_write_bw initiator container: {rows[0].group(0).strip()}")
 
 
-def test_rdma_cm_programs_between_containers(verbs_nodes):
-    """rdmacm-utils (rping, ucmatose, udaddy, rdma_server / rdma_client) and perftest's -R,
-    unmodified, server in the target container and client in the initiator's, through
-    softhca's librdmacm.so.1 and each container's daemon as the CM (compose_cm.py). One
-    node bring-up for all; every program is run and judged, then the failures told."""
-    target, node = verbs_nodes
-    for cid in (target, node):
-        r = dc.exec_output(cid, ["ldd", "/usr/bin/rping"])
-        assert "librdmacm.so.1 => /opt/softhca-provider/librdmacm.so.1" in r.stdout, r.stdout
-    checks = {
-        "rping": lambda: cm.check_rping(target, node, 100),
-        "ucmatose": lambda: cm.check_ucmatose(target, node),
-        "udaddy": lambda: cm.check_udaddy(target, node),
-        "rdma_server/rdma_client": lambda: cm.check_rdma_server_client(target, node),
-        "ib_write_bw -R": lambda: [cm.check_perftest(target, node, "ib_write_bw", 65536,
-                                                     "7177")],
-        "ib_send_lat -R": lambda: [cm.check_perftest(target, node, "ib_send_lat", 64,
-                                                     "7178")],
-    }
-    failed = {}
-    for name, check in checks.items():
-        start = time.monotonic()
-        try:
-            lines = check()
-        except AssertionError as e:
-            failed[name] = str(e)
-            dc.report(f"{name} between containers: FAILED")
-            continue
-        dc.report(f"{name} between containers ({time.monotonic() - start:.1f} s): "
-                  + " | ".join(line.strip() for line in lines))
-    assert not failed, "\n\n".join(f"== {k}\n{v}" for k, v in failed.items())
+    def test_rdma_cm_programs_between_containers(self, verbs_nodes):
+        """rdmacm-utils (rping, ucmatose, udaddy, rdma_server / rdma_client) and perftest's -R,
+        unmodified, server in the target container and client in the initiator's, through
+        softhca's librdmacm.so.1 and each container's daemon as the CM (compose_cm.py). One
+        node bring-up for all; every program is run and judged, then the failures told."""
+        target, node = verbs_nodes
+        for cid in (target, node):
+            r = dc.exec_output(cid, ["ldd", "/usr/bin/rping"])
+            assert "librdmacm.so.1 => /opt/softhca-provider/librdmacm.so.1" in r.stdout, r.stdout
+        checks = {
+            "rping": lambda: cm.check_rping(target, node, 100),
+            "ucmatose": lambda: cm.check_ucmatose(target, node),
+            "udaddy": lambda: cm.check_udaddy(target, node),
+            "rdma_server/rdma_client": lambda: cm.check_rdma_server_client(target, node),
+            "ib_write_bw -R": lambda: [cm.check_perftest(target, node, "ib_write_bw", 65536,
+                                                         "7177")],
+            "ib_send_lat -R": lambda: [cm.check_perftest(target, node, "ib_send_lat", 64,
+                                                         "7178")],
+        }
+        failed = {}
+        for name, check in checks.items():
+            start = time.monotonic()
+            try:
+                lines = check()
+            except AssertionError as e:
+                failed[name] = str(e)
+                dc.report(f"{name} between containers: FAILED")
+                continue
+            dc.report(f"{name} between containers ({time.monotonic() - start:.1f} s): "
+                      + " | ".join(line.strip() for line in lines))
+        assert not failed, "\n\n".join(f"== {k}\n{v}" for k, v in failed.items())
 
 
 # -- the user's own program, from the bind-mounted directory --------------------------------

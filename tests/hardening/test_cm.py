@@ -16,6 +16,7 @@ import pytest
 from softhca.engine.cm import CMId
 from softhca.protocol import cm
 from softhca.protocol.frames import FrameDecoder, encode_frame, frame_bytes
+from softhca.server.cm import MAX_IDS
 from softhca.server.daemon import Daemon
 from softhca.server.link import open_link
 
@@ -197,12 +198,16 @@ async def test_private_data_longer_than_the_message_carries_is_einval():
         cli.close()
 
 
-async def test_ten_thousand_connects_to_nobody_are_rejected_and_leak_nothing():
+async def test_connects_to_nobody_past_the_id_bound_are_rejected_and_leak_nothing():
+    """2,500 ids on one session, 500 at a time, each connected to nobody, rejected and
+    destroyed: more than twice the ids a session may hold (MAX_IDS), so an id whose
+    destruction did not give its slot back would be refused before the end."""
     async with daemon() as d:
         s = await Session.open(d)
         qpn = await make_qp(s)
         fds = len(os.listdir("/proc/self/fd"))
-        n, batch = 10_000, 500
+        n, batch = 2_500, 500
+        assert n > 2 * MAX_IDS
         for _ in range(n // batch):
             rids = [s.send("cm_create_id", ps=cm.PS_TCP) for _ in range(batch)]
             ids = [(await s.reply(r))["cmid"] for r in rids]

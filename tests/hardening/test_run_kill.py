@@ -96,8 +96,10 @@ def test_sigkill_ends_the_programs_whole_tree_and_the_next_run_cleans(tmp_path):
     before = host_set_up_dirs()
     proc = start(tmp_path, ["sh", "-c", "sleep 1000 & sleep 1000 & wait"])
     try:
-        sleeps = until(lambda: {p for p in descendants(proc.pid)
-                                if _argv(p) == ["sleep", "1000"]} or None, 30)
+        # Both: the first alone is not yet the tree the test kills (sh starts the second
+        # after it).
+        sleeps = until(lambda: (lambda got: got if len(got) == 2 else None)(
+            {p for p in descendants(proc.pid) if _argv(p) == ["sleep", "1000"]}), 30)
         assert sleeps and len(sleeps) == 2, "the program's two sleeps never started"
         tree = descendants(proc.pid)
         proc.send_signal(signal.SIGKILL)

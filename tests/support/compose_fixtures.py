@@ -38,10 +38,3 @@ def target_up(stack, monkeypatch):
     monkeypatch.delenv("SOFTHCA_INITIATOR_ADDR", raising=False)
     return cid
 
-
-@pytest.fixture
-def verbs_nodes(target_up):
-    """(target, node): both containers ready for ``docker exec`` of a verbs program
-    (dc.verbs_nodes), for one test."""
-    with dc.verbs_nodes() as nodes:
-        yield nodes

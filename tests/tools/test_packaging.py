@@ -9,6 +9,12 @@ every editable install of a package-dir mapping (the five folders installed as
 as it is, where that notice must be the only warning, and with the Makefile's own filter,
 where nothing at all may be printed.
 
+The installs run in scratch venvs made without pip, by this interpreter's pip (`make`'s
+own, upgraded by it to the current one) pointed at them with ``--python``: no pip
+bootstrapped and upgraded per venv. The module's three installs (the two editable ones,
+the regular one below) run at once, each in a venv of its own: each build is pip's
+isolated environment and a build backend, mostly waiting on the package index.
+
 A regular (non-editable) install, as a wheel gives, runs ``python -m softhca`` from the
 repository root as from anywhere: the tree's ``softhca/`` folder, first on ``sys.path``
 there, takes its subpackages from the installed copy.
@@ -35,36 +41,61 @@ def _makefile_filter() -> str:
     return m.group(1)
 
 
-def _install(python: Path, warnings_filter: str | None) -> subprocess.CompletedProcess:
+INDEX_DOWN = re.compile(r"(?i)no matching distribution|connection|network is unreachable")
+
+
+def _venv(where: Path) -> Path:
+    """A scratch venv without pip (the installs below run this interpreter's pip in it)."""
+    venv.EnvBuilder(with_pip=False).create(where)
+    return where / "bin" / "python"
+
+
+def _start_install(python: Path, *args: str,
+                   warnings_filter: str | None = None) -> subprocess.Popen:
+    """``pip install --no-deps`` of the tree into ``python``'s venv, started; pip's
+    ``--python`` runs this interpreter's pip under ``python``."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     if warnings_filter:
         env["PYTHONWARNINGS"] = warnings_filter
-    return subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
-         "--disable-pip-version-check", "-e", str(ROOT)],
-        capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
+         "--no-deps", "--disable-pip-version-check", *args, str(ROOT)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _done(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")
-def scratch_python(tmp_path_factory) -> Path:
-    where = tmp_path_factory.mktemp("venv")
-    venv.EnvBuilder(with_pip=True).create(where)
-    python = where / "bin" / "python"
-    # As the Makefile does: the current pip, which shows what the build backend prints.
-    up = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
-                        capture_output=True, text=True, timeout=300)
-    if up.returncode != 0:
-        pytest.skip(f"pip cannot be upgraded here (no package index?): "
-                    f"{(up.stderr.strip().splitlines() or ['?'])[-1]}")
-    return python
+def installs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """The module's three installs, run at once, each in a venv of its own: editable as
+    it is ("plain"), editable with the Makefile's filter ("quiet"), and regular
+    ("regular"). {name: (the venv's python, the finished pip)}."""
+    pythons = {name: _venv(tmp_path_factory.mktemp(name))
+               for name in ("plain", "quiet", "regular")}
+    procs = {
+        "plain": _start_install(pythons["plain"], "-e"),
+        "quiet": _start_install(pythons["quiet"], "-e", warnings_filter=_makefile_filter()),
+        "regular": _start_install(pythons["regular"]),
+    }
+    return {name: (pythons[name], _done(proc)) for name, proc in procs.items()}
 
 
-def test_make_install_prints_no_warning(scratch_python):
-    plain = _install(scratch_python, None)
-    if plain.returncode != 0 and re.search(r"(?i)no matching distribution|connection|"
-                                           r"network is unreachable", plain.stderr):
+def _skip_if_index_down(r: subprocess.CompletedProcess) -> None:
+    if r.returncode != 0 and INDEX_DOWN.search(r.stderr):
         pytest.skip(f"setuptools cannot be fetched for the isolated build: "
-                    f"{plain.stderr.strip().splitlines()[-1]}")
+                    f"{r.stderr.strip().splitlines()[-1]}")
+
+
+def test_make_install_prints_no_warning(installs):
+    _, plain = installs["plain"]
+    _skip_if_index_down(plain)
     assert plain.returncode == 0, plain.stderr
     # As it is: the editable notice is the one warning, never a deprecation of ours.
     kinds = re.findall(r"(\w*Warning): ([^\n]*)", plain.stderr)
@@ -74,7 +105,7 @@ def test_make_install_prints_no_warning(scratch_python):
     assert "license" not in plain.stderr.lower(), plain.stderr
 
     # As `make` runs it: silent.
-    quiet = _install(scratch_python, _makefile_filter())
+    _, quiet = installs["quiet"]
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout.strip() == "" and quiet.stderr.strip() == "", quiet.stderr
     print(f"\nplain install: {len(kinds)} notice(s) {sorted({t for _, t in kinds})}; "
@@ -84,20 +115,11 @@ def test_make_install_prints_no_warning(scratch_python):
 # -- a regular (non-editable) install, run from the repository root ------------------------
 
 @pytest.fixture(scope="module")
-def installed_python(tmp_path_factory) -> Path:
+def installed_python(installs) -> Path:
     """A scratch venv with softhca installed from the tree as a wheel would be (no
     editable finder); its dependencies come from this interpreter (PYTHONPATH below)."""
-    where = tmp_path_factory.mktemp("installed")
-    venv.EnvBuilder(with_pip=True).create(where)
-    python = where / "bin" / "python"
-    done = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-deps",
-         "--disable-pip-version-check", str(ROOT)],
-        capture_output=True, text=True, timeout=600)
-    if done.returncode != 0 and re.search(r"(?i)no matching distribution|connection|"
-                                          r"network is unreachable", done.stderr):
-        pytest.skip(f"setuptools cannot be fetched for the isolated build: "
-                    f"{done.stderr.strip().splitlines()[-1]}")
+    python, done = installs["regular"]
+    _skip_if_index_down(done)
     assert done.returncode == 0, done.stderr
     return python
 
