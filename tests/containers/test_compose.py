@@ -210,6 +210,53 @@ class TestVerbsPrograms:
 
 # -- the user's own program, from the bind-mounted directory --------------------------------
 
+    def test_own_program_from_the_user_directory_between_containers(self, verbs_nodes):
+        """A program of one's own, built on this host and put in SOFTHCA_USER_DIR, runs in both
+        containers from /mnt/user with nothing set: examples/c/cm_dif.c (rdma_cm, its own
+        mlx5dv QP, a T10-DIF MKEY) compiled with cc, the target in the target container and
+        the initiator in the initiator's naming 10.200.0.1. The PIs the target received are
+        computed here from the data the initiator printed."""
+        assert crc16_t10dif(b"123456789", 0) == 0xD0DB      # the catalogue's check value
+        why = host_build_unavailable()
+        if why:
+            pytest.skip(why)
+        target, node = verbs_nodes
+        prog = dc.USER_DIR / "cm_dif"
+        dc.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(prog),
+                str(EXAMPLES_C / "cm_dif.c"), str(EXAMPLES_C / "cex.c"),
+                "-lmlx5", "-libverbs", "-lrdmacm"], check=True)
+        prog.chmod(0o755)
+        port = "7190"
+        for cid in (target, node):
+            r = dc.exec_output(cid, ["ls", "-l", "/mnt/user/cm_dif"])
+            assert r.returncode == 0, r.stdout + r.stderr
+        srv = subprocess.Popen(["docker", "exec", target, "/mnt/user/cm_dif", "-p", port],
+                               text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            # the initiator tries again while the target's rdma_listen is still to come
+            cli = dc.exec_output(node, ["/mnt/user/cm_dif", "-p", port, dc.TARGET_IP],
+                                 timeout=120)
+            out, _ = srv.communicate(timeout=120)
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.communicate()
+        both = f"--- target:\n{out[-3000:]}\n--- initiator:\n{(cli.stdout + cli.stderr)[-3000:]}"
+        assert srv.returncode == 0 and out.splitlines()[-1] == "PASS", both
+        assert cli.returncode == 0 and cli.stdout.splitlines()[-1] == "PASS", both
+        assert "check FAILED" not in out + cli.stdout, both
+        data, got = image(cli.stdout, "initiator_memory"), image(out, "target_memory")
+        assert len(data) == 8 * 512 and len(got) == 8 * 520
+        for b in range(8):
+            block, pi = data[b * 512:(b + 1) * 512], got[b * 520 + 512:(b + 1) * 520]
+            assert got[b * 520:b * 520 + 512] == block, b
+            assert pi == (crc16_t10dif(block, 0xFFFF).to_bytes(2, "big") + b"\x5a\x5a"
+                          + (0x1000 + b).to_bytes(4, "big")), (b, pi.hex())
+        assert image(cli.stdout, "initiator_memory_read") == data
+        tries = re.search(r"established after (\d+) connect", cli.stdout)
+        dc.report("own program (/mnt/user/cm_dif) between containers: 8 T10-DIF blocks as "
+                  f"computed here, established after {tries.group(1) if tries else '?'} connect(s)")
+
 EXAMPLES_C = dc.ROOT / "examples" / "c"
 
 
@@ -250,54 +297,6 @@ def image(out: str, name: str) -> bytes:
     data = bytes.fromhex(m.group(2))
     assert len(data) == int(m.group(1))
     return data
-
-
-def test_own_program_from_the_user_directory_between_containers(verbs_nodes):
-    """A program of one's own, built on this host and put in SOFTHCA_USER_DIR, runs in both
-    containers from /mnt/user with nothing set: examples/c/cm_dif.c (rdma_cm, its own
-    mlx5dv QP, a T10-DIF MKEY) compiled with cc, the target in the target container and
-    the initiator in the initiator's naming 10.200.0.1. The PIs the target received are
-    computed here from the data the initiator printed."""
-    assert crc16_t10dif(b"123456789", 0) == 0xD0DB      # the catalogue's check value
-    why = host_build_unavailable()
-    if why:
-        pytest.skip(why)
-    target, node = verbs_nodes
-    prog = dc.USER_DIR / "cm_dif"
-    dc.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(prog),
-            str(EXAMPLES_C / "cm_dif.c"), str(EXAMPLES_C / "cex.c"),
-            "-lmlx5", "-libverbs", "-lrdmacm"], check=True)
-    prog.chmod(0o755)
-    port = "7190"
-    for cid in (target, node):
-        r = dc.exec_output(cid, ["ls", "-l", "/mnt/user/cm_dif"])
-        assert r.returncode == 0, r.stdout + r.stderr
-    srv = subprocess.Popen(["docker", "exec", target, "/mnt/user/cm_dif", "-p", port],
-                           text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        # the initiator tries again while the target's rdma_listen is still to come
-        cli = dc.exec_output(node, ["/mnt/user/cm_dif", "-p", port, dc.TARGET_IP],
-                             timeout=120)
-        out, _ = srv.communicate(timeout=120)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
-    both = f"--- target:\n{out[-3000:]}\n--- initiator:\n{(cli.stdout + cli.stderr)[-3000:]}"
-    assert srv.returncode == 0 and out.splitlines()[-1] == "PASS", both
-    assert cli.returncode == 0 and cli.stdout.splitlines()[-1] == "PASS", both
-    assert "check FAILED" not in out + cli.stdout, both
-    data, got = image(cli.stdout, "initiator_memory"), image(out, "target_memory")
-    assert len(data) == 8 * 512 and len(got) == 8 * 520
-    for b in range(8):
-        block, pi = data[b * 512:(b + 1) * 512], got[b * 520 + 512:(b + 1) * 520]
-        assert got[b * 520:b * 520 + 512] == block, b
-        assert pi == (crc16_t10dif(block, 0xFFFF).to_bytes(2, "big") + b"\x5a\x5a"
-                      + (0x1000 + b).to_bytes(4, "big")), (b, pi.hex())
-    assert image(cli.stdout, "initiator_memory_read") == data
-    tries = re.search(r"established after (\d+) connect", cli.stdout)
-    dc.report("own program (/mnt/user/cm_dif) between containers: 8 T10-DIF blocks as "
-              f"computed here, established after {tries.group(1) if tries else '?'} connect(s)")
 
 
 async def _pair(*, timeout: int, retry_cnt: int):
