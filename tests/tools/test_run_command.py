@@ -211,3 +211,55 @@ def test_the_program_gets_the_real_stderr_and_its_status(tmp_path, capfd):
                  "echo to-out; echo to-err >&2; exit 3"]) == 3
     out, err = capfd.readouterr()
     assert out == "to-out\n" and err == "to-err\n", (out, err)
+
+
+def _binds(old, new, *, wrap: list[str]) -> subprocess.CompletedProcess:
+    """softhca run's per-entry bind program, as the namespace's script runs it, under
+    ``wrap`` (a private mount namespace, or a user namespace where mount is refused)."""
+    import sys
+
+    return subprocess.run([*wrap, sys.executable, "-I", "-S", "-c", native._BINDS,
+                           str(old), str(new)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(not _namespaces_work(), reason="needs root and unshare --mount")
+def test_the_bind_program_makes_each_entry_again_as_the_shell_loop_did(tmp_path):
+    """A tree like /dev's: a file, a directory with a file in it, a link, infiniband and
+    a dot entry. In the new tree the file and the directory are the old ones (bound: a
+    write through the new path is in the old file), the link points where the old one
+    does, infiniband and the dot entry are left out; the check runs in the namespace."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    (old / "pts").mkdir(parents=True)
+    (old / "pts" / "0").write_text("pty")
+    (old / "null").write_text("")
+    (old / "fd").symlink_to("/proc/self/fd")
+    (old / "infiniband").mkdir()
+    (old / ".hidden").write_text("")
+    new.mkdir()
+    check = (f'set -e; "$@"; echo through-new > {new}/null; cat {old}/null; '
+             f"cat {new}/pts/0; echo; readlink {new}/fd; ls -A {new}")
+    import sys
+
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", check,
+                        "-", sys.executable, "-I", "-S", "-c", native._BINDS, str(old),
+                        str(new)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n") == ["through-new", "pty", "/proc/self/fd", "fd", "null",
+                                    "pts", ""], r.stdout
+    # outside the namespace nothing was mounted: the new tree holds the empty stand-ins
+    assert (new / "null").read_text() == "" and not (new / "pts" / "0").exists()
+
+
+@pytest.mark.skipif(not _namespaces_work() or subprocess.run(
+    ["unshare", "--user", "true"], capture_output=True).returncode != 0,
+    reason="needs root, unshare --mount and a user namespace")
+def test_a_refused_bind_is_said_as_mount_says_it(tmp_path):
+    """In a user namespace with no mapping mount(2) is refused (EPERM): the program says
+    which mount point, in mount(8)'s form that softhca run's one line quotes, and exits
+    32 (mount(8)'s status), so that the script stops there."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    (old / "pts").mkdir(parents=True)
+    new.mkdir()
+    r = _binds(old, new, wrap=["unshare", "--user"])
+    assert r.returncode == 32, r
+    assert r.stderr == f"mount: {new}/pts: Operation not permitted.\n", r.stderr
