@@ -316,26 +316,39 @@ class RegMr(Request):
 MAX_PIECES = 16
 
 
+def _paged(*xs) -> bool:
+    """Each an int, a page-aligned u64."""
+    return all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= U64
+               and x % 4096 == 0 for x in xs)
+
+
+def _piece(p) -> tuple | None:
+    """One piece as a tuple, or None when it has neither form."""
+    if isinstance(p, list) and len(p) == 5 and p[0] == "sysv":
+        shmid, offset, length, addr = p[1:]
+        ok = type(shmid) is int and 0 <= shmid < 1 << 31 and _paged(offset, length, addr)
+        return ("sysv", *p[1:]) if ok and length > 0 else None
+    if isinstance(p, list) and len(p) == 3 and type(p[0]) is int:
+        memfd, offset, length = p
+        ok = 0 <= memfd < MAX_PIECES and _paged(offset, length)
+        return (memfd, offset, length) if ok and length > 0 else None
+    return None
+
+
 def _pieces(pieces: list) -> tuple[tuple, ...]:
     """``[memfd, offset, length]``: a piece of the handoff's fd ``memfd``; or ``["sysv",
     shmid, offset, length, addr]``: a piece of the SysV segment ``shmid``, which the
     caller maps at ``addr`` (the daemon attaches it itself)."""
     out = []
     for i, p in enumerate(pieces):
-        sysv = isinstance(p, list) and len(p) == 5 and p[0] == "sysv"
-        nums = p[1:] if sysv else p
-        if not (isinstance(p, list) and (sysv or len(p) == 3)
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in nums)
-                and (0 <= nums[0] < 1 << 31 if sysv else 0 <= nums[0] < MAX_PIECES)
-                and 0 <= nums[1] <= U64 and 0 < nums[2] <= U64
-                and nums[1] % 4096 == 0 and nums[2] % 4096 == 0
-                and (not sysv or (0 <= nums[3] <= U64 and nums[3] % 4096 == 0))):
+        piece = _piece(p)
+        if piece is None:
             raise FrameError("EPROTO", f"reg_mr_shared: pieces[{i}] must be [memfd, "
                                        f"offset, length], memfd the index of one in the "
                                        f"handoff, or [\"sysv\", shmid, offset, length, "
                                        f"addr], offset, length and addr page-aligned, got "
                                        f"{p!r}"[:200])
-        out.append(("sysv", *nums) if sysv else tuple(nums))
+        out.append(piece)
     return tuple(out)
 
 

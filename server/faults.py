@@ -217,16 +217,25 @@ def _check_corrupt(out: dict) -> None:
     if "xor" not in out and "set" not in out:
         out["xor"] = 1
     if f == "data" and "block" not in out and "block_size" not in out and "offset" in out:
-        # A byte of the message: ``offset`` from its first byte, no block geometry.
-        if "pi_size" in out:
-            raise _bad("pi_size goes with 'block' and 'block_size'")
-        if "set" in out and out["set"] > 0xFF or out.get("xor", 0) > 0xFF:
-            raise _bad("a data byte takes an xor or set value below 0x100")
+        _check_data_byte(out)
         return
     if "block" not in out or "block_size" not in out:
         raise _bad(f"corrupting the {f} field needs 'block' and 'block_size' (wire bytes "
                    "per block, PI included: 520 for T10-DIF on 512-byte blocks); a data "
                    "byte of the message needs only 'offset' (from its first byte)")
+    _check_block_field(out, f)
+
+
+def _check_data_byte(out: dict) -> None:
+    """A byte of the message: ``offset`` from its first byte, no block geometry."""
+    if "pi_size" in out:
+        raise _bad("pi_size goes with 'block' and 'block_size'")
+    if "set" in out and out["set"] > 0xFF or out.get("xor", 0) > 0xFF:
+        raise _bad("a data byte takes an xor or set value below 0x100")
+
+
+def _check_block_field(out: dict, f: str) -> None:
+    """Field ``f`` of a block: inside the block, and the pattern fits it."""
     pi = out.get("pi_size", 8)
     data = out["block_size"] - pi
     if data <= 0:
