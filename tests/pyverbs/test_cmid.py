@@ -11,7 +11,7 @@ import struct
 import threading
 
 import pytest
-from pyverbs_cm import next_event, resolved
+from pyverbs_cm import next_event, requested, resolved
 
 import softhca.client.pyverbs.cm_enums as ce
 import softhca.client.pyverbs.enums as e
@@ -156,12 +156,7 @@ def test_async_accept_send_and_disconnect():
     """The asynchronous flow of rdma_cm(7): ADDR / ROUTE_RESOLVED, CONNECT_REQUEST,
     ESTABLISHED on both sides (the active side's CONNECT_RESPONSE taken by the library,
     its QP moved to RTS and the RTU sent), a SEND, DISCONNECTED on both sides."""
-    srv_ch, cli_ch, lid, cid = resolved(next(_ports))
-    cid.create_qp(_attr())
-    cid.connect()
-    req = next_event(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lid)
-    child.create_qp(_attr())
+    srv_ch, cli_ch, lid, cid, child = requested(next(_ports), _attr)
     buf = child.reg_msgs(32)
     child.post_recv(buf)
     child.accept()

@@ -9,11 +9,10 @@ import itertools
 import os
 import time
 
-from pyverbs_cm import next_event, resolved
+from pyverbs_cm import next_event, requested
 
 import softhca.client.pyverbs.cm_enums as ce
 import softhca.client.pyverbs.enums as e
-from softhca.client.pyverbs.cmid import CMID
 from softhca.client.pyverbs.qp import QPCap, QPInitAttr
 
 _ports = itertools.count(7950 + os.getpid() % 40)
@@ -32,12 +31,7 @@ def _attr():
 
 
 def _connected():
-    srv_ch, cli_ch, lid, cid = resolved(next(_ports))
-    cid.create_qp(_attr())
-    cid.connect()
-    req = next_event(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lid)
-    child.create_qp(_attr())
+    srv_ch, cli_ch, lid, cid, child = requested(next(_ports), _attr)
     child.accept()
     next_event(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
     next_event(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)

@@ -4,8 +4,11 @@ resolved (rdma_cm(7)'s asynchronous flow up to rdma_connect)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import softhca.client.pyverbs.cm_enums as ce
 from softhca.client.pyverbs.cmid import CMID, AddrInfo, CMEvent, CMEventChannel
+from softhca.client.pyverbs.qp import QPInitAttr
 
 
 def next_event(ch: CMEventChannel, want: int) -> CMEvent:
@@ -29,3 +32,18 @@ def resolved(port: int) -> tuple[CMEventChannel, CMEventChannel, CMID, CMID]:
     cid.resolve_route()
     next_event(cli_ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
     return srv_ch, cli_ch, lid, cid
+
+
+def requested(port: int, attr: Callable[[], QPInitAttr]
+              ) -> tuple[CMEventChannel, CMEventChannel, CMID, CMID, CMID]:
+    """``resolved`` and then: the client's QP made with ``attr()``, rdma_connect, the
+    server's CONNECT_REQUEST taken and its id (the last of the five) given a QP made with
+    another ``attr()`` (rdma_create_qp fills in the attributes' CQs, as librdmacm's
+    does), not yet accepted."""
+    srv_ch, cli_ch, lid, cid = resolved(port)
+    cid.create_qp(attr())
+    cid.connect()
+    req = next_event(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
+    child = CMID(creator=req, listen_id=lid)
+    child.create_qp(attr())
+    return srv_ch, cli_ch, lid, cid, child
