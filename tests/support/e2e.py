@@ -158,3 +158,11 @@ def serve(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+async def pd_and_cq(address: str, cqe: int = 16) -> tuple[sh.Node, sh.PD, sh.CQ]:
+    """A session with the daemon at ``address``, its device opened: (the node, a PD, a CQ
+    of ``cqe`` entries)."""
+    node = await sh.connect(address)
+    ctx = await node.open_device()
+    return node, await ctx.alloc_pd(), await ctx.create_cq(cqe)
