@@ -811,3 +811,17 @@ int cex_finish(struct cex *c)
 	printf("%s\n", c->failures ? "FAIL" : "PASS");
 	return c->failures ? 1 : 0;
 }
+
+int cex_main(int argc, char **argv, void (*target)(struct cex *c),
+	     void (*initiator)(struct cex *c))
+{
+	struct cex c;
+
+	cex_args(&c, argc, argv);
+	cex_open(&c);
+	if (cex_is_target(&c))
+		target(&c);
+	else
+		initiator(&c);
+	return cex_finish(&c);
+}

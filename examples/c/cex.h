@@ -171,6 +171,10 @@ void cex_check(struct cex *c, bool ok, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Prints PASS or FAIL, closes everything; the exit status. */
 int cex_finish(struct cex *c);
+/* The whole of a two-sided example's main: cex_args, cex_open, then target or initiator
+ * by the side the command line names, and cex_finish's exit status. */
+int cex_main(int argc, char **argv, void (*target)(struct cex *c),
+	     void (*initiator)(struct cex *c));
 void cex_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 #endif
