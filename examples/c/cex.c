@@ -87,11 +87,46 @@ static struct ibv_context *open_ctx(struct ibv_device *dev)
 	return ibv_open_device(dev);
 }
 
+void cex_open_qp(struct cex *c, struct ibv_context *ctx, int cqe, uint32_t max_wr,
+		 uint32_t max_sge)
+{
+	struct ibv_qp_init_attr_ex qa = {};
+	struct mlx5dv_qp_init_attr dva = {};
+
+	c->ctx = ctx;
+	c->pd = ibv_alloc_pd(ctx);
+	if (!c->pd)
+		cex_die("ibv_alloc_pd: %s", strerror(errno));
+	c->cq = ibv_create_cq(ctx, cqe, NULL, NULL, 0);
+	if (!c->cq)
+		cex_die("ibv_create_cq: %s", strerror(errno));
+
+	qa.qp_type = IBV_QPT_RC;
+	qa.send_cq = c->cq;
+	qa.recv_cq = c->cq;
+	qa.cap.max_send_wr = max_wr;
+	qa.cap.max_recv_wr = max_wr;
+	qa.cap.max_send_sge = max_sge;
+	qa.cap.max_recv_sge = max_sge;
+	qa.pd = c->pd;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qa.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
+			    IBV_QP_EX_WITH_RDMA_READ;
+	dva.comp_mask = MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS;
+	dva.send_ops_flags = MLX5DV_QP_EX_WITH_MKEY_CONFIGURE;
+	c->qp = mlx5dv_create_qp(ctx, &qa, &dva);
+	if (!c->qp)
+		cex_die("mlx5dv_create_qp: %s", strerror(errno));
+	c->qpx = ibv_qp_to_qp_ex(c->qp);
+	c->mqpx = mlx5dv_qp_ex_from_ibv_qp_ex(c->qpx);
+	if (!c->qpx || !c->mqpx)
+		cex_die("the QP has no extended interface");
+}
+
 void cex_open(struct cex *c)
 {
 	struct ibv_device **list, *dev = NULL;
-	struct ibv_qp_init_attr_ex qa = {};
-	struct mlx5dv_qp_init_attr dva = {};
+	struct ibv_context *ctx;
 	int n, i;
 
 	list = ibv_get_device_list(&n);
@@ -104,37 +139,11 @@ void cex_open(struct cex *c)
 		cex_die("no device %s", c->dev_name);
 	if (!mlx5dv_is_supported(dev))
 		cex_die("%s is not an mlx5 device", ibv_get_device_name(dev));
-	c->ctx = open_ctx(dev);
-	if (!c->ctx)
+	ctx = open_ctx(dev);
+	if (!ctx)
 		cex_die("cannot open %s: %s", ibv_get_device_name(dev), strerror(errno));
 	ibv_free_device_list(list);
-	c->pd = ibv_alloc_pd(c->ctx);
-	if (!c->pd)
-		cex_die("ibv_alloc_pd: %s", strerror(errno));
-	c->cq = ibv_create_cq(c->ctx, 256, NULL, NULL, 0);
-	if (!c->cq)
-		cex_die("ibv_create_cq: %s", strerror(errno));
-
-	qa.qp_type = IBV_QPT_RC;
-	qa.send_cq = c->cq;
-	qa.recv_cq = c->cq;
-	qa.cap.max_send_wr = 64;
-	qa.cap.max_recv_wr = 64;
-	qa.cap.max_send_sge = 4;
-	qa.cap.max_recv_sge = 4;
-	qa.pd = c->pd;
-	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-	qa.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
-			    IBV_QP_EX_WITH_RDMA_READ;
-	dva.comp_mask = MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS;
-	dva.send_ops_flags = MLX5DV_QP_EX_WITH_MKEY_CONFIGURE;
-	c->qp = mlx5dv_create_qp(c->ctx, &qa, &dva);
-	if (!c->qp)
-		cex_die("mlx5dv_create_qp: %s", strerror(errno));
-	c->qpx = ibv_qp_to_qp_ex(c->qp);
-	c->mqpx = mlx5dv_qp_ex_from_ibv_qp_ex(c->qpx);
-	if (!c->qpx || !c->mqpx)
-		cex_die("the QP has no extended interface");
+	cex_open_qp(c, ctx, 256, 64, 4);
 }
 
 static void write_all(int fd, const char *buf, size_t len)
@@ -490,6 +499,71 @@ void cex_configure(struct cex *c, struct mlx5dv_mkey *mkey, uint32_t access,
 	       sig ? ", sig_block" : "", crypto ? ", crypto" : "");
 }
 
+void cex_configure_wire_dif(struct cex *c, struct mlx5dv_mkey *mkey, uint32_t access,
+			    struct ibv_sge *sge, uint16_t bg, uint16_t app, uint32_t ref)
+{
+	const struct mlx5dv_sig_t10dif dif = {
+		.bg_type = MLX5DV_SIG_T10DIF_CRC, .bg = bg, .app_tag = app, .ref_tag = ref,
+		.flags = MLX5DV_SIG_T10DIF_FLAG_REF_REMAP,
+	};
+	const struct mlx5dv_sig_block_domain wire = {
+		.sig_type = MLX5DV_SIG_TYPE_T10DIF, .sig.dif = &dif,
+		.block_size = MLX5DV_BLOCK_SIZE_512,
+	};
+	const struct mlx5dv_sig_block_attr sig = { .mem = NULL, .wire = &wire, .check_mask = 0xff };
+
+	cex_configure(c, mkey, access, &(struct cex_layout){ .num_sges = 1, .sges = sge }, &sig,
+		      NULL);
+}
+
+void cex_dif_io_init(struct cex *c, struct cex_dif_io *io, uint32_t len, uint32_t wire_len,
+		     uint64_t seed)
+{
+	io->len = len;
+	io->wire_len = wire_len;
+	io->mem = cex_alloc(len);
+	io->data = cex_alloc(len);
+	cex_pattern(io->data, len, seed);
+	memcpy(io->mem, io->data, len);
+	io->mr = cex_reg_mr(c, io->mem, len);
+	io->mkey = cex_create_mkey(c, MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT |
+				   MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE, 1);
+	io->sge = (struct ibv_sge){ .addr = (uintptr_t)io->mem, .length = len,
+				    .lkey = io->mr->lkey };
+}
+
+void cex_dif_io_write(struct cex *c, struct cex_dif_io *io)
+{
+	struct mlx5dv_mkey_err e;
+
+	cex_image("initiator_memory", io->mem, io->len);
+	/* the SGE names the MKEY from 0 and counts the wire's bytes, PIs included */
+	cex_rdma_write(c, io->mkey->lkey, 0, io->wire_len, c->peer.rkey, c->peer.addr);
+	e = cex_mkey_check(c, "after_write", io->mkey);
+	cex_check(c, e.err_type == MLX5DV_MKEY_NO_ERR, "mkey_check after the write finds nothing");
+}
+
+void cex_dif_io_read(struct cex *c, struct cex_dif_io *io)
+{
+	struct mlx5dv_mkey_err e;
+
+	memset(io->mem, 0, io->len);
+	cex_rdma_read(c, io->mkey->lkey, 0, io->wire_len, c->peer.rkey, c->peer.addr);
+	cex_image("initiator_memory_read", io->mem, io->len);
+	cex_check(c, !memcmp(io->mem, io->data, io->len),
+		  "the read brought the data back, T10-DIFs checked and stripped");
+	e = cex_mkey_check(c, "after_read", io->mkey);
+	cex_check(c, e.err_type == MLX5DV_MKEY_NO_ERR, "every T10-DIF the target held was valid");
+}
+
+void cex_dif_io_free(struct cex_dif_io *io)
+{
+	mlx5dv_destroy_mkey(io->mkey);
+	ibv_dereg_mr(io->mr);
+	free(io->mem);
+	free(io->data);
+}
+
 struct mlx5dv_dek *cex_create_dek(struct cex *c, const uint8_t *key, size_t key_len)
 {
 	struct mlx5dv_dek_init_attr a = {};
@@ -736,4 +810,18 @@ int cex_finish(struct cex *c)
 	cex_close(c);
 	printf("%s\n", c->failures ? "FAIL" : "PASS");
 	return c->failures ? 1 : 0;
+}
+
+int cex_main(int argc, char **argv, void (*target)(struct cex *c),
+	     void (*initiator)(struct cex *c))
+{
+	struct cex c;
+
+	cex_args(&c, argc, argv);
+	cex_open(&c);
+	if (cex_is_target(&c))
+		target(&c);
+	else
+		initiator(&c);
+	return cex_finish(&c);
 }

@@ -65,6 +65,10 @@ static inline bool cex_is_target(const struct cex *c) { return c->peer_addr == N
  * and an RC QP made by mlx5dv_create_qp with SEND, RDMA_WRITE, RDMA_READ and
  * MLX5DV_QP_EX_WITH_MKEY_CONFIGURE. Exits on failure. */
 void cex_open(struct cex *c);
+/* cex_open's PD, CQ (cqe entries) and QP (max_wr WRs and max_sge SGEs each way) on ctx,
+ * a context opened elsewhere (librdmacm's, for cm_dif). Exits on failure. */
+void cex_open_qp(struct cex *c, struct ibv_context *ctx, int cqe, uint32_t max_wr,
+		 uint32_t max_sge);
 /* Exchanges QP numbers, GIDs and the offered buffer (rkey, addr, len) with the peer over
  * TCP and takes the QP to RTS towards it. */
 void cex_connect(struct cex *c, uint32_t rkey, uint64_t addr, uint64_t len);
@@ -101,6 +105,31 @@ struct cex_layout {
 void cex_configure(struct cex *c, struct mlx5dv_mkey *mkey, uint32_t access,
 		   const struct cex_layout *layout, const struct mlx5dv_sig_block_attr *sig,
 		   const struct mlx5dv_crypto_attr *crypto);
+/* cex_configure of mkey over one SGE with only a wire domain: T10-DIF, a CRC guard
+ * seeded with bg, app and ref (REF_REMAP), 512-byte blocks, every check (0xff): the
+ * MKEY that dif_write, mkey_check and cm_dif write and read through. */
+void cex_configure_wire_dif(struct cex *c, struct mlx5dv_mkey *mkey, uint32_t access,
+			    struct ibv_sge *sge, uint16_t bg, uint16_t app, uint32_t ref);
+
+/* The initiator's part of dif_write and cm_dif: len bytes of data (cex_pattern) copied
+ * into mem, registered, and a signature MKEY (INDIRECT | BLOCK_SIGNATURE) to configure
+ * over the SGE of mem; wire_len is what it spans on the wire, the PIs included. */
+struct cex_dif_io {
+	uint8_t *mem, *data;
+	uint32_t len, wire_len;
+	struct ibv_mr *mr;
+	struct ibv_sge sge;
+	struct mlx5dv_mkey *mkey;
+};
+void cex_dif_io_init(struct cex *c, struct cex_dif_io *io, uint32_t len, uint32_t wire_len,
+		     uint64_t seed);
+/* RDMA_WRITE through the MKEY (from its 0) to the peer's buffer, then mkey_check: prints
+ * image initiator_memory and mkey_check after_write. */
+void cex_dif_io_write(struct cex *c, struct cex_dif_io *io);
+/* RDMA_READ through the MKEY into a zeroed mem, which must be the data again (the PIs
+ * checked and stripped), then mkey_check: image initiator_memory_read, after_read. */
+void cex_dif_io_read(struct cex *c, struct cex_dif_io *io);
+void cex_dif_io_free(struct cex_dif_io *io);
 
 /* mlx5dv_dek_create of a plaintext AES-XTS key (key1 | key2, 32 or 64 bytes). */
 struct mlx5dv_dek *cex_create_dek(struct cex *c, const uint8_t *key, size_t key_len);
@@ -142,6 +171,10 @@ void cex_check(struct cex *c, bool ok, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Prints PASS or FAIL, closes everything; the exit status. */
 int cex_finish(struct cex *c);
+/* The whole of a two-sided example's main: cex_args, cex_open, then target or initiator
+ * by the side the command line names, and cex_finish's exit status. */
+int cex_main(int argc, char **argv, void (*target)(struct cex *c),
+	     void (*initiator)(struct cex *c));
 void cex_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 #endif

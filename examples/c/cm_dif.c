@@ -83,39 +83,11 @@ static void expect_event(struct side *s, enum rdma_cm_event_type want)
  * opened). */
 static void open_on(struct side *s, struct ibv_context *ctx)
 {
-	struct ibv_qp_init_attr_ex qa = {};
-	struct mlx5dv_qp_init_attr dva = {};
 	struct cex *c = &s->c;
 
 	if (!ctx)
 		cex_die("the rdma_cm id has no device");
-	c->ctx = ctx;
-	c->pd = ibv_alloc_pd(ctx);
-	if (!c->pd)
-		cex_die("ibv_alloc_pd: %s", strerror(errno));
-	c->cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
-	if (!c->cq)
-		cex_die("ibv_create_cq: %s", strerror(errno));
-	qa.qp_type = IBV_QPT_RC;
-	qa.send_cq = c->cq;
-	qa.recv_cq = c->cq;
-	qa.cap.max_send_wr = 16;
-	qa.cap.max_recv_wr = 16;
-	qa.cap.max_send_sge = 1;
-	qa.cap.max_recv_sge = 1;
-	qa.pd = c->pd;
-	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-	qa.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
-			    IBV_QP_EX_WITH_RDMA_READ;
-	dva.comp_mask = MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS;
-	dva.send_ops_flags = MLX5DV_QP_EX_WITH_MKEY_CONFIGURE;
-	c->qp = mlx5dv_create_qp(ctx, &qa, &dva);
-	if (!c->qp)
-		cex_die("mlx5dv_create_qp: %s", strerror(errno));
-	c->qpx = ibv_qp_to_qp_ex(c->qp);
-	c->mqpx = mlx5dv_qp_ex_from_ibv_qp_ex(c->qpx);
-	if (!c->qpx || !c->mqpx)
-		cex_die("the QP has no extended interface");
+	cex_open_qp(c, ctx, 64, 16, 1);
 	s->msg = cex_alloc(2 * MSG);
 	s->msg_mr = cex_reg_mr(c, s->msg, 2 * MSG);
 	printf("qp 0x%06x by mlx5dv_create_qp on %s\n", c->qp->qp_num,
@@ -296,23 +268,10 @@ static int connect_once(struct side *s, struct rdma_addrinfo *res, struct offer 
 
 static void initiator(struct side *s)
 {
-	const struct mlx5dv_sig_t10dif dif = {
-		.bg_type = MLX5DV_SIG_T10DIF_CRC, .bg = BG, .app_tag = APP, .ref_tag = REF,
-		.flags = MLX5DV_SIG_T10DIF_FLAG_REF_REMAP,
-	};
-	const struct mlx5dv_sig_block_domain wire = {
-		.sig_type = MLX5DV_SIG_TYPE_T10DIF, .sig.dif = &dif,
-		.block_size = MLX5DV_BLOCK_SIZE_512,
-	};
-	const struct mlx5dv_sig_block_attr sig = { .mem = NULL, .wire = &wire, .check_mask = 0xff };
 	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP }, *res;
 	struct cex *c = &s->c;
-	struct mlx5dv_mkey *mkey;
-	struct mlx5dv_mkey_err e;
-	struct ibv_mr *mr;
-	struct ibv_sge sge;
+	struct cex_dif_io io;
 	struct offer offer;
-	uint8_t *mem, *data;
 	char service[16];
 	int tries;
 
@@ -335,40 +294,19 @@ static void initiator(struct side *s)
 		cex_die("the target offers %llu bytes, not %d", (unsigned long long)c->peer.len,
 			BLOCKS * (BLK + PI));
 
-	mem = cex_alloc(BLOCKS * BLK);
-	data = cex_alloc(BLOCKS * BLK);
-	cex_pattern(data, BLOCKS * BLK, SEED);
-	memcpy(mem, data, BLOCKS * BLK);
-	mr = cex_reg_mr(c, mem, BLOCKS * BLK);
-	mkey = cex_create_mkey(c, MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT |
-			       MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE, 1);
-	sge = (struct ibv_sge){ .addr = (uintptr_t)mem, .length = BLOCKS * BLK, .lkey = mr->lkey };
+	cex_dif_io_init(c, &io, BLOCKS * BLK, BLOCKS * (BLK + PI), SEED);
 	/* the configure WR on the connected QP (in RTS), before the data WRs that use it */
-	cex_configure(c, mkey, IBV_ACCESS_LOCAL_WRITE,
-		      &(struct cex_layout){ .num_sges = 1, .sges = &sge }, &sig, NULL);
-	cex_image("initiator_memory", mem, BLOCKS * BLK);
-	/* the SGE names the MKEY from 0 and counts the wire's bytes, PIs included */
-	cex_rdma_write(c, mkey->lkey, 0, BLOCKS * (BLK + PI), c->peer.rkey, c->peer.addr);
-	e = cex_mkey_check(c, "after_write", mkey);
-	cex_check(c, e.err_type == MLX5DV_MKEY_NO_ERR, "mkey_check after the write finds nothing");
+	cex_configure_wire_dif(c, io.mkey, IBV_ACCESS_LOCAL_WRITE, &io.sge, BG, APP, REF);
+	cex_dif_io_write(c, &io);
 	send_msg(s, "written");
-	memset(mem, 0, BLOCKS * BLK);
-	cex_rdma_read(c, mkey->lkey, 0, BLOCKS * (BLK + PI), c->peer.rkey, c->peer.addr);
-	cex_image("initiator_memory_read", mem, BLOCKS * BLK);
-	cex_check(c, !memcmp(mem, data, BLOCKS * BLK),
-		  "the read brought the data back, T10-DIFs checked and stripped");
-	e = cex_mkey_check(c, "after_read", mkey);
-	cex_check(c, e.err_type == MLX5DV_MKEY_NO_ERR, "every T10-DIF the target held was valid");
+	cex_dif_io_read(c, &io);
 	send_msg(s, "done");
 	/* the QP is ours: to ERR before the DREQ, as librdmacm does to its own */
 	qp_to(s, IBV_QPS_ERR);
 	if (rdma_disconnect(s->id))
 		cex_die("rdma_disconnect: %s", strerror(errno));
 	expect_event(s, RDMA_CM_EVENT_DISCONNECTED);
-	mlx5dv_destroy_mkey(mkey);
-	ibv_dereg_mr(mr);
-	free(mem);
-	free(data);
+	cex_dif_io_free(&io);
 }
 
 int main(int argc, char **argv)

@@ -83,13 +83,5 @@ static void initiator(struct cex *c)
 
 int main(int argc, char **argv)
 {
-	struct cex c;
-
-	cex_args(&c, argc, argv);
-	cex_open(&c);
-	if (cex_is_target(&c))
-		target(&c);
-	else
-		initiator(&c);
-	return cex_finish(&c);
+	return cex_main(argc, argv, target, initiator);
 }

@@ -53,15 +53,6 @@ static void target(struct cex *c)
 {
 	uint8_t *mem = cex_alloc(BLOCKS * BLK), *data = cex_alloc(BLOCKS * BLK);
 	uint8_t *img = cex_alloc(BLOCKS * (BLK + PI));
-	const struct mlx5dv_sig_t10dif dif = {
-		.bg_type = MLX5DV_SIG_T10DIF_CRC, .bg = BG, .app_tag = APP, .ref_tag = REF,
-		.flags = MLX5DV_SIG_T10DIF_FLAG_REF_REMAP,
-	};
-	const struct mlx5dv_sig_block_domain wire = {
-		.sig_type = MLX5DV_SIG_TYPE_T10DIF, .sig.dif = &dif,
-		.block_size = MLX5DV_BLOCK_SIZE_512,
-	};
-	const struct mlx5dv_sig_block_attr sig = { .mem = NULL, .wire = &wire, .check_mask = 0xff };
 	struct mlx5dv_mkey *mkey;
 	struct mlx5dv_mkey_err e;
 	struct ibv_mr *mr;
@@ -75,9 +66,8 @@ static void target(struct cex *c)
 	sge = (struct ibv_sge){ .addr = (uintptr_t)mem, .length = BLOCKS * BLK, .lkey = mr->lkey };
 	cex_connect(c, mkey->rkey, 0, BLOCKS * (BLK + PI));
 	/* a configure WR needs the QP in RTS; the peer waits for it */
-	cex_configure(c, mkey, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-		      IBV_ACCESS_REMOTE_WRITE,
-		      &(struct cex_layout){ .num_sges = 1, .sges = &sge }, &sig, NULL);
+	cex_configure_wire_dif(c, mkey, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+			       IBV_ACCESS_REMOTE_WRITE, &sge, BG, APP, REF);
 	cex_barrier(c, "configured");
 	for (r = 0; r < NROUNDS; r++) {
 		const struct damage *d = &ROUNDS[r];
@@ -152,13 +142,5 @@ static void initiator(struct cex *c)
 
 int main(int argc, char **argv)
 {
-	struct cex c;
-
-	cex_args(&c, argc, argv);
-	cex_open(&c);
-	if (cex_is_target(&c))
-		target(&c);
-	else
-		initiator(&c);
-	return cex_finish(&c);
+	return cex_main(argc, argv, target, initiator);
 }

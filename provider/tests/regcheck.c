@@ -64,24 +64,10 @@ static double now(void)
 /* The mapping of /proc/self/maps holding p: its name ("" when anonymous). */
 static void mapping_of(const void *p, char *name, size_t n)
 {
-	FILE *f = fopen("/proc/self/maps", "r");
-	char line[512];
+	char perms[8];
 
-	snprintf(name, n, "(unmapped)");
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long lo, hi;
-		char nm[256] = "";
-
-		if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %255[^\n]", &lo, &hi, nm) < 2)
-			continue;
-		if (lo <= (uintptr_t)p && (uintptr_t)p < hi) {
-			snprintf(name, n, "%s", nm);
-			break;
-		}
-	}
-	fclose(f);
+	if (mapping_of_addr(p, perms, name, n))
+		snprintf(name, n, "(unmapped)");
 }
 
 /* A QP of depth ROUND connected to itself, on s->cq made deep enough for all. */

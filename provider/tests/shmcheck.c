@@ -37,24 +37,12 @@ static struct ibv_mr *src_mr, *dst_mr;
 
 static void mapping_of(const void *p, char *name, size_t n)
 {
-	FILE *f = fopen("/proc/self/maps", "r");
-	char line[512];
+	char perms[8], nm[256];
 
-	snprintf(name, n, "(unmapped)");
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long lo, hi;
-		char perms[8], nm[256] = "";
-
-		if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %255[^\n]", &lo, &hi, perms, nm) < 3)
-			continue;
-		if (lo <= (uintptr_t)p && (uintptr_t)p < hi) {
-			snprintf(name, n, "%s %s", perms, *nm ? nm : "(anonymous)");
-			break;
-		}
-	}
-	fclose(f);
+	if (mapping_of_addr(p, perms, nm, sizeof(nm)))
+		snprintf(name, n, "(unmapped)");
+	else
+		snprintf(name, n, "%s %s", perms, *nm ? nm : "(anonymous)");
 }
 
 static int run_wr(enum ibv_wr_opcode op, void *local, uint32_t lkey, uint64_t raddr,

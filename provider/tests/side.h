@@ -173,4 +173,31 @@ UNUSED static int post(struct side *s, enum ibv_wr_opcode op, void *local, uint3
 	return ibv_post_send(s->qp, &wr, &bad);
 }
 
+/* The line of /proc/self/maps whose range holds p: its permissions (perms, 8 bytes) and
+ * its name in name (n bytes; "" when anonymous). Returns 0, or -1 when no mapping holds p
+ * (or the file cannot be read). */
+UNUSED static int mapping_of_addr(const void *p, char perms[8], char *name, size_t n)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	int rc = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		char nm[256] = "";
+
+		if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %255[^\n]", &lo, &hi, perms, nm) < 3)
+			continue;
+		if (lo <= (uintptr_t)p && (uintptr_t)p < hi) {
+			snprintf(name, n, "%s", nm);
+			rc = 0;
+			break;
+		}
+	}
+	fclose(f);
+	return rc;
+}
+
 #endif

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import compose_cm as cm
 import compose_fixtures
+import native
 import pytest
 
 import softhca.client as sh
@@ -216,7 +217,7 @@ class TestVerbsPrograms:
         mlx5dv QP, a T10-DIF MKEY) compiled with cc, the target in the target container and
         the initiator in the initiator's naming 10.200.0.1. The PIs the target received are
         computed here from the data the initiator printed."""
-        assert crc16_t10dif(b"123456789", 0) == 0xD0DB      # the catalogue's check value
+        assert native.crc16_t10dif(b"123456789", 0) == 0xD0DB      # the catalogue's check value
         why = host_build_unavailable()
         if why:
             pytest.skip(why)
@@ -250,7 +251,7 @@ class TestVerbsPrograms:
         for b in range(8):
             block, pi = data[b * 512:(b + 1) * 512], got[b * 520 + 512:(b + 1) * 520]
             assert got[b * 520:b * 520 + 512] == block, b
-            assert pi == (crc16_t10dif(block, 0xFFFF).to_bytes(2, "big") + b"\x5a\x5a"
+            assert pi == (native.crc16_t10dif(block, 0xFFFF).to_bytes(2, "big") + b"\x5a\x5a"
                           + (0x1000 + b).to_bytes(4, "big")), (b, pi.hex())
         assert image(cli.stdout, "initiator_memory_read") == data
         tries = re.search(r"established after (\d+) connect", cli.stdout)
@@ -278,17 +279,6 @@ def host_build_unavailable() -> str | None:
         return ("this host is not Debian 12 (bookworm), the images' release: a binary built "
                 "here may not load in them (docker/README.md: building inside the image)")
     return None
-
-
-def crc16_t10dif(data: bytes, seed: int) -> int:
-    """CRC-16/T10-DIF bit by bit (polynomial 0x8BB7, MSB first, no final xor), from
-    ``seed``: computed here, apart from softhca and the program."""
-    crc = seed
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x8BB7) & 0xFFFF if crc & 0x8000 else (crc << 1) & 0xFFFF
-    return crc
 
 
 def image(out: str, name: str) -> bytes:

@@ -28,13 +28,11 @@ checked, between containers, not a figure to compare."""
 
 from __future__ import annotations
 
-import os
 import re
-import select
 import subprocess
-import time
 
 import compose_fixtures
+import native
 import pytest
 
 import compose as dc
@@ -227,20 +225,6 @@ LUN_SIZE = 64 << 20
 LUN_FILE = "/tmp/softhca-lun1.img"
 
 
-def _read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
-    """The process's output up to the line ``marker`` (or its exit, or the time-out)."""
-    seen = ""
-    deadline = time.monotonic() + timeout
-    while marker not in seen and proc.poll() is None and time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 65536).decode(errors="replace")
-            if not chunk:
-                break
-            seen += chunk
-    return seen
-
-
 @pytest.fixture(scope="module")
 def iser_results(nodes):
     """tgtd in the foreground in the target container, its target set up with tgtadm: a
@@ -268,7 +252,7 @@ def iser_results(nodes):
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     pid = None
     try:
-        head = _read_until(srv, "tgtd ready", timeout=60)
+        head = native.read_until(srv, "tgtd ready", timeout=60)
         m = re.search(r"^tgtd pid (\d+)$", head, re.M)
         pid = m and m.group(1)
         assert "tgtd ready" in head, f"tgtd's target was not set up:\n{head}"

@@ -145,20 +145,24 @@ async def test_completions_received_before_the_connection_ended_are_still_polled
 
 # -- the CQ's bound, with the entries in the client --------------------------------------
 
+async def _cq_of_4(pair):
+    """The initiator's RC QP (8 send WRs) on a CQ of 4 entries, connected to a QP of the
+    target's, and a 64-byte MR on each side: (cq, qp, src, dst)."""
+    cq = await pair.initiator.ctx.create_cq(4)
+    qp = await pair.initiator.pd.create_qp(sh.QPInitAttr(
+        qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq, cap=sh.QPCap(max_send_wr=8, max_recv_wr=1)))
+    peer = await pair.target.pd.create_qp(sh.QPInitAttr(
+        qp_type=sh.IBV_QPT_RC, scq=pair.target.scq, rcq=pair.target.rcq,
+        cap=sh.QPCap(max_send_wr=1, max_recv_wr=1)))
+    await qp.connect(peer.info())
+    await peer.connect(qp.info())
+    return cq, qp, await pair.initiator.reg_mr(64), await pair.target.reg_mr(64)
+
+
 async def test_polled_entries_give_their_room_back():
     async with two_nodes() as pair:
         ini = pair.initiator
-        cq = await ini.ctx.create_cq(4)
-        qp = await ini.pd.create_qp(sh.QPInitAttr(
-            qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq,
-            cap=sh.QPCap(max_send_wr=8, max_recv_wr=1)))
-        peer = await pair.target.pd.create_qp(sh.QPInitAttr(
-            qp_type=sh.IBV_QPT_RC, scq=pair.target.scq, rcq=pair.target.rcq,
-            cap=sh.QPCap(max_send_wr=1, max_recv_wr=1)))
-        await qp.connect(peer.info())
-        await peer.connect(qp.info())
-        src = await ini.reg_mr(64)
-        dst = await pair.target.reg_mr(64)
+        cq, qp, src, dst = await _cq_of_4(pair)
         for rnd in range(10):       # 40 completions through a CQ of 4
             await qp.post_send([rdma(sh.IBV_WR_RDMA_WRITE, whole(src), dst.rkey, dst.addr,
                                      wr_id=4 * rnd + k) for k in range(4)])
@@ -174,16 +178,7 @@ async def test_pushed_entries_not_polled_still_overrun_the_cq():
     fifth is an overrun (IBV_EVENT_CQ_ERR, the QP to ERR), as with a CQ nobody polls."""
     async with two_nodes() as pair:
         ini = pair.initiator
-        cq = await ini.ctx.create_cq(4)
-        qp = await ini.pd.create_qp(sh.QPInitAttr(
-            qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq, cap=sh.QPCap(max_send_wr=8, max_recv_wr=1)))
-        peer = await pair.target.pd.create_qp(sh.QPInitAttr(
-            qp_type=sh.IBV_QPT_RC, scq=pair.target.scq, rcq=pair.target.rcq,
-            cap=sh.QPCap(max_send_wr=1, max_recv_wr=1)))
-        await qp.connect(peer.info())
-        await peer.connect(qp.info())
-        src = await ini.reg_mr(64)
-        dst = await pair.target.reg_mr(64)
+        cq, qp, src, dst = await _cq_of_4(pair)
         cq_host = session_of(ini.node).verbs.get(cq.handle, "cq")
         wr = [rdma(sh.IBV_WR_RDMA_WRITE, whole(src), dst.rkey, dst.addr, wr_id=k)
               for k in range(5)]

@@ -27,6 +27,8 @@ from softhca.protocol.packets import Packet, Run, packet_header, train_header
 from softhca.tools.daemons import Daemons
 from softhca.tools.soak import rss
 
+from e2e import pd_and_cq
+
 PEER_TOKEN = b"amplification-test-peer-token"
 READ_LEN = 64 << 20
 
@@ -249,10 +251,7 @@ async def test_a_nak_storm_rewinds_once_per_window(tmp_path):
     daemons = Daemons(1, str(tmp_path), ("--peer-token-file", str(peer_token_file(tmp_path))))
     with daemons as (address,):
         pid = daemons.procs[0].pid
-        node = await sh.connect(address)
-        ctx = await node.open_device()
-        pd = await ctx.alloc_pd()
-        cq = await ctx.create_cq(16)
+        node, pd, cq = await pd_and_cq(address)
         mr = await pd.reg_mr(size, sh.IBV_ACCESS_LOCAL_WRITE)
         qp = await pd.create_qp(sh.QPInitAttr(
             qp_type=sh.IBV_QPT_RC, scq=cq, rcq=cq,

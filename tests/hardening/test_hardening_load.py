@@ -8,9 +8,7 @@ measured in the test and printed (``pytest -s`` shows them).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from softhca.protocol.attrs import SGE, MrInterleaved
 from softhca.protocol.enums import AccessFlags, MkeyInitAttrFlags
 from softhca.protocol.errors import RDMAError
 
-from e2e import make_side, rdma, two_nodes, whole
+from e2e import make_side, rdma, serve, two_nodes, whole
 
 RW = AccessFlags.REMOTE_READ | AccessFlags.REMOTE_WRITE | AccessFlags.LOCAL_WRITE
 
@@ -124,27 +122,6 @@ def test_layout_entries_and_total_size_are_bounded(node):
 
 
 # -- a `softhca serve` subprocess, raw frames, a latency probe, RSS ---------------------
-
-@contextlib.contextmanager
-def serve(tmp_path: Path, *args: str):
-    ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "softhca.tools.cli", "serve", "--listen",
-                             "127.0.0.1:0", "--ready-file", str(ready), *args],
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists() or not ready.read_text().strip():
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.05)
-        yield proc, ready.read_text().strip()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 def rss(proc: subprocess.Popen, field: str = "VmRSS") -> int:
     """Bytes of the process's resident set (VmHWM: its peak)."""

@@ -20,6 +20,8 @@ from softhca.protocol.handshake import make_hello
 from softhca.tools.daemons import Daemons
 from softhca.tools.soak import rss
 
+from e2e import pd_and_cq
+
 A, B = b"tenant-a-token-0123456789", b"tenant-b-token-9876543210"
 
 
@@ -136,10 +138,7 @@ async def test_memory_at_a_full_quota_and_the_memory_budget(tmp_path):
     daemons = Daemons(1, str(tmp_path), extra)
     with daemons as (address,):
         pid = daemons.procs[0].pid
-        node = await sh.connect(address)
-        ctx = await node.open_device()
-        pd = await ctx.alloc_pd()
-        cq = await ctx.create_cq(16)
+        node, pd, cq = await pd_and_cq(address)
         before = rss(pid)
         n, why = 0, ""
         while True:

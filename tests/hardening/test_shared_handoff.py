@@ -69,6 +69,19 @@ def attachments(shmid: int) -> int:
     return n
 
 
+async def _read_and_write(raw, mr, seg, data: bytes) -> None:
+    """Through ``mr``, registered over the segment's bytes PAGE+100 to PAGE+5100: mr_read
+    of all 5000 must be the segment's, and ``data`` put by mr_write at 4000 must be in the
+    segment's own pages (the attachment sees the daemon's write)."""
+    raw.writer.write(raw.frame("mr_read", mr=mr["mr"], offset=0, length=5000))
+    got = await raw.next()
+    assert bytes(got.payload) == bytes(seg.view[PAGE + 100:PAGE + 5100])
+    raw.writer.write(frame_bytes({"t": "mr_write", "id": next(raw.ids),
+                                  "mr": mr["mr"], "offset": 4000}, data))
+    assert (await raw.next()).header["t"] == "ok"
+    assert bytes(seg.view[PAGE + 4100:PAGE + 4100 + len(data)]) == data
+
+
 async def test_a_sysv_segments_file_is_mapped_where_the_program_attached_it(tmp_path):
     seg = Segment(3)
     try:
@@ -81,15 +94,7 @@ async def test_a_sysv_segments_file_is_mapped_where_the_program_attached_it(tmp_
             # the segment's second and third pages, as a registration at an offset
             mr = await raw.call("reg_mr_shared", pd=pd, addr=0x40000 + 100, length=5000,
                                 access=1, offset=100, fds=seq, pieces=[[0, PAGE, 2 * PAGE]])
-            raw.writer.write(raw.frame("mr_read", mr=mr["mr"], offset=0, length=5000))
-            got = await raw.next()
-            assert bytes(got.payload) == bytes(seg.view[PAGE + 100:PAGE + 5100])
-            data = bytes(range(50, 90))
-            raw.writer.write(frame_bytes({"t": "mr_write", "id": next(raw.ids),
-                                          "mr": mr["mr"], "offset": 4000}, data))
-            assert (await raw.next()).header["t"] == "ok"
-            # the daemon wrote the segment's own pages: the attachment sees it
-            assert bytes(seg.view[PAGE + 4100:PAGE + 4140]) == data
+            await _read_and_write(raw, mr, seg, bytes(range(50, 90)))
             assert d.registered_bytes == 5000
             await raw.call("dereg_mr", mr=mr["mr"])
             assert d.registered_bytes == 0
@@ -207,14 +212,7 @@ async def test_a_segment_named_by_its_shmid_is_attached_and_mapped_in_place(tmp_
             # the daemon's one mapping of it is the registration's (its whole-segment
             # attachment went once the pages were placed)
             assert attachments(seg.id) == 2
-            raw.writer.write(raw.frame("mr_read", mr=mr["mr"], offset=0, length=5000))
-            got = await raw.next()
-            assert bytes(got.payload) == bytes(seg.view[PAGE + 100:PAGE + 5100])
-            data = bytes(range(90, 130))
-            raw.writer.write(frame_bytes({"t": "mr_write", "id": next(raw.ids),
-                                          "mr": mr["mr"], "offset": 4000}, data))
-            assert (await raw.next()).header["t"] == "ok"
-            assert bytes(seg.view[PAGE + 4100:PAGE + 4140]) == data
+            await _read_and_write(raw, mr, seg, bytes(range(90, 130)))
             assert d.registered_bytes == 5000
             await raw.call("dereg_mr", mr=mr["mr"])
             assert d.registered_bytes == 0 and attachments(seg.id) == 1

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import signal
 import subprocess
-import time
 
 import native
 import pytest
@@ -95,20 +93,6 @@ def _client_script(tmp, addr: str) -> str:
     return str(script)
 
 
-def _read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
-    """The server's output up to the line ``marker`` (or its exit, or the time-out)."""
-    seen = ""
-    deadline = time.monotonic() + timeout
-    while marker not in seen and proc.poll() is None and time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 65536).decode(errors="replace")
-            if not chunk:
-                break
-            seen += chunk
-    return seen
-
-
 @pytest.fixture(scope="module")
 def results(where, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("iser-run")
@@ -117,7 +101,7 @@ def results(where, tmp_path_factory):
     argv = where.argv(where.server, ["sh", _server_script(tmp, control)], port=WIRE)
     srv = native._start(argv, stderr=subprocess.STDOUT)
     try:
-        head = _read_until(srv, "tgtd ready", timeout=30)
+        head = native.read_until(srv, "tgtd ready", timeout=30)
         assert "tgtd ready" in head, f"tgtd's target was not set up:\n{head}"
         cli = where.run(where.client, ["sh", _client_script(tmp, where.server.addr)],
                         port=WIRE, timeout=90)

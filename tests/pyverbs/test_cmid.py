@@ -11,6 +11,7 @@ import struct
 import threading
 
 import pytest
+from pyverbs_cm import next_event, requested, resolved
 
 import softhca.client.pyverbs.cm_enums as ce
 import softhca.client.pyverbs.enums as e
@@ -151,38 +152,17 @@ def test_unmodelled_port_space_and_missing_destination():
     assert ex.value.error_code == errno.EINVAL
 
 
-def _next(ch, want):
-    ev = CMEvent(ch)
-    assert ev.event_type == want, (ev.event_str(), ev.status)
-    ev.ack_cm_event()
-    return ev
-
-
 def test_async_accept_send_and_disconnect():
     """The asynchronous flow of rdma_cm(7): ADDR / ROUTE_RESOLVED, CONNECT_REQUEST,
     ESTABLISHED on both sides (the active side's CONNECT_RESPONSE taken by the library,
     its QP moved to RTS and the RTU sent), a SEND, DISCONNECTED on both sides."""
-    port = next(_ports)
-    srv_ch, cli_ch = CMEventChannel(), CMEventChannel()
-    lid = CMID(creator=srv_ch)
-    lid.bind_addr(AddrInfo(src="127.0.0.1", src_service=str(port), flags=ce.RAI_PASSIVE))
-    lid.listen()
-    cid = CMID(creator=cli_ch)
-    cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service=str(port)))
-    _next(cli_ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
-    cid.resolve_route()
-    _next(cli_ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
-    cid.create_qp(_attr())
-    cid.connect()
-    req = _next(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lid)
-    child.create_qp(_attr())
+    srv_ch, cli_ch, lid, cid, child = requested(next(_ports), _attr)
     buf = child.reg_msgs(32)
     child.post_recv(buf)
     child.accept()
     # the active side first: its library sends the RTU when the program reads the event
-    _next(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
-    _next(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    next_event(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    next_event(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
     attr, _ = cid.query_qp(e.IBV_QP_STATE | e.IBV_QP_DEST_QPN)
     assert (attr.qp_state, attr.dest_qp_num) == (e.IBV_QPS_RTS, child.qpn)
     data = os.urandom(32)
@@ -193,9 +173,9 @@ def test_async_accept_send_and_disconnect():
     assert child.get_recv_comp().status == e.IBV_WC_SUCCESS
     assert buf.read(32, 0) == data
     cid.disconnect()
-    _next(srv_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+    next_event(srv_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
     child.disconnect()
-    _next(cli_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+    next_event(cli_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
     for o in (child, cid, lid, cli_ch, srv_ch):
         o.close()
 
@@ -215,27 +195,27 @@ def test_external_qp_moved_with_init_qp_attr_and_established():
     cid = CMID(creator=cli_ch)
     cid.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT, 17, 1)
     cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service=str(port)))
-    _next(cli_ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
+    next_event(cli_ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
     cid.resolve_route()
-    _next(cli_ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
+    next_event(cli_ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
     cq = CQ(cid.context, 4, None, None, 0)
     qp = QP(cid.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(4, 4)),
             QPAttr())
     qp.modify(*cid.init_qp_attr(e.IBV_QPS_INIT))
     assert cid.qpn == 0                 # the id has no QP of its own
     cid.connect(ConnParam(qp_num=qp.qp_num))
-    req = _next(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
+    req = next_event(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
     child = CMID(creator=req, listen_id=lid)
     child.create_qp(_attr())
     child.accept()
-    _next(cli_ch, ce.RDMA_CM_EVENT_CONNECT_RESPONSE)
+    next_event(cli_ch, ce.RDMA_CM_EVENT_CONNECT_RESPONSE)
     attr, _ = cid.init_qp_attr(e.IBV_QPS_RTS)
     assert attr.timeout == 17
     assert cid.init_qp_attr(e.IBV_QPS_RTR)[0].dest_qp_num == child.qpn
     qp.modify(*cid.init_qp_attr(e.IBV_QPS_RTR))
     qp.modify(*cid.init_qp_attr(e.IBV_QPS_RTS))
     cid.establish()
-    _next(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    next_event(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
     with pytest.raises(PyverbsRDMAError) as ex:
         cid.set_option(ce.RDMA_OPTION_ID, 99, 1)
     assert ex.value.error_code == errno.EOPNOTSUPP
@@ -261,27 +241,18 @@ def test_the_connection_grants_read_and_atomics_with_responder_resources(
     Each side's QP takes the RNR retry count its peer asked for (the client connects
     with 5, the server accepts with 3), and the RTR's min_rnr_timer is the IB CM's 0
     (IBTA's 655.36 ms)."""
-    port = next(_ports)
-    srv_ch, cli_ch = CMEventChannel(), CMEventChannel()
-    lid = CMID(creator=srv_ch)
-    lid.bind_addr(AddrInfo(src="127.0.0.1", src_service=str(port), flags=ce.RAI_PASSIVE))
-    lid.listen()
-    cid = CMID(creator=cli_ch)
-    cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service=str(port)))
-    _next(cli_ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
-    cid.resolve_route()
-    _next(cli_ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
+    srv_ch, cli_ch, lid, cid = resolved(next(_ports))
     assert cid.init_qp_attr(e.IBV_QPS_INIT)[0].qp_access_flags == 0
     cid.create_qp(_attr())
     cid.connect(ConnParam(resources=1, depth=depth, rnr_retry=5))
-    req = _next(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
+    req = next_event(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
     child = CMID(creator=req, listen_id=lid)
     assert child.init_qp_attr(e.IBV_QPS_INIT)[0].qp_access_flags == at_request
     child.create_qp(_attr())
     child.accept(ConnParam(resources=rr, depth=1, rnr_retry=3))
     assert child.init_qp_attr(e.IBV_QPS_INIT)[0].qp_access_flags == accepted
-    _next(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
-    _next(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    next_event(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    next_event(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
     attr, _ = child.query_qp(e.IBV_QP_ACCESS_FLAGS | e.IBV_QP_RNR_RETRY)
     assert attr.qp_access_flags == accepted
     assert attr.rnr_retry == 5

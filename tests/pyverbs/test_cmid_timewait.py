@@ -9,9 +9,10 @@ import itertools
 import os
 import time
 
+from pyverbs_cm import next_event, requested
+
 import softhca.client.pyverbs.cm_enums as ce
 import softhca.client.pyverbs.enums as e
-from softhca.client.pyverbs.cmid import CMID, AddrInfo, CMEvent, CMEventChannel
 from softhca.client.pyverbs.qp import QPCap, QPInitAttr
 
 _ports = itertools.count(7950 + os.getpid() % 40)
@@ -29,32 +30,11 @@ def _attr():
     return QPInitAttr(qp_type=e.IBV_QPT_RC, cap=QPCap(4, 4))
 
 
-def _next(ch, want):
-    ev = CMEvent(ch)
-    assert ev.event_type == want, (ev.event_str(), ev.status)
-    ev.ack_cm_event()
-    return ev
-
-
 def _connected():
-    port = next(_ports)
-    srv_ch, cli_ch = CMEventChannel(), CMEventChannel()
-    lid = CMID(creator=srv_ch)
-    lid.bind_addr(AddrInfo(src="127.0.0.1", src_service=str(port), flags=ce.RAI_PASSIVE))
-    lid.listen()
-    cid = CMID(creator=cli_ch)
-    cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service=str(port)))
-    _next(cli_ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
-    cid.resolve_route()
-    _next(cli_ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
-    cid.create_qp(_attr())
-    cid.connect()
-    req = _next(srv_ch, ce.RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lid)
-    child.create_qp(_attr())
+    srv_ch, cli_ch, lid, cid, child = requested(next(_ports), _attr)
     child.accept()
-    _next(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
-    _next(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    next_event(cli_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+    next_event(srv_ch, ce.RDMA_CM_EVENT_ESTABLISHED)
     return srv_ch, cli_ch, lid, child, cid
 
 
@@ -62,11 +42,11 @@ def test_both_ids_get_timewait_exit():
     srv_ch, cli_ch, lid, child, cid = _connected()
     t0 = time.monotonic()
     cid.disconnect()
-    _next(srv_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
-    _next(cli_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+    next_event(srv_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+    next_event(cli_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
     child.disconnect()          # after the peer's: no error, no second event
     for ch in (cli_ch, srv_ch):
-        ev = _next(ch, ce.RDMA_CM_EVENT_TIMEWAIT_EXIT)
+        ev = next_event(ch, ce.RDMA_CM_EVENT_TIMEWAIT_EXIT)
         assert ev.status == 0
     took = time.monotonic() - t0
     assert _timewait_s() == 1.024
@@ -78,8 +58,8 @@ def test_both_ids_get_timewait_exit():
 def test_ids_closed_right_after_disconnected_get_no_timewait_exit():
     srv_ch, cli_ch, lid, child, cid = _connected()
     cid.disconnect()
-    _next(srv_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
-    _next(cli_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+    next_event(srv_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+    next_event(cli_ch, ce.RDMA_CM_EVENT_DISCONNECTED)
     child.close()
     cid.close()
     time.sleep(_timewait_s() + 0.5)

@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import pytest
+from pyverbs_rc import to_rts
 
 import softhca.client.pyverbs.enums as e
 import softhca.client.pyverbs.providers.mlx5.mlx5_enums as dve
 from softhca.client.pyverbs import _route
-from softhca.client.pyverbs.addr import AHAttr, GlobalRoute
 from softhca.client.pyverbs.cq import CQ
 from softhca.client.pyverbs.device import Context, get_device_list
 from softhca.client.pyverbs.mr import MR
@@ -70,17 +70,6 @@ def _rc_player(ctx):
     return pd, cq, mr, qp
 
 
-def _to_rts(ctx, qp, remote):
-    attr = QPAttr(port_num=1)
-    attr.ah_attr = AHAttr(is_global=1, port_num=1,
-                          gr=GlobalRoute(dgid=ctx.query_gid(1, 0), sgid_index=0))
-    attr.dest_qp_num, attr.rq_psn, attr.sq_psn = remote.qp_num, 0, 0
-    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 14, 7, 7, 12
-    attr.max_rd_atomic = attr.max_dest_rd_atomic = 1
-    qp.to_rts(attr)
-    assert qp.qp_state == e.IBV_QPS_RTS
-
-
 def test_rc_send_between_two_contexts_of_one_device():
     assert [d.name for d in get_device_list()] == [b"mlx5_0"]
     a, b = Context(name="mlx5_0"), Context(name="mlx5_0")
@@ -88,8 +77,8 @@ def test_rc_send_between_two_contexts_of_one_device():
         _, acq, amr, aqp = _rc_player(a)
         _, bcq, bmr, bqp = _rc_player(b)
         assert aqp.qp_state == e.IBV_QPS_INIT
-        _to_rts(a, aqp, bqp)
-        _to_rts(b, bqp, aqp)
+        to_rts(a, aqp, bqp)
+        to_rts(b, bqp, aqp)
         bqp.post_recv(RecvWR(wr_id=7, num_sge=1, sg=[SGE(bmr.buf, 64, bmr.lkey)]))
         amr.write("softhca" * 9, 63)
         wr = SendWR(wr_id=5, num_sge=1, sg=[SGE(amr.buf, 63, amr.lkey)],
@@ -176,8 +165,8 @@ def test_mr_list_mkey_and_a_completion_channel():
         bmr = MR(bpd, 64, e.IBV_ACCESS_LOCAL_WRITE)
         bqp = QP(bpd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=bcq, rcq=bcq, cap=QPCap(4, 4)),
                  QPAttr(port_num=1))
-        _to_rts(a, aqp, bqp)
-        _to_rts(b, bqp, aqp)
+        to_rts(a, aqp, bqp)
+        to_rts(b, bqp, aqp)
 
         # A configure WR on a QP created for mr_list only: EOPNOTSUPP, as the engine says.
         aqp.wr_start()
@@ -234,8 +223,8 @@ def test_wr_complete_posts_all_or_nothing():
         bmr = MR(bpd, 64, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
         bqp = QP(bpd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=bcq, rcq=bcq, cap=QPCap(4, 4)),
                  QPAttr(port_num=1, qp_access_flags=e.IBV_ACCESS_REMOTE_WRITE))
-        _to_rts(a, aqp, bqp)
-        _to_rts(b, bqp, aqp)
+        to_rts(a, aqp, bqp)
+        to_rts(b, bqp, aqp)
 
         def build(n):
             for k in range(n):
@@ -321,8 +310,8 @@ def test_signature_pipelining_through_pyverbs():
                             | dve.MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE, 3)
             players.append((ctx, cq, mr, qp, mkey))
         (cctx, ccq, cmr, cqp, cmkey), (sctx, scq, smr, sqp, smkey) = players
-        _to_rts(cctx, cqp, sqp)
-        _to_rts(sctx, sqp, cqp)
+        to_rts(cctx, cqp, sqp)
+        to_rts(sctx, sqp, cqp)
 
         def configure(qp, mkey, mr, length, access, sig=None):
             qp.wr_start()

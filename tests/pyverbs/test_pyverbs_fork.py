@@ -8,13 +8,12 @@ that interpreter's threads and loop, not pytest's."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
+
+from e2e import serve
 
 _PLAYERS = r"""
 import ctypes, errno, gc, json, os, sys
@@ -185,27 +184,6 @@ def _run(script: str, env: dict) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@contextlib.contextmanager
-def _served(tmp: Path):
-    ready = tmp / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "softhca.tools.cli", "serve", "--listen",
-                             "127.0.0.1:0", "--ready-file", str(ready)],
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists() or not ready.read_text().strip():
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.05)
-        yield ready.read_text().strip()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _check(out: dict, embedded: bool) -> None:
     assert out["status"] == 0
     child = out["child"]
@@ -228,7 +206,7 @@ def test_a_fork_child_and_its_parent_move_data_over_the_embedded_daemon():
 
 
 def test_a_fork_child_and_its_parent_move_data_over_a_served_daemon(tmp_path):
-    with _served(tmp_path) as address:
+    with serve(tmp_path) as (_, address):
         _check(_run(_PARENT_AND_CHILD, _env(SOFTHCA_TARGET=address)), embedded=False)
 
 

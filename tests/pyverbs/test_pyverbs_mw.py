@@ -8,16 +8,16 @@ import errno
 import struct
 
 import pytest
+from pyverbs_rc import to_rts
 
 import softhca.client.pyverbs.enums as e
-from softhca.client.pyverbs.addr import AHAttr, GlobalRoute
 from softhca.client.pyverbs.base import inc_rkey
 from softhca.client.pyverbs.cq import CQ
 from softhca.client.pyverbs.device import Context
 from softhca.client.pyverbs.mr import MR, MW, MWBind, MWBindInfo
 from softhca.client.pyverbs.pd import PD
 from softhca.client.pyverbs.pyverbs_error import PyverbsRDMAError
-from softhca.client.pyverbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
+from softhca.client.pyverbs.qp import QP, QPCap, QPEx, QPInitAttr, QPInitAttrEx
 from softhca.client.pyverbs.wr import SGE, SendWR
 
 ALL_REMOTE = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
@@ -37,17 +37,6 @@ def _qp(ctx, pd, cq, ex=False):
     return qp
 
 
-def _connect(ctx, qp, remote):
-    attr = QPAttr(port_num=1)
-    attr.qp_access_flags = ALL_REMOTE
-    attr.ah_attr = AHAttr(is_global=1, port_num=1,
-                          gr=GlobalRoute(dgid=ctx.query_gid(1, 0), sgid_index=0))
-    attr.dest_qp_num, attr.rq_psn, attr.sq_psn = remote.qp_num, 0, 0
-    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 14, 7, 7, 12
-    attr.max_rd_atomic = attr.max_dest_rd_atomic = 1
-    qp.to_rts(attr)
-
-
 def _wait(cq):
     for _ in range(2000):
         n, wcs = cq.poll()
@@ -63,8 +52,8 @@ def players():
         apd, bpd = PD(a), PD(b)
         acq, bcq = CQ(a, 32, None, None, 0), CQ(b, 32, None, None, 0)
         aqp, bqp = _qp(a, apd, acq, ex=True), _qp(b, bpd, bcq)
-        _connect(a, aqp, bqp)
-        _connect(b, bqp, aqp)
+        to_rts(a, aqp, bqp, ALL_REMOTE)
+        to_rts(b, bqp, aqp, ALL_REMOTE)
         yield (a, apd, acq, aqp), (b, bpd, bcq, bqp)
     finally:
         a.close()

@@ -9,7 +9,12 @@ engine, so what a test sees is what an application on two hosts would see.
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import softhca.client as sh
 
@@ -129,3 +134,35 @@ async def two_nodes(*, mtu: int = sh.IBV_MTU_1024, connect: bool = True, **kw):
         if connect:
             await connect_pair(target, initiator, mtu=mtu)
         yield Pair(target, initiator)
+
+
+@contextlib.contextmanager
+def serve(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A ``softhca serve`` subprocess on a loopback port of its choosing (``args`` added
+    to its command line): (the process, the address its ready file names); terminated
+    (killed after 10 s) at the end."""
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-m", "softhca.tools.cli", "serve", "--listen",
+                             "127.0.0.1:0", "--ready-file", str(ready), *args],
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() or not ready.read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+            time.sleep(0.05)
+        yield proc, ready.read_text().strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def pd_and_cq(address: str, cqe: int = 16) -> tuple[sh.Node, sh.PD, sh.CQ]:
+    """A session with the daemon at ``address``, its device opened: (the node, a PD, a CQ
+    of ``cqe`` entries)."""
+    node = await sh.connect(address)
+    ctx = await node.open_device()
+    return node, await ctx.alloc_pd(), await ctx.create_cq(cqe)

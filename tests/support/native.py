@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -217,3 +218,57 @@ def cm_place(workdir: Path, *programs: str) -> Iterator[Place]:
             pytest.skip("needs two network namespaces: both daemons listen on one wire "
                         "port, which two daemons on loopback cannot")
         yield p
+
+
+def line_tool(name: str, *, needs: Sequence[tuple[Path, str]] = ()) -> Callable[[list[str]], list[str]]:
+    """Builds provider/tests/<name>.c (``make -C provider build/<name>``) and gives a
+    function: lines of commands in, lines of answers out, one run of the program, one
+    answer a command. Skips when make or cc is missing, or a path in ``needs`` (path,
+    reason) is."""
+    if shutil.which("make") is None or shutil.which("cc") is None:
+        pytest.skip(f"no make or cc: provider/tests/{name}.c cannot be built")
+    for path, reason in needs:
+        if not path.exists():
+            pytest.skip(reason)
+    built = subprocess.run(["make", "-s", "-C", str(REPO / "provider"), f"build/{name}"],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    program = REPO / "provider" / "build" / name
+
+    def run(commands: list[str]) -> list[str]:
+        done = subprocess.run([str(program)], input="\n".join(commands) + "\n",
+                              capture_output=True, text=True, timeout=120,
+                              env={"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0",
+                                   "UBSAN_OPTIONS": "print_stacktrace=1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = done.stdout.splitlines()
+        assert len(out) == len(commands), done.stderr[-3000:]
+        return out
+
+    return run
+
+
+def read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
+    """The process's output up to the line ``marker`` (or its exit, or the time-out)."""
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while marker not in seen and proc.poll() is None and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536).decode(errors="replace")
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
+def crc16_t10dif(data: bytes, seed: int) -> int:
+    """CRC-16/T10-DIF bit by bit (polynomial 0x8BB7, MSB first, no reflection, no final
+    xor), the register starting at ``seed`` (mlx5dv_sig_t10dif's bg): written out here,
+    apart from crcmod and from anything of softhca's, to check the PIs programs print."""
+    crc = seed
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x8BB7) & 0xFFFF if crc & 0x8000 else (crc << 1) & 0xFFFF
+    return crc

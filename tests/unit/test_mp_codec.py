@@ -20,37 +20,15 @@ mp.c and reads what it is given with mp.c's reader. Both ways are judged from th
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
 import msgpack
+import native
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-MPCHECK = ROOT / "provider" / "build" / "mpcheck"
 
 
 @pytest.fixture(scope="module")
 def mp():
     """A function: lines of commands in, lines of answers out (one mpcheck run)."""
-    if shutil.which("make") is None or shutil.which("cc") is None:
-        pytest.skip("no make or cc: provider/tests/mpcheck.c cannot be built")
-    built = subprocess.run(["make", "-s", "-C", str(ROOT / "provider"), "build/mpcheck"],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stdout + built.stderr
-
-    def run(commands: list[str]) -> list[str]:
-        done = subprocess.run([str(MPCHECK)], input="\n".join(commands) + "\n",
-                              capture_output=True, text=True, timeout=120,
-                              env={"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0",
-                                   "UBSAN_OPTIONS": "print_stacktrace=1"})
-        assert done.returncode == 0, done.stderr[-3000:]
-        out = done.stdout.splitlines()
-        assert len(out) == len(commands), done.stderr[-3000:]
-        return out
-
-    return run
+    return native.line_tool("mpcheck")
 
 
 # -- the spec's formats (msgpack spec, "Formats"): the first byte for a size -----------------

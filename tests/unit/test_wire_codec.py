@@ -25,11 +25,10 @@ from __future__ import annotations
 import difflib
 import errno
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import msgpack
+import native
 import pytest
 
 from softhca.protocol import cm, cm_sidr  # noqa: F401  (their requests join BY_VERB)
@@ -44,7 +43,6 @@ from softhca.protocol.schema import U32, U64, check_fields
 from softhca.tools.gen_wire_h import render
 
 ROOT = Path(__file__).resolve().parents[2]
-WIRECHECK = ROOT / "provider" / "build" / "wirecheck"
 HEADER = ROOT / "provider" / "wire.h"
 
 
@@ -61,25 +59,9 @@ def test_committed_header_is_current():
 @pytest.fixture(scope="module")
 def wire():
     """Lines of commands in, lines of answers out (one wirecheck run)."""
-    if shutil.which("make") is None or shutil.which("cc") is None:
-        pytest.skip("no make or cc: provider/tests/wirecheck.c cannot be built")
-    if not Path("/usr/include/infiniband/verbs.h").exists():
-        pytest.skip("no <infiniband/verbs.h> (libibverbs-dev): wire_enc.c's structs")
-    built = subprocess.run(["make", "-s", "-C", str(ROOT / "provider"), "build/wirecheck"],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stdout + built.stderr
-
-    def run(commands: list[str]) -> list[str]:
-        done = subprocess.run([str(WIRECHECK)], input="\n".join(commands) + "\n",
-                              capture_output=True, text=True, timeout=120,
-                              env={"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0",
-                                   "UBSAN_OPTIONS": "print_stacktrace=1"})
-        assert done.returncode == 0, done.stderr[-3000:]
-        out = done.stdout.splitlines()
-        assert len(out) == len(commands), done.stderr[-3000:]
-        return out
-
-    return run
+    return native.line_tool("wirecheck", needs=[(
+        Path("/usr/include/infiniband/verbs.h"),
+        "no <infiniband/verbs.h> (libibverbs-dev): wire_enc.c's structs")])
 
 
 # -- every request kind ------------------------------------------------------------------
