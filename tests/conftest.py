@@ -115,13 +115,43 @@ HERE = Path(__file__).resolve().parent
 KINDS = ("unit", "e2e", "hardening", "tools", "pyverbs", "twonode", "containers", "native")
 
 
+def _kind(item) -> str | None:
+    path = Path(item.path).resolve()
+    if HERE in path.parents:
+        kind = path.relative_to(HERE).parts[0]
+        if kind in KINDS:
+            return kind
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        path = Path(item.path).resolve()
-        if HERE in path.parents:
-            kind = path.relative_to(HERE).parts[0]
-            if kind in KINDS:
-                item.add_marker(kind)
+        kind = _kind(item)
+        if kind is not None:
+            item.add_marker(kind)
+    # The container tests last (a stable sort: each folder keeps its order), so that the
+    # image build started in the background as the run begins (pytest_collection_finish)
+    # has the other folders' time to finish in.
+    items.sort(key=lambda item: _kind(item) == "containers")
+
+
+def pytest_collection_finish(session):
+    """A run that holds a container test starts building the images now, in the
+    background (tests/support/compose.py, start_early_build)."""
+    if session.config.option.collectonly:
+        return
+    if any(_kind(item) == "containers" for item in session.items):
+        import compose
+
+        compose.start_early_build()
+
+
+def pytest_sessionfinish(session):
+    import sys
+
+    compose = sys.modules.get("compose")
+    if compose is not None:
+        compose.stop_early_build()
 
 
 @pytest.fixture

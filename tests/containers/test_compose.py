@@ -125,14 +125,17 @@ PP_ITERS = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter$",
 PERF_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", re.M)
 
 
-class TestVerbsPrograms:
-    """The programs below on one pair of nodes (a node bring-up is some ten seconds),
-    made for the class and removed after it, before the tests that stop the target."""
+@pytest.fixture(scope="class")
+def verbs_nodes(stack):
+    """One pair of nodes for TestVerbsPrograms (a node bring-up is some ten seconds),
+    made for the class and removed after it, before the tests that stop the target.
+    A module-level fixture: pytest deprecates a class-scoped fixture written as a method."""
+    with dc.verbs_nodes() as nodes:
+        yield nodes
 
-    @pytest.fixture(scope="class")
-    def verbs_nodes(self, stack):
-        with dc.verbs_nodes() as nodes:
-            yield nodes
+
+class TestVerbsPrograms:
+    """The programs below on one pair of nodes (the fixture verbs_nodes)."""
 
     def test_ibv_rc_pingpong_between_containers(self, verbs_nodes):
         """Debian's ibv_rc_pingpong, unmodified, each side exec'd in its container and served

@@ -112,19 +112,25 @@ def unavailable() -> str | None:
     return None
 
 
+def _lock_path(what: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"softhca-compose-{what}.lock"
+
+
+def _image_lock(names: Names) -> str:
+    return f"image-{names.image}".replace("/", "_")
+
+
 @contextlib.contextmanager
 def machine_lock(names: Names = NAMES):
     """One compose topology per project name, per subnet and per image repository on the
     machine: a second test run on the same engine (another checkout) that shares any of
     them with this one waits its turn; one with names of its own (SOFTHCA_IMAGE,
     SOFTHCA_SUBNET, SOFTHCA_PROJECT) runs beside it."""
-    tmp = Path(tempfile.gettempdir())
-    paths = [tmp / f"softhca-compose-{what}.lock" for what in sorted(
-        {f"project-{names.project}", f"subnet-{names.subnet}",
-         f"image-{names.image}".replace("/", "_")})]
+    paths = [_lock_path(what) for what in sorted(
+        {f"project-{names.project}", f"subnet-{names.subnet}", _image_lock(names)})]
     if names == Names():
         # the one lock of checkouts from before the names were choosable, which use them
-        paths.insert(0, tmp / "softhca-compose.lock")
+        paths.insert(0, Path(tempfile.gettempdir()) / "softhca-compose.lock")
     with contextlib.ExitStack() as stack:
         for path in paths:
             f = stack.enter_context(open(path, "w"))
@@ -145,10 +151,77 @@ def compose(*args: str, timeout: float = 300, check: bool = True,
     return run(argv, timeout=timeout, check=check, env=full_env)
 
 
+# The image build, started in the background as the run begins (start_early_build, from
+# tests/conftest.py, when the run holds a container test): on a fresh machine it is
+# several minutes of debootstrap, apt and pip, mostly waiting on the package archive and on
+# the storage driver, which the other folders' tests (run first) leave room for. It holds
+# the image repository's lock (as machine_lock does) and runs at a lower CPU priority;
+# build_images waits for it, then runs the build again, which only checks.
+_EARLY: dict = {}
+EARLY_LOG = ROOT / "build" / "images-early.log"
+
+
+def _build_env() -> dict[str, str]:
+    return {**os.environ, "PY": sys.executable, **NAMES.env()}
+
+
+def start_early_build() -> bool:
+    """Start docker/build-images.sh in the background, unless one is running, there is no
+    engine, or SOFTHCA_EARLY_IMAGES=0 asks for the build in the first container test."""
+    if _EARLY or os.environ.get("SOFTHCA_EARLY_IMAGES", "1") == "0" or unavailable():
+        return False
+    if shutil.which("flock") is None:
+        return False
+    EARLY_LOG.parent.mkdir(parents=True, exist_ok=True)
+    log = open(EARLY_LOG, "w")
+    argv = ["nice", "-n", "10", "flock", str(_lock_path(_image_lock(NAMES))),
+            "bash", str(ROOT / "docker" / "build-images.sh")]
+    _EARLY["proc"] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                      env=_build_env(), stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
+    _EARLY["log"], _EARLY["start"] = log, time.monotonic()
+    return True
+
+
+def stop_early_build() -> None:
+    """End a background build the run no longer waits for (a run stopped early)."""
+    proc = _EARLY.get("proc")
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+
+
+def _wait_early_build() -> None:
+    """Wait for the background build, if one was started, and say what it did."""
+    proc = _EARLY.get("proc")
+    if proc is None:
+        return
+    waited = time.monotonic()
+    try:
+        rc = proc.wait(timeout=1200)
+    except subprocess.TimeoutExpired:
+        stop_early_build()
+        rc = "killed after 1200 s"
+    _EARLY["log"].close()
+    text = EARLY_LOG.read_text(errors="replace")
+    for line in text.splitlines():
+        if line.startswith("images:"):
+            report(f"{line} [in the background, from the run's start]")
+    report(f"images: the background build ended {time.monotonic() - _EARLY['start']:.0f} s "
+           f"after it started (exit {rc}); the first container test waited "
+           f"{time.monotonic() - waited:.0f} s for it")
+    if rc != 0:
+        report("images: the background build failed, its last lines: "
+               + " | ".join(text.splitlines()[-5:]) + "; building again here")
+
+
 def build_images() -> None:
+    _wait_early_build()
     start = time.monotonic()
     r = run(["bash", str(ROOT / "docker" / "build-images.sh")], timeout=1200, check=True,
-            env={**os.environ, "PY": sys.executable, **NAMES.env()})
+            env=_build_env())
     for line in r.stdout.splitlines():
         if line.startswith("images:"):
             report(line)
