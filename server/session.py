@@ -16,8 +16,9 @@ from typing import Any
 
 from ..protocol import control
 from ..protocol.errors import RDMAError
-from ..protocol.frames import FrameDecoder, encode_frame
+from ..protocol.frames import FrameDecoder, FrameError, encode_frame
 from ..protocol.kinds import FrameKind
+from ..protocol.replies import check_reply
 from ..protocol.session import Broken, Call, Closed, Refused, Role
 from ..protocol.session import ControlSession as Protocol
 from .hosts import Node
@@ -43,6 +44,16 @@ def _reply_size(ev) -> int:
     if type(ev) is Call and type(ev.request) is control.MrRead:
         return ev.request.length
     return 0
+
+
+def _checked(verb: str, result: dict) -> None:
+    """A handler's reply against protocol/replies.py's table (what provider/wire.h
+    gives the C libraries): a field it does not name, or of another type, is the
+    daemon's bug, answered and logged as an internal error, never sent."""
+    try:
+        check_reply(verb, result)
+    except FrameError as e:
+        raise AssertionError(e.message) from None
 
 
 def send_error(writer: asyncio.StreamWriter, rid: int, e: RDMAError) -> None:
@@ -191,6 +202,7 @@ class ControlSession:
             if result is not None:
                 payload = result.pop("_payload", b"")
                 hold = result.pop("_hold", False)
+                _checked(ev.request.VERB, result)
                 proto.reply(rid, payload, **result)
                 if hold:
                     # Written with the next frame, its completion's (server/post_reply.py).
