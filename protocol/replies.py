@@ -15,7 +15,7 @@ back, in the same spec form ``(type(s), min, max, required)`` (protocol/schema.p
   protocol/attrs_wire.py sends them.
 
 The daemon checks each reply against ``REPLIES`` before it goes (server/session.py),
-and builds its welcome, error and rdma_cm event frames through ``frame``; the C
+and builds its welcome, ``err`` and rdma_cm event frames through ``frame``; the C
 libraries take the keys from provider/wire.h, which tools/gen_wire_h.py writes from
 these tables, and tests/unit/test_wire_codec.py reads what the real handlers answer
 with the C side's tables.
@@ -30,13 +30,14 @@ from typing import Any
 from .attrs import CryptoAttr, SigBlockAttr
 from .attrs_wire import NESTED
 from .cm import EVENTS as CM_EVENTS
+from .errors import RDMAError
 from .frames import FrameError
 from .handshake import ROLES
 from .kinds import FrameKind
 from .schema import I32, U32, U64, check_fields
 
 __all__ = ["ATTR_MAPS", "CM_EVENTS", "FRAMES", "HELLO_ROLES", "MAPS", "REPLIES", "attr_spec",
-           "attr_struct",
+           "attr_struct", "err_frame",
            "check_frame", "check_map", "check_reply", "frame"]
 
 _NIL = type(None)
@@ -287,9 +288,18 @@ def check_frame(kind: str, header: dict) -> None:
     _nested(kind, spec, header)
 
 
+def err_frame(rid: int, error: RDMAError) -> dict:
+    """The ``err`` frame of ``error`` refusing request ``rid`` (0: about the
+    connection), with its refused WR's index when it has one."""
+    if error.bad_wr is None:
+        return frame("err", id=rid, errno=error.errno_name, msg=error.message)
+    return frame("err", id=rid, errno=error.errno_name, msg=error.message,
+                 bad_wr=error.bad_wr)
+
+
 def frame(kind: str, **fields: Any) -> dict:
     """The header of a ``kind`` frame with ``fields``, checked against ``FRAMES``: the
-    daemon builds its welcome and rdma_cm event frames here, so it sends no field the
+    daemon builds its welcome, err and rdma_cm event frames here, so it sends no field the
     C libraries' tables (provider/wire.h) do not name."""
     t = FrameKind.EVENT if kind == "cm_event" else FrameKind(kind)
     header = {"t": t, **fields}

@@ -17,8 +17,7 @@ from typing import Any
 from ..protocol import control
 from ..protocol.errors import RDMAError
 from ..protocol.frames import FrameDecoder, FrameError, encode_frame
-from ..protocol.kinds import FrameKind
-from ..protocol.replies import check_reply
+from ..protocol.replies import check_reply, err_frame
 from ..protocol.session import Broken, Call, Closed, Refused, Role
 from ..protocol.session import ControlSession as Protocol
 from .hosts import Node
@@ -59,8 +58,7 @@ def _checked(verb: str, result: dict) -> None:
 def send_error(writer: asyncio.StreamWriter, rid: int, e: RDMAError) -> None:
     """An ``err`` frame outside a session (the HELLO refused, the connection limit)."""
     with contextlib.suppress(Exception):
-        writer.writelines(encode_frame({"t": FrameKind.ERR, "id": rid, "errno": e.errno_name,
-                                        "msg": e.message}))
+        writer.writelines(encode_frame(err_frame(rid, e)))
 
 
 class ControlSession:
@@ -188,6 +186,19 @@ class ControlSession:
 
     def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None:
         self.protocol.reply(rid, payload, **result)
+        self._flush()
+
+    def reply_to(self, verb: str, rid: int, **result: Any) -> None:
+        """The reply to a ``verb`` request answered later (a poll_cq or get_async_event
+        that waited), checked as ``_handle`` checks the others."""
+        try:
+            _checked(verb, result)
+        except AssertionError as e:
+            log.error("reply refused %s", kv(event="internal_error", peer=self.peer,
+                                              reason=str(e)))
+            self.protocol.send_error(rid, RDMAError("EPROTO", f"internal error: {e!r}"[:200]))
+        else:
+            self.protocol.reply(rid, b"", **result)
         self._flush()
 
     def _handle(self, ev: Call | Refused) -> None:

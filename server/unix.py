@@ -37,7 +37,7 @@ from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import REQUEST_LIMITS, Frame, FrameDecoder, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, verify_hello
 from ..protocol.kinds import FrameKind
-from ..protocol.replies import frame
+from ..protocol.replies import err_frame, frame
 from .link import READ_CHUNK, read_frames
 from .logs import kv, log
 from .session import ControlSession, send_error
@@ -111,7 +111,7 @@ async def _readable(sock: socket.socket) -> None:
 
 
 def _err(e: RDMAError) -> dict:
-    return {"t": FrameKind.ERR, "id": 0, "errno": e.errno_name, "msg": e.message}
+    return err_frame(0, e)
 
 
 class _Waiting:

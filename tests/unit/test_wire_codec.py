@@ -500,6 +500,7 @@ async def _drive(pair) -> None:
     cq = (await n.request("create_cq", ctx=ctx, cqe=16))[0]["cq"]
     await n.request("resize_cq", cq=cq, cqe=32)
     await n.request("poll_cq", cq=cq, num=4, timeout=0)
+    await n.request("poll_cq", cq=cq, num=4, timeout=0.05)     # waits, answered later
     await n.request("destroy_cq", cq=cq)
     await n.request("query_qp", qp=t.qp.handle)
     await n.request("modify_qp", qp=t.qp.handle, attr={"qp_access_flags": e2e.ALL},
@@ -771,3 +772,27 @@ def test_docs_request_table_names_every_reply_field():
         missing += [f"{v}.{f}" for v in verbs for f in REPLIES[v] if f not in named]
     assert checked >= 40
     assert missing == [], f"docs/protocol.md's request table does not name {missing}"
+
+
+async def test_the_daemon_sends_no_reply_its_table_does_not_describe(monkeypatch):
+    """A handler whose reply has a field protocol/replies.py does not name, or a value
+    of another type, answered at once or later (a wait's reply_to): the daemon sends the
+    client an internal error instead, so no C library meets a key wire.h lacks."""
+    import softhca.client as sh
+    from softhca.protocol import control
+    from softhca.server import verbs
+
+    def later(v, r, rid):
+        asyncio.get_running_loop().call_soon(
+            lambda: v.session.reply_to("devices", rid, devices="mlx5_0"))
+
+    async with sh.embedded() as node:
+        monkeypatch.setitem(verbs.HANDLERS, control.Devices,
+                            lambda v, r, rid: {"devices": [], "names": []})
+        with pytest.raises(RDMAError, match=r"EPROTO.*internal error.*names"):
+            await node.request("devices")
+        monkeypatch.setitem(verbs.HANDLERS, control.Devices, later)
+        with pytest.raises(RDMAError, match=r"EPROTO.*internal error.*devices"):
+            await node.request("devices")
+        monkeypatch.undo()
+        assert (await node.request("devices"))[0]["devices"] == ["mlx5_0"]
