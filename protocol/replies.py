@@ -257,19 +257,23 @@ def attr_spec(cls: type) -> dict[str, tuple]:
 
 # -- checks ------------------------------------------------------------------------------
 
-def _nested(path: str, spec_of: dict[str, tuple], values: dict) -> None:
-    for key in spec_of:
-        sub = MAPS.get(f"{path}.{key}")
-        if sub is not None and isinstance(values.get(key), dict):
-            check_map(f"{path}.{key}", values[key])
+# The fields of each reply, frame and map that hold a map of MAPS: (key, its path).
+_NESTED_AT: dict[str, tuple[tuple[str, str], ...]] = {
+    path: tuple((k, f"{path}.{k}") for k in spec if f"{path}.{k}" in MAPS)
+    for table in (REPLIES, FRAMES, MAPS) for path, spec in table.items()}
+
+
+def _nested(path: str, values: dict) -> None:
+    for key, sub in _NESTED_AT[path]:
+        if isinstance(values.get(key), dict):
+            check_map(sub, values[key])
 
 
 def check_map(path: str, values: dict) -> None:
     """``values`` against ``MAPS[path]``, the maps nested in it too; FrameError(EPROTO)
     naming the first field out of the table."""
-    spec = MAPS[path]
-    check_fields({"t": path, **values}, spec, path)
-    _nested(path, spec, values)
+    check_fields({"t": path, **values}, MAPS[path], path)
+    _nested(path, values)
 
 
 def check_reply(verb: str, fields: dict) -> None:
@@ -277,15 +281,15 @@ def check_reply(verb: str, fields: dict) -> None:
     spec = REPLIES[verb]
     if not fields and not spec:
         return      # most replies: nothing to look at
-    check_fields({"t": verb, **fields}, spec, f"the reply to '{verb}'")
-    _nested(verb, spec, fields)
+    check_fields(fields, spec, f"the reply to '{verb}'")
+    if _NESTED_AT[verb]:
+        _nested(verb, fields)
 
 
 def check_frame(kind: str, header: dict) -> None:
     """A frame of ``FRAMES[kind]`` (its header, "t" and "id" aside) against the table."""
-    spec = FRAMES[kind]
-    check_fields(header, spec, f"a '{kind}' frame")
-    _nested(kind, spec, header)
+    check_fields(header, FRAMES[kind], f"a '{kind}' frame")
+    _nested(kind, header)
 
 
 def err_frame(rid: int, error: RDMAError) -> dict:
