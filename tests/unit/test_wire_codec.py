@@ -648,14 +648,21 @@ def test_c_and_python_refuse_a_drifted_reply(wire):
 
 
 def test_c_reads_the_handshake_frames(wire):
-    """The daemon's challenge (its builder), the C HELLO, and a welcome missing its role."""
-    from softhca.protocol.handshake import make_challenge
+    """The daemon's challenge and a daemon's HELLO on a wire link with its proof (their
+    builders), the C HELLO, and a welcome missing its role."""
+    from softhca.protocol.handshake import make_challenge, make_hello
+    from softhca.protocol.replies import check_frame
 
     challenge, _ = make_challenge(auth=True)
+    link_hello = make_hello(challenge, "wire", b"k" * 32, src="127.0.0.1:4791")
+    for kind, h in (("challenge", challenge), ("hello", link_hello)):
+        check_frame(kind, h)
     hello, = wire(["hello"])
     answers = wire([f"frame challenge {_hex(challenge)}", f"frame hello {hello}",
+                    f"frame hello {_hex(link_hello)}",
                     f"frame welcome {_hex({'t': 'welcome', 'devices': []})}"])
-    assert answers == ["ok challenge 3", "ok hello 2", "bad missing role of welcome"]
+    assert answers == ["ok challenge 3", "ok hello 2", "ok hello 4",
+                       "bad missing role of welcome"]
 
 
 def test_c_reads_mkey_configure_attribute_maps(wire):
