@@ -11,8 +11,8 @@ from .attrs import SGE, CryptoAttr, MrInterleaved, SigBlockAttr, SigBlockDomain,
 from .frames import FrameError
 from .schema import U64, sge_to_wire
 
-# Which fields hold a nested struct, per struct.
-_NESTED: dict[type, dict[str, type]] = {
+# Which fields hold a nested struct, per struct (protocol/replies.py's ATTR_MAPS walk it).
+NESTED: dict[type, dict[str, type]] = {
     SigBlockAttr: {"mem": SigBlockDomain, "wire": SigBlockDomain},
     SigBlockDomain: {"dif": SigT10dif, "crc": SigCrc},
 }
@@ -53,7 +53,7 @@ def attr_from_wire(cls: type, data: Any, what: str) -> Any:
         raise FrameError("EPROTO", f"{what} has unknown field(s) "
                                    f"{', '.join(sorted(map(str, extra)))[:100]}")
     kwargs = {}
-    nested = _NESTED.get(cls, {})
+    nested = NESTED.get(cls, {})
     for name, value in data.items():
         where = f"{what}.{name}"
         if name in nested:

@@ -314,6 +314,8 @@ class RegMr(Request):
 # registration is their bytes [offset, offset + length), at the program's virtual
 # address ``addr`` (the MR's iova).
 MAX_PIECES = 16
+# The first item of a SysV segment's piece.
+SYSV_PIECE = "sysv"
 
 
 def _paged(*xs) -> bool:
@@ -324,10 +326,10 @@ def _paged(*xs) -> bool:
 
 def _piece(p) -> tuple | None:
     """One piece as a tuple, or None when it has neither form."""
-    if isinstance(p, list) and len(p) == 5 and p[0] == "sysv":
+    if isinstance(p, list) and len(p) == 5 and p[0] == SYSV_PIECE:
         shmid, offset, length, addr = p[1:]
         ok = type(shmid) is int and 0 <= shmid < 1 << 31 and _paged(offset, length, addr)
-        return ("sysv", *p[1:]) if ok and length > 0 else None
+        return (SYSV_PIECE, *p[1:]) if ok and length > 0 else None
     if isinstance(p, list) and len(p) == 3 and type(p[0]) is int:
         memfd, offset, length = p
         ok = 0 <= memfd < MAX_PIECES and _paged(offset, length)
@@ -791,6 +793,7 @@ def setter_from_wire(kind: Any, value: Any, what: str) -> tuple[str, Any]:
 __all__ = [
     "BY_VERB", "CONFIGURE_CALL", "EVENT_KINDS", "MAX_CONFIGURE_ENTRIES", "MAX_CQE",
     "MAX_CREDITS", "MAX_SGE", "MAX_WRS_PER_POST", "QP_ATTR", "REQUESTS", "SETTERS",
+    "SYSV_PIECE",
     "U32", "U64", "ConfigureCall", "MkeyConfAttr", "Request", "SetterCall",
     "attr_from_wire", "attr_to_wire", "check_fields", "decode_request",
     "setter_from_wire", "sge_to_wire", "sges_from_wire",

@@ -32,6 +32,7 @@ from . import control
 from .errors import ERRNO_NAMES, RDMAError
 from .frames import Frame, FrameDecoder, FrameError, encode_frame
 from .kinds import FrameKind
+from .replies import err_frame
 
 __all__ = [
     "Broken",
@@ -218,8 +219,7 @@ class ControlSession:
     def _break(self, e: FrameError) -> list[SessionEvent]:
         if self.role is Role.SERVER:
             # Framing or the protocol is lost: say why before the connection closes.
-            self._out += encode_frame({"t": FrameKind.ERR, "id": 0, "errno": e.errno_name,
-                                       "msg": e.message})
+            self._out += encode_frame(err_frame(0, e))
         error = RDMAError(e.errno_name, e.message)
         return [Broken(error), self._close(error if self.role is Role.CLIENT else None)]
 
@@ -343,11 +343,7 @@ class ControlSession:
     def send_error(self, rid: int, error: RDMAError) -> None:
         """Queue the ``err`` reply to request ``rid`` (0: about the connection)."""
         self._require(Role.SERVER)
-        header = {"t": FrameKind.ERR, "id": rid, "errno": error.errno_name,
-                  "msg": error.message}
-        if error.bad_wr is not None:
-            header["bad_wr"] = error.bad_wr
-        self._out += encode_frame(header)
+        self._out += encode_frame(err_frame(rid, error))
 
     def push_completions(self, cq: int, wcs: list) -> None:
         """Queue completions of pushed CQ ``cq``: one ``wc`` frame. ``wcs`` are in wire

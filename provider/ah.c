@@ -52,7 +52,7 @@ struct ibv_ah *shca_create_ah(struct ibv_pd *ibpd, struct ibv_ah_attr *attr)
 	mp_kv_uint(&b, SHCA_K_FLOW_LABEL, attr->grh.flow_label & 0xFFFFF);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "ah", &ah->handle);
+		rc = shca_get_u32(&r, SHCA_R_AH, &ah->handle);
 		shca_frame_free(&r);
 	}
 	if (rc) {

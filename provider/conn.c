@@ -108,7 +108,7 @@ static int call(struct shca_conn *c, struct mp_buf *b, const void *payload, size
 			shca_log("%.*s", (int)n, s);
 	}
 	/* A post's refusal names the WR refused; those before it were taken. */
-	if (taken && mp_find_uint(r->hdr, "bad_wr", &bad) && bad <= UINT32_MAX)
+	if (taken && mp_find_uint(r->hdr, SHCA_R_BAD_WR, &bad) && bad <= UINT32_MAX)
 		*taken = (uint32_t)bad;
 	shca_frame_free(r);
 	return rc;
@@ -156,7 +156,7 @@ static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 	uint32_t n, i;
 	struct shca_cq *cq;
 
-	if (!mp_find_uint(hdr, "cq", &handle) || !mp_find(hdr, "wcs", &wcs) ||
+	if (!mp_find_uint(hdr, SHCA_R_CQ, &handle) || !mp_find(hdr, SHCA_R_WCS, &wcs) ||
 	    !mp_get_arr(wcs, &n, &w))
 		return;
 	pthread_mutex_lock(&c->core.lock);
@@ -224,27 +224,27 @@ static void take_async(struct shca_conn *c, struct mp_val hdr)
 	uint64_t id, type, h;
 	struct mp_buf b;
 
-	if (!mp_find(hdr, "event", &ev) || mp_kind(ev) != MP_MAP ||
-	    !mp_find_uint(ev, "event", &id) || !mp_find_uint(ev, "event_type", &type))
+	if (!mp_find(hdr, SHCA_R_EVENT, &ev) || mp_kind(ev) != MP_MAP ||
+	    !mp_find_uint(ev, SHCA_R_EVENT, &id) || !mp_find_uint(ev, SHCA_R_EVENT_TYPE, &type))
 		return;
 	shca_wire_begin(&b, SHCA_V_ACK_ASYNC_EVENT, own_id(c), SHCA_NREQ_ACK_ASYNC_EVENT);
 	mp_kv_uint(&b, SHCA_K_EVENT, id);
 	shca_send_oneway(c, &b);
 	d.event_type = (uint32_t)type;
 	pthread_mutex_lock(&c->core.lock);
-	if (mp_find_uint(ev, "qp", &h)) {
+	if (mp_find_uint(ev, SHCA_R_QP, &h)) {
 		struct shca_qp *qp;
 
 		for (qp = ctx->qps; qp && qp->handle != h; qp = qp->next)
 			;
 		d.element = qp ? (uintptr_t)&qp->vqp.qp : 0;
-	} else if (mp_find_uint(ev, "cq", &h)) {
+	} else if (mp_find_uint(ev, SHCA_R_CQ, &h)) {
 		struct shca_cq *cq;
 
 		for (cq = ctx->cqs; cq && cq->handle != h; cq = cq->next)
 			;
 		d.element = cq ? (uintptr_t)&cq->cq : 0;
-	} else if (mp_find_uint(ev, "srq", &h)) {
+	} else if (mp_find_uint(ev, SHCA_R_SRQ, &h)) {
 		struct shca_srq *srq;
 
 		for (srq = ctx->srqs; srq && srq->handle != h; srq = srq->next)
@@ -271,25 +271,25 @@ static void on_frame(void *owner, struct shca_frame *r)
 	struct mp_val t;
 	uint64_t id;
 
-	if (!mp_find(r->hdr, "t", &t)) {
+	if (!mp_find(r->hdr, SHCA_KEY_T, &t)) {
 		shca_frame_free(r);
 		return;
 	}
-	if (mp_str_eq(t, "wc")) {
+	if (mp_str_eq(t, SHCA_T_WC)) {
 		take_wcs(c, r->hdr);
 		shca_frame_free(r);
 		return;
 	}
-	if (mp_str_eq(t, "ok") && mp_find_uint(r->hdr, "id", &id) && c->async_id &&
+	if (mp_str_eq(t, SHCA_T_OK) && mp_find_uint(r->hdr, SHCA_KEY_ID, &id) && c->async_id &&
 	    id == c->async_id) {
 		take_async(c, r->hdr);
 		shca_frame_free(r);
 		shca_async_arm(c);
 		return;
 	}
-	if (mp_str_eq(t, "ok"))
+	if (mp_str_eq(t, SHCA_T_OK))
 		;       /* the reply of an acknowledgement */
-	else if (mp_str_eq(t, "err")) {
+	else if (mp_str_eq(t, SHCA_T_ERR)) {
 		const char *s;
 		uint32_t n;
 
@@ -314,7 +314,7 @@ static int expect(struct shca_frame *r, const char *kind)
 	const char *s;
 	uint32_t n;
 
-	if (mp_find(r->hdr, "t", &t) && mp_str_eq(t, kind))
+	if (mp_find(r->hdr, SHCA_KEY_T, &t) && mp_str_eq(t, kind))
 		return 0;
 	if (shca_reply_msg(r, &s, &n))
 		shca_log("the daemon refused the connection: %.*s", (int)n, s);
@@ -361,9 +361,9 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 		close(c->core.fd);
 		return e;
 	}
-	if (shca_frame_read(c->core.fd, &r, MAX_FRAME) || expect(&r, "challenge"))
+	if (shca_frame_read(c->core.fd, &r, MAX_FRAME) || expect(&r, SHCA_T_CHALLENGE))
 		goto bad;
-	if (mp_find(r.hdr, "auth", &auth))
+	if (mp_find(r.hdr, SHCA_R_AUTH, &auth))
 		mp_get_uint(auth, &need);
 	shca_frame_free(&r);
 	if (need) {
@@ -375,7 +375,7 @@ int shca_connect(struct shca_conn *c, const char *path, struct shca_context *ctx
 	}
 	if (shca_frame_hello(c->core.fd))
 		goto bad;
-	if (shca_frame_read(c->core.fd, &r, MAX_FRAME) || expect(&r, "welcome"))
+	if (shca_frame_read(c->core.fd, &r, MAX_FRAME) || expect(&r, SHCA_T_WELCOME))
 		goto bad;
 	mp_init(welcome);
 	/* kept for the caller: the device list and the daemon's address */
@@ -432,7 +432,7 @@ static int handoff_connect(struct shca_context *ctx, int *rc)
 		close(fd);
 		return -1;
 	}
-	if (shca_frame_read(fd, &r, 1u << 16) || expect(&r, "challenge")) {
+	if (shca_frame_read(fd, &r, 1u << 16) || expect(&r, SHCA_T_CHALLENGE)) {
 		shca_log("ibv_reg_mr: the daemon at %s broke off the memfd handoff", ctx->path);
 		shca_frame_free(&r);
 		close(fd);
@@ -461,10 +461,10 @@ static int handoff_exchange(struct shca_context *ctx, int fd, const int *fds, in
 	size_t total, done;
 	ssize_t w;
 
-	shca_hello_begin(&b, "memfd", 2);
-	mp_str(&b, "key");
+	shca_hello_begin(&b, SHCA_ROLE_MEMFD, 2);
+	mp_str(&b, SHCA_R_KEY);
 	mp_str(&b, ctx->memfd_key);
-	mp_kv_uint(&b, "seq", seq);
+	mp_kv_uint(&b, SHCA_R_SEQ, seq);
 	if (b.failed) {
 		mp_free(&b);
 		return ENOMEM;
@@ -546,16 +546,16 @@ int shca_hand_over(struct shca_context *ctx, const int *fds, int n, uint32_t seq
 	if (rc == EPIPE) {
 		shca_log("ibv_reg_mr: the daemon at %s broke off the memfd handoff", ctx->path);
 		rc = EPROTO;
-	} else if (!rc && mp_find(r.hdr, "t", &t) && mp_str_eq(t, "welcome")) {
+	} else if (!rc && mp_find(r.hdr, SHCA_KEY_T, &t) && mp_str_eq(t, SHCA_T_WELCOME)) {
 		uint64_t k = 0;
 
-		keep = mp_find_uint(r.hdr, "keep", &k) && k;
+		keep = mp_find_uint(r.hdr, SHCA_R_KEEP, &k) && k;
 	} else if (!rc) {
 		const char *s = "";
 		uint32_t len = 0;
 
 		rc = EIO;
-		if (mp_find(r.hdr, "errno", &v) && mp_get_str(v, &s, &len))
+		if (mp_find(r.hdr, SHCA_R_ERRNO, &v) && mp_get_str(v, &s, &len))
 			rc = shca_errno(s, len);
 		if (shca_reply_msg(&r, &s, &len))
 			shca_log("ibv_reg_mr: the daemon refused the memory: %.*s", (int)len, s);

@@ -21,9 +21,9 @@ int shca_reply_errno(const struct shca_frame *r)
 	const char *s;
 	uint32_t n;
 
-	if (mp_find(r->hdr, "t", &t) && mp_str_eq(t, "ok"))
+	if (mp_find(r->hdr, SHCA_KEY_T, &t) && mp_str_eq(t, SHCA_T_OK))
 		return 0;
-	if (mp_find(r->hdr, "errno", &v) && mp_get_str(v, &s, &n))
+	if (mp_find(r->hdr, SHCA_R_ERRNO, &v) && mp_get_str(v, &s, &n))
 		return shca_errno(s, n);
 	return EIO;
 }
@@ -32,7 +32,7 @@ int shca_reply_msg(const struct shca_frame *r, const char **s, uint32_t *n)
 {
 	struct mp_val v;
 
-	return mp_find(r->hdr, "msg", &v) && mp_get_str(v, s, n);
+	return mp_find(r->hdr, SHCA_R_MSG, &v) && mp_get_str(v, s, n);
 }
 
 void shca_core_init(struct shca_core *c, uint32_t id_limit, uint32_t max_frame)
@@ -104,8 +104,9 @@ static int take_reply(struct shca_core *c, struct shca_frame *f)
 	struct mp_val t;
 	uint64_t id;
 
-	if (!mp_find(f->hdr, "t", &t) || !(mp_str_eq(t, "ok") || mp_str_eq(t, "err")) ||
-	    !mp_find_uint(f->hdr, "id", &id) || id != c->want_id || id == 0)
+	if (!mp_find(f->hdr, SHCA_KEY_T, &t) ||
+	    !(mp_str_eq(t, SHCA_T_OK) || mp_str_eq(t, SHCA_T_ERR)) ||
+	    !mp_find_uint(f->hdr, SHCA_KEY_ID, &id) || id != c->want_id || id == 0)
 		return 0;
 	pthread_mutex_lock(&c->lock);
 	shca_frame_free(&c->reply);

@@ -68,7 +68,7 @@ static void configure(struct mlx5dv_qp_ex *m, struct mlx5dv_mkey *mkey,
 	if (add_call(qp))
 		return;
 	mp_arr(&qp->wrs, 7);
-	mp_str(&qp->wrs, "configure");
+	mp_str(&qp->wrs, SHCA_SETTER_CONFIGURE);
 	mp_uint(&qp->wrs, qpx->wr_id);
 	mp_uint(&qp->wrs, qpx->wr_flags);
 	mp_uint(&qp->wrs, shca_to_mkey(mkey)->handle);
@@ -126,7 +126,7 @@ static int setter(struct mlx5dv_qp_ex *m, const char *kind, const void *arg)
 
 static void wr_set_mkey_access_flags(struct mlx5dv_qp_ex *m, uint32_t access_flags)
 {
-	if (setter(m, "access_flags", m))
+	if (setter(m, SHCA_SETTER_ACCESS_FLAGS, m))
 		mp_uint(&dvq(m)->wrs, access_flags);
 }
 
@@ -136,7 +136,7 @@ static void wr_set_mkey_layout_list(struct mlx5dv_qp_ex *m, uint16_t num_sges,
 	struct mp_buf *b = &dvq(m)->wrs;
 	uint16_t i;
 
-	if (!setter(m, "layout_list", num_sges ? (const void *)sge : m))
+	if (!setter(m, SHCA_SETTER_LAYOUT_LIST, num_sges ? (const void *)sge : m))
 		return;
 	mp_arr(b, num_sges);
 	for (i = 0; i < num_sges; i++) {
@@ -154,7 +154,7 @@ static void wr_set_mkey_layout_interleaved(struct mlx5dv_qp_ex *m, uint32_t repe
 	struct mp_buf *b = &dvq(m)->wrs;
 	uint16_t i;
 
-	if (!setter(m, "layout_interleaved", num_interleaved ? (const void *)data : m))
+	if (!setter(m, SHCA_SETTER_LAYOUT_INTERLEAVED, num_interleaved ? (const void *)data : m))
 		return;
 	mp_arr(b, 2);
 	mp_uint(b, repeat_count);
@@ -176,29 +176,29 @@ static void sig_domain(struct mp_buf *b, const struct mlx5dv_sig_block_domain *d
 		mp_nil(b);
 		return;
 	}
-	mp_map(b, 5);
-	mp_kv_uint(b, "sig_type", d->sig_type);
-	mp_str(b, "dif");
+	mp_map(b, SHCA_ATTR_NFIELDS_SIG_BLOCK_DOMAIN);
+	mp_kv_uint(b, SHCA_A_SIG_TYPE, d->sig_type);
+	mp_str(b, SHCA_A_DIF);
 	if (d->sig_type == MLX5DV_SIG_TYPE_T10DIF && d->sig.dif) {
-		mp_map(b, 5);
-		mp_kv_uint(b, "bg_type", d->sig.dif->bg_type);
-		mp_kv_uint(b, "bg", d->sig.dif->bg);
-		mp_kv_uint(b, "app_tag", d->sig.dif->app_tag);
-		mp_kv_uint(b, "ref_tag", d->sig.dif->ref_tag);
-		mp_kv_uint(b, "flags", d->sig.dif->flags);
+		mp_map(b, SHCA_ATTR_NFIELDS_SIG_T10DIF);
+		mp_kv_uint(b, SHCA_A_BG_TYPE, d->sig.dif->bg_type);
+		mp_kv_uint(b, SHCA_A_BG, d->sig.dif->bg);
+		mp_kv_uint(b, SHCA_A_APP_TAG, d->sig.dif->app_tag);
+		mp_kv_uint(b, SHCA_A_REF_TAG, d->sig.dif->ref_tag);
+		mp_kv_uint(b, SHCA_A_FLAGS, d->sig.dif->flags);
 	} else {
 		mp_nil(b);
 	}
-	mp_str(b, "crc");
+	mp_str(b, SHCA_A_CRC);
 	if (d->sig_type == MLX5DV_SIG_TYPE_CRC && d->sig.crc) {
-		mp_map(b, 2);
-		mp_kv_uint(b, "crc_type", d->sig.crc->type);
-		mp_kv_uint(b, "seed", d->sig.crc->seed);
+		mp_map(b, SHCA_ATTR_NFIELDS_SIG_CRC);
+		mp_kv_uint(b, SHCA_A_CRC_TYPE, d->sig.crc->type);
+		mp_kv_uint(b, SHCA_A_SEED, d->sig.crc->seed);
 	} else {
 		mp_nil(b);
 	}
-	mp_kv_uint(b, "block_size", d->block_size);
-	mp_kv_uint(b, "comp_mask", d->comp_mask);
+	mp_kv_uint(b, SHCA_A_BLOCK_SIZE, d->block_size);
+	mp_kv_uint(b, SHCA_A_COMP_MASK, d->comp_mask);
 }
 
 static void wr_set_mkey_sig_block(struct mlx5dv_qp_ex *m,
@@ -206,41 +206,41 @@ static void wr_set_mkey_sig_block(struct mlx5dv_qp_ex *m,
 {
 	struct mp_buf *b = &dvq(m)->wrs;
 
-	if (!setter(m, "sig_block", attr))
+	if (!setter(m, SHCA_SETTER_SIG_BLOCK, attr))
 		return;
-	mp_map(b, 6);
-	mp_str(b, "mem");
+	mp_map(b, SHCA_ATTR_NFIELDS_SIG_BLOCK_ATTR);
+	mp_str(b, SHCA_A_MEM);
 	sig_domain(b, attr->mem);
-	mp_str(b, "wire");
+	mp_str(b, SHCA_A_WIRE);
 	sig_domain(b, attr->wire);
-	mp_kv_uint(b, "flags", attr->flags);
-	mp_kv_uint(b, "check_mask", attr->check_mask);
-	mp_kv_uint(b, "copy_mask", attr->copy_mask);
-	mp_kv_uint(b, "comp_mask", attr->comp_mask);
+	mp_kv_uint(b, SHCA_A_FLAGS, attr->flags);
+	mp_kv_uint(b, SHCA_A_CHECK_MASK, attr->check_mask);
+	mp_kv_uint(b, SHCA_A_COPY_MASK, attr->copy_mask);
+	mp_kv_uint(b, SHCA_A_COMP_MASK, attr->comp_mask);
 }
 
 static void wr_set_mkey_crypto(struct mlx5dv_qp_ex *m, const struct mlx5dv_crypto_attr *attr)
 {
 	struct mp_buf *b = &dvq(m)->wrs;
 
-	if (!setter(m, "crypto", attr))
+	if (!setter(m, SHCA_SETTER_CRYPTO, attr))
 		return;
-	mp_map(b, 8);
-	mp_kv_uint(b, "crypto_standard", attr->crypto_standard);
-	mp_str(b, "encrypt_on_tx");
+	mp_map(b, SHCA_ATTR_NFIELDS_CRYPTO_ATTR);
+	mp_kv_uint(b, SHCA_A_CRYPTO_STANDARD, attr->crypto_standard);
+	mp_str(b, SHCA_A_ENCRYPT_ON_TX);
 	mp_bool(b, attr->encrypt_on_tx);
-	mp_kv_uint(b, "signature_crypto_order", attr->signature_crypto_order);
-	mp_kv_uint(b, "data_unit_size", attr->data_unit_size);
-	mp_str(b, "initial_tweak");
+	mp_kv_uint(b, SHCA_A_SIGNATURE_CRYPTO_ORDER, attr->signature_crypto_order);
+	mp_kv_uint(b, SHCA_A_DATA_UNIT_SIZE, attr->data_unit_size);
+	mp_str(b, SHCA_A_INITIAL_TWEAK);
 	mp_bin(b, attr->initial_tweak, sizeof(attr->initial_tweak));
-	mp_str(b, "dek");
+	mp_str(b, SHCA_A_DEK);
 	if (attr->dek)
 		mp_uint(b, attr->dek->handle);
 	else
 		mp_nil(b);
-	mp_str(b, "keytag");
+	mp_str(b, SHCA_A_KEYTAG);
 	mp_bin(b, attr->keytag, sizeof(attr->keytag));
-	mp_kv_uint(b, "comp_mask", attr->comp_mask);
+	mp_kv_uint(b, SHCA_A_COMP_MASK, attr->comp_mask);
 }
 
 /* mlx5dv_wr_post(3)'s older builders: a configure WR with its access flags and layout. */
@@ -368,7 +368,7 @@ static int cancel_posted_send_wrs(struct mlx5dv_qp_ex *m, uint64_t wr_id)
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return -rc;
-	rc = shca_get_u32(&r, "canceled", &n);
+	rc = shca_get_u32(&r, SHCA_R_CANCELED, &n);
 	shca_frame_free(&r);
 	return rc ? -rc : (int)n;
 }

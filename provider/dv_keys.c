@@ -38,11 +38,11 @@ struct mlx5dv_mkey *shca_dv_create_mkey(struct mlx5dv_mkey_init_attr *attr)
 	mp_kv_uint(&b, SHCA_K_MAX_ENTRIES, attr->max_entries);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "mkey", &mk->handle);
+		rc = shca_get_u32(&r, SHCA_R_MKEY, &mk->handle);
 		if (!rc)
-			rc = shca_get_u32(&r, "lkey", &mk->dv.lkey);
+			rc = shca_get_u32(&r, SHCA_R_LKEY, &mk->dv.lkey);
 		if (!rc)
-			rc = shca_get_u32(&r, "rkey", &mk->dv.rkey);
+			rc = shca_get_u32(&r, SHCA_R_RKEY, &mk->dv.rkey);
 		shca_frame_free(&r);
 	}
 	if (rc) {
@@ -82,13 +82,13 @@ int shca_dv_mkey_check(struct mlx5dv_mkey *mkey, struct mlx5dv_mkey_err *err_inf
 	if (rc)
 		return rc;
 	memset(&e, 0, sizeof(e));
-	if (mp_find_uint(r.hdr, "err_type", &v))
+	if (mp_find_uint(r.hdr, SHCA_R_ERR_TYPE, &v))
 		e.err_type = (enum mlx5dv_mkey_err_type)v;
-	if (mp_find_uint(r.hdr, "actual_value", &v))
+	if (mp_find_uint(r.hdr, SHCA_R_ACTUAL_VALUE, &v))
 		e.err.sig.actual_value = v;
-	if (mp_find_uint(r.hdr, "expected_value", &v))
+	if (mp_find_uint(r.hdr, SHCA_R_EXPECTED_VALUE, &v))
 		e.err.sig.expected_value = v;
-	if (mp_find_uint(r.hdr, "offset", &v))
+	if (mp_find_uint(r.hdr, SHCA_R_OFFSET, &v))
 		e.err.sig.offset = v;
 	shca_frame_free(&r);
 	/* an application built with an older, shorter struct gets what fits */
@@ -114,21 +114,21 @@ static int query_caps(struct shca_context *ctx, struct mlx5dv_sig_caps *sig,
 		return rc;
 	memset(sig, 0, sizeof(*sig));
 	memset(crypto, 0, sizeof(*crypto));
-	if (mp_find(r.hdr, "attr", &a)) {
-		if (mp_find(a, "sig_caps", &c)) {
-#define U(field) if (mp_find_uint(c, #field, &v)) sig->field = v
-			U(block_size);
-			U(block_prot);
-			U(t10dif_bg);
-			U(crc_type);
+	if (mp_find(r.hdr, SHCA_R_ATTR, &a)) {
+		if (mp_find(a, SHCA_R_SIG_CAPS, &c)) {
+#define U(field, key) if (mp_find_uint(c, key, &v)) sig->field = v
+			U(block_size, SHCA_R_BLOCK_SIZE);
+			U(block_prot, SHCA_R_BLOCK_PROT);
+			U(t10dif_bg, SHCA_R_T10DIF_BG);
+			U(crc_type, SHCA_R_CRC_TYPE);
 		}
-		if (mp_find(a, "crypto_caps", &c)) {
-#define C(field) if (mp_find_uint(c, #field, &v)) crypto->field = v
-			C(failed_selftests);
-			C(crypto_engines);
-			C(wrapped_import_method);
-			C(log_max_num_deks);
-			C(flags);
+		if (mp_find(a, SHCA_R_CRYPTO_CAPS, &c)) {
+#define C(field, key) if (mp_find_uint(c, key, &v)) crypto->field = v
+			C(failed_selftests, SHCA_R_FAILED_SELFTESTS);
+			C(crypto_engines, SHCA_R_CRYPTO_ENGINES);
+			C(wrapped_import_method, SHCA_R_WRAPPED_IMPORT_METHOD);
+			C(log_max_num_deks, SHCA_R_LOG_MAX_NUM_DEKS);
+			C(flags, SHCA_R_FLAGS);
 #undef C
 #undef U
 		}
@@ -217,7 +217,7 @@ static int login_state(struct shca_context *ctx, const char *verb, const char *k
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
-	rc = shca_get_u32(&r, "state", &v);
+	rc = shca_get_u32(&r, SHCA_R_STATE, &v);
 	shca_frame_free(&r);
 	if (!rc)
 		*state = (enum mlx5dv_crypto_login_state)v;
@@ -261,7 +261,7 @@ struct mlx5dv_crypto_login_obj *shca_dv_crypto_login_create(
 	rc = login_request(ctx, SHCA_V_CREATE_CRYPTO_LOGIN, a->credential, a->credential_len,
 			   a->import_kek_id, a->credential_id, a->comp_mask, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "login", &o->handle);
+		rc = shca_get_u32(&r, SHCA_R_LOGIN, &o->handle);
 		shca_frame_free(&r);
 	}
 	if (rc) {
@@ -346,7 +346,7 @@ struct mlx5dv_dek *shca_dv_dek_create(struct ibv_context *context,
 		   a->crypto_login->handle : 0);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "dek", &dek->handle);
+		rc = shca_get_u32(&r, SHCA_R_DEK, &dek->handle);
 		shca_frame_free(&r);
 	}
 	if (rc) {
@@ -374,13 +374,13 @@ int shca_dv_dek_query(struct mlx5dv_dek *dek, struct mlx5dv_dek_attr *attr)
 	rc = shca_call(dek->ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
-	rc = shca_get_u32(&r, "state", &state);
+	rc = shca_get_u32(&r, SHCA_R_STATE, &state);
 	if (!rc) {
 		attr->state = (enum mlx5dv_dek_state)state;
 		attr->comp_mask = 0;
 		memset(attr->opaque, 0, sizeof(attr->opaque));
 		/* opaque travels as bin; mp_get_str reads str and bin alike */
-		if (mp_find(r.hdr, "opaque", &v) && mp_get_str(v, &s, &n))
+		if (mp_find(r.hdr, SHCA_R_OPAQUE, &v) && mp_get_str(v, &s, &n))
 			memcpy(attr->opaque, s, n < sizeof(attr->opaque) ? n : sizeof(attr->opaque));
 	}
 	shca_frame_free(&r);

@@ -106,10 +106,10 @@ void shca_hello_begin(struct mp_buf *b, const char *role, uint32_t extra)
 {
 	mp_init(b);
 	mp_map(b, 3 + extra);
-	mp_str(b, "t");
+	mp_str(b, SHCA_KEY_T);
 	mp_str(b, SHCA_T_HELLO);
-	mp_kv_uint(b, "version", SHCA_PROTOCOL_VERSION);
-	mp_str(b, "role");
+	mp_kv_uint(b, SHCA_R_VERSION, SHCA_PROTOCOL_VERSION);
+	mp_str(b, SHCA_R_ROLE);
 	mp_str(b, role);
 }
 
@@ -118,7 +118,7 @@ int shca_frame_hello(int fd)
 	struct mp_buf b;
 	int rc;
 
-	shca_hello_begin(&b, "control", 0);
+	shca_hello_begin(&b, SHCA_ROLE_CONTROL, 0);
 	rc = shca_frame_write(fd, &b, NULL, 0);
 	mp_free(&b);
 	return rc;

@@ -525,7 +525,7 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 			/* a segment the daemon attaches: its shmid, and where this
 			 * process maps the piece (what the daemon checks) */
 			mp_arr(&items, 5);
-			mp_str(&items, "sysv");
+			mp_str(&items, SHCA_PIECE_SYSV);
 			mp_uint(&items, (uint64_t)m->shmid);
 		}
 		ref->seg[ref->n++] = m;

@@ -31,9 +31,9 @@ struct ibv_mw *shca_alloc_mw(struct ibv_pd *ibpd, enum ibv_mw_type type)
 	mp_kv_uint(&b, SHCA_K_TYPE, (uint32_t)type);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "mw", &mw->handle);
+		rc = shca_get_u32(&r, SHCA_R_MW, &mw->handle);
 		if (!rc)
-			rc = shca_get_u32(&r, "rkey", &mw->mw.rkey);
+			rc = shca_get_u32(&r, SHCA_R_RKEY, &mw->mw.rkey);
 		shca_frame_free(&r);
 	}
 	if (rc) {

@@ -83,9 +83,9 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	mp_kv_uint(&b, SHCA_K_CREATE_FLAGS, create_flags);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "qp", &qp->handle);
+		rc = shca_get_u32(&r, SHCA_R_QP, &qp->handle);
 		if (!rc)
-			rc = shca_get_u32(&r, "qp_num", &qpn);
+			rc = shca_get_u32(&r, SHCA_R_QP_NUM, &qpn);
 		shca_frame_free(&r);
 	}
 	if (rc) {
@@ -384,7 +384,7 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
-	if (!shca_get_u32(&r, "state", &state))
+	if (!shca_get_u32(&r, SHCA_R_STATE, &state))
 		ibqp->state = (enum ibv_qp_state)state;
 	shca_frame_free(&r);
 	return 0;
@@ -413,20 +413,20 @@ int shca_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 		return rc;
 	memset(attr, 0, sizeof(*attr));
 	memset(init, 0, sizeof(*init));
-	if (mp_find(r.hdr, "attr", &a)) {
-		if (mp_find_uint(a, "qp_state", &v))
+	if (mp_find(r.hdr, SHCA_R_ATTR, &a)) {
+		if (mp_find_uint(a, SHCA_R_QP_STATE, &v))
 			attr->qp_state = attr->cur_qp_state = (enum ibv_qp_state)v;
-		if (mp_find_uint(a, "path_mtu", &v))
+		if (mp_find_uint(a, SHCA_R_PATH_MTU, &v))
 			attr->path_mtu = (enum ibv_mtu)v;
-		if (mp_find_uint(a, "dest_qp_num", &v))
+		if (mp_find_uint(a, SHCA_R_DEST_QP_NUM, &v))
 			attr->dest_qp_num = (uint32_t)v;
-		if (mp_find_uint(a, "timeout", &v))
+		if (mp_find_uint(a, SHCA_R_TIMEOUT, &v))
 			attr->timeout = (uint8_t)v;
-		if (mp_find_uint(a, "retry_cnt", &v))
+		if (mp_find_uint(a, SHCA_R_RETRY_CNT, &v))
 			attr->retry_cnt = (uint8_t)v;
-		if (mp_find_uint(a, "rnr_retry", &v))
+		if (mp_find_uint(a, SHCA_R_RNR_RETRY, &v))
 			attr->rnr_retry = (uint8_t)v;
-		if (mp_find_uint(a, "qkey", &v))     /* a UD QP's (udaddy's reply uses it) */
+		if (mp_find_uint(a, SHCA_R_QKEY, &v))     /* a UD QP's (udaddy's reply uses it) */
 			attr->qkey = (uint32_t)v;
 	}
 	shca_frame_free(&r);

@@ -40,7 +40,7 @@ struct ibv_srq *shca_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *att
 	mp_kv_uint(&b, SHCA_K_SRQ_LIMIT, attr->attr.srq_limit);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "srq", &srq->handle);
+		rc = shca_get_u32(&r, SHCA_R_SRQ, &srq->handle);
 		shca_frame_free(&r);
 	}
 	if (rc) {
@@ -99,15 +99,15 @@ int shca_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
 	if (rc)
 		return rc;
 	memset(attr, 0, sizeof(*attr));
-	if (!mp_find(r.hdr, "attr", &a) || mp_kind(a) != MP_MAP) {
+	if (!mp_find(r.hdr, SHCA_R_ATTR, &a) || mp_kind(a) != MP_MAP) {
 		shca_frame_free(&r);
 		return EPROTO;
 	}
-	if (mp_find_uint(a, "max_wr", &x))
+	if (mp_find_uint(a, SHCA_R_MAX_WR, &x))
 		attr->max_wr = (uint32_t)x;
-	if (mp_find_uint(a, "max_sge", &x))
+	if (mp_find_uint(a, SHCA_R_MAX_SGE, &x))
 		attr->max_sge = (uint32_t)x;
-	if (mp_find_uint(a, "srq_limit", &x))
+	if (mp_find_uint(a, SHCA_R_SRQ_LIMIT, &x))
 		attr->srq_limit = (uint32_t)x;
 	shca_frame_free(&r);
 	return 0;

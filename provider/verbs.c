@@ -56,7 +56,7 @@ static void parse_welcome(struct shca_context *ctx, struct mp_buf *w)
 	uint32_t n, i, len;
 	uint64_t x;
 
-	if (mp_find(hdr, "devices", &v) && mp_get_arr(v, &n, &e)) {
+	if (mp_find(hdr, SHCA_R_DEVICES, &v) && mp_get_arr(v, &n, &e)) {
 		for (i = 0; i < n && i < SHCA_MAX_DEVICES; i++) {
 			if (mp_get_str(e, &s, &len) && len < SHCA_NAME_MAX) {
 				memcpy(ctx->devices[i], s, len);
@@ -67,15 +67,15 @@ static void parse_welcome(struct shca_context *ctx, struct mp_buf *w)
 				break;
 		}
 	}
-	if (mp_find(hdr, "memfd_key", &v) && mp_get_str(v, &s, &len) &&
+	if (mp_find(hdr, SHCA_R_MEMFD_KEY, &v) && mp_get_str(v, &s, &len) &&
 	    len < sizeof(ctx->memfd_key)) {
 		memcpy(ctx->memfd_key, s, len);
 		ctx->memfd_key[len] = 0;
 	}
 	/* a daemon that attaches SysV segments itself (docs/native.md, "Memory already
 	 * shared"); an older one takes fds only */
-	ctx->sysv_attach = mp_find(hdr, "sysv_attach", &v) && mp_get_uint(v, &x) && x == 1;
-	if (mp_find(hdr, "address", &v) && mp_get_str(v, &s, &len) &&
+	ctx->sysv_attach = mp_find(hdr, SHCA_R_SYSV_ATTACH, &v) && mp_get_uint(v, &x) && x == 1;
+	if (mp_find(hdr, SHCA_R_ADDRESS, &v) && mp_get_str(v, &s, &len) &&
 	    len < sizeof(ctx->address)) {
 		memcpy(ctx->address, s, len);
 		ctx->address[len] = 0;
@@ -92,55 +92,55 @@ static void attr_from_reply(struct shca_context *ctx, struct mp_val a)
 
 	memset(d, 0, sizeof(*d));
 	ctx->device_cap_flags_ex = 0;
-	if (mp_find(a, "fw_ver", &v) && mp_get_str(v, &s, &n) && n < sizeof(d->fw_ver))
+	if (mp_find(a, SHCA_R_FW_VER, &v) && mp_get_str(v, &s, &n) && n < sizeof(d->fw_ver))
 		memcpy(d->fw_ver, s, n);
 #define U(field, key) if (mp_find_uint(a, key, &x)) d->field = x
-	U(vendor_id, "vendor_id");
-	U(vendor_part_id, "vendor_part_id");
-	U(max_qp, "max_qp");
-	U(max_qp_wr, "max_qp_wr");
-	U(max_sge, "max_sge");
-	U(max_cqe, "max_cqe");
-	U(max_mr_size, "max_mr_size");
-	U(max_pd, "max_pd");
-	U(max_qp_rd_atom, "max_qp_rd_atom");
-	U(phys_port_cnt, "phys_port_cnt");
-	U(max_srq, "max_srq");
-	U(max_srq_wr, "max_srq_wr");
-	U(max_srq_sge, "max_srq_sge");
-	U(max_cq, "max_cq");
-	U(max_mr, "max_mr");
-	U(max_mw, "max_mw");
-	U(max_ah, "max_ah");
-	U(max_sge_rd, "max_sge_rd");
-	U(max_qp_init_rd_atom, "max_qp_init_rd_atom");
-	U(max_res_rd_atom, "max_res_rd_atom");
-	U(page_size_cap, "page_size_cap");
-	U(atomic_cap, "atomic_cap");
-	U(max_pkeys, "max_pkeys");
-	U(local_ca_ack_delay, "local_ca_ack_delay");
+	U(vendor_id, SHCA_R_VENDOR_ID);
+	U(vendor_part_id, SHCA_R_VENDOR_PART_ID);
+	U(max_qp, SHCA_R_MAX_QP);
+	U(max_qp_wr, SHCA_R_MAX_QP_WR);
+	U(max_sge, SHCA_R_MAX_SGE);
+	U(max_cqe, SHCA_R_MAX_CQE);
+	U(max_mr_size, SHCA_R_MAX_MR_SIZE);
+	U(max_pd, SHCA_R_MAX_PD);
+	U(max_qp_rd_atom, SHCA_R_MAX_QP_RD_ATOM);
+	U(phys_port_cnt, SHCA_R_PHYS_PORT_CNT);
+	U(max_srq, SHCA_R_MAX_SRQ);
+	U(max_srq_wr, SHCA_R_MAX_SRQ_WR);
+	U(max_srq_sge, SHCA_R_MAX_SRQ_SGE);
+	U(max_cq, SHCA_R_MAX_CQ);
+	U(max_mr, SHCA_R_MAX_MR);
+	U(max_mw, SHCA_R_MAX_MW);
+	U(max_ah, SHCA_R_MAX_AH);
+	U(max_sge_rd, SHCA_R_MAX_SGE_RD);
+	U(max_qp_init_rd_atom, SHCA_R_MAX_QP_INIT_RD_ATOM);
+	U(max_res_rd_atom, SHCA_R_MAX_RES_RD_ATOM);
+	U(page_size_cap, SHCA_R_PAGE_SIZE_CAP);
+	U(atomic_cap, SHCA_R_ATOMIC_CAP);
+	U(max_pkeys, SHCA_R_MAX_PKEYS);
+	U(local_ca_ack_delay, SHCA_R_LOCAL_CA_ACK_DELAY);
 #undef U
-	if (mp_find_uint(a, "node_guid", &x)) {
+	if (mp_find_uint(a, SHCA_R_NODE_GUID, &x)) {
 		d->node_guid = htobe64(x);
 		d->sys_image_guid = htobe64(x);
 	}
-	if (mp_find_uint(a, "max_msg_sz", &x))
+	if (mp_find_uint(a, SHCA_R_MAX_MSG_SZ, &x))
 		ctx->max_msg_sz = x;
 	/* What the device models is the daemon's to say (server/device_attr.py); the
 	 * extended flags hold the same low 32 bits, as the kernel's uverbs answers them. */
-	if (mp_find_uint(a, "device_cap_flags", &x))
+	if (mp_find_uint(a, SHCA_R_DEVICE_CAP_FLAGS, &x))
 		d->device_cap_flags = (unsigned int)x;
-	if (mp_find_uint(a, "device_cap_flags_ex", &x))
+	if (mp_find_uint(a, SHCA_R_DEVICE_CAP_FLAGS_EX, &x))
 		ctx->device_cap_flags_ex = x;
 	memset(&ctx->odp_caps, 0, sizeof(ctx->odp_caps));
-	if (mp_find(a, "odp_caps", &v)) {
-		if (mp_find_uint(v, "general_caps", &x))
+	if (mp_find(a, SHCA_R_ODP_CAPS, &v)) {
+		if (mp_find_uint(v, SHCA_R_GENERAL_CAPS, &x))
 			ctx->odp_caps.general_caps = x;
-		if (mp_find_uint(v, "rc_odp_caps", &x))
+		if (mp_find_uint(v, SHCA_R_RC_ODP_CAPS, &x))
 			ctx->odp_caps.per_transport_caps.rc_odp_caps = (uint32_t)x;
-		if (mp_find_uint(v, "uc_odp_caps", &x))
+		if (mp_find_uint(v, SHCA_R_UC_ODP_CAPS, &x))
 			ctx->odp_caps.per_transport_caps.uc_odp_caps = (uint32_t)x;
-		if (mp_find_uint(v, "ud_odp_caps", &x))
+		if (mp_find_uint(v, SHCA_R_UD_ODP_CAPS, &x))
 			ctx->odp_caps.per_transport_caps.ud_odp_caps = (uint32_t)x;
 	}
 }
@@ -158,7 +158,7 @@ static int open_device(struct shca_context *ctx, const char *name)
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
-	rc = shca_get_u32(&r, "ctx", &ctx->handle);
+	rc = shca_get_u32(&r, SHCA_R_CTX, &ctx->handle);
 	shca_frame_free(&r);
 	if (rc)
 		return rc;
@@ -167,7 +167,7 @@ static int open_device(struct shca_context *ctx, const char *name)
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (rc)
 		return rc;
-	if (mp_find(r.hdr, "attr", &a))
+	if (mp_find(r.hdr, SHCA_R_ATTR, &a))
 		attr_from_reply(ctx, a);
 	shca_frame_free(&r);
 	return 0;
@@ -319,7 +319,7 @@ static struct ibv_pd *shca_alloc_pd(struct ibv_context *ibctx)
 	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "pd", &pd->handle);
+		rc = shca_get_u32(&r, SHCA_R_PD, &pd->handle);
 		shca_frame_free(&r);
 	}
 	if (rc) {
@@ -393,11 +393,11 @@ struct ibv_mr *shca_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, uint6
 	mp_free(&pieces);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "mr", &mr->handle);
+		rc = shca_get_u32(&r, SHCA_R_MR, &mr->handle);
 		if (!rc)
-			rc = shca_get_u32(&r, "lkey", &mr->vmr.ibv_mr.lkey);
+			rc = shca_get_u32(&r, SHCA_R_LKEY, &mr->vmr.ibv_mr.lkey);
 		if (!rc)
-			rc = shca_get_u32(&r, "rkey", &mr->vmr.ibv_mr.rkey);
+			rc = shca_get_u32(&r, SHCA_R_RKEY, &mr->vmr.ibv_mr.rkey);
 		shca_frame_free(&r);
 	}
 	if (rc) {
@@ -600,7 +600,7 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 	mp_bool(&b, true);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
-		rc = shca_get_u32(&r, "cq", &cq->handle);
+		rc = shca_get_u32(&r, SHCA_R_CQ, &cq->handle);
 		shca_frame_free(&r);
 	}
 	if (!rc && channel) {

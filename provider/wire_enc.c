@@ -8,9 +8,9 @@ void shca_wire_begin(struct mp_buf *b, const char *verb, uint32_t id, uint32_t n
 {
 	mp_init(b);
 	mp_map(b, nfields + 2);
-	mp_str(b, "t");
+	mp_str(b, SHCA_KEY_T);
 	mp_str(b, verb);
-	mp_kv_uint(b, "id", id);
+	mp_kv_uint(b, SHCA_KEY_ID, id);
 }
 
 void shca_wire_sges(struct mp_buf *b, const struct ibv_sge *sg, int n)

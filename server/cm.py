@@ -41,6 +41,7 @@ from ..engine.cm import CMId, CMState, backlog_of, timewait_seconds
 from ..engine.rc import RCQP
 from ..protocol import cm as proto
 from ..protocol.errors import RDMAError
+from ..protocol.replies import frame
 from . import cm_addresses, cm_sidr
 from .cm_inbound import CmInbound
 from .cm_timewait import CmTimewait
@@ -462,7 +463,8 @@ class ConnectionManager(CmInbound, CmTimewait):
         if self.ids.get(cid.handle) is not cid:
             return      # destroyed meanwhile
         payload = fields.pop("_payload", b"")
-        cid.owner.push({"cm": kind, "cmid": cid.handle, "status": status, **fields}, payload)
+        cid.owner.push(frame("cm_event", cm=kind, cmid=cid.handle, status=status, **fields),
+                       payload)
 
     def counts(self, owner=None) -> dict[str, int]:
         ids = [c for c in self.ids.values() if owner is None or c.owner is owner]

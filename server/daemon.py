@@ -32,7 +32,7 @@ from ..protocol.handshake import (
     make_challenge,
     verify_hello,
 )
-from ..protocol.kinds import FrameKind
+from ..protocol.replies import frame
 from .cm import ConnectionManager, Timing
 from .faults import Faults
 from .hosts import Limits, QPHost
@@ -264,9 +264,9 @@ class Daemon:
             self.shares.admit(credential)
             self.connections += 1
             authenticated = credential
-            writer.writelines(encode_frame({"t": FrameKind.WELCOME, "role": role,
-                                            "devices": list(self.hcas),
-                                            "max_frame": self.max_frame}))
+            writer.writelines(encode_frame(frame("welcome", role=role,
+                                                 devices=list(self.hcas),
+                                                 max_frame=self.max_frame)))
             await self._serve_connection(role, credential, reader, writer, decoder,
                                          frames[1:], peer, peer_s, hello)
         except RDMAError as e:

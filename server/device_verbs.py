@@ -105,7 +105,7 @@ def op_get_async_event(v, r: control.GetAsyncEvent, rid: int) -> dict | None:
     async def wait() -> None:
         found = await v.async_events.get(r.ctx, float(r.timeout))
         if not v.gone:
-            v.session.reply(rid, event=found)
+            v.session.reply_to("get_async_event", rid, event=found)
 
     v.start_wait(wait())
     return None

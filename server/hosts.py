@@ -126,6 +126,8 @@ class Session(Protocol):
 
     def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None: ...
 
+    def reply_to(self, verb: str, rid: int, **result: Any) -> None: ...
+
 
 class CQHost:
     """A completion queue: completions in, polls out; a poll may wait for the first.

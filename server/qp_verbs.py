@@ -77,7 +77,7 @@ def op_poll_cq(v, r: control.PollCq, rid: int) -> dict | None:
     async def wait() -> None:
         await cq.wait(float(r.timeout))
         if not v.gone:
-            v.session.reply(rid, wcs=[w.to_wire() for w in cq.take(r.num)])
+            v.session.reply_to("poll_cq", rid, wcs=[w.to_wire() for w in cq.take(r.num)])
 
     v.start_wait(wait())
     return None

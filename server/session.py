@@ -16,8 +16,8 @@ from typing import Any
 
 from ..protocol import control
 from ..protocol.errors import RDMAError
-from ..protocol.frames import FrameDecoder, encode_frame
-from ..protocol.kinds import FrameKind
+from ..protocol.frames import FrameDecoder, FrameError, encode_frame
+from ..protocol.replies import check_reply, err_frame
 from ..protocol.session import Broken, Call, Closed, Refused, Role
 from ..protocol.session import ControlSession as Protocol
 from .hosts import Node
@@ -45,11 +45,20 @@ def _reply_size(ev) -> int:
     return 0
 
 
+def _checked(verb: str, result: dict) -> None:
+    """A handler's reply against protocol/replies.py's table (what provider/wire.h
+    gives the C libraries): a field it does not name, or of another type, is the
+    daemon's bug, answered and logged as an internal error, never sent."""
+    try:
+        check_reply(verb, result)
+    except FrameError as e:
+        raise AssertionError(e.message) from None
+
+
 def send_error(writer: asyncio.StreamWriter, rid: int, e: RDMAError) -> None:
     """An ``err`` frame outside a session (the HELLO refused, the connection limit)."""
     with contextlib.suppress(Exception):
-        writer.writelines(encode_frame({"t": FrameKind.ERR, "id": rid, "errno": e.errno_name,
-                                        "msg": e.message}))
+        writer.writelines(encode_frame(err_frame(rid, e)))
 
 
 class ControlSession:
@@ -179,6 +188,19 @@ class ControlSession:
         self.protocol.reply(rid, payload, **result)
         self._flush()
 
+    def reply_to(self, verb: str, rid: int, **result: Any) -> None:
+        """The reply to a ``verb`` request answered later (a poll_cq or get_async_event
+        that waited), checked as ``_handle`` checks the others."""
+        try:
+            _checked(verb, result)
+        except AssertionError as e:
+            log.error("reply refused %s", kv(event="internal_error", peer=self.peer,
+                                              reason=str(e)))
+            self.protocol.send_error(rid, RDMAError("EPROTO", f"internal error: {e!r}"[:200]))
+        else:
+            self.protocol.reply(rid, b"", **result)
+        self._flush()
+
     def _handle(self, ev: Call | Refused) -> None:
         proto = self.protocol
         if type(ev) is Refused:
@@ -191,6 +213,7 @@ class ControlSession:
             if result is not None:
                 payload = result.pop("_payload", b"")
                 hold = result.pop("_hold", False)
+                _checked(ev.request.VERB, result)
                 proto.reply(rid, payload, **result)
                 if hold:
                     # Written with the next frame, its completion's (server/post_reply.py).

@@ -443,14 +443,14 @@ class _Segment:
 
 def _map(fds: list[int], pieces: tuple[tuple, ...], session=None) -> np.ndarray:
     for p in pieces:
-        if p[0] != "sysv" and p[0] >= len(fds):
+        if p[0] != control.SYSV_PIECE and p[0] >= len(fds):
             raise einval(f"ibv_reg_mr: a piece names memfd {p[0]} of a handoff of {len(fds)}")
-    m = _Mapping(sum(p[-2] if p[0] == "sysv" else p[2] for p in pieces))
+    m = _Mapping(sum(p[-2] if p[0] == control.SYSV_PIECE else p[2] for p in pieces))
     caller = None
     try:
         pos = 0
         for n, p in enumerate(pieces):
-            if p[0] == "sysv":
+            if p[0] == control.SYSV_PIECE:
                 _, shmid, offset, length, addr = p
                 if caller is None:
                     caller = _Caller(session)
@@ -477,7 +477,7 @@ def op_reg_mr_shared(verbs, r: control.RegMrShared, rid: int) -> dict | None:
                                       "the daemon's UNIX socket only (serve --unix)")
     # claimed first: whatever fails below, the handoff's fds are closed (a registration
     # of SysV segments the daemon attaches only has none)
-    fds = inbox.take(r.fds) if any(p[0] != "sysv" for p in r.pieces) else []
+    fds = inbox.take(r.fds) if any(p[0] != control.SYSV_PIECE for p in r.pieces) else []
     try:
         return _register(verbs, r, fds)
     finally:
@@ -490,7 +490,7 @@ def _register(verbs, r: control.RegMrShared, fds: list[int]) -> dict:
     if n <= 0:
         raise einval(f"ibv_reg_mr length {n} must be positive")
     check_mr_range(r.addr, n)       # before anything of the program's is mapped
-    total = sum(p[-2] if p[0] == "sysv" else p[2] for p in r.pieces)
+    total = sum(p[-2] if p[0] == control.SYSV_PIECE else p[2] for p in r.pieces)
     # The pieces are exactly the registration's pages: nothing more is mapped.
     pages = (r.offset + n + PAGE - 1) // PAGE * PAGE
     if r.offset >= PAGE or total != pages:

@@ -37,6 +37,7 @@ from ..protocol.errors import RDMAError, einval
 from ..protocol.frames import REQUEST_LIMITS, Frame, FrameDecoder, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, verify_hello
 from ..protocol.kinds import FrameKind
+from ..protocol.replies import err_frame, frame
 from .link import READ_CHUNK, read_frames
 from .logs import kv, log
 from .session import ControlSession, send_error
@@ -110,7 +111,7 @@ async def _readable(sock: socket.socket) -> None:
 
 
 def _err(e: RDMAError) -> dict:
-    return {"t": FrameKind.ERR, "id": 0, "errno": e.errno_name, "msg": e.message}
+    return err_frame(0, e)
 
 
 class _Waiting:
@@ -394,7 +395,7 @@ class UnixListener:
             fds.clear()                     # the inbox's now
             inbox.handoffs.add(conn)
             # keep: the connection takes the session's next handoffs too
-            _send_raw(conn, {"t": FrameKind.WELCOME, "role": "memfd", "fds": n, "keep": 1})
+            _send_raw(conn, frame("welcome", role="memfd", fds=n, keep=1))
             return inbox
         except RDMAError as e:
             log.warning("refused %s", kv(event="memfd_refused", peer=peer,
@@ -433,14 +434,14 @@ class UnixListener:
             # what this session's process proves when it hands over memfds
             inbox = MemfdInbox(secrets.token_hex(KEY_HEX // 2), self._pending_fds, cred[1])
             self._inboxes[inbox.key] = inbox
-            writer.writelines(encode_frame({"t": FrameKind.WELCOME, "role": role,
-                                            "devices": list(d.hcas),
-                                            "max_frame": d.max_frame,
-                                            "address": d.address,
-                                            "memfd_key": inbox.key,
-                                            # SysV segments named by shmid are attached
-                                            # here (server/shared_mr.py)
-                                            "sysv_attach": 1}))
+            writer.writelines(encode_frame(frame("welcome", role=role,
+                                                 devices=list(d.hcas),
+                                                 max_frame=d.max_frame,
+                                                 address=d.address,
+                                                 memfd_key=inbox.key,
+                                                 # SysV segments named by shmid are
+                                                 # attached here (server/shared_mr.py)
+                                                 sysv_attach=1)))
             session = ControlSession(d, reader, writer, decoder, peer, credential)
             session.peer_cred = cred
             session.memfds = inbox

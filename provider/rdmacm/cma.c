@@ -73,9 +73,10 @@ static int init(void)
 		g.err = cm_connect(&g.conn, getenv("SOFTHCA_SOCKET"), take_event);
 		if (!g.err) {
 			g.ready = 1;
-			g.on_lo = mp_find(g.conn.welcome.hdr, "address", &v) &&
+			g.on_lo = mp_find(g.conn.welcome.hdr, SHCA_R_ADDRESS, &v) &&
 				  mp_get_str(v, &s, &len) && len > 4 && !memcmp(s, "127.", 4);
-			if (mp_find(g.conn.welcome.hdr, "devices", &v) && mp_get_arr(v, &n, &d))
+			if (mp_find(g.conn.welcome.hdr, SHCA_R_DEVICES, &v) &&
+			    mp_get_arr(v, &n, &d))
 				for (i = 0; i < n && i < MAX_DEVS; i++, mp_next(&d))
 					if (mp_get_str(d, &s, &len) && len < 64) {
 						memcpy(g.names[i], s, len);
@@ -195,8 +196,8 @@ static void take_event(struct shca_frame *f)
 	struct cm_qev *e;
 	char one = 1;
 
-	mp_find_uint(f->hdr, "cmid", &h);
-	mp_find_uint(f->hdr, "listen", &l);
+	mp_find_uint(f->hdr, SHCA_R_CMID, &h);
+	mp_find_uint(f->hdr, SHCA_R_LISTEN, &l);
 	/* g.lock held until the event is queued: rdma_migrate_id moves an id's queued
 	 * events under it, so none lands on the channel the id just left. */
 	pthread_mutex_lock(&g.lock);
@@ -228,8 +229,8 @@ static uint32_t event_owner(const struct shca_frame *f)
 {
 	uint64_t h = 0, l = 0;
 
-	mp_find_uint(f->hdr, "cmid", &h);
-	mp_find_uint(f->hdr, "listen", &l);
+	mp_find_uint(f->hdr, SHCA_R_CMID, &h);
+	mp_find_uint(f->hdr, SHCA_R_LISTEN, &l);
 	return (uint32_t)(l ? l : h);
 }
 
@@ -361,7 +362,7 @@ EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id 
 			rdma_destroy_event_channel(channel);
 		return fail(rc);
 	}
-	mp_find_uint(r.hdr, "cmid", &h);
+	mp_find_uint(r.hdr, SHCA_R_CMID, &h);
 	shca_frame_free(&r);
 	i = new_id(channel, context, ps, ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC,
 		   (uint32_t)h);
@@ -447,7 +448,7 @@ EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr)
 	rc = call(&b, NULL, 0, &r);
 	if (rc)
 		return fail(rc);
-	mp_find_uint(r.hdr, "port", &got);
+	mp_find_uint(r.hdr, SHCA_R_PORT, &got);
 	shca_frame_free(&r);
 	memset(&cid->route.addr.src_storage, 0, sizeof(cid->route.addr.src_storage));
 	memcpy(&cid->route.addr.src_storage, addr, sa_size(addr));
@@ -745,18 +746,15 @@ EXPORT int rdma_disconnect(struct rdma_cm_id *cid)
 
 /* -- events ------------------------------------------------------------------------ */
 
+/* An event frame's "cm" names the event: wire.h's SHCA_CM_EV_ names, the enum's own
+ * words (protocol/cm.py EVENTS). */
+#define KIND(n) {SHCA_CM_EV_##n, RDMA_CM_EVENT_##n}
 static const struct { const char *name; enum rdma_cm_event_type type; } kinds[] = {
-	{"addr_resolved", RDMA_CM_EVENT_ADDR_RESOLVED}, {"addr_error", RDMA_CM_EVENT_ADDR_ERROR},
-	{"route_resolved", RDMA_CM_EVENT_ROUTE_RESOLVED},
-	{"route_error", RDMA_CM_EVENT_ROUTE_ERROR},
-	{"connect_request", RDMA_CM_EVENT_CONNECT_REQUEST},
-	{"connect_response", RDMA_CM_EVENT_CONNECT_RESPONSE},
-	{"connect_error", RDMA_CM_EVENT_CONNECT_ERROR},
-	{"unreachable", RDMA_CM_EVENT_UNREACHABLE}, {"rejected", RDMA_CM_EVENT_REJECTED},
-	{"established", RDMA_CM_EVENT_ESTABLISHED},
-	{"disconnected", RDMA_CM_EVENT_DISCONNECTED},
-	{"timewait_exit", RDMA_CM_EVENT_TIMEWAIT_EXIT},
+	KIND(ADDR_RESOLVED), KIND(ADDR_ERROR), KIND(ROUTE_RESOLVED), KIND(ROUTE_ERROR),
+	KIND(CONNECT_REQUEST), KIND(CONNECT_RESPONSE), KIND(CONNECT_ERROR), KIND(UNREACHABLE),
+	KIND(REJECTED), KIND(ESTABLISHED), KIND(DISCONNECTED), KIND(TIMEWAIT_EXIT),
 };
+#undef KIND
 
 static uint8_t u8(struct mp_val h, const char *k)
 {
@@ -812,12 +810,12 @@ static void route_of(struct rdma_cm_id *cid, struct mp_val h)
 {
 	uint64_t dev = 0;
 
-	mp_find_uint(h, "dev", &dev);
+	mp_find_uint(h, SHCA_R_DEV, &dev);
 	cid->verbs = device((int)dev);
-	addr_of(h, "sip", "sport", &cid->route.addr.src_storage);
-	addr_of(h, "dip", "dport", &cid->route.addr.dst_storage);
-	gid_of(h, "sgid", &cid->route.addr.addr.ibaddr.sgid);
-	gid_of(h, "dgid", &cid->route.addr.addr.ibaddr.dgid);
+	addr_of(h, SHCA_R_SIP, SHCA_R_SPORT, &cid->route.addr.src_storage);
+	addr_of(h, SHCA_R_DIP, SHCA_R_DPORT, &cid->route.addr.dst_storage);
+	gid_of(h, SHCA_R_SGID, &cid->route.addr.addr.ibaddr.sgid);
+	gid_of(h, SHCA_R_DGID, &cid->route.addr.addr.ibaddr.dgid);
 	cid->route.addr.addr.ibaddr.pkey = htons(0xffff);
 }
 
@@ -833,10 +831,10 @@ static void conn_param(struct cm_event *e, struct shca_frame *f, struct mp_val h
 	memcpy(e->pdata, f->payload, n);
 	e->ev.param.conn.private_data = n ? e->pdata : NULL;
 	e->ev.param.conn.private_data_len = (uint8_t)(n > 255 ? 255 : n);
-	e->ev.param.conn.responder_resources = u8(h, "depth");
-	e->ev.param.conn.initiator_depth = u8(h, "rr");
-	e->ev.param.conn.retry_count = u8(h, "retry");
-	e->ev.param.conn.rnr_retry_count = u8(h, "rnr");
+	e->ev.param.conn.responder_resources = u8(h, SHCA_R_DEPTH);
+	e->ev.param.conn.initiator_depth = u8(h, SHCA_R_RR);
+	e->ev.param.conn.retry_count = u8(h, SHCA_R_RETRY);
+	e->ev.param.conn.rnr_retry_count = u8(h, SHCA_R_RNR);
 }
 
 /* The event's status: an int of either sign (msgpack's negative fixint, int 8, int 16
@@ -846,7 +844,7 @@ static int event_status(struct mp_val h)
 	struct mp_val v;
 	uint64_t status;
 
-	if (!mp_find(h, "status", &v))
+	if (!mp_find(h, SHCA_R_STATUS, &v))
 		return 0;
 	if (mp_get_uint(v, &status))
 		return (int)(int64_t)status;
@@ -865,7 +863,7 @@ static enum rdma_cm_event_type event_kind(struct mp_val h)
 	struct mp_val v;
 	size_t i;
 
-	if (mp_find(h, "cm", &v))
+	if (mp_find(h, SHCA_R_CM, &v))
 		for (i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
 			if (mp_str_eq(v, kinds[i].name))
 				return kinds[i].type;
@@ -877,10 +875,10 @@ static void peer_qp_of(struct cm_id *id, struct mp_val h)
 {
 	uint64_t x = 0;
 
-	mp_find_uint(h, "qpn", &x);
+	mp_find_uint(h, SHCA_R_QPN, &x);
 	id->peer_qpn = (uint32_t)x;
 	x = 0;
-	mp_find_uint(h, "psn", &x);
+	mp_find_uint(h, SHCA_R_PSN, &x);
 	id->peer_psn = (uint32_t)x;
 }
 
@@ -900,10 +898,10 @@ static int connect_request(struct cm_event *e, struct shca_frame *f, struct cm_i
 	route_of(&id->id, h);
 	peer_qp_of(id, h);
 	/* what the passive side may use: the peer's depth is our responder limit */
-	id->rr = u8(h, "depth");
-	id->depth = u8(h, "rr");
-	id->retry = u8(h, "retry");
-	id->rnr = u8(h, "rnr");         /* the REQ's: our QP's RNR retry count */
+	id->rr = u8(h, SHCA_R_DEPTH);
+	id->depth = u8(h, SHCA_R_RR);
+	id->retry = u8(h, SHCA_R_RETRY);
+	id->rnr = u8(h, SHCA_R_RNR);         /* the REQ's: our QP's RNR retry count */
 	id->my_psn = random_psn();
 	e->ev.listen_id = &lid->id;
 	e->ev.id = &id->id;
@@ -954,11 +952,11 @@ static void connect_response(struct cm_event *e, struct shca_frame *f, struct cm
 
 	route_of(&id->id, h);
 	peer_qp_of(id, h);
-	if (u8(h, "depth") < id->rr)
-		id->rr = u8(h, "depth");
-	if (u8(h, "rr") < id->depth)
-		id->depth = u8(h, "rr");
-	id->rnr = u8(h, "rnr");
+	if (u8(h, SHCA_R_DEPTH) < id->rr)
+		id->rr = u8(h, SHCA_R_DEPTH);
+	if (u8(h, SHCA_R_RR) < id->depth)
+		id->depth = u8(h, SHCA_R_RR);
+	id->rnr = u8(h, SHCA_R_RNR);
 	conn_param(e, f, h);
 	e->ev.param.conn.qp_num = id->peer_qpn;
 	if (id->id.qp)
@@ -998,8 +996,8 @@ static int process(struct cm_event *e, struct shca_frame *f)
 	uint64_t handle = 0, listen = 0;
 	struct cm_id *id, *lid;
 
-	mp_find_uint(f->hdr, "cmid", &handle);
-	mp_find_uint(f->hdr, "listen", &listen);
+	mp_find_uint(f->hdr, SHCA_R_CMID, &handle);
+	mp_find_uint(f->hdr, SHCA_R_LISTEN, &listen);
 	e->ev.status = event_status(f->hdr);
 	e->ev.event = event_kind(f->hdr);
 	pthread_mutex_lock(&g.lock);

@@ -33,7 +33,7 @@ static void on_frame(void *owner, struct shca_frame *f)
 	struct cm_conn *c = owner;
 	struct mp_val t;
 
-	if (mp_find(f->hdr, "t", &t) && mp_str_eq(t, "event"))
+	if (mp_find(f->hdr, SHCA_KEY_T, &t) && mp_str_eq(t, SHCA_T_EVENT))
 		c->on_event(f);         /* keeps the frame, or frees it */
 	else
 		shca_frame_free(f);
@@ -84,7 +84,7 @@ int cm_connect(struct cm_conn *c, const char *path, void (*on_event)(struct shca
 		goto bad;
 	if (shca_frame_read(fd, &f, MAX_FRAME))
 		goto bad;
-	if (!mp_find(f.hdr, "t", &t) || !mp_str_eq(t, "challenge")) {
+	if (!mp_find(f.hdr, SHCA_KEY_T, &t) || !mp_str_eq(t, SHCA_T_CHALLENGE)) {
 		shca_frame_free(&f);
 		goto bad;
 	}
@@ -93,7 +93,7 @@ int cm_connect(struct cm_conn *c, const char *path, void (*on_event)(struct shca
 		goto bad;
 	if (shca_frame_read(fd, &c->welcome, MAX_FRAME))
 		goto bad;
-	if (!mp_find(c->welcome.hdr, "t", &t) || !mp_str_eq(t, "welcome")) {
+	if (!mp_find(c->welcome.hdr, SHCA_KEY_T, &t) || !mp_str_eq(t, SHCA_T_WELCOME)) {
 		shca_frame_free(&c->welcome);
 		goto bad;
 	}

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "../wire.h"
 #include "ud.h"
 
 int cm_ud_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *attr, int *mask)
@@ -63,10 +64,10 @@ void cm_ud_param(struct rdma_cm_event *ev, struct rdma_cm_id *cid, struct mp_val
 	ud->private_data_len = (uint8_t)(n > 255 ? 255 : n);
 	if (ev->event != RDMA_CM_EVENT_ESTABLISHED)
 		return;
-	mp_find_uint(h, "qpn", &v);
+	mp_find_uint(h, SHCA_R_QPN, &v);
 	ud->qp_num = (uint32_t)v;
 	v = 0;
-	mp_find_uint(h, "qkey", &v);
+	mp_find_uint(h, SHCA_R_QKEY, &v);
 	ud->qkey = (uint32_t)v;
 	ud->ah_attr.is_global = 1;
 	ud->ah_attr.grh.dgid = cid->route.addr.addr.ibaddr.dgid;

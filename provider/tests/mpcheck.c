@@ -25,6 +25,7 @@
 
 #include "../mp.h"
 #include "../palloc.h"
+#include "hex.h"
 
 void *shca_alloc(size_t n) { return calloc(1, n ? n : 1); }
 void *shca_realloc(void *p, size_t n) { return realloc(p, n); }
@@ -182,15 +183,6 @@ static void render(struct mp_val v)
 	}
 }
 
-static int nibble(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	return -1;
-}
-
 static int decode(const char *hex)
 {
 	size_t n = strlen(hex) / 2, i;
@@ -199,7 +191,7 @@ static int decode(const char *hex)
 	struct mp_val v;
 
 	for (i = 0; i < n; i++) {
-		int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+		int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
 
 		if (hi < 0 || lo < 0) {
 			fprintf(stderr, "mpcheck: bad hex\n");

@@ -15,6 +15,11 @@
  *   check HEX      a request header (what Python encoded) read against wire.h's table:
  *                  "ok VERB N" (N fields), or "bad <why>": an unknown verb or key, a
  *                  required field missing, a value not of its field's type.
+ *   reply VERB HEX an ok reply to VERB (what the daemon answered) read against wire.h's
+ *                  replies' table, the maps nested in it against shca_wire_maps by
+ *                  path ("query_device.attr"): "ok VERB N" (N fields) or "bad <why>".
+ *   frame NAME HEX a frame of shca_wire_maps' NAME ("welcome", "err", "wc", "cm_event",
+ *                  "mkey_configure.crypto", ...) read the same way.
  *   wc HEX         a pushed "wc" frame's header: each WC of "wcs" read by shca_wire_wc,
  *                  "cq=<n>" then per WC "wr_id,status,opcode,byte_len,qp_num,wc_flags,
  *                  vendor_err,src_qp,imm_data(host order),invalidated_rkey".
@@ -40,6 +45,7 @@
 #include "../frame.h"
 #include "../palloc.h"
 #include "../wire_enc.h"
+#include "hex.h"
 
 void *shca_alloc(size_t n) { return calloc(1, n ? n : 1); }
 void *shca_realloc(void *p, size_t n) { return realloc(p, n); }
@@ -253,15 +259,6 @@ static int request(const char *verb)
 	return 0;
 }
 
-static int nibble(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	return -1;
-}
-
 /* The bytes of hex in a buffer of exactly their size (malloc'ed; NULL if not hex). */
 static uint8_t *unhex(const char *hex, size_t *n)
 {
@@ -271,7 +268,7 @@ static uint8_t *unhex(const char *hex, size_t *n)
 	*n = strlen(hex) / 2;
 	buf = malloc(*n ? *n : 1);
 	for (i = 0; i < *n; i++) {
-		int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+		int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
 
 		if (hi < 0 || lo < 0) {
 			free(buf);
@@ -282,10 +279,16 @@ static uint8_t *unhex(const char *hex, size_t *n)
 	return buf;
 }
 
+/* A value of a field of type (wire.h's letters; upper case: nil too). */
 static int type_ok(char type, struct mp_val v)
 {
 	enum mp_kind k = mp_kind(v);
 
+	if (type >= 'A' && type <= 'Z') {
+		if (k == MP_NIL)
+			return 1;
+		type = (char)(type - 'A' + 'a');
+	}
 	switch (type) {
 	case 'u': return k == MP_UINT || (k == MP_INT && mp_get_uint(v, &(uint64_t){0}));
 	case 'i': return k == MP_UINT || k == MP_INT;
@@ -299,25 +302,35 @@ static int type_ok(char type, struct mp_val v)
 	return 0;
 }
 
-/* The header against the table: each key a field of the verb (or t, id), of its type;
- * every required field there. */
-static void check(const char *hex)
+static const struct shca_wire_req *find_map(const char *path)
 {
-	size_t n;
-	uint8_t *buf = unhex(hex, &n);
-	struct mp_val v = {buf, buf + n}, k, t, val;
-	const struct shca_wire_req *r;
-	const char *s;
-	uint32_t count, len, i, fields = 0;
+	int i;
+
+	for (i = 0; i < SHCA_WIRE_NMAPS; i++)
+		if (!strcmp(shca_wire_maps[i].verb, path))
+			return &shca_wire_maps[i];
+	return NULL;
+}
+
+static int is_header_key(const char *key, uint32_t klen)
+{
+	return (klen == 1 && key[0] == 't') || (klen == 2 && !memcmp(key, "id", 2));
+}
+
+/* A map against a table: each key one of its fields (or t, id), of its type; every
+ * required field there; with nest, a map-valued field whose path ("<path>.<key>") is
+ * one of shca_wire_maps against that table too. Its fields counted in *fields; the
+ * first fault written to why (0 returned). */
+static int check_map(struct mp_val v, const struct shca_wire_req *r, const char *path,
+		     int nest, unsigned *fields, char *why, size_t wn)
+{
+	struct mp_val k, val;
+	uint32_t count, i;
 	unsigned j;
 
-	if (!buf || mp_skip(v.p, v.end) != v.end || !mp_get_map(v, &count, &k)) {
-		printf("bad not a map\n");
-		goto out;
-	}
-	if (!mp_find(v, "t", &t) || !mp_get_str(t, &s, &len) || !(r = find_req(s, len))) {
-		printf("bad unknown verb\n");
-		goto out;
+	if (!mp_get_map(v, &count, &k)) {
+		snprintf(why, wn, "%s is not a map", path);
+		return 0;
 	}
 	for (i = 0; i < count; i++) {
 		const char *key;
@@ -326,36 +339,105 @@ static void check(const char *hex)
 		val = k;
 		mp_next(&val);
 		if (!mp_get_str(k, &key, &klen)) {
-			printf("bad key not a str\n");
-			goto out;
+			snprintf(why, wn, "key not a str");
+			return 0;
 		}
-		if (!((klen == 1 && key[0] == 't') || (klen == 2 && !memcmp(key, "id", 2)))) {
+		if (!is_header_key(key, klen)) {
 			for (j = 0; j < r->nfields; j++)
 				if (strlen(r->fields[j].key) == klen &&
 				    !memcmp(r->fields[j].key, key, klen))
 					break;
 			if (j == r->nfields) {
-				printf("bad unknown field %.*s of %s\n", (int)klen, key, r->verb);
-				goto out;
+				snprintf(why, wn, "unknown field %.*s of %s", (int)klen, key, path);
+				return 0;
 			}
 			if (!type_ok(r->fields[j].type, val)) {
-				printf("bad field %s of %s is not of type %c\n", r->fields[j].key,
-				       r->verb, r->fields[j].type);
-				goto out;
+				snprintf(why, wn, "field %s of %s is not of type %c",
+					 r->fields[j].key, path, r->fields[j].type);
+				return 0;
 			}
-			fields++;
+			if (nest && mp_kind(val) == MP_MAP) {
+				char sub[256];
+				const struct shca_wire_req *m;
+				unsigned inner = 0;
+
+				snprintf(sub, sizeof(sub), "%s.%s", path, r->fields[j].key);
+				m = find_map(sub);
+				if (m && !check_map(val, m, sub, 1, &inner, why, wn))
+					return 0;
+			}
+			(*fields)++;
 		}
 		k = val;
 		mp_next(&k);
 	}
 	for (j = 0; j < r->nfields; j++) {
 		if (r->fields[j].required && !mp_find(v, r->fields[j].key, &val)) {
-			printf("bad missing %s of %s\n", r->fields[j].key, r->verb);
-			goto out;
+			snprintf(why, wn, "missing %s of %s", r->fields[j].key, path);
+			return 0;
 		}
 	}
-	printf("ok %s %u\n", r->verb, fields);
+	return 1;
+}
+
+/* "check HEX": a request header against the requests' table. */
+static void check(const char *hex)
+{
+	size_t n;
+	uint8_t *buf = unhex(hex, &n);
+	struct mp_val v = {buf, buf + n}, t;
+	const struct shca_wire_req *r;
+	const char *s;
+	uint32_t len, count;
+	unsigned fields = 0;
+	char why[512];
+
+	if (!buf || mp_skip(v.p, v.end) != v.end || !mp_get_map(v, &count, &t)) {
+		printf("bad not a map\n");
+		goto out;
+	}
+	if (!mp_find(v, SHCA_KEY_T, &t) || !mp_get_str(t, &s, &len) || !(r = find_req(s, len))) {
+		printf("bad unknown verb\n");
+		goto out;
+	}
+	if (check_map(v, r, r->verb, 0, &fields, why, sizeof(why)))
+		printf("ok %s %u\n", r->verb, fields);
+	else
+		printf("bad %s\n", why);
 out:
+	free(buf);
+}
+
+/* "reply VERB HEX": an ok reply to VERB against shca_wire_replies; "frame NAME HEX": a
+ * frame of kind NAME against shca_wire_maps. "ok NAME N" (N fields at the top), or
+ * "bad <why>". */
+static void check_reply(const char *what, const char *name, const char *hex)
+{
+	size_t n;
+	uint8_t *buf = unhex(hex, &n);
+	struct mp_val v = {buf, buf + n}, t;
+	const struct shca_wire_req *r;
+	unsigned fields = 0;
+	char why[512];
+
+	if (!strcmp(what, "reply")) {
+		r = find_req(name, (uint32_t)strlen(name));
+		r = r ? &shca_wire_replies[r - shca_wire_reqs] : NULL;
+	} else {
+		r = find_map(name);
+	}
+	if (!r) {
+		printf("bad no table %s\n", name);
+	} else if (!buf || mp_skip(v.p, v.end) != v.end) {
+		printf("bad not one value\n");
+	} else if (!strcmp(what, "reply") &&
+		   !(mp_find(v, SHCA_KEY_T, &t) && mp_str_eq(t, SHCA_T_OK))) {
+		printf("bad not an ok reply\n");
+	} else if (check_map(v, r, name, 1, &fields, why, sizeof(why))) {
+		printf("ok %s %u\n", name, fields);
+	} else {
+		printf("bad %s\n", why);
+	}
 	free(buf);
 }
 
@@ -368,8 +450,8 @@ static void wcs(const char *hex)
 	uint32_t count, i;
 	struct ibv_wc wc;
 
-	if (!buf || mp_skip(v.p, v.end) != v.end || !mp_find_uint(v, "cq", &cq) ||
-	    !mp_find(v, "wcs", &list) || !mp_get_arr(list, &count, &w)) {
+	if (!buf || mp_skip(v.p, v.end) != v.end || !mp_find_uint(v, SHCA_R_CQ, &cq) ||
+	    !mp_find(v, SHCA_R_WCS, &list) || !mp_get_arr(list, &count, &w)) {
 		printf("bad\n");
 		free(buf);
 		return;
@@ -408,6 +490,11 @@ int main(void)
 		} else if (!strcmp(cmd, "check")) {
 			a = next_tok();
 			check(a ? a : "");
+		} else if (!strcmp(cmd, "reply") || !strcmp(cmd, "frame")) {
+			char *name = next_tok();
+
+			a = next_tok();
+			check_reply(cmd, name ? name : "", a ? a : "");
 		} else if (!strcmp(cmd, "wc")) {
 			a = next_tok();
 			wcs(a ? a : "");

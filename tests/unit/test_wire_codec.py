@@ -17,11 +17,21 @@ sizes and errno table from it. Here:
 - the provider's WC decoder reads what the daemon pushes (``WC.to_wire``);
 - every errno name the daemon may send maps to its number, an unknown one to EIO;
 - the C HELLO passes ``verify_hello``;
-- docs/protocol.md's request table names every field of the requests it lists.
+- docs/protocol.md's request table names every field of the requests it lists, and
+  every field of their replies;
+- the replies: protocol/replies.py's tables are wire.h's too; every reply and frame the
+  daemon's real handlers send (two embedded daemons driven through a connected RC
+  pair, rdma_cm, an async event, refusals) passes Python's check and the C side's
+  reading of wire.h's tables (``reply VERB HEX``, ``frame KIND HEX``), a reply of every
+  kind too; a renamed, missing or mistyped key is refused by both, nested maps and
+  mkey_configure's attribute maps included;
+- the provider, libmlx5 and librdmacm spell no key, frame kind, role, setter or rdma_cm
+  event name of the wire as a string literal (wire.h's constants only).
 """
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import errno
 import re
@@ -41,6 +51,8 @@ from softhca.protocol.handshake import verify_hello
 from softhca.protocol.records import SEND_WR, WC, WC_FIELDS, SendWR
 from softhca.protocol.schema import U32, U64, check_fields
 from softhca.tools.gen_wire_h import render
+
+import e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "provider" / "wire.h"
@@ -377,3 +389,417 @@ def test_no_request_named_by_a_literal():
              for m in re.finditer(rf'(mp_find\w*\([^,]*, )?"({verbs})"', _code(p))
              if not m.group(1)]
     assert found == []
+
+
+# -- replies and pushed frames: what the daemon's handlers answer, read by the C side ------
+
+class Capture:
+    """What the daemons of this process send, from their own builders: each ``ok``
+    reply with the verb of the request it answers, each ``err`` frame, pushed
+    completions and rdma_cm events, welcome frames."""
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[str, dict]] = []
+        self.frames: list[tuple[str, dict]] = []
+        self._verbs: dict[tuple[int, int], str] = {}
+
+    def install(self, monkeypatch) -> None:
+        from softhca.protocol import replies, session
+        from softhca.protocol.session import Call
+        from softhca.server import cm as server_cm
+        from softhca.server import daemon
+
+        proto = session.ControlSession
+        server_frame, reply, send_error = proto._server_frame, proto.reply, proto.send_error
+        push_completions, push_event = proto.push_completions, proto.push_event
+
+        def on_frame(s, fr, events):
+            server_frame(s, fr, events)
+            if events and type(events[-1]) is Call:
+                self._verbs[(id(s), events[-1].rid)] = events[-1].request.VERB
+
+        def on_reply(s, rid, payload=b"", **result):
+            self.replies.append((self._verbs[(id(s), rid)], {"t": "ok", "id": rid, **result}))
+            reply(s, rid, payload, **result)
+
+        def on_error(s, rid, error):
+            before = len(s._out)
+            send_error(s, rid, error)
+            self.frames.append(("err", _unframe(bytes(b"".join(s._out[before:])))))
+
+        def on_wcs(s, cq, wcs):
+            self.frames.append(("wc", {"t": "wc", "cq": cq, "wcs": wcs}))
+            push_completions(s, cq, wcs)
+
+        def on_event(s, header, payload=b""):
+            if "cm" in header:
+                self.frames.append(("cm_event", {**header, "t": "event"}))
+            push_event(s, header, payload)
+
+        def on_built(kind, **fields):
+            header = replies.frame(kind, **fields)
+            if kind == "welcome":
+                self.frames.append((kind, dict(header)))
+            return header
+
+        monkeypatch.setattr(proto, "_server_frame", on_frame)
+        monkeypatch.setattr(proto, "reply", on_reply)
+        monkeypatch.setattr(proto, "send_error", on_error)
+        monkeypatch.setattr(proto, "push_completions", on_wcs)
+        monkeypatch.setattr(proto, "push_event", on_event)
+        monkeypatch.setattr(daemon, "frame", on_built)
+        monkeypatch.setattr(server_cm, "frame", on_built)
+
+
+def _unframe(data: bytes) -> dict:
+    from softhca.protocol.frames import FrameDecoder
+
+    frames = FrameDecoder(1 << 20).feed(data)
+    assert len(frames) == 1, len(frames)
+    return dict(frames[0].header)
+
+
+async def _cm_events(node, qpn: int) -> None:
+    """rdma_cm on one daemon: a listener and an id that resolves its address and route
+    and connects (connect_request, connect_response, established), then disconnects."""
+    listen = (await node.request("cm_create_id", ps=0x0106))[0]["cmid"]
+    port = (await node.request("cm_bind", cmid=listen, ip="127.0.0.1", port=0))[0]["port"]
+    await node.request("cm_listen", cmid=listen, backlog=4)
+    active = (await node.request("cm_create_id", ps=0x0106))[0]["cmid"]
+    await node.request("cm_resolve_addr", cmid=active, ip="127.0.0.1", port=port,
+                       timeout_ms=2000)
+    await asyncio.sleep(0.2)
+    await node.request("cm_resolve_route", cmid=active, timeout_ms=2000)
+    await asyncio.sleep(0.1)
+    await node.request("cm_connect", cmid=active, qpn=qpn, psn=7, responder_resources=1,
+                       initiator_depth=1, retry_count=7, rnr_retry_count=7)
+    await asyncio.sleep(0.2)
+    await node.request("cm_counts")
+    await node.request("cm_destroy_id", cmid=active)
+    await node.request("cm_destroy_id", cmid=listen)
+
+
+async def _drive(pair) -> None:
+    """Every request kind the daemon answers with fields, on the pair's two daemons."""
+    import softhca.client as sh
+
+    t, i = pair.target, pair.initiator
+    n = t.node
+    ctx = t.ctx.handle
+    pd = t.pd.handle
+    await n.request("devices")
+    await n.request("query_device", ctx=ctx)
+    await n.request("query_mlx5_device", ctx=ctx)
+    mr = await t.reg_mr(b"x" * 4096)
+    await mr.read(16)
+    h = mr.handle
+    await n.request("rereg_mr", mr=h, flags=sh.IBV_REREG_MR_CHANGE_ACCESS,
+                    access=sh.IBV_ACCESS_LOCAL_WRITE)
+    mw = (await n.request("alloc_mw", pd=pd, type=2))[0]["mw"]
+    await n.request("dealloc_mw", mw=mw)
+    cq = (await n.request("create_cq", ctx=ctx, cqe=16))[0]["cq"]
+    await n.request("resize_cq", cq=cq, cqe=32)
+    await n.request("poll_cq", cq=cq, num=4, timeout=0)
+    await n.request("poll_cq", cq=cq, num=4, timeout=0.05)     # waits, answered later
+    await n.request("destroy_cq", cq=cq)
+    await n.request("query_qp", qp=t.qp.handle)
+    await n.request("modify_qp", qp=t.qp.handle, attr={"qp_access_flags": e2e.ALL},
+                    mask=sh.IBV_QP_ACCESS_FLAGS)
+    ah = (await n.request("create_ah", pd=pd, dest_host=i.node.host, dest_port=i.node.port,
+                          dest_dev="mlx5_0", sgid=bytes(16), dgid=bytes(16)))[0]["ah"]
+    await n.request("destroy_ah", ah=ah)
+    srq = (await n.request("create_srq", pd=pd, max_wr=8, max_sge=1, srq_limit=0))[0]["srq"]
+    await n.request("modify_srq", srq=srq, mask=2, srq_limit=4)
+    await n.request("query_srq", srq=srq)
+    await n.request("destroy_srq", srq=srq)
+    mkey = await t.pd.create_mkey(e2e.SIG_FLAGS, 4)
+    await t.configure(mkey, access=e2e.ALL, sges=[e2e.sge(mr, 512)])
+    await n.request("mkey_check", mkey=mkey.handle)
+    await n.request("crypto_login_query_state", ctx=ctx)
+    await n.request("get_async_event", ctx=ctx, timeout=0)
+    rule = (await n.request("faults_add", rule={"action": "drop", "count": 1}))[0]["rule"]
+    await n.request("faults_list")
+    await n.request("faults_clear", rule_id=rule["id"])
+    await n.request("counters")
+    await n.request("subscribe", events=[])
+    # a SEND and its RECV: pushed completions on both sides
+    dst = await i.reg_mr(64)
+    await pair.send(t, [e2e.sge(mr, 64)], i, e2e.whole(dst))
+    # mlx5dv_qp_cancel_posted_send_wrs(3): the QP drained (SQD) first, with the
+    # IBV_EVENT_SQ_DRAINED event asked for (an async event to take and acknowledge)
+    await n.request("modify_qp", qp=t.qp.handle, attr={"qp_state": 4,
+                                                       "en_sqd_async_notify": 1},
+                    mask=sh.IBV_QP_STATE | sh.IBV_QP_EN_SQD_ASYNC_NOTIFY)
+    await n.request("cancel_posted_send_wrs", qp=t.qp.handle, wr_id=1)
+    event = (await n.request("get_async_event", ctx=ctx, timeout=5))[0]["event"]
+    await n.request("ack_async_event", event=event["event"])
+    # refusals: err frames, one with the refused WR's index (ibv_post_send's bad_wr)
+    bad = sh.SendWR(wr_id=2, opcode=sh.IBV_WR_SEND, sg=[e2e.sge(dst, 8)] * 9)
+    for node, verb, fields in (
+            (n, "dealloc_pd", {"pd": 99}),
+            (i.node, "post_send", {"qp": i.qp.handle, "wrs": [bad.to_wire()]})):
+        with pytest.raises(RDMAError):
+            await node.request(verb, **fields)
+    await _cm_events(i.node, i.qp.qp_num)
+
+
+# Reply kinds with fields the scenario above does not provoke, and why: each is read by
+# the C side from the table all the same (test_c_reads_a_reply_of_every_kind).
+NOT_DRIVEN = {
+    "reg_mr_shared": "a local program's memfds over the UNIX socket (tests/native)",
+    "reg_mr_process": "the embedded daemon's own memory, with its process secret",
+    "create_dek": "a crypto login first (tests/e2e's crypto tests)",
+    "query_dek": "a DEK", "create_crypto_login": "a wrapped credential",
+    "crypto_login_query": "a crypto login object",
+}
+
+
+def _hex(header: dict) -> str:
+    return msgpack.packb(header, use_bin_type=True).hex()
+
+
+async def test_every_reply_and_pushed_frame_the_daemon_sends_c_reads(wire, monkeypatch):
+    from softhca.protocol.replies import REPLIES, check_frame, check_reply
+
+    cap = Capture()
+    cap.install(monkeypatch)
+    async with e2e.two_nodes() as pair:
+        await _drive(pair)
+    driven = {verb for verb, _ in cap.replies}
+    with_fields = {verb for verb, spec in REPLIES.items() if spec}
+    assert with_fields - driven == set(NOT_DRIVEN), sorted((with_fields - driven)
+                                                           ^ set(NOT_DRIVEN))
+    for verb, header in cap.replies:
+        check_reply(verb, {k: v for k, v in header.items() if k not in ("t", "id")})
+    answers = wire([f"reply {verb} {_hex(h)}" for verb, h in cap.replies])
+    for (verb, h), answer in zip(cap.replies, answers, strict=True):
+        assert answer == f"ok {verb} {len(h) - 2}", (verb, h, answer)
+    assert any(h.get("event") for verb, h in cap.replies if verb == "get_async_event")
+    assert any("bad_wr" in h for kind, h in cap.frames if kind == "err")
+    kinds = {kind for kind, _ in cap.frames}
+    assert kinds == {"welcome", "err", "wc", "cm_event"}, kinds
+    cm_kinds = {h["cm"] for kind, h in cap.frames if kind == "cm_event"}
+    assert {"addr_resolved", "route_resolved", "connect_request"} <= cm_kinds, cm_kinds
+    for kind, h in cap.frames:
+        check_frame(kind, h)
+    answers = wire([f"frame {kind} {_hex(h)}" for kind, h in cap.frames])
+    for (kind, h), answer in zip(cap.frames, answers, strict=True):
+        fields = len([k for k in h if k not in ("t", "id")])
+        assert answer == f"ok {kind} {fields}", (kind, h, answer)
+
+
+def sample_reply_value(path: str, key: str, spec: tuple):
+    """A value of a reply field by its spec, a nested map's from its own table."""
+    from softhca.protocol.replies import MAPS
+
+    typ, lo, hi, _ = spec
+    if isinstance(typ, tuple) and typ[1] is type(None):
+        typ = typ[0]
+    if f"{path}.{key}" in MAPS:
+        return sample_map(f"{path}.{key}", MAPS[f"{path}.{key}"])
+    if typ is bool:
+        return True
+    if typ is int:
+        return int(hi)
+    n = 3 if lo is None else max(lo, min(hi, 3))
+    return {str: "x" * n, bytes: b"\xab" * n, list: [], dict: {}}[typ]
+
+
+def sample_map(path: str, schema: dict) -> dict:
+    return {k: sample_reply_value(path, k, spec) for k, spec in schema.items()}
+
+
+def test_c_reads_a_reply_of_every_kind(wire):
+    """A reply of every kind, each field by its table (those the scenario above does not
+    provoke included), every nested map filled: Python's check and the C table agree."""
+    from softhca.protocol.replies import REPLIES, check_reply
+
+    cases = [(verb, {"t": "ok", "id": 9, **sample_map(verb, spec)})
+             for verb, spec in REPLIES.items()]
+    for verb, h in cases:
+        check_reply(verb, {k: v for k, v in h.items() if k not in ("t", "id")})
+    answers = wire([f"reply {verb} {_hex(h)}" for verb, h in cases])
+    assert answers == [f"ok {verb} {len(h) - 2}" for verb, h in cases]
+
+
+def test_c_and_python_refuse_a_drifted_reply(wire):
+    """A reply whose key one side renamed, a required field missing, a value of another
+    type, a nested map's key renamed, a stray one: both tables refuse each, naming it."""
+    from softhca.protocol.replies import MAPS, REPLIES, check_reply
+
+    qp = {"t": "ok", "id": 3, **sample_map("create_qp", REPLIES["create_qp"])}
+    renamed = {"t": "ok", "id": 3, "qp": 1, "qpn": 5}
+    missing = {"t": "ok", "id": 3, "qp": 1}
+    wrong = {**qp, "qp_num": "5"}
+    attr = sample_map("query_qp.attr", MAPS["query_qp.attr"])
+    nested = {"t": "ok", "id": 3, "attr": {**{k: v for k, v in attr.items() if k != "qkey"},
+                                           "q_key": 1}}
+    stray = {**qp, "handle": 1}
+    cases = [("create_qp", renamed, "unknown field qpn of create_qp", "qpn"),
+             ("create_qp", missing, "missing qp_num of create_qp", "qp_num"),
+             ("create_qp", wrong, "field qp_num of create_qp is not of type u", "qp_num"),
+             ("query_qp", nested, "unknown field q_key of query_qp.attr", "q_key"),
+             ("create_qp", stray, "unknown field handle of create_qp", "handle")]
+    answers = wire([f"reply {verb} {_hex(h)}" for verb, h, _, _ in cases])
+    assert answers == [f"bad {why}" for _, _, why, _ in cases]
+    for verb, h, _, word in cases:
+        with pytest.raises(FrameError, match=word):
+            check_reply(verb, {k: v for k, v in h.items() if k not in ("t", "id")})
+
+
+def test_c_reads_the_handshake_frames(wire):
+    """The daemon's challenge and a daemon's HELLO on a wire link with its proof (their
+    builders), the C HELLO, and a welcome missing its role."""
+    from softhca.protocol.handshake import make_challenge, make_hello
+    from softhca.protocol.replies import check_frame
+
+    challenge, _ = make_challenge(auth=True)
+    link_hello = make_hello(challenge, "wire", b"k" * 32, src="127.0.0.1:4791")
+    for kind, h in (("challenge", challenge), ("hello", link_hello)):
+        check_frame(kind, h)
+    hello, = wire(["hello"])
+    answers = wire([f"frame challenge {_hex(challenge)}", f"frame hello {hello}",
+                    f"frame hello {_hex(link_hello)}",
+                    f"frame welcome {_hex({'t': 'welcome', 'devices': []})}"])
+    assert answers == ["ok challenge 3", "ok hello 2", "ok hello 4",
+                       "bad missing role of welcome"]
+
+
+def test_c_reads_mkey_configure_attribute_maps(wire):
+    """mlx5dv_wr_set_mkey_sig_block's and mlx5dv_wr_set_mkey_crypto's maps as
+    protocol/attrs_wire.py writes them (what the daemon reads back), against the C side's
+    tables; a key of another struct is refused at its depth."""
+    from softhca.protocol.attrs import (
+        CryptoAttr,
+        SigBlockAttr,
+        SigBlockDomain,
+        SigCrc,
+        SigT10dif,
+    )
+    from softhca.protocol.attrs_wire import attr_to_wire
+    from softhca.protocol.enums import SigType
+
+    sig = attr_to_wire(SigBlockAttr(
+        mem=SigBlockDomain(sig_type=SigType.T10DIF, dif=SigT10dif(app_tag=7)),
+        wire=SigBlockDomain(sig_type=SigType.CRC, crc=SigCrc(seed=1)), check_mask=0xFF))
+    crypto = attr_to_wire(CryptoAttr(encrypt_on_tx=True))
+    drifted = {**sig, "wire": {**sig["wire"], "crc": {"type": 1, "seed": 1}}}
+    answers = wire([f"frame mkey_configure.sig_block {_hex(sig)}",
+                    f"frame mkey_configure.crypto {_hex(crypto)}",
+                    f"frame mkey_configure.sig_block {_hex(drifted)}"])
+    assert answers == ["ok mkey_configure.sig_block 6", "ok mkey_configure.crypto 8",
+                       "bad unknown field type of mkey_configure.sig_block.wire.crc"]
+
+
+def test_dv_writes_the_attribute_maps_keys():
+    """provider/dv.c names exactly the attribute maps' keys (protocol/attrs.py's
+    records' fields), and announces each map's size by its struct's wire.h count."""
+    from softhca.protocol.replies import ATTR_MAPS, attr_spec, attr_struct
+
+    code = _code(ROOT / "provider" / "dv.c")
+    keys = {k.lower() for k in re.findall(r"SHCA_A_(\w+)", code)}
+    assert keys == {k for cls in ATTR_MAPS.values() for k in attr_spec(cls)}
+    counts = set(re.findall(r"mp_map\(b, SHCA_ATTR_NFIELDS_(\w+)\)", code))
+    assert counts == {attr_struct(cls).upper() for cls in ATTR_MAPS.values()}
+    assert not re.search(r"mp_map\(b, \d+\)", code)
+
+
+# -- no key of the wire spelled in the C libraries -----------------------------------------
+
+# String literals in the provider's and librdmacm's C that equal a word of the wire and
+# are not one: file, literal, why.
+LITERAL_ALLOWED = {
+    ("provider/qp.c", "attr"): "ibv_query_qp's log line names its argument (attr or "
+                               "init_attr), not a reply's key",
+}
+# Calls whose string argument would be a key or a frame kind.
+_KEYED = re.compile(r"\b(mp_find|mp_find_uint|shca_get_u32|mp_kv_uint|mp_kv_str|mp_str|"
+                    r"mp_str_eq|u8|expect|addr_of|gid_of|shca_hello_begin|setter)"
+                    r"\(([^;{]*?)\"([^\"\\\\]*)\"")
+
+
+def _wire_words() -> set[str]:
+    from softhca.protocol.control import CONFIGURE_CALL, QP_ATTR, SETTERS, SYSV_PIECE
+    from softhca.protocol.kinds import FrameKind
+    from softhca.protocol.records import RECV_WR
+    from softhca.protocol.replies import (
+        ATTR_MAPS,
+        CM_EVENTS,
+        FRAMES,
+        HELLO_ROLES,
+        MAPS,
+        REPLIES,
+        attr_spec,
+    )
+
+    tables = [*REPLIES.values(), *FRAMES.values(), *MAPS.values(), SEND_WR, RECV_WR,
+              QP_ATTR, *(cls.SCHEMA for cls in BY_VERB.values()),
+              *(attr_spec(cls) for cls in ATTR_MAPS.values())]
+    return ({k for t in tables for k in t} | {k.value for k in FrameKind} | set(CM_EVENTS)
+            | set(HELLO_ROLES) | set(SETTERS) | set(BY_VERB)
+            | {CONFIGURE_CALL[0], SYSV_PIECE, "t", "id"})
+
+
+def test_no_wire_key_spelled_in_the_c_libraries():
+    """Every key, frame kind, role, setter and rdma_cm event name the provider, libmlx5
+    and librdmacm read or write is wire.h's constant: no string literal equal to one of
+    protocol/'s words (LITERAL_ALLOWED aside, with its reason), and no literal at all
+    where a key goes (mp_find, mp_kv_uint, shca_get_u32, ...)."""
+    words = _wire_words()
+    found = []
+    for p in [*C_SOURCES, *sorted((ROOT / "provider" / "mlx5").glob("*.c"))]:
+        # (the comments blanked, their lines kept: a finding names its line)
+        code = re.sub(r"/\*.*?\*/", lambda c: re.sub(r"[^\n]", " ", c.group(0)),
+                      p.read_text(), flags=re.S)
+        rel = str(p.relative_to(ROOT))
+        for m in re.finditer(r'"((?:[^"\\\n]|\\.)*)"', code):
+            if m.group(1) in words and (rel, m.group(1)) not in LITERAL_ALLOWED:
+                found.append(f"{rel}:{code[:m.start()].count(chr(10)) + 1} \"{m.group(1)}\"")
+        found += [f"{rel}:{code[:m.start()].count(chr(10)) + 1} {m.group(1)}(\"{m.group(3)}\")"
+                  for m in _KEYED.finditer(code) if "(" not in m.group(2)]
+    assert found == []
+    for (rel, word), _why in LITERAL_ALLOWED.items():
+        assert f'"{word}"' in _code(ROOT / rel), f"{rel} no longer spells {word!r}: drop it"
+
+
+def test_docs_request_table_names_every_reply_field():
+    """Each row of docs/protocol.md's control request table names, in its result column,
+    every field of its verbs' replies (protocol/replies.py REPLIES)."""
+    from softhca.protocol.replies import REPLIES
+
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    missing, checked = [], 0
+    for row in (line for line in text.splitlines() if re.match(r"\| `[a-z_]+`", line)):
+        cells = row.split(" | ")
+        verbs = [v for v in re.findall(r"`([a-z_0-9]+)`", cells[0]) if v in REPLIES]
+        if not verbs or len(cells) < 3:
+            continue
+        named = set(re.findall(r"`?([a-z_0-9]+)`?", cells[2]))
+        checked += sum(len(REPLIES[v]) for v in verbs)
+        missing += [f"{v}.{f}" for v in verbs for f in REPLIES[v] if f not in named]
+    assert checked >= 40
+    assert missing == [], f"docs/protocol.md's request table does not name {missing}"
+
+
+async def test_the_daemon_sends_no_reply_its_table_does_not_describe(monkeypatch):
+    """A handler whose reply has a field protocol/replies.py does not name, or a value
+    of another type, answered at once or later (a wait's reply_to): the daemon sends the
+    client an internal error instead, so no C library meets a key wire.h lacks."""
+    import softhca.client as sh
+    from softhca.protocol import control
+    from softhca.server import verbs
+
+    def later(v, r, rid):
+        asyncio.get_running_loop().call_soon(
+            lambda: v.session.reply_to("devices", rid, devices="mlx5_0"))
+
+    async with sh.embedded() as node:
+        monkeypatch.setitem(verbs.HANDLERS, control.Devices,
+                            lambda v, r, rid: {"devices": [], "names": []})
+        with pytest.raises(RDMAError, match=r"EPROTO.*internal error.*names"):
+            await node.request("devices")
+        monkeypatch.setitem(verbs.HANDLERS, control.Devices, later)
+        with pytest.raises(RDMAError, match=r"EPROTO.*internal error.*devices"):
+            await node.request("devices")
+        monkeypatch.undo()
+        assert (await node.request("devices"))[0]["devices"] == ["mlx5_0"]
