@@ -249,3 +249,33 @@ def test_the_flag(capsys):
     assert main(["bench", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--c " in text and "qperf -cm1 rc_lat" in text
+
+
+def test_skipped_saying_why(monkeypatch):
+    monkeypatch.setattr(cprograms.namespaces.os, "geteuid", lambda: 1000)
+    assert cprograms.c_rows(quick=True) == {
+        "skipped": "needs root (network namespaces, and softhca run's mount namespace)"}
+    monkeypatch.undo()
+    if cprograms.namespaces.unavailable() is not None:
+        pytest.skip(cprograms.namespaces.unavailable())
+    real = cprograms.shutil.which
+    monkeypatch.setattr(cprograms.shutil, "which",
+                        lambda p: None if p in ("qperf", "ib_write_bw") else real(p))
+    assert cprograms.c_rows(quick=True)["skipped"] == (
+        "qperf, ib_write_bw not installed (Debian's qperf and perftest)")
+
+
+def test_the_flag_reaches_the_bench(monkeypatch, capsys):
+    from softhca.tools import bench
+
+    seen = []
+
+    def run_e2e(opts, progress):
+        seen.append(opts)
+        raise bench.BenchError("stopped here")
+
+    monkeypatch.setattr(bench, "run_e2e", run_e2e)
+    assert main(["bench", "--quick", "--c"]) == 1
+    assert main(["bench", "--quick"]) == 1
+    assert [o.c_programs for o in seen] == [True, False]
+    assert "softhca bench: stopped here" in capsys.readouterr().err

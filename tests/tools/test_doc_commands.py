@@ -158,7 +158,7 @@ ELSEWHERE = {
     "cat trace.txt                       # the target daemon's stages: the T10-DIF it "
     "generated": "tests/native/test_c_examples.py (test_trace_shows_a_c_programs_blocks)",
     ".venv/bin/softhca bench --c --json-out c.json":
-        "tests/native/test_bench_c.py (the --c section, quick; the rest of the bench is "
+        "tests/native/test_bench_c_section.py (the --c section, quick; the rest of the bench is "
         "tests/tools/test_bench.py's --quick run)",
 }
 
