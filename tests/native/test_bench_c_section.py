@@ -1,5 +1,5 @@
 """``softhca bench --c``'s section run for real, quick (qperf -t 1 a test, ib_send_lat -n
-100, ib_write_bw -n 50): two network namespaces, each side under ``softhca run``, every
+100, ib_write_bw -n 50, iscsicheck over 8 MiB where tgt is installed): two network namespaces, each side under ``softhca run``, every
 row of the JSON present with a positive number, its ratio the figure over the TCP
 ceiling of the same run, and nothing of it left behind."""
 
@@ -44,6 +44,16 @@ def test_the_quick_section_has_every_row():
         "rc_bw_to_tcp_bw": q["rc_bw"]["mb_s"] / q["tcp_bw"]["mb_s"],
         "rc_rdma_write_bw_to_tcp_bw": q["rc_rdma_write_bw"]["mb_s"] / q["tcp_bw"]["mb_s"],
         "ib_write_bw_to_tcp_bw": bw["mb_s"] / q["tcp_bw"]["mb_s"]}
+    if cprograms.iser_unavailable() is None:
+        iser = section["iser"]
+        assert "skipped" not in iser, iser["skipped"]
+        for name in ("write", "read"):
+            r = iser[name]
+            assert (r["size"], r["bytes"]) == (256 << 10, 8 << 20), r
+            assert positive(r["mb_s"]) and positive(r["seconds"]), r
+            expected[f"iser_{name}_to_tcp_bw"] = r["mb_s"] / q["tcp_bw"]["mb_s"]
+    else:
+        assert section["iser"] == {"skipped": cprograms.iser_unavailable()}
     assert set(section["ratios"]) == set(expected)
     for name, value in expected.items():
         assert math.isclose(section["ratios"][name], value, rel_tol=1e-3), name

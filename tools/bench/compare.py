@@ -168,6 +168,8 @@ def _c_rows(doc: dict, path: str, ratio: str) -> dict[str, dict]:
         return {}
     rows = {}
     for name, (program, test, key), _ in C_RATIOS:
+        if program == "iser" and "write" not in (c.get("iser") or {}):
+            continue        # no iSER rows in the run: skipped, or saved before them
         try:
             figure, r = c[program][test][key], c["ratios"][name]
         except (KeyError, TypeError):

@@ -93,6 +93,8 @@ GOALS = (
     _c("C: qperf rc_bw 64 KiB / tcp_bw", "rc_bw_to_tcp_bw", ">=", 0.6),
     _c("C: qperf rc_rdma_write_bw 64 KiB / tcp_bw", "rc_rdma_write_bw_to_tcp_bw", ">=", 0.7),
     _c("C: ib_write_bw 1 MiB / tcp_bw", "ib_write_bw_to_tcp_bw", ">=", 0.9),
+    _c("C: iSER WRITE 256 KiB / tcp_bw", "iser_write_to_tcp_bw", ">=", 0.5),
+    _c("C: iSER READ 256 KiB / tcp_bw", "iser_read_to_tcp_bw", ">=", 0.5),
     Goal("engine T10-DIF generate 512 B / one fastcrc call", ENGINE_KIND,
          _engine("T10-DIF generate, 512B blocks"), ">=", 0.3),
     Goal("engine CRC32C 4 KiB / one call", ENGINE_KIND,

@@ -136,6 +136,18 @@ def wait_listening(proc: subprocess.Popen, port: int) -> None:
         time.sleep(0.05)
 
 
+def wait_file(proc: subprocess.Popen, path: Path) -> None:
+    """Until ``path`` exists (a script's sign that it is set up), while ``proc`` runs."""
+    deadline = time.monotonic() + LISTEN_TIMEOUT
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _kill(proc)
+            out = proc.communicate()[0]
+            raise NamespaceError(f"the server side did not make {path.name} (exit "
+                                 f"{proc.returncode}): {out[-400:]}")
+        time.sleep(0.05)
+
+
 def _pids_in(ns: str) -> list[int]:
     out = ip("netns", "pids", ns, check=False).stdout
     return [int(p) for p in out.split() if p.isdigit()]

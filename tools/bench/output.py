@@ -177,14 +177,16 @@ def c_lines(doc: dict) -> list[str]:
     if "skipped" in s:
         return [f"C programs (--c): skipped: {s['skipped']}"]
     p = s["setup"]["plan"]
-    return ["C programs (--c): qperf and perftest between two network namespaces (veth), "
-            "each side under `softhca run` with its own daemon; ceilings: kernel TCP between "
-            "the same namespaces, same qperf (tcp_lat 64 B, tcp_bw 64 KiB); latencies one-way "
-            f"(half a round trip); qperf -t {p['qperf_seconds']} s a test, ib_send_lat -n "
-            f"{p['send_lat_iterations']}, ib_write_bw -n {p['write_bw_iterations']}; ratio = "
-            "figure / ceiling",
+    iser = s.get("iser") or {}
+    skipped = [f"  iSER: skipped: {iser['skipped']}"] if "skipped" in iser else []
+    return ["C programs (--c): qperf, perftest and iSER between two network namespaces "
+            "(veth), each side under `softhca run` with its own daemon; ceilings: kernel TCP "
+            "between the same namespaces, same qperf (tcp_lat 64 B, tcp_bw 64 KiB); latencies "
+            f"one-way (half a round trip); qperf -t {p['qperf_seconds']} s a test, ib_send_lat "
+            f"-n {p['send_lat_iterations']}, ib_write_bw -n {p['write_bw_iterations']}, "
+            f"iscsicheck {p.get('iser_mib', '?')} MiB; ratio = figure / ceiling",
             *("  " + line for line in table_lines(["figure", "value", "TCP ceiling", "ratio"],
-                                                  c_table_rows(s)))]
+                                                  c_table_rows(s))), *skipped]
 
 
 def _provider_lines(p: dict | None) -> list[str]:

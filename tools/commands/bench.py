@@ -62,9 +62,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also run C programs between two network namespaces joined by a veth "
                    "pair, each side under `softhca run` with its own daemon: qperf -cm1 "
                    "rc_lat, rc_bw and rc_rdma_write_bw, perftest ib_send_lat -s 64 and "
-                   "ib_write_bw -s 1M, each beside kernel TCP between the same namespaces "
-                   "(qperf tcp_lat, tcp_bw) as a ratio (root, the built provider, qperf and "
-                   "perftest; skipped, saying why, otherwise)")
+                   "ib_write_bw -s 1M, iSER 256 KiB writes and reads (tgtd, iscsicheck), "
+                   "each beside kernel TCP between the same namespaces (qperf tcp_lat, "
+                   "tcp_bw) as a ratio (root, the built provider, qperf and perftest; "
+                   "skipped, saying why, otherwise; the iSER rows alone without tgt)")
     _add_compare(p, "softhca bench --json")
     p.add_argument("--compare-ratio", choices=("tcp_stream", "engine", "min", "figure"),
                    default="tcp_stream",
