@@ -117,6 +117,10 @@ def test_iscsichecks_two_passes():
     text = fixture("client_quick.out").replace("=== iscsicheck exit 0", "=== iscsicheck exit 1")
     assert cprograms._iser_figures(cprograms.QUICK, text)["skipped"].startswith(
         "iscsicheck failed: iscsicheck exited 1")
+    # ... with what tgtd and tgtadm said on the server's side, where they said it.
+    served = "qperf's\n--- tgtd and tgtadm:\ntgtadm: can't find the target\n"
+    note = cprograms._iser_figures(cprograms.QUICK, text, served)["skipped"]
+    assert note.endswith("--- tgtd and tgtadm said:\ntgtadm: can't find the target\n"), note
 
 
 def test_a_failed_section_names_the_program():

@@ -198,21 +198,27 @@ class Where:
     def ready(self) -> Path:    # tgtd's target is set up
         return self.tmp / "tgtd-ready"
 
+    @property
+    def tgt_log(self) -> Path:  # what tgtd and tgtadm said
+        return self.tmp / "tgtd.log"
+
 
 def _iser_server(plan: Plan, w: Where) -> list[str]:
     lun = w.tmp / "lun1.img"
     adm = f"tgtadm -C {w.control} --lld iser"
+    log = f">>{w.tgt_log} 2>&1"
     return [
         f"truncate -s {plan.iser_mib}M {lun}",
-        f"tgtd -f -C {w.control} & t=$!",
+        f"tgtd -f -C {w.control} {log} & t=$!",
         # tgtadm answers once tgtd's control socket is up
         f"for i in $(seq 100); do {adm} --mode sys --op show >/dev/null 2>&1 && break; "
         "sleep 0.1; done",
-        f"{adm} --mode target --op new --tid 1 --targetname {ISER_TARGET}",
-        f"{adm} --mode logicalunit --op new --tid 1 --lun 1 --backing-store {lun}",
-        f"{adm} --mode target --op bind --tid 1 --initiator-address ALL",
+        f"{adm} --mode target --op new --tid 1 --targetname {ISER_TARGET} {log}",
+        f"{adm} --mode logicalunit --op new --tid 1 --lun 1 --backing-store {lun} {log}",
+        f"{adm} --mode target --op bind --tid 1 --initiator-address ALL {log}",
         # tgt's rule for iSER: the initiator's name bound
-        f"{adm} --mode target --op bind --tid 1 --initiator-name {ISER_INITIATOR}",
+        f"{adm} --mode target --op bind --tid 1 --initiator-name {ISER_INITIATOR} {log}",
+        f"{adm} --mode sys --op show {log}",
         f"touch {w.ready}"]
 
 
@@ -226,8 +232,10 @@ def _server_script(plan: Plan, w: Where) -> str:
              'wait "$q"; echo "=== qperf-server exit $?"']
     if w.iser:
         # tgtd runs until it is killed; its sessions have ended with the client's side.
+        # Its control socket and lock (tgt's TGT_IPC_DIR) would outlive it: removed.
         lines += [f"while [ ! -e {w.done} ]; do sleep 0.1; done", 'kill -KILL "$t"',
-                  'wait "$t"']
+                  'wait "$t"', f"rm -f /var/run/tgtd/socket.{w.control} "
+                  f"/var/run/tgtd/socket.{w.control}.lock"]
     return "\n".join([*lines, ""])
 
 
@@ -265,7 +273,8 @@ def _run_programs(plan: Plan, iser: bool, progress) -> tuple[str, str]:
     """Both sides' output: the client's sections and the server's."""
     with tempfile.TemporaryDirectory(prefix="softhca-bench-c-") as tmp, \
             namespaces.two_namespaces() as pair:
-        w = Where(Path(tmp), iser, 31000 + os.getpid() % 30000)
+        # tgtd takes a control port up to 32767; test_iser.py's are below 31000.
+        w = Where(Path(tmp), iser, 31000 + os.getpid() % 1700)
         scripts = []
         for name, text in (("server.sh", _server_script(plan, w)),
                            ("client.sh", _client_script(plan, pair.server[1], w))):
@@ -289,8 +298,17 @@ def _run_programs(plan: Plan, iser: bool, progress) -> tuple[str, str]:
         # waited for then.
         came = all(sections(done.output).get(p, (1, ""))[0] == 0
                    for p in ("ib_send_lat", "ib_write_bw"))
-        served = namespaces.finish(srv, 30.0 if came else 1.0)
-    return done.output, served.output
+        served = namespaces.finish(srv, 30.0 if came else 1.0).output
+        if iser:
+            served += "\n--- tgtd and tgtadm:\n" + _read(w.tgt_log)
+    return done.output, served
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as e:
+        return f"({path.name}: {e.strerror})"
 
 
 def _figures(plan: Plan, out: str) -> dict:
@@ -310,11 +328,13 @@ def _figures(plan: Plan, out: str) -> dict:
     return {"qperf": qperf, "perftest": perftest}
 
 
-def _iser_figures(plan: Plan, out: str) -> dict:
+def _iser_figures(plan: Plan, out: str, served: str = "") -> dict:
     try:
         return iscsicheck_figures(_ran(sections(out), "iscsicheck"), plan.iser_mib * MIB)
     except ParseError as e:
-        return {"skipped": f"iscsicheck failed: {e}"[:800]}
+        tgt = served.rpartition("--- tgtd and tgtadm:\n")[2] if served else ""
+        return {"skipped": f"iscsicheck failed: {e}"[:600]
+                + (f"\n--- tgtd and tgtadm said:\n{tgt[-400:]}" if tgt else "")}
 
 
 def _ran(found: dict[str, tuple[int, str]], name: str) -> str:
@@ -355,7 +375,8 @@ def c_rows(quick: bool = False, progress=lambda _msg: None, plan: Plan | None = 
         # The side that failed first is often the server (its daemon gone): both said.
         return {"skipped": f"a C program failed: {e}\n--- server side:\n"
                            f"{served[-400:]}"[:1200]}
-    section["iser"] = {"skipped": iser_why} if iser_why else _iser_figures(plan, out)
+    section["iser"] = ({"skipped": iser_why} if iser_why
+                       else _iser_figures(plan, out, served))
     section["ratios"] = ratios(section)
     section["setup"] = {
         "namespaces": "two network namespaces joined by a veth pair, each side one "
