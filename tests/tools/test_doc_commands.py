@@ -157,6 +157,9 @@ ELSEWHERE = {
     "-p 18515 127.0.0.1": "tests/native/test_c_examples.py",
     "cat trace.txt                       # the target daemon's stages: the T10-DIF it "
     "generated": "tests/native/test_c_examples.py (test_trace_shows_a_c_programs_blocks)",
+    ".venv/bin/softhca bench --c --json-out c.json":
+        "tests/native/test_bench_c_section.py (the --c section, quick; the rest of the bench is "
+        "tests/tools/test_bench.py's --quick run)",
 }
 
 CANNOT = {

@@ -67,6 +67,9 @@ class E2EOptions:
     trains: bool = True
     # perftest through the libibverbs provider beside the client's rows (provider.py).
     provider: bool = False
+    # C programs (qperf, perftest) beside kernel TCP between two network namespaces
+    # (cprograms.py).
+    c_programs: bool = False
 
 
 QUICK = E2EOptions(seconds=0.02, mib=1.0, depth=8, inflight_mib=2.0, latency_samples=50,

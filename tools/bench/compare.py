@@ -14,6 +14,8 @@ import math
 import statistics
 
 from .common import DEFAULT_MTU, LATENCY_BYTES, sig4, size_text
+from .cprograms import RATIOS as C_RATIOS
+from .cprograms import ROW_TEXT as C_ROW_TEXT
 from .output import table_lines
 
 E2E_KIND, ENGINE_KIND = "softhca end to end", "engine"
@@ -80,7 +82,8 @@ def compare_rows(doc, ratio: str = "tcp_stream",
     """label -> {figure, unit, ratio, better} for every row a comparison reads."""
     if doc_kind(doc, path) == ENGINE_KIND:
         return _engine_rows(doc, path)
-    return {**_goodput_rows(doc, ratio, path), **_latency_rows(doc, path, ratio)}
+    return {**_goodput_rows(doc, ratio, path), **_latency_rows(doc, path, ratio),
+            **_c_rows(doc, path, ratio)}
 
 
 def _engine_rows(doc: dict, path: str) -> dict[str, dict]:
@@ -154,6 +157,30 @@ def _latency_rows(doc: dict, path: str, ratio: str = "tcp_stream") -> dict[str, 
         if ratio != FIGURE and _positive(rc):
             rows[f"{label} / chain"] = {"figure": lat[f"{p}_us"], "unit": "us", "ratio": rc,
                                         "better": "lower"}
+    return rows
+
+
+def _c_rows(doc: dict, path: str, ratio: str) -> dict[str, dict]:
+    """``--c``'s rows: each C program's figure and its ratio to the kernel TCP ceiling of
+    the same run (none in a run without the section, or where it was skipped)."""
+    c = doc.get("c_programs")
+    if not isinstance(c, dict) or "skipped" in c:
+        return {}
+    rows = {}
+    for name, (program, test, key), _ in C_RATIOS:
+        if program == "iser" and "write" not in (c.get("iser") or {}):
+            continue        # no iSER rows in the run: skipped, or saved before them
+        try:
+            figure, r = c[program][test][key], c["ratios"][name]
+        except (KeyError, TypeError):
+            figure = r = None
+        if not (_positive(figure) and _positive(r)):
+            raise CompareError(f"c_programs lacks a positive {program}.{test}.{key} or "
+                               f"ratios.{name}: {path}")
+        lat = key.endswith("_us")
+        rows[f"C {C_ROW_TEXT[name]}"] = {"figure": figure, "unit": "us" if lat else "MB/s",
+                                         "ratio": figure if ratio == FIGURE else r,
+                                         "better": "lower" if lat else "higher"}
     return rows
 
 

@@ -568,6 +568,10 @@ def run_e2e(opts: E2EOptions | None = None, progress=None) -> dict:
     }
     if opts.provider:
         doc["provider"] = _provider_section(measured, progress)
+    if opts.c_programs:
+        from .cprograms import c_rows
+
+        doc["c_programs"] = c_rows(opts.quick, progress)
     doc["total_seconds"] = round(time.perf_counter() - start, 1)
     return doc
 

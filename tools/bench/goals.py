@@ -42,6 +42,9 @@ class Goal:
     field: tuple
     op: str | None
     goal: float | None
+    # The optional section of a run the field is in (``softhca bench --c``'s
+    # "c_programs"): a run without it, or whose section was skipped, is not judged.
+    section: str | None = None
 
 
 def _row(op: str, config: str, size: int, ratio: str) -> tuple:
@@ -51,6 +54,13 @@ def _row(op: str, config: str, size: int, ratio: str) -> tuple:
 
 def _engine(name: str) -> tuple:
     return ("results", {"name": name}, "ratio")
+
+
+C_SECTION = "c_programs"
+
+
+def _c(figure: str, ratio: str, op: str, goal: float) -> Goal:
+    return Goal(figure, E2E_KIND, (C_SECTION, "ratios", ratio), op, goal, C_SECTION)
 
 
 ROW_C_WRITE = ("goodput", {"op": "RDMA_WRITE", "config": "row_c", "size": MIB,
@@ -76,6 +86,15 @@ GOALS = (
          (*ROW_C_WRITE, "ceilings", "engine"), ">=", 2000.0),
     Goal("64-byte RDMA_WRITE p50 / TCP chain", E2E_KIND,
          ("latency", "ratio", "p50_to_tcp_chain"), "<=", 2.0),
+    # C programs between two network namespaces, over kernel TCP between the same
+    # namespaces (softhca bench --c: tools/bench/cprograms.py).
+    _c("C: qperf rc_lat / tcp_lat", "rc_lat_to_tcp_lat", "<=", 2.0),
+    _c("C: ib_send_lat 64 B typical / tcp_lat", "ib_send_lat_to_tcp_lat", "<=", 2.0),
+    _c("C: qperf rc_bw 64 KiB / tcp_bw", "rc_bw_to_tcp_bw", ">=", 0.6),
+    _c("C: qperf rc_rdma_write_bw 64 KiB / tcp_bw", "rc_rdma_write_bw_to_tcp_bw", ">=", 0.7),
+    _c("C: ib_write_bw 1 MiB / tcp_bw", "ib_write_bw_to_tcp_bw", ">=", 0.9),
+    _c("C: iSER WRITE 256 KiB / tcp_bw", "iser_write_to_tcp_bw", ">=", 0.5),
+    _c("C: iSER READ 256 KiB / tcp_bw", "iser_read_to_tcp_bw", ">=", 0.5),
     Goal("engine T10-DIF generate 512 B / one fastcrc call", ENGINE_KIND,
          _engine("T10-DIF generate, 512B blocks"), ">=", 0.3),
     Goal("engine CRC32C 4 KiB / one call", ENGINE_KIND,
@@ -180,27 +199,54 @@ def run_info(path: str, doc: dict) -> dict:
     return {"file": path, "load_average_at_start": load if isinstance(load, list) else None}
 
 
+def unjudged(doc: dict, section: str | None) -> str | None:
+    """Why a run is not judged on a goal of ``section``: it has no such section (saved
+    without the option that runs it) or the section was skipped; None when it is."""
+    if section is None:
+        return None
+    s = doc.get(section)
+    if not isinstance(s, dict):
+        return f"not judged: no {section} section (a run without `softhca bench --c`)"
+    if "skipped" in s:
+        return f"not judged: its {section} section was skipped: {str(s['skipped'])[:120]}"
+    return None
+
+
+def _values(g: Goal, docs: list[dict]) -> tuple[list, list, list]:
+    """Each run's value of goal ``g`` (None when it has none), why not, and whether that
+    is because the run is not judged on it."""
+    values, absent, skipped = [], [], []
+    for doc in docs:
+        why = unjudged(doc, g.section)
+        try:
+            if why:
+                raise Absent(why)
+            values.append(lookup(doc, g.field))
+            absent.append(None)
+        except Absent as e:
+            values.append(None)
+            absent.append(str(e))
+        skipped.append(why is not None)
+    return values, absent, skipped
+
+
 def _rows(kind: str, docs: list[dict]) -> list[dict]:
     rows = []
     for g in GOALS:
         if g.kind != kind:
             continue
-        values, absent = [], []
-        for doc in docs:
-            try:
-                values.append(lookup(doc, g.field))
-                absent.append(None)
-            except Absent as e:
-                values.append(None)
-                absent.append(str(e))
+        values, absent, skipped = _values(g, docs)
         have = [v for v in values if v is not None]
         if g.op is None and not have:
             continue
         median = statistics.median(have) if have else None
+        judged = verdict(g.op, g.goal, median)
+        if median is None and all(skipped):
+            judged = {"verdict": "not judged", "factor": None}
         rows.append({"figure": g.figure, "field": field_text(g.field),
                      "goal": None if g.op is None else {"op": g.op, "value": g.goal},
-                     "values": values, "absent": absent, "min": min(have) if have else None,
-                     "median": median, **verdict(g.op, g.goal, median)})
+                     "values": values, "absent": absent, "not_judged": skipped,
+                     "min": min(have) if have else None, "median": median, **judged})
     return rows
 
 
@@ -242,7 +288,15 @@ def _verdict_text(row: dict) -> str:
         return f"missed by {row['factor']:.3g}x"
     if row["verdict"] == "not measured":
         return "not measured (no run has it)"
+    if row["verdict"] == "not judged":
+        return "not judged (no run has its section)"
     return row["verdict"]
+
+
+def _cell(value: float | None, not_judged: bool) -> str:
+    if value is not None:
+        return _num(value)
+    return "not judged" if not_judged else "absent"
 
 
 def _lines(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -290,12 +344,12 @@ def _group_table(title: str, group: dict) -> str:
     head = ["figure", "goal", *(f"run {k}" for k in range(1, len(runs) + 1)), "min",
             "median", "verdict"]
     cells = [[r["figure"], _goal_text(r["goal"]),
-              *("absent" if v is None else _num(v) for v in r["values"]),
+              *(_cell(v, skip) for v, skip in zip(r["values"], r["not_judged"], strict=True)),
               _num(r["min"]), _num(r["median"]), _verdict_text(r)] for r in rows]
     out += _lines(head, cells)
     lacking = [f"  run {k}: {why} ({r['figure']})" for r in rows
                for k, why in enumerate(r["absent"], 1) if why]
     if lacking:
-        out += ["absent fields (a run saved before the bench measured them, or a peer "
-                "not installed):", *lacking]
+        out += ["absent fields (a run saved before the bench measured them, a peer not "
+                "installed, or a section the run did not have):", *lacking]
     return "\n".join(out)

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import asdict
 
 from .common import CONFIGS, DEFAULT_MTU, MIB, size_text
+from .cprograms import c_table_rows
 from .engine import Report
 from .ucx import ucx_lines
 
@@ -161,9 +162,31 @@ def e2e_to_table(doc: dict) -> str:
         f"{w['rnr_retries']} RNR retries",
         *ucx_lines(doc),
         *_provider_lines(doc.get("provider")),
+        *c_lines(doc),
         f"total {doc['total_seconds']:.1f} s",
     ]
     return "\n".join(out)
+
+
+def c_lines(doc: dict) -> list[str]:
+    """``--c``: C programs on softhca beside kernel TCP between two network namespaces
+    (runs without --c have none)."""
+    s = doc.get("c_programs")
+    if s is None:
+        return []
+    if "skipped" in s:
+        return [f"C programs (--c): skipped: {s['skipped']}"]
+    p = s["setup"]["plan"]
+    iser = s.get("iser") or {}
+    skipped = [f"  iSER: skipped: {iser['skipped']}"] if "skipped" in iser else []
+    return ["C programs (--c): qperf, perftest and iSER between two network namespaces "
+            "(veth), each side under `softhca run` with its own daemon; ceilings: kernel TCP "
+            "between the same namespaces, same qperf (tcp_lat 64 B, tcp_bw 64 KiB); latencies "
+            f"one-way (half a round trip); qperf -t {p['qperf_seconds']} s a test, ib_send_lat "
+            f"-n {p['send_lat_iterations']}, ib_write_bw -n {p['write_bw_iterations']}, "
+            f"iscsicheck {p.get('iser_mib', '?')} MiB; ratio = figure / ceiling",
+            *("  " + line for line in table_lines(["figure", "value", "TCP ceiling", "ratio"],
+                                                  c_table_rows(s))), *skipped]
 
 
 def _provider_lines(p: dict | None) -> list[str]:

@@ -11,7 +11,6 @@ without them the section says why it was skipped.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shutil
 import socket
@@ -19,16 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from ..native import PROVIDER_DIR, PROVIDER_LIB
+from .cprograms import ParseError, perftest_row
+from .namespaces import listening as _listening  # ucx.py's pairs use it too
 
 ITERATIONS = 1000
 WRITE_SIZE = 1 << 20
 LAT_SIZE = 64
 TIMEOUT = 120.0
-# perftest's result row: "#bytes #iterations" then the figures
-ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+(?:\s+[\d.]+)*)\s*$", re.M)
 
 
 def unavailable() -> str | None:
@@ -44,18 +42,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _listening(pid: int, port: int) -> bool:
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        if any(f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port
-               for f in (line.split() for line in lines)):
-            return True
-    return False
 
 
 def _pair(program: list[str]) -> str:
@@ -95,10 +81,7 @@ def _pair_with(program: list[str], port: int, run: list[str]) -> str:
 
 
 def _row(out: str, size: int) -> list[float]:
-    for m in ROW.finditer(out):
-        if int(m.group(1)) == size and int(m.group(2)) == ITERATIONS:
-            return [float(x) for x in m.group(3).split()]
-    raise RuntimeError(f"no {size}-byte row in:\n{out[-400:]}")
+    return perftest_row(out, size, ITERATIONS)
 
 
 def provider_rows(progress=lambda _msg: None) -> dict:
@@ -115,7 +98,7 @@ def provider_rows(progress=lambda _msg: None) -> dict:
         # t_min, t_max, t_typical, t_avg, t_stdev, 99%, 99.9% (usec)
         lat = _row(_pair(["ib_send_lat", "-s", str(LAT_SIZE), "-n", str(ITERATIONS)]),
                    LAT_SIZE)
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+    except (RuntimeError, ParseError, OSError, subprocess.TimeoutExpired) as e:
         return {"skipped": f"a provider run failed: {e}"}
     return {"ib_write_bw": {"size": WRITE_SIZE, "iterations": ITERATIONS,
                             "mb_s": round(bw[1] * 125, 1)},

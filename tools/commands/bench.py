@@ -58,6 +58,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also run perftest's ib_write_bw (1 MiB) and ib_send_lat (64 B) through "
                    "the libibverbs provider, each side under `softhca run`, beside the "
                    "client's rows (root, the built provider and perftest; skipped otherwise)")
+    p.add_argument("--c", action="store_true", dest="c_programs",
+                   help="also run C programs between two network namespaces joined by a veth "
+                   "pair, each side under `softhca run` with its own daemon: qperf -cm1 "
+                   "rc_lat, rc_bw and rc_rdma_write_bw, perftest ib_send_lat -s 64 and "
+                   "ib_write_bw -s 1M, iSER 256 KiB writes and reads (tgtd, iscsicheck), "
+                   "each beside kernel TCP between the same namespaces (qperf tcp_lat, "
+                   "tcp_bw) as a ratio (root, the built provider, qperf and perftest; "
+                   "skipped, saying why, otherwise; the iSER rows alone without tgt)")
     _add_compare(p, "softhca bench --json")
     p.add_argument("--compare-ratio", choices=("tcp_stream", "engine", "min", "figure"),
                    default="tcp_stream",
@@ -181,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
         given["trains"] = False
     if getattr(args, "provider", False):
         given["provider"] = True
+    if getattr(args, "c_programs", False):
+        given["c_programs"] = True
     opts = dataclasses.replace(base, **given)
 
     def progress(what: str) -> None:
