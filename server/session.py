@@ -175,6 +175,12 @@ class ControlSession:
         self.protocol.push_completions(cq, [w.to_wire() for w in wcs])
         self._flush()
 
+    def push_cq_event(self, cq: int) -> None:
+        """The event of armed ring CQ ``cq`` (its completions are in its ring): never
+        dropped, one per arming at most."""
+        self.protocol.push_cq_event(cq)
+        self._flush()
+
     def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None:
         self.protocol.reply(rid, payload, **result)
         self._flush()

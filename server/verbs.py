@@ -131,7 +131,14 @@ class Verbs:
         context gets IBV_EVENT_CQ_ERR and every QP using the CQ goes to ERR, as a device
         that can no longer report their completions stops them."""
         overrun = cq.push(wcs)
-        if cq.push_mode and cq.entries:
+        if cq.ring is not None and cq.entries:
+            # Into the program's ring at once (server/cq_ring.py), before the reply of
+            # the request that made them: a poll after that reply sees them.
+            cq.ring.write(cq.take_pushed())
+            if cq.armed:
+                cq.armed = False
+                self.session.push_cq_event(cq.handle)
+        elif cq.push_mode and cq.entries:
             # Written before the reply of the request that made them (if any): frames
             # on the connection arrive in order, so a poll after that reply sees them.
             self.session.push_wcs(cq.handle, cq.take_pushed())
@@ -196,6 +203,9 @@ class Verbs:
             obj.pd.hca.destroy_dek(obj)
         elif kind == "pd":
             obj.hca.pds.pop(obj.handle, None)
+        elif kind == "cq" and obj.ring is not None:
+            obj.ring.close()
+            obj.ring = None
 
     def destroy_handle(self, handle: int, kind: str) -> dict:
         obj = self.get(handle, kind)
