@@ -185,7 +185,8 @@ static int ring_take(struct shca_cq_ring *r, int num, struct ibv_wc *wc, uint64_
  * device is a process on the same CPUs: a program spinning on an empty ring takes the
  * time the daemon needs to make the completion (docs/performance.md measures it). The
  * thread counts itself in the ring's waiters first (a locked add: a full barrier), so
- * the daemon, reading them after it publishes, wakes it (server/cq_ring.py); the
+ * the daemon, reading them after it publishes into any ring of the context (a program
+ * polls its send and receive CQs in turn), wakes it (server/cq_ring.py); the
  * kernel compares the index with prod before it sleeps, so an entry published since
  * is never slept through. */
 static void ring_wait(struct shca_cq_ring *r, uint64_t prod)

@@ -23,9 +23,11 @@ machine would need a fence the interpreter cannot give): ``supported`` says so.
 Waking a waiting poll. An empty ibv_poll_cq does not spin (the program would take the
 CPU the daemon needs to make the completion: measured in docs/performance.md): it
 counts itself in the header's waiters and sleeps on the producer index as a futex(2)
-for at most 200 us. After publishing, the daemon reads the waiters and, when there are
-any, wakes them (FUTEX_WAKE; a shared futex, keyed by the memfd's page, so the two
-mappings' addresses need not agree). The daemon has no fence between its store of the
+for at most 200 us. After publishing, the daemon reads the waiters of every ring of the
+session and, where there are any, wakes them (FUTEX_WAKE; a shared futex, keyed by the
+memfd's page, so the two mappings' addresses need not agree): a program polling its
+send and receive CQs in turn sleeps on whichever it polled last, and the frame path's
+wait, one per connection, woke at a completion of any CQ too. The daemon has no fence between its store of the
 index and its load of the count, so on x86-64 that load may pass the store and miss a
 thread that counted itself just then; that thread's futex_wait compares the index in
 the kernel, well after the store left the store buffer, and at worst sleeps its bound.
@@ -132,6 +134,11 @@ class CqRing:
             p += 1
         self.producer = p
         self._index[PRODUCER_OFFSET // 8] = p
+
+    def wake(self) -> None:
+        """The program's threads asleep in an empty poll of this ring woken, if any:
+        a completion came into one of the session's rings (any of them, as a program
+        that polls two CQs in turn sleeps on the one it polled last)."""
         if self._waiters[0]:
             _wake(self._futex)
 

@@ -110,6 +110,7 @@ def _resize_ring(verbs, cq, r: control.ResizeCq) -> dict:
                      + (f"{held} completions not polled yet" if held is not None else
                         "a consumer index its ring cannot have"))
     cq.ring.move_to(new)
+    verbs.rings[verbs.rings.index(cq.ring)] = new
     cq.ring.close()
     cq.ring = new
     cq.pushed = held
