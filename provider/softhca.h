@@ -1,8 +1,9 @@
 /* The softhca provider: libibverbs calls become softhca control requests
  * (docs/protocol.md) on a UNIX socket to a local daemon, which keeps every QP, its
  * state and its transport. The program's registered memory is shared with the daemon
- * (mem.c); completions are pushed by the daemon into per-CQ rings that poll_cq reads
- * without a round trip (conn.c's reader thread fills them). */
+ * (mem.c); completions are written by the daemon into per-CQ rings in memory shared
+ * with it (cq.c), or, where there is none, pushed as frames into rings the reader
+ * thread fills (conn.c); poll_cq reads either without a round trip. */
 #ifndef SOFTHCA_PROVIDER_H
 #define SOFTHCA_PROVIDER_H
 
