@@ -43,8 +43,14 @@ def op_create_cq(v, r: control.CreateCq, rid: int) -> dict | None:
         if not r.push:
             raise einval("ibv_create_cq: a completion ring is a pushed CQ's (push)")
         cq.ring = take_ring(v, r.ring, r.cqe, "ibv_create_cq")
+    try:
+        cq.handle = v.add("cq", cq)
+    except Exception:
+        if cq.ring is not None:
+            cq.ring.close()
+        raise
+    if cq.ring is not None:
         v.rings.append(cq.ring)
-    cq.handle = v.add("cq", cq)
     return {"cq": cq.handle, "cqe": r.cqe, "push": cq.push_mode, "ring": cq.ring is not None}
 
 
