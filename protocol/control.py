@@ -435,15 +435,21 @@ class AdviseMr(Request):
 class ResizeCq(Request):
     cq: int = _handle()
     cqe: int = _wire(int, 0, I32)
+    # A ring CQ's new ring: the number of the memfd handoff that carries it.
+    ring: int | None = _wire(int, 0, U32, required=False)
 
 
 # push: the daemon sends this CQ's completions to the session as it makes them ("wc"
-# frames); the client polls them locally and returns room with cq_credit.
+# frames); the client polls them locally and returns room with cq_credit. ring (a
+# local program's, with push): the number of the memfd handoff (server/shared_mr.py)
+# carrying the CQ's completion ring (protocol/cq_ring.py): completions go into it, not
+# into frames, and its consumer index returns the room.
 @_request("create_cq")
 class CreateCq(Request):
     ctx: int = _handle()
     cqe: int = _wire(int, 0, I32)
     push: bool = _wire(bool, required=False, default=False)
+    ring: int | None = _wire(int, 0, U32, required=False)
 
 
 @_request("destroy_cq")
@@ -457,6 +463,15 @@ class DestroyCq(Request):
 @_request("cq_credit")
 class CqCredit(Request):
     credits: tuple[tuple[int, int], ...] = _wire(list, 1, MAX_CREDITS, decode=_credits)
+
+
+# ibv_req_notify_cq(3) of a ring CQ: the daemon pushes a "cq_event" frame when it
+# next writes an entry into the ring (at once when unpolled entries are there already).
+# No reply when accepted, as cq_credit.
+@_request("req_notify_cq")
+class ReqNotifyCq(Request):
+    cq: int = _handle()
+    solicited_only: bool = _wire(bool, required=False, default=False)
 
 
 @_request("poll_cq")

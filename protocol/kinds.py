@@ -28,6 +28,8 @@ class FrameKind(str, Enum):
     EVENT = "event"
     # The client's return of polled pushed entries (a request with id 0 and no reply).
     CQ_CREDIT = "cq_credit"
+    # Pushed: an armed ring CQ got an entry (ibv_req_notify_cq, the completion channel).
+    CQ_EVENT = "cq_event"
     # The wire plane: one RC packet, a train of them (protocol/packets.py).
     PKT = "pkt"
     TRAIN = "train"

@@ -89,9 +89,11 @@ REPLIES: dict[str, dict[str, tuple]] = {
     "rereg_mr": _MR,
     "advise_mr": {},
     "resize_cq": {"cqe": (int, 0, I32, True)},
-    "create_cq": {"cq": _H, "cqe": (int, 0, I32, True), "push": _BOOL},
+    # ring: the CQ's completions go into the program's ring (protocol/cq_ring.py).
+    "create_cq": {"cq": _H, "cqe": (int, 0, I32, True), "push": _BOOL, "ring": _opt(_BOOL)},
     "destroy_cq": {},
     "cq_credit": {},                # no reply when accepted; an err one otherwise
+    "req_notify_cq": {},            # the same; a cq_event frame follows
     "poll_cq": {"wcs": _LIST},      # each a WC as protocol/records.py WC_FIELDS
     "create_qp": {"qp": _H, "qp_num": _QPN},
     "create_ah": {"ah": _H},
@@ -162,12 +164,14 @@ FRAMES: dict[str, dict[str, tuple]] = {
     "welcome": {"role": _STR, "devices": _opt(_LIST), "max_frame": _opt(_U64),
                 "address": _opt(_STR), "memfd_key": _opt(_STR),
                 "sysv_attach": _opt((int, 0, 1, True)), "fds": _opt(_U32),
-                "keep": _opt((int, 0, 1, True))},
+                "keep": _opt((int, 0, 1, True)), "cq_ring": _opt((int, 0, 1, True))},
     # A refused request (its id; 0: about the connection): errno's name, a sentence,
     # and a refused post's WR index.
     "err": {"errno": _STR, "msg": _STR, "bad_wr": _opt(_U32)},
     # A pushed CQ's completions (create_cq's push), each a WC list.
     "wc": {"cq": _H, "wcs": _LIST},
+    # An armed ring CQ's notification (req_notify_cq): its completions are in the ring.
+    "cq_event": {"cq": _H},
     # An rdma_cm event ("t": "event"; the kind in "cm", protocol/cm.py EVENTS); the
     # private data is the payload. listen: the listener of a connect_request; qpn,
     # psn, rr, depth, retry, rnr: the peer's REQ or REP; qkey: a SIDR REP's.

@@ -353,6 +353,12 @@ class ControlSession:
         # walk would cost as much as the rest of the frame's encoding).
         self._out += encode_frame({"t": FrameKind.WC, "cq": cq, "wcs": wcs}, check=False)
 
+    def push_cq_event(self, cq: int) -> None:
+        """Queue the notification of armed ring CQ ``cq`` (protocol/cq_ring.py): its
+        completions are in the ring, this frame only wakes the completion channel."""
+        self._require(Role.SERVER)
+        self._out += encode_frame({"t": FrameKind.CQ_EVENT, "cq": cq}, check=False)
+
     def push_event(self, header: dict, payload: bytes | memoryview = b"") -> None:
         """Queue a subscribed event; ``header`` has the event's fields (its ``"t"`` is
         set here)."""

@@ -149,6 +149,18 @@ int shca_send_oneway(struct shca_conn *c, struct mp_buf *b)
 
 /* -- pushed completions ---------------------------------------------------------- */
 
+/* The CQ's completion channel, if it has one, gets its event (core.lock held). */
+static void channel_event(struct shca_cq *cq)
+{
+	uint64_t ptr = (uintptr_t)&cq->cq;
+
+	if (cq->chan_wfd < 0)
+		return;
+	/* ibv_get_cq_event reads the CQ's pointer from the channel's fd. */
+	if (send(cq->chan_wfd, &ptr, sizeof(ptr), MSG_NOSIGNAL) != sizeof(ptr))
+		shca_log("completion channel write failed: %s", strerror(errno));
+}
+
 static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 {
 	uint64_t handle;
@@ -175,15 +187,27 @@ static void take_wcs(struct shca_conn *c, struct mp_val hdr)
 		}
 		if (n)
 			pthread_cond_broadcast(&c->wc_cond);
-		if (n && cq->armed && cq->chan_wfd >= 0) {
-			uint64_t ptr = (uintptr_t)&cq->cq;
-
+		if (n && cq->armed) {
 			cq->armed = 0;
-			/* ibv_get_cq_event reads the CQ's pointer from the channel's fd. */
-			if (send(cq->chan_wfd, &ptr, sizeof(ptr), MSG_NOSIGNAL) != sizeof(ptr))
-				shca_log("completion channel write failed: %s", strerror(errno));
+			channel_event(cq);
 		}
 	}
+	pthread_mutex_unlock(&c->core.lock);
+}
+
+/* An armed ring CQ got an entry (cq.c): the daemon's "cq_event" frame. */
+static void take_cq_event(struct shca_conn *c, struct mp_val hdr)
+{
+	uint64_t handle;
+	struct shca_cq *cq;
+
+	if (!mp_find_uint(hdr, SHCA_R_CQ, &handle))
+		return;
+	pthread_mutex_lock(&c->core.lock);
+	for (cq = c->ctx->cqs; cq && cq->handle != handle; cq = cq->next)
+		;
+	if (cq)
+		channel_event(cq);
 	pthread_mutex_unlock(&c->core.lock);
 }
 
@@ -277,6 +301,11 @@ static void on_frame(void *owner, struct shca_frame *r)
 	}
 	if (mp_str_eq(t, SHCA_T_WC)) {
 		take_wcs(c, r->hdr);
+		shca_frame_free(r);
+		return;
+	}
+	if (mp_str_eq(t, SHCA_T_CQ_EVENT)) {
+		take_cq_event(c, r->hdr);
 		shca_frame_free(r);
 		return;
 	}

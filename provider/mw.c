@@ -127,6 +127,8 @@ int shca_resize_cq(struct ibv_cq *ibcq, int cqe)
 			 ctx->attr.max_cqe);
 		return EINVAL;
 	}
+	if (cq->shared.base)
+		return shca_cq_ring_resize(ctx, cq, cqe);
 	ring = shca_alloc((size_t)cqe * sizeof(*ring));
 	if (!ring)
 		return ENOMEM;

@@ -1,8 +1,9 @@
 /* The softhca provider: libibverbs calls become softhca control requests
  * (docs/protocol.md) on a UNIX socket to a local daemon, which keeps every QP, its
  * state and its transport. The program's registered memory is shared with the daemon
- * (mem.c); completions are pushed by the daemon into per-CQ rings that poll_cq reads
- * without a round trip (conn.c's reader thread fills them). */
+ * (mem.c); completions are written by the daemon into per-CQ rings in memory shared
+ * with it (cq.c), or, where there is none, pushed as frames into rings the reader
+ * thread fills (conn.c); poll_cq reads either without a round trip. */
 #ifndef SOFTHCA_PROVIDER_H
 #define SOFTHCA_PROVIDER_H
 
@@ -63,6 +64,7 @@ struct shca_context {
 	char path[108];            /* the daemon's UNIX socket */
 	char memfd_key[65];        /* what a handoff of memfds proves (the welcome's) */
 	int sysv_attach;           /* the daemon attaches a SysV segment by its shmid */
+	int cq_ring;               /* the daemon takes CQs' completion rings (cq.c) */
 	uint32_t handoff_seq;      /* the number of the next handoff, under mem_lock */
 	int handoff_fd;            /* the kept memfd connection, or -1 (conn.c)... */
 	pthread_mutex_t handoff_lock; /* ...one handoff on it at a time */
@@ -116,13 +118,26 @@ struct shca_srq {
 	struct shca_srq *next;
 };
 
+/* A CQ's completion ring shared with the daemon (cq.c, protocol/cq_ring.py): the
+ * mapping of the memfd, its entries, and the consumer count this process has reached
+ * (the copy of it in the ring is what the daemon reads). */
+struct shca_cq_ring {
+	uint8_t *base;      /* the mapping, or NULL: the CQ takes pushed "wc" frames */
+	size_t bytes;
+	uint32_t slots;     /* the CQ's cqe */
+	uint64_t cons;
+	pthread_mutex_t lock;   /* one poll (or a resize) of the ring at a time */
+};
+
 struct shca_cq {
 	struct ibv_cq cq;
 	uint32_t handle;
+	/* the frame path: the completions the reader thread took from "wc" frames */
 	struct ibv_wc *ring;
 	uint32_t cap, head, count;
 	int armed;
 	int chan_wfd;       /* write end of the completion channel's pipe, or -1 */
+	struct shca_cq_ring shared;
 	struct shca_cq *next;
 };
 
@@ -259,6 +274,17 @@ int shca_mem_share(struct shca_context *ctx, void *addr, size_t length,
 		   uint32_t *seq);
 void shca_mem_release(struct shca_context *ctx, struct shca_memref *ref);
 void shca_mem_release_all(struct shca_context *ctx);
+
+/* cq.c: CQs' completion rings shared with the daemon */
+/* A ring of slots entries made and handed to the daemon under *seq (0), or an errno
+ * when this CQ takes the frame path instead (SOFTHCA_CQ_RING=0, an older daemon, no
+ * memfd: said under SOFTHCA_DEBUG). */
+int shca_cq_ring_make(struct shca_context *ctx, struct shca_cq_ring *r, uint32_t slots,
+		      uint32_t *seq);
+void shca_cq_ring_unmap(struct shca_cq_ring *r);
+int shca_cq_ring_poll(struct shca_cq *cq, int num, struct ibv_wc *wc);
+int shca_cq_ring_notify(struct shca_context *ctx, struct shca_cq *cq, int solicited_only);
+int shca_cq_ring_resize(struct shca_context *ctx, struct shca_cq *cq, int cqe);
 
 /* qp_ex.c */
 void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);

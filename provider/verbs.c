@@ -75,6 +75,8 @@ static void parse_welcome(struct shca_context *ctx, struct mp_buf *w)
 	/* a daemon that attaches SysV segments itself (docs/native.md, "Memory already
 	 * shared"); an older one takes fds only */
 	ctx->sysv_attach = mp_find(hdr, SHCA_R_SYSV_ATTACH, &v) && mp_get_uint(v, &x) && x == 1;
+	/* a daemon that takes CQs' completion rings (cq.c) */
+	ctx->cq_ring = mp_find(hdr, SHCA_R_CQ_RING, &v) && mp_get_uint(v, &x) && x == 1;
 	if (mp_find(hdr, SHCA_R_ADDRESS, &v) && mp_get_str(v, &s, &len) &&
 	    len < sizeof(ctx->address)) {
 		memcpy(ctx->address, s, len);
@@ -571,7 +573,8 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 	struct shca_cq *cq = shca_alloc(sizeof(*cq));
 	struct mp_buf b;
 	struct shca_frame r;
-	int rc;
+	uint32_t seq = 0;
+	int rc, shared;
 
 	(void)comp_vector;
 	if (!cq) {
@@ -586,18 +589,22 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 		return NULL;
 	}
 	cq->chan_wfd = -1;
-	cq->cap = (uint32_t)cqe;
-	cq->ring = shca_alloc((size_t)cq->cap * sizeof(*cq->ring));
-	if (!cq->ring) {
+	/* the completions in a ring shared with the daemon, or pushed as frames */
+	shared = !shca_cq_ring_make(ctx, &cq->shared, (uint32_t)cqe, &seq);
+	cq->cap = shared ? 0 : (uint32_t)cqe;
+	cq->ring = shared ? NULL : shca_alloc((size_t)cq->cap * sizeof(*cq->ring));
+	if (!shared && !cq->ring) {
 		shca_free(cq);
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, SHCA_V_CREATE_CQ, SHCA_NFIELDS_CREATE_CQ);
+	shca_begin(ctx->conn, &b, SHCA_V_CREATE_CQ, SHCA_NFIELDS_CREATE_CQ - !shared);
 	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
 	mp_kv_uint(&b, SHCA_K_CQE, (uint32_t)cqe);
 	mp_str(&b, SHCA_K_PUSH);
 	mp_bool(&b, true);
+	if (shared)
+		mp_kv_uint(&b, SHCA_K_RING, seq);
 	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
 	if (!rc) {
 		rc = shca_get_u32(&r, SHCA_R_CQ, &cq->handle);
@@ -611,6 +618,7 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 		}
 	}
 	if (rc) {
+		shca_cq_ring_unmap(&cq->shared);
 		shca_free(cq->ring);
 		shca_free(cq);
 		errno = rc;
@@ -634,6 +642,7 @@ static int shca_destroy_cq(struct ibv_cq *ibcq)
 
 	if (rc)
 		return rc;
+	shca_cq_ring_unmap(&cq->shared);
 	shca_free(cq->ring);
 	shca_free(cq);
 	return 0;
@@ -652,6 +661,8 @@ static int shca_poll_cq(struct ibv_cq *ibcq, int num, struct ibv_wc *wc)
 	}
 	if (num <= 0)
 		return 0;
+	if (cq->shared.base)
+		return shca_cq_ring_poll(cq, num, wc);
 	pthread_mutex_lock(&ctx->conn->core.lock);
 	if (!cq->count) {
 		/* The device is a process on the same CPUs: a program that spins on an
@@ -694,9 +705,10 @@ static int shca_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 
 	/* Solicited-only arming notifies on any completion: more events than asked
 	 * for, which ibv_req_notify_cq(3) allows a consumer to see (it polls anyway). */
-	(void)solicited_only;
 	if (shca_forked(ctx, "ibv_req_notify_cq"))
 		return EIO;
+	if (cq->shared.base)
+		return shca_cq_ring_notify(ctx, cq, solicited_only);
 	pthread_mutex_lock(&ctx->conn->core.lock);
 	cq->armed = 1;
 	pthread_mutex_unlock(&ctx->conn->core.lock);

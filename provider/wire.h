@@ -25,6 +25,7 @@
 #define SHCA_T_WC "wc"
 #define SHCA_T_EVENT "event"
 #define SHCA_T_CQ_CREDIT "cq_credit"
+#define SHCA_T_CQ_EVENT "cq_event"
 #define SHCA_T_PKT "pkt"
 #define SHCA_T_TRAIN "train"
 
@@ -50,54 +51,55 @@ enum shca_req {
 	SHCA_REQ_CREATE_CQ = 17,
 	SHCA_REQ_DESTROY_CQ = 18,
 	SHCA_REQ_CQ_CREDIT = 19,
-	SHCA_REQ_POLL_CQ = 20,
-	SHCA_REQ_CREATE_QP = 21,
-	SHCA_REQ_CREATE_AH = 22,
-	SHCA_REQ_DESTROY_AH = 23,
-	SHCA_REQ_DESTROY_QP = 24,
-	SHCA_REQ_MODIFY_QP = 25,
-	SHCA_REQ_QUERY_QP = 26,
-	SHCA_REQ_POST_SEND = 27,
-	SHCA_REQ_POST_RECV = 28,
-	SHCA_REQ_CREATE_SRQ = 29,
-	SHCA_REQ_MODIFY_SRQ = 30,
-	SHCA_REQ_QUERY_SRQ = 31,
-	SHCA_REQ_DESTROY_SRQ = 32,
-	SHCA_REQ_POST_SRQ_RECV = 33,
-	SHCA_REQ_CREATE_MKEY = 34,
-	SHCA_REQ_DESTROY_MKEY = 35,
-	SHCA_REQ_MKEY_CONFIGURE = 36,
-	SHCA_REQ_MKEY_CHECK = 37,
-	SHCA_REQ_CREATE_DEK = 38,
-	SHCA_REQ_DESTROY_DEK = 39,
-	SHCA_REQ_QUERY_DEK = 40,
-	SHCA_REQ_QUERY_MLX5_DEVICE = 41,
-	SHCA_REQ_CRYPTO_LOGIN = 42,
-	SHCA_REQ_CRYPTO_LOGIN_QUERY_STATE = 43,
-	SHCA_REQ_CRYPTO_LOGOUT = 44,
-	SHCA_REQ_CREATE_CRYPTO_LOGIN = 45,
-	SHCA_REQ_CRYPTO_LOGIN_QUERY = 46,
-	SHCA_REQ_GET_ASYNC_EVENT = 47,
-	SHCA_REQ_ACK_ASYNC_EVENT = 48,
-	SHCA_REQ_CANCEL_POSTED_SEND_WRS = 49,
-	SHCA_REQ_DESTROY_CRYPTO_LOGIN = 50,
-	SHCA_REQ_FAULTS_ADD = 51,
-	SHCA_REQ_FAULTS_LIST = 52,
-	SHCA_REQ_FAULTS_CLEAR = 53,
-	SHCA_REQ_COUNTERS = 54,
-	SHCA_REQ_SUBSCRIBE = 55,
-	SHCA_REQ_CM_CREATE_ID = 56,
-	SHCA_REQ_CM_DESTROY_ID = 57,
-	SHCA_REQ_CM_BIND = 58,
-	SHCA_REQ_CM_RESOLVE_ADDR = 59,
-	SHCA_REQ_CM_RESOLVE_ROUTE = 60,
-	SHCA_REQ_CM_LISTEN = 61,
-	SHCA_REQ_CM_CONNECT = 62,
-	SHCA_REQ_CM_ACCEPT = 63,
-	SHCA_REQ_CM_REJECT = 64,
-	SHCA_REQ_CM_ESTABLISH = 65,
-	SHCA_REQ_CM_DISCONNECT = 66,
-	SHCA_REQ_CM_COUNTS = 67,
+	SHCA_REQ_REQ_NOTIFY_CQ = 20,
+	SHCA_REQ_POLL_CQ = 21,
+	SHCA_REQ_CREATE_QP = 22,
+	SHCA_REQ_CREATE_AH = 23,
+	SHCA_REQ_DESTROY_AH = 24,
+	SHCA_REQ_DESTROY_QP = 25,
+	SHCA_REQ_MODIFY_QP = 26,
+	SHCA_REQ_QUERY_QP = 27,
+	SHCA_REQ_POST_SEND = 28,
+	SHCA_REQ_POST_RECV = 29,
+	SHCA_REQ_CREATE_SRQ = 30,
+	SHCA_REQ_MODIFY_SRQ = 31,
+	SHCA_REQ_QUERY_SRQ = 32,
+	SHCA_REQ_DESTROY_SRQ = 33,
+	SHCA_REQ_POST_SRQ_RECV = 34,
+	SHCA_REQ_CREATE_MKEY = 35,
+	SHCA_REQ_DESTROY_MKEY = 36,
+	SHCA_REQ_MKEY_CONFIGURE = 37,
+	SHCA_REQ_MKEY_CHECK = 38,
+	SHCA_REQ_CREATE_DEK = 39,
+	SHCA_REQ_DESTROY_DEK = 40,
+	SHCA_REQ_QUERY_DEK = 41,
+	SHCA_REQ_QUERY_MLX5_DEVICE = 42,
+	SHCA_REQ_CRYPTO_LOGIN = 43,
+	SHCA_REQ_CRYPTO_LOGIN_QUERY_STATE = 44,
+	SHCA_REQ_CRYPTO_LOGOUT = 45,
+	SHCA_REQ_CREATE_CRYPTO_LOGIN = 46,
+	SHCA_REQ_CRYPTO_LOGIN_QUERY = 47,
+	SHCA_REQ_GET_ASYNC_EVENT = 48,
+	SHCA_REQ_ACK_ASYNC_EVENT = 49,
+	SHCA_REQ_CANCEL_POSTED_SEND_WRS = 50,
+	SHCA_REQ_DESTROY_CRYPTO_LOGIN = 51,
+	SHCA_REQ_FAULTS_ADD = 52,
+	SHCA_REQ_FAULTS_LIST = 53,
+	SHCA_REQ_FAULTS_CLEAR = 54,
+	SHCA_REQ_COUNTERS = 55,
+	SHCA_REQ_SUBSCRIBE = 56,
+	SHCA_REQ_CM_CREATE_ID = 57,
+	SHCA_REQ_CM_DESTROY_ID = 58,
+	SHCA_REQ_CM_BIND = 59,
+	SHCA_REQ_CM_RESOLVE_ADDR = 60,
+	SHCA_REQ_CM_RESOLVE_ROUTE = 61,
+	SHCA_REQ_CM_LISTEN = 62,
+	SHCA_REQ_CM_CONNECT = 63,
+	SHCA_REQ_CM_ACCEPT = 64,
+	SHCA_REQ_CM_REJECT = 65,
+	SHCA_REQ_CM_ESTABLISH = 66,
+	SHCA_REQ_CM_DISCONNECT = 67,
+	SHCA_REQ_CM_COUNTS = 68,
 	SHCA_REQ_COUNT
 };
 #define SHCA_V_DEVICES "devices"
@@ -120,6 +122,7 @@ enum shca_req {
 #define SHCA_V_CREATE_CQ "create_cq"
 #define SHCA_V_DESTROY_CQ "destroy_cq"
 #define SHCA_V_CQ_CREDIT "cq_credit"
+#define SHCA_V_REQ_NOTIFY_CQ "req_notify_cq"
 #define SHCA_V_POLL_CQ "poll_cq"
 #define SHCA_V_CREATE_QP "create_qp"
 #define SHCA_V_CREATE_AH "create_ah"
@@ -204,13 +207,15 @@ enum shca_req {
 #define SHCA_NREQ_ADVISE_MR 4
 #define SHCA_NFIELDS_ADVISE_MR 4
 #define SHCA_NREQ_RESIZE_CQ 2
-#define SHCA_NFIELDS_RESIZE_CQ 2
+#define SHCA_NFIELDS_RESIZE_CQ 3
 #define SHCA_NREQ_CREATE_CQ 2
-#define SHCA_NFIELDS_CREATE_CQ 3
+#define SHCA_NFIELDS_CREATE_CQ 4
 #define SHCA_NREQ_DESTROY_CQ 1
 #define SHCA_NFIELDS_DESTROY_CQ 1
 #define SHCA_NREQ_CQ_CREDIT 1
 #define SHCA_NFIELDS_CQ_CREDIT 1
+#define SHCA_NREQ_REQ_NOTIFY_CQ 1
+#define SHCA_NFIELDS_REQ_NOTIFY_CQ 2
 #define SHCA_NREQ_POLL_CQ 3
 #define SHCA_NFIELDS_POLL_CQ 3
 #define SHCA_NREQ_CREATE_QP 11
@@ -397,6 +402,7 @@ enum shca_req {
 #define SHCA_K_RETRY_CNT "retry_cnt"
 #define SHCA_K_RETRY_COUNT "retry_count"
 #define SHCA_K_REUSE "reuse"
+#define SHCA_K_RING "ring"
 #define SHCA_K_RKEY "rkey"
 #define SHCA_K_RNR_RETRY "rnr_retry"
 #define SHCA_K_RNR_RETRY_COUNT "rnr_retry_count"
@@ -409,6 +415,7 @@ enum shca_req {
 #define SHCA_K_SEND_OPS_FLAGS "send_ops_flags"
 #define SHCA_K_SG "sg"
 #define SHCA_K_SGID "sgid"
+#define SHCA_K_SOLICITED_ONLY "solicited_only"
 #define SHCA_K_SQ_PSN "sq_psn"
 #define SHCA_K_SQ_SIG_ALL "sq_sig_all"
 #define SHCA_K_SRQ "srq"
@@ -448,6 +455,37 @@ enum shca_req {
 #define SHCA_WC_NFIELDS 10
 #define SHCA_WC_NMIN 9
 
+/* A CQ's shared completion ring (protocol/cq_ring.py): the producer and
+ * consumer indices (unsigned 64-bit counts, each on its own cache line), then
+ * the entries, entry i in slot i % cqe; each entry field's offset and size. */
+#define SHCA_RING_PRODUCER_OFFSET 0
+#define SHCA_RING_CONSUMER_OFFSET 64
+/* the program's threads asleep in an empty poll (uint32_t; futex on the
+ * producer index's low 32 bits, woken by the daemon) */
+#define SHCA_RING_WAITERS_OFFSET 72
+#define SHCA_RING_HEADER_SIZE 128
+#define SHCA_RING_ENTRY_SIZE 64
+#define SHCA_RING_WC_WR_ID 0
+#define SHCA_RING_WC_WR_ID_SIZE 8
+#define SHCA_RING_WC_STATUS 8
+#define SHCA_RING_WC_STATUS_SIZE 4
+#define SHCA_RING_WC_OPCODE 12
+#define SHCA_RING_WC_OPCODE_SIZE 4
+#define SHCA_RING_WC_BYTE_LEN 16
+#define SHCA_RING_WC_BYTE_LEN_SIZE 4
+#define SHCA_RING_WC_IMM_DATA 20
+#define SHCA_RING_WC_IMM_DATA_SIZE 4
+#define SHCA_RING_WC_QP_NUM 24
+#define SHCA_RING_WC_QP_NUM_SIZE 4
+#define SHCA_RING_WC_WC_FLAGS 28
+#define SHCA_RING_WC_WC_FLAGS_SIZE 4
+#define SHCA_RING_WC_VENDOR_ERR 32
+#define SHCA_RING_WC_VENDOR_ERR_SIZE 4
+#define SHCA_RING_WC_INVALIDATED_RKEY 36
+#define SHCA_RING_WC_INVALIDATED_RKEY_SIZE 4
+#define SHCA_RING_WC_SRC_QP 40
+#define SHCA_RING_WC_SRC_QP_SIZE 4
+
 /* The keys of every frame's header. */
 #define SHCA_KEY_T "t"
 #define SHCA_KEY_ID "id"
@@ -472,6 +510,7 @@ enum shca_req {
 #define SHCA_R_COMP_MASK "comp_mask"
 #define SHCA_R_COUNTERS "counters"
 #define SHCA_R_CQ "cq"
+#define SHCA_R_CQ_RING "cq_ring"
 #define SHCA_R_CQE "cqe"
 #define SHCA_R_CRC_TYPE "crc_type"
 #define SHCA_R_CRYPTO_CAPS "crypto_caps"
@@ -559,6 +598,7 @@ enum shca_req {
 #define SHCA_R_RC_ODP_CAPS "rc_odp_caps"
 #define SHCA_R_RETRY "retry"
 #define SHCA_R_RETRY_CNT "retry_cnt"
+#define SHCA_R_RING "ring"
 #define SHCA_R_RKEY "rkey"
 #define SHCA_R_RNR "rnr"
 #define SHCA_R_RNR_RETRY "rnr_retry"
@@ -777,17 +817,23 @@ static const struct shca_wire_field shca_fields_advise_mr[] = {
 static const struct shca_wire_field shca_fields_resize_cq[] = {
 	{"cq", 'u', 1, 1, 4294967295ull},
 	{"cqe", 'u', 1, 0, 2147483647ull},
+	{"ring", 'u', 0, 0, 4294967295ull},
 };
 static const struct shca_wire_field shca_fields_create_cq[] = {
 	{"ctx", 'u', 1, 1, 4294967295ull},
 	{"cqe", 'u', 1, 0, 2147483647ull},
 	{"push", 'b', 0, 0, 1ull},
+	{"ring", 'u', 0, 0, 4294967295ull},
 };
 static const struct shca_wire_field shca_fields_destroy_cq[] = {
 	{"cq", 'u', 1, 1, 4294967295ull},
 };
 static const struct shca_wire_field shca_fields_cq_credit[] = {
 	{"credits", 'a', 1, 1, 1024ull},
+};
+static const struct shca_wire_field shca_fields_req_notify_cq[] = {
+	{"cq", 'u', 1, 1, 4294967295ull},
+	{"solicited_only", 'b', 0, 0, 1ull},
 };
 static const struct shca_wire_field shca_fields_poll_cq[] = {
 	{"cq", 'u', 1, 1, 4294967295ull},
@@ -1041,10 +1087,11 @@ static const struct shca_wire_req shca_wire_reqs[SHCA_REQ_COUNT] = {
 	{"dealloc_mw", shca_fields_dealloc_mw, 1},
 	{"rereg_mr", shca_fields_rereg_mr, 7},
 	{"advise_mr", shca_fields_advise_mr, 4},
-	{"resize_cq", shca_fields_resize_cq, 2},
-	{"create_cq", shca_fields_create_cq, 3},
+	{"resize_cq", shca_fields_resize_cq, 3},
+	{"create_cq", shca_fields_create_cq, 4},
 	{"destroy_cq", shca_fields_destroy_cq, 1},
 	{"cq_credit", shca_fields_cq_credit, 1},
+	{"req_notify_cq", shca_fields_req_notify_cq, 2},
 	{"poll_cq", shca_fields_poll_cq, 3},
 	{"create_qp", shca_fields_create_qp, 13},
 	{"create_ah", shca_fields_create_ah, 9},
@@ -1153,6 +1200,7 @@ static const struct shca_wire_field shca_reply_fields_create_cq[] = {
 	{"cq", 'u', 1, 1, 4294967295ull},
 	{"cqe", 'u', 1, 0, 2147483647ull},
 	{"push", 'b', 1, 0, 1ull},
+	{"ring", 'b', 0, 0, 1ull},
 };
 static const struct shca_wire_field shca_reply_fields_poll_cq[] = {
 	{"wcs", 'a', 1, 0, 1ull},
@@ -1265,6 +1313,7 @@ static const struct shca_wire_field shca_map_fields_welcome[] = {
 	{"sysv_attach", 'u', 0, 0, 1ull},
 	{"fds", 'u', 0, 0, 4294967295ull},
 	{"keep", 'u', 0, 0, 1ull},
+	{"cq_ring", 'u', 0, 0, 1ull},
 };
 static const struct shca_wire_field shca_map_fields_err[] = {
 	{"errno", 's', 1, 0, 1ull},
@@ -1274,6 +1323,9 @@ static const struct shca_wire_field shca_map_fields_err[] = {
 static const struct shca_wire_field shca_map_fields_wc[] = {
 	{"cq", 'u', 1, 1, 4294967295ull},
 	{"wcs", 'a', 1, 0, 1ull},
+};
+static const struct shca_wire_field shca_map_fields_cq_event[] = {
+	{"cq", 'u', 1, 1, 4294967295ull},
 };
 static const struct shca_wire_field shca_map_fields_cm_event[] = {
 	{"cm", 's', 1, 0, 1ull},
@@ -1453,9 +1505,10 @@ static const struct shca_wire_req shca_wire_replies[SHCA_REQ_COUNT] = {
 	{"rereg_mr", shca_reply_fields_rereg_mr, 5},
 	{"advise_mr", NULL, 0},
 	{"resize_cq", shca_reply_fields_resize_cq, 1},
-	{"create_cq", shca_reply_fields_create_cq, 3},
+	{"create_cq", shca_reply_fields_create_cq, 4},
 	{"destroy_cq", NULL, 0},
 	{"cq_credit", NULL, 0},
+	{"req_notify_cq", NULL, 0},
 	{"poll_cq", shca_reply_fields_poll_cq, 1},
 	{"create_qp", shca_reply_fields_create_qp, 2},
 	{"create_ah", shca_reply_fields_create_ah, 1},
@@ -1505,13 +1558,14 @@ static const struct shca_wire_req shca_wire_replies[SHCA_REQ_COUNT] = {
 	{"cm_disconnect", NULL, 0},
 	{"cm_counts", shca_reply_fields_cm_counts, 2},
 };
-#define SHCA_WIRE_NMAPS 22
+#define SHCA_WIRE_NMAPS 23
 static const struct shca_wire_req shca_wire_maps[SHCA_WIRE_NMAPS] = {
 	{"challenge", shca_map_fields_challenge, 3},
 	{"hello", shca_map_fields_hello, 6},
-	{"welcome", shca_map_fields_welcome, 8},
+	{"welcome", shca_map_fields_welcome, 9},
 	{"err", shca_map_fields_err, 3},
 	{"wc", shca_map_fields_wc, 2},
+	{"cq_event", shca_map_fields_cq_event, 1},
 	{"cm_event", shca_map_fields_cm_event, 18},
 	{"query_device.attr", shca_map_fields_query_device_attr, 32},
 	{"query_device.attr.odp_caps", shca_map_fields_query_device_attr_odp_caps, 4},

@@ -124,6 +124,10 @@ class Session(Protocol):
 
     def push_wcs(self, cq: int, wcs: list) -> None: ...
 
+    def push_cq_event(self, cq: int) -> None: ...
+
+    def release_held(self) -> None: ...
+
     def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None: ...
 
     def reply_to(self, verb: str, rid: int, **result: Any) -> None: ...
@@ -149,6 +153,11 @@ class CQHost:
         self.push_mode = push
         # Entries pushed to the client and not yet credited back (polled there).
         self.pushed = 0
+        # A local program's completion ring (server/cq_ring.py CqRing), or None: its
+        # consumer index, not cq_credit, returns the room; ``armed`` is the program's
+        # ibv_req_notify_cq, answered by a cq_event frame at the next entry written.
+        self.ring: Any = None
+        self.armed = False
 
     def push(self, wcs: list[WC]) -> bool:
         """Queue ``wcs``; True when this overran the CQ. ibv_create_cq(3): the CQ holds
@@ -158,6 +167,14 @@ class CQHost:
         taken back out at once by the caller (``take_pushed``)."""
         if self.error:
             return False
+        if self.ring is not None:
+            unpolled = self.ring.unpolled()
+            if unpolled is None:
+                # a consumer index no poll of this ring gives: the program broke its
+                # ring, and the CQ can hold nothing more
+                self.error = True
+                return True
+            self.pushed = unpolled
         room = self.cqe - len(self.entries) - self.pushed
         overrun = len(wcs) > room
         self.entries.extend(wcs[:room] if overrun else wcs)
@@ -176,6 +193,9 @@ class CQHost:
     def credit(self, n: int) -> None:
         """The client polled ``n`` pushed entries: their room is free again. More than
         were pushed is a broken client (EPROTO), refused whole."""
+        if self.ring is not None:
+            raise RDMAError("EPROTO", f"cq_credit: CQ {self.handle} has a completion ring, "
+                                      "whose consumer index returns its room")
         if n > self.pushed:
             raise RDMAError("EPROTO", f"cq_credit: {n} entries of CQ {self.handle} credited, "
                                       f"{self.pushed} were pushed and not credited")

@@ -14,6 +14,7 @@ from ..engine.hca import MR
 from ..protocol import control
 from ..protocol.enums import QpState, WrOpcode
 from ..protocol.errors import einval
+from .cq_ring import take_ring
 from .process_mr import process_buffer
 
 
@@ -85,10 +86,34 @@ def op_resize_cq(verbs, r: control.ResizeCq, rid: int) -> dict:
     cq = verbs.get(r.cq, "cq")
     if not 1 <= r.cqe <= control.MAX_CQE:
         raise einval(f"ibv_resize_cq cqe {r.cqe} is outside [1, max_cqe {control.MAX_CQE}]")
+    if (r.ring is None) != (cq.ring is None):
+        raise einval(f"ibv_resize_cq: CQ {r.cq} " + ("has a completion ring: a new one "
+                     "is named" if cq.ring else "has no completion ring to replace"))
+    if cq.ring is not None:
+        return _resize_ring(verbs, cq, r)
     held = len(cq.entries) + cq.pushed
     if r.cqe < held:
         raise einval(f"ibv_resize_cq to {r.cqe} entries: the CQ holds {held} completions "
                      "not polled yet")
+    cq.cqe = r.cqe
+    return {"cqe": r.cqe}
+
+
+def _resize_ring(verbs, cq, r: control.ResizeCq) -> dict:
+    """A ring CQ's resize: its unpolled entries move to the new ring (the program polls
+    neither meanwhile), which replaces the old one."""
+    new = take_ring(verbs, r.ring, r.cqe, "ibv_resize_cq")
+    held = cq.ring.unpolled()
+    if held is None or r.cqe < held:
+        new.close()
+        raise einval(f"ibv_resize_cq to {r.cqe} entries: the CQ holds "
+                     + (f"{held} completions not polled yet" if held is not None else
+                        "a consumer index its ring cannot have"))
+    cq.ring.move_to(new)
+    verbs.rings[verbs.rings.index(cq.ring)] = new
+    cq.ring.close()
+    cq.ring = new
+    cq.pushed = held
     cq.cqe = r.cqe
     return {"cqe": r.cqe}
 

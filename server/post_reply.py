@@ -4,7 +4,9 @@ A latency-bound program posts one signaled WR to an idle send queue and then wai
 its completion: the reply (a frame of its own) wakes the program once for nothing, and
 the pushed completion wakes it again. For such a post the reply is held back, at most
 HOLD_S, and leaves in the same write as the next frame the session sends, which is the
-completion when it comes in time (docs/performance.md, "Pushed completions"). Nothing
+completion when it comes in time (docs/performance.md, "Pushed completions"); for a CQ
+whose completions go into a ring shared with the program (server/cq_ring.py) it leaves
+as the completion is written there (server/verbs.py ``complete``). Nothing
 about the reply changes: it is decided (and any error raised) when the request runs; a
 refused WR is never held, an error reply never waits, and a completion is still written
 before or with the reply, never instead of it.

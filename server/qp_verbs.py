@@ -18,6 +18,7 @@ from ..protocol import control
 from ..protocol.control import MAX_CQE
 from ..protocol.enums import Mlx5dvQpCreateFlags, QpAttrMask, QpType
 from ..protocol.errors import RDMAError, einval
+from .cq_ring import take_ring
 from .hosts import CQHost, QPHost
 from .mw_verbs import bind_objects, clean_on_reset
 from .post_reply import reply_may_wait, send_queue_busy
@@ -38,8 +39,19 @@ def op_create_cq(v, r: control.CreateCq, rid: int) -> dict | None:
     if not 1 <= r.cqe <= MAX_CQE:
         raise einval(f"ibv_create_cq cqe {r.cqe} is outside [1, max_cqe {MAX_CQE}]")
     cq = CQHost(0, r.cqe, r.ctx, r.push)
-    cq.handle = v.add("cq", cq)
-    return {"cq": cq.handle, "cqe": r.cqe, "push": cq.push_mode}
+    if r.ring is not None:
+        if not r.push:
+            raise einval("ibv_create_cq: a completion ring is a pushed CQ's (push)")
+        cq.ring = take_ring(v, r.ring, r.cqe, "ibv_create_cq")
+    try:
+        cq.handle = v.add("cq", cq)
+    except Exception:
+        if cq.ring is not None:
+            cq.ring.close()
+        raise
+    if cq.ring is not None:
+        v.rings.append(cq.ring)
+    return {"cq": cq.handle, "cqe": r.cqe, "push": cq.push_mode, "ring": cq.ring is not None}
 
 
 def op_destroy_cq(v, r: control.DestroyCq, rid: int) -> dict | None:
@@ -61,6 +73,26 @@ def op_cq_credit(v, r: control.CqCredit, rid: int) -> dict | None:
             cq.credit(n)        # raises EPROTO before anything is applied
     for cq, n in cqs:
         cq.credit(n)
+    return None
+
+
+def op_req_notify_cq(v, r: control.ReqNotifyCq, rid: int) -> dict | None:
+    """ibv_req_notify_cq(3) of a ring CQ: the next entry written pushes a cq_event. One
+    already there and not polled does so at once: the program may have looked at the
+    ring before the entry was written and before this request came (ibv_req_notify_cq
+    is a message here, not a doorbell), and would otherwise wait for a completion that
+    came already. Solicited-only arming notifies on any completion, as the frame path
+    does (more events than asked for, which ibv_req_notify_cq(3) allows). Accepted, it
+    has no reply."""
+    cq: CQHost = v.get(r.cq, "cq")
+    if cq.ring is None:
+        raise einval(f"req_notify_cq: CQ {r.cq} has no completion ring (a pushed CQ's "
+                     "client arms it itself)")
+    if cq.ring.unpolled():
+        cq.armed = False
+        v.session.push_cq_event(cq.handle)
+    else:
+        cq.armed = True
     return None
 
 
@@ -186,6 +218,7 @@ HANDLERS = {
     control.CreateCq: op_create_cq,
     control.DestroyCq: op_destroy_cq,
     control.CqCredit: op_cq_credit,
+    control.ReqNotifyCq: op_req_notify_cq,
     control.PollCq: op_poll_cq,
     control.CreateQp: op_create_qp,
     control.DestroyQp: op_destroy_qp,

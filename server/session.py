@@ -184,6 +184,19 @@ class ControlSession:
         self.protocol.push_completions(cq, [w.to_wire() for w in wcs])
         self._flush()
 
+    def release_held(self) -> None:
+        """What waits to ride with the next frame (a post's reply held for its
+        completion, server/post_reply.py) is written now: a ring CQ's completion went
+        into the ring, not into a frame."""
+        if self._held is not None:
+            self._flush()
+
+    def push_cq_event(self, cq: int) -> None:
+        """The event of armed ring CQ ``cq`` (its completions are in its ring): never
+        dropped, one per arming at most."""
+        self.protocol.push_cq_event(cq)
+        self._flush()
+
     def reply(self, rid: int, payload: bytes | memoryview = b"", **result: Any) -> None:
         self.protocol.reply(rid, payload, **result)
         self._flush()

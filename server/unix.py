@@ -38,6 +38,7 @@ from ..protocol.frames import REQUEST_LIMITS, Frame, FrameDecoder, encode_frame
 from ..protocol.handshake import HandshakeError, make_challenge, verify_hello
 from ..protocol.kinds import FrameKind
 from ..protocol.replies import err_frame, frame
+from .cq_ring import supported as cq_ring_supported
 from .link import READ_CHUNK, read_frames
 from .logs import kv, log
 from .session import ControlSession, send_error
@@ -441,7 +442,10 @@ class UnixListener:
                                                  memfd_key=inbox.key,
                                                  # SysV segments named by shmid are
                                                  # attached here (server/shared_mr.py)
-                                                 sysv_attach=1)))
+                                                 sysv_attach=1,
+                                                 # CQs' completion rings are taken
+                                                 # (server/cq_ring.py)
+                                                 cq_ring=int(cq_ring_supported()))))
             session = ControlSession(d, reader, writer, decoder, peer, credential)
             session.peer_cred = cred
             session.memfds = inbox

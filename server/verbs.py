@@ -85,6 +85,9 @@ class Verbs:
         # ibv_get_async_event(3): per context; a PD's context names a QP's.
         self.async_events = AsyncEvents()
         self.ctx_of_pd: dict[int, int] = {}
+        # The session's CQs' completion rings (server/cq_ring.py): an empty poll of any
+        # of them is woken by a completion into any, as one connection's are.
+        self.rings: list = []
 
     def call(self, request: control.Request, rid: int) -> dict | None:
         """Run the request's handler (``HANDLERS``); its reply's fields, or None if it
@@ -131,7 +134,20 @@ class Verbs:
         context gets IBV_EVENT_CQ_ERR and every QP using the CQ goes to ERR, as a device
         that can no longer report their completions stops them."""
         overrun = cq.push(wcs)
-        if cq.push_mode and cq.entries:
+        if cq.ring is not None and cq.entries:
+            # Into the program's ring at once (server/cq_ring.py), before the reply of
+            # the request that made them: a poll after that reply sees them.
+            cq.ring.write(cq.take_pushed())
+            for ring in self.rings:
+                ring.wake()
+            if cq.armed:
+                cq.armed = False
+                self.session.push_cq_event(cq.handle)
+            else:
+                # a post's reply held to ride with its completion (server/post_reply.py)
+                # goes now: the completion is in the ring already
+                self.session.release_held()
+        elif cq.push_mode and cq.entries:
             # Written before the reply of the request that made them (if any): frames
             # on the connection arrive in order, so a poll after that reply sees them.
             self.session.push_wcs(cq.handle, cq.take_pushed())
@@ -196,6 +212,10 @@ class Verbs:
             obj.pd.hca.destroy_dek(obj)
         elif kind == "pd":
             obj.hca.pds.pop(obj.handle, None)
+        elif kind == "cq" and obj.ring is not None:
+            self.rings.remove(obj.ring)
+            obj.ring.close()
+            obj.ring = None
 
     def destroy_handle(self, handle: int, kind: str) -> dict:
         obj = self.get(handle, kind)

@@ -3,7 +3,7 @@
 The Python tables are the one description of the control protocol: each request's
 fields (``protocol.control.BY_VERB``, the connection manager's included), the WR maps
 (``protocol.records.SEND_WR``, ``RECV_WR``), a WC's list order (``WC_FIELDS``), the
-errno names (``protocol.errors.ERRNO_NAMES``), the frame kinds (``protocol.kinds``) and
+layout of a CQ's shared completion ring (``protocol.cq_ring``), the errno names (``protocol.errors.ERRNO_NAMES``), the frame kinds (``protocol.kinds``) and
 the protocol version (``protocol.handshake``). The provider and softhca's librdmacm
 include what this writes instead of spelling the names, counts and version again.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..protocol import cm, cm_sidr  # noqa: F401  (their requests join BY_VERB)
+from ..protocol import cm, cm_sidr, cq_ring  # noqa: F401  (their requests join BY_VERB)
 from ..protocol.control import (
     BY_VERB,
     CONFIGURE_CALL,
@@ -74,7 +74,7 @@ def _bound(v: int | float | None, default: int) -> int:
 def render() -> str:
     """The text of provider/wire.h."""
     verbs = list(BY_VERB)
-    return "\n".join(_head() + _requests(verbs) + _wrs() + _replies() + _errnos()
+    return "\n".join(_head() + _requests(verbs) + _wrs() + _ring() + _replies() + _errnos()
                      + _tables(verbs) + _reply_tables(verbs) + ["#endif", ""])
 
 
@@ -141,6 +141,23 @@ def _wrs() -> list[str]:
     out += [f"#define SHCA_WC_NFIELDS {len(WC_FIELDS)}",
             f"#define SHCA_WC_NMIN {len(WC_FIELDS) - 1}", ""]
     return out
+
+
+def _ring() -> list[str]:
+    out = ["/* A CQ's shared completion ring (protocol/cq_ring.py): the producer and",
+           " * consumer indices (unsigned 64-bit counts, each on its own cache line), then",
+           " * the entries, entry i in slot i % cqe; each entry field's offset and size. */",
+           f"#define SHCA_RING_PRODUCER_OFFSET {cq_ring.PRODUCER_OFFSET}",
+           f"#define SHCA_RING_CONSUMER_OFFSET {cq_ring.CONSUMER_OFFSET}",
+           "/* the program's threads asleep in an empty poll (uint32_t; futex on the",
+           " * producer index's low 32 bits, woken by the daemon) */",
+           f"#define SHCA_RING_WAITERS_OFFSET {cq_ring.WAITERS_OFFSET}",
+           f"#define SHCA_RING_HEADER_SIZE {cq_ring.HEADER_SIZE}",
+           f"#define SHCA_RING_ENTRY_SIZE {cq_ring.ENTRY_SIZE}"]
+    for name, offset, size in cq_ring.ENTRY_FIELDS:
+        out.append(f"#define SHCA_RING_WC_{name.upper()} {offset}")
+        out.append(f"#define SHCA_RING_WC_{name.upper()}_SIZE {size}")
+    return out + [""]
 
 
 def _errnos() -> list[str]:

@@ -1,7 +1,8 @@
 /* mwcheck: memory windows, ibv_rereg_mr, ibv_resize_cq and RDMA atomic write from C
  * (provider/mw.c), two sides of one process connected through the daemon.
  *
- *   mwcheck windows    ibv_rereg_mr of access, an RDMA atomic write, ibv_resize_cq, a type
+ *   mwcheck windows    ibv_rereg_mr of access, an RDMA atomic write, ibv_resize_cq (with
+ *                      completions not polled yet, which it keeps), a type
  *                      1 window bound with ibv_bind_mw and a type 2 one with
  *                      IBV_WR_BIND_MW, written through by the peer, the type 2
  *                      invalidated and refused after.
@@ -19,6 +20,41 @@ static int write_through(struct side *a, uint8_t *src, uint32_t len, struct ibv_
 	if (post(a, IBV_WR_RDMA_WRITE, src, len, smr->lkey, (uintptr_t)dst, rkey))
 		die("post");
 	return wait_wc(a).status;
+}
+
+/* Three SENDs from a into receives of b, their completions left unpolled on b's CQ
+ * (a saw their ACKs: b's responder completed the receives before it acknowledged them),
+ * then b's CQ resized: the three still come out of it, in order, with their lengths. */
+static int resize_keeps_unpolled(struct side *a, struct side *b, uint8_t *src,
+				 struct ibv_mr *smr, uint8_t *dst, struct ibv_mr *dmr)
+{
+	struct ibv_sge rs = {.addr = (uintptr_t)dst, .length = 64, .lkey = dmr->lkey};
+	struct ibv_recv_wr rwr = {.sg_list = &rs, .num_sge = 1}, *rbad;
+	struct ibv_wc wc[4];
+	int i, n = 0, got;
+
+	for (i = 0; i < 3; i++) {
+		rwr.wr_id = 201 + (uint64_t)i;
+		if (ibv_post_recv(b->qp, &rwr, &rbad))
+			die("ibv_post_recv");
+	}
+	for (i = 0; i < 3; i++)
+		if (post(a, IBV_WR_SEND, src, 10 + (uint32_t)i, smr->lkey, 0, 0) ||
+		    wait_wc(a).status != IBV_WC_SUCCESS)
+			return 0;
+	if (ibv_resize_cq(b->cq, 96) || b->cq->cqe != 96)
+		return 0;
+	while (n < 3) {
+		got = ibv_poll_cq(b->cq, 4, wc + n);
+		if (got < 0)
+			return 0;
+		n += got;
+	}
+	for (i = 0; i < 3; i++)
+		if (wc[i].wr_id != 201 + (uint64_t)i || wc[i].opcode != IBV_WC_RECV ||
+		    wc[i].status != IBV_WC_SUCCESS || wc[i].byte_len != 10 + (uint32_t)i)
+			return 0;
+	return 1;
 }
 
 static size_t differ(const uint8_t *p, size_t n, int which, size_t from)
@@ -70,6 +106,8 @@ static int windows(void)
 	      "IBV_WR_ATOMIC_WRITE stores the 8 bytes and nothing else");
 	CHECK(ibv_resize_cq(a.cq, 128) == 0 && a.cq->cqe == 128, "ibv_resize_cq to 128");
 	CHECK(ibv_resize_cq(a.cq, 0) == EINVAL, "ibv_resize_cq to 0 is EINVAL");
+	CHECK(resize_keeps_unpolled(&a, &b, src, smr, dst, dmr),
+	      "ibv_resize_cq keeps the completions not polled yet, in order");
 	mw1 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_1);
 	mw2 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2);
 	if (!mw1 || !mw2)

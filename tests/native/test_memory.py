@@ -58,6 +58,7 @@ def test_memory_windows_rereg_and_resize_from_c(where):
                  "IBV_WR_ATOMIC_WRITE to an unaligned address is EINVAL",
                  "IBV_WR_ATOMIC_WRITE stores the 8 bytes and nothing else",
                  "ibv_resize_cq to 128", "ibv_resize_cq to 0 is EINVAL",
+                 "ibv_resize_cq keeps the completions not polled yet, in order",
                  "ibv_bind_mw of a type 1 window gives it ibv_inc_rkey of its rkey",
                  "the peer writes through the type 1 window, nothing around it",
                  "IBV_WR_BIND_MW binds a type 2 window",
