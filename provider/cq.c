@@ -113,7 +113,8 @@ int shca_cq_ring_make(struct shca_context *ctx, struct shca_cq_ring *r, uint32_t
 	if (rc)
 		shca_cq_ring_unmap(r);
 	else
-		shca_debug("ibv_create_cq: %u entries in a completion ring, shared", slots);
+		shca_debug("ibv_create_cq: %u entries in a completion ring shared with the daemon",
+			   slots);
 	return rc;
 }
 
