@@ -1,4 +1,6 @@
-"""``softhca soak --seconds N``: valid traffic beside a rotating set of attacks.
+"""``softhca soak --seconds N``: valid traffic beside a rotating set of attacks, for N
+seconds and past them until every attack has been tried once (a loaded machine still
+judges each one).
 
 Two ``softhca serve`` processes on loopback (tools/daemons.py's ``Daemons``). One RC QP
 pair between them carries RDMA WRITEs of random bytes, each read back and compared
@@ -158,6 +160,12 @@ class Soak(Round3Attacks):
         self.rng = random.Random(seed)
         self.deadline = 0.0
         self.current = "none"
+        self.round_done = False
+
+    def going(self) -> bool:
+        """Until the deadline, and past it until every attack has been tried once: a slow
+        machine still sees each attack beside the valid traffic and the probe."""
+        return asyncio.get_running_loop().time() < self.deadline or not self.round_done
 
     # -- the valid traffic and the probe --------------------------------------------------
     async def setup(self) -> None:
@@ -172,9 +180,8 @@ class Soak(Round3Attacks):
 
     async def valid(self) -> None:
         r = self.report
-        loop = asyncio.get_running_loop()
         n = 0
-        while loop.time() < self.deadline:
+        while self.going():
             data = self.rng.randbytes(CHUNK)
             slot = n % 4 * CHUNK
             try:
@@ -199,9 +206,8 @@ class Soak(Round3Attacks):
 
     async def probe(self) -> None:
         node = await sh.connect(self.target_addr, token=self.creds.valid)
-        loop = asyncio.get_running_loop()
         try:
-            while loop.time() < self.deadline:
+            while self.going():
                 t0 = time.perf_counter()
                 await node.request("devices")
                 ms = (time.perf_counter() - t0) * 1e3
@@ -214,8 +220,8 @@ class Soak(Round3Attacks):
 
     async def settle(self, prompt_ms: float = 50.0, limit: float = 30.0) -> None:
         loop = asyncio.get_running_loop()
-        end = min(self.deadline, loop.time() + limit)
-        while loop.time() < end:
+        end = loop.time() + limit
+        while self.going() and loop.time() < end:
             t0 = time.perf_counter()
             await self.tnode.request("devices")
             if (time.perf_counter() - t0) * 1e3 < prompt_ms:
@@ -398,7 +404,7 @@ class Soak(Round3Attacks):
     async def attack_loop(self) -> None:
         loop = asyncio.get_running_loop()
         k = 0
-        while loop.time() < self.deadline:
+        while loop.time() < self.deadline or k < len(self.attacks):
             kind = self.attacks[k % len(self.attacks)]
             k += 1
             tried_refused = self.report.attacks.setdefault(kind, [0, 0])
@@ -414,6 +420,7 @@ class Soak(Round3Attacks):
             await self.settle()
             self.current = "none"
             await asyncio.sleep(0.1)
+        self.round_done = True
 
     async def run(self) -> Report:
         await self.setup()
@@ -467,7 +474,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "a second client and the daemons' peak RSS. Exit 0 when every attack "
                        "was refused, every byte verified and every C program passed.")
     p.add_argument("--seconds", type=positive_float, default=30.0, metavar="N",
-                   help="how long to run (default 30)")
+                   help="how long to run at least (default 30); past it the soak goes "
+                   "on until every attack has been tried once and the C pair has run "
+                   "each of its programs once")
     p.add_argument("--attacks", metavar="A,B,...", default=",".join(ATTACKS),
                    help=f"which attacks, in turn (default all: {','.join(ATTACKS)})")
     p.add_argument("--seed", type=int, default=0, help="the valid traffic's bytes (default 0)")

@@ -21,7 +21,9 @@ ATTACKS = ("injection,idle_sockets,rule_flood,malformed,huge_layout,poll_flood,m
 
 
 def test_soak_runs_valid_traffic_beside_the_attacks_and_reports():
-    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "16",
+    """Two seconds, and past them until every attack has been tried once (a loaded machine
+    takes longer, and still judges each one)."""
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "2",
                         "--attacks", ATTACKS, "--json"],
                        capture_output=True, text=True, timeout=180)
     report = json.loads(r.stdout)
@@ -63,7 +65,8 @@ def test_soak_runs_a_c_pair_through_the_provider_beside_the_unix_attacks():
     if why:
         pytest.skip(f"the C pair cannot run here: {why}")
     attacks = "unix_idle,unix_hog,idle_sockets,slot_hog"
-    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "20",
+    # Two seconds, and past them until each attack was tried and each C program ran once.
+    r = subprocess.run([sys.executable, "-m", "softhca.tools.cli", "soak", "--seconds", "2",
                         "--attacks", attacks, "--json"],
                        capture_output=True, text=True, timeout=240)
     # no program of the pair outlives the soak (softhca run on a soak's socket)

@@ -5,7 +5,10 @@ Each release's tests directory is fetched at test time from its package registry
 cache outside the repository (tests/support/upstream_fetch.py); without the registry the
 release's tests skip, saying why. ``run_tests.py -v`` is run as upstream runs it, once
 per release per pytest session, with ``softhca pyverbs path`` first on PYTHONPATH, so its
-own summary line is the verdict. tests/support/upstream_report.py reads unittest's
+own summary line is the verdict. The runs the selected tests need are started together when
+the first of them is asked for, as many at a time as the machine has cores (each run is one
+single-threaded Python process, and pytest itself only waits for them); the huge-page runs,
+which change nr_hugepages for the whole machine, start only once every other run has ended. tests/support/upstream_report.py reads unittest's
 verbose lines: per module, passed, skipped because softhca answered EOPNOTSUPP, skipped by
 the test's own environment check (the reasons are listed), errors and failures; the
 report is printed after the pytest run (tests/conftest.py, section "upstream pyverbs").
@@ -26,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -54,6 +58,10 @@ NO_SYSFS_VIEW = {"test_device.DeviceTest.test_get_pkey_index":
 # unittest's summary line and the per-module tables, printed after the pytest run.
 REPORT: list[str] = []
 _RUNS: dict[tuple, Run] = {}
+# The runs started and not yet judged: run_tests.py's CompletedProcess, by run_upstream's key.
+_STARTED: dict[tuple, Future] = {}
+_POOL = ThreadPoolExecutor(max_workers=min(3, len(os.sched_getaffinity(0))),
+                           thread_name_prefix="upstream-run")
 _VIEW: list[list[str]] = []      # the sysfs view's command prefix, once per session
 
 
@@ -81,14 +89,45 @@ def _netlink_tree(tmp: Path) -> Path:
     return root
 
 
+def _release(release: str) -> Path | str:
+    """The release's tests directory, or why its tests skip."""
+    if release != "v44" and not PRELOAD.is_file():
+        return (f"the preload library is not built ({PRELOAD}): `make provider` builds "
+                "it (from v55 on every test asks `rdma link show -j`, which it answers)")
+    return fetch_tests(release)
+
+
+# The runs each test of this module asks for first, by its name: (names, mode).
+_NEEDS = {"test_whole_directory": [((), "wrapped")],
+          "test_mlx5_mkey_passes_whole": [((), "wrapped")],
+          "test_mlx5_crypto_in_both_import_modes": [((), "wrapped"),
+                                                    (("test_mlx5_crypto",), "plaintext")]}
+
+
+def _start_selected(session, tmp: Path) -> None:
+    """Starts, once, every run the selected tests of this module will ask for (all but
+    the huge-page ones), the whole-directory runs, the longest, first."""
+    if _STARTED:
+        return
+    wanted: list[tuple[str, tuple, str]] = []
+    for item in session.items:
+        release = getattr(item, "callspec", None) and item.callspec.params.get("upstream")
+        for names, mode in _NEEDS.get(getattr(item, "originalname", ""), ()):
+            if release and item.module.__name__ == __name__ \
+                    and (release, names, mode) not in wanted:
+                wanted.append((release, names, mode))
+    for release, names, mode in sorted(wanted, key=lambda w: (bool(w[1]), w[0])):
+        tests = _release(release)
+        if not isinstance(tests, str):
+            _start(release, tests, tmp, names, mode)
+
+
 @pytest.fixture(scope="module", params=RELEASES)
-def upstream(request):
-    if request.param != "v44" and not PRELOAD.is_file():
-        pytest.skip(f"the preload library is not built ({PRELOAD}): `make provider` builds "
-                    "it (from v55 on every test asks `rdma link show -j`, which it answers)")
-    got = fetch_tests(request.param)
+def upstream(request, tmp_path_factory):
+    got = _release(request.param)
     if isinstance(got, str):
         pytest.skip(got)
+    _start_selected(request.session, tmp_path_factory.getbasetemp())
     return request.param, got
 
 
@@ -119,14 +158,31 @@ def _env(tmp: Path, mode: str) -> dict:
     return env
 
 
+def _start(release: str, tests: Path, tmp: Path, names: tuple = (), mode: str = "wrapped",
+           label: str = "") -> tuple:
+    """Starts ``run_tests.py -v [names]`` in the background, once per (release, names,
+    mode, label) per session; its key."""
+    key = (release, names, mode, label)
+    if key not in _STARTED:
+        # The sysfs view, the netlink tree and the crypto info are made here, in pytest's
+        # own thread, before any run needs them.
+        cmd = [*_sysfs_view(tmp), sys.executable, "run_tests.py", "-v", *names]
+        _STARTED[key] = _POOL.submit(subprocess.run, cmd, cwd=tests, env=_env(tmp, mode),
+                                     capture_output=True, text=True, timeout=1500)
+    return key
+
+
+def _settle() -> None:
+    """Waits until no run is going (before nr_hugepages changes under them)."""
+    wait(list(_STARTED.values()))
+
+
 def run_upstream(release: str, tests: Path, tmp: Path, names: tuple = (),
                  mode: str = "wrapped", label: str = "") -> Run:
     """``run_tests.py -v [names]`` once per (release, names, mode, label) per session."""
-    key = (release, names, mode, label)
+    key = _start(release, tests, tmp, names, mode, label)
     if key not in _RUNS:
-        r = subprocess.run([*_sysfs_view(tmp), sys.executable, "run_tests.py", "-v", *names],
-                           cwd=tests,
-                           env=_env(tmp, mode), capture_output=True, text=True, timeout=1500)
+        r = _STARTED[key].result()
         run = _RUNS[key] = parse(r.stderr)
         what = " ".join(names) or "whole directory"
         REPORT.append(f"rdma-core {release} run_tests.py -v {what} ({mode} crypto"
@@ -208,7 +264,9 @@ def test_mlx5_crypto_in_both_import_modes(upstream, tmp_path_factory):
 
 @pytest.fixture
 def hugepages():
-    """Sets nr_hugepages (root, where /proc/sys/vm is writable) and restores it."""
+    """Sets nr_hugepages (root, where /proc/sys/vm is writable) and restores it, once no
+    other run is going."""
+    _settle()
     try:
         before = NR_HUGEPAGES.read_text()
         NR_HUGEPAGES.write_text(before)

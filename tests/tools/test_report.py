@@ -255,9 +255,39 @@ def browser(chromium: str, *args: str, cwd: Path) -> subprocess.CompletedProcess
                           cwd=cwd)
 
 
+def _unfilter(f: int, line: bytearray, prev: bytearray, bpp: int) -> bytearray:
+    """One row's PNG filter undone (PNG specification, section 9): each byte plus its
+    predictor from the left (``a``), up (``b``) and up-left (``c``) bytes, modulo 256. One
+    loop per filter type; Up, the type most rows of a screenshot have, adds the two
+    rows as whole integers, byte by byte without carries between bytes."""
+    stride = len(line)
+    if f == 2:
+        low, high = int.from_bytes(b"\x7f" * stride, "big"), int.from_bytes(b"\x80" * stride, "big")
+        x, b = int.from_bytes(line, "big"), int.from_bytes(prev, "big")
+        return bytearray((((x & low) + (b & low)) ^ ((x ^ b) & high)).to_bytes(stride, "big"))
+    if f == 1:
+        for i in range(bpp, stride):
+            line[i] = (line[i] + line[i - bpp]) & 0xFF
+    elif f == 3:
+        for i in range(stride):
+            line[i] = (line[i] + ((line[i - bpp] if i >= bpp else 0) + prev[i]) // 2) & 0xFF
+    elif f == 4:
+        for i in range(min(bpp, stride)):
+            line[i] = (line[i] + prev[i]) & 0xFF    # a = c = 0: the predictor is b
+        # a = line[i - bpp], already unfiltered (zip reads the bytearray as it goes); the
+        # range is the shortest of the four, hence not strict.
+        left = memoryview(line)
+        for i, a, b, c in zip(range(bpp, stride), left, prev[bpp:], prev, strict=False):
+            pb, pa = a - c, b - c
+            pc = abs(pa + pb)
+            pa, pb = abs(pa), abs(pb)
+            line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+    return line
+
+
 def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
     """A small PNG decoder (8-bit RGB or RGBA, not interlaced): width, height, and the
-    unfiltered rows."""
+    unfiltered rows (RGB)."""
     raw = path.read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, ihdr = 8, b"", None
@@ -277,24 +307,13 @@ def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
     rows, prev = [], bytearray(stride)
     for y in range(height):
         f = data[y * (stride + 1)]
-        line = bytearray(data[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride):
-            left = line[i - bpp] if i >= bpp else 0
-            up = prev[i]
-            if f == 1:
-                line[i] = (line[i] + left) & 0xFF
-            elif f == 2:
-                line[i] = (line[i] + up) & 0xFF
-            elif f == 3:
-                line[i] = (line[i] + (left + up) // 2) & 0xFF
-            elif f == 4:
-                ul = prev[i - bpp] if i >= bpp else 0
-                p = left + up - ul
-                pa, pb, pc = abs(p - left), abs(p - up), abs(p - ul)
-                pred = left if pa <= pb and pa <= pc else up if pb <= pc else ul
-                line[i] = (line[i] + pred) & 0xFF
-        rows.append(bytes(line) if bpp == 3 else bytes(b for k, b in enumerate(line)
-                                                      if k % 4 != 3))
+        assert f <= 4, f"row {y}: filter type {f}"
+        line = _unfilter(f, bytearray(data[y * (stride + 1) + 1:(y + 1) * (stride + 1)]),
+                         prev, bpp)
+        rgb = bytearray(line)
+        if bpp == 4:
+            del rgb[3::4]       # the alpha bytes
+        rows.append(bytes(rgb))
         prev = line
     return width, height, rows
 
