@@ -75,9 +75,12 @@ class Credentials:
     @staticmethod
     def serve_args(workdir: str) -> tuple[str, ...]:
         """What the soak's daemons are started with: the two tenants, quotas small
-        enough to reach within an attack, a short frame deadline."""
+        enough to reach within an attack, and a frame deadline short enough that an
+        attack's stalled connections are gone soon after it, long enough that slot_hog's
+        257, each stalled half-way through a frame as it opens the next, are all still
+        held on a loaded machine (at 2 s, opening them outlasted the first ones)."""
         return ("--token-file", os.path.join(workdir, "tokens"), "--quota", "dek=2000,4000",
-                "--frame-deadline", "2")
+                "--frame-deadline", "10")
 
     @staticmethod
     def read_peer(workdir: str) -> bytes:
