@@ -35,7 +35,13 @@ def _version() -> str:
         return "0+unknown"
 
 
-__version__ = _version()
+def __getattr__(name: str) -> str:
+    # ``__version__`` looked up when first asked for, then kept: every ``softhca`` command
+    # imports this package, and the metadata lookup was some 30 ms of each start.
+    if name == "__version__":
+        globals()["__version__"] = version = _version()
+        return version
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def pyverbs_path() -> str:

@@ -5,7 +5,10 @@ with ``func=run``, and ``run(args) -> int``; `SUBCOMMANDS` lists them, in the or
 ``softhca --help`` shows them, so a new subcommand is one module and one entry there.
 A module whose work is heavy to load (the daemon, the demo, the bench) is a thin one in
 tools/commands/ that imports the work when it runs, so ``softhca --help`` stays fast and
-a daemon never loads the bench.
+a daemon never loads the bench. A command line naming its subcommand loads that
+subcommand's module alone (``softhca run`` starts every verbs program of tests/native,
+and loading the other ten cost each start a tenth of its imports); ``softhca --help``
+and a mistyped subcommand load them all, for the list.
 """
 
 from __future__ import annotations
@@ -14,39 +17,49 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib import import_module
+from types import ModuleType
 
-from ..client.token_file import TokenFileError
-from . import capture, crypto_test_info, explain, pyverbs, soak, trace
-from .commands import (
-    EXIT_FAIL,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    bench,
-    demo,
-    faults,
-    run,
-    serve,
-)
+from .commands import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 __all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "SUBCOMMANDS",
            "build_parser", "main"]
 
-SUBCOMMANDS = (serve, run, faults, demo, bench, soak, trace, explain, capture,
-               crypto_test_info, pyverbs)
+# Each subcommand's name and its module (relative to this package), in --help's order.
+SUBCOMMANDS = {
+    "serve": ".commands.serve", "run": ".commands.run", "faults": ".commands.faults",
+    "demo": ".commands.demo", "bench": ".commands.bench", "soak": ".soak",
+    "trace": ".trace", "explain": ".explain", "capture": ".capture",
+    "crypto-test-info": ".crypto_test_info", "pyverbs": ".pyverbs",
+}
+
+
+def command_module(name: str) -> ModuleType:
+    """The module of subcommand ``name`` (a key of SUBCOMMANDS), loaded now."""
+    return import_module(SUBCOMMANDS[name], __package__)
 
 
 # -- the parser and main -------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of ``only`` (a subcommand's name) alone."""
     parser = argparse.ArgumentParser(
         prog="softhca", description="softhca: a software mlx5-class RDMA HCA simulator")
-    parser.add_argument("--version", action="version", version=f"softhca {installed_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in SUBCOMMANDS:
-        command.add_parser(sub)
+    for name in [only] if only in SUBCOMMANDS else SUBCOMMANDS:
+        command_module(name).add_parser(sub)
     _remember_parsers(sub)
     return parser
+
+
+class _VersionAction(argparse._VersionAction):
+    """``--version``: argparse's, the version looked up only when asked for (the
+    package metadata is some milliseconds of every start otherwise)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        self.version = f"softhca {installed_version()}"
+        super().__call__(parser, namespace, values, option_string)
 
 
 def _remember_parsers(sub: argparse._SubParsersAction) -> None:
@@ -70,13 +83,21 @@ def installed_version() -> str:
         return "(not installed)"
 
 
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names first, before any option (None: none, or an option
+    such as --help or --version comes first, which the whole parser answers)."""
+    first = next(iter(argv), None)
+    return first if first in SUBCOMMANDS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_named_command(argv))
     try:
         args, extra = parser.parse_known_args(argv)
         # `softhca faults add --target H:P key=value ...`: argparse ends a positional
         # list at the first option, so the rule's fields after it come back as extras.
-        if extra and getattr(args, "func", None) is faults.run \
+        if extra and args.command == "faults" \
                 and all("=" in x and not x.startswith("-") for x in extra):
             args.fields = list(args.fields) + extra
         elif extra:
@@ -99,9 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Ctrl-C: the line is printed; the shell's status for a command ended by SIGINT
         # (128 + 2).
         return EXIT_INTERRUPTED
-    except TokenFileError as e:
+    except ValueError as e:
         # Every client command's --token-file (faults, trace, capture), read before it
-        # connects: a usage error, printed once here.
+        # connects: a usage error, printed once here. (TokenFileError, looked up only
+        # when a ValueError comes: a command that reads no token file never loads it.)
+        if not _is_token_file_error(e):
+            raise
         print(f"softhca {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
@@ -111,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+def _is_token_file_error(e: BaseException) -> bool:
+    token_file = sys.modules.get(__package__.rpartition(".")[0] + ".client.token_file")
+    return token_file is not None and isinstance(e, token_file.TokenFileError)
 
 
 class _Interrupted:

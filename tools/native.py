@@ -596,6 +596,19 @@ RUN_PREFIX = "softhca-run."
 RUN_LOCK = "lock"
 
 
+def hold_run_lock(run_dir: Path) -> int:
+    """The lock of ``run_dir``, held while this process lives (the kernel drops it when
+    it dies, even by SIGKILL): the next softhca run removes a directory whose lock is
+    free. Locked under another name, then renamed RUN_LOCK: a lock file created and then
+    locked was free in between, and a softhca run starting beside this one removed the
+    directory in that instant (the program's failing with no such file)."""
+    fd = os.open(run_dir / (RUN_LOCK + ".new"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC,
+                 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(run_dir / (RUN_LOCK + ".new"), run_dir / RUN_LOCK)
+    return fd
+
+
 def remove_stale_run_dirs(parent: str | None = None) -> list[Path]:
     """Remove the directories of ``softhca run``s that died without removing theirs
     (SIGKILL): one of this user's whose lock nobody holds. What was removed."""
@@ -643,10 +656,7 @@ def run(args, argv: list[str]) -> int:
     remove_stale_run_dirs()
     tmp = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
     try:
-        # Held while this process lives (the kernel drops it when it dies, even by
-        # SIGKILL): the next softhca run removes a directory whose lock is free.
-        lock = os.open(tmp / RUN_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        hold_run_lock(tmp)
         work = _targeted if args.target else _embedded
         rc = asyncio.run(work(args, argv, tmp, provider))
     finally:

@@ -62,16 +62,23 @@ def _two(ns, token, server, client, tcp_port: int | None, *listen: str,
     of a listener (REJECTED 8) runs both again."""
     for _ in range(tries):
         srv = native._start(_argv(ns, token, server, *listen), stderr=subprocess.STDOUT)
+        gated = None
         try:
-            # The first daemon of the machine takes 127.0.0.1:4791.
+            # The first daemon of the machine takes 127.0.0.1:4791; the client's starts
+            # only then (its program held, native.GATE), during the moment given to
+            # rping's listen.
             native.wait_listening(srv, 4791 if tcp_port is None else tcp_port, timeout=30)
+            gated = native._start(_argv(ns, token, [*native.GATE, *client], *listen),
+                                  stderr=subprocess.STDOUT, stdin=subprocess.PIPE)
             if tcp_port is None:
                 time.sleep(1.0)
-            cli = _client(ns, token, client, *listen)
+            cli = native.Place.release(gated, 60.0)
             if cli.returncode != 0 and "REJECTED, error 8" in cli.output:
                 continue
             out, _ = srv.communicate(timeout=60)
         finally:
+            if gated is not None:
+                native._reap(gated)
             native._reap(srv)
         return native.Done(server, srv.returncode, out), cli
     raise AssertionError(f"the client was rejected {tries} times:\n{cli.output}")

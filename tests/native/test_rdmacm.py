@@ -122,12 +122,14 @@ def _pair_once(where, server_prog, client_prog, wire: int, timeout: float,
                client_run_args=()):
     argv = where.argv(where.server, server_prog, port=wire)
     srv = native._start(argv, stderr=subprocess.STDOUT)
+    gated = None
     try:
+        # The client's softhca run starts now, its program held until released below.
+        gated = where.gated(where.client, client_prog, port=wire, run_args=client_run_args)
         native.wait_listening(srv, wire, timeout=30)
         # The server program binds its rdma_cm id once it runs: give it a moment.
         time.sleep(1.0)
-        cli = where.run(where.client, client_prog, port=wire, timeout=timeout,
-                        run_args=client_run_args)
+        cli = where.release(gated, timeout)
         if cli.returncode != 0 and TOO_EARLY.search(cli.output):
             return native.Done(argv, -1, "(the client came too early)"), cli
         try:
@@ -137,6 +139,8 @@ def _pair_once(where, server_prog, client_prog, wire: int, timeout: float,
             out, _ = srv.communicate(timeout=10)
             out = f"(killed after {timeout} s)\n{out}\n--- client:\n{cli.output}"
     finally:
+        if gated is not None:
+            native._reap(gated)
         native._reap(srv)
     return native.Done(argv, srv.returncode, out), cli
 

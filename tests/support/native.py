@@ -116,19 +116,48 @@ class Place:
         """The server program, then, once it listens on ``tcp_port`` for its peer's
         address exchange (and ``on_listening`` has looked at it), the client; both
         waited for. ``wire_port``: both daemons' wire port, which rdma_cm programs need
-        (an address names the daemon on this daemon's own port); 0, one each."""
+        (an address names the daemon on this daemon's own port); 0, one each.
+
+        The client's ``softhca run`` (its start-up, its daemon, its namespace: a second
+        or more on a loaded machine) starts beside the server's; only its program waits,
+        under it, for the line this sends once the server listens (GATE)."""
         argv = self.argv(self.server, server_prog, run_args=server_run_args, port=wire_port)
         srv = _start(argv, stderr=subprocess.STDOUT)
+        cli = None
         try:
+            cli = self.gated(self.client, client_prog, run_args=client_run_args,
+                             port=wire_port)
             wait_listening(srv, tcp_port, timeout=30)
             if on_listening is not None:
                 on_listening()
-            cli = self.run(self.client, client_prog, run_args=client_run_args,
-                           timeout=timeout, port=wire_port)
+            done = self.release(cli, timeout)
             out, _ = srv.communicate(timeout=timeout)
         finally:
+            if cli is not None:
+                _reap(cli)
             _reap(srv)
-        return Done(argv, srv.returncode, out), cli
+        return Done(argv, srv.returncode, out), done
+
+    def gated(self, side: Side, program: Sequence[str], *, run_args: Sequence[str] = (),
+              port: int = 0) -> subprocess.Popen:
+        """``program``'s ``softhca run`` on ``side``, started now, its program waiting
+        under it (GATE) until ``release``: the start-up of a client's softhca run goes
+        on while its server's comes up, instead of after it."""
+        argv = self.argv(side, [*GATE, *program], run_args=run_args, port=port)
+        return _start(argv, stderr=subprocess.PIPE, stdin=subprocess.PIPE)
+
+    @staticmethod
+    def release(proc: subprocess.Popen, timeout: float) -> Done:
+        """Lets a ``gated`` program run; its exit and output (collected, not reaped: the
+        caller's ``_reap`` ends what is left of it)."""
+        out, err = proc.communicate(input="go\n", timeout=timeout)
+        return Done(list(proc.args), proc.returncode, out + (err or ""))
+
+
+# A client program's gate (Place.pair): the shell reads one line from its stdin, which
+# softhca run passes on to the program, then becomes the program (exec: same process,
+# same argv from then on); a closed stdin without the line (the test gave up) ends it.
+GATE = ["sh", "-c", 'read -r _ || exit 125; exec "$@"', "gate"]
 
 
 def processes_of(program: str, *args: str) -> list[int]:
@@ -148,11 +177,11 @@ def processes_of(program: str, *args: str) -> list[int]:
     return pids
 
 
-def _start(argv: list[str], *, stderr: int) -> subprocess.Popen:
+def _start(argv: list[str], *, stderr: int, stdin: int | None = None) -> subprocess.Popen:
     """``argv`` in a process group of its own, so that ``_reap`` ends everything it
     started: ``ip netns exec``, ``softhca run`` and the program under it."""
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            cwd=REPO, start_new_session=True)
+    return subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
+                            text=True, cwd=REPO, start_new_session=True)
 
 
 def _reap(proc: subprocess.Popen) -> None:

@@ -250,6 +250,37 @@ def test_split_address():
         split_address("node-b:rdma")
 
 
+def test_a_named_subcommand_loads_only_its_own_module():
+    """``softhca run ...`` (every verbs program of tests/native starts with one) builds
+    run's parser alone: none of the other subcommands' modules, not the client, not the
+    package metadata (read only for --version); its --help is run's."""
+    others = ("softhca.tools.soak", "softhca.tools.trace", "softhca.tools.explain",
+              "softhca.tools.capture", "softhca.tools.commands.faults", "softhca.client",
+              "importlib.metadata")
+    code = ("import sys; from softhca.tools import cli; p = cli.build_parser('run'); "
+            "a = p.parse_args(['run', '--', 'true']); "
+            f"print(a.command, [m for m in {others!r} if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "run []", done.stdout + done.stderr
+    helped = subprocess.run([sys.executable, "-m", "softhca", "run", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: softhca run "), \
+        helped.stdout + helped.stderr
+
+
+def test_the_subcommand_table_names_each_modules_parser():
+    """SUBCOMMANDS' names are the ones each module registers, in --help's order: a name
+    leading the command line loads the module that parses it."""
+    from softhca.tools import cli
+
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    assert list(sub.choices) == list(cli.SUBCOMMANDS)
+    for name in cli.SUBCOMMANDS:
+        one = next(a for a in cli.build_parser(name)._actions if a.dest == "command")
+        assert list(one.choices) == [name]
+
+
 def test_building_the_parser_loads_no_engine():
     """softhca --help builds every subcommand's parser (explain and trace included):
     the engine, numpy and the oracle's CRC library load only when a command runs."""

@@ -263,3 +263,26 @@ def test_a_refused_bind_is_said_as_mount_says_it(tmp_path):
     r = _binds(old, new, wrap=["unshare", "--user"])
     assert r.returncode == 32, r
     assert r.stderr == f"mount: {new}/pts: Operation not permitted.\n", r.stderr
+
+
+def test_a_run_directory_is_never_seen_with_its_lock_free(tmp_path):
+    """A starting softhca run removes the directories of dead ones, those whose lock
+    nobody holds. A live run's lock is only ever seen held: ``hold_run_lock`` locks it
+    under another name and renames it into place (a lock created, then locked, was free
+    in between, and a run starting beside it removed the live one's directory)."""
+    live = tmp_path / (native.RUN_PREFIX + "live")
+    live.mkdir()
+    fd = native.hold_run_lock(live)
+    try:
+        assert sorted(p.name for p in live.iterdir()) == [native.RUN_LOCK]
+        # Mid-way, the instant before the rename: no lock yet, so it is kept as well.
+        starting = tmp_path / (native.RUN_PREFIX + "starting")
+        starting.mkdir()
+        (starting / (native.RUN_LOCK + ".new")).touch()
+        assert native.remove_stale_run_dirs(str(tmp_path)) == []
+        assert live.is_dir() and starting.is_dir()
+    finally:
+        os.close(fd)
+    # Its process gone (the lock dropped with its descriptor): removed by the next run.
+    assert native.remove_stale_run_dirs(str(tmp_path)) == [live]
+    assert not live.exists() and starting.is_dir()
