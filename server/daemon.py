@@ -65,6 +65,29 @@ CM_FLUSH_S = 1.0
 TRIM_DELAY_S = 0.1
 
 
+# How often, and how long each time, Daemon.close cancels a connection task that has not
+# ended (end_tasks).
+END_ROUNDS, END_WAIT_S = 3, 1.0
+
+
+async def end_tasks(tasks, rounds: int = END_ROUNDS, wait: float = END_WAIT_S) -> set:
+    """Cancel ``tasks`` and wait for them to end; those still running after ``wait``
+    seconds are cancelled again, ``rounds`` times at most, and returned (never waited on
+    for ever). Why again: asyncio.wait_for before Python 3.12 loses a cancellation that
+    comes as its inner future completes, and its task goes on (a connection that had just
+    said its HELLO then served a link nobody would close)."""
+    pending = set(tasks)
+    for _ in range(rounds):
+        if not pending:
+            break
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=wait)
+    if pending:
+        log.warning("stopping %s", kv(event="tasks_not_ended", tasks=len(pending)))
+    return pending
+
+
 class Daemon:
     """``softhca serve``: the HCAs of one node, served on ``host:port``."""
 
@@ -185,10 +208,7 @@ class Daemon:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(session.writer.drain(), 1.0)
         self.wire.close()
-        for task in self._conn_tasks:
-            task.cancel()
-        if self._conn_tasks:
-            await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+        await end_tasks(self._conn_tasks)
         for session in list(self.sessions):
             session.verbs.destroy_all()
         if self._server is not None:

@@ -567,6 +567,13 @@ class WireLink:
                                    src=self.daemon,
                                    local_host=loopback_source(self.daemon, self.host))
             reader, writer = link.reader, link.writer
+            if self.closed:
+                # Closed while it opened, and still running: asyncio.wait_for (Python
+                # before 3.12) loses a cancellation that comes as the handshake ends, and
+                # the link would go up and read for ever, its peer's end with it (a
+                # daemon's link to itself kept its stop waiting).
+                writer.transport.abort()
+                return
             peer_max = link.welcome.get("max_frame")
             if type(peer_max) is int and peer_max > 0:
                 self.peer_max_frame = peer_max
