@@ -424,13 +424,22 @@ async def test_short_outage_every_wr_succeeds_exactly_once(target_up, how):
     budget = retry_budget_s(PATIENT_TIMEOUT, PATIENT_RETRIES)
     hold = 0.6          # plus the docker commands' own time: well under the 2.1 s budget
     cut, heal = _net_cut(cid) if how == "partition" else _freeze(cid)
-    async with await _pair(timeout=PATIENT_TIMEOUT, retry_cnt=PATIENT_RETRIES) as pair:
-        before = (await pair.initiator.node.counters())["retransmissions"]
-        wcs, sent, arrived, away = await _interrupted_writes(pair, cut, heal, hold=hold)
-        retrans = (await pair.initiator.node.counters())["retransmissions"] - before
-    dc.report(f"short {how}: target away {away * 1000:.0f} ms (budget {budget * 1000:.0f} ms), "
-              f"{len(wcs)} completions, retransmissions {retrans}")
-    assert away < budget
+    # The outage is the test's input: it must end inside the retry budget.
+    # On a slow engine `docker pause` / `unpause` alone can outlast it; such
+    # a try says nothing about softhca, so the outage is made again on a new
+    # pair, up to three times.
+    for attempt in range(1, 4):
+        async with await _pair(timeout=PATIENT_TIMEOUT, retry_cnt=PATIENT_RETRIES) as pair:
+            before = (await pair.initiator.node.counters())["retransmissions"]
+            wcs, sent, arrived, away = await _interrupted_writes(pair, cut, heal, hold=hold)
+            retrans = (await pair.initiator.node.counters())["retransmissions"] - before
+        dc.report(f"short {how} (try {attempt}): target away {away * 1000:.0f} ms "
+                  f"(budget {budget * 1000:.0f} ms), {len(wcs)} completions, "
+                  f"retransmissions {retrans}")
+        if away < budget:
+            break
+    assert away < budget, (f"docker made no outage shorter than the "
+                           f"{budget * 1000:.0f} ms budget in three tries")
     assert sorted((w.wr_id, w.status) for w in wcs) == [
         (k, sh.IBV_WC_SUCCESS) for k in range(24)]
     assert arrived == sent

@@ -126,6 +126,10 @@ def machine_lock(names: Names = NAMES):
     machine: a second test run on the same engine (another checkout) that shares any of
     them with this one waits its turn; one with names of its own (SOFTHCA_IMAGE,
     SOFTHCA_SUBNET, SOFTHCA_PROJECT) runs beside it."""
+    # This run's own background build holds the image lock, or is about to take it (its
+    # flock may not have run yet): waiting for it first, not for the lock, is what keeps
+    # the two from waiting on each other.
+    _wait_early_build()
     paths = [_lock_path(what) for what in sorted(
         {f"project-{names.project}", f"subnet-{names.subnet}", _image_lock(names)})]
     if names == Names():
@@ -195,14 +199,17 @@ def stop_early_build() -> None:
 
 def _wait_early_build() -> None:
     """Wait for the background build, if one was started, and say what it did."""
-    proc = _EARLY.get("proc")
+    proc = _EARLY.pop("proc", None)
     if proc is None:
         return
     waited = time.monotonic()
     try:
         rc = proc.wait(timeout=1200)
     except subprocess.TimeoutExpired:
-        stop_early_build()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
         rc = "killed after 1200 s"
     _EARLY["log"].close()
     text = EARLY_LOG.read_text(errors="replace")
