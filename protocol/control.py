@@ -406,6 +406,11 @@ class CreateCq(Request):
     cqe: int = _wire(int, 0, I32)
     push: bool = _wire(bool, required=False, default=False)
     ring: int | None = _wire(int, 0, U32, required=False)
+    # A ring CQ bound to a completion channel: the handoff carrying the write end of the
+    # channel's event socket, and the 8 bytes the daemon writes there per event (the
+    # kernel's user_handle: what ibv_get_cq_event reads back as the CQ). Both or neither.
+    channel: int | None = _wire(int, 0, U32, required=False)
+    event: int | None = _wire(int, 0, U64, required=False)
 
 
 @_request("destroy_cq")

@@ -90,6 +90,17 @@ static int ring_hand_over(struct shca_context *ctx, int fd, uint32_t *seq)
 	return rc;
 }
 
+/* A completion channel's write end handed over for a ring CQ bound to it (a dup: the
+ * provider keeps its own for a CQ whose events come as frames). */
+int shca_cq_channel_hand_over(struct shca_context *ctx, int wfd, uint32_t *seq)
+{
+	int fd = fcntl(wfd, F_DUPFD_CLOEXEC, 0);
+
+	if (fd < 0)
+		return errno;
+	return ring_hand_over(ctx, fd, seq);
+}
+
 int shca_cq_ring_make(struct shca_context *ctx, struct shca_cq_ring *r, uint32_t slots,
 		      uint32_t *seq)
 {

@@ -283,6 +283,7 @@ int shca_cq_ring_make(struct shca_context *ctx, struct shca_cq_ring *r, uint32_t
 		      uint32_t *seq);
 void shca_cq_ring_unmap(struct shca_cq_ring *r);
 int shca_cq_ring_poll(struct shca_cq *cq, int num, struct ibv_wc *wc);
+int shca_cq_channel_hand_over(struct shca_context *ctx, int wfd, uint32_t *seq);
 int shca_cq_ring_notify(struct shca_context *ctx, struct shca_cq *cq, int solicited_only);
 int shca_cq_ring_resize(struct shca_context *ctx, struct shca_cq *cq, int cqe);
 

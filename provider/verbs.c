@@ -573,8 +573,8 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 	struct shca_cq *cq = shca_alloc(sizeof(*cq));
 	struct mp_buf b;
 	struct shca_frame r;
-	uint32_t seq = 0;
-	int rc, shared;
+	uint32_t seq = 0, chan_seq = 0;
+	int rc, shared, chan = 0;
 
 	(void)comp_vector;
 	if (!cq) {
@@ -598,24 +598,34 @@ static struct ibv_cq *shca_create_cq(struct ibv_context *ibctx, int cqe,
 		errno = ENOMEM;
 		return NULL;
 	}
-	shca_begin(ctx->conn, &b, SHCA_V_CREATE_CQ, SHCA_NFIELDS_CREATE_CQ - !shared);
-	mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
-	mp_kv_uint(&b, SHCA_K_CQE, (uint32_t)cqe);
-	mp_str(&b, SHCA_K_PUSH);
-	mp_bool(&b, true);
-	if (shared)
-		mp_kv_uint(&b, SHCA_K_RING, seq);
-	rc = shca_call(ctx->conn, &b, NULL, 0, &r);
+	rc = 0;
+	if (channel) {
+		cq->chan_wfd = channel_wfd(channel);
+		if (cq->chan_wfd < 0)
+			rc = EMFILE;
+		/* A ring CQ's events the daemon writes into the channel itself, as the
+		 * kernel does; without the handoff the reader thread writes them. */
+		else if (shared)
+			chan = !shca_cq_channel_hand_over(ctx, cq->chan_wfd, &chan_seq);
+	}
+	if (!rc) {
+		shca_begin(ctx->conn, &b, SHCA_V_CREATE_CQ,
+			   SHCA_NFIELDS_CREATE_CQ - !shared - 2 * !chan);
+		mp_kv_uint(&b, SHCA_K_CTX, ctx->handle);
+		mp_kv_uint(&b, SHCA_K_CQE, (uint32_t)cqe);
+		mp_str(&b, SHCA_K_PUSH);
+		mp_bool(&b, true);
+		if (shared)
+			mp_kv_uint(&b, SHCA_K_RING, seq);
+		if (chan) {
+			mp_kv_uint(&b, SHCA_K_CHANNEL, chan_seq);
+			mp_kv_uint(&b, SHCA_K_EVENT, (uint64_t)(uintptr_t)&cq->cq);
+		}
+		rc = shca_call(ctx->conn, &b, NULL, 0, &r);
+	}
 	if (!rc) {
 		rc = shca_get_u32(&r, SHCA_R_CQ, &cq->handle);
 		shca_frame_free(&r);
-	}
-	if (!rc && channel) {
-		cq->chan_wfd = channel_wfd(channel);
-		if (cq->chan_wfd < 0) {
-			shca_call_simple(ctx, SHCA_V_DESTROY_CQ, SHCA_K_CQ, cq->handle);
-			rc = EMFILE;
-		}
 	}
 	if (rc) {
 		shca_cq_ring_unmap(&cq->shared);

@@ -209,7 +209,7 @@ enum shca_req {
 #define SHCA_NREQ_RESIZE_CQ 2
 #define SHCA_NFIELDS_RESIZE_CQ 3
 #define SHCA_NREQ_CREATE_CQ 2
-#define SHCA_NFIELDS_CREATE_CQ 4
+#define SHCA_NFIELDS_CREATE_CQ 6
 #define SHCA_NREQ_DESTROY_CQ 1
 #define SHCA_NFIELDS_DESTROY_CQ 1
 #define SHCA_NREQ_CQ_CREDIT 1
@@ -323,6 +323,7 @@ enum shca_req {
 #define SHCA_K_BACKLOG "backlog"
 #define SHCA_K_BIND "bind"
 #define SHCA_K_CALLS "calls"
+#define SHCA_K_CHANNEL "channel"
 #define SHCA_K_CMID "cmid"
 #define SHCA_K_COMP_MASK "comp_mask"
 #define SHCA_K_COMPARE_ADD "compare_add"
@@ -824,6 +825,8 @@ static const struct shca_wire_field shca_fields_create_cq[] = {
 	{"cqe", 'u', 1, 0, 2147483647ull},
 	{"push", 'b', 0, 0, 1ull},
 	{"ring", 'u', 0, 0, 4294967295ull},
+	{"channel", 'u', 0, 0, 4294967295ull},
+	{"event", 'u', 0, 0, 18446744073709551615ull},
 };
 static const struct shca_wire_field shca_fields_destroy_cq[] = {
 	{"cq", 'u', 1, 1, 4294967295ull},
@@ -1088,7 +1091,7 @@ static const struct shca_wire_req shca_wire_reqs[SHCA_REQ_COUNT] = {
 	{"rereg_mr", shca_fields_rereg_mr, 7},
 	{"advise_mr", shca_fields_advise_mr, 4},
 	{"resize_cq", shca_fields_resize_cq, 3},
-	{"create_cq", shca_fields_create_cq, 4},
+	{"create_cq", shca_fields_create_cq, 6},
 	{"destroy_cq", shca_fields_destroy_cq, 1},
 	{"cq_credit", shca_fields_cq_credit, 1},
 	{"req_notify_cq", shca_fields_req_notify_cq, 2},

@@ -40,6 +40,7 @@ import fcntl
 import mmap
 import os
 import platform
+import socket
 import stat
 import struct
 
@@ -55,7 +56,7 @@ from ..protocol.errors import RDMAError, einval
 from ..protocol.records import WC
 from .shared_mr import close_all
 
-__all__ = ["CqRing", "supported"]
+__all__ = ["CqRing", "EventSocket", "supported", "take_event_socket"]
 
 _ENTRY = struct.Struct(ENTRY_FORMAT)
 # A mapping larger than this is not a CQ's ring (max_cqe entries of 64 bytes, and the
@@ -175,5 +176,56 @@ def take_ring(verbs, seq: int, slots: int, verb: str) -> CqRing:
         if len(fds) != 1:
             raise einval(f"{verb}: a ring is one memfd, the handoff {seq} carried {len(fds)}")
         return CqRing(fds[0], slots, verb)
+    finally:
+        close_all(fds)
+
+
+class EventSocket:
+    """The write end of a completion channel's event socket, for one ring CQ bound to
+    the channel: the daemon writes the CQ's event there itself, as the kernel writes a
+    completion event into a channel's file, where a frame would wake the program's
+    reader thread only for it to write the same 8 bytes (docs/native.md, "Completion
+    channels"). ``event`` is what ibv_get_cq_event reads back: the CQ's user handle."""
+
+    def __init__(self, fd: int, event: int, verb: str) -> None:
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError as e:
+            raise RDMAError("EFAULT", f"{verb}: the channel's fd cannot be examined "
+                                      f"({e.strerror})") from None
+        if not stat.S_ISSOCK(mode):
+            raise einval(f"{verb}: the completion channel's fd is not a socket")
+        sock = socket.socket(fileno=os.dup(fd))
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+            sock.close()
+            raise einval(f"{verb}: the completion channel's fd is not a UNIX stream socket")
+        self._sock = sock
+        # the program reads a native u64: the rings are offered on x86-64 only
+        self._event = struct.pack("<Q", event)
+
+    def signal(self) -> bool:
+        """The event written, never blocking: False when the program's socket is full
+        (it reads no events) or gone, and the caller sends the event as a frame."""
+        try:
+            return self._sock.send(self._event, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL) == 8
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def take_event_socket(verbs, seq: int, event: int, verb: str) -> EventSocket:
+    """The channel's event socket the session's program handed over under ``seq`` (one
+    fd); the handed fd is closed whatever happens (the EventSocket keeps a dup)."""
+    inbox = getattr(verbs.session, "memfds", None)
+    if inbox is None or not supported():
+        raise RDMAError("EOPNOTSUPP", f"{verb}: channel events are written for local "
+                                      "programs over the daemon's UNIX socket only")
+    fds = inbox.take(seq)
+    try:
+        if len(fds) != 1:
+            raise einval(f"{verb}: a channel's handoff is one fd, {seq} carried {len(fds)}")
+        return EventSocket(fds[0], event, verb)
     finally:
         close_all(fds)

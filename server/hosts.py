@@ -158,6 +158,9 @@ class CQHost:
         # ibv_req_notify_cq, answered by a cq_event frame at the next entry written.
         self.ring: Any = None
         self.armed = False
+        # A ring CQ's completion channel (server/cq_ring.py EventSocket), or None: its
+        # events are written there, not sent as cq_event frames.
+        self.events: Any = None
 
     def push(self, wcs: list[WC]) -> bool:
         """Queue ``wcs``; True when this overran the CQ. ibv_create_cq(3): the CQ holds

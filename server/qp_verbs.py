@@ -18,7 +18,7 @@ from ..protocol import control
 from ..protocol.control import MAX_CQE
 from ..protocol.enums import Mlx5dvQpCreateFlags, QpAttrMask, QpType
 from ..protocol.errors import RDMAError, einval
-from .cq_ring import take_ring
+from .cq_ring import take_event_socket, take_ring
 from .hosts import CQHost, QPHost
 from .mw_verbs import bind_objects, clean_on_reset
 from .post_reply import reply_may_wait, send_queue_busy
@@ -44,10 +44,19 @@ def op_create_cq(v, r: control.CreateCq, rid: int) -> dict | None:
             raise einval("ibv_create_cq: a completion ring is a pushed CQ's (push)")
         cq.ring = take_ring(v, r.ring, r.cqe, "ibv_create_cq")
     try:
+        if (r.channel is None) != (r.event is None):
+            raise einval("ibv_create_cq: a completion channel's handoff and its event "
+                         "value come together")
+        if r.channel is not None:
+            if cq.ring is None:
+                raise einval("ibv_create_cq: channel events are a ring CQ's (ring)")
+            cq.events = take_event_socket(v, r.channel, r.event, "ibv_create_cq")
         cq.handle = v.add("cq", cq)
     except Exception:
         if cq.ring is not None:
             cq.ring.close()
+        if cq.events is not None:
+            cq.events.close()
         raise
     if cq.ring is not None:
         v.rings.append(cq.ring)
@@ -90,7 +99,7 @@ def op_req_notify_cq(v, r: control.ReqNotifyCq, rid: int) -> dict | None:
                      "client arms it itself)")
     if cq.ring.unpolled():
         cq.armed = False
-        v.session.push_cq_event(cq.handle)
+        v.cq_event(cq)
     else:
         cq.armed = True
     return None

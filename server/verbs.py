@@ -129,6 +129,15 @@ class Verbs:
                 obj.rcqp.modify_to_err()
                 self.daemon.service(obj)
 
+    def cq_event(self, cq: CQHost) -> None:
+        """The event of armed ring CQ ``cq``: written into its channel's socket when it
+        has one, else (or when that socket is full) a cq_event frame. Either way a
+        post's reply held for its completion goes now."""
+        if cq.events is not None and cq.events.signal():
+            self.session.release_held()
+        else:
+            self.session.push_cq_event(cq.handle)
+
     def complete(self, cq: CQHost, wcs: list[WC]) -> None:
         """Completions of one of this session's QPs into ``cq``; on an overrun the CQ's
         context gets IBV_EVENT_CQ_ERR and every QP using the CQ goes to ERR, as a device
@@ -142,7 +151,7 @@ class Verbs:
                 ring.wake()
             if cq.armed:
                 cq.armed = False
-                self.session.push_cq_event(cq.handle)
+                self.cq_event(cq)
             else:
                 # a post's reply held to ride with its completion (server/post_reply.py)
                 # goes now: the completion is in the ring already
@@ -216,6 +225,9 @@ class Verbs:
             self.rings.remove(obj.ring)
             obj.ring.close()
             obj.ring = None
+            if obj.events is not None:
+                obj.events.close()
+                obj.events = None
 
     def destroy_handle(self, handle: int, kind: str) -> dict:
         obj = self.get(handle, kind)
