@@ -329,12 +329,22 @@ static void on_frame(void *owner, struct shca_frame *r)
 	shca_frame_free(r);
 }
 
-/* The connection ended: a thread waiting for completions sees it (under core.lock). */
+/* The connection ended: a thread waiting for completions sees it (under core.lock), and
+ * the context gets IBV_EVENT_DEVICE_FATAL, as from a device that died (a kernel driver
+ * raises it on a fatal error; every verb after it fails with EIO): a program blocked in
+ * ibv_get_async_event learns it, and one that only polls its CQs can. Its element is the
+ * port, as libibverbs reads it for a device event. */
 static void on_dead(void *owner)
 {
 	struct shca_conn *c = owner;
+	struct async_desc d = {.element = 1, .event_type = IBV_EVENT_DEVICE_FATAL};
 
 	pthread_cond_broadcast(&c->wc_cond);
+	if (__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+		return;
+	if (c->ctx->async_pipe[1] >= 0 &&
+	    send(c->ctx->async_pipe[1], &d, sizeof(d), MSG_NOSIGNAL) != sizeof(d))
+		shca_log("IBV_EVENT_DEVICE_FATAL lost: the context's async fd is full");
 }
 
 static int expect(struct shca_frame *r, const char *kind)
@@ -622,6 +632,7 @@ void shca_disconnect(struct shca_conn *c)
 		close(c->core.fd);
 		return;
 	}
+	__atomic_store_n(&c->closing, 1, __ATOMIC_RELEASE);
 	shutdown(c->core.fd, SHUT_RDWR);
 	if (c->reader_started)
 		pthread_join(c->reader, NULL);

@@ -42,6 +42,7 @@ struct shca_conn {
 	pthread_cond_t wc_cond;     /* completions arrived (CLOCK_MONOTONIC), under core.lock */
 	uint32_t async_id;          /* the get_async_event waiting on the daemon, or 0 */
 	uint32_t own_ids;           /* ids of the reader thread's own requests */
+	int closing;                /* ibv_close_device ends it: not the device dying */
 	struct shca_context *ctx;
 };
 

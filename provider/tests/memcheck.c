@@ -16,6 +16,9 @@
  *                       (ibv_get_async_event), and its QP's WRs stop.
  *   memcheck hold       registers 64 MiB and posts, prints "ready", then waits to be
  *                       killed (the daemon must clean up after it).
+ *   memcheck fatal      prints "ready", then waits in ibv_get_async_event while its
+ *                       daemon is killed: IBV_EVENT_DEVICE_FATAL must come, as from a
+ *                       device that died, and the verbs after it fail with EIO.
  *
  * Expected values are computed here from the patterns, never read back from softhca.
  * Exit 0 when every check holds; each check prints one line. */
@@ -362,6 +365,33 @@ static int hold(void)
 	return 0;
 }
 
+static int fatal(void)
+{
+	struct side s = {0};
+	struct ibv_async_event ev;
+	struct ibv_send_wr wr = {0}, *bad = NULL;
+	struct ibv_pd *pd;
+	int rc;
+
+	open_side(&s);
+	printf("memcheck: ready pid %d\n", (int)getpid());
+	fflush(stdout);
+	rc = ibv_get_async_event(s.ctx, &ev);
+	CHECK(rc == 0, "ibv_get_async_event returns when the daemon dies (%d)", rc);
+	if (rc)
+		return 1;
+	CHECK(ev.event_type == IBV_EVENT_DEVICE_FATAL, "the event is %s",
+	      ibv_event_type_str(ev.event_type));
+	ibv_ack_async_event(&ev);
+	wr.opcode = IBV_WR_SEND;
+	rc = ibv_post_send(s.qp, &wr, &bad);
+	CHECK(rc == EIO, "ibv_post_send after it fails with %s", strerror(rc));
+	errno = 0;
+	pd = ibv_alloc_pd(s.ctx);
+	CHECK(!pd && errno == EIO, "ibv_alloc_pd after it fails with %s", strerror(errno));
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "transfer";
@@ -377,6 +407,8 @@ int main(int argc, char **argv)
 		return events();
 	if (!strcmp(mode, "hold"))
 		return hold();
-	fprintf(stderr, "usage: memcheck transfer|refuse|forged|events|hold\n");
+	if (!strcmp(mode, "fatal"))
+		return fatal();
+	fprintf(stderr, "usage: memcheck transfer|refuse|forged|events|hold|fatal\n");
 	return 2;
 }

@@ -175,6 +175,31 @@ def _rss_kib(pid: int) -> int:
     return int(m.group(1))
 
 
+def test_a_daemon_that_dies_is_a_fatal_device_error(daemon):
+    """The program's daemon killed under it: the context gets IBV_EVENT_DEVICE_FATAL (a
+    program blocked in ibv_get_async_event learns it) and the verbs after it fail with
+    EIO, as on a device that died. memcheck checks both itself."""
+    proc, sock, logf = daemon
+    run = subprocess.Popen([sys.executable, "-m", "softhca.tools.cli", "run", "--target",
+                            str(sock), "--", str(native.MEMCHECK), "fatal"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           cwd=native.REPO)
+    try:
+        line = run.stdout.readline()
+        assert re.match(r"memcheck: ready pid (\d+)", line), line + run.stdout.read()
+        proc.kill()
+        proc.wait(10)
+        out = run.stdout.read()
+        rc = run.wait(30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    # libibverbs' own name of IBV_EVENT_DEVICE_FATAL (ibv_event_type_str)
+    assert "ok: the event is local catastrophic error" in out, out
+    assert rc == 0, out
+
+
 def test_kill_9_leaves_nothing_behind(daemon):
     proc, sock, logf = daemon
     fds0, rss0 = _fds(proc.pid), _rss_kib(proc.pid)
