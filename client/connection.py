@@ -96,7 +96,10 @@ class Connection:
         # Pushed CQs by handle: the polls waiting on each.
         self.cqs: dict[int, PushedCQ] = {}
         self._credit_flush: asyncio.Handle | None = None
-        self._task = asyncio.get_running_loop().create_task(self._read_loop(link.rest))
+        # The loop the connection lives in, asked once: on Python 3.11
+        # asyncio.get_running_loop makes a getpid(2) system call each time.
+        self.loop = asyncio.get_running_loop()
+        self._task = self.loop.create_task(self._read_loop(link.rest))
 
     @classmethod
     async def open(cls, host: str, port: int, token: bytes | None, *,
@@ -139,7 +142,7 @@ class Connection:
         if self._generation != _generation:
             raise self.inherited_error()
         rid = self.protocol.send_request(verb, payload, **fields)
-        fut = asyncio.get_running_loop().create_future()
+        fut = self.loop.create_future()
         self._futures[rid] = fut
         self._write()
         if self._transport.get_write_buffer_size() > DRAIN_AT:
@@ -163,7 +166,7 @@ class Connection:
         whichever is first; nothing waits for it."""
         out = self.protocol.take_completions(handle, n)
         if out and self._credit_flush is None and self.protocol.credits_owed:
-            self._credit_flush = asyncio.get_running_loop().call_soon(self._send_credits)
+            self._credit_flush = self.loop.call_soon(self._send_credits)
         return out
 
     def _send_credits(self) -> None:

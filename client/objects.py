@@ -278,7 +278,7 @@ class CQ(_Closable):
         return out
 
     async def _wait(self, st: PushedCQ, conn: Connection, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
+        loop = conn.loop
         if timeout <= 0:
             await asyncio.sleep(0)
             return

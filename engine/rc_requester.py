@@ -306,6 +306,8 @@ class Requester:
                 rd_atomic += 1
                 sent_any = True
                 continue
+            if r.sent >= r.npsn:
+                continue        # all sent, waiting for its ACK
             k = self._send_runs(r, out, inflight, runs)
             inflight += k
             sent_any = sent_any or k > 0

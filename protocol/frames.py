@@ -126,9 +126,11 @@ def _payload_view(payload: bytes | bytearray | memoryview) -> memoryview:
     return view
 
 
-def encode_frame(header: dict, payload: bytes | bytearray | memoryview = b"", *,
+def encode_frame(header: dict, payload: bytes | bytearray | memoryview | list = b"", *,
                  check: bool = True) -> list:
     """Encode a frame as buffers for ``transport.writelines``; the payload is not copied.
+    A list of buffers as ``payload`` is a payload of their bytes back to back (a runs
+    frame's: protocol/runs.py), each still its own buffer.
 
     The header is checked with the same rules the decoder applies, so this end
     never sends what the other end would refuse. ``check=False`` is for the headers
@@ -139,12 +141,16 @@ def encode_frame(header: dict, payload: bytes | bytearray | memoryview = b"", *,
     if check:
         _check_header(header)
     packed = msgpack.packb(header, use_bin_type=True)
-    body = _payload_view(payload)
-    length = _HLEN + len(packed) + body.nbytes
+    if type(payload) is list:
+        body = [v for v in map(_payload_view, payload) if v.nbytes]
+        size = sum(v.nbytes for v in body)
+    else:
+        view = _payload_view(payload)
+        body, size = ([view] if view.nbytes else []), view.nbytes
+    length = _HLEN + len(packed) + size
     if length > _MAX_U32:
         raise FrameError("EMSGSIZE", f"frame of {length} bytes does not fit a 32-bit length")
-    head = _U32X2.pack(length, len(packed)) + packed
-    return [head, body] if body.nbytes else [head]
+    return [_U32X2.pack(length, len(packed)) + packed, *body]
 
 
 def frame_bytes(header: dict, payload: bytes | bytearray | memoryview = b"") -> bytes:

@@ -30,9 +30,11 @@ class FrameKind(str, Enum):
     CQ_CREDIT = "cq_credit"
     # Pushed: an armed ring CQ got an entry (ibv_req_notify_cq, the completion channel).
     CQ_EVENT = "cq_event"
-    # The wire plane: one RC packet, a train of them (protocol/packets.py).
+    # The wire plane: one RC packet, a train of them, the runs of several messages
+    # (protocol/packets.py).
     PKT = "pkt"
     TRAIN = "train"
+    RUNS = "runs"
 
     # As a str everywhere, so that formatting, hashing and msgpack see the wire value.
     __str__ = str.__str__

@@ -160,11 +160,13 @@ FRAMES: dict[str, dict[str, tuple]] = {
     "hello": {"version": _U32, "role": _STR, "proof": _opt(_BYTES), "src": _opt(_STR),
               "key": _opt(_STR), "seq": _opt(_U64)},
     # devices and max_frame for a session; address, memfd_key and sysv_attach on the
-    # UNIX socket; fds and keep answering a memfd HELLO.
+    # UNIX socket; fds and keep answering a memfd HELLO; runs on a wire link (the
+    # daemon takes runs frames, protocol/runs.py).
     "welcome": {"role": _STR, "devices": _opt(_LIST), "max_frame": _opt(_U64),
                 "address": _opt(_STR), "memfd_key": _opt(_STR),
                 "sysv_attach": _opt((int, 0, 1, True)), "fds": _opt(_U32),
-                "keep": _opt((int, 0, 1, True)), "cq_ring": _opt((int, 0, 1, True))},
+                "keep": _opt((int, 0, 1, True)), "cq_ring": _opt((int, 0, 1, True)),
+                "runs": _opt((int, 0, 1, True))},
     # A refused request (its id; 0: about the connection): errno's name, a sentence,
     # and a refused post's WR index.
     "err": {"errno": _STR, "msg": _STR, "bad_wr": _opt(_U32)},

@@ -28,6 +28,7 @@
 #define SHCA_T_CQ_EVENT "cq_event"
 #define SHCA_T_PKT "pkt"
 #define SHCA_T_TRAIN "train"
+#define SHCA_T_RUNS "runs"
 
 /* Request kinds: their ids (the order of the tables below) and names. */
 enum shca_req {
@@ -607,6 +608,7 @@ enum shca_req {
 #define SHCA_R_RR "rr"
 #define SHCA_R_RULE "rule"
 #define SHCA_R_RULES "rules"
+#define SHCA_R_RUNS "runs"
 #define SHCA_R_SEQ "seq"
 #define SHCA_R_SESSION "session"
 #define SHCA_R_SGID "sgid"
@@ -1317,6 +1319,7 @@ static const struct shca_wire_field shca_map_fields_welcome[] = {
 	{"fds", 'u', 0, 0, 4294967295ull},
 	{"keep", 'u', 0, 0, 1ull},
 	{"cq_ring", 'u', 0, 0, 1ull},
+	{"runs", 'u', 0, 0, 1ull},
 };
 static const struct shca_wire_field shca_map_fields_err[] = {
 	{"errno", 's', 1, 0, 1ull},
@@ -1565,7 +1568,7 @@ static const struct shca_wire_req shca_wire_replies[SHCA_REQ_COUNT] = {
 static const struct shca_wire_req shca_wire_maps[SHCA_WIRE_NMAPS] = {
 	{"challenge", shca_map_fields_challenge, 3},
 	{"hello", shca_map_fields_hello, 6},
-	{"welcome", shca_map_fields_welcome, 9},
+	{"welcome", shca_map_fields_welcome, 10},
 	{"err", shca_map_fields_err, 3},
 	{"wc", shca_map_fields_wc, 2},
 	{"cq_event", shca_map_fields_cq_event, 1},

@@ -151,7 +151,7 @@ class Daemon:
         self.wire = WirePlane(counters=self.counters, qps=self.qps, faults=self.faults,
                               taps=self.events, service=self.service, trains=trains,
                               peer_token=self.peer_token, max_frame=self.max_frame,
-                              address=lambda: self.address)
+                              address=lambda: self.address, loop=lambda: self.loop)
         self.links = self.wire.links
         # rdma_cm's connection manager (server/cm.py): its messages come on wire links.
         self.cm = ConnectionManager(self, Timing(timewait=limits.cm_timewait))
@@ -162,6 +162,17 @@ class Daemon:
         self._server: asyncio.AbstractServer | None = None
         self._conn_tasks: set[asyncio.Task] = set()
         self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the daemon runs in, asked of asyncio once: on Python 3.11
+        ``asyncio.get_running_loop`` makes a getpid(2) system call each time, and the
+        wire path asked for it several times per packet."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     @property
     def address(self) -> str:
@@ -284,9 +295,12 @@ class Daemon:
             self.shares.admit(credential)
             self.connections += 1
             authenticated = credential
+            # A wire link's welcome says this daemon takes runs frames (protocol/runs.py);
+            # one without it (a daemon of the previous version) gets trains only.
+            more = {"runs": 1} if role == "wire" else {}
             writer.writelines(encode_frame(frame("welcome", role=role,
                                                  devices=list(self.hcas),
-                                                 max_frame=self.max_frame)))
+                                                 max_frame=self.max_frame, **more)))
             await self._serve_connection(role, credential, reader, writer, decoder,
                                          frames[1:], peer, peer_s, hello)
         except RDMAError as e:
@@ -416,7 +430,7 @@ class Daemon:
         """Let the QP transmit, move its completions and events, arm its next timer."""
         if qph.session.gone:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         pkts = qph.rcqp.poll_wire(loop.time(), self.wire.trains)
         if pkts:
             self.wire.transmit(qph, pkts)

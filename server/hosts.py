@@ -269,6 +269,8 @@ class Node(Protocol):
     events: Subscriptions
     # server/shares.py Shares: per-credential connections and objects, memory in use.
     shares: Any
+    # The running loop, kept (Daemon.loop).
+    loop: Any
 
     def service(self, qph: QPHost) -> None: ...
 

@@ -114,7 +114,7 @@ class ControlSession:
 
     async def _serve(self, events: list) -> bool:
         """Handle one read's events in order; False once the session has ended."""
-        loop = asyncio.get_running_loop()
+        loop = self.daemon.loop
         transport = self.writer.transport
         high = self.daemon.limits.reply_high_water
         turn = loop.time()
@@ -149,7 +149,7 @@ class ControlSession:
     def _hold(self) -> None:
         """Leave what is queued for the next write, or for HOLD_S at most."""
         if self._held is None:
-            self._held = asyncio.get_running_loop().call_later(HOLD_S, self._flush)
+            self._held = self.daemon.loop.call_later(HOLD_S, self._flush)
 
     def _flush(self) -> None:
         if self._held is not None:

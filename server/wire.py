@@ -24,6 +24,7 @@ from collections.abc import Callable
 from ..engine.ud import Addressed
 from ..protocol.errors import RDMAError
 from ..protocol.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
+from ..protocol.kinds import FrameKind
 from ..protocol.opcodes import Op, with_flags
 from ..protocol.packets import (
     IntegrityError,
@@ -36,6 +37,7 @@ from ..protocol.packets import (
     split,
     train_header,
 )
+from ..protocol.runs import RUNS_FRAME_MAX, decode_runs, runs_frame
 from .faults import REORDER_FLUSH_S, Emit, Faults
 from .hosts import QPHost
 from .link import READ_CHUNK, open_link
@@ -44,6 +46,7 @@ from .session import send_error
 from .taps import Taps
 from .wire_in import WireIn
 
+_RUNS = FrameKind.RUNS.value
 # The packets that begin a SEND: the ones that would take a receive.
 # (RC's: UC and UD have no RNR NAK.)
 _SEND_FIRSTS = with_flags(Op.SEND | Op.FIRST, none_of=Op.UC | Op.UD)
@@ -59,6 +62,8 @@ WASTE_RATE = 64 << 20
 PACKET_OVERHEAD = 256
 # Room a train frame's prefix and header take beside its payload (a header is well under).
 TRAIN_HEADROOM = 1024
+# Room each run after the first takes in a runs frame's header (an entry is under 80 bytes).
+RUN_HEADROOM = 128
 # How long a link nobody sends on any more may still send its last CM messages (the
 # DREQs of a closing session's rdma_cm ids) before it is cut.
 CM_LINGER_S = 1.0
@@ -70,7 +75,9 @@ class WirePlane:
     def __init__(self, *, counters: dict[str, int], qps: dict[tuple[str, int], QPHost],
                  faults: Faults, taps: Taps, service: Callable[[QPHost], None],
                  trains: bool, peer_token: bytes | None, max_frame: int,
-                 address: Callable[[], str]) -> None:
+                 address: Callable[[], str],
+                 loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
+                 ) -> None:
         self.counters = counters
         self.qps = qps
         self.faults = faults
@@ -81,6 +88,8 @@ class WirePlane:
         self.peer_token = peer_token
         self.max_frame = max_frame
         self.address = address
+        # The running loop (the daemon's, kept: asyncio's costs a getpid each call).
+        self.loop = loop
         # Which daemons this one's links reached ((host, port) as a QP named it), and
         # which daemons opened a link here (their origin): a QP whose retries run out
         # towards a daemon it reached but that never opened a link back was not heard
@@ -126,7 +135,7 @@ class WirePlane:
         payload bytes dropped on arrival. Raises FrameError for a frame that breaks the
         protocol (the link closes)."""
         touched: dict[int, QPHost] = {}
-        now = asyncio.get_running_loop().time()
+        now = self.loop().time()
         waste = 0
         for fr in frames:
             if fr.header.get("t") == "cm":
@@ -135,6 +144,13 @@ class WirePlane:
                 self.on_cm(fr.header, fr.payload, origin)
                 continue
             try:
+                if fr.kind == _RUNS:
+                    # Several messages' runs (protocol/runs.py): each taken as the
+                    # train frame of it would be.
+                    dev, runs = decode_runs(fr.header, fr.payload)
+                    for run, sqp in runs:
+                        waste += self._take_run(dev, run, sqp, origin, now, touched)
+                    continue
                 dev, run = decode(fr.header, fr.payload)
             except IntegrityError as e:
                 # A link error: dropped and counted; the requester's retransmission
@@ -427,6 +443,9 @@ class WireLink:
         # The largest frame the peer takes (its welcome says): a train that would be
         # larger goes as its packets.
         self.peer_max_frame = DEFAULT_MAX_FRAME
+        # Whether the peer takes runs frames (its welcome says "runs": 1; a daemon of
+        # the previous version does not, and gets each run as its train frame).
+        self.peer_runs = False
         self.closed = False
         # Why it could not open (server/cm.py's address resolution reads it).
         self.failure: BaseException | None = None
@@ -481,17 +500,44 @@ class WireLink:
             return
         room = self.MAX_BUFFERED - w.transport.get_write_buffer_size()
         bufs: list = []
-        while self.backlog and room > 0:
-            dev, p, icrc_value, src_qp, _ = self.backlog.popleft()
+        backlog = self.backlog
+        while backlog and room > 0:
+            dev, p, icrc_value, src_qp, _ = backlog.popleft()
             self.backlog_bytes -= _charge(p)
             if dev is None:
                 framed = encode_frame(p.header, p.payload)
+            elif (self.peer_runs and backlog and type(p) is Run
+                  and len(p.payload) + TRAIN_HEADROOM <= self.peer_max_frame):
+                framed = self._runs(dev, p, src_qp, room)
             else:
                 framed = self._frames(dev, p, icrc_value, src_qp)
             bufs += framed
             room -= sum(len(b) for b in framed)
         if bufs:
             w.writelines(bufs)
+
+    def _runs(self, dev: str, first: Run, src_qp: int, room: int) -> list:
+        """``first`` and the runs to the same HCA right behind it in the backlog, as
+        many as one frame of the peer's takes (RUNS_FRAME_MAX, its max_frame) and the
+        socket's ``room``, as one ``runs`` frame (protocol/runs.py); alone, its train
+        frame."""
+        runs = [(first, src_qp)]
+        size = len(first.payload) + TRAIN_HEADROOM
+        limit = min(self.peer_max_frame, room)
+        backlog = self.backlog
+        while backlog and len(runs) < RUNS_FRAME_MAX:
+            d, p, _, sqp, _ = backlog[0]
+            if d != dev or type(p) is not Run:
+                break
+            size += len(p.payload) + RUN_HEADROOM
+            if size > limit:
+                break
+            backlog.popleft()
+            self.backlog_bytes -= _charge(p)
+            runs.append((p, sqp))
+        if len(runs) == 1:
+            return self._frames(dev, first, None, src_qp)
+        return runs_frame(dev, runs)
 
     def _frames(self, dev: str, p, icrc_value: int | None, src_qp: int) -> list:
         """The buffers of a packet or train (a train larger than the peer's frame limit
@@ -577,6 +623,7 @@ class WireLink:
             peer_max = link.welcome.get("max_frame")
             if type(peer_max) is int and peer_max > 0:
                 self.peer_max_frame = peer_max
+            self.peer_runs = link.welcome.get("runs") == 1
             # drain() waits while more than MAX_BUFFERED is unsent, until a quarter is.
             writer.transport.set_write_buffer_limits(high=self.MAX_BUFFERED)
             self.writer = writer
