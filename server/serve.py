@@ -27,6 +27,7 @@ from ..protocol.errors import RDMAError
 from .crypto_config import load_crypto_config
 from .daemon import Daemon, Limits, kv
 from .logs import setup_logging
+from .loop import run_loop
 
 log = logging.getLogger("softhca.server")
 
@@ -316,14 +317,7 @@ class StartError(Exception):
 def run(o: ServeOptions) -> int:
     setup_logging(o.log_level)
     try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-    try:
-        if uvloop is not None:
-            uvloop.run(serve(o))
-        else:
-            asyncio.run(serve(o))
+        run_loop(serve(o))
     except StartError as e:
         field = "address" if e.event == "listen_failed" else "file"
         log.error("cannot serve %s", kv(event=e.event, **{field: e.what},

@@ -39,6 +39,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -425,10 +426,11 @@ def namespace_refused(said: str) -> str:
     return f"cannot make the program's mount namespace ({cause}): {hint}"
 
 
-async def _setup_said(proc) -> bytes:
+async def _setup_said(proc: subprocess.Popen) -> bytes:
     """What the script's pipe carried until it handed the program the real stderr (EOF)
     or died; anything before the ready line is passed on to stderr."""
-    said = await proc.stderr.read()
+    said = await asyncio.to_thread(proc.stderr.read)
+    proc.stderr.close()
     if said.endswith(_READY) and said[:-len(_READY)]:
         os.write(2, said[:-len(_READY)])
     return said
@@ -452,11 +454,14 @@ async def _run_program(argv: list[str], env: dict[str, str], ndev: int, run_dir:
         # (PR_SET_PDEATHSIG), its child, the namespace's init, with it (--kill-child),
         # and the kernel kills every process left in the namespace: the program's
         # background children too, which PR_SET_PDEATHSIG alone would leave running.
-        proc = await asyncio.create_subprocess_exec(
-            "unshare", "--mount", "--propagation", "private", "--pid", "--fork",
-            "--kill-child", "--mount-proc", "sh", "-c", _NS_SCRIPT,
-            "softhca-run", str(ndev), str(run_dir), sys.executable, _BINDS, *argv, env=env,
-            stderr=asyncio.subprocess.PIPE,
+        # Forked here, on the loop's thread (PR_SET_PDEATHSIG follows the thread that
+        # forked), by subprocess rather than the loop: the child closes every fd it does
+        # not keep, which uvloop's own spawn would not survive; the waits run in threads.
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "--pid", "--fork",
+             "--kill-child", "--mount-proc", "sh", "-c", _NS_SCRIPT,
+             "softhca-run", str(ndev), str(run_dir), sys.executable, _BINDS, *argv], env=env,
+            stderr=subprocess.PIPE,
             close_fds=False, preexec_fn=lambda: _child_setup(real_stderr))
     finally:
         os.close(real_stderr)
@@ -465,7 +470,7 @@ async def _run_program(argv: list[str], env: dict[str, str], ndev: int, run_dir:
         loop.add_signal_handler(sig, _signal_program, proc.pid, sig)
     try:
         said = await _setup_said(proc)
-        rc = await proc.wait()
+        rc = await asyncio.to_thread(proc.wait)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -648,6 +653,7 @@ def run(args, argv: list[str]) -> int:
             not Path(argv[0]).exists():
         raise RunError(f"cannot find {'unshare' if shutil.which('unshare') is None else argv[0]}")
     from ..server.logs import setup_logging
+    from ..server.loop import run_loop
 
     if args.target and getattr(args, "trace", None):
         raise RunError("--trace is the embedded daemon's; with --target, run `softhca trace "
@@ -658,7 +664,7 @@ def run(args, argv: list[str]) -> int:
     try:
         hold_run_lock(tmp)
         work = _targeted if args.target else _embedded
-        rc = asyncio.run(work(args, argv, tmp, provider))
+        rc = run_loop(work(args, argv, tmp, provider))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     # A program killed by a signal: the shell's convention, 128 + the signal.

@@ -5,7 +5,6 @@ Numbers only; nothing here judges them.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ import numpy as np
 
 from ...protocol.attrs import SigBlockDomain, SigT10dif
 from ...protocol.enums import AccessFlags, BlockSize, SigT10difFlags, SigType
+from ...server.loop import run_loop  # noqa: F401 (the bench's modules take it from here)
 
 MIB = 1 << 20
 KIB = 1 << 10
@@ -111,15 +111,6 @@ def percentile(sorted_values: list[float], p: float) -> float:
     """Nearest-rank percentile of sorted values."""
     k = max(0, min(len(sorted_values) - 1, math.ceil(p / 100 * len(sorted_values)) - 1))
     return sorted_values[k]
-
-
-def run_loop(coro):
-    """The coroutine on uvloop when it is installed (as `softhca serve` runs)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def xts_key(rng: np.random.Generator) -> bytes:
