@@ -21,10 +21,13 @@ pairs between the two daemons of a run, each with one requester and one responde
   without remote write access, a READ past the end of an MR, a SEND longer than its
   receive), after which the rest of the QP's WRs flush.
 
-Memory each QP pair touches is its own, and no local buffer a READ or atomic writes is
-a source of another WR, so that the final memory is a function of the workload alone
-(RC orders one QP's messages; nothing orders two QPs', nor a READ's response against a
-later SEND's gather without a fence).
+Memory each QP pair touches is its own, no local buffer a READ or atomic writes is a
+source of another WR, and no WR writes responder memory that an earlier READ of its QP
+reads, so that the final memory and every payload are functions of the workload alone.
+RC orders one QP's messages, but nothing orders two QPs', nor (without IBV_SEND_FENCE,
+which softhca accepts and does not model) a READ's responses against a later WR: the
+responder reads a READ's bytes as its link sends them, and an RDMA WRITE or atomic
+behind the READ may already have changed them, as the IBTA allows an unfenced one to.
 """
 
 from __future__ import annotations
@@ -175,9 +178,11 @@ def _split(rng: random.Random, total: int, n: int) -> list[int]:
 class _PairGen:
     """Draws one QP pair's WRs and the MRs / MKEYs it uses."""
 
-    def __init__(self, rng: random.Random, name: str, features: frozenset, big_left: list):
+    def __init__(self, rng: random.Random, name: str, features: frozenset, big_left: list,
+                 rnr_taken: list):
         self.rng, self.name, self.features = rng, name, features
-        self.big_left = big_left
+        self.big_left, self.rnr_taken = big_left, rnr_taken
+        self.failing: str | None = None     # the kind of the WR that must fail, if any
         self.requester = rng.randrange(2)
         self.responder = 1 - self.requester
         self.mtu = rng.choice((1024, 4096))
@@ -189,6 +194,7 @@ class _PairGen:
         self.sends: list[tuple[int, bool]] = []
         self.small_recv: int | None = None  # the index of a receive made too small
         self.touched: set[int] = set()      # 8-byte words of tgt that WRs change
+        self.reads: dict[str, list[tuple[int, int]]] = {}   # key -> ranges READs read
         self.need = {"src": 64, "sink": 64, "tgt": 4096}
 
     def mr(self, what: str, side: int, size: int, access: int) -> str:
@@ -197,7 +203,7 @@ class _PairGen:
         return name
 
     def length(self) -> int:
-        if self.big_left[0] > 0 and self.rng.random() < 0.06:
+        if self.big_left[0] > 0 and self.rng.random() < 0.1:
             self.big_left[0] -= 1
             return self.rng.choice(BIG)
         return self.rng.choice(sizes(self.mtu))
@@ -211,10 +217,23 @@ class _PairGen:
             self.need[pool] = max(self.need[pool], at + part)
         return out
 
-    def remote_at(self, length: int, align: int = 1) -> int:
+    def remote_at(self, length: int, align: int = 1, writes: bool = False) -> int:
+        """An offset in the responder's tgt MR for ``length`` bytes; one that a WR
+        ``writes`` is past every range an earlier READ of the pair reads (module
+        docstring: a READ's responses may show a later unfenced write)."""
         at = self.rng.randrange(0, 4096) // align * align
+        if writes and self.overlaps_read(f"{self.name}.tgt", at, length):
+            top = max(end for _, end in self.reads[f"{self.name}.tgt"])
+            at = -(-top // align) * align + self.rng.randrange(0, 64) // align * align
         self.need["tgt"] = max(self.need["tgt"], at + length + 8)
         return at
+
+    def overlaps_read(self, key: str, at: int, length: int) -> bool:
+        return any(at < end and start < at + max(length, 1)
+                   for start, end in self.reads.get(key, ()))
+
+    def read(self, key: str, at: int, length: int) -> None:
+        self.reads.setdefault(key, []).append((at, at + length))
 
     def draw(self, n: int) -> None:
         rng = self.rng
@@ -263,6 +282,10 @@ class _PairGen:
             # No signature: MKEY offsets are memory offsets.
             length = rng.choice((1, 8, 512, 3000))
             at = rng.randrange(0, 4096 - length + 1)
+            if op == sh.IBV_WR_RDMA_WRITE and self.overlaps_read(m.name, at, length):
+                op, pool = sh.IBV_WR_RDMA_READ, "sink"
+            if op == sh.IBV_WR_RDMA_READ:
+                self.read(m.name, at, length)
             self.wrs.append(WrSpec(op, self.local_sg(length, pool), (m.name, at)))
             return
         mem, wire = mkey_widths(m.kind)
@@ -274,13 +297,17 @@ class _PairGen:
                 and rng.random() < 0.25:
             # A plain tail (docs/blocks.md); AES-XTS has no partial data unit.
             length += rng.choice((1, 100, block - 1))
+        if op == sh.IBV_WR_RDMA_WRITE and self.overlaps_read(m.name, first * wire, length):
+            op, pool = sh.IBV_WR_RDMA_READ, "sink"
+        if op == sh.IBV_WR_RDMA_READ:
+            self.read(m.name, first * wire, length)
         self.wrs.append(WrSpec(op, self.local_sg(length, pool), (m.name, first * wire)))
 
     def plain_wr(self, op: int) -> None:
         rng = self.rng
         if op in (sh.IBV_WR_ATOMIC_CMP_AND_SWP, sh.IBV_WR_ATOMIC_FETCH_AND_ADD,
                   sh.IBV_WR_ATOMIC_WRITE):
-            at = self.remote_at(8, 8)
+            at = self.remote_at(8, 8, writes=True)
             pool = "src" if op == sh.IBV_WR_ATOMIC_WRITE else "sink"
             wr = WrSpec(op, [(pool, rng.randrange(0, 256) * 8, 8)], (f"{self.name}.tgt", at),
                         compare_add=rng.getrandbits(64), swap=rng.getrandbits(64))
@@ -299,7 +326,9 @@ class _PairGen:
             self.wrs.append(WrSpec(op, self.local_sg(length, "src"), imm=imm,
                                    inline=length <= 256 and rng.random() < 0.3))
             return
-        at = self.remote_at(length)
+        at = self.remote_at(length, writes=op != sh.IBV_WR_RDMA_READ)
+        if op == sh.IBV_WR_RDMA_READ:
+            self.read(f"{self.name}.tgt", at, length)
         if op == sh.IBV_WR_RDMA_WRITE_WITH_IMM:
             self.sends.append((0, False))
         for w in range(at // 8, (at + length + 7) // 8):
@@ -324,9 +353,10 @@ class _PairGen:
             # The receive of the first SEND at or after ``at`` gets fewer bytes than it.
             later = sum(1 for w in self.wrs[:at] if w.opcode in _TAKE_RECEIVES)
             if later < len(self.sends) and self.sends[later][1] and self.sends[later][0]:
-                self.small_recv = later
+                self.small_recv, self.failing = later, kind
                 return
             kind = "past"
+        self.failing = kind
         length = rng.choice((1, 64, self.mtu + 1))
         if kind == "bogus":
             wr = WrSpec(rng.choice((sh.IBV_WR_RDMA_WRITE, sh.IBV_WR_RDMA_READ)),
@@ -341,7 +371,7 @@ class _PairGen:
         self.wrs.insert(at, wr)
 
     def finish(self) -> PairSpec:
-        rng = self.rng
+        rng, rnr_taken = self.rng, self.rnr_taken
         self.mr("src", self.requester, self.need["src"] + 64, LOCAL)
         self.mr("sink", self.requester, self.need["sink"] + 64, LOCAL)
         self.mr("tgt", self.responder, self.need["tgt"] + 64, ALL)
@@ -362,7 +392,12 @@ class _PairGen:
         for wr in self.wrs:
             wr.sg = [(f"{self.name}.{pool}", a, n) for pool, a, n in wr.sg]
         pair = PairSpec(self.name, self.requester, self.mtu, self.wrs, recvs)
-        pair.rnr = bool(self.sends) and rng.random() < 0.25
+        # RNR: the receives go up once the requester has had an RNR NAK. Not where a
+        # failing WR may come before the first SEND (the SEND would never be sent), and
+        # one pair a workload (the daemon counts RNR retries for all its QPs).
+        pair.rnr = (bool(self.sends) and self.failing in (None, "small") and not rnr_taken[0]
+                    and rng.random() < 0.3)
+        rnr_taken[0] |= pair.rnr
         if "faults" in self.features and rng.random() < 0.4:
             for _ in range(rng.choice((1, 1, 2))):
                 pair.faults.append(self.fault())
@@ -398,10 +433,11 @@ _TAKE_RECEIVES = (sh.IBV_WR_SEND, sh.IBV_WR_SEND_WITH_IMM, sh.IBV_WR_SEND_WITH_I
 def generate(seed: int, features: frozenset = FEATURES, *, max_wrs: int = 14) -> Workload:
     """Workload number ``seed``: the same seed and features give the same workload."""
     rng = random.Random(seed)
-    big_left = [1]      # at most one large message per workload: the run time stays modest
+    big_left = [2]      # at most two large messages a workload: the run time stays modest
+    rnr_taken = [False]
     mrs, mkeys, pairs = [], [], []
     for i in range(rng.choice((1, 2, 2, 3))):
-        g = _PairGen(rng, f"p{i}", frozenset(features), big_left)
+        g = _PairGen(rng, f"p{i}", frozenset(features), big_left, rnr_taken)
         g.draw(rng.randint(3, max_wrs))
         pair = g.finish()
         mrs += g.mrs

@@ -46,6 +46,7 @@ import softhca.client as sh
 from softhca.tools.daemons import OWN_SESSION, stop_all, wait_file
 
 TIMEOUT = 30.0          # seconds a workload's completions may take on a loaded machine
+RNR_WAIT = 10.0         # seconds the SENDs of an RNR case may take to find no receive
 
 
 @dataclass(frozen=True)
@@ -359,11 +360,20 @@ async def _run(nodes: list[sh.Node], ports: list[int], wl: dwl.Workload, t0: flo
             await req.post_send(wrs[at:at + k])
             at += k
         if recvs and p.rnr:
-            # The SENDs find no receive: RNR NAKs until these are posted.
-            await asyncio.sleep(0.03)
+            # The SENDs find no receive: RNR NAKs until these are posted, once the
+            # requester has had one (its daemon counts them: rnr_retries).
+            node = sides[p.requester].node
+            deadline = time.monotonic() + RNR_WAIT
+            while (await node.counters()).get("rnr_retries", 0) <= rnr_before[p.name]:
+                if time.monotonic() > deadline:
+                    problems.append(f"{p.name}: no RNR NAK within {RNR_WAIT:g} s")
+                    break
+                await asyncio.sleep(0.005)
             await resp.post_recv(recvs)
 
     problems: list[str] = []
+    rnr_before = {p.name: (await sides[p.requester].node.counters()).get("rnr_retries", 0)
+                  for p in wl.pairs if p.rnr}
     await asyncio.gather(*(pair_traffic(p) for p in wl.pairs))
     completions: dict[str, list[sh.WC]] = {name: [] for name in qps}
     for p in wl.pairs:
