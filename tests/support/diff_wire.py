@@ -22,7 +22,8 @@ What is compared, per QP and direction (``normalise``):
   is a retransmission: go-back-N, RNR retries and READ re-requests depend on timing);
 - **READ responses and atomic ACKs**: likewise, in their PSN order;
 - **ACKs** (ACKNOWLEDGE: coalescing depends on timing): the last acknowledged PSN with
-  its MSN, and the set of syndromes seen (NAK_PSN_SEQ left out where a fault rule ran:
+  its MSN (over every AETH that says ACK, READ responses and atomic ACKs included), and
+  the set of ACKNOWLEDGE syndromes seen (NAK_PSN_SEQ left out where a fault rule ran:
   whether a gap is seen before the retransmission timer fires is timing);
 - **an error NAK** (NAK_INV_REQ, NAK_REM_ACCESS, NAK_REM_OP) ends both directions of
   that QP's comparison: it is compared itself (PSN, syndrome, MSN); the requests up to
@@ -304,8 +305,11 @@ def normalise(ids: Identities, frames: list[Frame], faults: bool) -> dict[str, Q
         syndromes = {fr.aeth[0] for fr in acks}
         if faults:
             syndromes.discard("NAK_PSN_SEQ")
+        # The last acknowledged PSN and MSN: over every packet whose AETH says ACK (a
+        # READ response or an atomic ACK acknowledges the WRITEs before it as an
+        # ACKNOWLEDGE does; which of them carried it is coalescing, timing).
         last_ack = None
-        positive = [fr for fr in acks if fr.aeth[0] == "ACK"]
+        positive = [fr for fr in acks + responses if fr.aeth and fr.aeth[0] == "ACK"]
         if positive and error_nak is None:
             last = max(positive, key=lambda fr: (_rel(fr.psn, resp_base), fr.aeth[1]))
             last_ack = (_rel(last.psn, resp_base), last.aeth[1])
@@ -341,7 +345,7 @@ def diff_qp(name: str, a: QpWire, b: QpWire, limit: int = 3) -> list[str]:
     out: list[str] = []
     for what in ("requests", "responses"):
         xs, ys = getattr(a, what), getattr(b, what)
-        for i, (x, y) in enumerate(zip(xs, ys)):
+        for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
             if x != y:
                 fields = [FIELDS[k] for k in range(len(FIELDS)) if x[k] != y[k]]
                 detail = ""

@@ -149,7 +149,7 @@ def compare(a: Observed, b: Observed, limit: int = 8) -> list[str]:
     out = [f"A: {p}" for p in a.problems] + [f"B: {p}" for p in b.problems]
     for name in sorted(set(a.completions) | set(b.completions)):
         xs, ys = a.completions.get(name, []), b.completions.get(name, [])
-        for i, (x, y) in enumerate(zip(xs, ys)):
+        for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
             if x != y:
                 fields = [f"{WC_FIELDS[k]} {x[k]!r} / {y[k]!r}" for k in range(len(x))
                           if x[k] != y[k]]
@@ -229,7 +229,7 @@ class Daemons:
     def frames(self) -> list[list[dw.Frame]]:
         """What each daemon sent ("tx"), in its capture's order."""
         out = []
-        for path, port in zip(self.captures, self.ports):
+        for path, port in zip(self.captures, self.ports, strict=True):
             frames = []
             for ts, frame in dw.read_frames(path):
                 fr = dw.parse_frame(frame, ts)
@@ -298,7 +298,7 @@ async def run_workload(addresses: list[str], ports: list[int], wl: dwl.Workload)
 
 async def _run(nodes: list[sh.Node], ports: list[int], wl: dwl.Workload, t0: float) -> Raw:
     sides = []
-    for node, port in zip(nodes, ports):
+    for node, port in zip(nodes, ports, strict=True):
         ctx = await node.open_device()
         sides.append(_Side(node, ctx, await ctx.alloc_pd(), port))
     ids = dw.Identities({}, {}, {}, {}, {})
@@ -313,7 +313,7 @@ async def _run(nodes: list[sh.Node], ports: list[int], wl: dwl.Workload, t0: flo
     qps: dict[str, tuple[sh.QP, sh.CQ, sh.CQ]] = {}
     for p in wl.pairs:
         names = (f"{p.name}.req", f"{p.name}.resp")
-        for name, side in zip(names, (p.requester, 1 - p.requester)):
+        for name, side in zip(names, (p.requester, 1 - p.requester), strict=True):
             s = sides[side]
             scq, rcq = await s.ctx.create_cq(1024), await s.ctx.create_cq(1024)
             qp = await s.pd.create_qp(sh.QPInitAttr(
@@ -327,9 +327,9 @@ async def _run(nodes: list[sh.Node], ports: list[int], wl: dwl.Workload, t0: flo
             ids.port_of[name] = s.port
         ids.peer[names[0]], ids.peer[names[1]] = names[1], names[0]
         req, resp = qps[names[0]][0], qps[names[1]][0]
-        # Timers short enough for a dropped last packet to cost ~70 ms, long enough
+        # Timers short enough for a dropped last packet to cost ~130 ms, long enough
         # (7 retries) that a loaded machine does not exhaust them.
-        kw = dict(timeout=14, retry_cnt=7, rnr_retry=7, min_rnr_timer=14)
+        kw = dict(timeout=15, retry_cnt=7, rnr_retry=7, min_rnr_timer=14)
         await req.connect(resp.info(), path_mtu=dwl.MTUS[p.mtu], **kw)
         await resp.connect(req.info(), path_mtu=dwl.MTUS[p.mtu], **kw)
     mkeys: dict[str, sh.MKey] = {}
@@ -388,7 +388,7 @@ async def _run(nodes: list[sh.Node], ports: list[int], wl: dwl.Workload, t0: flo
             await qp.modify(sh.QPAttr(qp_state=sh.IBV_QPS_ERR))
         sq, sscq, srcq = qps[f"{p.name}.resp"]
         completions[f"{p.name}.resp"] += await _poll(srcq, len(p.recvs), problems, p.name)
-    for name, (qp, scq, rcq) in qps.items():
+    for name, (_qp, scq, rcq) in qps.items():
         # Nothing more may come: a completion past the counts above is a difference too.
         for cq in (scq, rcq):
             completions[name] += await cq.poll(64, timeout=0.0)
@@ -491,7 +491,7 @@ async def differs(pair: Pair, workloads: list[dwl.Workload], workdir: str) -> li
     once, each on its own daemons)."""
     ra, rb = await asyncio.gather(run_config(pair.a, workloads, os.path.join(workdir, "a")),
                                   run_config(pair.b, workloads, os.path.join(workdir, "b")))
-    return [compare(observe(x), observe(y)) for x, y in zip(ra, rb)]
+    return [compare(observe(x), observe(y)) for x, y in zip(ra, rb, strict=True)]
 
 
 async def minimise(pair: Pair, wl: dwl.Workload, workdir: str) -> tuple[dwl.Workload, list[str]]:
