@@ -19,7 +19,8 @@ What is compared, per QP and direction (``normalise``):
   AckReq) and every extension header field and payload byte is compared as it is;
 - **requests** (SEND, RDMA WRITE, READ request, atomics): the packets that first carry
   each PSN, in PSN order (a packet whose PSN is not past every PSN the stream carried
-  is a retransmission: go-back-N, RNR retries and READ re-requests depend on timing);
+  is a retransmission: go-back-N, RNR retries and READ re-requests depend on timing; a
+  READ request takes as many PSNs as it has responses);
 - **READ responses and atomic ACKs**: likewise, in their PSN order;
 - **ACKs** (ACKNOWLEDGE: coalescing depends on timing): the last acknowledged PSN with
   its MSN (over every AETH that says ACK, READ responses and atomic ACKs included), and
@@ -205,6 +206,7 @@ class Identities:
     sq_psn: dict[str, int]                       # QP name -> its first PSN
     peer: dict[str, str]                         # QP name -> its peer QP's name
     port_of: dict[str, int]                      # QP name -> its daemon's port
+    mtu: dict[str, int] = field(default_factory=dict)   # QP name -> its path MTU, bytes
 
 
 def _rel(psn: int, base: int) -> int:
@@ -299,7 +301,7 @@ def normalise(ids: Identities, frames: list[Frame], faults: bool) -> dict[str, Q
         responses, acks = before[name]
         requests = _first_of_each_psn(
             [fr for fr in frs if FLAGS[fr.opcode] & Op.REQUEST], req_base,
-            peer_nak[0] if peer_nak is not None else None)
+            peer_nak[0] if peer_nak is not None else None, ids.mtu.get(name, 0))
         resp = _first_of_each_psn(responses, resp_base,
                                   error_nak[0] if error_nak is not None else None)
         syndromes = {fr.aeth[0] for fr in acks}
@@ -328,15 +330,20 @@ def _peer_port(ids: Identities, fr: Frame) -> int:
     return ports[1] if fr.src_port == ports[0] else ports[0]
 
 
-def _first_of_each_psn(frames: list[Frame], base: int, cut: int | None) -> list[Frame]:
+def _first_of_each_psn(frames: list[Frame], base: int, cut: int | None,
+                       mtu: int = 0) -> list[Frame]:
     """The frames that first carry a PSN past every PSN before them (relative to
-    ``base``), up to and including ``cut`` when it is given."""
+    ``base``), up to and including ``cut`` when it is given. A READ request takes as
+    many PSNs as it has responses (path MTU ``mtu``): a request for the rest of a READ
+    (after a lost response) carries one of them and is a retransmission."""
     out, top = [], -1
     for fr in frames:
         rel = _rel(fr.psn, base)
         if rel > top and (cut is None or rel <= cut):
             out.append(fr)
             top = rel
+            if fr.opcode == "RDMA_READ_REQUEST" and mtu and fr.reth is not None:
+                top += max(1, -(-fr.reth[2] // mtu)) - 1
     return out
 
 

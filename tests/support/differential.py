@@ -325,6 +325,7 @@ async def _run(nodes: list[sh.Node], ports: list[int], wl: dwl.Workload, t0: flo
             ids.qps[(s.port, qp.qp_num)] = name
             ids.sq_psn[name] = qp.psn
             ids.port_of[name] = s.port
+            ids.mtu[name] = p.mtu
         ids.peer[names[0]], ids.peer[names[1]] = names[1], names[0]
         req, resp = qps[names[0]][0], qps[names[1]][0]
         # Timers short enough for a dropped last packet to cost ~130 ms, long enough
