@@ -228,7 +228,7 @@ class Responder:
         if run.n > 1:
             self.qp.stats["duplicate_runs_discarded"] += 1
         if run.kind == RDMA_READ_REQUEST:
-            self._replay_read(run)
+            _replay_read(self, run)
         elif run.kind in _ATOMICS:
             self._replay_atomic(run)
         else:
@@ -419,7 +419,10 @@ class Responder:
         return True
 
     def _answer_read(self, pkt: Run, first_time: bool, reth: tuple | None = None,
-                     msn: int | None = None) -> None:
+                     msn: int | None = None, skip: int = 0) -> None:
+        """The responses to READ ``pkt`` (over ``reth``, default its own); ``skip``: the
+        first responses of the transfer left out, the rest sent from ``pkt``'s PSN on
+        (a re-request of the READ's remainder, ``_replay_read``)."""
         rkey, addr, length = reth or pkt.reth
         try:
             # A view of an MR's memory, not a copy: the responses are read as the link
@@ -447,11 +450,11 @@ class Responder:
         # The responses as runs over one view of the data: at most READ_RESPONSE_RUN_MAX
         # packets each, never across the PSN wrap; a run of one goes as its packet.
         view = memoryview(data)
-        a = 0
+        a = skip
         while a < n:
-            psn = psn_add(pkt.psn, a)
+            psn = psn_add(pkt.psn, a - skip)
             k = min(n - a, READ_RESPONSE_RUN_MAX, PSN_MOD - psn)
-            t = Run(self.qp.dest_qp, psn, k, "RDMA_READ_RESPONSE", a == 0, a + k == n, mtu,
+            t = Run(self.qp.dest_qp, psn, k, "RDMA_READ_RESPONSE", a == skip, a + k == n, mtu,
                     view[a * mtu:(a + k) * mtu], aeth=aeth)
             self._out(t if k > 1 else t.packet(0))
             a += k
@@ -464,26 +467,6 @@ class Responder:
         while len(self._read_records) > max(1, self.qp.max_dest_rd_atomic):
             self._read_records.popitem(last=False)
 
-    def _replay_read(self, pkt: Run) -> None:
-        """A duplicate READ request, answered only from the record of the READ it
-        repeats, as rxe_resp.c does: its PSN within that READ's responses, its rkey the
-        same, and its range within the original range (the requester re-requests the
-        rest of a READ from the first response it lacks). Anything else is dropped and
-        counted: a READ request is never answered twice with a RETH it did not have."""
-        for first, (n, rkey, addr, length, msn) in self._read_records.items():
-            off = psn_diff(pkt.psn, first)
-            if not 0 <= off < n:
-                continue
-            p_rkey, p_addr, p_len = pkt.reth
-            if (p_rkey == rkey and addr <= p_addr and p_len <= length
-                    and p_addr + p_len <= addr + length):
-                self.qp.stats["duplicate_reads_answered"] += 1
-                self._answer_read(pkt, first_time=False, reth=(p_rkey, p_addr, p_len),
-                                  msn=msn)
-                return
-            break
-        self.qp.stats["duplicate_reads_dropped"] += 1
-
     def _replay_atomic(self, pkt: Run) -> None:
         saved = self._atomic_results.get(pkt.psn)
         if saved is None:
@@ -495,6 +478,37 @@ class Responder:
     def _send_atomic_ack(self, psn: int, original: int, msn: int) -> None:
         self._out(Packet(self.qp.dest_qp, psn, ATOMIC_ACKNOWLEDGE, aeth=("ACK", msn),
                          atomic_ack=original))
+
+
+def _replay_read(self: Responder, pkt: Run) -> None:
+    """A duplicate READ request, answered only from the record of the READ it
+    repeats, as rxe_resp.c does: its PSN within that READ's responses, its rkey the
+    same, and its range within the original range (the requester re-requests the
+    rest of a READ from the first response it lacks). Anything else is dropped and
+    counted: a READ request is never answered twice with a RETH it did not have."""
+    for first, (n, rkey, addr, length, msn) in self._read_records.items():
+        off = psn_diff(pkt.psn, first)
+        if not 0 <= off < n:
+            continue
+        p_rkey, p_addr, p_len = pkt.reth
+        if (p_rkey == rkey and addr <= p_addr and p_len <= length
+                and p_addr + p_len <= addr + length):
+            self.qp.stats["duplicate_reads_answered"] += 1
+            if off and p_addr - addr == off * self.qp.mtu and p_addr + p_len == addr + length:
+                # The rest of the READ from its off-th response, as the requester
+                # asks for it after a lost response: the original transfer's
+                # responses from there. Not a new transfer from the middle: through
+                # a signature or crypto MKEY one cannot start inside a protection
+                # block or data unit (a path MTU is seldom a multiple of one), and
+                # the original's bytes are what the requester is missing.
+                self._answer_read(pkt, first_time=False, reth=(rkey, addr, length),
+                                  msn=msn, skip=off)
+            else:
+                self._answer_read(pkt, first_time=False, reth=(p_rkey, p_addr, p_len),
+                                  msn=msn)
+            return
+        break
+    self.qp.stats["duplicate_reads_dropped"] += 1
 
 
 def _execute_atomic(self: Responder, pkt: Run) -> None:

@@ -175,13 +175,13 @@ async def pair():
 
 
 def pytest_terminal_summary(terminalreporter):
-    """What the upstream pyverbs run and the container tests measured
-    (tests/pyverbs/test_upstream_pyverbs.py, tests/support/compose.py), once, after the
-    run."""
+    """What the upstream pyverbs run, the container tests and the differential test
+    measured (tests/pyverbs/test_upstream_pyverbs.py, tests/support/compose.py,
+    tests/e2e/test_differential.py), once, after the run."""
     import sys
 
     for module, title in (("test_upstream_pyverbs", "upstream pyverbs"),
-                          ("compose", "containers")):
+                          ("compose", "containers"), ("test_differential", "differential")):
         found = sys.modules.get(module)
         if found is not None and getattr(found, "REPORT", None):
             terminalreporter.section(title)

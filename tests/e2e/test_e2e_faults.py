@@ -393,3 +393,48 @@ async def test_rules_come_and_go_without_disturbing_traffic_on_other_qps():
 
         await asyncio.gather(churn(), *(traffic(*pr) for pr in pairs))
         assert await inode.faults.list() == []
+
+
+@pytest.mark.parametrize("mtu, kind", [(sh.IBV_MTU_1024, "crc32-wire"),
+                                       (sh.IBV_MTU_256, "xts")])
+async def test_lost_read_response_through_a_block_mkey_is_recovered(rng, mtu, kind):
+    """A READ through a signature or crypto MKEY whose second response is lost: the
+    requester asks again for the rest, from that response's offset (one path MTU in,
+    inside a protection block of 516 wire bytes or an XTS data unit of 512); the
+    responder answers with the original transfer's responses from there (a new
+    transfer cannot start inside a block) and the READ completes with the bytes a READ
+    without the loss gets. It used to fail with IBV_WC_REM_INV_REQ_ERR (found by
+    tests/e2e/test_differential.py)."""
+    async with two_nodes(mtu=mtu) as p:
+        t, i = p.target, p.initiator
+        data = rng.randbytes(8 * 512)
+        disk = await t.reg_mr(data)
+        if kind == "xts":
+            key = rng.randbytes(64)
+            crypto = sh.Mlx5CryptoAttr(
+                crypto_standard=sh.MLX5DV_CRYPTO_STANDARD_AES_XTS, encrypt_on_tx=False,
+                data_unit_size=sh.MLX5DV_BLOCK_SIZE_512, initial_tweak=bytes(16),
+                dek=await t.dek(key))
+            mkey = await t.mkey(sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT
+                                | sh.MLX5DV_MKEY_INIT_ATTR_FLAGS_CRYPTO, sges=whole(disk),
+                                crypto=crypto)
+            length = 7 * 512
+        else:
+            crc = sh.Mlx5SigBlockDomain(sig_type=sh.MLX5DV_SIG_TYPE_CRC,
+                                        crc=sh.Mlx5SigCrc(crc_type=sh.MLX5DV_SIG_CRC_TYPE_CRC32,
+                                                          seed=0xFFFFFFFF),
+                                        block_size=sh.MLX5DV_BLOCK_SIZE_512)
+            mkey = await t.mkey(SIG_FLAGS, sges=whole(disk),
+                                sig=sh.Mlx5SigBlockAttr(wire=crc, check_mask=0xFF))
+            length = 7 * 516
+        clean = await i.reg_mr(length)
+        assert (await p.read(whole(clean), mkey.rkey, 0)).status == sh.IBV_WC_SUCCESS
+        async with rules_cleared(p):
+            await t.node.faults.add(action="drop", qp=t.qp.qp_num,
+                                    opcode="RDMA_READ_RESPONSE", message=1, packet=2, count=1)
+            lossy = await i.reg_mr(length)
+            wc = await p.read(whole(lossy), mkey.rkey, 0)
+            assert wc.status == sh.IBV_WC_SUCCESS, wc
+            assert [r["fired"] for r in await t.node.faults.list()] == [1]
+        assert await lossy.read() == await clean.read()
+        assert (await t.node.counters())["duplicate_reads_answered"] >= 1
