@@ -486,6 +486,56 @@ enum shca_req {
 #define SHCA_RING_WC_SRC_QP 40
 #define SHCA_RING_WC_SRC_QP_SIZE 4
 
+/* A QP's shared send and receive rings (protocol/wq_ring.py): one memfd holds
+ * the queues create_qp's ring_queues names, the send queue's first; each is a
+ * header (the producer index, the program's, and the consumer index, the
+ * daemon's: unsigned 64-bit counts on cache lines of their own) and slots of
+ * a fixed stride, WQE i in slot i % depth. A slot: its header's fields at these
+ * offsets, then the SGEs (addr u64, length u32, lkey u32) or inline data. */
+#define SHCA_WQ_QUEUE_SEND 1
+#define SHCA_WQ_QUEUE_RECV 2
+#define SHCA_WQ_PRODUCER_OFFSET 0
+#define SHCA_WQ_CONSUMER_OFFSET 64
+#define SHCA_WQ_HEADER_SIZE 128
+#define SHCA_WQ_CACHE_LINE 64
+#define SHCA_WQ_SGE_SIZE 16
+#define SHCA_WQ_SEND_HEADER_SIZE 104
+#define SHCA_WQ_RECV_HEADER_SIZE 16
+#define SHCA_WQ_SEND_WR_ID 0
+#define SHCA_WQ_SEND_OPCODE 8
+#define SHCA_WQ_SEND_SEND_FLAGS 12
+#define SHCA_WQ_SEND_IMM_DATA 16
+#define SHCA_WQ_SEND_INVALIDATE_RKEY 20
+#define SHCA_WQ_SEND_REMOTE_ADDR 24
+#define SHCA_WQ_SEND_RKEY 32
+#define SHCA_WQ_SEND_NUM_SGE 36
+#define SHCA_WQ_SEND_COMPARE_ADD 40
+#define SHCA_WQ_SEND_SWAP 48
+#define SHCA_WQ_SEND_AH 56
+#define SHCA_WQ_SEND_REMOTE_QPN 60
+#define SHCA_WQ_SEND_REMOTE_QKEY 64
+#define SHCA_WQ_SEND_INLINE_LEN 68
+#define SHCA_WQ_SEND_BIND_MW 72
+#define SHCA_WQ_SEND_BIND_LKEY 76
+#define SHCA_WQ_SEND_BIND_ADDR 80
+#define SHCA_WQ_SEND_BIND_LENGTH 88
+#define SHCA_WQ_SEND_BIND_ACCESS 96
+#define SHCA_WQ_RECV_WR_ID 0
+#define SHCA_WQ_RECV_NUM_SGE 8
+/* A slot's stride (protocol/wq_ring.py send_stride, recv_stride): the larger
+ * of the SGEs and the inline data after the header, in whole cache lines. */
+#define SHCA_WQ_ROUND(n) (((n) + SHCA_WQ_CACHE_LINE - 1) / SHCA_WQ_CACHE_LINE * SHCA_WQ_CACHE_LINE)
+#define SHCA_WQ_MAX3(a, b, c) ((a) > (b) ? ((a) > (c) ? (a) : (c)) : ((b) > (c) ? (b) : (c)))
+#define SHCA_WQ_SEND_STRIDE(sge, inl) SHCA_WQ_ROUND(SHCA_WQ_SEND_HEADER_SIZE + SHCA_WQ_MAX3((size_t)(sge) * SHCA_WQ_SGE_SIZE, (size_t)(inl), (size_t)1))
+#define SHCA_WQ_RECV_STRIDE(sge) SHCA_WQ_ROUND(SHCA_WQ_RECV_HEADER_SIZE + ((sge) ? (size_t)(sge) : 1) * SHCA_WQ_SGE_SIZE)
+/* The enum ibv_wr_opcode values (a bit each) a QP of each type takes
+ * (engine/: an RC QP's modelled ones, UC's and UD's), and those IBV_SEND_INLINE
+ * is valid for on RC. */
+#define SHCA_WQ_OPCODES_RC 0x83ffull
+#define SHCA_WQ_OPCODES_UC 0xfull
+#define SHCA_WQ_OPCODES_UD 0xcull
+#define SHCA_WQ_OPCODES_INLINE 0x20full
+
 /* The keys of every frame's header. */
 #define SHCA_KEY_T "t"
 #define SHCA_KEY_ID "id"
