@@ -60,46 +60,47 @@ enum shca_req {
 	SHCA_REQ_MODIFY_QP = 26,
 	SHCA_REQ_QUERY_QP = 27,
 	SHCA_REQ_POST_SEND = 28,
-	SHCA_REQ_POST_RECV = 29,
-	SHCA_REQ_CREATE_SRQ = 30,
-	SHCA_REQ_MODIFY_SRQ = 31,
-	SHCA_REQ_QUERY_SRQ = 32,
-	SHCA_REQ_DESTROY_SRQ = 33,
-	SHCA_REQ_POST_SRQ_RECV = 34,
-	SHCA_REQ_CREATE_MKEY = 35,
-	SHCA_REQ_DESTROY_MKEY = 36,
-	SHCA_REQ_MKEY_CONFIGURE = 37,
-	SHCA_REQ_MKEY_CHECK = 38,
-	SHCA_REQ_CREATE_DEK = 39,
-	SHCA_REQ_DESTROY_DEK = 40,
-	SHCA_REQ_QUERY_DEK = 41,
-	SHCA_REQ_QUERY_MLX5_DEVICE = 42,
-	SHCA_REQ_CRYPTO_LOGIN = 43,
-	SHCA_REQ_CRYPTO_LOGIN_QUERY_STATE = 44,
-	SHCA_REQ_CRYPTO_LOGOUT = 45,
-	SHCA_REQ_CREATE_CRYPTO_LOGIN = 46,
-	SHCA_REQ_CRYPTO_LOGIN_QUERY = 47,
-	SHCA_REQ_GET_ASYNC_EVENT = 48,
-	SHCA_REQ_ACK_ASYNC_EVENT = 49,
-	SHCA_REQ_CANCEL_POSTED_SEND_WRS = 50,
-	SHCA_REQ_DESTROY_CRYPTO_LOGIN = 51,
-	SHCA_REQ_FAULTS_ADD = 52,
-	SHCA_REQ_FAULTS_LIST = 53,
-	SHCA_REQ_FAULTS_CLEAR = 54,
-	SHCA_REQ_COUNTERS = 55,
-	SHCA_REQ_SUBSCRIBE = 56,
-	SHCA_REQ_CM_CREATE_ID = 57,
-	SHCA_REQ_CM_DESTROY_ID = 58,
-	SHCA_REQ_CM_BIND = 59,
-	SHCA_REQ_CM_RESOLVE_ADDR = 60,
-	SHCA_REQ_CM_RESOLVE_ROUTE = 61,
-	SHCA_REQ_CM_LISTEN = 62,
-	SHCA_REQ_CM_CONNECT = 63,
-	SHCA_REQ_CM_ACCEPT = 64,
-	SHCA_REQ_CM_REJECT = 65,
-	SHCA_REQ_CM_ESTABLISH = 66,
-	SHCA_REQ_CM_DISCONNECT = 67,
-	SHCA_REQ_CM_COUNTS = 68,
+	SHCA_REQ_DOORBELL = 29,
+	SHCA_REQ_POST_RECV = 30,
+	SHCA_REQ_CREATE_SRQ = 31,
+	SHCA_REQ_MODIFY_SRQ = 32,
+	SHCA_REQ_QUERY_SRQ = 33,
+	SHCA_REQ_DESTROY_SRQ = 34,
+	SHCA_REQ_POST_SRQ_RECV = 35,
+	SHCA_REQ_CREATE_MKEY = 36,
+	SHCA_REQ_DESTROY_MKEY = 37,
+	SHCA_REQ_MKEY_CONFIGURE = 38,
+	SHCA_REQ_MKEY_CHECK = 39,
+	SHCA_REQ_CREATE_DEK = 40,
+	SHCA_REQ_DESTROY_DEK = 41,
+	SHCA_REQ_QUERY_DEK = 42,
+	SHCA_REQ_QUERY_MLX5_DEVICE = 43,
+	SHCA_REQ_CRYPTO_LOGIN = 44,
+	SHCA_REQ_CRYPTO_LOGIN_QUERY_STATE = 45,
+	SHCA_REQ_CRYPTO_LOGOUT = 46,
+	SHCA_REQ_CREATE_CRYPTO_LOGIN = 47,
+	SHCA_REQ_CRYPTO_LOGIN_QUERY = 48,
+	SHCA_REQ_GET_ASYNC_EVENT = 49,
+	SHCA_REQ_ACK_ASYNC_EVENT = 50,
+	SHCA_REQ_CANCEL_POSTED_SEND_WRS = 51,
+	SHCA_REQ_DESTROY_CRYPTO_LOGIN = 52,
+	SHCA_REQ_FAULTS_ADD = 53,
+	SHCA_REQ_FAULTS_LIST = 54,
+	SHCA_REQ_FAULTS_CLEAR = 55,
+	SHCA_REQ_COUNTERS = 56,
+	SHCA_REQ_SUBSCRIBE = 57,
+	SHCA_REQ_CM_CREATE_ID = 58,
+	SHCA_REQ_CM_DESTROY_ID = 59,
+	SHCA_REQ_CM_BIND = 60,
+	SHCA_REQ_CM_RESOLVE_ADDR = 61,
+	SHCA_REQ_CM_RESOLVE_ROUTE = 62,
+	SHCA_REQ_CM_LISTEN = 63,
+	SHCA_REQ_CM_CONNECT = 64,
+	SHCA_REQ_CM_ACCEPT = 65,
+	SHCA_REQ_CM_REJECT = 66,
+	SHCA_REQ_CM_ESTABLISH = 67,
+	SHCA_REQ_CM_DISCONNECT = 68,
+	SHCA_REQ_CM_COUNTS = 69,
 	SHCA_REQ_COUNT
 };
 #define SHCA_V_DEVICES "devices"
@@ -131,6 +132,7 @@ enum shca_req {
 #define SHCA_V_MODIFY_QP "modify_qp"
 #define SHCA_V_QUERY_QP "query_qp"
 #define SHCA_V_POST_SEND "post_send"
+#define SHCA_V_DOORBELL "doorbell"
 #define SHCA_V_POST_RECV "post_recv"
 #define SHCA_V_CREATE_SRQ "create_srq"
 #define SHCA_V_MODIFY_SRQ "modify_srq"
@@ -219,7 +221,7 @@ enum shca_req {
 #define SHCA_NREQ_POLL_CQ 3
 #define SHCA_NFIELDS_POLL_CQ 3
 #define SHCA_NREQ_CREATE_QP 11
-#define SHCA_NFIELDS_CREATE_QP 13
+#define SHCA_NFIELDS_CREATE_QP 15
 #define SHCA_NREQ_CREATE_AH 6
 #define SHCA_NFIELDS_CREATE_AH 9
 #define SHCA_NREQ_DESTROY_AH 1
@@ -232,6 +234,8 @@ enum shca_req {
 #define SHCA_NFIELDS_QUERY_QP 1
 #define SHCA_NREQ_POST_SEND 2
 #define SHCA_NFIELDS_POST_SEND 3
+#define SHCA_NREQ_DOORBELL 1
+#define SHCA_NFIELDS_DOORBELL 2
 #define SHCA_NREQ_POST_RECV 2
 #define SHCA_NFIELDS_POST_RECV 2
 #define SHCA_NREQ_CREATE_SRQ 3
@@ -403,9 +407,11 @@ enum shca_req {
 #define SHCA_K_RETRY_COUNT "retry_count"
 #define SHCA_K_REUSE "reuse"
 #define SHCA_K_RING "ring"
+#define SHCA_K_RING_QUEUES "ring_queues"
 #define SHCA_K_RKEY "rkey"
 #define SHCA_K_RNR_RETRY "rnr_retry"
 #define SHCA_K_RNR_RETRY_COUNT "rnr_retry_count"
+#define SHCA_K_RQ "rq"
 #define SHCA_K_RQ_PSN "rq_psn"
 #define SHCA_K_RULE "rule"
 #define SHCA_K_RULE_ID "rule_id"
@@ -649,6 +655,7 @@ enum shca_req {
 #define SHCA_R_RETRY "retry"
 #define SHCA_R_RETRY_CNT "retry_cnt"
 #define SHCA_R_RING "ring"
+#define SHCA_R_RING_QUEUES "ring_queues"
 #define SHCA_R_RKEY "rkey"
 #define SHCA_R_RNR "rnr"
 #define SHCA_R_RNR_RETRY "rnr_retry"
@@ -677,6 +684,7 @@ enum shca_req {
 #define SHCA_R_VENDOR_PART_ID "vendor_part_id"
 #define SHCA_R_VERSION "version"
 #define SHCA_R_WCS "wcs"
+#define SHCA_R_WQ_RING "wq_ring"
 #define SHCA_R_WRAPPED_IMPORT_METHOD "wrapped_import_method"
 
 /* mkey_configure's attribute maps (protocol/attrs.py's records, as
@@ -904,6 +912,8 @@ static const struct shca_wire_field shca_fields_create_qp[] = {
 	{"send_ops_flags", 'u', 1, 0, 18446744073709551615ull},
 	{"create_flags", 'u', 0, 0, 4294967295ull},
 	{"srq", 'u', 0, 0, 4294967295ull},
+	{"ring", 'u', 0, 0, 4294967295ull},
+	{"ring_queues", 'u', 0, 0, 3ull},
 };
 static const struct shca_wire_field shca_fields_create_ah[] = {
 	{"pd", 'u', 1, 1, 4294967295ull},
@@ -934,6 +944,10 @@ static const struct shca_wire_field shca_fields_post_send[] = {
 	{"qp", 'u', 1, 1, 4294967295ull},
 	{"wrs", 'a', 1, 1, 256ull},
 	{"wr_complete", 'b', 0, 0, 1ull},
+};
+static const struct shca_wire_field shca_fields_doorbell[] = {
+	{"qp", 'u', 1, 1, 4294967295ull},
+	{"rq", 'b', 0, 0, 1ull},
 };
 static const struct shca_wire_field shca_fields_post_recv[] = {
 	{"qp", 'u', 1, 1, 4294967295ull},
@@ -1143,13 +1157,14 @@ static const struct shca_wire_req shca_wire_reqs[SHCA_REQ_COUNT] = {
 	{"cq_credit", shca_fields_cq_credit, 1},
 	{"req_notify_cq", shca_fields_req_notify_cq, 2},
 	{"poll_cq", shca_fields_poll_cq, 3},
-	{"create_qp", shca_fields_create_qp, 13},
+	{"create_qp", shca_fields_create_qp, 15},
 	{"create_ah", shca_fields_create_ah, 9},
 	{"destroy_ah", shca_fields_destroy_ah, 1},
 	{"destroy_qp", shca_fields_destroy_qp, 1},
 	{"modify_qp", shca_fields_modify_qp, 3},
 	{"query_qp", shca_fields_query_qp, 1},
 	{"post_send", shca_fields_post_send, 3},
+	{"doorbell", shca_fields_doorbell, 2},
 	{"post_recv", shca_fields_post_recv, 2},
 	{"create_srq", shca_fields_create_srq, 4},
 	{"modify_srq", shca_fields_modify_srq, 4},
@@ -1258,6 +1273,7 @@ static const struct shca_wire_field shca_reply_fields_poll_cq[] = {
 static const struct shca_wire_field shca_reply_fields_create_qp[] = {
 	{"qp", 'u', 1, 1, 4294967295ull},
 	{"qp_num", 'u', 1, 0, 16777215ull},
+	{"ring_queues", 'u', 0, 0, 3ull},
 };
 static const struct shca_wire_field shca_reply_fields_create_ah[] = {
 	{"ah", 'u', 1, 1, 4294967295ull},
@@ -1364,6 +1380,7 @@ static const struct shca_wire_field shca_map_fields_welcome[] = {
 	{"fds", 'u', 0, 0, 4294967295ull},
 	{"keep", 'u', 0, 0, 1ull},
 	{"cq_ring", 'u', 0, 0, 1ull},
+	{"wq_ring", 'u', 0, 0, 1ull},
 };
 static const struct shca_wire_field shca_map_fields_err[] = {
 	{"errno", 's', 1, 0, 1ull},
@@ -1560,13 +1577,14 @@ static const struct shca_wire_req shca_wire_replies[SHCA_REQ_COUNT] = {
 	{"cq_credit", NULL, 0},
 	{"req_notify_cq", NULL, 0},
 	{"poll_cq", shca_reply_fields_poll_cq, 1},
-	{"create_qp", shca_reply_fields_create_qp, 2},
+	{"create_qp", shca_reply_fields_create_qp, 3},
 	{"create_ah", shca_reply_fields_create_ah, 1},
 	{"destroy_ah", NULL, 0},
 	{"destroy_qp", NULL, 0},
 	{"modify_qp", shca_reply_fields_modify_qp, 1},
 	{"query_qp", shca_reply_fields_query_qp, 1},
 	{"post_send", NULL, 0},
+	{"doorbell", NULL, 0},
 	{"post_recv", NULL, 0},
 	{"create_srq", shca_reply_fields_create_srq, 3},
 	{"modify_srq", NULL, 0},
@@ -1612,7 +1630,7 @@ static const struct shca_wire_req shca_wire_replies[SHCA_REQ_COUNT] = {
 static const struct shca_wire_req shca_wire_maps[SHCA_WIRE_NMAPS] = {
 	{"challenge", shca_map_fields_challenge, 3},
 	{"hello", shca_map_fields_hello, 6},
-	{"welcome", shca_map_fields_welcome, 9},
+	{"welcome", shca_map_fields_welcome, 10},
 	{"err", shca_map_fields_err, 3},
 	{"wc", shca_map_fields_wc, 2},
 	{"cq_event", shca_map_fields_cq_event, 1},
