@@ -21,12 +21,12 @@
 
 #define WQ_MEMFD_NAME "softhca-wq"
 
-/* Whether QPs of ctx get rings: the daemon takes them and SOFTHCA_WQ_RING is "1". */
+/* Whether QPs of ctx get rings: the daemon takes them and SOFTHCA_WQ_RING is not "0". */
 static int wq_wanted(struct shca_context *ctx)
 {
 	const char *v = getenv("SOFTHCA_WQ_RING");
 
-	if (!v || strcmp(v, "1"))
+	if (v && !strcmp(v, "0"))
 		return 0;
 	return ctx->wq_ring && ctx->memfd_key[0];
 }
@@ -122,6 +122,14 @@ void shca_wq_reset(struct shca_qp *qp)
 	}
 }
 
+static const char *state_name(enum ibv_qp_state st)
+{
+	static const char *const names[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE",
+					    "ERR"};
+
+	return (unsigned)st < sizeof(names) / sizeof(names[0]) ? names[st] : "an unknown state";
+}
+
 static inline void put32(uint8_t *s, size_t off, uint32_t v)
 {
 	v = htole32(v);
@@ -213,8 +221,27 @@ static int send_check(struct shca_qp *qp, const struct ibv_send_wr *wr, long *in
 		shca_log("ibv_post_send: EINVAL: a UD WR needs wr.ud.ah");
 		return EINVAL;
 	}
-	if (op == IBV_WR_BIND_MW && !wr->bind_mw.mw) {
-		shca_log("ibv_post_send: EINVAL: IBV_WR_BIND_MW without bind_mw.mw");
+	if (op == IBV_WR_BIND_MW && (!wr->bind_mw.mw || wr->num_sge)) {
+		/* rxe's validate_send_wr: a bind names its window and carries no SGE */
+		shca_log("ibv_post_send: EINVAL: IBV_WR_BIND_MW needs bind_mw.mw and carries no "
+			 "SGE");
+		return EINVAL;
+	}
+	if ((op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) &&
+	    (wr->num_sge != 1 || wr->sg_list[0].length != 8)) {
+		/* IBTA atomics operate on one 64-bit value, which comes back into one 8-byte
+		 * buffer (rxe refuses a shorter one at post) */
+		shca_log("ibv_post_send: EINVAL: wr_id %llu: an atomic needs exactly one SGE of 8 "
+			 "bytes", (unsigned long long)wr->wr_id);
+		return EINVAL;
+	}
+	if (op == IBV_WR_ATOMIC_WRITE &&
+	    (wr->num_sge > 1 || (wr->num_sge && wr->sg_list[0].length != 8) ||
+	     (wr->num_sge ? wr->wr.rdma.remote_addr : wr->wr.atomic.remote_addr) % 8)) {
+		/* ibv_wr_atomic_write(3): 8 bytes to an 8-byte aligned remote address */
+		shca_log("ibv_post_send: EINVAL: wr_id %llu: IBV_WR_ATOMIC_WRITE writes 8 bytes "
+			 "(no SGE or one of 8) to an 8-byte aligned remote_addr",
+			 (unsigned long long)wr->wr_id);
 		return EINVAL;
 	}
 	if (!(wr->send_flags & IBV_SEND_INLINE) || op == IBV_WR_LOCAL_INV)
@@ -307,8 +334,8 @@ int shca_wq_post_send(struct shca_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
 	/* ibv_post_send(3): RTS and SQD take WRs, ERR flushes them (the daemon may move
 	 * the QP there by itself); any other state refuses them */
 	if (st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_ERR) {
-		shca_log("ibv_post_send: EINVAL: the QP is in state %d, it takes WRs in RTS and "
-			 "SQD (and flushes them in ERR)", (int)st);
+		shca_log("ibv_post_send: EINVAL: ibv_post_send needs the QP in RTS/SQD (ERR "
+			 "flushes), it is in %s", state_name(st));
 		*bad = wr;
 		return EINVAL;
 	}
@@ -348,7 +375,8 @@ int shca_wq_post_recv(struct shca_qp *qp, struct ibv_recv_wr *wr, struct ibv_rec
 
 	/* ibv_post_recv(3): every state but RESET takes receives (ERR flushes them) */
 	if (qp->vqp.qp.state == IBV_QPS_RESET) {
-		shca_log("ibv_post_recv: EINVAL: the QP is in RESET");
+		shca_log("ibv_post_recv: EINVAL: ibv_post_recv needs the QP in INIT/RTR/RTS/SQD "
+			 "(ERR flushes), it is in RESET");
 		*bad = wr;
 		return EINVAL;
 	}
