@@ -63,12 +63,13 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	qp->max_send_sge = attr->cap.max_send_sge;
 	qp->max_recv_sge = attr->cap.max_recv_sge;
 	/* The queues that go into a ring shared with the daemon (wq.c): the send queue
-	 * unless the ibv_wr_* builders post to it (an extended QP: its batches go as
-	 * requests, and one queue takes WRs one way only), the receive queue unless an SRQ
-	 * takes its place. */
+	 * unless mlx5dv's MKEY builders post to it (their configure WRs are requests the
+	 * daemon applies at post, and one queue takes WRs one way only), the receive queue
+	 * unless an SRQ takes its place. */
 	if (attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_UC ||
 	    attr->qp_type == IBV_QPT_UD)
-		queues = (extended ? 0 : SHCA_WQ_QUEUE_SEND) |
+		queues = (dv_send_ops & (MLX5DV_QP_EX_WITH_MKEY_CONFIGURE | MLX5DV_QP_EX_WITH_MR_LIST |
+					 MLX5DV_QP_EX_WITH_MR_INTERLEAVED) ? 0 : SHCA_WQ_QUEUE_SEND) |
 			 (attr->srq ? 0 : SHCA_WQ_QUEUE_RECV);
 	ring = !shca_wq_make(ctx, qp, queues,
 			     attr->cap.max_send_wr ? attr->cap.max_send_wr : 1,

@@ -193,6 +193,7 @@ struct shca_qp {
 	size_t bounce_used;
 	/* the send and receive rings (wq.c): one mapping holds both */
 	struct shca_wq sq, rq;
+	uint32_t sq_staged;      /* WQEs of an open ibv_wr_* batch written, not published */
 	uint8_t *wq_map;
 	size_t wq_bytes;
 	pthread_mutex_t recv_lock;   /* one ibv_post_recv of a ring at a time */
@@ -315,6 +316,10 @@ void shca_wq_unmap(struct shca_qp *qp);
 void shca_wq_reset(struct shca_qp *qp);
 int shca_wq_post_send(struct shca_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int shca_wq_post_recv(struct shca_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+/* ibv_wr_* on a ring: a closed WR written after the batch's (an errno if refused), the
+ * batch published at ibv_wr_complete (its errno, EINVAL outside RTS/SQD/ERR). */
+int shca_wq_stage(struct shca_qp *qp, const struct ibv_send_wr *wr);
+int shca_wq_commit(struct shca_qp *qp);
 
 /* qp_ex.c */
 void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);

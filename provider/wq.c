@@ -7,8 +7,10 @@
  * post call. The daemon reads the WQEs into its engine and stores the consumer index as
  * the WRs retire, which is the room. The layout is protocol/wq_ring.py's (wire.h's
  * SHCA_WQ_*); docs/native.md, "Send and receive rings". A QP whose ring cannot be made
- * (SOFTHCA_WQ_RING=0, a daemon that takes none, an SRQ's receives, an extended QP's
- * sends, which its ibv_wr_* builders post) posts with requests (qp.c, wr.c). */
+ * (SOFTHCA_WQ_RING=0, a daemon that takes none, an SRQ's receives, the sends of a QP
+ * with mlx5dv's MKEY builders, whose configure WRs are requests) posts with requests
+ * (qp.c, wr.c). An ibv_wr_* batch is written into the ring as its builders close each
+ * WR and published whole at ibv_wr_complete (shca_wq_stage, shca_wq_commit). */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -142,19 +144,25 @@ static inline void put64(uint8_t *s, size_t off, uint64_t v)
 	memcpy(s + off, &v, sizeof(v));
 }
 
-/* Whether the queue has room for one more WQE: depth - (producer - consumer), the
- * consumer loaded with acquire order, so the daemon has read the slot it frees. */
-static int room(struct shca_wq *q)
+/* Whether the queue has room for one more WQE after the ahead written and not yet
+ * published: depth - (producer + ahead - consumer), the consumer loaded with acquire
+ * order, so the daemon has read the slot it frees. */
+static int room(struct shca_wq *q, uint32_t ahead)
 {
 	uint64_t cons = __atomic_load_n((uint64_t *)(void *)(q->base + SHCA_WQ_CONSUMER_OFFSET),
 					__ATOMIC_ACQUIRE);
 
-	return q->prod - cons < q->slots;
+	return q->prod + ahead - cons < q->slots;
+}
+
+static uint8_t *slot_at(struct shca_wq *q, uint64_t i)
+{
+	return q->base + SHCA_WQ_HEADER_SIZE + (size_t)(i % q->slots) * q->stride;
 }
 
 static uint8_t *slot(struct shca_wq *q)
 {
-	return q->base + SHCA_WQ_HEADER_SIZE + (size_t)(q->prod % q->slots) * q->stride;
+	return slot_at(q, q->prod);
 }
 
 /* The new WQEs published (release: the slots are written before the daemon can see
@@ -347,7 +355,7 @@ int shca_wq_post_send(struct shca_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
 	first = qp->sq.prod;
 	for (; wr; wr = wr->next) {
 		rc = send_check(qp, wr, &inl);
-		if (!rc && !room(&qp->sq)) {
+		if (!rc && !room(&qp->sq, 0)) {
 			shca_debug("ibv_post_send: ENOMEM: the send queue holds %u WRs", qp->sq.slots);
 			rc = ENOMEM;
 		}
@@ -362,6 +370,44 @@ int shca_wq_post_send(struct shca_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
 	if (rc || db)
 		*bad = rc ? wr : head;
 	return rc ? rc : db;
+}
+
+/* ibv_wr_complete's WRs on a ring: each WR the builders close is checked and written
+ * into the slot after those of the batch before it, nothing published; the batch is
+ * published whole at ibv_wr_complete (ibv_wr_post(3): nothing reaches the queue
+ * unless it succeeds), or forgotten at ibv_wr_abort. */
+int shca_wq_stage(struct shca_qp *qp, const struct ibv_send_wr *wr)
+{
+	long inl;
+	int rc = send_check(qp, wr, &inl);
+
+	if (rc)
+		return rc;
+	if (!room(&qp->sq, qp->sq_staged)) {
+		shca_log("ibv_wr_complete: ENOMEM: the send queue holds %u WRs", qp->sq.slots);
+		return ENOMEM;
+	}
+	send_wqe(qp, slot_at(&qp->sq, qp->sq.prod + qp->sq_staged), wr, inl);
+	qp->sq_staged++;
+	return 0;
+}
+
+int shca_wq_commit(struct shca_qp *qp)
+{
+	struct shca_context *ctx = to_sctx(qp->vqp.qp.context);
+	enum ibv_qp_state st = qp->vqp.qp.state;
+	uint32_t n = qp->sq_staged;
+
+	qp->sq_staged = 0;
+	if (!n)
+		return 0;
+	if (st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_ERR) {
+		shca_log("ibv_wr_complete: EINVAL: ibv_post_send needs the QP in RTS/SQD (ERR "
+			 "flushes), it is in %s", state_name(st));
+		return EINVAL;
+	}
+	qp->sq.prod += n;
+	return ring_doorbell(ctx, qp, &qp->sq, 0);
 }
 
 /* ibv_post_recv(3) of a ring QP, as shca_wq_post_send. */
@@ -395,7 +441,7 @@ int shca_wq_post_recv(struct shca_qp *qp, struct ibv_recv_wr *wr, struct ibv_rec
 			shca_log("ibv_post_recv: EINVAL: wr_id %llu has num_sge %d and no sg_list",
 				 (unsigned long long)wr->wr_id, wr->num_sge);
 			rc = EINVAL;
-		} else if (!room(&qp->rq)) {
+		} else if (!room(&qp->rq, 0)) {
 			shca_debug("ibv_post_recv: ENOMEM: the receive queue holds %u WRs",
 				   qp->rq.slots);
 			rc = ENOMEM;
