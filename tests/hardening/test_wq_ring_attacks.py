@@ -234,6 +234,18 @@ async def test_a_producer_index_no_program_stores_breaks_the_queue(tmp_path, rin
             # reset, the queue starts over and is read again
             await s.modify(RESET)
             assert rings.index(0, CONSUMER) == 0
+            rings.prod[0] = 0
+            rings.set_producer(0, 0)
+            host, port = d.address.rsplit(":", 1)
+            await s.modify(INIT, qp_access_flags=ACCESS)
+            await s.modify(RTR, path_mtu=3, dest_qp_num=s.qpn, rq_psn=0, dest_host=host,
+                           dest_port=int(port))
+            await s.modify(RTS, sq_psn=0)
+            s.write(9, 1024)
+            rings.publish()
+            await s.doorbell()
+            assert await s.wcs(1) == [(9, SUCCESS)]
+            assert rings.index(0, CONSUMER) == 1
         finally:
             other.rings.close()
 
