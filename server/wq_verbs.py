@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 
 from ..engine.ud import UDQP
-from ..protocol import control
+from ..protocol import control, wq_ring
 from ..protocol.enums import EventType, QpState, WcOpcode, WcStatus, WrOpcode
 from ..protocol.errors import RDMAError, einval
 from ..protocol.records import SendWR
@@ -49,10 +49,10 @@ def ring_for(v, r: control.CreateQp) -> QpRings | None:
         if r.ring_queues:
             raise einval("ibv_create_qp: ring_queues names queues but no ring is handed over")
         return None
-    if r.srq and r.ring_queues & 2:
+    if r.srq and r.ring_queues & wq_ring.QUEUE_RECV:
         raise einval("ibv_create_qp: a QP taking its receives from an SRQ has no receive "
                      "ring (ibv_post_srq_recv posts them)")
-    if r.send_ops_flags and r.ring_queues & 1:
+    if r.send_ops_flags and r.ring_queues & wq_ring.QUEUE_SEND:
         raise einval("ibv_create_qp: a QP taking MKEY configure WRs posts its sends with "
                      "requests, not through a send ring")
     return take_rings(v, r, r.ring_queues)

@@ -446,3 +446,34 @@ async def test_a_ring_over_tcp_is_not_supported(tmp_path):
                               max_inline_data=INLINE, sq_sig_all=False, send_ops_flags=0,
                               ring=1, ring_queues=3)
         assert h["errno"] == "EOPNOTSUPP", h
+
+
+# mlx5dv.h: MLX5DV_QP_EX_WITH_MKEY_CONFIGURE
+MKEY_CONFIGURE = 4
+
+
+@pytest.mark.parametrize("case", ["srq-with-a-receive-ring", "mkey-builders-with-a-send-ring",
+                                  "queues-without-a-ring"])
+async def test_a_ring_the_qp_cannot_take_is_refused(tmp_path, rings, case):
+    async with unix_daemon(tmp_path) as (d, u):
+        raw = await Raw.open_unix(u.path)
+        ctx = (await raw.call("open_device", name="mlx5_0"))["ctx"]
+        pd = (await raw.call("alloc_pd", ctx=ctx))["pd"]
+        cq = (await raw.call("create_cq", ctx=ctx, cqe=16))["cq"]
+        fields = {"ring": 1, "ring_queues": 3}
+        if case == "srq-with-a-receive-ring":
+            fields["srq"] = (await raw.call("create_srq", pd=pd, max_wr=8, max_sge=1))["srq"]
+            words = "SRQ"
+        elif case == "mkey-builders-with-a-send-ring":
+            fields["send_ops_flags"] = MKEY_CONFIGURE
+            words = "MKEY configure"
+        else:
+            fields = {"ring_queues": 1}
+            words = "no ring"
+        if "ring" in fields:
+            assert (await raw.hand_over([rings.fd], 1))["t"] == "welcome"
+        h = await raw.refused("create_qp", **{
+            "pd": pd, "scq": cq, "rcq": cq, "qp_type": RC, "max_send_wr": SQ_DEPTH,
+            "max_recv_wr": RQ_DEPTH, "max_send_sge": SQ_SGE, "max_recv_sge": RQ_SGE,
+            "max_inline_data": INLINE, "sq_sig_all": False, "send_ops_flags": 0, **fields})
+        assert h["errno"] == "EINVAL" and words in h["msg"], h
