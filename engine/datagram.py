@@ -106,7 +106,8 @@ class DatagramQP(CompletionLists):
         self.trace: Callable | None = None
         # The wire plane's RNR fault rule sets it; UC and UD have no RNR NAK.
         self.refuse_rnr = 0
-        self._sq: deque[tuple[SendWR, bool, bytes | None]] = deque()
+        # (WR, signaled, inline bytes, the status of a WR taken only to fail, or None)
+        self._sq: deque[tuple[SendWR, bool, bytes | None, WcStatus | None]] = deque()
         self._rq: deque[RecvWR] = deque()
         self._init_completions()
 
@@ -136,7 +137,7 @@ class DatagramQP(CompletionLists):
         """Every posted WR completes WR_FLUSH_ERR (docs/semantics.md section 9)."""
         self.state = S.ERR
         while self._sq:
-            wr, signaled, _ = self._sq.popleft()
+            wr, *_ = self._sq.popleft()
             self._complete_send(wr, WcStatus.WR_FLUSH_ERR, True)
         while self._rq:
             self.complete_recv(self._rq.popleft().wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
@@ -180,8 +181,25 @@ class DatagramQP(CompletionLists):
                             if not ahead else
                             f"the send queue holds {self.sq_depth} WRs, {len(self._sq)} "
                             f"outstanding and {ahead} of this posting before this one")
-        inline = self._gather_inline(wr.sg) if wr.send_flags & SendFlags.INLINE else None
-        return partial(self._sq.append, (wr, signaled, inline))
+        inline = (self._gather_inline(wr.sg, wr.inline) if wr.send_flags & SendFlags.INLINE
+                  else None)
+        return partial(self._sq.append, (wr, signaled, inline, None))
+
+    def post_failed(self, wr: SendWR, status: WcStatus) -> None:
+        """RCQP.post_failed's rule: the WRs before ``wr`` go, it completes ``status`` and
+        the QP goes to ERR; in ERR it flushes."""
+        if self.state == S.ERR:
+            self._complete_send(wr, WcStatus.WR_FLUSH_ERR, True)
+        elif self.state in qp_state.SENDING:
+            self._sq.append((wr, True, None, status))
+        else:
+            self._complete_send(wr, status, True)
+
+    def sq_outstanding(self) -> int:
+        return len(self._sq)
+
+    def rq_outstanding(self) -> int:
+        return len(self._rq)
 
     def check_wr(self, wr: SendWR) -> None:
         """A subclass's own checks of a WR at post (UD's address handle)."""
@@ -204,10 +222,14 @@ class DatagramQP(CompletionLists):
             raise RDMAError("ENOMEM", f"receive queue full ({self.rq_depth} WRs posted)")
         self._rq.append(wr)
 
-    def _gather_inline(self, sges: list[SGE]) -> bytes:
-        """IBV_SEND_INLINE: copied at post, through an MR of the PD (engine/rc.py's rule)."""
-        if sum(s.length for s in sges) > self.max_inline_data:
+    def _gather_inline(self, sges: list[SGE], copied: bytes | None = None) -> bytes:
+        """IBV_SEND_INLINE: copied at post, through an MR of the PD (engine/rc.py's rule),
+        or by the poster already (``copied``, a send ring's WQE)."""
+        total = sum(s.length for s in sges) if copied is None else len(copied)
+        if total > self.max_inline_data:
             raise einval(f"inline data exceeds max_inline_data {self.max_inline_data}")
+        if copied is not None:
+            return copied
         parts = []
         for s in sges:
             mr = self.pd.hca.keys.get(s.lkey)
@@ -237,7 +259,11 @@ class DatagramQP(CompletionLists):
         """Every queued WR, gathered and sent now; each completes as it goes."""
         out: list = []
         while self._sq and self.state == S.RTS:
-            wr, signaled, inline = self._sq.popleft()
+            wr, signaled, inline, failed = self._sq.popleft()
+            if failed is not None:
+                self._complete_send(wr, failed, True)
+                self.enter_err()
+                break
             try:
                 data = inline if inline is not None else self._gather(wr)
             except TransferError as err:

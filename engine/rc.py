@@ -368,8 +368,23 @@ class RCQP(CompletionLists):
         post time by the caller (docs/semantics.md section 4)."""
         self.requester.post_local(SendWR(wr_id, WrOpcode.DRIVER1), signaled, opcode, action)
 
+    def post_failed(self, wr: SendWR, status: WcStatus) -> None:
+        """A send WR taken from a send ring (server/wq_ring.py) that ibv_post_send would
+        have refused: as a device finds a malformed WQE when it executes it, the WRs
+        before it complete, it completes ``status`` (signaled or not) and the QP goes to
+        ERR, flushing the rest; in ERR it flushes."""
+        self.requester.post_failed(wr, status)
+
     def post_recv(self, wr: RecvWR) -> None:
         self.responder.post_recv(wr)
+
+    def sq_outstanding(self) -> int:
+        """Send WRs posted and not yet retired (their completion made or not owed)."""
+        return len(self.requester.queue)
+
+    def rq_outstanding(self) -> int:
+        """Receive WRs of its own queue posted and not yet consumed or flushed."""
+        return 0 if self.srq is not None else len(self.responder.rq)
 
     def complete_send(self, wr_id: int, status: WcStatus, opcode: WcOpcode,
                       byte_len: int = 0) -> None:

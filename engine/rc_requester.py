@@ -95,16 +95,18 @@ def _checked_wr(wr: SendWR) -> WrInfo:
     return info
 
 
-def gather_inline(qp: QPContext, sges: list[SGE]) -> bytes:
+def gather_inline(qp: QPContext, sges: list[SGE], copied: bytes | None = None) -> bytes:
     """IBV_SEND_INLINE on ``qp``: the bytes are copied now, so the buffer may be reused
     as soon as ibv_post_send returns (ibv_post_send(3)); "The L_Key will not be
-    checked"."""
-    total = sum(s.length for s in sges)
+    checked". ``copied``: the bytes the poster copied already (a send ring's WQE)."""
+    total = sum(s.length for s in sges) if copied is None else len(copied)
     # ibv_post_send(3) fails with EINVAL when the inline data exceeds the QP's
     # max_inline_data (ibv_create_qp(3) cap).
     if total > qp.max_inline_data:
         raise einval(f"{total} bytes of inline data exceed max_inline_data "
                      f"{qp.max_inline_data}")
+    if copied is not None:
+        return copied
     parts = []
     for s in sges:
         if s.length == 0:
@@ -160,7 +162,7 @@ class Requester:
         if wr.send_flags & _INLINE and wr.opcode != WrOpcode.LOCAL_INV:
             if not info.inline:
                 raise einval(f"IBV_SEND_INLINE is valid only for SEND and RDMA_WRITE, not {_wr_name(wr)}")
-            inline = gather_inline(self.qp, wr.sg)
+            inline = gather_inline(self.qp, wr.sg, wr.inline)
         signaled = self.qp.sq_sig_all or bool(wr.send_flags & _SIGNALED)
         req = SendRequest(wr, info, signaled, sum(s.length for s in wr.sg), info.wc_opcode,
                           inline=inline)
@@ -169,6 +171,17 @@ class Requester:
                 check_bind_wr(wr)
             req.local = req.built = True
         return req
+
+    def post_failed(self, wr: SendWR, status: WcStatus) -> None:
+        """RCQP.post_failed: ``wr`` completes ``status`` at the head of the queue, nothing
+        after it goes before (as a gather error does); in ERR it flushes."""
+        info = WR_OPCODES.get(wr.opcode) or WR_OPCODES[WrOpcode.SEND]
+        req = SendRequest(wr, info, True, 0, info.wc_opcode, built=True, error=status)
+        if self.qp.state not in SENDING:
+            self.complete(req, WcStatus.WR_FLUSH_ERR if self.qp.state == QpState.ERR
+                          else status)
+            return
+        self.queue.append(req)
 
     def post_local(self, wr: SendWR, signaled: bool, opcode: WcOpcode,
                    action: Callable[[], None] | None = None) -> None:

@@ -104,7 +104,7 @@ class Responder:
         self.qp = qp
         # Its own receive queue, or the SRQ it was created with (engine/srq.py): the
         # same interface, so a receive is taken the same way from either.
-        self._rq: deque[RecvWR] | SRQ = qp.srq if qp.srq is not None else deque()
+        self.rq: deque[RecvWR] | SRQ = qp.srq if qp.srq is not None else deque()
         self._epsn = 0
         self._msn = 0
         self._msg: _Inbound | None = None
@@ -137,16 +137,16 @@ class Responder:
         if not qp_state.require("ibv_post_recv", self.qp.state):
             self.qp.complete_recv(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
             return
-        if len(self._rq) >= self.qp.rq_depth:
+        if len(self.rq) >= self.qp.rq_depth:
             raise RDMAError("ENOMEM", f"receive queue full ({self.qp.rq_depth} WRs posted)")
-        self._rq.append(wr)
+        self.rq.append(wr)
 
     def flush(self) -> None:
         """ERR: every posted receive completes WR_FLUSH_ERR; a message half received is
         dropped."""
         self._msg = None
-        while self._rq and self.qp.srq is None:
-            self.qp.complete_recv(self._rq.popleft().wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
+        while self.rq and self.qp.srq is None:
+            self.qp.complete_recv(self.rq.popleft().wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV)
 
     def take_packets(self) -> list[Packet | Run]:
         """The ACKs, NAKs and responses owed (READ responses as runs)."""
@@ -257,13 +257,13 @@ class Responder:
         """A SEND takes a receive at its first packet, an RDMA WRITE with immediate at
         its last (IBTA): without one (or while fault injection refuses), RNR NAK and
         nothing of the packet is taken; the requester retries it."""
-        if run.kind == "SEND" and run.first and (not self._rq or self.refuse_rnr):
+        if run.kind == "SEND" and run.first and (not self.rq or self.refuse_rnr):
             def refuse() -> None:
-                if self._rq:
+                if self.rq:
                     self.refuse_rnr -= 1
                 self._rnr(run.psn)
             return refuse
-        if run.kind == "RDMA_WRITE" and run.last and run.imm is not None and not self._rq:
+        if run.kind == "RDMA_WRITE" and run.last and run.imm is not None and not self.rq:
             return lambda: self._rnr(run.psn)
         return None
 
@@ -290,12 +290,12 @@ class Responder:
         m = self._msg
         size = len(run.payload) + (len(m.buf) if m is not None else 0)
         if run.kind == "SEND":
-            recv = m.recv if m is not None else self._rq[0]
+            recv = m.recv if m is not None else self.rq[0]
             if size <= sum(s.length for s in recv.sg):
                 return None
 
             def too_long() -> None:
-                self._fail_recv(self._rq.popleft() if m is None else recv,
+                self._fail_recv(self.rq.popleft() if m is None else recv,
                                 WcStatus.LOC_LEN_ERR, run.psn, "NAK_INV_REQ")
             return too_long
         if run.kind == "RDMA_WRITE":
@@ -322,7 +322,7 @@ class Responder:
         whole = run.first and run.last
         m = self._msg
         if run.first and not whole:
-            m = self._msg = _Inbound(run.kind, self._rq.popleft() if run.kind == "SEND"
+            m = self._msg = _Inbound(run.kind, self.rq.popleft() if run.kind == "SEND"
                                      else None, run.reth)
         if not whole:
             m.buf += run.payload
@@ -336,7 +336,7 @@ class Responder:
         self._msg = None
         op = _FLAG_BITS[run.opcode(run.n - 1)]
         if run.kind == "SEND":
-            recv = self._rq.popleft() if whole else m.recv
+            recv = self.rq.popleft() if whole else m.recv
             ok = self._finish_send(recv, data, psn, op, run.imm, run.ieth)
         else:
             ok = self._finish_write(run.reth if whole else m.reth, data, psn,
@@ -413,7 +413,7 @@ class Responder:
             self._nak_fatal(psn, _FAULT_NAK[err.fault])
             return False
         if imm:
-            recv = self._rq.popleft()
+            recv = self.rq.popleft()
             self.qp.complete_recv(recv.wr_id, WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM,
                                   len(data), imm_data, int(WcFlags.WITH_IMM))
         return True

@@ -460,6 +460,11 @@ class CreateQp(Request):
     create_flags: int = _wire(int, 0, U32, required=False, default=0)
     # ibv_qp_init_attr.srq: the handle of an SRQ of this session, 0 for none.
     srq: int = _wire(int, 0, U32, required=False, default=0)
+    # A local program's send and receive rings (protocol/wq_ring.py): the number of
+    # the memfd handoff (server/shared_mr.py) carrying them, and which queues it holds
+    # (QUEUE_SEND, QUEUE_RECV); their WRs come as WQEs and doorbells, not post requests.
+    ring: int | None = _wire(int, 0, U32, required=False)
+    ring_queues: int = _wire(int, 0, 3, required=False, default=0)
 
 
 # ibv_create_ah(3): the daemon and device the AH's dgid leads to (as an RC QP's AV
@@ -508,6 +513,15 @@ class PostSend(Request):
     # succeeds): every WR is checked, the queue's room for all of them included, before
     # any is posted; false, ibv_post_send's rule: in order up to the first refused.
     wr_complete: bool = _wire(bool, required=False, default=False)
+
+
+# A ring QP's doorbell (protocol/wq_ring.py): the program published new WQEs in its send
+# queue (rq false) or receive queue; the daemon reads them. No reply when accepted, as
+# cq_credit.
+@_request("doorbell")
+class Doorbell(Request):
+    qp: int = _handle()
+    rq: bool = _wire(bool, required=False, default=False)
 
 
 @_request("post_recv")

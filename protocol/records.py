@@ -127,6 +127,10 @@ class SendWR:
     # lkey, addr, length, mw_access_flags). The window travels as the session's handle
     # of it; the daemon puts its object there before posting (server/mw_verbs.py).
     bind: tuple | None = None
+    # IBV_SEND_INLINE's bytes when the poster copied them already (a send ring's WQE
+    # carries them in its slot, protocol/wq_ring.py); None: they are read through the
+    # SGEs at post. Never on the wire.
+    inline: bytes | None = None
 
     def set_wr_rdma(self, rkey: int, addr: int) -> None:
         """pyverbs' SendWR.set_wr_rdma: the remote key and address of an RDMA_WRITE(_WITH_IMM)

@@ -94,8 +94,11 @@ REPLIES: dict[str, dict[str, tuple]] = {
     "destroy_cq": {},
     "cq_credit": {},                # no reply when accepted; an err one otherwise
     "req_notify_cq": {},            # the same; a cq_event frame follows
+    "doorbell": {},                 # no reply when accepted; an err one otherwise
     "poll_cq": {"wcs": _LIST},      # each a WC as protocol/records.py WC_FIELDS
-    "create_qp": {"qp": _H, "qp_num": _QPN},
+    # ring_queues: the queues (protocol/wq_ring.py QUEUE_SEND, QUEUE_RECV) whose WRs
+    # the daemon takes from the program's ring, those the request offered.
+    "create_qp": {"qp": _H, "qp_num": _QPN, "ring_queues": _opt((int, 0, 3, True))},
     "create_ah": {"ah": _H},
     "destroy_ah": {},
     "destroy_qp": {},
@@ -166,7 +169,8 @@ FRAMES: dict[str, dict[str, tuple]] = {
                 "address": _opt(_STR), "memfd_key": _opt(_STR),
                 "sysv_attach": _opt((int, 0, 1, True)), "fds": _opt(_U32),
                 "keep": _opt((int, 0, 1, True)), "cq_ring": _opt((int, 0, 1, True)),
-                "runs": _opt((int, 0, 1, True))},
+                "runs": _opt((int, 0, 1, True)),
+                "wq_ring": _opt((int, 0, 1, True))},
     # A refused request (its id; 0: about the connection): errno's name, a sentence,
     # and a refused post's WR index.
     "err": {"errno": _STR, "msg": _STR, "bad_wr": _opt(_U32)},

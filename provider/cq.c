@@ -39,17 +39,14 @@ static int ring_wanted(struct shca_context *ctx)
 	return ctx->cq_ring && ctx->memfd_key[0];
 }
 
-/* A fresh ring of slots entries, mapped: its memfd's fd (sealed against shrinking, so
- * that the daemon's mapping can never lose its pages), or -1 with errno set. */
-static int ring_map(struct shca_cq_ring *r, uint32_t slots)
+int shca_ring_memfd(const char *name, size_t bytes, void **base, size_t *mapped)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
-	size_t bytes = SHCA_RING_HEADER_SIZE + (size_t)slots * SHCA_RING_ENTRY_SIZE;
 	int fd, e;
 	void *p;
 
 	bytes = (bytes + page - 1) / page * page;
-	fd = memfd_create(RING_MEMFD_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -1;
 	if (ftruncate(fd, (off_t)bytes) ||
@@ -58,16 +55,29 @@ static int ring_map(struct shca_cq_ring *r, uint32_t slots)
 	p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
 		goto fail;
-	r->base = p;
-	r->bytes = bytes;
-	r->slots = slots;
-	r->cons = 0;
+	*base = p;
+	*mapped = bytes;
 	return fd;
 fail:
 	e = errno;
 	close(fd);
 	errno = e;
 	return -1;
+}
+
+/* A fresh ring of slots entries, mapped: its memfd's fd, or -1 with errno set. */
+static int ring_map(struct shca_cq_ring *r, uint32_t slots)
+{
+	void *p;
+	int fd = shca_ring_memfd(RING_MEMFD_NAME, SHCA_RING_HEADER_SIZE +
+				 (size_t)slots * SHCA_RING_ENTRY_SIZE, &p, &r->bytes);
+
+	if (fd < 0)
+		return -1;
+	r->base = p;
+	r->slots = slots;
+	r->cons = 0;
+	return fd;
 }
 
 void shca_cq_ring_unmap(struct shca_cq_ring *r)
@@ -77,8 +87,7 @@ void shca_cq_ring_unmap(struct shca_cq_ring *r)
 	r->base = NULL;
 }
 
-/* The ring's memfd handed over; fd is closed (the mapping keeps the pages). */
-static int ring_hand_over(struct shca_context *ctx, int fd, uint32_t *seq)
+int shca_ring_hand_over(struct shca_context *ctx, int fd, uint32_t *seq)
 {
 	int rc;
 
@@ -98,7 +107,7 @@ int shca_cq_channel_hand_over(struct shca_context *ctx, int wfd, uint32_t *seq)
 
 	if (fd < 0)
 		return errno;
-	return ring_hand_over(ctx, fd, seq);
+	return shca_ring_hand_over(ctx, fd, seq);
 }
 
 int shca_cq_ring_make(struct shca_context *ctx, struct shca_cq_ring *r, uint32_t slots,
@@ -120,7 +129,7 @@ int shca_cq_ring_make(struct shca_context *ctx, struct shca_cq_ring *r, uint32_t
 			   "as frames", strerror(rc));
 		return rc;
 	}
-	rc = ring_hand_over(ctx, fd, seq);
+	rc = shca_ring_hand_over(ctx, fd, seq);
 	if (rc)
 		shca_cq_ring_unmap(r);
 	else
@@ -250,7 +259,7 @@ int shca_cq_ring_resize(struct shca_context *ctx, struct shca_cq *cq, int cqe)
 
 	pthread_mutex_lock(&cq->shared.lock);
 	fd = ring_map(&fresh, (uint32_t)cqe);
-	rc = fd < 0 ? errno : ring_hand_over(ctx, fd, &seq);
+	rc = fd < 0 ? errno : shca_ring_hand_over(ctx, fd, &seq);
 	if (!rc) {
 		shca_begin(ctx->conn, &b, SHCA_V_RESIZE_CQ, SHCA_NFIELDS_RESIZE_CQ);
 		mp_kv_uint(&b, SHCA_K_CQ, cq->handle);

@@ -29,8 +29,8 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	struct shca_qp *qp;
 	struct mp_buf b;
 	struct shca_frame r;
-	uint32_t inl, qpn = 0;
-	int rc;
+	uint32_t inl, qpn = 0, seq = 0, took = 0;
+	int rc, queues = 0, ring;
 
 	/* ibv_create_qp(3): the attributes, the send CQ, and the receive CQ unless the
 	 * receives come from an SRQ (or an XRC target's); without them, EINVAL. */
@@ -59,8 +59,29 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		errno = ENOMEM;
 		return NULL;
 	}
-	/* every field; srq only when the QP takes its receives from one */
-	shca_begin(ctx->conn, &b, SHCA_V_CREATE_QP, SHCA_NFIELDS_CREATE_QP - !attr->srq);
+	qp->max_inline = inl;
+	qp->max_send_sge = attr->cap.max_send_sge;
+	qp->max_recv_sge = attr->cap.max_recv_sge;
+	/* The queues that go into a ring shared with the daemon (wq.c): the send queue
+	 * unless mlx5dv's MKEY builders post to it (their configure WRs are requests the
+	 * daemon applies at post, and one queue takes WRs one way only), the receive queue
+	 * unless an SRQ takes its place. */
+	if (attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_UC ||
+	    attr->qp_type == IBV_QPT_UD)
+		queues = (dv_send_ops & (MLX5DV_QP_EX_WITH_MKEY_CONFIGURE | MLX5DV_QP_EX_WITH_MR_LIST |
+					 MLX5DV_QP_EX_WITH_MR_INTERLEAVED) ? 0 : SHCA_WQ_QUEUE_SEND) |
+			 (attr->srq ? 0 : SHCA_WQ_QUEUE_RECV);
+	ring = !shca_wq_make(ctx, qp, queues,
+			     attr->cap.max_send_wr ? attr->cap.max_send_wr : 1,
+			     attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1, &seq);
+	/* every field; srq only when the QP takes its receives from one, the ring's two
+	 * when it has one */
+	shca_begin(ctx->conn, &b, SHCA_V_CREATE_QP, SHCA_NFIELDS_CREATE_QP - !attr->srq -
+		   (ring ? 0 : 2));
+	if (ring) {
+		mp_kv_uint(&b, SHCA_K_RING, seq);
+		mp_kv_uint(&b, SHCA_K_RING_QUEUES, (uint32_t)queues);
+	}
 	if (attr->srq)
 		mp_kv_uint(&b, SHCA_K_SRQ, to_ssrq(attr->srq)->handle);
 	mp_kv_uint(&b, SHCA_K_PD, to_spd(ibpd)->handle);
@@ -86,19 +107,19 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 		rc = shca_get_u32(&r, SHCA_R_QP, &qp->handle);
 		if (!rc)
 			rc = shca_get_u32(&r, SHCA_R_QP_NUM, &qpn);
+		if (!rc && ring)
+			rc = shca_get_u32(&r, SHCA_R_RING_QUEUES, &took);
 		shca_frame_free(&r);
 	}
 	if (rc) {
+		shca_wq_unmap(qp);
 		shca_free(qp);
 		errno = rc;
 		return NULL;
 	}
 	attr->cap.max_inline_data = inl;
-	qp->max_inline = inl;
 	qp->max_send_wr = attr->cap.max_send_wr;
 	qp->max_recv_wr = attr->cap.max_recv_wr;
-	qp->max_send_sge = attr->cap.max_send_sge;
-	qp->max_recv_sge = attr->cap.max_recv_sge;
 	qp->sq_sig_all = attr->sq_sig_all;
 	qp->vqp.qp.context = ibctx;
 	qp->vqp.qp.qp_context = attr->qp_context;
@@ -112,7 +133,10 @@ static struct ibv_qp *create_qp(struct ibv_context *ibctx, struct ibv_pd *ibpd,
 	qp->vqp.qp.qp_type = attr->qp_type;
 	pthread_mutex_init(&qp->vqp.qp.mutex, NULL);
 	pthread_mutex_init(&qp->post_lock, NULL);
+	pthread_mutex_init(&qp->recv_lock, NULL);
 	pthread_cond_init(&qp->vqp.qp.cond, NULL);
+	if (ring)
+		shca_wq_keep(qp, (int)took);
 	if (extended) {
 		qp->vqp.comp_mask |= VERBS_QP_EX;
 		shca_qp_ex_init(qp, send_ops_flags);
@@ -245,6 +269,7 @@ int shca_destroy_qp(struct ibv_qp *ibqp)
 	if (qp->bounce)
 		shca_dereg(qp->bounce);
 	free(qp->bounce_buf);
+	shca_wq_unmap(qp);
 	shca_batch_free(qp);
 	shca_free(qp);
 	return 0;
@@ -387,6 +412,8 @@ int shca_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	if (!shca_get_u32(&r, SHCA_R_STATE, &state))
 		ibqp->state = (enum ibv_qp_state)state;
 	shca_frame_free(&r);
+	if (ibqp->state == IBV_QPS_RESET)
+		shca_wq_reset(qp);
 	return 0;
 }
 
@@ -472,6 +499,8 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		*bad = wr;
 		return EIO;
 	}
+	if (qp->sq.base)
+		return shca_wq_post_send(qp, wr, bad);
 	/* the bounce pages are the QP's: one post at a time fills them */
 	pthread_mutex_lock(&qp->post_lock);
 	while (wr && !rc) {
@@ -505,6 +534,13 @@ int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 {
 	struct shca_qp *qp = to_sqp(ibqp);
 
+	if (qp->rq.base) {
+		if (shca_forked(to_sctx(ibqp->context), "ibv_post_recv")) {
+			*bad = wr;
+			return EIO;
+		}
+		return shca_wq_post_recv(qp, wr, bad);
+	}
 	return shca_post_recv_wrs(to_sctx(ibqp->context), SHCA_V_POST_RECV, SHCA_K_QP, qp->handle,
 				  qp->max_recv_sge, "QP's max_recv_sge", wr, bad);
 }

@@ -66,6 +66,7 @@ struct shca_context {
 	char memfd_key[65];        /* what a handoff of memfds proves (the welcome's) */
 	int sysv_attach;           /* the daemon attaches a SysV segment by its shmid */
 	int cq_ring;               /* the daemon takes CQs' completion rings (cq.c) */
+	int wq_ring;               /* ...and QPs' send and receive rings (wq.c) */
 	uint32_t handoff_seq;      /* the number of the next handoff, under mem_lock */
 	int handoff_fd;            /* the kept memfd connection, or -1 (conn.c)... */
 	pthread_mutex_t handoff_lock; /* ...one handoff on it at a time */
@@ -151,6 +152,15 @@ struct shca_run {
 	uint32_t n;
 };
 
+/* A QP's send or receive queue in a ring shared with the daemon (wq.c,
+ * protocol/wq_ring.py): where it lies in the QP's mapping, its depth and slot size, and
+ * the WQEs this process has written (the copy in the ring is what the daemon reads). */
+struct shca_wq {
+	uint8_t *base;      /* the queue's header, or NULL: its WRs go as requests */
+	size_t at;          /* its offset in the mapping */
+	uint32_t slots, stride;
+	uint64_t prod;
+};
 struct shca_qp {
 	struct verbs_qp vqp;
 	uint32_t handle;
@@ -182,6 +192,12 @@ struct shca_qp {
 	struct shca_mr *bounce;  /* registered bytes inline data is copied into */
 	uint8_t *bounce_buf;
 	size_t bounce_used;
+	/* the send and receive rings (wq.c): one mapping holds both */
+	struct shca_wq sq, rq;
+	uint32_t sq_staged;      /* WQEs of an open ibv_wr_* batch written, not published */
+	uint8_t *wq_map;
+	size_t wq_bytes;
+	pthread_mutex_t recv_lock;   /* one ibv_post_recv of a ring at a time */
 };
 
 /* A verbs object's softhca object, as rdma-core's providers reach theirs (rxe's to_rqp,
@@ -287,6 +303,25 @@ int shca_cq_ring_poll(struct shca_cq *cq, int num, struct ibv_wc *wc);
 int shca_cq_channel_hand_over(struct shca_context *ctx, int wfd, uint32_t *seq);
 int shca_cq_ring_notify(struct shca_context *ctx, struct shca_cq *cq, int solicited_only);
 int shca_cq_ring_resize(struct shca_context *ctx, struct shca_cq *cq, int cqe);
+/* A memfd of bytes (rounded up to pages), sealed against shrinking and growing, mapped
+ * at *base (*mapped bytes): its fd, or -1 with errno set. */
+int shca_ring_memfd(const char *name, size_t bytes, void **base, size_t *mapped);
+/* A ring's memfd handed to the daemon under *seq; fd is closed (the mapping stays). */
+int shca_ring_hand_over(struct shca_context *ctx, int fd, uint32_t *seq);
+/* wq.c: QPs' send and receive rings shared with the daemon */
+/* The ring of the queues named (SHCA_WQ_QUEUE_SEND, _RECV) made and handed over under
+ * *seq (0), or an errno when the QP's WRs go as requests (said under SOFTHCA_DEBUG). */
+int shca_wq_make(struct shca_context *ctx, struct shca_qp *qp, int queues, uint32_t sq_slots,
+		 uint32_t rq_slots, uint32_t *seq);
+void shca_wq_keep(struct shca_qp *qp, int queues);
+void shca_wq_unmap(struct shca_qp *qp);
+void shca_wq_reset(struct shca_qp *qp);
+int shca_wq_post_send(struct shca_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int shca_wq_post_recv(struct shca_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+/* ibv_wr_* on a ring: a closed WR written after the batch's (an errno if refused), the
+ * batch published at ibv_wr_complete (its errno, EINVAL outside RTS/SQD/ERR). */
+int shca_wq_stage(struct shca_qp *qp, const struct ibv_send_wr *wr);
+int shca_wq_commit(struct shca_qp *qp);
 
 /* qp_ex.c */
 void shca_qp_ex_init(struct shca_qp *qp, uint64_t send_ops_flags);

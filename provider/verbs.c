@@ -77,6 +77,8 @@ static void parse_welcome(struct shca_context *ctx, struct mp_buf *w)
 	ctx->sysv_attach = mp_find(hdr, SHCA_R_SYSV_ATTACH, &v) && mp_get_uint(v, &x) && x == 1;
 	/* a daemon that takes CQs' completion rings (cq.c) */
 	ctx->cq_ring = mp_find(hdr, SHCA_R_CQ_RING, &v) && mp_get_uint(v, &x) && x == 1;
+	/* ...and QPs' send and receive rings (wq.c) */
+	ctx->wq_ring = mp_find(hdr, SHCA_R_WQ_RING, &v) && mp_get_uint(v, &x) && x == 1;
 	if (mp_find(hdr, SHCA_R_ADDRESS, &v) && mp_get_str(v, &s, &len) &&
 	    len < sizeof(ctx->address)) {
 		memcpy(ctx->address, s, len);

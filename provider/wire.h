@@ -61,46 +61,47 @@ enum shca_req {
 	SHCA_REQ_MODIFY_QP = 26,
 	SHCA_REQ_QUERY_QP = 27,
 	SHCA_REQ_POST_SEND = 28,
-	SHCA_REQ_POST_RECV = 29,
-	SHCA_REQ_CREATE_SRQ = 30,
-	SHCA_REQ_MODIFY_SRQ = 31,
-	SHCA_REQ_QUERY_SRQ = 32,
-	SHCA_REQ_DESTROY_SRQ = 33,
-	SHCA_REQ_POST_SRQ_RECV = 34,
-	SHCA_REQ_CREATE_MKEY = 35,
-	SHCA_REQ_DESTROY_MKEY = 36,
-	SHCA_REQ_MKEY_CONFIGURE = 37,
-	SHCA_REQ_MKEY_CHECK = 38,
-	SHCA_REQ_CREATE_DEK = 39,
-	SHCA_REQ_DESTROY_DEK = 40,
-	SHCA_REQ_QUERY_DEK = 41,
-	SHCA_REQ_QUERY_MLX5_DEVICE = 42,
-	SHCA_REQ_CRYPTO_LOGIN = 43,
-	SHCA_REQ_CRYPTO_LOGIN_QUERY_STATE = 44,
-	SHCA_REQ_CRYPTO_LOGOUT = 45,
-	SHCA_REQ_CREATE_CRYPTO_LOGIN = 46,
-	SHCA_REQ_CRYPTO_LOGIN_QUERY = 47,
-	SHCA_REQ_GET_ASYNC_EVENT = 48,
-	SHCA_REQ_ACK_ASYNC_EVENT = 49,
-	SHCA_REQ_CANCEL_POSTED_SEND_WRS = 50,
-	SHCA_REQ_DESTROY_CRYPTO_LOGIN = 51,
-	SHCA_REQ_FAULTS_ADD = 52,
-	SHCA_REQ_FAULTS_LIST = 53,
-	SHCA_REQ_FAULTS_CLEAR = 54,
-	SHCA_REQ_COUNTERS = 55,
-	SHCA_REQ_SUBSCRIBE = 56,
-	SHCA_REQ_CM_CREATE_ID = 57,
-	SHCA_REQ_CM_DESTROY_ID = 58,
-	SHCA_REQ_CM_BIND = 59,
-	SHCA_REQ_CM_RESOLVE_ADDR = 60,
-	SHCA_REQ_CM_RESOLVE_ROUTE = 61,
-	SHCA_REQ_CM_LISTEN = 62,
-	SHCA_REQ_CM_CONNECT = 63,
-	SHCA_REQ_CM_ACCEPT = 64,
-	SHCA_REQ_CM_REJECT = 65,
-	SHCA_REQ_CM_ESTABLISH = 66,
-	SHCA_REQ_CM_DISCONNECT = 67,
-	SHCA_REQ_CM_COUNTS = 68,
+	SHCA_REQ_DOORBELL = 29,
+	SHCA_REQ_POST_RECV = 30,
+	SHCA_REQ_CREATE_SRQ = 31,
+	SHCA_REQ_MODIFY_SRQ = 32,
+	SHCA_REQ_QUERY_SRQ = 33,
+	SHCA_REQ_DESTROY_SRQ = 34,
+	SHCA_REQ_POST_SRQ_RECV = 35,
+	SHCA_REQ_CREATE_MKEY = 36,
+	SHCA_REQ_DESTROY_MKEY = 37,
+	SHCA_REQ_MKEY_CONFIGURE = 38,
+	SHCA_REQ_MKEY_CHECK = 39,
+	SHCA_REQ_CREATE_DEK = 40,
+	SHCA_REQ_DESTROY_DEK = 41,
+	SHCA_REQ_QUERY_DEK = 42,
+	SHCA_REQ_QUERY_MLX5_DEVICE = 43,
+	SHCA_REQ_CRYPTO_LOGIN = 44,
+	SHCA_REQ_CRYPTO_LOGIN_QUERY_STATE = 45,
+	SHCA_REQ_CRYPTO_LOGOUT = 46,
+	SHCA_REQ_CREATE_CRYPTO_LOGIN = 47,
+	SHCA_REQ_CRYPTO_LOGIN_QUERY = 48,
+	SHCA_REQ_GET_ASYNC_EVENT = 49,
+	SHCA_REQ_ACK_ASYNC_EVENT = 50,
+	SHCA_REQ_CANCEL_POSTED_SEND_WRS = 51,
+	SHCA_REQ_DESTROY_CRYPTO_LOGIN = 52,
+	SHCA_REQ_FAULTS_ADD = 53,
+	SHCA_REQ_FAULTS_LIST = 54,
+	SHCA_REQ_FAULTS_CLEAR = 55,
+	SHCA_REQ_COUNTERS = 56,
+	SHCA_REQ_SUBSCRIBE = 57,
+	SHCA_REQ_CM_CREATE_ID = 58,
+	SHCA_REQ_CM_DESTROY_ID = 59,
+	SHCA_REQ_CM_BIND = 60,
+	SHCA_REQ_CM_RESOLVE_ADDR = 61,
+	SHCA_REQ_CM_RESOLVE_ROUTE = 62,
+	SHCA_REQ_CM_LISTEN = 63,
+	SHCA_REQ_CM_CONNECT = 64,
+	SHCA_REQ_CM_ACCEPT = 65,
+	SHCA_REQ_CM_REJECT = 66,
+	SHCA_REQ_CM_ESTABLISH = 67,
+	SHCA_REQ_CM_DISCONNECT = 68,
+	SHCA_REQ_CM_COUNTS = 69,
 	SHCA_REQ_COUNT
 };
 #define SHCA_V_DEVICES "devices"
@@ -132,6 +133,7 @@ enum shca_req {
 #define SHCA_V_MODIFY_QP "modify_qp"
 #define SHCA_V_QUERY_QP "query_qp"
 #define SHCA_V_POST_SEND "post_send"
+#define SHCA_V_DOORBELL "doorbell"
 #define SHCA_V_POST_RECV "post_recv"
 #define SHCA_V_CREATE_SRQ "create_srq"
 #define SHCA_V_MODIFY_SRQ "modify_srq"
@@ -220,7 +222,7 @@ enum shca_req {
 #define SHCA_NREQ_POLL_CQ 3
 #define SHCA_NFIELDS_POLL_CQ 3
 #define SHCA_NREQ_CREATE_QP 11
-#define SHCA_NFIELDS_CREATE_QP 13
+#define SHCA_NFIELDS_CREATE_QP 15
 #define SHCA_NREQ_CREATE_AH 6
 #define SHCA_NFIELDS_CREATE_AH 9
 #define SHCA_NREQ_DESTROY_AH 1
@@ -233,6 +235,8 @@ enum shca_req {
 #define SHCA_NFIELDS_QUERY_QP 1
 #define SHCA_NREQ_POST_SEND 2
 #define SHCA_NFIELDS_POST_SEND 3
+#define SHCA_NREQ_DOORBELL 1
+#define SHCA_NFIELDS_DOORBELL 2
 #define SHCA_NREQ_POST_RECV 2
 #define SHCA_NFIELDS_POST_RECV 2
 #define SHCA_NREQ_CREATE_SRQ 3
@@ -405,9 +409,11 @@ enum shca_req {
 #define SHCA_K_RETRY_COUNT "retry_count"
 #define SHCA_K_REUSE "reuse"
 #define SHCA_K_RING "ring"
+#define SHCA_K_RING_QUEUES "ring_queues"
 #define SHCA_K_RKEY "rkey"
 #define SHCA_K_RNR_RETRY "rnr_retry"
 #define SHCA_K_RNR_RETRY_COUNT "rnr_retry_count"
+#define SHCA_K_RQ "rq"
 #define SHCA_K_RQ_PSN "rq_psn"
 #define SHCA_K_RULE "rule"
 #define SHCA_K_RULE_ID "rule_id"
@@ -487,6 +493,56 @@ enum shca_req {
 #define SHCA_RING_WC_INVALIDATED_RKEY_SIZE 4
 #define SHCA_RING_WC_SRC_QP 40
 #define SHCA_RING_WC_SRC_QP_SIZE 4
+
+/* A QP's shared send and receive rings (protocol/wq_ring.py): one memfd holds
+ * the queues create_qp's ring_queues names, the send queue's first; each is a
+ * header (the producer index, the program's, and the consumer index, the
+ * daemon's: unsigned 64-bit counts on cache lines of their own) and slots of
+ * a fixed stride, WQE i in slot i % depth. A slot: its header's fields at these
+ * offsets, then the SGEs (addr u64, length u32, lkey u32) or inline data. */
+#define SHCA_WQ_QUEUE_SEND 1
+#define SHCA_WQ_QUEUE_RECV 2
+#define SHCA_WQ_PRODUCER_OFFSET 0
+#define SHCA_WQ_CONSUMER_OFFSET 64
+#define SHCA_WQ_HEADER_SIZE 128
+#define SHCA_WQ_CACHE_LINE 64
+#define SHCA_WQ_SGE_SIZE 16
+#define SHCA_WQ_SEND_HEADER_SIZE 104
+#define SHCA_WQ_RECV_HEADER_SIZE 16
+#define SHCA_WQ_SEND_WR_ID 0
+#define SHCA_WQ_SEND_OPCODE 8
+#define SHCA_WQ_SEND_SEND_FLAGS 12
+#define SHCA_WQ_SEND_IMM_DATA 16
+#define SHCA_WQ_SEND_INVALIDATE_RKEY 20
+#define SHCA_WQ_SEND_REMOTE_ADDR 24
+#define SHCA_WQ_SEND_RKEY 32
+#define SHCA_WQ_SEND_NUM_SGE 36
+#define SHCA_WQ_SEND_COMPARE_ADD 40
+#define SHCA_WQ_SEND_SWAP 48
+#define SHCA_WQ_SEND_AH 56
+#define SHCA_WQ_SEND_REMOTE_QPN 60
+#define SHCA_WQ_SEND_REMOTE_QKEY 64
+#define SHCA_WQ_SEND_INLINE_LEN 68
+#define SHCA_WQ_SEND_BIND_MW 72
+#define SHCA_WQ_SEND_BIND_LKEY 76
+#define SHCA_WQ_SEND_BIND_ADDR 80
+#define SHCA_WQ_SEND_BIND_LENGTH 88
+#define SHCA_WQ_SEND_BIND_ACCESS 96
+#define SHCA_WQ_RECV_WR_ID 0
+#define SHCA_WQ_RECV_NUM_SGE 8
+/* A slot's stride (protocol/wq_ring.py send_stride, recv_stride): the larger
+ * of the SGEs and the inline data after the header, in whole cache lines. */
+#define SHCA_WQ_ROUND(n) (((n) + SHCA_WQ_CACHE_LINE - 1) / SHCA_WQ_CACHE_LINE * SHCA_WQ_CACHE_LINE)
+#define SHCA_WQ_MAX3(a, b, c) ((a) > (b) ? ((a) > (c) ? (a) : (c)) : ((b) > (c) ? (b) : (c)))
+#define SHCA_WQ_SEND_STRIDE(sge, inl) SHCA_WQ_ROUND(SHCA_WQ_SEND_HEADER_SIZE + SHCA_WQ_MAX3((size_t)(sge) * SHCA_WQ_SGE_SIZE, (size_t)(inl), (size_t)1))
+#define SHCA_WQ_RECV_STRIDE(sge) SHCA_WQ_ROUND(SHCA_WQ_RECV_HEADER_SIZE + ((sge) ? (size_t)(sge) : 1) * SHCA_WQ_SGE_SIZE)
+/* The enum ibv_wr_opcode values (a bit each) a QP of each type takes
+ * (engine/: an RC QP's modelled ones, UC's and UD's), and those IBV_SEND_INLINE
+ * is valid for on RC. */
+#define SHCA_WQ_OPCODES_RC 0x83ffull
+#define SHCA_WQ_OPCODES_UC 0xfull
+#define SHCA_WQ_OPCODES_UD 0xcull
+#define SHCA_WQ_OPCODES_INLINE 0x20full
 
 /* The keys of every frame's header. */
 #define SHCA_KEY_T "t"
@@ -601,6 +657,7 @@ enum shca_req {
 #define SHCA_R_RETRY "retry"
 #define SHCA_R_RETRY_CNT "retry_cnt"
 #define SHCA_R_RING "ring"
+#define SHCA_R_RING_QUEUES "ring_queues"
 #define SHCA_R_RKEY "rkey"
 #define SHCA_R_RNR "rnr"
 #define SHCA_R_RNR_RETRY "rnr_retry"
@@ -630,6 +687,7 @@ enum shca_req {
 #define SHCA_R_VENDOR_PART_ID "vendor_part_id"
 #define SHCA_R_VERSION "version"
 #define SHCA_R_WCS "wcs"
+#define SHCA_R_WQ_RING "wq_ring"
 #define SHCA_R_WRAPPED_IMPORT_METHOD "wrapped_import_method"
 
 /* mkey_configure's attribute maps (protocol/attrs.py's records, as
@@ -859,6 +917,8 @@ static const struct shca_wire_field shca_fields_create_qp[] = {
 	{"send_ops_flags", 'u', 1, 0, 18446744073709551615ull},
 	{"create_flags", 'u', 0, 0, 4294967295ull},
 	{"srq", 'u', 0, 0, 4294967295ull},
+	{"ring", 'u', 0, 0, 4294967295ull},
+	{"ring_queues", 'u', 0, 0, 3ull},
 };
 static const struct shca_wire_field shca_fields_create_ah[] = {
 	{"pd", 'u', 1, 1, 4294967295ull},
@@ -889,6 +949,10 @@ static const struct shca_wire_field shca_fields_post_send[] = {
 	{"qp", 'u', 1, 1, 4294967295ull},
 	{"wrs", 'a', 1, 1, 256ull},
 	{"wr_complete", 'b', 0, 0, 1ull},
+};
+static const struct shca_wire_field shca_fields_doorbell[] = {
+	{"qp", 'u', 1, 1, 4294967295ull},
+	{"rq", 'b', 0, 0, 1ull},
 };
 static const struct shca_wire_field shca_fields_post_recv[] = {
 	{"qp", 'u', 1, 1, 4294967295ull},
@@ -1098,13 +1162,14 @@ static const struct shca_wire_req shca_wire_reqs[SHCA_REQ_COUNT] = {
 	{"cq_credit", shca_fields_cq_credit, 1},
 	{"req_notify_cq", shca_fields_req_notify_cq, 2},
 	{"poll_cq", shca_fields_poll_cq, 3},
-	{"create_qp", shca_fields_create_qp, 13},
+	{"create_qp", shca_fields_create_qp, 15},
 	{"create_ah", shca_fields_create_ah, 9},
 	{"destroy_ah", shca_fields_destroy_ah, 1},
 	{"destroy_qp", shca_fields_destroy_qp, 1},
 	{"modify_qp", shca_fields_modify_qp, 3},
 	{"query_qp", shca_fields_query_qp, 1},
 	{"post_send", shca_fields_post_send, 3},
+	{"doorbell", shca_fields_doorbell, 2},
 	{"post_recv", shca_fields_post_recv, 2},
 	{"create_srq", shca_fields_create_srq, 4},
 	{"modify_srq", shca_fields_modify_srq, 4},
@@ -1213,6 +1278,7 @@ static const struct shca_wire_field shca_reply_fields_poll_cq[] = {
 static const struct shca_wire_field shca_reply_fields_create_qp[] = {
 	{"qp", 'u', 1, 1, 4294967295ull},
 	{"qp_num", 'u', 1, 0, 16777215ull},
+	{"ring_queues", 'u', 0, 0, 3ull},
 };
 static const struct shca_wire_field shca_reply_fields_create_ah[] = {
 	{"ah", 'u', 1, 1, 4294967295ull},
@@ -1320,6 +1386,7 @@ static const struct shca_wire_field shca_map_fields_welcome[] = {
 	{"keep", 'u', 0, 0, 1ull},
 	{"cq_ring", 'u', 0, 0, 1ull},
 	{"runs", 'u', 0, 0, 1ull},
+	{"wq_ring", 'u', 0, 0, 1ull},
 };
 static const struct shca_wire_field shca_map_fields_err[] = {
 	{"errno", 's', 1, 0, 1ull},
@@ -1516,13 +1583,14 @@ static const struct shca_wire_req shca_wire_replies[SHCA_REQ_COUNT] = {
 	{"cq_credit", NULL, 0},
 	{"req_notify_cq", NULL, 0},
 	{"poll_cq", shca_reply_fields_poll_cq, 1},
-	{"create_qp", shca_reply_fields_create_qp, 2},
+	{"create_qp", shca_reply_fields_create_qp, 3},
 	{"create_ah", shca_reply_fields_create_ah, 1},
 	{"destroy_ah", NULL, 0},
 	{"destroy_qp", NULL, 0},
 	{"modify_qp", shca_reply_fields_modify_qp, 1},
 	{"query_qp", shca_reply_fields_query_qp, 1},
 	{"post_send", NULL, 0},
+	{"doorbell", NULL, 0},
 	{"post_recv", NULL, 0},
 	{"create_srq", shca_reply_fields_create_srq, 3},
 	{"modify_srq", NULL, 0},
@@ -1568,7 +1636,7 @@ static const struct shca_wire_req shca_wire_replies[SHCA_REQ_COUNT] = {
 static const struct shca_wire_req shca_wire_maps[SHCA_WIRE_NMAPS] = {
 	{"challenge", shca_map_fields_challenge, 3},
 	{"hello", shca_map_fields_hello, 6},
-	{"welcome", shca_map_fields_welcome, 10},
+	{"welcome", shca_map_fields_welcome, 11},
 	{"err", shca_map_fields_err, 3},
 	{"wc", shca_map_fields_wc, 2},
 	{"cq_event", shca_map_fields_cq_event, 1},

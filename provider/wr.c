@@ -226,6 +226,7 @@ void shca_batch_free(struct shca_qp *qp)
 	qp->run_kind = 0;
 	qp->batch_sends = 0;
 	qp->cfg_open = 0;
+	qp->sq_staged = 0;     /* a ring batch's WQEs not published are forgotten */
 }
 
 /* The WR being built goes into the batch (at the next builder or at complete). */
@@ -243,6 +244,15 @@ void shca_wr_close(struct shca_qp *qp)
 		shca_log("ibv_wr_complete: ENOMEM: more than %d send WRs in one batch",
 			 SHCA_MAX_WRS_PER_POST);
 		shca_wr_fail(qp, ENOMEM);
+		return;
+	}
+	if (qp->sq.base) {
+		/* a ring QP's batch goes into its send ring (wq.c) */
+		rc = shca_wq_stage(qp, &qp->cur);
+		if (rc)
+			shca_wr_fail(qp, rc);
+		else
+			qp->batch_sends++;
 		return;
 	}
 	rc = shca_batch_run(qp, SHCA_RUN_SEND);
@@ -306,6 +316,8 @@ int shca_batch_post(struct shca_qp *qp)
 	uint32_t i;
 	int rc;
 
+	if (qp->sq.base)
+		return shca_wq_commit(qp);
 	rc = shca_batch_run(qp, 0);     /* closes the open run */
 	for (i = 0; !rc && i < qp->nruns; i++)
 		rc = post_run(qp, &qp->runs[i]);

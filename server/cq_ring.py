@@ -80,7 +80,7 @@ def supported() -> bool:
     return platform.machine() in ("x86_64", "AMD64") and hasattr(os, "memfd_create")
 
 
-def check_ring_fd(fd: int, need: int, verb: str) -> int:
+def check_ring_fd(fd: int, need: int, verb: str, what: str = "CQ") -> int:
     """The size of ``fd`` if it is a memfd sealed against shrinking of at least ``need``
     bytes (the program could otherwise cut it under the daemon's mapping, and the
     daemon's next write would fault); EINVAL naming the fault otherwise."""
@@ -97,7 +97,7 @@ def check_ring_fd(fd: int, need: int, verb: str) -> int:
                      "(F_SEAL_SHRINK), so it could be cut under the daemon")
     if not need <= st.st_size <= _MAX_BYTES:
         raise einval(f"{verb}: the ring's memfd holds {st.st_size} bytes, a ring of this "
-                     f"CQ needs {need}")
+                     f"{what} needs {need}")
     return st.st_size
 
 

@@ -448,7 +448,11 @@ class Daemon:
             qph.timer_at = deadline
 
     def _deliver(self, qph: QPHost) -> None:
-        """The QP's completions and asynchronous events, to the sinks its session gave."""
+        """The QP's completions and asynchronous events, to the sinks its session gave.
+        A ring QP's consumer indices first (server/wq_ring.py): a program that sees a
+        completion sees its WQE's slot free, as rxe frees a WQE before it posts the CQE."""
+        if qph.wq is not None:
+            qph.wq.publish(qph.rcqp)
         scq = qph.rcqp.poll_send_cq()
         if scq:
             scq = explain_retry_exceeded(self.wire, self.events, qph, scq, self.address)

@@ -245,6 +245,8 @@ class QPHost:
     no_return_said: bool = False
     # The daemons (host, port) a UD QP sent to through its AHs (server/wire.py).
     routes: set = dataclasses.field(default_factory=set)
+    # A local program's send and receive rings (server/wq_ring.py QpRings), or None.
+    wq: Any = None
 
 
 class Subscriptions(Protocol):

@@ -26,6 +26,7 @@ from .post_wrs import post_each, post_sends
 from .qp_caps import check_caps
 from .srq_verbs import srq_of
 from .ud_verbs import add_qp, create_datagram_qp, resolve_ah
+from .wq_verbs import kick, refuse_requests, ring_for
 
 # mlx5dv_create_qp(3) create_flags modelled: signature pipelining, and disabling
 # scatter to CQE (softhca never scatters into a CQE, so there is nothing to disable).
@@ -132,8 +133,21 @@ def op_create_qp(v, r: control.CreateQp, rid: int) -> dict | None:
         raise RDMAError("EOPNOTSUPP", f"qp_type {r.qp_type}: IBV_QPT_RC, UC and UD are "
                                       "modelled")
     check_caps(r, v.daemon.limits.max_qp_wr)
+    rings = ring_for(v, r)
+    try:
+        reply = _create_qp(v, r, pd, scq, rcq, rings)
+    except Exception:
+        if rings is not None:
+            rings.close()
+        raise
+    if rings is not None:
+        reply["ring_queues"] = rings.queues
+    return reply
+
+
+def _create_qp(v, r: control.CreateQp, pd: PD, scq, rcq, rings) -> dict:
     if r.qp_type != QpType.RC:
-        return add_qp(v, create_datagram_qp(v, r, pd, scq, rcq), r.pd)
+        return add_qp(v, create_datagram_qp(v, r, pd, scq, rcq), r.pd, rings)
     create_flags = r.create_flags
     unmodelled = create_flags & ~QP_CREATE_FLAGS
     if unmodelled:
@@ -151,7 +165,7 @@ def op_create_qp(v, r: control.CreateQp, rid: int) -> dict | None:
     builder = MkeyConfigureBuilder(pd, r.send_ops_flags, r.sq_sig_all)
     return add_qp(v, QPHost(v.session, 0, pd.hca, pd, rcqp, scq, rcq,
                                r.max_send_sge, r.max_recv_sge, r.send_ops_flags, builder,
-                               v.complete, v.qp_event), r.pd)
+                               v.complete, v.qp_event), r.pd, rings)
 
 
 def op_destroy_qp(v, r: control.DestroyQp, rid: int) -> dict | None:
@@ -179,6 +193,7 @@ def op_modify_qp(v, r: control.ModifyQp, rid: int) -> dict | None:
     qph.attrs.update(attr)
     v.daemon.service(qph)
     clean_on_reset(qph)
+    kick(v, qph)
     return {"state": int(qph.rcqp.state)}
 
 
@@ -195,6 +210,7 @@ def op_query_qp(v, r: control.QueryQp, rid: int) -> dict | None:
 
 def op_post_send(v, r: control.PostSend, rid: int) -> dict | None:
     qph: QPHost = v.get(r.qp, "qp")
+    refuse_requests(qph, recv=False)
     wrs = r.wrs
     now = asyncio.get_running_loop().time()
     bind_objects(v, wrs)
@@ -210,7 +226,9 @@ def op_post_send(v, r: control.PostSend, rid: int) -> dict | None:
 
 def op_post_recv(v, r: control.PostRecv, rid: int) -> dict | None:
     qph: QPHost = v.get(r.qp, "qp")
+    refuse_requests(qph, recv=True)
     wrs = r.wrs
+
     def post(wr) -> None:
         if len(wr.sg) > qph.max_recv_sge:
             raise einval(f"it has {len(wr.sg)} SGEs, the QP's max_recv_sge is "

@@ -28,9 +28,11 @@ from .hosts import QPHost
 _HANDLE_BITS = 31
 
 
-def add_qp(v, qph: QPHost, pd_handle: int) -> dict:
-    """A QP created (of any type): the session's handle, the daemon's table."""
+def add_qp(v, qph: QPHost, pd_handle: int, rings=None) -> dict:
+    """A QP created (of any type): the session's handle, the daemon's table; ``rings``
+    its send and receive rings (server/wq_ring.py), if any."""
     qph.handle = v.add("qp", qph)
+    qph.wq = rings
     qph.ctx = v.ctx_of_pd.get(pd_handle, 0)
     v.daemon.add_qp(qph)
     return {"qp": qph.handle, "qp_num": qph.rcqp.qp_num}

@@ -445,7 +445,10 @@ class UnixListener:
                                                  sysv_attach=1,
                                                  # CQs' completion rings are taken
                                                  # (server/cq_ring.py)
-                                                 cq_ring=int(cq_ring_supported()))))
+                                                 cq_ring=int(cq_ring_supported()),
+                                                 # and QPs' send and receive rings
+                                                 # (server/wq_ring.py)
+                                                 wq_ring=int(cq_ring_supported()))))
             session = ControlSession(d, reader, writer, decoder, peer, credential)
             session.peer_cred = cred
             session.memfds = inbox

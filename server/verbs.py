@@ -4,7 +4,8 @@ protocol/control.py's typed calls).
 
 Every handler is registered the same way: a function of (the session's ``Verbs``, the
 request, its id) in a handler module (``HANDLER_MODULES``: device_verbs, qp_verbs,
-ud_verbs, srq_verbs, mw_verbs, process_mr, shared_mr, dv_verbs, node_verbs, cm_verbs),
+ud_verbs, srq_verbs, mw_verbs, process_mr, shared_mr, dv_verbs, node_verbs, cm_verbs,
+wq_verbs),
 named in that module's own ``HANDLERS`` dict; ``HANDLERS`` here joins them, refusing a
 request type named twice. A handler returns the reply's fields
 (``_payload`` for bytes), or None when it answers later itself (a ``poll_cq`` that
@@ -35,6 +36,7 @@ from . import (
     shared_mr,
     srq_verbs,
     ud_verbs,
+    wq_verbs,
 )
 from .async_events import AsyncEvents
 from .hosts import CQHost, Node, QPHost, Session
@@ -208,6 +210,8 @@ class Verbs:
                 srq.qps -= 1
             if obj.timer is not None:
                 obj.timer.cancel()
+            if obj.wq is not None:
+                obj.wq.close()
             d.forget_qp(obj)
         elif kind == "mr":
             obj.pd.hca.dereg_mr(obj)
@@ -268,7 +272,7 @@ class Verbs:
 # type to a function of (the session's Verbs, the request, its id): the one way a handler is
 # registered, so that a request type is found in exactly one place.
 HANDLER_MODULES = (device_verbs, qp_verbs, ud_verbs, srq_verbs, mw_verbs, process_mr,
-                   shared_mr, dv_verbs, node_verbs, cm_verbs)
+                   shared_mr, dv_verbs, node_verbs, cm_verbs, wq_verbs)
 
 
 def join_handlers(modules) -> dict[type, Callable[[Any, Any, int], dict | None]]:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..protocol import cm, cm_sidr, cq_ring  # noqa: F401  (their requests join BY_VERB)
+from ..engine.uc import UCQP
+from ..engine.ud import UDQP
+from ..protocol import cm, cm_sidr, cq_ring, wq_ring  # noqa: F401  (cm's requests join BY_VERB)
 from ..protocol.control import (
     BY_VERB,
     CONFIGURE_CALL,
@@ -30,6 +32,7 @@ from ..protocol.control import (
 from ..protocol.errors import ERRNO_NAMES
 from ..protocol.handshake import PROTOCOL_VERSION
 from ..protocol.kinds import FrameKind
+from ..protocol.opcodes import WR_OPCODES
 from ..protocol.records import RECV_WR, SEND_WR, SEND_WR_UD, WC_FIELDS
 from ..protocol.replies import (
     ATTR_MAPS,
@@ -74,7 +77,8 @@ def _bound(v: int | float | None, default: int) -> int:
 def render() -> str:
     """The text of provider/wire.h."""
     verbs = list(BY_VERB)
-    return "\n".join(_head() + _requests(verbs) + _wrs() + _ring() + _replies() + _errnos()
+    return "\n".join(_head() + _requests(verbs) + _wrs() + _ring() + _wq_ring()
+                     + _replies() + _errnos()
                      + _tables(verbs) + _reply_tables(verbs) + ["#endif", ""])
 
 
@@ -158,6 +162,50 @@ def _ring() -> list[str]:
         out.append(f"#define SHCA_RING_WC_{name.upper()} {offset}")
         out.append(f"#define SHCA_RING_WC_{name.upper()}_SIZE {size}")
     return out + [""]
+
+
+def _mask(opcodes) -> str:
+    return hex(sum(1 << int(op) for op in set(opcodes)))
+
+
+def _wq_ring() -> list[str]:
+    out = ["/* A QP's shared send and receive rings (protocol/wq_ring.py): one memfd holds",
+           " * the queues create_qp's ring_queues names, the send queue's first; each is a",
+           " * header (the producer index, the program's, and the consumer index, the",
+           " * daemon's: unsigned 64-bit counts on cache lines of their own) and slots of",
+           " * a fixed stride, WQE i in slot i % depth. A slot: its header's fields at these",
+           " * offsets, then the SGEs (addr u64, length u32, lkey u32) or inline data. */",
+           f"#define SHCA_WQ_QUEUE_SEND {wq_ring.QUEUE_SEND}",
+           f"#define SHCA_WQ_QUEUE_RECV {wq_ring.QUEUE_RECV}",
+           f"#define SHCA_WQ_PRODUCER_OFFSET {wq_ring.PRODUCER_OFFSET}",
+           f"#define SHCA_WQ_CONSUMER_OFFSET {wq_ring.CONSUMER_OFFSET}",
+           f"#define SHCA_WQ_HEADER_SIZE {wq_ring.HEADER_SIZE}",
+           f"#define SHCA_WQ_CACHE_LINE {wq_ring.CACHE_LINE}",
+           f"#define SHCA_WQ_SGE_SIZE {wq_ring.SGE_SIZE}",
+           f"#define SHCA_WQ_SEND_HEADER_SIZE {wq_ring.SEND_HEADER_SIZE}",
+           f"#define SHCA_WQ_RECV_HEADER_SIZE {wq_ring.RECV_HEADER_SIZE}"]
+    for prefix, fields in (("SEND", wq_ring.SEND_FIELDS), ("RECV", wq_ring.RECV_FIELDS)):
+        for name, offset, _size in fields:
+            out.append(f"#define SHCA_WQ_{prefix}_{name.upper()} {offset}")
+    out += ["/* A slot's stride (protocol/wq_ring.py send_stride, recv_stride): the larger",
+            " * of the SGEs and the inline data after the header, in whole cache lines. */",
+            "#define SHCA_WQ_ROUND(n) (((n) + SHCA_WQ_CACHE_LINE - 1) / SHCA_WQ_CACHE_LINE * "
+            "SHCA_WQ_CACHE_LINE)",
+            "#define SHCA_WQ_MAX3(a, b, c) ((a) > (b) ? ((a) > (c) ? (a) : (c)) : "
+            "((b) > (c) ? (b) : (c)))",
+            "#define SHCA_WQ_SEND_STRIDE(sge, inl) SHCA_WQ_ROUND(SHCA_WQ_SEND_HEADER_SIZE + "
+            "SHCA_WQ_MAX3((size_t)(sge) * SHCA_WQ_SGE_SIZE, (size_t)(inl), (size_t)1))",
+            "#define SHCA_WQ_RECV_STRIDE(sge) SHCA_WQ_ROUND(SHCA_WQ_RECV_HEADER_SIZE + "
+            "((sge) ? (size_t)(sge) : 1) * SHCA_WQ_SGE_SIZE)",
+            "/* The enum ibv_wr_opcode values (a bit each) a QP of each type takes",
+            " * (engine/: an RC QP's modelled ones, UC's and UD's), and those IBV_SEND_INLINE",
+            " * is valid for on RC. */",
+            f"#define SHCA_WQ_OPCODES_RC {_mask(o for o, i in WR_OPCODES.items() if i.supported)}ull",
+            f"#define SHCA_WQ_OPCODES_UC {_mask(UCQP.OPCODES)}ull",
+            f"#define SHCA_WQ_OPCODES_UD {_mask(UDQP.OPCODES)}ull",
+            f"#define SHCA_WQ_OPCODES_INLINE {_mask(o for o, i in WR_OPCODES.items() if i.inline)}ull",
+            ""]
+    return out
 
 
 def _errnos() -> list[str]:

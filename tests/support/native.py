@@ -31,6 +31,7 @@ PROVIDER = REPO / "provider" / "build" / "libsofthca-rdmav34.so"
 MEMCHECK = REPO / "provider" / "build" / "memcheck"
 MWCHECK = REPO / "provider" / "build" / "mwcheck"
 POSTCHECK = REPO / "provider" / "build" / "postcheck"
+WQCHECK = REPO / "provider" / "build" / "wqcheck"
 DVCHECK = REPO / "provider" / "build" / "dvcheck"
 LIBMLX5 = REPO / "provider" / "build" / "libmlx5.so.1"
 PROGRAM_TIMEOUT = 120.0
