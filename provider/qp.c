@@ -480,6 +480,20 @@ static struct ibv_send_wr *send_nth(struct ibv_send_wr *wr, uint32_t i)
 	return wr;
 }
 
+/* EIO for a post in a forked child, or after the daemon's connection ended: a device
+ * that died (IBV_EVENT_DEVICE_FATAL) takes no WR, whatever the QP's state says. A post
+ * on requests learns it from its request; one on a ring must ask. */
+static int post_gone(struct shca_context *ctx, const char *verb)
+{
+	if (shca_forked(ctx, verb))
+		return EIO;
+	if (__atomic_load_n(&ctx->conn->core.dead, __ATOMIC_ACQUIRE)) {
+		shca_log("%s: EIO: the daemon's connection is gone", verb);
+		return EIO;
+	}
+	return 0;
+}
+
 /* ibv_post_send(3): on failure *bad is the first WR not posted and every WR before it
  * is posted. The chain goes as requests of up to SHCA_MAX_WRS_PER_POST WRs; the daemon
  * takes a request's WRs in order up to the first it refuses and says which (its index), and
@@ -495,7 +509,7 @@ int shca_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	size_t mark;
 	int rc = 0, sent;
 
-	if (shca_forked(to_sctx(ibqp->context), "ibv_post_send")) {
+	if (post_gone(to_sctx(ibqp->context), "ibv_post_send")) {
 		*bad = wr;
 		return EIO;
 	}
@@ -535,7 +549,7 @@ int shca_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	struct shca_qp *qp = to_sqp(ibqp);
 
 	if (qp->rq.base) {
-		if (shca_forked(to_sctx(ibqp->context), "ibv_post_recv")) {
+		if (post_gone(to_sctx(ibqp->context), "ibv_post_recv")) {
 			*bad = wr;
 			return EIO;
 		}
