@@ -166,9 +166,8 @@ class Daemon:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The loop the daemon runs in, asked of asyncio once: on Python 3.11
-        ``asyncio.get_running_loop`` makes a getpid(2) system call each time, and the
-        wire path asked for it several times per packet."""
+        """The loop the daemon runs in, asked of asyncio once (on Python 3.11 each
+        ``get_running_loop`` is a getpid(2), several times per packet before)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()
@@ -295,8 +294,7 @@ class Daemon:
             self.shares.admit(credential)
             self.connections += 1
             authenticated = credential
-            # A wire link's welcome says this daemon takes runs frames (protocol/runs.py);
-            # one without it (a daemon of the previous version) gets trains only.
+            # A wire link's welcome: this daemon takes runs frames (protocol/runs.py).
             more = {"runs": 1} if role == "wire" else {}
             writer.writelines(encode_frame(frame("welcome", role=role,
                                                  devices=list(self.hcas),
