@@ -280,23 +280,24 @@ class Requester:
             self.qp.stats["retransmissions"] += 1
             self.go_back()
 
-    def _inflight(self) -> int:
-        n = 0
+    def _outstanding(self) -> tuple[int, int]:
+        """The packets in flight and the READs and atomics outstanding. Only the built
+        WRs can have either, and they are the queue's head (WRs are built in order), so
+        the walk stops at the first unbuilt one: a deep send queue costs nothing here."""
+        n = rd_atomic = 0
         for r in self.queue:
             if not r.built:
                 break
             if r.info.responded:
-                n += (r.npsn - r.acked) if r.sent else 0
+                if r.sent:
+                    n += r.npsn - r.acked
+                    rd_atomic += not r.local
             else:
                 n += r.sent - r.acked
-        return n
-
-    def _rd_atomic_outstanding(self) -> int:
-        return sum(1 for r in self.queue if r.sent and not r.local and r.info.responded)
+        return n, rd_atomic
 
     def _transmit(self, out: list, now: float, runs: bool = False) -> None:
-        inflight = self._inflight()
-        rd_atomic = self._rd_atomic_outstanding()
+        inflight, rd_atomic = self._outstanding()
         sent_any = False
         for r in self.queue:
             if r.local:
