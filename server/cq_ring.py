@@ -35,6 +35,7 @@ the kernel, well after the store left the store buffer, and at worst sleeps its 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import mmap
@@ -43,6 +44,7 @@ import platform
 import socket
 import stat
 import struct
+from collections.abc import Iterator
 
 from ..protocol.cq_ring import (
     CONSUMER_OFFSET,
@@ -164,20 +166,30 @@ class CqRing:
         self._map.close()
 
 
-def take_ring(verbs, seq: int, slots: int, verb: str) -> CqRing:
-    """The ring the session's program handed over under ``seq`` (one memfd), mapped; the
-    fd is closed whatever happens (the mapping keeps the memory)."""
+@contextlib.contextmanager
+def handed_fd(verbs, seq: int, verb: str, what: str, offered: str) -> Iterator[int]:
+    """The one fd the session's program handed over under ``seq`` (a memfd HELLO on the
+    UNIX socket), closed on the way out whatever happens: what is made of it (a mapping,
+    a dup) keeps what it needs. EOPNOTSUPP, ``offered`` saying where, on a session
+    that can hand over no fds or a daemon that offers no rings; EINVAL when the handoff
+    carried more than one (``what`` names it)."""
     inbox = getattr(verbs.session, "memfds", None)
     if inbox is None or not supported():
-        raise RDMAError("EOPNOTSUPP", f"{verb}: completion rings are shared with local "
-                                      "programs over the daemon's UNIX socket on x86-64 only")
+        raise RDMAError("EOPNOTSUPP", f"{verb}: {offered}")
     fds = inbox.take(seq)
     try:
         if len(fds) != 1:
-            raise einval(f"{verb}: a ring is one memfd, the handoff {seq} carried {len(fds)}")
-        return CqRing(fds[0], slots, verb)
+            raise einval(f"{verb}: {what} is one fd, the handoff {seq} carried {len(fds)}")
+        yield fds[0]
     finally:
         close_all(fds)
+
+
+def take_ring(verbs, seq: int, slots: int, verb: str) -> CqRing:
+    """The ring the session's program handed over under ``seq`` (one memfd), mapped."""
+    with handed_fd(verbs, seq, verb, "a ring", "completion rings are shared with local "
+                   "programs over the daemon's UNIX socket on x86-64 only") as fd:
+        return CqRing(fd, slots, verb)
 
 
 class EventSocket:
@@ -217,15 +229,7 @@ class EventSocket:
 
 def take_event_socket(verbs, seq: int, event: int, verb: str) -> EventSocket:
     """The channel's event socket the session's program handed over under ``seq`` (one
-    fd); the handed fd is closed whatever happens (the EventSocket keeps a dup)."""
-    inbox = getattr(verbs.session, "memfds", None)
-    if inbox is None or not supported():
-        raise RDMAError("EOPNOTSUPP", f"{verb}: channel events are written for local "
-                                      "programs over the daemon's UNIX socket only")
-    fds = inbox.take(seq)
-    try:
-        if len(fds) != 1:
-            raise einval(f"{verb}: a channel's handoff is one fd, {seq} carried {len(fds)}")
-        return EventSocket(fds[0], event, verb)
-    finally:
-        close_all(fds)
+    fd; the EventSocket keeps a dup of it)."""
+    with handed_fd(verbs, seq, verb, "a channel's handoff", "channel events are written "
+                   "for local programs over the daemon's UNIX socket only") as fd:
+        return EventSocket(fd, event, verb)

@@ -27,11 +27,10 @@ import struct
 from ..protocol import wq_ring
 from ..protocol.attrs import SGE
 from ..protocol.enums import SendFlags, WrOpcode
-from ..protocol.errors import RDMAError, einval
+from ..protocol.errors import einval
 from ..protocol.opcodes import WR_OPCODES
 from ..protocol.records import RecvWR, SendWR
-from .cq_ring import check_ring_fd, supported
-from .shared_mr import close_all
+from .cq_ring import check_ring_fd, handed_fd
 
 __all__ = ["Malformed", "Queue", "QpRings", "take_rings"]
 
@@ -197,19 +196,10 @@ class QpRings:
 
 def take_rings(verbs, r, queues: int) -> QpRings:
     """The ring the session's program handed over under ``r.ring`` (one memfd), mapped
-    for ``queues``; the fd is closed whatever happens (the mapping keeps the memory)."""
-    inbox = getattr(verbs.session, "memfds", None)
-    if inbox is None or not supported():
-        raise RDMAError("EOPNOTSUPP", "ibv_create_qp: send and receive rings are shared "
-                                      "with local programs over the daemon's UNIX socket "
-                                      "on x86-64 only")
-    if not queues:
-        raise einval("ibv_create_qp: a ring names the queues it holds (ring_queues)")
-    fds = inbox.take(r.ring)
-    try:
-        if len(fds) != 1:
-            raise einval(f"ibv_create_qp: a ring is one memfd, the handoff {r.ring} "
-                         f"carried {len(fds)}")
-        return QpRings(fds[0], queues, r)
-    finally:
-        close_all(fds)
+    for ``queues``."""
+    with handed_fd(verbs, r.ring, "ibv_create_qp", "a ring", "send and receive rings are "
+                   "shared with local programs over the daemon's UNIX socket on x86-64 "
+                   "only") as fd:
+        if not queues:
+            raise einval("ibv_create_qp: a ring names the queues it holds (ring_queues)")
+        return QpRings(fd, queues, r)
