@@ -316,6 +316,7 @@ int shca_wq_make(struct shca_context *ctx, struct shca_qp *qp, int queues, uint3
 void shca_wq_keep(struct shca_qp *qp, int queues);
 void shca_wq_unmap(struct shca_qp *qp);
 void shca_wq_reset(struct shca_qp *qp);
+int shca_send_wr_shape(const struct shca_qp *qp, const struct ibv_send_wr *wr);
 int shca_wq_post_send(struct shca_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int shca_wq_post_recv(struct shca_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 /* ibv_wr_* on a ring: a closed WR written after the batch's (an errno if refused), the

@@ -183,15 +183,15 @@ static int ring_doorbell(struct shca_context *ctx, struct shca_qp *qp, struct sh
 
 /* What ibv_post_send(3) refuses of a WR before it reaches the queue, from what the
  * provider knows; *inl: IBV_SEND_INLINE's byte count, or -1 when the WR carries SGEs. */
-static int send_check(struct shca_qp *qp, const struct ibv_send_wr *wr, long *inl)
+/* What every send WR must be, on a ring or in a request, before anything reads its
+ * SGEs: num_sge within the QP's max_send_sge, an sg_list when it has SGEs, an opcode
+ * that is an enum ibv_wr_opcode (a device refuses one it does not know at that WR). */
+int shca_send_wr_shape(const struct shca_qp *qp, const struct ibv_send_wr *wr)
 {
 	unsigned op = (unsigned)wr->opcode;
-	uint64_t ops;
-	size_t total = 0;
-	int i;
 
-	*inl = -1;
-	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_send_sge) {
+	if (wr->num_sge < 0 || wr->num_sge > SHCA_MAX_SGE ||
+	    (uint32_t)wr->num_sge > qp->max_send_sge) {
 		shca_log("ibv_post_send: EINVAL: num_sge %d exceeds the QP's max_send_sge %u",
 			 wr->num_sge, qp->max_send_sge);
 		return EINVAL;
@@ -206,6 +206,20 @@ static int send_check(struct shca_qp *qp, const struct ibv_send_wr *wr, long *in
 			 "ibv_wr_opcode", (unsigned long long)wr->wr_id, op);
 		return EINVAL;
 	}
+	return 0;
+}
+
+static int send_check(struct shca_qp *qp, const struct ibv_send_wr *wr, long *inl)
+{
+	unsigned op = (unsigned)wr->opcode;
+	uint64_t ops;
+	size_t total = 0;
+	int i, rc;
+
+	*inl = -1;
+	rc = shca_send_wr_shape(qp, wr);
+	if (rc)
+		return rc;
 	switch (qp->vqp.qp.qp_type) {
 	case IBV_QPT_UC:
 		ops = SHCA_WQ_OPCODES_UC;

@@ -62,24 +62,11 @@ int shca_encode_send_wr(struct shca_qp *qp, struct mp_buf *b, const struct ibv_s
 	struct ibv_sge one = {0};
 	int rc, ud, nsge = wr->num_sge;
 
-	if (wr->num_sge < 0 || wr->num_sge > SHCA_MAX_SGE ||
-	    (uint32_t)wr->num_sge > qp->max_send_sge) {
-		shca_log("ibv_post_send: EINVAL: num_sge %d exceeds the QP's max_send_sge %u",
-			 wr->num_sge, qp->max_send_sge);
-		return EINVAL;
-	}
-	if (wr->num_sge && !wr->sg_list) {
-		shca_log("ibv_post_send: EINVAL: wr_id %llu has num_sge %d and no sg_list",
-			 (unsigned long long)wr->wr_id, wr->num_sge);
-		return EINVAL;
-	}
-	/* Refused here, at its WR, as a device refuses an opcode it does not know; the
+	/* Refused here, at its WR (an opcode the device does not know among them); the
 	 * ones it knows but a QP cannot take the daemon refuses (at the same WR). */
-	if ((unsigned)wr->opcode > IBV_WR_DRIVER1 && wr->opcode != IBV_WR_ATOMIC_WRITE) {
-		shca_log("ibv_post_send: EINVAL: wr_id %llu has opcode %u, not an enum "
-			 "ibv_wr_opcode", (unsigned long long)wr->wr_id, (unsigned)wr->opcode);
-		return EINVAL;
-	}
+	rc = shca_send_wr_shape(qp, wr);
+	if (rc)
+		return rc;
 	ud = qp->vqp.qp.qp_type == IBV_QPT_UD;
 	if (ud && !wr->wr.ud.ah) {
 		shca_log("ibv_post_send: EINVAL: a UD WR needs wr.ud.ah");
